@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Configures and builds cdcca into build/ (or $CDCCA_BUILD_DIR).
+# Extra arguments go to cmake's configure step, e.g. -DCDCCA_SANITIZE=address.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${CDCCA_BUILD_DIR:-$root/build}"
+jobs="${CDCCA_JOBS:-$(nproc)}"
+
+# ccache: PCH users are cacheable only with this sloppiness.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+elif [ $# -gt 0 ]; then
+  cmake "$build" "$@"
+fi
+cmake --build "$build" -j "$jobs"

@@ -1,0 +1,57 @@
+// `cdcca`: the offline tool. One sub-command per task; each lives in the module that owns
+// it and reads its own absl flags (`cdcca help` lists them).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+
+namespace {
+
+// A sub-command gets the positional arguments after its name (flags already parsed) and
+// returns the process exit code.
+using CommandFn = int (*)(const std::vector<std::string>& args);
+
+struct Command {
+  const char* name;
+  const char* summary;
+  CommandFn run;
+};
+
+// Filled as modules gain commands (eval, render, inspect, pretrain, ...).
+const Command kCommands[] = {
+    {"help", "list the sub-commands", nullptr},
+};
+
+void PrintCommands() {
+  std::fprintf(stderr, "usage: cdcca <command> [flags] [args]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(stderr, "\n`cdcca <command> --helpfull` lists every flag.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("cdcca <command> [flags] [args]; `cdcca help` lists commands");
+  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0) {
+    PrintCommands();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  for (const Command& c : kCommands) {
+    if (name != c.name || c.run == nullptr) continue;
+    // Drop the command name so absl sees "cdcca --flag ... args".
+    std::vector<char*> rest{argv[0]};
+    for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+    std::vector<char*> positional =
+        absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+    std::vector<std::string> args(positional.begin() + 1, positional.end());
+    return c.run(args);
+  }
+  std::fprintf(stderr, "cdcca: unknown command '%s'\n\n", name.c_str());
+  PrintCommands();
+  return 2;
+}
