@@ -1,0 +1,417 @@
+#include "cloud/cloud_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "proto/wire.h"
+
+namespace cdcca::cloud {
+namespace {
+
+constexpr uint64_t kMaxByteBudget = 1ull << 30;
+constexpr size_t kMaxAgentVersionBytes = 128;
+
+absl::Status ValidateCapabilities(const v1::Capabilities& caps) {
+  if (caps.delta_bit_widths_size() > 6) {
+    return absl::InvalidArgumentError("capabilities.delta_bit_widths lists more than 6 widths");
+  }
+  for (uint32_t bits : caps.delta_bit_widths()) {
+    if (bits != 0 && bits != 1 && bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("capabilities.delta_bit_widths holds ", bits,
+                       "; supported widths are 0, 1, 2, 3, 4 and 8"));
+    }
+  }
+  if (caps.update_byte_budget() > kMaxByteBudget) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capabilities.update_byte_budget ", caps.update_byte_budget(), " exceeds 1 GiB"));
+  }
+  if (caps.max_chunk_bytes() > wire::kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("capabilities.max_chunk_bytes ",
+                                                   caps.max_chunk_bytes(), " exceeds 1 MiB"));
+  }
+  if (caps.max_chunk_bytes() != 0 && caps.max_chunk_bytes() < 1024) {
+    return absl::InvalidArgumentError("capabilities.max_chunk_bytes must be at least 1024");
+  }
+  if (caps.feature_precisions_size() > 4) {
+    return absl::InvalidArgumentError("capabilities.feature_precisions lists too many entries");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBatch(const v1::UplinkBatch& batch) {
+  if (batch.sequence() == 0) return absl::InvalidArgumentError("uplink sequence numbers start at 1");
+  if (batch.sample_count() == 0 || batch.sample_count() > wire::kMaxSamplesPerBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has sample_count ",
+                                                   batch.sample_count(), "; allowed 1-",
+                                                   wire::kMaxSamplesPerBatch));
+  }
+  if (batch.payload().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has no payload"));
+  }
+  if (batch.payload().size() > wire::kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " payload is ",
+                                                   batch.payload().size(),
+                                                   " bytes; the limit is 1 MiB"));
+  }
+  if (batch.codec_version() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
+                                                   " has no codec_version"));
+  }
+  return absl::OkStatus();
+}
+
+void SetError(const absl::Status& status, v1::Error* error) {
+  error->set_code(static_cast<int32_t>(status.code()));
+  error->set_message(std::string(status.message()));
+}
+
+}  // namespace
+
+CloudService::CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
+                           DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,
+                           CloudObserver* observer)
+    : options_(std::move(options)),
+      auth_(auth),
+      registry_(registry),
+      samples_(samples),
+      updates_(updates),
+      observer_(observer),
+      started_(absl::Now()),
+      io_pool_(options_.io_threads) {}
+
+CloudService::~CloudService() = default;
+
+absl::StatusOr<std::string> CloudService::Authenticate(grpc::CallbackServerContext* ctx,
+                                                       const std::string& claimed) const {
+  absl::string_view authorization;
+  const auto& md = ctx->client_metadata();
+  if (auto it = md.find(wire::kAuthMetadataKey); it != md.end()) {
+    authorization = absl::string_view(it->second.data(), it->second.size());
+  }
+  absl::StatusOr<std::string> device = auth_->Authenticate(authorization);
+  if (!device.ok()) return device.status();
+  if (!claimed.empty() && claimed != *device) {
+    return absl::PermissionDeniedError(absl::StrCat("the token belongs to device ", *device,
+                                                    ", not to ", claimed));
+  }
+  return device;
+}
+
+uint32_t CloudService::ChunkBytesFor(const std::string& device_id) const {
+  absl::StatusOr<store::v1::DeviceRecord> record = registry_->Get(device_id);
+  if (record.ok() && record->capabilities().max_chunk_bytes() != 0) {
+    return record->capabilities().max_chunk_bytes();
+  }
+  return std::min<uint32_t>(options_.default_chunk_bytes, wire::kMaxChunkBytes);
+}
+
+bool CloudService::TakeInjectedCut() {
+  if (options_.inject_cut_fetch_after_bytes == 0) return false;
+  return !cut_done_.exchange(true);
+}
+
+// ---- Register -------------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ctx,
+                                                 const v1::RegisterRequest* request,
+                                                 v1::RegisterReply* reply) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status bad = wire::ValidateDeviceId(request->device_id());
+  if (bad.ok()) bad = ValidateCapabilities(request->capabilities());
+  if (bad.ok() && request->agent_version().size() > kMaxAgentVersionBytes) {
+    bad = absl::InvalidArgumentError("agent_version exceeds 128 bytes");
+  }
+  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (bad.ok() && options_.expected_fingerprint != 0 &&
+      request->model_fingerprint() != options_.expected_fingerprint) {
+    bad = absl::FailedPreconditionError(absl::StrFormat(
+        "model fingerprint %016x does not match the cloud's student base %016x: install the "
+        "base model the cloud serves",
+        request->model_fingerprint(), options_.expected_fingerprint));
+  }
+  if (!bad.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(bad));
+    return reactor;
+  }
+  io_pool_.Schedule([this, reactor, request, reply] {
+    absl::StatusOr<store::v1::DeviceRecord> record = registry_->Register(
+        request->device_id(), request->model_fingerprint(), request->capabilities());
+    if (!record.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(record.status()));
+      return;
+    }
+    const std::string& id = request->device_id();
+    const uint64_t latest = updates_->LatestVersion(id);
+    reply->set_assigned_model_version(record->applied_version());
+    reply->set_latest_update_version(latest);
+    reply->set_next_uplink_sequence(samples_->HighestDurable(id) + 1);
+    *reply->mutable_uts() = options_.uts;
+    absl::StatusOr<StoredUpdate> next = updates_->UpdateAfter(id, request->model_version());
+    reply->set_resync_required(next.status().code() == absl::StatusCode::kFailedPrecondition);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+// ---- Uplink ---------------------------------------------------------------------------------
+
+class CloudService::UplinkReactor : public grpc::ServerReadReactor<v1::UplinkBatch> {
+ public:
+  UplinkReactor(CloudService* service, grpc::CallbackServerContext* ctx, v1::UplinkAck* ack)
+      : service_(service), ack_(ack) {
+    absl::StatusOr<std::string> device = service_->Authenticate(ctx, "");
+    if (!device.ok()) {
+      Finish(wire::ToGrpcStatus(device.status()));
+      return;
+    }
+    device_id_ = *device;
+    ack_->set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    StartRead(&batch_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side: everything it sent is handled
+      FinishWithAck();
+      return;
+    }
+    if (absl::Status bad = ValidateBatch(batch_); !bad.ok()) {
+      Reject(bad, batch_.sequence());
+      return;
+    }
+    const uint64_t seq = batch_.sequence();
+    service_->samples_->Append(device_id_, std::move(batch_),
+                               [this, seq](absl::StatusOr<AppendResult> r) { OnStored(seq, r); });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnStored(uint64_t seq, const absl::StatusOr<AppendResult>& result) {
+    if (!result.ok()) {
+      Reject(result.status(), seq);
+      return;
+    }
+    if (result->duplicate) {
+      ack_->set_duplicates(ack_->duplicates() + 1);
+    } else {
+      ack_->set_stored(ack_->stored() + 1);
+    }
+    ack_->set_highest_durable_sequence(result->highest_durable);
+    if (service_->observer_ != nullptr && !result->duplicate) {
+      service_->observer_->OnSamplesStored(device_id_, result->highest_durable);
+    }
+    batch_.Clear();
+    StartRead(&batch_);
+  }
+
+  // Ends the stream at a bad batch: what came before it is stored and acked, as data.
+  void Reject(const absl::Status& status, uint64_t seq) {
+    SetError(status, ack_->mutable_error());
+    ack_->set_rejected_sequence(seq);
+    FinishWithAck();
+  }
+
+  void FinishWithAck() {
+    ack_->set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    Finish(grpc::Status::OK);
+  }
+
+  CloudService* const service_;
+  v1::UplinkAck* const ack_;
+  std::string device_id_;
+  v1::UplinkBatch batch_;
+};
+
+grpc::ServerReadReactor<v1::UplinkBatch>* CloudService::Uplink(grpc::CallbackServerContext* ctx,
+                                                               v1::UplinkAck* ack) {
+  return new UplinkReactor(this, ctx, ack);
+}
+
+// ---- FetchUpdate / FetchSnapshot ------------------------------------------------------------
+
+// Streams one stored payload from an offset, in chunks, info in the first chunk.
+class CloudService::PayloadWriter : public grpc::ServerWriteReactor<v1::PayloadChunk> {
+ public:
+  // Finishes at once with `status` when it is not OK.
+  explicit PayloadWriter(const absl::Status& status) { Finish(wire::ToGrpcStatus(status)); }
+
+  // Sends a single chunk saying that nothing newer exists.
+  explicit PayloadWriter(uint64_t base_version) {
+    chunk_.mutable_info()->set_available(false);
+    chunk_.mutable_info()->set_base_version(base_version);
+    chunk_.mutable_info()->set_new_version(base_version);
+    done_after_write_ = true;
+    StartWrite(&chunk_);
+  }
+
+  PayloadWriter(StoredUpdate update, uint64_t offset, uint32_t chunk_bytes, uint64_t cut_after)
+      : update_(std::move(update)), offset_(offset), chunk_bytes_(chunk_bytes),
+        cut_after_(cut_after) {
+    v1::PayloadInfo* info = chunk_.mutable_info();
+    info->set_available(true);
+    info->set_base_version(update_.base_version);
+    info->set_new_version(update_.new_version);
+    info->set_total_bytes(update_.payload->size());
+    info->set_sha256(update_.sha256);
+    info->set_state_digest(update_.state_digest);
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    if (done_after_write_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    chunk_.clear_info();
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    const std::string& payload = *update_.payload;
+    if (cut_after_ != 0 && sent_ >= cut_after_) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "injected fault: stream cut"));
+      return;
+    }
+    const size_t n = std::min<uint64_t>(chunk_bytes_, payload.size() - offset_);
+    chunk_.set_offset(offset_);
+    chunk_.set_data(payload.data() + offset_, n);
+    offset_ += n;
+    sent_ += n;
+    done_after_write_ = offset_ >= payload.size();
+    StartWrite(&chunk_);
+  }
+
+  StoredUpdate update_;
+  uint64_t offset_ = 0;
+  uint32_t chunk_bytes_ = 0;
+  uint64_t cut_after_ = 0;  // 0 = never
+  uint64_t sent_ = 0;
+  bool done_after_write_ = false;
+  v1::PayloadChunk chunk_;
+};
+
+grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchUpdate(
+    grpc::CallbackServerContext* ctx, const v1::FetchUpdateRequest* request) {
+  absl::Status bad = wire::ValidateDeviceId(request->device_id());
+  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (!bad.ok()) return new PayloadWriter(bad);
+  absl::StatusOr<StoredUpdate> update =
+      updates_->UpdateAfter(request->device_id(), request->base_version());
+  if (update.status().code() == absl::StatusCode::kNotFound) {
+    if (request->offset() != 0) {
+      return new PayloadWriter(absl::FailedPreconditionError(
+          "resume requested, but no update is newer than the base version"));
+    }
+    return new PayloadWriter(request->base_version());
+  }
+  if (!update.ok()) return new PayloadWriter(update.status());
+  if (request->new_version() != 0 && request->new_version() != update->new_version) {
+    return new PayloadWriter(absl::AbortedError(absl::StrCat(
+        "resume asked for version ", request->new_version(), " but the update on top of ",
+        request->base_version(), " is now version ", update->new_version,
+        "; restart from offset 0")));
+  }
+  if (request->offset() > update->payload->size()) {
+    return new PayloadWriter(absl::InvalidArgumentError(
+        absl::StrCat("offset ", request->offset(), " is past the end of the ",
+                     update->payload->size(), "-byte update")));
+  }
+  const uint64_t cut = TakeInjectedCut() ? options_.inject_cut_fetch_after_bytes : 0;
+  return new PayloadWriter(*std::move(update), request->offset(),
+                           ChunkBytesFor(request->device_id()), cut);
+}
+
+grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchSnapshot(
+    grpc::CallbackServerContext* ctx, const v1::FetchSnapshotRequest* request) {
+  absl::Status bad = wire::ValidateDeviceId(request->device_id());
+  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (!bad.ok()) return new PayloadWriter(bad);
+  absl::StatusOr<StoredUpdate> snapshot =
+      updates_->Snapshot(request->device_id(), request->version());
+  if (!snapshot.ok()) return new PayloadWriter(snapshot.status());
+  if (request->offset() > snapshot->payload->size()) {
+    return new PayloadWriter(absl::InvalidArgumentError(
+        absl::StrCat("offset ", request->offset(), " is past the end of the ",
+                     snapshot->payload->size(), "-byte snapshot")));
+  }
+  const uint64_t cut = TakeInjectedCut() ? options_.inject_cut_fetch_after_bytes : 0;
+  return new PayloadWriter(*std::move(snapshot), request->offset(),
+                           ChunkBytesFor(request->device_id()), cut);
+}
+
+// ---- ReportApplied --------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContext* ctx,
+                                                      const v1::ReportAppliedRequest* request,
+                                                      v1::ReportAppliedReply* reply) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status bad = wire::ValidateDeviceId(request->device_id());
+  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (bad.ok()) bad = registry_->Get(request->device_id()).status();
+  if (!bad.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(bad));
+    return reactor;
+  }
+  io_pool_.Schedule([this, reactor, request, reply] {
+    const std::string& id = request->device_id();
+    absl::StatusOr<uint64_t> expected = updates_->DigestOf(id, request->version());
+    bool in_sync = false;
+    if (expected.ok()) {
+      in_sync = *expected == request->state_digest();
+      if (!in_sync) {
+        SetError(absl::DataLossError(absl::StrCat(
+                     "state digest ", request->state_digest(), " of version ", request->version(),
+                     " differs from the cloud mirror's ", *expected)),
+                 reply->mutable_error());
+      }
+    } else if (request->version() == 0 && updates_->LatestVersion(id) == 0) {
+      in_sync = true;  // the pretrained base, before any update: nothing to compare yet
+    } else {
+      SetError(expected.status(), reply->mutable_error());
+    }
+    reply->set_in_sync(in_sync);
+    if (!in_sync) {
+      absl::StatusOr<StoredUpdate> snapshot = updates_->Snapshot(id, 0);
+      reply->set_resync_required(true);
+      reply->set_snapshot_version(snapshot.ok() ? snapshot->new_version : 0);
+    }
+    absl::Status s = registry_->SetApplied(id, request->version(), request->state_digest(), in_sync);
+    if (!s.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(s));
+      return;
+    }
+    if (observer_ != nullptr) observer_->OnApplied(id, request->version(), in_sync);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+// ---- Health ---------------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CloudService::Health(grpc::CallbackServerContext* ctx,
+                                               const v1::HealthRequest* /*request*/,
+                                               v1::HealthReply* reply) {
+  const SampleStoreStats stats = samples_->Stats();
+  reply->set_status(v1::HealthReply::SERVING);
+  reply->set_server_version(CDCCA_VERSION);
+  reply->set_uptime_seconds(
+      static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
+  reply->set_registered_devices(static_cast<uint32_t>(registry_->size()));
+  reply->set_stored_batches(stats.records);
+  reply->set_stored_bytes(stats.bytes);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace cdcca::cloud

@@ -1,0 +1,106 @@
+// CloudService: the server side of the wire contract (proto/cdcca.proto), on gRPC's callback
+// API. It authenticates every call by bearer token, bounds every field, stores uplinked
+// batches durably before acking them, and streams updates and snapshots in chunks from
+// any byte offset.
+//
+// Reactions stay short: uplink appends go to the SampleStore's group-commit thread, and
+// registry writes run on a small pool; payloads are served from memory.
+//
+// What the payloads mean (UTS samples, DWC updates) is not this class's business; the
+// trainer side plugs in through CloudObserver and the stores.
+#ifndef CDCCA_CLOUD_CLOUD_SERVICE_H_
+#define CDCCA_CLOUD_CLOUD_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cloud/device_registry.h"
+#include "cloud/internal/work_pool.h"
+#include "cloud/sample_store.h"
+#include "cloud/token_authenticator.h"
+#include "cloud/update_store.h"
+#include "proto/cdcca.grpc.pb.h"
+
+namespace cdcca::cloud {
+
+// Told about what devices do; called from service threads, so implementations must be
+// thread-safe and return quickly (hand real work to their own threads).
+class CloudObserver {
+ public:
+  virtual ~CloudObserver() = default;
+  // Batches up to `highest_durable` of `device_id` are durable.
+  virtual void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {}
+  // The device reported running `version`; `in_sync` tells whether its digest matched.
+  virtual void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {}
+};
+
+struct CloudServiceOptions {
+  // UTS settings sent in every Register reply.
+  v1::UtsSettings uts;
+  // Fingerprint of the student base devices must run; 0 = accept any.
+  uint64_t expected_fingerprint = 0;
+  // Downlink chunk size when the device asks for none. Default: 1 MiB (the maximum).
+  uint32_t default_chunk_bytes = 1u << 20;
+  // Threads for registry writes. Default: 2.
+  int io_threads = 2;
+  // Fault injection for tests: the first FetchUpdate/FetchSnapshot stream that has sent this
+  // many payload bytes ends with UNAVAILABLE, as a broken link would. 0 = off.
+  uint64_t inject_cut_fetch_after_bytes = 0;
+};
+
+// Stores and authenticator must outlive the service. Thread-safe (gRPC calls it concurrently).
+class CloudService final : public v1::Cloud::CallbackService {
+ public:
+  CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
+               DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,
+               CloudObserver* observer = nullptr);
+  ~CloudService() override;
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterReply* reply) override;
+  grpc::ServerReadReactor<v1::UplinkBatch>* Uplink(grpc::CallbackServerContext* ctx,
+                                                   v1::UplinkAck* ack) override;
+  grpc::ServerWriteReactor<v1::PayloadChunk>* FetchUpdate(
+      grpc::CallbackServerContext* ctx, const v1::FetchUpdateRequest* request) override;
+  grpc::ServerWriteReactor<v1::PayloadChunk>* FetchSnapshot(
+      grpc::CallbackServerContext* ctx, const v1::FetchSnapshotRequest* request) override;
+  grpc::ServerUnaryReactor* ReportApplied(grpc::CallbackServerContext* ctx,
+                                          const v1::ReportAppliedRequest* request,
+                                          v1::ReportAppliedReply* reply) override;
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* ctx,
+                                   const v1::HealthRequest* request,
+                                   v1::HealthReply* reply) override;
+
+ private:
+  class UplinkReactor;
+  class PayloadWriter;
+
+  // The device id the call's token names; UNAUTHENTICATED otherwise. When `claimed` is not
+  // empty it must equal that id (PERMISSION_DENIED otherwise).
+  absl::StatusOr<std::string> Authenticate(grpc::CallbackServerContext* ctx,
+                                           const std::string& claimed) const;
+  uint32_t ChunkBytesFor(const std::string& device_id) const;
+  // True once: the stream that should be cut by fault injection.
+  bool TakeInjectedCut();
+
+  // Constant after construction.
+  const CloudServiceOptions options_;
+  const TokenAuthenticator* const auth_;
+  DeviceRegistry* const registry_;
+  SampleStore* const samples_;
+  UpdateStore* const updates_;
+  CloudObserver* const observer_;
+  const absl::Time started_;
+
+  std::atomic<bool> cut_done_{false};
+  internal::WorkPool io_pool_;
+};
+
+}  // namespace cdcca::cloud
+
+#endif  // CDCCA_CLOUD_CLOUD_SERVICE_H_

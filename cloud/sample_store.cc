@@ -1,0 +1,406 @@
+#include "cloud/sample_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "cloud/internal/file_io.h"
+
+namespace cdcca::cloud {
+namespace {
+
+constexpr uint32_t kRecordMagic = 0xCDCA5A11u;
+constexpr size_t kFrameBytes = 12;
+// A body larger than this cannot be a record we wrote (batches are <= 1 MiB + framing).
+constexpr uint32_t kMaxBodyBytes = 4u << 20;
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+uint32_t Crc32(absl::string_view data) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+}
+
+absl::Status PreadAll(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return internal::ErrnoStatus("pread", path, errno);
+    }
+    if (r == 0) return absl::DataLossError(absl::StrCat(path, ": unexpected end of file"));
+    buf += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SampleStore::SampleStore(SampleStoreOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<SampleStore>> SampleStore::Open(const SampleStoreOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("SampleStore: dir is empty");
+  if (options.segment_bytes < (1u << 16)) {
+    return absl::InvalidArgumentError("SampleStore: segment_bytes must be at least 64 KiB");
+  }
+  if (absl::Status s = internal::MakeDirs(options.dir); !s.ok()) return s;
+  std::unique_ptr<SampleStore> store(new SampleStore(options));
+  if (absl::Status s = store->Recover(); !s.ok()) return s;
+  store->flusher_ = std::thread([s = store.get()] { s->FlushLoop(); });
+  return store;
+}
+
+SampleStore::~SampleStore() {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    shutting_down_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+  absl::MutexLock lock(&write_mu_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string SampleStore::SegmentPath(uint32_t segment) const {
+  return absl::StrFormat("%s/seg-%08u.log", options_.dir, segment);
+}
+
+absl::Status SampleStore::Recover() {
+  absl::StatusOr<std::vector<std::string>> names = internal::ListDir(options_.dir);
+  if (!names.ok()) return names.status();
+  std::vector<uint32_t> segments;
+  for (const std::string& name : *names) {
+    uint32_t id = 0;
+    if (name.size() == 16 && name.rfind("seg-", 0) == 0 && name.substr(12) == ".log" &&
+        absl::SimpleAtoi(name.substr(4, 8), &id)) {
+      segments.push_back(id);
+    }
+  }
+  std::sort(segments.begin(), segments.end());
+
+  absl::MutexLock wlock(&write_mu_);
+  absl::MutexLock ilock(&index_mu_);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const bool newest = i + 1 == segments.size();
+    const std::string path = SegmentPath(segments[i]);
+    absl::StatusOr<std::string> data = internal::ReadFile(path);
+    if (!data.ok()) return data.status();
+    uint64_t pos = 0;
+    std::string why;
+    while (pos < data->size()) {
+      if (data->size() - pos < kFrameBytes) {
+        why = "partial record header";
+        break;
+      }
+      const char* p = data->data() + pos;
+      const uint32_t magic = GetU32(p), length = GetU32(p + 4), crc = GetU32(p + 8);
+      if (magic != kRecordMagic) {
+        why = "bad record magic";
+        break;
+      }
+      if (length > kMaxBodyBytes || data->size() - pos - kFrameBytes < length) {
+        why = "record runs past the end of the file";
+        break;
+      }
+      absl::string_view body(p + kFrameBytes, length);
+      if (Crc32(body) != crc) {
+        why = "record checksum mismatch";
+        break;
+      }
+      store::v1::SampleRecord record;
+      if (!record.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+        why = "record does not parse";
+        break;
+      }
+      std::vector<Location>& locs = index_[record.device_id()];
+      const uint64_t seq = record.batch().sequence();
+      if (locs.empty() || seq > locs.back().sequence) {
+        locs.push_back({seq, segments[i], pos + kFrameBytes, length});
+        ++stats_.records;
+      }
+      pos += kFrameBytes + length;
+    }
+    if (pos < data->size()) {
+      if (!newest) {
+        return absl::DataLossError(absl::StrCat("SampleStore: ", path, " is damaged at offset ",
+                                                pos, " (", why, ") and is not the newest segment"));
+      }
+      // A torn tail: the crash happened mid-write, so nothing past `pos` was ever acked.
+      if (::truncate(path.c_str(), static_cast<off_t>(pos)) != 0) {
+        return internal::ErrnoStatus("truncate", path, errno);
+      }
+      stats_.truncated_tail_bytes += data->size() - pos;
+    }
+    stats_.bytes += pos;
+  }
+  const uint32_t next = segments.empty() ? 1 : segments.back();
+  return OpenSegmentForAppend(next);
+}
+
+absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment) {
+  if (fd_ >= 0) ::close(fd_);
+  const std::string path = SegmentPath(segment);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) return internal::ErrnoStatus("open", path, errno);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return internal::ErrnoStatus("fstat", path, errno);
+  segment_ = segment;
+  segment_size_ = static_cast<uint64_t>(st.st_size);
+  return internal::SyncDir(options_.dir);
+}
+
+void SampleStore::Append(const std::string& device_id, v1::UplinkBatch batch,
+                         AppendCallback done) {
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (!background_error_.ok()) {
+      refused = background_error_;
+    } else if (shutting_down_) {
+      refused = absl::UnavailableError("SampleStore is shutting down");
+    } else {
+      queue_.push_back(Pending{device_id, std::move(batch), std::move(done)});
+      return;
+    }
+  }
+  done(refused);
+}
+
+absl::StatusOr<AppendResult> SampleStore::AppendAndWait(const std::string& device_id,
+                                                        v1::UplinkBatch batch) {
+  std::promise<absl::StatusOr<AppendResult>> promise;
+  auto future = promise.get_future();
+  Append(device_id, std::move(batch),
+         [&promise](absl::StatusOr<AppendResult> r) { promise.set_value(std::move(r)); });
+  return future.get();
+}
+
+void SampleStore::FlushLoop() {
+  while (true) {
+    std::vector<Pending> group;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      queue_mu_.Await(absl::Condition(
+          +[](SampleStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !s->queue_.empty() || s->shutting_down_;
+          },
+          this));
+      if (queue_.empty()) return;  // shutting down with nothing left
+      group.swap(queue_);
+    }
+    CommitGroup(group);
+  }
+}
+
+void SampleStore::CommitGroup(std::vector<Pending>& group) {
+  struct Outcome {
+    absl::Status status;
+    AppendResult result;
+    bool store = false;
+    Location loc{};
+  };
+  std::vector<Outcome> outcomes(group.size());
+  // Highest sequence per device as this group would leave it.
+  std::unordered_map<std::string, uint64_t> highest;
+  {
+    absl::MutexLock lock(&index_mu_);
+    for (const Pending& p : group) {
+      if (highest.count(p.device_id)) continue;
+      auto it = index_.find(p.device_id);
+      highest[p.device_id] = (it == index_.end() || it->second.empty()) ? 0
+                                                                         : it->second.back().sequence;
+    }
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::string buffer;
+  absl::Status io_status;
+  {
+    absl::MutexLock wlock(&write_mu_);
+    uint64_t offset = segment_size_;
+    for (size_t i = 0; i < group.size(); ++i) {
+      Pending& p = group[i];
+      uint64_t& high = highest[p.device_id];
+      const uint64_t seq = p.batch.sequence();
+      if (seq == 0) {
+        outcomes[i].status = absl::InvalidArgumentError("uplink sequence numbers start at 1");
+        continue;
+      }
+      if (seq <= high) {
+        outcomes[i].result = {true, 0};
+        continue;
+      }
+      if (seq != high + 1) {
+        outcomes[i].status = absl::FailedPreconditionError(absl::StrCat(
+            "uplink sequence ", seq, " skips ahead: the next expected is ", high + 1));
+        continue;
+      }
+      store::v1::SampleRecord record;
+      record.set_device_id(p.device_id);
+      *record.mutable_batch() = std::move(p.batch);
+      record.set_received_unix_ms(now_ms);
+      std::string body = record.SerializeAsString();
+      if (offset > 0 && offset + kFrameBytes + body.size() > options_.segment_bytes) {
+        // Roll over: make what we have durable in the old segment first.
+        io_status = WriteAndSync(buffer);
+        if (io_status.ok()) io_status = OpenSegmentForAppend(segment_ + 1);
+        if (!io_status.ok()) break;
+        buffer.clear();
+        offset = 0;
+      }
+      PutU32(buffer, kRecordMagic);
+      PutU32(buffer, static_cast<uint32_t>(body.size()));
+      PutU32(buffer, Crc32(body));
+      outcomes[i].loc = {seq, segment_, offset + kFrameBytes, static_cast<uint32_t>(body.size())};
+      outcomes[i].store = true;
+      buffer += body;
+      offset += kFrameBytes + body.size();
+      high = seq;
+    }
+    if (io_status.ok() && !buffer.empty()) io_status = WriteAndSync(buffer);
+    if (io_status.ok()) segment_size_ = offset;
+  }
+
+  if (!io_status.ok()) {
+    // Nothing of this group is acked; the store refuses further appends, since the file may
+    // now hold records whose durability is unknown. A restart recovers from the log.
+    absl::Status err = absl::UnavailableError(
+        absl::StrCat("SampleStore stopped after an I/O error: ", io_status.message()));
+    {
+      absl::MutexLock lock(&queue_mu_);
+      background_error_ = err;
+    }
+    for (Pending& p : group) p.done(err);
+    return;
+  }
+
+  {
+    absl::MutexLock lock(&index_mu_);
+    bool synced = false;
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (!outcomes[i].store) continue;
+      index_[group[i].device_id].push_back(outcomes[i].loc);
+      ++stats_.records;
+      stats_.bytes += kFrameBytes + outcomes[i].loc.length;
+      synced = true;
+    }
+    if (synced && options_.sync) ++stats_.group_commits;
+    for (size_t i = 0; i < group.size(); ++i) {
+      auto it = index_.find(group[i].device_id);
+      outcomes[i].result.highest_durable =
+          (it == index_.end() || it->second.empty()) ? 0 : it->second.back().sequence;
+    }
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (outcomes[i].status.ok()) {
+      group[i].done(outcomes[i].result);
+    } else {
+      group[i].done(outcomes[i].status);
+    }
+  }
+}
+
+absl::Status SampleStore::WriteAndSync(absl::string_view data) {
+  const std::string path = SegmentPath(segment_);
+  while (!data.empty()) {
+    ssize_t n = ::write(fd_, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return internal::ErrnoStatus("write", path, errno);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  if (options_.sync && ::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
+  return absl::OkStatus();
+}
+
+uint64_t SampleStore::HighestDurable(const std::string& device_id) const {
+  absl::MutexLock lock(&index_mu_);
+  auto it = index_.find(device_id);
+  return (it == index_.end() || it->second.empty()) ? 0 : it->second.back().sequence;
+}
+
+std::vector<std::string> SampleStore::Devices() const {
+  absl::MutexLock lock(&index_mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, locs] : index_) {
+    if (!locs.empty()) out.push_back(id);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+SampleStoreStats SampleStore::Stats() const {
+  absl::MutexLock lock(&index_mu_);
+  return stats_;
+}
+
+absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
+    const std::string& device_id, uint64_t from_sequence, size_t max_records) const {
+  std::vector<Location> wanted;
+  {
+    absl::MutexLock lock(&index_mu_);
+    auto it = index_.find(device_id);
+    if (it != index_.end()) {
+      auto first = std::lower_bound(
+          it->second.begin(), it->second.end(), from_sequence,
+          [](const Location& l, uint64_t seq) { return l.sequence < seq; });
+      for (; first != it->second.end() && wanted.size() < max_records; ++first) {
+        wanted.push_back(*first);
+      }
+    }
+  }
+  std::vector<store::v1::SampleRecord> out;
+  out.reserve(wanted.size());
+  int fd = -1;
+  uint32_t open_segment = 0;
+  std::string body;
+  absl::Status status;
+  for (const Location& loc : wanted) {
+    if (fd < 0 || open_segment != loc.segment) {
+      if (fd >= 0) ::close(fd);
+      fd = ::open(SegmentPath(loc.segment).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        status = internal::ErrnoStatus("open", SegmentPath(loc.segment), errno);
+        break;
+      }
+      open_segment = loc.segment;
+    }
+    char frame[kFrameBytes];
+    status = PreadAll(fd, frame, kFrameBytes, loc.offset - kFrameBytes, SegmentPath(loc.segment));
+    if (!status.ok()) break;
+    body.resize(loc.length);
+    status = PreadAll(fd, body.data(), loc.length, loc.offset, SegmentPath(loc.segment));
+    if (!status.ok()) break;
+    if (GetU32(frame + 8) != Crc32(body)) {
+      status = absl::DataLossError(absl::StrCat("SampleStore: checksum mismatch in ",
+                                                SegmentPath(loc.segment), " at ", loc.offset));
+      break;
+    }
+    store::v1::SampleRecord& record = out.emplace_back();
+    if (!record.ParseFromString(body)) {
+      status = absl::DataLossError(absl::StrCat("SampleStore: unparsable record in ",
+                                                SegmentPath(loc.segment), " at ", loc.offset));
+      break;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace cdcca::cloud

@@ -1,0 +1,139 @@
+// SampleStore: the cloud's durable, append-only log of what devices uplink.
+//
+// Records live in segment files `<dir>/seg-<NNNNNNNN>.log`; each record is framed as
+//   u32 magic | u32 length | u32 crc32(body) | body (a serialized store.v1.SampleRecord)
+// little-endian. A background flusher takes every append that is waiting, writes them in
+// one go and fdatasyncs once (group commit) before it calls any of their callbacks: an ack
+// sent after the callback is durable. On open, a torn record at the tail of the newest
+// segment (a crash mid-write) is detected and truncated; damage anywhere else is DATA_LOSS.
+//
+// Sequences: each device's batches carry sequence numbers 1, 2, 3, ... A batch at or below
+// the device's highest stored sequence is a resend and is not stored again (its callback
+// still waits for the group commit in flight, so a resend is acked only once the original is
+// durable); a batch that skips ahead is rejected with FAILED_PRECONDITION.
+//
+// Thread-safe: every method may be called from any thread.
+#ifndef CDCCA_CLOUD_SAMPLE_STORE_H_
+#define CDCCA_CLOUD_SAMPLE_STORE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/store.pb.h"
+
+namespace cdcca::cloud {
+
+struct SampleStoreOptions {
+  // Directory of the segment files; created if missing.
+  std::string dir;
+  // A segment is closed and a new one started once it reaches this size. Default: 64 MiB.
+  uint64_t segment_bytes = 64ull << 20;
+  // fdatasync before acking. Turn off only to measure what syncing costs.
+  bool sync = true;
+};
+
+struct AppendResult {
+  bool duplicate = false;             // the batch was a resend of a stored one
+  uint64_t highest_durable = 0;       // the device's highest durable sequence after this
+};
+
+struct SampleStoreStats {
+  uint64_t records = 0;        // durable records
+  uint64_t bytes = 0;          // bytes of segment files, framing included
+  uint64_t group_commits = 0;  // fdatasync calls made for appends
+  uint64_t truncated_tail_bytes = 0;  // bytes of torn tail removed on open
+};
+
+class SampleStore {
+ public:
+  using AppendCallback = std::function<void(absl::StatusOr<AppendResult>)>;
+
+  // Opens (or creates) the store in options.dir and rebuilds its index by scanning.
+  static absl::StatusOr<std::unique_ptr<SampleStore>> Open(const SampleStoreOptions& options);
+
+  // Finishes every pending append (their callbacks run) and closes the files.
+  ~SampleStore();
+
+  SampleStore(const SampleStore&) = delete;
+  SampleStore& operator=(const SampleStore&) = delete;
+
+  // Queues `batch` for `device_id`. `done` runs exactly once, on the flusher thread, after the
+  // record is durable (or with the error that stopped it). It must not block for long.
+  void Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done);
+
+  // Append() that waits for its callback.
+  absl::StatusOr<AppendResult> AppendAndWait(const std::string& device_id, v1::UplinkBatch batch);
+
+  // The device's highest durable sequence; 0 if it has none.
+  uint64_t HighestDurable(const std::string& device_id) const;
+
+  // Durable records of `device_id` with sequence >= from_sequence, in order, at most
+  // max_records of them.
+  absl::StatusOr<std::vector<store::v1::SampleRecord>> Read(const std::string& device_id,
+                                                            uint64_t from_sequence,
+                                                            size_t max_records) const;
+
+  // Ids of every device with at least one durable record.
+  std::vector<std::string> Devices() const;
+
+  SampleStoreStats Stats() const;
+
+ private:
+  struct Location {
+    uint64_t sequence;
+    uint32_t segment;
+    uint64_t offset;  // of the record body
+    uint32_t length;  // of the record body
+  };
+  struct Pending {
+    std::string device_id;
+    v1::UplinkBatch batch;
+    AppendCallback done;
+  };
+
+  explicit SampleStore(SampleStoreOptions options);
+  absl::Status Recover();
+  absl::Status OpenSegmentForAppend(uint32_t segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes `data` at the end of the current segment and fdatasyncs it (if options_.sync).
+  absl::Status WriteAndSync(absl::string_view data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  std::string SegmentPath(uint32_t segment) const;
+  void FlushLoop();
+  void CommitGroup(std::vector<Pending>& group);
+
+  // Constant after construction.
+  const SampleStoreOptions options_;
+
+  // Guards the queue of appends and the flusher's lifetime.
+  mutable absl::Mutex queue_mu_;
+  std::vector<Pending> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(queue_mu_) = false;
+  absl::Status background_error_ ABSL_GUARDED_BY(queue_mu_);
+
+  // Only the flusher (and Recover, before it starts) writes segment files.
+  absl::Mutex write_mu_;
+  int fd_ ABSL_GUARDED_BY(write_mu_) = -1;
+  uint32_t segment_ ABSL_GUARDED_BY(write_mu_) = 0;
+  uint64_t segment_size_ ABSL_GUARDED_BY(write_mu_) = 0;
+
+  // The index of durable records; read by Read/HighestDurable.
+  mutable absl::Mutex index_mu_;
+  std::unordered_map<std::string, std::vector<Location>> index_ ABSL_GUARDED_BY(index_mu_);
+  SampleStoreStats stats_ ABSL_GUARDED_BY(index_mu_);
+
+  std::thread flusher_;
+};
+
+}  // namespace cdcca::cloud
+
+#endif  // CDCCA_CLOUD_SAMPLE_STORE_H_

@@ -1,0 +1,44 @@
+// TokenAuthenticator: maps per-device bearer tokens to device ids.
+//
+// Token file format, one device per line: `<device_id> <token>`; blank lines and lines
+// starting with '#' are ignored. Tokens are 16-256 printable, non-space bytes. Only their
+// SHA-256 is kept in memory, so a lookup's timing does not depend on how much of a guessed
+// token is right.
+//
+// Thread-safe after construction (read-only).
+#ifndef CDCCA_CLOUD_TOKEN_AUTHENTICATOR_H_
+#define CDCCA_CLOUD_TOKEN_AUTHENTICATOR_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace cdcca::cloud {
+
+class TokenAuthenticator {
+ public:
+  // Reads a token file. INVALID_ARGUMENT naming the line for a malformed entry or a
+  // duplicated device id or token.
+  static absl::StatusOr<std::unique_ptr<TokenAuthenticator>> FromFile(const std::string& path);
+  // Same, from the file's contents; `origin` names the source in error messages.
+  static absl::StatusOr<std::unique_ptr<TokenAuthenticator>> FromString(absl::string_view text,
+                                                                        absl::string_view origin);
+
+  // The device id of `authorization` metadata of the form "Bearer <token>".
+  // UNAUTHENTICATED if it is missing, malformed or unknown.
+  absl::StatusOr<std::string> Authenticate(absl::string_view authorization) const;
+
+  size_t size() const { return device_by_token_hash_.size(); }
+
+ private:
+  absl::flat_hash_map<std::string, std::string> device_by_token_hash_;
+};
+
+}  // namespace cdcca::cloud
+
+#endif  // CDCCA_CLOUD_TOKEN_AUTHENTICATOR_H_
