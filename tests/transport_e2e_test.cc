@@ -1,0 +1,372 @@
+// End-to-end tests of the device-cloud transport over a real loopback gRPC server.
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "proto/wire.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/test_pki.h"
+#include "tests/testing/transport_fixture.h"
+
+namespace cdcca {
+namespace {
+
+using ::cdcca::testing::CloudFixture;
+using ::cdcca::testing::CloudFixtureOptions;
+using ::cdcca::testing::MakeBatch;
+using ::cdcca::testing::StatusIs;
+using ::cdcca::testing::TempDir;
+using ::testing::HasSubstr;
+
+CloudFixtureOptions Insecure(const TempDir& dir, int devices = 3) {
+  CloudFixtureOptions o;
+  o.data_dir = dir.path();
+  o.devices = devices;
+  o.server.listen_address = "127.0.0.1:0";
+  o.server.insecure = true;
+  return o;
+}
+
+device::CloudClientOptions FastRetries() {
+  device::CloudClientOptions o;
+  o.initial_backoff = absl::Milliseconds(20);
+  o.max_backoff = absl::Milliseconds(200);
+  return o;
+}
+
+v1::RegisterRequest Registration(uint64_t fingerprint = 0xF1F1) {
+  v1::RegisterRequest r;
+  r.set_model_fingerprint(fingerprint);
+  r.mutable_capabilities()->add_delta_bit_widths(2);
+  r.mutable_capabilities()->add_delta_bit_widths(4);
+  r.mutable_capabilities()->set_update_byte_budget(1 << 20);
+  return r;
+}
+
+TEST(TransportE2eTest, ConcurrentDevicesUplinkAndEverythingAckedSurvivesRestart) {
+  TempDir dir;
+  constexpr int kDevices = 5, kStreams = 8, kPerStream = 10;
+  CloudFixture cloud(Insecure(dir, kDevices));
+  ASSERT_OK(cloud.Start());
+  std::vector<uint64_t> acked(kDevices, 0);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int d = 0; d < kDevices; ++d) {
+    threads.emplace_back([&, d] {
+      auto client = cloud.Client(d);
+      auto reg = client->Register(Registration());
+      if (!reg.ok() || reg->next_uplink_sequence() != 1) ++failures;
+      uint64_t seq = 1;
+      for (int s = 0; s < kStreams; ++s) {
+        std::vector<v1::UplinkBatch> batches;
+        for (int i = 0; i < kPerStream; ++i) batches.push_back(MakeBatch(d, seq++));
+        auto ack = client->Uplink(batches);
+        if (!ack.ok() || ack->has_error() || ack->stored() != kPerStream) {
+          ++failures;
+          continue;
+        }
+        acked[d] = ack->highest_durable_sequence();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  ASSERT_OK(cloud.Restart());
+  for (int d = 0; d < kDevices; ++d) {
+    EXPECT_EQ(acked[d], static_cast<uint64_t>(kStreams * kPerStream));
+    ASSERT_OK_AND_ASSIGN(auto records,
+                         cloud.samples()->Read(absl::StrCat("dev-", d), 1, 1000));
+    ASSERT_EQ(records.size(), acked[d]);
+    for (const auto& r : records) {
+      EXPECT_EQ(r.batch().payload(), MakeBatch(d, r.batch().sequence()).payload());
+    }
+    // The restarted cloud tells the device where to continue.
+    ASSERT_OK_AND_ASSIGN(auto reg, cloud.Client(d)->Register(Registration()));
+    EXPECT_EQ(reg.next_uplink_sequence(), acked[d] + 1);
+  }
+}
+
+TEST(TransportE2eTest, ResentBatchesAreAckedNotDuplicated) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  ASSERT_OK(client->Register(Registration()));
+  std::vector<v1::UplinkBatch> batches = {MakeBatch(0, 1), MakeBatch(0, 2), MakeBatch(0, 3)};
+  ASSERT_OK(client->Uplink(batches));
+  batches.push_back(MakeBatch(0, 4));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, client->Uplink(batches));
+  EXPECT_EQ(ack.duplicates(), 3u);
+  EXPECT_EQ(ack.stored(), 1u);
+  EXPECT_EQ(ack.highest_durable_sequence(), 4u);
+  EXPECT_EQ(cloud.samples()->Stats().records, 4u);
+}
+
+TEST(TransportE2eTest, BadBatchStopsTheStreamWithErrorAsDataAndKeepsWhatCameBefore) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  v1::UplinkBatch no_samples = MakeBatch(0, 3);
+  no_samples.set_sample_count(0);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack,
+                       client->Uplink({MakeBatch(0, 1), MakeBatch(0, 2), no_samples}));
+  EXPECT_EQ(ack.highest_durable_sequence(), 2u);
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ack.error().message(), HasSubstr("sample_count"));
+  EXPECT_EQ(ack.rejected_sequence(), 3u);
+
+  ASSERT_OK_AND_ASSIGN(ack, client->Uplink({MakeBatch(0, 5)}));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(ack.error().message(), HasSubstr("next expected is 3"));
+
+  v1::UplinkBatch too_big = MakeBatch(0, 3, wire::kMaxChunkBytes + 1);
+  EXPECT_THAT(client->Uplink({too_big}), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TransportE2eTest, FetchUpdateCutMidStreamResumesAndVerifies) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.service.inject_cut_fetch_after_bytes = 1500 * 1024;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  std::string payload(3 * 1024 * 1024 + 12345, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + (i >> 9));
+  ASSERT_OK(cloud.updates()->PutUpdate("dev-0", 0, 1, 0xABCD, payload));
+  auto client = cloud.Client(0, FastRetries());
+  ASSERT_OK(client->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(device::FetchedPayload fetched, client->FetchUpdate(0));
+  EXPECT_TRUE(fetched.info.available());
+  EXPECT_EQ(fetched.resumes, 1);
+  EXPECT_EQ(fetched.bytes, payload);
+  EXPECT_EQ(fetched.info.new_version(), 1u);
+  EXPECT_EQ(fetched.info.state_digest(), 0xABCDu);
+
+  // Current: nothing to fetch, said as data.
+  ASSERT_OK_AND_ASSIGN(device::FetchedPayload none, client->FetchUpdate(1));
+  EXPECT_FALSE(none.info.available());
+  // Unknown base: resync.
+  EXPECT_THAT(client->FetchUpdate(9), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                               HasSubstr("snapshot")));
+}
+
+TEST(TransportE2eTest, SnapshotAndReportAppliedDetectMismatch) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  ASSERT_OK(cloud.updates()->PutUpdate("dev-1", 0, 1, 77, "delta"));
+  ASSERT_OK(cloud.updates()->PutSnapshot("dev-1", 1, 77, "full-state"));
+  auto client = cloud.Client(1);
+  ASSERT_OK(client->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply good, client->ReportApplied(1, 77));
+  EXPECT_TRUE(good.in_sync());
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply bad, client->ReportApplied(1, 78));
+  EXPECT_FALSE(bad.in_sync());
+  EXPECT_TRUE(bad.resync_required());
+  EXPECT_EQ(bad.snapshot_version(), 1u);
+  EXPECT_EQ(bad.error().code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  ASSERT_OK_AND_ASSIGN(device::FetchedPayload snap, client->FetchSnapshot(0));
+  EXPECT_EQ(snap.bytes, "full-state");
+  ASSERT_OK_AND_ASSIGN(auto record, cloud.registry()->Get("dev-1"));
+  EXPECT_FALSE(record.in_sync());
+}
+
+TEST(TransportE2eTest, WrongOrMissingTokenIsUnauthenticated) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  device::CloudClientOptions wrong;
+  wrong.token = "not-the-right-token-at-all-000000";
+  auto client = cloud.Client(0, wrong);
+  EXPECT_THAT(client->Register(Registration()), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(client->Uplink({MakeBatch(0, 1)}), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(client->FetchUpdate(0), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(cloud.samples()->Stats().records, 0u);
+
+  // No token at all, through a raw stub.
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", cloud.port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Cloud::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req = Registration();
+  req.set_device_id("dev-0");
+  v1::RegisterReply reply;
+  grpc::Status s = stub->Register(&ctx, req, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(s.error_message(), HasSubstr("missing bearer token"));
+}
+
+TEST(TransportE2eTest, DeviceCannotTouchAnotherDevicesData) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  ASSERT_OK(cloud.updates()->PutUpdate("dev-1", 0, 1, 1, "secret update of dev-1"));
+  ASSERT_OK(cloud.updates()->PutSnapshot("dev-1", 1, 1, "secret state of dev-1"));
+  // dev-0's token, claiming to be dev-1.
+  device::CloudClientOptions impostor;
+  impostor.token = cloud.token(0);
+  auto client = cloud.Client(1, impostor);
+  EXPECT_THAT(client->FetchUpdate(0), StatusIs(absl::StatusCode::kPermissionDenied,
+                                               HasSubstr("belongs to device dev-0")));
+  EXPECT_THAT(client->FetchSnapshot(0), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(client->Register(Registration()), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(client->ReportApplied(1, 1), StatusIs(absl::StatusCode::kPermissionDenied));
+  // Uplink names no device: samples land under the token's own device, never dev-1's.
+  ASSERT_OK(client->Uplink({MakeBatch(0, 1)}));
+  EXPECT_EQ(cloud.samples()->HighestDurable("dev-1"), 0u);
+  EXPECT_EQ(cloud.samples()->HighestDurable("dev-0"), 1u);
+}
+
+TEST(TransportE2eTest, InvalidRegistrationsAreRejectedWithActionableCodes) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.service.expected_fingerprint = 0xF1F1;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  v1::RegisterRequest bad_bits = Registration();
+  bad_bits.mutable_capabilities()->add_delta_bit_widths(5);
+  EXPECT_THAT(client->Register(bad_bits),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("supported widths")));
+  v1::RegisterRequest big_chunk = Registration();
+  big_chunk.mutable_capabilities()->set_max_chunk_bytes(2u << 20);
+  EXPECT_THAT(client->Register(big_chunk), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client->Register(Registration(0xBAD)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("fingerprint")));
+  ASSERT_OK_AND_ASSIGN(v1::RegisterReply ok, client->Register(Registration()));
+  EXPECT_EQ(ok.next_uplink_sequence(), 1u);
+}
+
+// Raw bytes through a generic stub: what a broken or hostile client could send.
+grpc::Status RawUnary(int port, const std::string& method, const std::string& bytes,
+                      const std::string& token) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status result;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   result = std::move(s);
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  return result;
+}
+
+TEST(TransportE2eTest, OversizedTruncatedAndGarbageMessagesAreRejectedAndServerLives) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  const std::string method = "/cdcca.v1.Cloud/Register";
+  // Garbage: not a protobuf at all. gRPC itself refuses a request that does not parse, before
+  // any handler runs (gRPC 1.51 answers UNIMPLEMENTED, newer versions INTERNAL).
+  const auto refused_by_grpc = ::testing::AnyOf(grpc::StatusCode::UNIMPLEMENTED,
+                                                grpc::StatusCode::INTERNAL);
+  grpc::Status garbage = RawUnary(cloud.port(), method, "\xff\xff\xff\xff\xff\x0f", cloud.token(0));
+  EXPECT_THAT(garbage.error_code(), refused_by_grpc) << garbage.error_message();
+  // Truncated: a valid request cut in the middle of a field.
+  v1::RegisterRequest req = Registration();
+  req.set_device_id("dev-0");
+  req.set_agent_version(std::string(100, 'v'));
+  std::string bytes = req.SerializeAsString();
+  grpc::Status truncated =
+      RawUnary(cloud.port(), method, bytes.substr(0, bytes.size() - 40), cloud.token(0));
+  EXPECT_THAT(truncated.error_code(), refused_by_grpc) << truncated.error_message();
+  EXPECT_EQ(cloud.registry()->size(), 0u);
+  // Oversized: beyond the message limit set on the server.
+  v1::RegisterRequest huge = req;
+  huge.set_agent_version(std::string(wire::kMaxMessageBytes + 10, 'x'));
+  grpc::Status oversized = RawUnary(cloud.port(), method, huge.SerializeAsString(), cloud.token(0));
+  EXPECT_EQ(oversized.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << oversized.error_message();
+  // Over our own field bound, under the message limit.
+  v1::RegisterRequest long_version = req;
+  long_version.set_agent_version(std::string(1000, 'x'));
+  grpc::Status too_long =
+      RawUnary(cloud.port(), method, long_version.SerializeAsString(), cloud.token(0));
+  EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Hostile device id.
+  req.set_device_id("../../etc");
+  grpc::Status bad_id = RawUnary(cloud.port(), method, req.SerializeAsString(), cloud.token(0));
+  EXPECT_EQ(bad_id.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Still serving.
+  ASSERT_OK_AND_ASSIGN(v1::HealthReply health, cloud.Client(0)->Health());
+  EXPECT_EQ(health.status(), v1::HealthReply::SERVING);
+}
+
+TEST(TransportE2eTest, TlsAndMutualTls) {
+  TempDir dir;
+  testing::TestPki pki;
+  ASSERT_TRUE(testing::GenerateTestPki(dir.path(), &pki));
+  CloudFixtureOptions options;
+  options.data_dir = dir.path() + "/data";
+  options.devices = 1;
+  options.server.listen_address = "127.0.0.1:0";
+  options.server.tls = {pki.server_cert, pki.server_key, pki.ca_cert, true};
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+
+  device::CloudClientOptions trusted;
+  trusted.max_attempts = 1;
+  trusted.tls.root_ca_path = pki.ca_cert;
+  trusted.tls.cert_chain_path = pki.client_cert;
+  trusted.tls.private_key_path = pki.client_key;
+  auto good = cloud.Client(0, trusted);
+  ASSERT_OK(good->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, good->Uplink({MakeBatch(0, 1)}));
+  EXPECT_EQ(ack.highest_durable_sequence(), 1u);
+
+  // Without a client certificate, mutual TLS refuses the connection.
+  device::CloudClientOptions no_cert;
+  no_cert.max_attempts = 1;
+  no_cert.call_timeout = absl::Seconds(3);
+  no_cert.tls.root_ca_path = pki.ca_cert;
+  EXPECT_THAT(cloud.Client(0, no_cert)->Health(), StatusIs(absl::StatusCode::kUnavailable));
+  // A client that does not trust the server's CA refuses it.
+  device::CloudClientOptions untrusting;
+  untrusting.max_attempts = 1;
+  untrusting.call_timeout = absl::Seconds(3);
+  untrusting.tls.cert_chain_path = pki.client_cert;
+  untrusting.tls.private_key_path = pki.client_key;
+  untrusting.tls.root_ca_path = pki.client_cert;  // not the CA
+  EXPECT_THAT(cloud.Client(0, untrusting)->Health(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(TransportE2eTest, ClientRetriesWhileTheCloudIsAway) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0, FastRetries());
+  ASSERT_OK(client->Register(Registration()));
+  cloud.Stop();
+  std::thread restarter([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_OK(cloud.Start());
+  });
+  device::CloudClientOptions patient = FastRetries();
+  patient.max_attempts = 40;
+  auto waiting = cloud.Client(0, patient);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, waiting->Uplink({MakeBatch(0, 1)}));
+  restarter.join();
+  EXPECT_EQ(ack.highest_durable_sequence(), 1u);
+  EXPECT_GT(waiting->stats().retries, 0u);
+}
+
+}  // namespace
+}  // namespace cdcca
