@@ -1,0 +1,322 @@
+#include "compress/uplink_codec.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "compress/hash64.h"
+
+namespace cdcca::compress {
+namespace {
+
+constexpr uint32_t kUplinkMagic = 0x50554443u;  // bytes "CDUP"
+constexpr uint16_t kUplinkVersion = 1;
+constexpr size_t kHeaderBytes = 20;
+constexpr size_t kChecksumBytes = 8;
+
+template <typename T>
+void Put(std::string& out, T v) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(buf, sizeof(T));
+}
+
+// Bounds-checked little-endian reader over a byte view.
+class Reader {
+ public:
+  explicit Reader(absl::string_view data) : data_(data) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (data_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Skip(uint64_t n, absl::string_view* out) {
+    if (data_.size() - pos_ < n) return false;
+    *out = data_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == data_.size(); }
+
+ private:
+  absl::string_view data_;
+  size_t pos_ = 0;
+};
+
+absl::Status CheckSample(const UplinkSample& s, size_t i, const UplinkLimits& limits) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uplink sample ", i, " (id ", s.sample_id, "): ", why));
+  };
+  if (s.grid_tokens == 0 || s.grid_tokens > limits.max_grid_tokens)
+    return bad("grid_tokens out of range");
+  if (s.feature_dim == 0 || s.feature_dim > limits.max_feature_dim)
+    return bad("feature_dim out of range");
+  if (s.kept_indices.size() > s.grid_tokens) return bad("more kept tokens than the grid has");
+  for (size_t k = 0; k < s.kept_indices.size(); ++k) {
+    if (s.kept_indices[k] >= s.grid_tokens) return bad("kept index outside the grid");
+    if (k > 0 && s.kept_indices[k] <= s.kept_indices[k - 1]) {
+      return bad("kept indices must strictly increase");
+    }
+  }
+  if (s.prompt_tokens.size() > limits.max_prompt_tokens) return bad("prompt too long");
+  if (s.answer_tokens.size() > limits.max_answer_tokens) return bad("answer too long");
+  if (s.features.size() != s.kept_indices.size() * s.feature_dim) {
+    return bad("features must hold kept x feature_dim values");
+  }
+  if (!std::isfinite(s.entropy)) return bad("entropy is not finite");
+  for (float f : s.features) {
+    if (!std::isfinite(f)) return bad("features hold a non-finite value");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);  // underflow -> 0
+    mant |= 0x800000u;
+    const int shift = 14 - e;
+    uint32_t half = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1))) ++half;  // may carry into exponent
+  return static_cast<uint16_t>(sign | half);
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision) {
+  return precision == FeaturePrecision::kFp16 ? uint64_t{kept} * dim * 2
+                                              : uint64_t{kept} * (4 + uint64_t{dim});
+}
+
+absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& samples,
+                                              FeaturePrecision precision,
+                                              const UplinkLimits& limits, int zstd_level) {
+  if (samples.empty()) return absl::InvalidArgumentError("uplink batch holds no samples");
+  if (samples.size() > limits.max_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("uplink batch holds ", samples.size(),
+                                                   " samples; the limit is ", limits.max_samples));
+  }
+  if (precision != FeaturePrecision::kFp16 && precision != FeaturePrecision::kInt8) {
+    return absl::InvalidArgumentError("unknown feature precision");
+  }
+  std::string body;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const UplinkSample& s = samples[i];
+    if (absl::Status st = CheckSample(s, i, limits); !st.ok()) return st;
+    Put<uint64_t>(body, s.sample_id);
+    Put<uint64_t>(body, s.model_version);
+    Put<float>(body, s.entropy);
+    Put<uint16_t>(body, static_cast<uint16_t>(s.grid_tokens));
+    Put<uint16_t>(body, static_cast<uint16_t>(s.feature_dim));
+    Put<uint16_t>(body, static_cast<uint16_t>(s.kept_indices.size()));
+    for (uint16_t k : s.kept_indices) Put<uint16_t>(body, k);
+    Put<uint16_t>(body, static_cast<uint16_t>(s.prompt_tokens.size()));
+    for (uint32_t t : s.prompt_tokens) Put<uint32_t>(body, t);
+    Put<uint16_t>(body, static_cast<uint16_t>(s.answer_tokens.size()));
+    for (uint32_t t : s.answer_tokens) Put<uint32_t>(body, t);
+    const size_t dim = s.feature_dim;
+    for (size_t r = 0; r < s.kept_indices.size(); ++r) {
+      const float* row = s.features.data() + r * dim;
+      if (precision == FeaturePrecision::kFp16) {
+        for (size_t c = 0; c < dim; ++c) Put<uint16_t>(body, FloatToHalf(row[c]));
+      } else {
+        float max_abs = 0;
+        for (size_t c = 0; c < dim; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
+        const float scale = max_abs > 0 ? max_abs / 127.0f : 1.0f;
+        Put<float>(body, scale);
+        for (size_t c = 0; c < dim; ++c) {
+          const float q = std::nearbyint(row[c] / scale);
+          Put<int8_t>(body, static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
+        }
+      }
+    }
+    if (body.size() > limits.max_body_bytes) {
+      return absl::InvalidArgumentError("uplink batch body exceeds max_body_bytes");
+    }
+  }
+  std::string out;
+  Put<uint32_t>(out, kUplinkMagic);
+  Put<uint16_t>(out, kUplinkVersion);
+  Put<uint16_t>(out, static_cast<uint16_t>(precision));
+  Put<uint32_t>(out, static_cast<uint32_t>(samples.size()));
+  Put<uint64_t>(out, body.size());
+  const size_t bound = ZSTD_compressBound(body.size());
+  out.resize(kHeaderBytes + bound);
+  const size_t z = ZSTD_compress(out.data() + kHeaderBytes, bound, body.data(), body.size(),
+                                 std::clamp(zstd_level, 1, 19));
+  if (ZSTD_isError(z)) {
+    return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(z)));
+  }
+  out.resize(kHeaderBytes + z);
+  Put<uint64_t>(out, Hash64(out.data(), out.size()));
+  return out;
+}
+
+absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view payload,
+                                                            const UplinkLimits& limits) {
+  if (payload.size() < kHeaderBytes + kChecksumBytes) {
+    return absl::DataLossError("uplink payload is shorter than its header");
+  }
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, payload.data() + payload.size() - kChecksumBytes, 8);
+  const absl::string_view covered = payload.substr(0, payload.size() - kChecksumBytes);
+  if (Hash64(covered.data(), covered.size()) != stored_hash) {
+    return absl::DataLossError("uplink payload checksum mismatch (truncated or corrupted)");
+  }
+  Reader header(covered.substr(0, kHeaderBytes));
+  uint32_t magic = 0, count = 0;
+  uint16_t version = 0, precision_raw = 0;
+  uint64_t body_size = 0;
+  header.Get(&magic);
+  header.Get(&version);
+  header.Get(&precision_raw);
+  header.Get(&count);
+  header.Get(&body_size);
+  if (magic != kUplinkMagic) return absl::DataLossError("not an uplink payload (bad magic)");
+  if (version != kUplinkVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uplink payload version ", version, " is not supported (expected ", kUplinkVersion, ")"));
+  }
+  const auto precision = static_cast<FeaturePrecision>(precision_raw);
+  if (precision != FeaturePrecision::kFp16 && precision != FeaturePrecision::kInt8) {
+    return absl::InvalidArgumentError("uplink payload has an unknown feature precision");
+  }
+  if (count == 0 || count > limits.max_samples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uplink payload sample count ", count, " is outside 1-", limits.max_samples));
+  }
+  if (body_size > limits.max_body_bytes) {
+    return absl::InvalidArgumentError("uplink payload body exceeds max_body_bytes");
+  }
+  const absl::string_view frame = covered.substr(kHeaderBytes);
+  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
+      content != body_size) {
+    return absl::DataLossError("uplink payload body frame does not match its declared size");
+  }
+  std::string body(body_size, '\0');
+  const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
+  if (ZSTD_isError(got) || got != body_size) {
+    return absl::DataLossError("uplink payload body does not decompress");
+  }
+
+  Reader r(body);
+  std::vector<UplinkSample> samples;
+  samples.reserve(count);
+  auto truncated = [&](size_t i) {
+    return absl::DataLossError(absl::StrCat("uplink payload ends inside sample ", i));
+  };
+  for (uint32_t i = 0; i < count; ++i) {
+    UplinkSample& s = samples.emplace_back();
+    uint16_t grid = 0, dim = 0, kept = 0, prompt = 0, answer = 0;
+    if (!r.Get(&s.sample_id) || !r.Get(&s.model_version) || !r.Get(&s.entropy) || !r.Get(&grid) ||
+        !r.Get(&dim) || !r.Get(&kept)) {
+      return truncated(i);
+    }
+    s.grid_tokens = grid;
+    s.feature_dim = dim;
+    // Bounds first, so nothing below allocates from an unchecked count.
+    if (grid == 0 || grid > limits.max_grid_tokens || dim == 0 || dim > limits.max_feature_dim ||
+        kept > grid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uplink sample ", i, " has sizes outside the limits"));
+    }
+    s.kept_indices.resize(kept);
+    for (auto& k : s.kept_indices) {
+      if (!r.Get(&k)) return truncated(i);
+    }
+    if (!r.Get(&prompt) || prompt > limits.max_prompt_tokens) {
+      return prompt > limits.max_prompt_tokens
+                 ? absl::InvalidArgumentError(absl::StrCat("uplink sample ", i, " prompt too long"))
+                 : truncated(i);
+    }
+    s.prompt_tokens.resize(prompt);
+    for (auto& t : s.prompt_tokens) {
+      if (!r.Get(&t)) return truncated(i);
+    }
+    if (!r.Get(&answer) || answer > limits.max_answer_tokens) {
+      return answer > limits.max_answer_tokens
+                 ? absl::InvalidArgumentError(absl::StrCat("uplink sample ", i, " answer too long"))
+                 : truncated(i);
+    }
+    s.answer_tokens.resize(answer);
+    for (auto& t : s.answer_tokens) {
+      if (!r.Get(&t)) return truncated(i);
+    }
+    absl::string_view feats;
+    if (!r.Skip(FeatureBytes(kept, dim, precision), &feats)) return truncated(i);
+    s.features.resize(size_t{kept} * dim);
+    Reader f(feats);
+    for (size_t row = 0; row < kept; ++row) {
+      float* out = s.features.data() + row * dim;
+      if (precision == FeaturePrecision::kFp16) {
+        for (size_t c = 0; c < dim; ++c) {
+          uint16_t h = 0;
+          f.Get(&h);
+          out[c] = HalfToFloat(h);
+        }
+      } else {
+        float scale = 0;
+        f.Get(&scale);
+        for (size_t c = 0; c < dim; ++c) {
+          int8_t q = 0;
+          f.Get(&q);
+          out[c] = scale * static_cast<float>(q);
+        }
+      }
+    }
+    if (absl::Status st = CheckSample(s, i, limits); !st.ok()) {
+      return absl::DataLossError(st.message());
+    }
+  }
+  if (!r.done()) return absl::DataLossError("uplink payload has bytes after its last sample");
+  return samples;
+}
+
+}  // namespace cdcca::compress

@@ -1,0 +1,75 @@
+// The uplink sample codec: what a device sends the cloud for each sample that UTS kept.
+// Torch-free (plain vectors in and out), so it builds anywhere and can be fuzzed.
+//
+// Batch layout (the `payload` of one v1::UplinkBatch), integers little-endian:
+//   u32 magic 'C','D','U','P' | u16 version | u16 precision | u32 sample count |
+//   u64 body size (uncompressed) | zstd frame of the body | u64 Hash64 of all bytes before it
+// Body: per sample
+//   u64 sample id | u64 model version | f32 entropy (nats) |
+//   u16 grid tokens | u16 feature dim | u16 kept count | kept count x u16 token index
+//     (strictly increasing, < grid tokens) |
+//   u16 prompt length | prompt x u32 token id | u16 answer length | answer x u32 token id |
+//   features of the kept tokens, row by row:
+//     fp16: kept x dim x u16 (IEEE half);
+//     int8: kept x (f32 scale + dim x i8), value = scale * q, scale = max|x| / 127.
+// Pixels never appear: the cloud runs the same frozen vision encoder, so visual tokens are
+// its input.
+#ifndef CDCCA_COMPRESS_UPLINK_CODEC_H_
+#define CDCCA_COMPRESS_UPLINK_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cdcca::compress {
+
+enum class FeaturePrecision : uint16_t { kFp16 = 1, kInt8 = 2 };
+
+// One kept sample. `features` holds kept_indices.size() x feature_dim floats, row-major.
+struct UplinkSample {
+  uint64_t sample_id = 0;
+  uint64_t model_version = 0;
+  float entropy = 0;         // mean answer-token entropy (nats), UTS stage 1
+  uint32_t grid_tokens = 0;  // visual tokens the encoder produced (e.g. 64)
+  uint32_t feature_dim = 0;
+  std::vector<uint16_t> kept_indices;  // UTS stage 2; strictly increasing
+  std::vector<uint32_t> prompt_tokens;
+  std::vector<uint32_t> answer_tokens;  // the device's own answer
+  std::vector<float> features;
+};
+
+// Bounds checked by both encode and decode. Defaults fit every cdcca model config.
+struct UplinkLimits {
+  uint32_t max_samples = 4096;
+  uint32_t max_grid_tokens = 4096;
+  uint32_t max_feature_dim = 4096;
+  uint32_t max_prompt_tokens = 512;
+  uint32_t max_answer_tokens = 128;
+  uint64_t max_body_bytes = 64ull << 20;  // uncompressed. Default: 64 MiB
+};
+
+// Encodes `samples` (at least one) into one batch payload. INVALID_ARGUMENT names the
+// sample and field that break a bound. zstd_level: 1-19 (default 3).
+absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& samples,
+                                              FeaturePrecision precision,
+                                              const UplinkLimits& limits = {}, int zstd_level = 3);
+
+// Decodes and validates a payload. DATA_LOSS for a bad checksum, a truncated or overlong
+// payload, or a body that does not match its sizes; INVALID_ARGUMENT for values outside the
+// limits. Never reads outside `payload`, and never allocates more than the limits allow.
+absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view payload,
+                                                            const UplinkLimits& limits = {});
+
+// Bytes one sample's features take in the body at `precision` (before zstd).
+uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision);
+
+// IEEE 754 half conversions (round to nearest even; inf/nan kept), used for fp16 features.
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+
+}  // namespace cdcca::compress
+
+#endif  // CDCCA_COMPRESS_UPLINK_CODEC_H_

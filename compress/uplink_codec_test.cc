@@ -1,0 +1,139 @@
+#include "compress/uplink_codec.h"
+
+#include <cmath>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::compress {
+namespace {
+
+using ::cdcca::testing::StatusIs;
+using ::testing::HasSubstr;
+
+UplinkSample MakeSample(uint64_t id, uint32_t kept, uint32_t dim = 32, uint32_t seed = 1) {
+  std::mt19937 rng(seed + id);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  UplinkSample s;
+  s.sample_id = id;
+  s.model_version = 4;
+  s.entropy = 1.25f;
+  s.grid_tokens = 64;
+  s.feature_dim = dim;
+  for (uint32_t k = 0; k < kept; ++k)
+    s.kept_indices.push_back(static_cast<uint16_t>(k * 64 / kept));
+  s.prompt_tokens = {5, 17, 2, 99};
+  s.answer_tokens = {42, 3};
+  s.features.resize(size_t{kept} * dim);
+  for (float& f : s.features) f = normal(rng);
+  return s;
+}
+
+TEST(UplinkCodecTest, HalfConversionRoundTripsExactlyRepresentableValues) {
+  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 0.000061035156f, 5.96046448e-8f}) {
+    EXPECT_EQ(HalfToFloat(FloatToHalf(f)), f) << f;
+  }
+  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))));
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1e-9f)), 0.0f);
+  // Relative error of a normal value is at most 2^-11.
+  for (float f = -100.0f; f < 100.0f; f += 0.37f) {
+    EXPECT_NEAR(HalfToFloat(FloatToHalf(f)), f, std::fabs(f) * (1.0f / 2048) + 1e-7f);
+  }
+}
+
+TEST(UplinkCodecTest, Fp16RoundTripKeepsEverythingButFeatureRounding) {
+  std::vector<UplinkSample> in = {MakeSample(1, 32), MakeSample(2, 0), MakeSample(3, 64)};
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch(in, FeaturePrecision::kFp16));
+  ASSERT_OK_AND_ASSIGN(std::vector<UplinkSample> out, DecodeUplinkBatch(payload));
+  ASSERT_EQ(out.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(out[i].sample_id, in[i].sample_id);
+    EXPECT_EQ(out[i].model_version, in[i].model_version);
+    EXPECT_EQ(out[i].entropy, in[i].entropy);
+    EXPECT_EQ(out[i].kept_indices, in[i].kept_indices);
+    EXPECT_EQ(out[i].prompt_tokens, in[i].prompt_tokens);
+    EXPECT_EQ(out[i].answer_tokens, in[i].answer_tokens);
+    ASSERT_EQ(out[i].features.size(), in[i].features.size());
+    for (size_t j = 0; j < in[i].features.size(); ++j) {
+      EXPECT_NEAR(out[i].features[j], in[i].features[j],
+                  std::fabs(in[i].features[j]) / 2048 + 1e-6);
+    }
+  }
+}
+
+TEST(UplinkCodecTest, Int8RoundTripErrorIsBoundedByHalfAStepPerToken) {
+  std::vector<UplinkSample> in = {MakeSample(7, 40, 48)};
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch(in, FeaturePrecision::kInt8));
+  ASSERT_OK_AND_ASSIGN(std::vector<UplinkSample> out, DecodeUplinkBatch(payload));
+  const UplinkSample& s = in[0];
+  for (size_t row = 0; row < s.kept_indices.size(); ++row) {
+    float max_abs = 0;
+    for (size_t c = 0; c < s.feature_dim; ++c) {
+      max_abs = std::max(max_abs, std::fabs(s.features[row * s.feature_dim + c]));
+    }
+    const float step = max_abs / 127;
+    for (size_t c = 0; c < s.feature_dim; ++c) {
+      const size_t j = row * s.feature_dim + c;
+      EXPECT_LE(std::fabs(out[0].features[j] - s.features[j]), step / 2 + 1e-6f);
+    }
+  }
+  // int8 with a scale per token is about half the size of fp16 before zstd.
+  EXPECT_LT(FeatureBytes(40, 48, FeaturePrecision::kInt8),
+            FeatureBytes(40, 48, FeaturePrecision::kFp16) * 6 / 10);
+}
+
+TEST(UplinkCodecTest, EncoderRejectsSamplesOutsideTheBounds) {
+  UplinkSample unsorted = MakeSample(1, 4);
+  std::swap(unsorted.kept_indices[0], unsorted.kept_indices[1]);
+  UplinkSample outside = MakeSample(2, 4);
+  outside.kept_indices.back() = 64;
+  UplinkSample short_features = MakeSample(3, 4);
+  short_features.features.pop_back();
+  UplinkSample nan = MakeSample(4, 4);
+  nan.features[3] = std::nanf("");
+  UplinkSample long_prompt = MakeSample(5, 4);
+  long_prompt.prompt_tokens.assign(1000, 1);
+  const std::pair<UplinkSample, const char*> cases[] = {
+      {unsorted, "strictly increase"},        {outside, "outside the grid"},
+      {short_features, "kept x feature_dim"}, {nan, "non-finite"},
+      {long_prompt, "prompt too long"},
+  };
+  for (const auto& [sample, why] : cases) {
+    EXPECT_THAT(EncodeUplinkBatch({sample}, FeaturePrecision::kFp16),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)))
+        << why;
+  }
+  EXPECT_THAT(EncodeUplinkBatch({}, FeaturePrecision::kFp16),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(UplinkCodecTest, DecoderRejectsEveryTruncationAndAnyFlippedByte) {
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({MakeSample(1, 8), MakeSample(2, 3)},
+                                                              FeaturePrecision::kInt8));
+  for (size_t len = 0; len < payload.size(); ++len) {
+    EXPECT_THAT(DecodeUplinkBatch(payload.substr(0, len)), StatusIs(absl::StatusCode::kDataLoss))
+        << "truncated to " << len;
+  }
+  for (size_t pos = 0; pos < payload.size(); ++pos) {
+    std::string bad = payload;
+    bad[pos] = static_cast<char>(bad[pos] ^ 0x20);
+    EXPECT_FALSE(DecodeUplinkBatch(bad).ok()) << "flipped byte " << pos;
+  }
+  EXPECT_THAT(DecodeUplinkBatch(payload + "x"), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST(UplinkCodecTest, DecoderEnforcesTheReceiversLimits) {
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({MakeSample(1, 8), MakeSample(2, 8)},
+                                                              FeaturePrecision::kFp16));
+  UplinkLimits tight;
+  tight.max_samples = 1;
+  EXPECT_THAT(DecodeUplinkBatch(payload, tight), StatusIs(absl::StatusCode::kInvalidArgument));
+  UplinkLimits small_body;
+  small_body.max_body_bytes = 100;
+  EXPECT_THAT(DecodeUplinkBatch(payload, small_body), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace cdcca::compress
