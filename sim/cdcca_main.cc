@@ -8,6 +8,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#ifdef CDCCA_HAVE_DATASETS_IO
+#include "datasets/commands.h"
+#endif
 
 namespace {
 
@@ -24,6 +27,12 @@ struct Command {
 // Filled as modules gain commands (eval, render, inspect, pretrain, ...).
 const Command kCommands[] = {
     {"help", "list the sub-commands", nullptr},
+#ifdef CDCCA_HAVE_DATASETS_IO
+    {"eval", "score results: eval vqa|aokvqa|caption (official metrics)",
+     cdcca::datasets::EvalCommand},
+    {"render", "write PNG grids of benchmark scenes under every shift",
+     cdcca::datasets::RenderCommand},
+#endif
 };
 
 void PrintCommands() {
