@@ -8,6 +8,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#ifdef CDCCA_HAVE_COMPRESS
+#include "compress/inspect_command.h"
+#endif
 #ifdef CDCCA_HAVE_DATASETS_IO
 #include "datasets/commands.h"
 #endif
@@ -32,6 +35,10 @@ const Command kCommands[] = {
      cdcca::datasets::EvalCommand},
     {"render", "write PNG grids of benchmark scenes under every shift",
      cdcca::datasets::RenderCommand},
+#endif
+#ifdef CDCCA_HAVE_COMPRESS
+    {"inspect", "print what DWC update payloads hold: inspect UPDATE...",
+     cdcca::compress::InspectCommand},
 #endif
 };
 
