@@ -1,0 +1,94 @@
+// Sizes and precision of the MLLM family (vision encoder, teacher, student), read from the
+// JSON files under configs/models/ (tiny for tests, small by default, large for the GPU).
+//
+// Thread-safety: plain values, copy freely.
+#ifndef CDCCA_DISTILL_MODEL_CONFIG_H_
+#define CDCCA_DISTILL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cdcca::model {
+
+// How the frozen linear weights above the vision encoder are stored. The trainable set
+// (norms, biases, query tokens, LoRA, adapter prompts) is always fp32.
+enum class Precision {
+  kFp32,
+  kInt8,  // symmetric, one scale per output channel
+  kInt4,  // symmetric, one scale per group of `int4_group` input columns, two values a byte
+};
+
+absl::string_view PrecisionName(Precision p);  // "fp32", "int8", "int4"
+absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
+
+struct VisionConfig {
+  int image_size = 64;                    // square RGB input, pixels
+  std::vector<int> channels{32, 64, 96};  // one stride-2 3x3 conv each
+  int d_vis = 128;                        // width of a visual token
+  // Derived: grid side = image_size / 2^channels.size(); tokens = grid * grid.
+  int GridSide() const;
+  int NumTokens() const;
+};
+
+// One MLLM above the shared vision encoder: query adapter + decoder LM.
+struct TowerConfig {
+  // Query adapter (Q-Former-like).
+  int num_queries = 16;  // L learnable queries = length of the LM's visual prefix
+  int qa_dim = 128;
+  int qa_heads = 4;
+  int qa_layers = 2;
+  int qa_mlp_hidden = 256;
+  // Decoder LM (LLaMA-style).
+  int d_model = 128;
+  int lm_layers = 2;
+  int lm_heads = 4;
+  int ffn_hidden = 344;     // SwiGLU hidden width
+  int max_positions = 128;  // RoPE table length (visual prefix + text)
+  float rope_theta = 10000.0f;
+  // Adaptation.
+  int lora_rank = 8;  // 0 = no LoRA
+  float lora_alpha = 16.0f;
+  int adapter_prompt_len = 0;  // 0 = no gated adapter prompts
+  int adapter_layers = 0;      // adapter prompts sit in the top `adapter_layers` LM layers
+  float dropout = 0.1f;        // used while training (query adapter and LM residuals)
+  // Storage of the frozen base.
+  Precision precision = Precision::kFp32;
+  int int4_group = 128;
+  // Copied from the family so a tower is self-describing.
+  int vocab_size = 0;
+  int d_vis = 0;
+  int num_visual_tokens = 0;
+};
+
+struct FamilyConfig {
+  std::string name;        // "tiny", "small", ...
+  std::string vocabulary;  // reference to the tokenizer vocabulary this family was built for
+  int vocab_size = 0;
+  VisionConfig vision;
+  TowerConfig teacher;
+  TowerConfig student;
+  std::string pretrain_json;  // the raw "pretrain" section (owned by the pretraining code), or ""
+};
+
+// Parses a family config (see configs/models/small.json for the schema). Unknown keys are
+// errors, so a typo never silently falls back to a default. Returns InvalidArgument with the
+// offending key, or NotFound if the file is missing.
+absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text);
+absl::StatusOr<FamilyConfig> LoadFamilyConfig(const std::string& path);
+
+// JSON of one tower (all fields), used in checkpoint metadata; ParseTowerConfig inverts it.
+std::string TowerConfigToJson(const TowerConfig& c);
+absl::StatusOr<TowerConfig> ParseTowerConfig(absl::string_view json_text);
+std::string VisionConfigToJson(const VisionConfig& c);
+absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text);
+
+// Checks divisibility and ranges (heads divide widths, positions cover the prefix, ...).
+absl::Status ValidateTower(const TowerConfig& c);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_CONFIG_H_

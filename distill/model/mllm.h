@@ -1,0 +1,95 @@
+// One MLLM of the family above the shared vision encoder: query adapter (visual tokens ->
+// L query outputs -> LM prefix) + decoder LM. Teacher and student are both MllmImpl,
+// built from different TowerConfigs.
+//
+// Sequence layout seen by the LM: [L visual queries][prompt, left-padded][answer]. Text
+// positions are numbered consecutively after the prefix, padding takes none.
+//
+// Hooks for the other modules:
+//   - MllmOutput::queries         Q, the query-adapter output (query alignment)
+//   - MllmOutput::representation  R, the LM hidden state after lm_layers/2 layers at the
+//                                 text positions (representation alignment)
+//   - MllmOutput::logits / GenerateResult::step_logits: per-token distributions (entropy)
+//   - StochasticPasses: M dropout passes of the query adapter as one batched forward.
+//
+// Parameter names: "qa.*" (query_adapter.h) and "lm.*" (language_model.h).
+// Thread-safety: as torch modules; concurrent const use under NoGradGuard is fine.
+#ifndef CDCCA_DISTILL_MODEL_MLLM_H_
+#define CDCCA_DISTILL_MODEL_MLLM_H_
+
+#include <torch/torch.h>
+
+#include "distill/model/config.h"
+#include "distill/model/language_model.h"
+#include "distill/model/query_adapter.h"
+
+namespace cdcca::model {
+
+struct MllmInput {
+  torch::Tensor visual_tokens;  // [B, N, d_vis] float (the frozen encoder's output)
+  torch::Tensor visual_mask;    // [B, N] bool, true = present; undefined = all present
+  torch::Tensor text_ids;       // [B, T] int64: left-padded prompt, then answer tokens
+  torch::Tensor text_valid;     // [B, T] bool, false = padding; undefined = all valid
+};
+
+struct MllmOutput {
+  torch::Tensor logits;          // [B, T, V]; logits[:, t] predicts text token t + 1
+  torch::Tensor queries;         // Q [B, L, qa_dim]
+  torch::Tensor representation;  // R [B, T, d_model]
+  torch::Tensor attention_mass;  // [B, N] cross-attention mass per visual token
+};
+
+struct GenerateResult {
+  torch::Tensor tokens;       // [B, n] int64 greedy answer; after EOS filled with eos_id
+  torch::Tensor lengths;      // [B] int64 tokens before EOS (or n if none)
+  torch::Tensor step_logits;  // [B, n, V] the logits each token was chosen from
+};
+
+struct StochasticStats {
+  torch::Tensor attention_mass;           // [M, B, N] per pass
+  torch::Tensor queries;                  // [M, B, L, qa_dim] per pass
+  torch::Tensor attention_mass_variance;  // [B, N] variance over passes
+  torch::Tensor query_variance;           // [B, L] variance over passes, mean over channels
+};
+
+class MllmImpl : public torch::nn::Module {
+ public:
+  explicit MllmImpl(const TowerConfig& config);
+
+  // Teacher-forced pass. Dropout (config.dropout) is active only in train() mode.
+  MllmOutput Forward(const MllmInput& input);
+
+  // Greedy decoding with a KV cache: prefill [prefix, prompt] once, then one position per
+  // step. Stops when every row has emitted eos_id or after max_new_tokens. Runs under
+  // NoGradGuard with dropout off whatever the mode.
+  GenerateResult Generate(const torch::Tensor& visual_tokens, const torch::Tensor& visual_mask,
+                          const torch::Tensor& prompt_ids, const torch::Tensor& prompt_valid,
+                          int max_new_tokens, int64_t eos_id);
+
+  // M stochastic passes over the part above the (cached) vision encoder, as one batched
+  // forward of the query adapter (inputs repeated M times along the batch) with dropout
+  // dropout_p on the projected tokens, cross-attention weights and MLP outputs. Variances
+  // are population variances over the M passes. dropout_p == 0 yields M identical passes
+  // and exactly zero variance. No gradients.
+  StochasticStats StochasticPasses(const torch::Tensor& visual_tokens,
+                                   const torch::Tensor& visual_mask, int passes, double dropout_p);
+
+  const TowerConfig& config() const { return config_; }
+  QueryAdapter& query_adapter() { return qa_; }
+  LanguageModel& language_model() { return lm_; }
+  int representation_layer() const { return config_.lm_layers / 2; }
+
+ private:
+  TowerConfig config_;
+  QueryAdapter qa_{nullptr};
+  LanguageModel lm_{nullptr};
+};
+TORCH_MODULE(Mllm);
+
+// Mean over generated tokens of the entropy (nats) of each step's softmax, counting tokens
+// up to and including EOS (lengths + 1, capped at n). [B] float.
+torch::Tensor MeanTokenEntropy(const GenerateResult& result);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_MLLM_H_
