@@ -1,0 +1,59 @@
+// CoTTA (Wang et al. 2022), continual test-time adaptation on the device, a baseline with
+// no cloud. Three parts:
+//   - a mean (EMA) teacher of the student's trainable set gives the pseudo-labels: its
+//     greedy answer, and, teacher-forced on it, soft next-token distributions;
+//   - when the teacher is unsure (mean max-probability over the answer below
+//     confidence_threshold) those distributions are averaged over `augmentations` augmented
+//     views of the visual tokens (Gaussian feature noise and random token dropping, the
+//     token-space analogue of CoTTA's image augmentations, since the device keeps tokens);
+//   - after each step, every trainable element is reset to its source (pre-adaptation)
+//     value with probability restore_prob (stochastic restore against forgetting).
+// The student minimises the soft cross-entropy to the teacher's distributions on the
+// un-augmented input. Deviation from the paper: confidence is the EMA teacher's, not a
+// separate frozen source model's (one model copy fewer on the device).
+//
+// The EMA teacher and the source state are created at the first job and kept across jobs.
+#ifndef CDCCA_DISTILL_BASELINES_COTTA_H_
+#define CDCCA_DISTILL_BASELINES_COTTA_H_
+
+#include <string>
+#include <vector>
+
+#include "distill/learner.h"
+
+namespace cdcca::distill {
+
+struct CottaConfig {
+  double ema_decay = 0.999;           // teacher = decay * teacher + (1 - decay) * student
+  double restore_prob = 0.01;         // per element and step
+  int augmentations = 4;              // views averaged when unsure
+  double confidence_threshold = 0.9;  // mean max-probability below which to average
+  double noise_std = 0.1;             // feature noise, relative to each token's RMS
+  double token_drop = 0.1;            // probability of hiding a kept token in a view
+};
+
+class CottaLearner : public Learner {
+ public:
+  explicit CottaLearner(CottaConfig config) : config_(config) {}
+  std::string name() const override { return "cotta"; }
+  bool uses_teacher() const override { return false; }
+
+  // The EMA teacher (null before the first job).
+  model::Mllm ema_teacher() const { return ema_; }
+
+ protected:
+  absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+                       const JobOptions& options) override;
+  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Mllm& student,
+             const JobOptions& options) override;
+  void AfterStep(model::Mllm& student, const JobOptions& options) override;
+
+ private:
+  CottaConfig config_;
+  model::Mllm ema_{nullptr};
+  model::NamedTensors source_;  // the trainable set before any adaptation
+};
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_BASELINES_COTTA_H_

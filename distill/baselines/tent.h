@@ -1,0 +1,34 @@
+// TENT (Wang et al. 2021) in its continual form, a device-side baseline: no cloud, no
+// teacher. The student answers each sample greedily, and, teacher-forced on its own answer,
+// minimises the mean entropy of its next-token distributions at the answer positions,
+// updating only its normalisation parameters (LayerNorm/RMSNorm weights and biases). The
+// adapted state carries over from job to job (continual: never reset).
+#ifndef CDCCA_DISTILL_BASELINES_TENT_H_
+#define CDCCA_DISTILL_BASELINES_TENT_H_
+
+#include <string>
+#include <vector>
+
+#include "distill/learner.h"
+
+namespace cdcca::distill {
+
+// True for the parameters TENT adapts: those of a module whose name ends in "norm".
+bool IsNormParameterName(const std::string& name);
+
+class TentLearner : public Learner {
+ public:
+  std::string name() const override { return "tent"; }
+  bool uses_teacher() const override { return false; }
+
+ protected:
+  model::NamedTensors TrainedParameters(model::Mllm& student) override;
+  absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+                       const JobOptions& options) override;
+  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Mllm& student,
+             const JobOptions& options) override;
+};
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_BASELINES_TENT_H_
