@@ -8,6 +8,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#ifdef CDCCA_HAVE_PRETRAIN
+#include "distill/model/commands.h"
+#endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"
 #endif
@@ -35,6 +38,12 @@ const Command kCommands[] = {
      cdcca::datasets::EvalCommand},
     {"render", "write PNG grids of benchmark scenes under every shift",
      cdcca::datasets::RenderCommand},
+#endif
+#ifdef CDCCA_HAVE_PRETRAIN
+    {"pretrain", "train encoder, teacher and student: --config FILE --out DIR",
+     cdcca::model::PretrainCommand},
+    {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
+     cdcca::model::ModelEvalCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

@@ -23,6 +23,11 @@ MllmImpl::MllmImpl(const TowerConfig& config) : config_(config) {
 MllmOutput MllmImpl::Forward(const MllmInput& input) {
   const double p = is_training() ? config_.dropout : 0.0;
   QueryAdapterOutput q = qa_->forward(input.visual_tokens, input.visual_mask, p);
+  if (input.scene_index.defined()) {
+    q.prefix = q.prefix.index_select(0, input.scene_index);
+    q.queries = q.queries.index_select(0, input.scene_index);
+    q.attention_mass = q.attention_mass.index_select(0, input.scene_index);
+  }
   const int64_t b = input.text_ids.size(0);
   const int64_t t = input.text_ids.size(1);
   const int64_t l = config_.num_queries;

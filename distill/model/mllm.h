@@ -30,6 +30,10 @@ struct MllmInput {
   torch::Tensor visual_mask;    // [B, N] bool, true = present; undefined = all present
   torch::Tensor text_ids;       // [B, T] int64: left-padded prompt, then answer tokens
   torch::Tensor text_valid;     // [B, T] bool, false = padding; undefined = all valid
+  // Optional [B] int64: row b's scene is visual_tokens[scene_index[b]] (then visual_tokens
+  // and visual_mask hold S scenes). Several questions about one scene then share a single
+  // query-adapter pass, which does not depend on the question.
+  torch::Tensor scene_index;
 };
 
 struct MllmOutput {

@@ -65,6 +65,7 @@ torch::Tensor QueryAdapterLayerImpl::forward(const torch::Tensor& x, const torch
 QueryAdapterImpl::QueryAdapterImpl(const TowerConfig& c) {
   vis_proj_ = register_module("vis_proj", Linear(c, c.d_vis, c.qa_dim, false));
   vis_norm_ = register_module("vis_norm", Norm(c.qa_dim));
+  vis_pos_ = register_parameter("vis_pos", torch::randn({c.num_visual_tokens, c.qa_dim}) * 0.02);
   queries_ = register_parameter("queries", torch::randn({c.num_queries, c.qa_dim}) * 0.02);
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (int i = 0; i < c.qa_layers; ++i) layers_->push_back(QueryAdapterLayer(c));
@@ -77,7 +78,8 @@ QueryAdapterOutput QueryAdapterImpl::forward(const torch::Tensor& tokens, const 
   TORCH_CHECK(tokens.dim() == 3, "QueryAdapter expects tokens [B, N, d_vis]");
   const int64_t b = tokens.size(0);
   const int64_t n = tokens.size(1);
-  torch::Tensor vis = vis_norm_->forward(vis_proj_->forward(tokens));
+  TORCH_CHECK(n == vis_pos_.size(0), "QueryAdapter expects ", vis_pos_.size(0), " visual tokens");
+  torch::Tensor vis = vis_norm_->forward(vis_proj_->forward(tokens)) + vis_pos_;
   if (dropout_p > 0.0) vis = torch::dropout(vis, dropout_p, /*train=*/true);
   torch::Tensor allowed;
   if (mask.defined()) {

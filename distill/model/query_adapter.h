@@ -2,7 +2,8 @@
 // the queries, cross-attention to the visual tokens (honouring a key mask for absent tokens)
 // and an MLP; the result is projected into the LM width as its visual prefix.
 //
-// Parameter names: "vis_proj.*", "vis_norm.*", "queries" [L, qa_dim], "layers.<i>.{sa_norm,
+// Parameter names: "vis_proj.*", "vis_norm.*", "vis_pos" [N, qa_dim], "queries" [L, qa_dim],
+// "layers.<i>.{sa_norm,
 // sa_q,sa_k,sa_v,sa_o,ca_norm,ca_q,ca_k,ca_v,ca_o,mlp_norm,mlp_fc1,mlp_fc2}.*", "out_norm.*",
 // "out_proj.*". Linear layers are AdaptedLinear with bias; LoRA sits on the q and v
 // projections of both attentions.
@@ -58,6 +59,9 @@ class QueryAdapterImpl : public torch::nn::Module {
  private:
   AdaptedLinear vis_proj_{nullptr};
   torch::nn::LayerNorm vis_norm_{nullptr};
+  // Cross-attention is blind to key order, so each grid position gets its own embedding;
+  // without it "where" questions sit at chance.
+  torch::Tensor vis_pos_;
   torch::Tensor queries_;
   torch::nn::ModuleList layers_;
   torch::nn::LayerNorm out_norm_{nullptr};

@@ -1,0 +1,707 @@
+#include "distill/model/pretrain.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "datasets/domain.h"
+#include "datasets/fashion_mnist.h"
+#include "datasets/metrics.h"
+#include "datasets/tokenizer.h"
+#include "distill/model/trainable.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+namespace {
+
+namespace ds = ::cdcca::datasets;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+torch::Device PickDevice(bool force_cpu) {
+  if (!force_cpu && torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+  return torch::Device(torch::kCPU);
+}
+
+void SetThreads(int threads) {
+  const int n =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(n);
+}
+
+// One stderr line, rewritten in place at most 5 times a second.
+class ProgressBar {
+ public:
+  ProgressBar(std::string name, int total, int first)
+      : name_(std::move(name)), total_(total), first_(first), start_(Clock::now()) {}
+  void Update(int done, double loss, int64_t samples) {
+    samples_ += samples;
+    loss_ = loss_ < 0 ? loss : 0.9 * loss_ + 0.1 * loss;
+    if (done < total_ && Seconds(last_) < 0.2) return;
+    last_ = Clock::now();
+    const double t = Seconds(start_);
+    const double rate = samples_ / std::max(t, 1e-9);
+    const double eta = (done > first_) ? t / (done - first_) * (total_ - done) : 0.0;
+    const int width = 24;
+    const int fill = total_ > 0 ? width * done / total_ : width;
+    std::fprintf(stderr, "\r[%-8s] %5d/%-5d [%s%s] loss %.4f  %.0f samples/s  %.0fs eta %.0fs ",
+                 name_.c_str(), done, total_, std::string(fill, '=').c_str(),
+                 std::string(width - fill, ' ').c_str(), loss_, rate, t, eta);
+    if (done >= total_) std::fprintf(stderr, "\n");
+  }
+  double seconds() const { return Seconds(start_); }
+  double loss() const { return loss_; }
+
+ private:
+  std::string name_;
+  int total_, first_;
+  Clock::time_point start_, last_{};
+  int64_t samples_ = 0;
+  double loss_ = -1;
+};
+
+torch::Tensor ImagesToTensor(const std::vector<ds::Sample>& samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  const int64_t h = samples.front().image.height;
+  const int64_t w = samples.front().image.width;
+  torch::Tensor out = torch::empty({n, h, w, 3}, torch::kByte);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(out[i].data_ptr(), samples[i].image.pixels.data(), h * w * 3);
+  }
+  return out.permute({0, 3, 1, 2}).to(torch::kFloat).div_(255.0);
+}
+
+std::vector<ds::Sample> Generate(const ds::SampleGenerator& gen, uint64_t first, int64_t n,
+                                 bool image_only) {
+  std::vector<ds::Sample> out(n);
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      out[i] = image_only ? gen.GenerateImageOnly(first + i) : gen.Generate(first + i);
+    }
+  });
+  return out;
+}
+
+// Every question of every scene, tokenized: prompt = <bos> question (left-padded), answer =
+// answer words + <eos> (right-padded). labels[t] is the token logits[t] must predict.
+struct QaBatch {
+  torch::Tensor scene;                 // [Q] int64: which scene each question is about
+  torch::Tensor text, valid;           // [Q, Tp + Ta]
+  torch::Tensor labels;                // [Q, Tp + Ta], -100 = no loss
+  torch::Tensor prompt, prompt_valid;  // [Q, Tp]
+  std::vector<const ds::VqaItem*> items;
+};
+
+QaBatch BuildQa(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok) {
+  std::vector<std::vector<int>> prompts, answers;
+  std::vector<int64_t> scene;
+  QaBatch b;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    for (const ds::VqaItem& q : samples[s].questions) {
+      prompts.push_back(tok.Encode(q.question, /*add_bos=*/true, /*add_eos=*/false));
+      answers.push_back(tok.Encode(q.answer, false, /*add_eos=*/true));
+      scene.push_back(static_cast<int64_t>(s));
+      b.items.push_back(&q);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  size_t tp = 0, ta = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    tp = std::max(tp, prompts[i].size());
+    ta = std::max(ta, answers[i].size());
+  }
+  const int64_t t = static_cast<int64_t>(tp + ta);
+  b.text = torch::zeros({n, t}, torch::kLong);
+  b.valid = torch::zeros({n, t}, torch::kBool);
+  b.labels = torch::full({n, t}, -100, torch::kLong);
+  auto text = b.text.accessor<int64_t, 2>();
+  auto valid = b.valid.accessor<bool, 2>();
+  auto labels = b.labels.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t off = static_cast<int64_t>(tp - prompts[i].size());
+    for (size_t j = 0; j < prompts[i].size(); ++j) {
+      text[i][off + j] = prompts[i][j];
+      valid[i][off + j] = true;
+    }
+    for (size_t j = 0; j < answers[i].size(); ++j) {
+      text[i][tp + j] = answers[i][j];
+      valid[i][tp + j] = true;
+      labels[i][tp + j - 1] = answers[i][j];  // predicted from the previous position
+    }
+  }
+  b.scene = torch::tensor(scene, torch::kLong);
+  b.prompt = b.text.narrow(1, 0, static_cast<int64_t>(tp));
+  b.prompt_valid = b.valid.narrow(1, 0, static_cast<int64_t>(tp));
+  return b;
+}
+
+double LearningRate(const StageSchedule& s, int step) {
+  const double warm = std::min(1.0, (step + 1.0) / std::max(1, s.warmup));
+  const double progress = static_cast<double>(step) / std::max(1, s.steps);
+  return s.lr * warm * (0.05 + 0.95 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
+void SetLr(torch::optim::AdamW& opt, double lr) {
+  for (auto& g : opt.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+  }
+}
+
+// Per-cell supervision of the encoder: mean+max pool the tokens of each 2x2 grid cell,
+// predict the cell's item class (or "empty") and colour.
+class CellHeadsImpl : public torch::nn::Module {
+ public:
+  CellHeadsImpl(int64_t d, int64_t grid) : grid_(grid) {
+    hidden_ = register_module("hidden", torch::nn::Linear(2 * d, 256));
+    cls_ = register_module("cls", torch::nn::Linear(256, ds::kNumClasses + 1));
+    color_ = register_module("color", torch::nn::Linear(256, ds::kNumColors));
+  }
+  // tokens [B, g*g, d] -> (class logits [B, 4, 11], colour logits [B, 4, 8])
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& tokens) {
+    const int64_t b = tokens.size(0), d = tokens.size(2), h = grid_ / 2;
+    torch::Tensor x =
+        tokens.view({b, 2, h, 2, h, d}).permute({0, 1, 3, 2, 4, 5}).reshape({b, 4, h * h, d});
+    torch::Tensor pooled = torch::cat({x.mean(2), std::get<0>(x.max(2))}, -1);
+    torch::Tensor z = torch::relu(hidden_->forward(pooled));
+    return {cls_->forward(z), color_->forward(z)};
+  }
+
+ private:
+  int64_t grid_;
+  torch::nn::Linear hidden_{nullptr}, cls_{nullptr}, color_{nullptr};
+};
+TORCH_MODULE(CellHeads);
+
+// Targets of the cell heads: class (kNumClasses = empty) and colour (-100 when empty).
+std::pair<torch::Tensor, torch::Tensor> CellTargets(const std::vector<ds::Sample>& samples) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  torch::Tensor cls = torch::full({n, ds::kNumCells}, ds::kNumClasses, torch::kLong);
+  torch::Tensor color = torch::full({n, ds::kNumCells}, -100, torch::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    for (const ds::SceneItem& it : samples[i].scene.items) {
+      cls[i][it.cell] = it.label;
+      color[i][it.cell] = it.color;
+    }
+  }
+  return {cls, color};
+}
+
+// Resume state of one stage: modules + optimizer + step, written atomically enough (the
+// step file is renamed into place last, and names which files belong to it).
+struct ResumePaths {
+  std::string model, extra, optim, step;
+};
+ResumePaths ResumeFor(const std::string& dir, const std::string& stage) {
+  const std::string p = dir + "/resume_" + stage;
+  return {p + "_model.pt", p + "_extra.pt", p + "_optim.pt", p + "_step.txt"};
+}
+
+int ReadResumeStep(const ResumePaths& r) {
+  std::ifstream in(r.step);
+  int step = 0;
+  if (in >> step) return step;
+  return 0;
+}
+
+template <typename M, typename E>
+void WriteResume(const ResumePaths& r, M& model, E* extra, torch::optim::AdamW& opt, int step) {
+  torch::save(model, r.model);
+  if (extra != nullptr) torch::save(*extra, r.extra);
+  torch::save(opt, r.optim);
+  {
+    std::ofstream out(r.step + ".tmp");
+    out << step << "\n";
+  }
+  std::rename((r.step + ".tmp").c_str(), r.step.c_str());
+}
+
+void RemoveResume(const ResumePaths& r) {
+  for (const std::string& p : {r.model, r.extra, r.optim, r.step}) std::filesystem::remove(p);
+}
+
+struct EvalResult {
+  double accuracy = 0;  // percent
+  int questions = 0;
+  std::string by_type;  // "what 91.0  color 88.2 ..." (percent per question type)
+};
+
+// DA accuracy (official VQA metric) of greedy answers on `samples` given their tokens.
+EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
+                        const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
+                        int max_answer_tokens, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  ds::VqaAccumulator acc;
+  std::map<std::string, std::pair<double, int>> by_type;  // question type -> (sum, count)
+  const int64_t chunk = 64;                               // scenes per generation batch
+  for (int64_t s0 = 0; s0 < static_cast<int64_t>(samples.size()); s0 += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, samples.size() - s0);
+    std::vector<ds::Sample> part(samples.begin() + s0, samples.begin() + s0 + n);
+    QaBatch qa = BuildQa(part, tok);
+    torch::Tensor vis = tokens.narrow(0, s0, n).index_select(0, qa.scene.to(device));
+    GenerateResult g =
+        model->Generate(vis, torch::Tensor(), qa.prompt.to(device), qa.prompt_valid.to(device),
+                        max_answer_tokens, ds::Tokenizer::kEos);
+    torch::Tensor ids = g.tokens.cpu();
+    torch::Tensor len = g.lengths.cpu();
+    for (int64_t i = 0; i < ids.size(0); ++i) {
+      std::vector<int> words;
+      for (int64_t j = 0; j < len[i].item<int64_t>(); ++j) words.push_back(ids[i][j].item<int>());
+      const std::string pred = tok.Decode(words);
+      const double a = ds::VqaAccuracy(pred, qa.items[i]->direct_answers);
+      acc.Add(a, std::string(ds::AnswerTypeName(qa.items[i]->answer_type)));
+      auto& t = by_type[std::string(ds::QuestionTypeName(qa.items[i]->type))];
+      t.first += a;
+      t.second += 1;
+    }
+  }
+  EvalResult r{acc.Overall(), acc.count(), ""};
+  for (const auto& [type, t] : by_type) {
+    absl::StrAppend(&r.by_type, type, " ", absl::StrFormat("%.1f", 100.0 * t.first / t.second),
+                    "  ");
+  }
+  return r;
+}
+
+torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<ds::Sample>& samples,
+                        torch::Device device) {
+  torch::NoGradGuard no_grad;
+  enc->eval();
+  std::vector<torch::Tensor> parts;
+  const size_t chunk = 256;
+  for (size_t s0 = 0; s0 < samples.size(); s0 += chunk) {
+    std::vector<ds::Sample> part(samples.begin() + s0,
+                                 samples.begin() + std::min(samples.size(), s0 + chunk));
+    parts.push_back(enc->forward(ImagesToTensor(part).to(device)));
+  }
+  return torch::cat(parts, 0);
+}
+
+absl::StatusOr<ds::SampleGenerator> MakeGenerator(const ds::ImageSet* images, ds::DomainSpec spec,
+                                                  uint64_t seed) {
+  return ds::SampleGenerator::Create(images, std::move(spec), seed);
+}
+
+// ---- stages -------------------------------------------------------------------------------
+
+absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& opt,
+                         const ds::ImageSet& train, VisionEncoder& enc, torch::Device device,
+                         json* record) {
+  // Clean source-domain scenes, but items of every class: like the paper's CLIP, the encoder
+  // knows the categories and has never seen the target corruptions. (Trained on the six
+  // source classes only, it maps shirt/coat onto t-shirt/pullover and the teacher, which
+  // must name all ten, cannot tell them apart.)
+  ds::DomainSpec domain = ds::StudentSourceDomain(ds::Split::kTrain);
+  domain.scene.classes.clear();
+  absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(&train, domain, sched.seed * 31 + 1);
+  if (!gen.ok()) return gen.status();
+  const StageSchedule& s = sched.vision;
+  CellHeads heads(enc->config().d_vis, enc->config().GridSide());
+  heads->to(device);
+  std::vector<torch::Tensor> params = enc->parameters();
+  for (const auto& p : heads->parameters()) params.push_back(p);
+  torch::optim::AdamW optim(params, torch::optim::AdamWOptions(s.lr).weight_decay(1e-4));
+  const ResumePaths rp = ResumeFor(opt.out_dir, "vision");
+  int step = ReadResumeStep(rp);
+  if (step > 0) {
+    torch::load(enc, rp.model, device);
+    torch::load(heads, rp.extra, device);
+    torch::load(optim, rp.optim, device);
+  }
+  enc->train();
+  ProgressBar bar("vision", s.steps, step);
+  double cls_acc = 0;
+  for (; step < s.steps; ++step) {
+    torch::manual_seed(sched.seed * 1000003 + 1000000 + step);
+    std::vector<ds::Sample> batch =
+        Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
+    torch::Tensor images = ImagesToTensor(batch).to(device);
+    auto [cls_t, color_t] = CellTargets(batch);
+    cls_t = cls_t.to(device);
+    color_t = color_t.to(device);
+    auto [cls, color] = heads->forward(enc->forward(images));
+    torch::Tensor loss =
+        torch::nn::functional::cross_entropy(cls.reshape({-1, cls.size(-1)}), cls_t.reshape(-1)) +
+        torch::nn::functional::cross_entropy(color.reshape({-1, color.size(-1)}),
+                                             color_t.reshape(-1));
+    SetLr(optim, LearningRate(s, step));
+    optim.zero_grad();
+    loss.backward();
+    optim.step();
+    cls_acc =
+        0.95 * cls_acc + 0.05 * (cls.argmax(-1) == cls_t).to(torch::kFloat).mean().item<double>();
+    bar.Update(step + 1, loss.item<double>(), s.batch);
+    if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
+      WriteResume(rp, enc, &heads, optim, step + 1);
+    }
+  }
+  enc->eval();
+  (*record)["vision"] = {{"steps", s.steps},
+                         {"seconds", bar.seconds()},
+                         {"final_loss", bar.loss()},
+                         {"train_cell_class_accuracy", cls_acc}};
+  RemoveResume(rp);
+  return absl::OkStatus();
+}
+
+// Draws a visual-token mask per scene: unmasked with probability 1 - 2p, else a drop ratio
+// uniform in [0.25, 0.75] (the range UTS keeps); mean drop ~ p for p = 0.25.
+torch::Tensor RandomTokenMask(int64_t scenes, int64_t tokens, double p) {
+  if (p <= 0) return torch::Tensor();
+  torch::Tensor masked = torch::rand({scenes, 1}) < std::min(1.0, 2 * p);
+  torch::Tensor ratio = torch::rand({scenes, 1}) * 0.5 + 0.25;
+  torch::Tensor drop = (torch::rand({scenes, tokens}) < ratio) & masked;
+  return drop.logical_not();
+}
+
+absl::Status TrainTower(const std::string& name, const StageSchedule& s,
+                        const PretrainSchedule& sched, const PretrainOptions& opt,
+                        const ds::SampleGenerator& gen, const ds::Tokenizer& tok,
+                        VisionEncoder& enc, Mllm& model, const torch::Tensor& token_cache,
+                        const std::vector<ds::Sample>* cache_samples, double token_mask_p,
+                        torch::Device device, json* record) {
+  SetAllTrainable(*model, true);
+  torch::optim::AdamW optim(model->parameters(),
+                            torch::optim::AdamWOptions(s.lr).weight_decay(0.01));
+  const ResumePaths rp = ResumeFor(opt.out_dir, name);
+  int step = ReadResumeStep(rp);
+  if (step > 0) {
+    torch::load(model, rp.model, device);
+    torch::load(optim, rp.optim, device);
+  }
+  model->train();
+  ProgressBar bar(name, s.steps, step);
+  const uint64_t stage_salt = name == "teacher" ? 2000000 : 3000000;
+  for (; step < s.steps; ++step) {
+    torch::manual_seed(sched.seed * 1000003 + stage_salt + step);
+    std::vector<ds::Sample> batch;
+    torch::Tensor vis;
+    if (cache_samples != nullptr) {
+      const int64_t n = static_cast<int64_t>(cache_samples->size());
+      torch::Tensor idx =
+          (torch::arange(s.batch, torch::kLong) + static_cast<int64_t>(step) * s.batch) % n;
+      for (int64_t i = 0; i < s.batch; ++i)
+        batch.push_back((*cache_samples)[idx[i].item<int64_t>()]);
+      vis = token_cache.index_select(0, idx.to(device));
+    } else {
+      batch = Generate(gen, static_cast<uint64_t>(step) * s.batch, s.batch, false);
+      torch::NoGradGuard no_grad;
+      vis = enc->forward(ImagesToTensor(batch).to(device));
+    }
+    QaBatch qa = BuildQa(batch, tok);
+    torch::Tensor scene = qa.scene.to(device);
+    torch::Tensor mask = RandomTokenMask(s.batch, vis.size(1), token_mask_p);
+    MllmInput in;
+    in.visual_tokens = vis;  // one query-adapter pass per scene, shared by its questions
+    in.scene_index = scene;
+    if (mask.defined()) in.visual_mask = mask.to(device);
+    in.text_ids = qa.text.to(device);
+    in.text_valid = qa.valid.to(device);
+    MllmOutput out = model->Forward(in);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        out.logits.reshape({-1, out.logits.size(-1)}), qa.labels.to(device).reshape(-1),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    SetLr(optim, LearningRate(s, step));
+    optim.zero_grad();
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    optim.step();
+    bar.Update(step + 1, loss.item<double>(), static_cast<int64_t>(qa.items.size()));
+    if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
+      WriteResume(rp, model, static_cast<Mllm*>(nullptr), optim, step + 1);
+    }
+  }
+  model->eval();
+  (*record)[name] = {{"steps", s.steps},
+                     {"scenes_per_step", s.batch},
+                     {"seconds", bar.seconds()},
+                     {"final_loss", bar.loss()}};
+  RemoveResume(rp);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_text) {
+  PretrainSchedule p;
+  if (json_text.empty()) return absl::InvalidArgumentError("config has no pretrain section");
+  try {
+    json j = json::parse(json_text);
+    auto stage = [&](const char* key, StageSchedule* s) {
+      if (!j.contains(key)) return;
+      const json& o = j.at(key);
+      s->steps = o.value("steps", s->steps);
+      s->batch = o.value("batch", s->batch);
+      s->lr = o.value("lr", s->lr);
+      s->warmup = o.value("warmup", s->warmup);
+    };
+    p.seed = j.value("seed", p.seed);
+    stage("vision", &p.vision);
+    stage("teacher", &p.teacher);
+    stage("student", &p.student);
+    p.student_cache_scenes = j.value("student_cache_scenes", p.student_cache_scenes);
+    p.checkpoint_every = j.value("checkpoint_every", p.checkpoint_every);
+    p.eval_scenes = j.value("eval_scenes", p.eval_scenes);
+    p.max_answer_tokens = j.value("max_answer_tokens", p.max_answer_tokens);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("pretrain section: ", e.what()));
+  }
+  return p;
+}
+
+absl::Status Pretrain(const PretrainOptions& opt) {
+  const auto t0 = Clock::now();
+  absl::StatusOr<FamilyConfig> family = LoadFamilyConfig(opt.config_path);
+  if (!family.ok()) return family.status();
+  absl::StatusOr<PretrainSchedule> parsed = ParsePretrainSchedule(family->pretrain_json);
+  if (!parsed.ok()) return parsed.status();
+  PretrainSchedule sched = *parsed;
+  for (StageSchedule* s : {&sched.vision, &sched.teacher, &sched.student}) {
+    s->steps = std::max(1, static_cast<int>(std::lround(s->steps * opt.scale_steps)));
+    s->warmup = std::min(s->warmup, std::max(1, s->steps / 5));
+  }
+  sched.checkpoint_every = std::max(1, sched.checkpoint_every);
+  ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
+  if (tok.size() > family->vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer has ", tok.size(), " words, config vocab_size is only ", family->vocab_size));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(opt.out_dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", opt.out_dir));
+  SetThreads(opt.threads);
+  const torch::Device device = PickDevice(opt.force_cpu);
+  std::fprintf(stderr, "cdcca pretrain: %s on %s, %d threads, seed %llu\n", family->name.c_str(),
+               device.str().c_str(), torch::get_num_threads(),
+               static_cast<unsigned long long>(sched.seed));
+  absl::StatusOr<ds::ImageSet> train =
+      ds::LoadFashionMnist(ds::Split::kTrain, opt.fashion_mnist_dir);
+  if (!train.ok()) return train.status();
+  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
+  if (!test.ok()) return test.status();
+
+  json record;
+  const std::string rec_path = opt.out_dir + "/pretrain_record.json";
+  if (std::ifstream in(rec_path); in) {
+    try {
+      in >> record;
+    } catch (const json::exception&) {
+      record = json::object();
+    }
+  }
+  auto save_record = [&] { std::ofstream(rec_path) << record.dump(2) << "\n"; };
+
+  try {
+    // Stage 1: the shared encoder on the source domain.
+    torch::manual_seed(sched.seed);
+    VisionEncoder enc(family->vision);
+    enc->to(device);
+    const std::string enc_path = opt.out_dir + "/encoder.safetensors";
+    if (record.contains("vision") && std::filesystem::exists(enc_path)) {
+      absl::StatusOr<VisionEncoder> loaded = LoadVisionEncoder(enc_path);
+      if (!loaded.ok()) return loaded.status();
+      enc = *loaded;
+      enc->to(device);
+      std::fprintf(stderr, "[vision  ] done earlier, loaded %s\n", enc_path.c_str());
+    } else {
+      if (absl::Status s = TrainVision(sched, opt, *train, enc, device, &record); !s.ok()) return s;
+      if (absl::Status s = SaveVisionEncoder(enc_path, enc); !s.ok()) return s;
+      save_record();
+    }
+    enc->eval();
+    SetAllTrainable(*enc, false);
+
+    // Source-domain test set, encoded once, for scoring the towers.
+    absl::StatusOr<ds::SampleGenerator> eval_gen =
+        MakeGenerator(&*test, ds::StudentSourceDomain(ds::Split::kTest), sched.seed * 31 + 9);
+    if (!eval_gen.ok()) return eval_gen.status();
+    std::vector<ds::Sample> eval_samples = Generate(*eval_gen, 0, sched.eval_scenes, false);
+    torch::Tensor eval_tokens = EncodeAll(enc, eval_samples, device);
+
+    // Stage 2: the teacher on its broader domain, tokens from the frozen encoder per step.
+    ds::DomainSpec teacher_domain = ds::TeacherDomain(ds::Split::kTrain);
+    absl::StatusOr<ds::SampleGenerator> tgen =
+        MakeGenerator(&*train, teacher_domain, sched.seed * 31 + 2);
+    if (!tgen.ok()) return tgen.status();
+    torch::manual_seed(sched.seed + 2);
+    Mllm teacher(family->teacher);
+    teacher->to(device);
+    const std::string teacher_path = opt.out_dir + "/teacher.safetensors";
+    if (record.contains("teacher") && std::filesystem::exists(teacher_path)) {
+      absl::StatusOr<Mllm> loaded = LoadMllm(teacher_path);
+      if (!loaded.ok()) return loaded.status();
+      teacher = *loaded;
+      teacher->to(device);
+      std::fprintf(stderr, "[teacher ] done earlier, loaded %s\n", teacher_path.c_str());
+    } else {
+      if (absl::Status s = TrainTower("teacher", sched.teacher, sched, opt, *tgen, tok, enc,
+                                      teacher, torch::Tensor(), nullptr,
+                                      teacher_domain.token_mask_probability, device, &record);
+          !s.ok()) {
+        return s;
+      }
+      EvalResult r =
+          ScoreAnswers(teacher, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
+      record["teacher"]["source_test_da"] = r.accuracy;
+      std::fprintf(stderr, "[teacher ] source-test DA accuracy %.2f%% (%d questions): %s\n",
+                   r.accuracy, r.questions, r.by_type.c_str());
+      record["teacher"]["source_test_by_type"] = r.by_type;
+      if (absl::Status s = SaveMllm(teacher_path, teacher, "teacher"); !s.ok()) return s;
+      save_record();
+    }
+
+    // Stage 3: the student on the narrow source domain, from cached encoder tokens.
+    torch::manual_seed(sched.seed + 3);
+    Mllm student(family->student);
+    student->to(device);
+    const std::string student_path = opt.out_dir + "/student.safetensors";
+    if (record.contains("student") && std::filesystem::exists(student_path)) {
+      absl::StatusOr<Mllm> loaded = LoadMllm(student_path);
+      if (!loaded.ok()) return loaded.status();
+      student = *loaded;
+      student->to(device);
+    } else {
+      absl::StatusOr<ds::SampleGenerator> sgen =
+          MakeGenerator(&*train, ds::StudentSourceDomain(ds::Split::kTrain), sched.seed * 31 + 3);
+      if (!sgen.ok()) return sgen.status();
+      const auto tc = Clock::now();
+      std::vector<ds::Sample> cache = Generate(*sgen, 0, sched.student_cache_scenes, false);
+      torch::Tensor cache_tokens = EncodeAll(enc, cache, device);
+      for (ds::Sample& smp : cache) {  // keep the text, drop the pixels
+        smp.image = ds::Image();
+        smp.scene.image = ds::Image();
+      }
+      const double cache_seconds = Seconds(tc);
+      std::fprintf(stderr, "[student ] cached %d scenes' tokens in %.1fs\n",
+                   sched.student_cache_scenes, cache_seconds);
+      if (absl::Status s = TrainTower("student", sched.student, sched, opt, *sgen, tok, enc,
+                                      student, cache_tokens, &cache, 0.0, device, &record);
+          !s.ok()) {
+        return s;
+      }
+      record["student"]["cache_seconds"] = cache_seconds;
+      EvalResult r =
+          ScoreAnswers(student, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
+      record["student"]["source_test_da"] = r.accuracy;
+      std::fprintf(stderr, "[student ] source-test DA accuracy %.2f%% (%d questions): %s\n",
+                   r.accuracy, r.questions, r.by_type.c_str());
+      record["student"]["source_test_by_type"] = r.by_type;
+      if (absl::Status s = SaveMllm(student_path, student, "student"); !s.ok()) return s;
+      save_record();
+    }
+
+    record["device"] = device.str();
+    record["threads"] = torch::get_num_threads();
+    record["total_seconds_this_run"] = Seconds(t0);
+    save_record();
+    enc->to(torch::kCPU);
+    teacher->to(torch::kCPU);
+    student->to(torch::kCPU);
+    if (absl::Status s = tok.Save(opt.out_dir + "/tokenizer.json"); !s.ok()) return s;
+    if (absl::Status s = SaveFamily(opt.out_dir, *family, enc, teacher, student, record.dump());
+        !s.ok()) {
+      return s;
+    }
+    std::fprintf(stderr, "cdcca pretrain: wrote %s in %.1fs\n", opt.out_dir.c_str(), Seconds(t0));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("pretrain: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
+  SetThreads(opt.threads);
+  const torch::Device device = PickDevice(opt.force_cpu);
+  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(opt.checkpoint_dir, Precision::kFp32);
+  if (!ck.ok()) return ck.status();
+  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
+  if (!test.ok()) return test.status();
+  ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
+  try {
+    std::vector<std::pair<std::string, Mllm>> models;
+    models.emplace_back("teacher fp32", ck->teacher);
+    models.emplace_back("student fp32", ck->student);
+    for (Precision p : {Precision::kInt8, Precision::kInt4}) {
+      absl::StatusOr<Mllm> q = ConvertPrecision(ck->student, p);
+      if (!q.ok()) return q.status();
+      models.emplace_back(absl::StrCat("student ", PrecisionName(p)), *q);
+    }
+    ck->encoder->to(device);
+    for (auto& [name, m] : models) {
+      m->to(device);
+      m->eval();
+    }
+    struct Row {
+      std::string name;
+      ds::DomainSpec spec;
+      int severity;
+    };
+    std::vector<Row> rows;
+    rows.push_back({"source test (clean)", ds::StudentSourceDomain(ds::Split::kTest), 0});
+    const auto& seen = ds::TeacherSeenShifts();
+    for (ds::ImageShift shift : ds::AllImageShifts()) {
+      const bool teacher_saw = std::find(seen.begin(), seen.end(), shift) != seen.end();
+      for (int sev : {1, 3, 5}) {
+        rows.push_back({absl::StrCat(std::string(ds::ImageShiftName(shift)),
+                                     teacher_saw ? "" : " (held out)", " s", sev),
+                        ds::ImageShiftDomain(shift, sev), sev});
+      }
+    }
+    rows.push_back({"text shift (paraphrase + knowledge)", ds::TextShiftDomain(), 0});
+    std::string table = "| domain | ";
+    for (auto& [name, m] : models) absl::StrAppend(&table, name, " | ");
+    table += "\n|---|";
+    for (size_t i = 0; i < models.size(); ++i) table += "---|";
+    table += "\n";
+    std::vector<double> sev5_sum(models.size(), 0.0);
+    std::vector<double> source(models.size(), 0.0);
+    int sev5_rows = 0;
+    for (const Row& row : rows) {
+      absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(&*test, row.spec, opt.seed);
+      if (!gen.ok()) return gen.status();
+      std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
+      torch::Tensor tokens = EncodeAll(ck->encoder, samples, device);
+      absl::StrAppend(&table, "| ", row.name, " |");
+      for (size_t i = 0; i < models.size(); ++i) {
+        EvalResult r = ScoreAnswers(models[i].second, tokens, samples, tok, 4, device);
+        absl::StrAppend(&table, absl::StrFormat(" %.1f |", r.accuracy));
+        if (row.severity == 5) sev5_sum[i] += r.accuracy;
+        if (&row == &rows.front()) {
+          source[i] = r.accuracy;
+          std::fprintf(stderr, "%s, %s: %s\n", row.name.c_str(), models[i].first.c_str(),
+                       r.by_type.c_str());
+        }
+      }
+      if (row.severity == 5) ++sev5_rows;
+      table += "\n";
+      std::fprintf(stderr, "\r%s", row.name.c_str());
+    }
+    std::fprintf(stderr, "\n");
+    absl::StrAppend(&table, "| mean over image shifts, severity 5 |");
+    for (double v : sev5_sum) absl::StrAppend(&table, absl::StrFormat(" %.1f |", v / sev5_rows));
+    absl::StrAppend(&table, "\n| drop from source at severity 5 |");
+    for (size_t i = 0; i < models.size(); ++i) {
+      absl::StrAppend(&table, absl::StrFormat(" %.1f |", source[i] - sev5_sum[i] / sev5_rows));
+    }
+    table += "\n";
+    return table;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("model-eval: ", e.what()));
+  }
+}
+
+}  // namespace cdcca::model

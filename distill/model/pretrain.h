@@ -1,0 +1,73 @@
+// Pretraining of the MLLM family on the scene benchmark (datasets/), in three stages:
+//   1. vision: the shared encoder on the student's SOURCE domain, supervised per grid cell
+//      on the scene ground truth (item class or empty, item colour); then frozen (eval()).
+//   2. teacher: query adapter + LM on the teacher's broader domain (all classes and
+//      phrasings, teacher-seen corruptions, random visual-token dropping) above the frozen
+//      encoder.
+//   3. student: query adapter + LM on the narrow source domain, from a cache of the frozen
+//      encoder's tokens.
+// Each stage checkpoints into the output directory so an interrupted run resumes where it
+// stopped; data are index-addressed and every step reseeds, so a resumed run follows the
+// same sample order. Runs on CUDA when available, else on all CPU cores.
+#ifndef CDCCA_DISTILL_MODEL_PRETRAIN_H_
+#define CDCCA_DISTILL_MODEL_PRETRAIN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "distill/model/checkpoint.h"
+#include "distill/model/config.h"
+
+namespace cdcca::model {
+
+// The "pretrain" section of a family config (configs/models/*.json).
+struct StageSchedule {
+  int steps = 0;
+  int batch = 32;  // images (vision) or scenes (towers; 5 questions each) per step
+  float lr = 1e-3f;
+  int warmup = 50;  // linear warm-up steps, then cosine decay to lr / 20
+};
+struct PretrainSchedule {
+  uint64_t seed = 1;
+  StageSchedule vision;
+  StageSchedule teacher;
+  StageSchedule student;
+  int student_cache_scenes = 4096;  // scenes whose frozen-encoder tokens stage 3 cycles over
+  int checkpoint_every = 200;       // steps between resume checkpoints
+  int eval_scenes = 200;            // source-test scenes scored after each tower stage
+  int max_answer_tokens = 4;        // generation limit when scoring
+};
+absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_text);
+
+struct PretrainOptions {
+  std::string config_path;  // family config JSON
+  std::string out_dir;      // checkpoint directory (created)
+  std::string fashion_mnist_dir;
+  int threads = 0;  // torch intra-op threads; 0 = all cores
+  bool force_cpu = false;
+  float scale_steps = 1.0f;  // multiplies every stage's steps (quick smoke runs)
+};
+
+// Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily) with
+// a training record in config.json. Progress goes to stderr.
+absl::Status Pretrain(const PretrainOptions& options);
+
+// Source-domain and shifted VQA accuracy (DA, the official VQA metric against 10 direct
+// answers) of a family checkpoint, as a markdown table: rows = source test, each image
+// shift at severities 1/3/5, the text shift; columns = teacher fp32 and student
+// fp32/int8/int4.
+struct AccuracyOptions {
+  std::string checkpoint_dir;
+  std::string fashion_mnist_dir;
+  int scenes = 200;  // per domain, 5 questions each
+  int threads = 0;
+  bool force_cpu = false;
+  uint64_t seed = 7;
+};
+absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& options);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_PRETRAIN_H_
