@@ -1,5 +1,8 @@
 #include "distill/model/query_adapter.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace cdcca::model {
 namespace {
 
@@ -13,6 +16,27 @@ AdaptedLinear Linear(const TowerConfig& c, int64_t in, int64_t out, bool lora) {
   o.precision = c.precision;
   o.int4_group = c.int4_group;
   return AdaptedLinear(o);
+}
+
+// 2-D sinusoidal encoding of a square grid (row in the first half of the channels, column
+// in the second), unit amplitude: as strong as the LayerNorm-ed tokens it is added to, so
+// the queries can tell cells apart from the first step ("where" questions need it).
+torch::Tensor GridPositionEncoding(int64_t tokens, int64_t dim) {
+  const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(tokens))));
+  torch::Tensor idx = torch::arange(tokens, torch::kDouble);
+  torch::Tensor row = (idx / side).floor();
+  torch::Tensor col = idx - row * side;
+  const int64_t quarter = std::max<int64_t>(1, dim / 4);
+  torch::Tensor freq =
+      torch::pow(side * 2.0, -torch::arange(quarter, torch::kDouble) / quarter) * M_PI;
+  torch::Tensor out = torch::zeros({tokens, dim}, torch::kDouble);
+  torch::Tensor parts =
+      torch::cat({torch::sin(torch::outer(row, freq)), torch::cos(torch::outer(row, freq)),
+                  torch::sin(torch::outer(col, freq)), torch::cos(torch::outer(col, freq))},
+                 1);
+  const int64_t used = std::min(dim, parts.size(1));
+  out.narrow(1, 0, used).copy_(parts.narrow(1, 0, used));
+  return out.to(torch::kFloat);
 }
 
 torch::nn::LayerNorm Norm(int64_t d) {
@@ -65,7 +89,7 @@ torch::Tensor QueryAdapterLayerImpl::forward(const torch::Tensor& x, const torch
 QueryAdapterImpl::QueryAdapterImpl(const TowerConfig& c) {
   vis_proj_ = register_module("vis_proj", Linear(c, c.d_vis, c.qa_dim, false));
   vis_norm_ = register_module("vis_norm", Norm(c.qa_dim));
-  vis_pos_ = register_parameter("vis_pos", torch::randn({c.num_visual_tokens, c.qa_dim}) * 0.02);
+  vis_pos_ = register_parameter("vis_pos", GridPositionEncoding(c.num_visual_tokens, c.qa_dim));
   queries_ = register_parameter("queries", torch::randn({c.num_queries, c.qa_dim}) * 0.02);
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (int i = 0; i < c.qa_layers; ++i) layers_->push_back(QueryAdapterLayer(c));
