@@ -1,0 +1,99 @@
+// InferenceRuntime: the device's student MLLM. Answers (image, question) pairs with greedy
+// decoding and a KV cache, batching frames that wait together; scores visual tokens for UTS
+// stage 2; and applies DWC updates to the trainable set in place while serving.
+//
+// Concurrency: Answer/TokenScores take a reader lock, ApplyUpdate/LoadTrainableState a
+// writer lock, so no answer ever sees a half-applied update; readers run concurrently with
+// each other. LibTorch's intra-op threads are set once at Load (options.threads).
+//
+// The header is torch-free (pimpl), so the agent loop and tests compile fast.
+#ifndef CDCCA_DEVICE_INFERENCE_RUNTIME_H_
+#define CDCCA_DEVICE_INFERENCE_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "datasets/image.h"
+#include "device/uts.h"
+
+namespace cdcca::device {
+
+struct RuntimeOptions {
+  // Directory of a pretrained family (`cdcca pretrain --out DIR`): encoder, student, config.
+  std::string checkpoint_dir;
+  // Storage of the student's frozen base: "fp32", "int8" or "int4". Default: "int8".
+  std::string precision = "int8";
+  // Longest answer generated, in tokens. Default: 6.
+  int max_answer_tokens = 6;
+  // LibTorch intra-op threads; 0 = all cores.
+  int threads = 0;
+};
+
+// One input: an RGB image (any size; resized to the model's input) and a question.
+struct Frame {
+  datasets::Image image;
+  std::string question;
+};
+
+// The frozen encoder's output for one frame: tokens x dim floats, row-major. Kept with the
+// answer so UTS and the uplink reuse it instead of encoding the frame again.
+struct VisualTokens {
+  int tokens = 0;
+  int dim = 0;
+  std::vector<float> values;
+};
+
+struct AnswerResult {
+  std::string text;                  // decoded answer
+  std::vector<uint32_t> prompt_ids;  // the question as the model saw it
+  std::vector<uint32_t> answer_ids;  // generated tokens up to (not including) EOS
+  float entropy = 0;                 // mean answer-token entropy, nats (UTS stage 1)
+  double latency_ms = 0;             // wall time of the batch this frame was answered in
+  VisualTokens visual;
+};
+
+class InferenceRuntime {
+ public:
+  // Loads the encoder and the student. INVALID_ARGUMENT for a bad precision; the loader's
+  // errors (NOT_FOUND, DATA_LOSS naming the file or tensor) otherwise.
+  static absl::StatusOr<std::unique_ptr<InferenceRuntime>> Load(const RuntimeOptions& options);
+  ~InferenceRuntime();
+
+  // Answers every frame, as one batch. Thread-safe.
+  absl::StatusOr<std::vector<AnswerResult>> Answer(const std::vector<Frame>& frames);
+
+  // UTS stage 2 for one frame: `passes` stochastic dropout passes over the part above the
+  // encoder, as one batched forward; returns one score per visual token. dropout_p == 0
+  // gives all-zero scores. Thread-safe.
+  absl::StatusOr<std::vector<float>> TokenScores(const VisualTokens& visual, int passes,
+                                                 float dropout_p, TokenScore score);
+
+  // Applies a DWC update payload in place (compress::ApplyUpdate) under the writer lock.
+  // The payload must apply to version(); on any error the weights are untouched.
+  absl::Status ApplyUpdate(absl::string_view payload);
+
+  // The trainable set serialized (safetensors bytes) and loaded back, for the last good
+  // state on disk and for cloud snapshots.
+  absl::StatusOr<std::string> SaveTrainableState() const;
+  absl::Status LoadTrainableState(absl::string_view bytes, uint64_t version);
+
+  uint64_t version() const;
+  uint64_t StateDigest() const;       // compress::StateDigest of the trainable set
+  uint64_t BaseFingerprint() const;   // of the frozen base, for Register
+  int64_t TrainableParameters() const;
+  int64_t BaseBytes() const;          // stored size of the frozen linear weights
+
+  struct Impl;
+
+ private:
+  explicit InferenceRuntime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cdcca::device
+
+#endif  // CDCCA_DEVICE_INFERENCE_RUNTIME_H_

@@ -1,0 +1,194 @@
+// InferenceRuntime on the `tiny` family with random weights: batching, UTS stage-2 scores,
+// in-place updates that readers never see half-applied, and state round trips.
+#include "device/inference_runtime.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <thread>
+
+#include "compress/delta_encoder.h"
+#include "compress/named_tensors.h"
+#include "distill/model/checkpoint.h"
+#include "distill/model/safetensors.h"
+#include "distill/model/trainable.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace cdcca::device {
+namespace {
+
+using ::cdcca::testing::StatusIs;
+using ::cdcca::testing::TempDir;
+
+class InferenceRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(5);
+    auto family =
+        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json");
+    ASSERT_OK(family);
+    family_ = *family;
+    model::VisionEncoder encoder(family_.vision);
+    model::Mllm teacher(family_.teacher), student(family_.student);
+    ASSERT_OK(model::SaveFamily(dir_.path(), family_, encoder, teacher, student, ""));
+    RuntimeOptions options;
+    options.checkpoint_dir = dir_.path();
+    options.precision = "fp32";
+    options.threads = 1;
+    ASSERT_OK_AND_ASSIGN(runtime_, InferenceRuntime::Load(options));
+  }
+
+  static Frame MakeFrame(int seed, const std::string& question) {
+    Frame f;
+    f.image = datasets::Image(64, 64);
+    for (size_t i = 0; i < f.image.pixels.size(); ++i) {
+      f.image.pixels[i] = static_cast<uint8_t>((i * 131 + seed * 977) % 251);
+    }
+    f.question = question;
+    return f;
+  }
+
+  // The runtime's trainable set, perturbed, as a DWC payload from its current version.
+  std::string MakeUpdate(uint64_t base, float scale, compress::NamedTensors* target) {
+    compress::NamedTensors mirror;
+    RuntimeOptions o;
+    auto state = runtime_->SaveTrainableState();
+    EXPECT_OK(state);
+    auto decoded = model::DecodeSafetensors(*state);
+    EXPECT_OK(decoded);
+    for (auto& [name, t] : decoded->tensors) mirror.emplace_back(name, t.clone());
+    target->clear();
+    for (auto& [name, t] : mirror) target->emplace_back(name, t + scale * torch::randn_like(t));
+    compress::DeltaEncoderOptions eo;
+    eo.bits_per_param = 0;  // no cap: the test wants an exact-ish update
+    eo.allowed_bits = {0, 8};
+    compress::DeltaEncoder encoder(eo);
+    auto payload = encoder.Encode(*target, mirror, base, base + 1);
+    EXPECT_OK(payload);
+    // The target the device reaches is the mirror plus the decoded payload.
+    EXPECT_OK(compress::ApplyUpdate(payload->bytes, base, mirror));
+    *target = mirror;
+    return payload->bytes;
+  }
+
+  TempDir dir_;
+  model::FamilyConfig family_;
+  std::unique_ptr<InferenceRuntime> runtime_;
+};
+
+TEST_F(InferenceRuntimeTest, BatchedAnswersEqualOneByOne) {
+  std::vector<Frame> frames = {MakeFrame(1, "what is the item ?"),
+                               MakeFrame(2, "how many items are there ?"),
+                               MakeFrame(3, "what color is the bag ?")};
+  ASSERT_OK_AND_ASSIGN(std::vector<AnswerResult> batch, runtime_->Answer(frames));
+  ASSERT_EQ(batch.size(), 3u);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(std::vector<AnswerResult> one, runtime_->Answer({frames[i]}));
+    EXPECT_EQ(one[0].answer_ids, batch[i].answer_ids) << i;
+    EXPECT_NEAR(one[0].entropy, batch[i].entropy, 1e-4) << i;
+    EXPECT_GE(batch[i].entropy, 0.0f);
+    EXPECT_EQ(batch[i].visual.tokens, family_.vision.NumTokens());
+    EXPECT_EQ(batch[i].visual.values.size(),
+              static_cast<size_t>(batch[i].visual.tokens * batch[i].visual.dim));
+    EXPECT_GT(batch[i].latency_ms, 0.0);
+  }
+  EXPECT_THAT(runtime_->Answer({Frame{}}), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
+  ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
+  const VisualTokens& v = answers[0].visual;
+  ASSERT_OK_AND_ASSIGN(std::vector<float> still, runtime_->TokenScores(v, 8, 0.0f,
+                                                                       TokenScore::kAttentionVariance));
+  ASSERT_EQ(still.size(), static_cast<size_t>(v.tokens));
+  for (float s : still) EXPECT_EQ(s, 0.0f);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> noisy,
+                       runtime_->TokenScores(v, 8, 0.3f, TokenScore::kAttentionCv));
+  float max_score = 0;
+  for (float s : noisy) {
+    EXPECT_GE(s, 0.0f);
+    max_score = std::max(max_score, s);
+  }
+  EXPECT_GT(max_score, 0.0f);
+  VisualTokens broken = v;
+  broken.values.pop_back();
+  EXPECT_THAT(runtime_->TokenScores(broken, 8, 0.1f, TokenScore::kAttentionCv),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(InferenceRuntimeTest, UpdatesApplyInPlaceAndBadOnesChangeNothing) {
+  compress::NamedTensors target;
+  const std::string payload = MakeUpdate(0, 0.01f, &target);
+  const uint64_t before = runtime_->StateDigest();
+  std::string corrupt = payload;
+  corrupt[corrupt.size() / 2] ^= 0x40;
+  EXPECT_FALSE(runtime_->ApplyUpdate(corrupt).ok());
+  EXPECT_EQ(runtime_->StateDigest(), before);
+  EXPECT_EQ(runtime_->version(), 0u);
+  ASSERT_OK(runtime_->ApplyUpdate(payload));
+  EXPECT_EQ(runtime_->version(), 1u);
+  EXPECT_EQ(runtime_->StateDigest(), compress::StateDigest(target));
+  // The same payload again no longer applies: its base is version 0.
+  EXPECT_THAT(runtime_->ApplyUpdate(payload), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(InferenceRuntimeTest, ReadersNeverSeeAHalfAppliedUpdate) {
+  std::vector<std::string> payloads;
+  std::vector<uint64_t> digests = {runtime_->StateDigest()};
+  {
+    // Build a chain of updates on a scratch runtime, recording the digest after each.
+    RuntimeOptions options;
+    options.checkpoint_dir = dir_.path();
+    options.precision = "fp32";
+    options.threads = 1;
+    ASSERT_OK_AND_ASSIGN(auto scratch, InferenceRuntime::Load(options));
+    std::swap(scratch, runtime_);
+    for (uint64_t v = 0; v < 6; ++v) {
+      compress::NamedTensors target;
+      payloads.push_back(MakeUpdate(v, 0.02f, &target));
+      ASSERT_OK(runtime_->ApplyUpdate(payloads.back()));
+      digests.push_back(runtime_->StateDigest());
+    }
+    std::swap(scratch, runtime_);
+  }
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0}, reads{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const uint64_t d = runtime_->StateDigest();
+      if (std::find(digests.begin(), digests.end(), d) == digests.end()) ++torn;
+      ++reads;
+      auto answers = runtime_->Answer({MakeFrame(9, "what is the item ?")});
+      if (!answers.ok()) ++torn;
+    }
+  });
+  for (const std::string& p : payloads) ASSERT_OK(runtime_->ApplyUpdate(p));
+  done = true;
+  reader.join();
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(runtime_->StateDigest(), digests.back());
+}
+
+TEST_F(InferenceRuntimeTest, TrainableStateRoundTripsAndIsValidated) {
+  compress::NamedTensors target;
+  ASSERT_OK(runtime_->ApplyUpdate(MakeUpdate(0, 0.05f, &target)));
+  ASSERT_OK_AND_ASSIGN(std::string saved, runtime_->SaveTrainableState());
+  const uint64_t digest = runtime_->StateDigest();
+  RuntimeOptions options;
+  options.checkpoint_dir = dir_.path();
+  options.precision = "fp32";
+  ASSERT_OK_AND_ASSIGN(auto fresh, InferenceRuntime::Load(options));
+  EXPECT_NE(fresh->StateDigest(), digest);
+  ASSERT_OK(fresh->LoadTrainableState(saved, 1));
+  EXPECT_EQ(fresh->StateDigest(), digest);
+  EXPECT_EQ(fresh->version(), 1u);
+  EXPECT_FALSE(fresh->LoadTrainableState(saved.substr(0, saved.size() / 2), 2).ok());
+  EXPECT_EQ(fresh->StateDigest(), digest);
+}
+
+}  // namespace
+}  // namespace cdcca::device

@@ -1,0 +1,92 @@
+// Uncertainty-guided token sampling (UTS, paper Sec. 3.2): which samples, and which of their
+// visual tokens, a device sends the cloud.
+//
+// Stage 1 (per sample): keep a sample when the mean entropy of its answer tokens (Eq. 2)
+// exceeds alpha. alpha is fixed, or the running (1 - keep_fraction) quantile of the last
+// `window` entropies, so that a device keeps about `keep_fraction` of its stream whatever
+// the absolute entropy level of its model is.
+// Stage 2 (per visual token): a score per token from M stochastic passes (see
+// InferenceRuntime::TokenScores); keep tokens whose score exceeds beta, or the top
+// `token_ratio` of them. RandomTokenSelection is the paper's comparison baseline.
+//
+// Torch-free. EntropyGate is thread-compatible (one per stream); the functions are pure.
+#ifndef CDCCA_DEVICE_UTS_H_
+#define CDCCA_DEVICE_UTS_H_
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "compress/uplink_codec.h"
+#include "proto/cdcca.pb.h"
+
+namespace cdcca::device {
+
+// What a stage-2 score is computed from (see InferenceRuntime::TokenScores).
+enum class TokenScore {
+  // Variance over the passes of the cross-attention mass each visual token receives, divided
+  // by its squared mean: how unstable the student's use of the token is, independent of
+  // how much mass it gets on average. The default.
+  kAttentionCv,
+  // Plain variance of the attention mass per token.
+  kAttentionVariance,
+};
+
+struct UtsOptions {
+  // Stage 1. entropy_alpha in nats; keep_fraction in (0, 1) switches to the running quantile.
+  float entropy_alpha = 0.5f;
+  float keep_fraction = 0.25f;
+  int window = 256;  // entropies the running quantile looks at
+  // Stage 2.
+  int mc_passes = 8;
+  float dropout_p = 0.1f;
+  float variance_beta = 0.0f;  // used when token_ratio == 0
+  float token_ratio = 0.5f;    // fraction of visual tokens to keep; 0 = use beta
+  TokenScore score = TokenScore::kAttentionCv;
+  compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16;
+};
+
+// Local defaults overridden by the fields the cloud set in its Register reply (zero fields
+// keep the local value). INVALID_ARGUMENT if a value is out of range.
+absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* options);
+
+class EntropyGate {
+ public:
+  explicit EntropyGate(const UtsOptions& options)
+      : alpha_(options.entropy_alpha), keep_fraction_(options.keep_fraction),
+        window_(options.window < 1 ? 1 : options.window) {}
+
+  // Records `entropy` and says whether its sample passes stage 1. With a running quantile,
+  // the first sample of an empty window passes (nothing to compare against yet).
+  bool Keep(float entropy);
+
+  // The threshold the next sample is compared with.
+  float threshold() const;
+
+ private:
+  float alpha_;
+  float keep_fraction_;
+  size_t window_;
+  std::deque<float> recent_;
+};
+
+// Indices (ascending) of the tokens to keep: the top `ratio` by score (ties to the lower
+// index; at least one token when ratio > 0), or every token with score > beta when
+// ratio == 0. Tokens with present[i] == false (absent already) are never kept; `present`
+// may be empty (= all present).
+std::vector<uint16_t> SelectTokens(const std::vector<float>& scores,
+                                   const std::vector<bool>& present, float ratio, float beta);
+
+// `ratio` of the present tokens, uniformly at random (ascending indices).
+std::vector<uint16_t> RandomTokenSelection(int tokens, const std::vector<bool>& present,
+                                           float ratio, std::mt19937_64& rng);
+
+// Mean over the answer's tokens of the entropy (nats) of each step's distribution, given
+// the per-step logits, row-major [steps x vocab]. Eq. 2 of the paper.
+float MeanTokenEntropy(const std::vector<float>& step_logits, int steps, int vocab);
+
+}  // namespace cdcca::device
+
+#endif  // CDCCA_DEVICE_UTS_H_
