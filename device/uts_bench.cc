@@ -1,0 +1,212 @@
+// uts_bench: what UTS costs the device and what it saves the link.
+//
+//   uts_bench [--checkpoint models/small] [--precision int8] [--threads 1] [--frames 64]
+//
+// 1. Latency per frame (batch 1, CPU): plain answer vs answer + UTS (stage-2 token scores
+//    from M stochastic passes, token selection, uplink encoding) for M = 4, 8, 16.
+// 2. Uplink bytes per kept frame for 25/50/75% of the visual tokens at fp16 and int8 (one
+//    sample per batch, and amortized in batches of 16), next to the raw frame sizes.
+// 3. Where the kept tokens fall on frames whose one half is corrupted (VIS diagnostic).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "compress/uplink_codec.h"
+#include "datasets/domain.h"
+#include "datasets/fashion_mnist.h"
+#include "datasets/shifts.h"
+#include "device/inference_runtime.h"
+#include "device/uts.h"
+
+ABSL_FLAG(std::string, checkpoint, "models/small", "pretrained family directory");
+ABSL_FLAG(std::string, precision, "int8", "student base: fp32, int8 or int4");
+ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
+ABSL_FLAG(int, frames, 64, "frames per measurement");
+ABSL_FLAG(std::string, shift, "fog", "image shift of the stream");
+ABSL_FLAG(int, severity, 4, "shift severity");
+
+namespace cdcca::device {
+namespace {
+
+namespace ds = datasets;
+
+double Ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct Stats {
+  double p50 = 0;
+  double mean = 0;
+};
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size())};
+}
+
+void Die(const absl::Status& s) {
+  std::fprintf(stderr, "uts_bench: %s\n", s.ToString().c_str());
+  std::exit(1);
+}
+template <typename T>
+T Must(absl::StatusOr<T> v) {
+  if (!v.ok()) Die(v.status());
+  return *std::move(v);
+}
+
+compress::UplinkSample MakeSample(const AnswerResult& a, const std::vector<uint16_t>& keep,
+                                  uint64_t id) {
+  compress::UplinkSample s;
+  s.sample_id = id;
+  s.entropy = a.entropy;
+  s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
+  s.feature_dim = static_cast<uint32_t>(a.visual.dim);
+  s.kept_indices = keep;
+  s.prompt_tokens = a.prompt_ids;
+  s.answer_tokens = a.answer_ids;
+  for (uint16_t t : keep) {
+    const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
+    s.features.insert(s.features.end(), row, row + a.visual.dim);
+  }
+  return s;
+}
+
+ds::Image Splice(const ds::Image& clean, const ds::Image& corrupted, bool left) {
+  ds::Image out = clean;
+  for (int y = 0; y < clean.height; ++y) {
+    for (int x = 0; x < clean.width; ++x) {
+      if ((x < clean.width / 2) != left) continue;
+      std::copy_n(corrupted.at(x, y), 3, out.at(x, y));
+    }
+  }
+  return out;
+}
+
+int Main() {
+  RuntimeOptions options;
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
+  options.precision = absl::GetFlag(FLAGS_precision);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  std::unique_ptr<InferenceRuntime> runtime = Must(InferenceRuntime::Load(options));
+  ds::ImageSet images = Must(ds::LoadFashionMnist(ds::Split::kTest));
+  const ds::ImageShift shift = Must(ds::ImageShiftFromName(absl::GetFlag(FLAGS_shift)));
+  const int severity = absl::GetFlag(FLAGS_severity);
+  ds::SampleGenerator gen =
+      Must(ds::SampleGenerator::Create(&images, ds::ImageShiftDomain(shift, severity), 7));
+  const int n = std::max(4, absl::GetFlag(FLAGS_frames));
+  std::vector<Frame> frames;
+  for (int i = 0; i < n; ++i) {
+    ds::Sample s = gen.Generate(static_cast<uint64_t>(i));
+    frames.push_back({s.image, s.questions.front().question});
+  }
+  std::printf("uts_bench: %s (%s base), %d thread(s), %d frames of %s severity %d\n",
+              options.checkpoint_dir.c_str(), options.precision.c_str(), options.threads, n,
+              std::string(ds::ImageShiftName(shift)).c_str(), severity);
+
+  // --- 1. latency ------------------------------------------------------------------------
+  const UtsOptions defaults;
+  for (int i = 0; i < 4; ++i) Must(runtime->Answer({frames[static_cast<size_t>(i)]}));  // warm-up
+  std::vector<double> plain;
+  std::vector<AnswerResult> answers;
+  for (const Frame& f : frames) {
+    auto t0 = std::chrono::steady_clock::now();
+    answers.push_back(Must(runtime->Answer({f}))[0]);
+    plain.push_back(Ms(t0, std::chrono::steady_clock::now()));
+  }
+  const Stats base = Summarize(plain);
+  std::printf("\nlatency per frame (batch 1)        p50 ms   mean ms   UTS overhead (mean)\n");
+  std::printf("  answer only                     %7.2f  %8.2f\n", base.p50, base.mean);
+  for (int m : {4, 8, 16}) {
+    std::vector<double> total;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      AnswerResult a = Must(runtime->Answer({frames[i]}))[0];
+      std::vector<float> scores =
+          Must(runtime->TokenScores(a.visual, m, defaults.dropout_p, defaults.score));
+      std::vector<uint16_t> keep =
+          SelectTokens(scores, {}, defaults.token_ratio, defaults.variance_beta);
+      Must(compress::EncodeUplinkBatch({MakeSample(a, keep, i)}, defaults.precision));
+      total.push_back(Ms(t0, std::chrono::steady_clock::now()));
+    }
+    const Stats s = Summarize(total);
+    std::printf("  answer + UTS, M = %-2d            %7.2f  %8.2f   +%.0f%%\n", m, s.p50, s.mean,
+                100.0 * (s.mean - base.mean) / base.mean);
+  }
+
+  // --- 2. bytes --------------------------------------------------------------------------
+  const AnswerResult& first = answers.front();
+  const double raw_hd = 1920.0 * 1080 * 3;
+  const double raw_input = static_cast<double>(frames.front().image.pixels.size());
+  const double fp32_tokens = 4.0 * first.visual.tokens * first.visual.dim;
+  std::printf("\nuplink bytes per kept frame (mean of %d; zstd level 3)\n", n);
+  std::printf("  reference: raw 1920x1080 RGB frame %.0f B; model-input %dx%d RGB %.0f B; all %d "
+              "tokens fp32 %.0f B\n",
+              raw_hd, frames.front().image.width, frames.front().image.height, raw_input,
+              first.visual.tokens, fp32_tokens);
+  std::printf("  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input\n");
+  for (float ratio : {0.25f, 0.5f, 0.75f}) {
+    for (auto precision : {compress::FeaturePrecision::kFp16, compress::FeaturePrecision::kInt8}) {
+      std::vector<compress::UplinkSample> samples;
+      double single = 0;
+      for (size_t i = 0; i < answers.size(); ++i) {
+        std::vector<float> scores =
+            Must(runtime->TokenScores(answers[i].visual, defaults.mc_passes, defaults.dropout_p,
+                                      defaults.score));
+        samples.push_back(MakeSample(answers[i], SelectTokens(scores, {}, ratio, 0), i));
+        single += static_cast<double>(Must(compress::EncodeUplinkBatch({samples.back()}, precision)).size());
+      }
+      single /= static_cast<double>(samples.size());
+      double batched = 0;
+      for (size_t i = 0; i + 16 <= samples.size(); i += 16) {
+        std::vector<compress::UplinkSample> part(samples.begin() + static_cast<long>(i),
+                                                 samples.begin() + static_cast<long>(i) + 16);
+        batched += static_cast<double>(Must(compress::EncodeUplinkBatch(part, precision)).size());
+      }
+      batched /= static_cast<double>(samples.size() / 16 * 16);
+      std::printf("  %3.0f%%   %-9s  %11.0f  %14.0f  %13.3f%%  %13.1f%%\n", 100 * ratio,
+                  precision == compress::FeaturePrecision::kFp16 ? "fp16" : "int8", single,
+                  batched, 100 * batched / raw_hd, 100 * batched / raw_input);
+    }
+  }
+
+  // --- 3. VIS diagnostic -----------------------------------------------------------------
+  std::printf("\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames "
+              "(50%% = blind to corruption)\n",
+              100 * defaults.token_ratio, defaults.mc_passes);
+  ds::SampleGenerator source =
+      Must(ds::SampleGenerator::Create(&images, ds::StudentSourceDomain(ds::Split::kTest), 17));
+  for (ds::ImageShift s : ds::AllImageShifts()) {
+    double hit = 0, total = 0;
+    for (int i = 0; i < std::min(n, 32); ++i) {
+      ds::Sample sample = source.Generate(static_cast<uint64_t>(i));
+      ds::Image corrupted = sample.image;
+      if (absl::Status st = ds::ApplyShift(s, 4, 100 + i, corrupted); !st.ok()) Die(st);
+      const bool left = i % 2 == 0;
+      AnswerResult a = Must(
+          runtime->Answer({{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
+      std::vector<float> scores =
+          Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, defaults.score));
+      int grid = 1;
+      while (grid * grid < a.visual.tokens) ++grid;
+      for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {
+        hit += ((t % grid) < grid / 2) == left ? 1 : 0;
+        total += 1;
+      }
+    }
+    std::printf("  %-15s severity 4: %.0f%%\n", std::string(ds::ImageShiftName(s)).c_str(),
+                100 * hit / total);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cdcca::device
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cdcca::device::Main();
+}
