@@ -1,24 +1,47 @@
 // cdcca-cloud: the cloud service. Serves the wire contract over gRPC (TLS by default),
-// stores what devices uplink durably, and serves the updates in its update store.
+// stores what devices uplink durably, runs AKD jobs per device on a trainer pool, and
+// serves the DWC updates and snapshots they produce.
 //
-//   cdcca-cloud --data_dir=/var/lib/cdcca --tokens=tokens.txt \
+//   cdcca-cloud --data_dir=/var/lib/cdcca --tokens=tokens.txt --checkpoint_dir=models/small \
 //       --tls_cert=server.pem --tls_key=server.key [--client_ca=ca.pem --require_client_cert]
+//   cdcca-cloud --config=cloud.json                      # the same flags as a JSON object
 //   cdcca-cloud --data_dir=/tmp/cdcca --tokens=tokens.txt --insecure   # loopback only
+//
+// Logs are JSON lines on stderr ({"event": ...}). Health: the Health RPC (no token needed)
+// and, with --status_file, a JSON file rewritten every few seconds.
 #include <pthread.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <set>
+#include <sstream>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
+#include "cloud/internal/file_io.h"
+#include "cloud/trainer.h"
+#include "nlohmann/json.hpp"
 
+ABSL_FLAG(std::string, config, "",
+          "JSON file whose keys are these flags' names (e.g. {\"listen\": \"0.0.0.0:50051\", "
+          "\"trigger_samples\": 64}); flags given on the command line win");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port to serve on (port 0 picks one)");
-ABSL_FLAG(std::string, data_dir, "", "directory of the sample log, update store and registry");
+ABSL_FLAG(std::string, data_dir, "",
+          "directory of the sample log (samples/), update store (updates/), device registry "
+          "(registry/) and per-device mirrors (trainer/); created if missing");
 ABSL_FLAG(std::string, tokens, "", "token file: one `<device_id> <token>` per line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
@@ -26,37 +49,126 @@ ABSL_FLAG(std::string, client_ca, "", "PEM CA for client certificates (enables m
 ABSL_FLAG(bool, require_client_cert, false, "refuse devices without a client certificate");
 ABSL_FLAG(bool, insecure, false, "serve plaintext (loopback experiments only; prints a warning)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
-ABSL_FLAG(std::string, expected_fingerprint, "0",
-          "hex fingerprint of the student base devices must run (0 = accept any)");
+ABSL_FLAG(std::string, expected_fingerprint, "",
+          "hex fingerprint of the student base devices must run; empty = the checkpoint's "
+          "(0 = accept any)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "model family directory: teacher, student base, encoder and config.json (as written "
+          "by `cdcca pretrain`); empty = transport only, no training");
+ABSL_FLAG(std::string, student_precision, "int8",
+          "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
+          "compute with exactly that base");
+ABSL_FLAG(std::string, learner, "akd", "cloud learner: akd, pl, pkd or cwd");
+ABSL_FLAG(std::string, distill_config, "",
+          "distill settings JSON (configs/distill/akd.json layout); empty = the learner's preset");
+ABSL_FLAG(int, max_steps, 0, "training steps per job (0 = from --distill_config, default 200)");
+ABSL_FLAG(double, time_budget_s, 0, "wall-clock bound of one job's training loop, s (0 = none)");
+ABSL_FLAG(int, batch_size, 0, "samples per training step (0 = from --distill_config, default 16)");
+ABSL_FLAG(int, max_batches_per_job, 64, "most uplink batches one job trains on");
+ABSL_FLAG(int64_t, replay_capacity, 256, "replay buffer per device, samples (0 = none)");
+ABSL_FLAG(int64_t, byte_budget, 0,
+          "per-device byte budget of one update (0 = the device's Register capability, else "
+          "--bits_per_param alone)");
+ABSL_FLAG(double, bits_per_param, 2.0,
+          "update size cap in bits per trainable parameter (0 = none)");
+ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
+ABSL_FLAG(double, trigger_interval_s, 60,
+          "... or once this many seconds passed since its last job with any new sample (0 = off)");
+ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
+ABSL_FLAG(int, torch_threads, 0, "LibTorch intra-op threads per job (0 = all cores)");
+ABSL_FLAG(std::string, device, "cpu", "where jobs train: cpu or cuda (falls back to cpu)");
+ABSL_FLAG(double, uts_keep_fraction, 0.25,
+          "UTS setting sent to devices: fraction of frames stage 1 keeps (0 = device default)");
+ABSL_FLAG(
+    double, uts_token_ratio, 0.5,
+    "UTS setting sent to devices: fraction of visual tokens stage 2 keeps (0 = device default)");
+ABSL_FLAG(int, uts_mc_passes, 0,
+          "UTS setting sent to devices: MC-dropout passes (0 = device default)");
+ABSL_FLAG(std::string, status_file, "",
+          "write health and per-device training state as JSON here every --status_interval_s");
+ABSL_FLAG(double, status_interval_s, 2, "how often --status_file is rewritten");
 
 namespace {
 
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "cdcca-cloud: %s\n", std::string(s.ToString()).c_str());
+  std::fprintf(stderr, "{\"event\":\"fatal\",\"error\":%s}\n",
+               nlohmann::json(s.ToString()).dump().c_str());
   return 1;
+}
+
+void Log(const nlohmann::json& event) {
+  std::fprintf(stderr, "%s\n", event.dump().c_str());
+  std::fflush(stderr);
+}
+
+// Applies --config: every key not given on the command line sets the flag of that name.
+absl::Status ApplyConfigFile(int argc, char** argv) {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) return absl::OkStatus();
+  std::set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    a = a.substr(2);
+    a = a.substr(0, a.find('='));
+    if (a.rfind("no", 0) == 0) given.insert(a.substr(2));
+    given.insert(a);
+  }
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
+  nlohmann::json config;
+  try {
+    in >> config;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": ", e.what()));
+  }
+  if (!config.is_object()) return absl::InvalidArgumentError("--config must hold a JSON object");
+  for (const auto& [key, value] : config.items()) {
+    if (key == "config") return absl::InvalidArgumentError("--config cannot name another config");
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(key);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--config: unknown key '", key, "'"));
+    }
+    if (given.count(key) > 0) continue;
+    const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+    std::string error;
+    if (!flag->ParseFrom(text, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--config: ", key, ": ", error));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "cdcca-cloud --data_dir=DIR --tokens=FILE (--tls_cert=F --tls_key=F | --insecure)");
+      "the cdcca cloud service.\n"
+      "  cdcca-cloud --data_dir=DIR --tokens=FILE --checkpoint_dir=DIR\n"
+      "      (--tls_cert=F --tls_key=F [--client_ca=F --require_client_cert] | --insecure)\n"
+      "  cdcca-cloud --config=cloud.json\n"
+      "Logs are JSON lines on stderr. See README (Deploying) for a worked example.");
+  // --help lists this file's flags (absl matches the program name, spelt with '-').
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "cdcca_cloud_main");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = ApplyConfigFile(argc, argv); !s.ok()) return Fail(s);
   // Block SIGINT/SIGTERM in every thread (they inherit this mask) and wait for them below.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
   using namespace cdcca::cloud;  // NOLINT: a program's main
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (data_dir.empty()) return Fail(absl::InvalidArgumentError("--data_dir is required"));
   if (absl::GetFlag(FLAGS_tokens).empty()) {
     return Fail(absl::InvalidArgumentError("--tokens is required (see --help)"));
-  }
-  uint64_t fingerprint = 0;
-  if (!absl::SimpleHexAtoi(absl::GetFlag(FLAGS_expected_fingerprint), &fingerprint)) {
-    return Fail(absl::InvalidArgumentError("--expected_fingerprint must be hex"));
   }
   auto auth = TokenAuthenticator::FromFile(absl::GetFlag(FLAGS_tokens));
   if (!auth.ok()) return Fail(auth.status());
@@ -69,10 +181,94 @@ int main(int argc, char** argv) {
   auto updates = UpdateStore::Open({data_dir + "/updates", 16});
   if (!updates.ok()) return Fail(updates.status());
 
+  // The trainer (absent in transport-only mode).
+  std::unique_ptr<PerDeviceStrategy> strategy;
+  std::unique_ptr<JobScheduler> scheduler;
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    PerDeviceStrategyOptions so;
+    so.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    so.student_precision = absl::GetFlag(FLAGS_student_precision);
+    so.state_dir = data_dir + "/trainer";
+    so.learner = absl::GetFlag(FLAGS_learner);
+    so.distill_config = absl::GetFlag(FLAGS_distill_config);
+    so.max_steps = absl::GetFlag(FLAGS_max_steps);
+    so.time_budget_s = absl::GetFlag(FLAGS_time_budget_s);
+    so.batch_size = absl::GetFlag(FLAGS_batch_size);
+    so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
+    so.train_device = absl::GetFlag(FLAGS_device);
+    so.max_batches_per_job =
+        static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_batches_per_job)));
+    so.byte_budget = static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_byte_budget)));
+    so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
+    so.replay_capacity =
+        static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
+    if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
+    auto created = PerDeviceStrategy::Create(so, samples->get(), updates->get(), registry->get());
+    if (!created.ok()) return Fail(created.status());
+    strategy = *std::move(created);
+    if (absl::Status s = strategy->Recover(); !s.ok()) return Fail(s);
+    JobSchedulerOptions jo;
+    jo.trigger_samples = std::max(1, absl::GetFlag(FLAGS_trigger_samples));
+    const double interval = absl::GetFlag(FLAGS_trigger_interval_s);
+    jo.trigger_interval = interval > 0 ? absl::Seconds(interval) : absl::InfiniteDuration();
+    jo.threads = std::max(1, absl::GetFlag(FLAGS_trainer_threads));
+    scheduler = std::make_unique<JobScheduler>(jo, strategy.get(), samples->get());
+    scheduler->SetJobCallback([](const absl::StatusOr<JobReport>& r) {
+      if (!r.ok()) {
+        if (!absl::IsNotFound(r.status())) {
+          Log({{"event", "job_failed"}, {"error", r.status().ToString()}});
+        }
+        return;
+      }
+      Log({{"event", "job"},
+           {"device_id", r->device_id},
+           {"base_version", r->base_version},
+           {"new_version", r->new_version},
+           {"state_digest", absl::StrFormat("%016x", r->state_digest)},
+           {"batches", {r->first_sequence, r->last_sequence}},
+           {"samples", r->samples},
+           {"replay_samples", r->replay_samples},
+           {"steps", r->steps},
+           {"train_s", r->train_seconds},
+           {"loss_first", r->loss_first},
+           {"loss_last", r->loss_last},
+           {"payload_bytes", r->payload_bytes},
+           {"bits_per_param", r->bits_per_param},
+           {"relative_error", r->relative_error},
+           {"budget_raised_to", r->budget_raised_to},
+           {"train_device", r->train_device}});
+    });
+  }
+
+  // Tells the scheduler, and logs what devices report.
+  class Observer final : public CloudObserver {
+   public:
+    explicit Observer(JobScheduler* scheduler) : scheduler_(scheduler) {}
+    void OnSamplesStored(const std::string& id, uint64_t highest) override {
+      if (scheduler_ != nullptr) scheduler_->OnSamplesStored(id, highest);
+    }
+    void OnApplied(const std::string& id, uint64_t version, bool in_sync) override {
+      Log({{"event", "applied"}, {"device_id", id}, {"version", version}, {"in_sync", in_sync}});
+      if (scheduler_ != nullptr) scheduler_->OnApplied(id, version, in_sync);
+    }
+
+   private:
+    JobScheduler* const scheduler_;
+  } observer(scheduler.get());
+
+  uint64_t fingerprint = strategy != nullptr ? strategy->BaseFingerprint() : 0;
+  const std::string fingerprint_flag = absl::GetFlag(FLAGS_expected_fingerprint);
+  if (!fingerprint_flag.empty() && !absl::SimpleHexAtoi(fingerprint_flag, &fingerprint)) {
+    return Fail(absl::InvalidArgumentError("--expected_fingerprint must be hex"));
+  }
   CloudServiceOptions service_options;
   service_options.expected_fingerprint = fingerprint;
+  service_options.uts.set_keep_fraction(static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction)));
+  service_options.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
+  service_options.uts.set_mc_passes(
+      static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_uts_mc_passes))));
   CloudService service(service_options, auth->get(), registry->get(), samples->get(),
-                       updates->get());
+                       updates->get(), &observer);
   ServerOptions server_options;
   server_options.listen_address = absl::GetFlag(FLAGS_listen);
   server_options.insecure = absl::GetFlag(FLAGS_insecure);
@@ -80,14 +276,61 @@ int main(int argc, char** argv) {
                         absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_require_client_cert)};
   auto server = CloudServer::Start(server_options, &service);
   if (!server.ok()) return Fail(server.status());
-  std::fprintf(stderr, "cdcca-cloud: serving on port %d, %zu device tokens, data in %s\n",
-               (*server)->port(), (*auth)->size(), data_dir.c_str());
+  Log({{"event", "serving"},
+       {"port", (*server)->port()},
+       {"tokens", (*auth)->size()},
+       {"data_dir", data_dir},
+       {"trainer", strategy != nullptr},
+       {"fingerprint", absl::StrFormat("%016x", fingerprint)},
+       {"tls", !absl::GetFlag(FLAGS_insecure)}});
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_port_file)) << (*server)->port() << "\n";
+    if (absl::Status s = internal::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+                                                       absl::StrCat((*server)->port(), "\n"));
+        !s.ok()) {
+      return Fail(s);
+    }
   }
+
+  // Health file: rewritten periodically until shutdown.
+  absl::Notification stop_status;
+  std::thread status_thread;
+  const std::string status_file = absl::GetFlag(FLAGS_status_file);
+  if (!status_file.empty()) {
+    status_thread = std::thread([&] {
+      const absl::Time started = absl::Now();
+      do {
+        nlohmann::json s = {{"status", "SERVING"},
+                            {"uptime_s", absl::ToInt64Seconds(absl::Now() - started)},
+                            {"registered_devices", (*registry)->size()},
+                            {"stored_batches", (*samples)->Stats().records}};
+        if (scheduler != nullptr) {
+          s["jobs_done"] = scheduler->jobs_done();
+          s["jobs_failed"] = scheduler->jobs_failed();
+          nlohmann::json devices = nlohmann::json::object();
+          for (const std::string& id : (*registry)->DeviceIds()) {
+            DeviceTrainingState t = strategy->State(id);
+            auto record = (*registry)->Get(id);
+            devices[id] = {{"mirror_version", t.version},
+                           {"mirror_digest", absl::StrFormat("%016x", t.state_digest)},
+                           {"consumed_sequence", t.consumed_sequence},
+                           {"durable_sequence", (*samples)->HighestDurable(id)},
+                           {"device_version", record.ok() ? record->applied_version() : 0},
+                           {"device_in_sync", record.ok() && record->in_sync()}};
+          }
+          s["devices"] = devices;
+        }
+        (void)internal::WriteFileAtomically(status_file, s.dump() + "\n");
+      } while (!stop_status.WaitForNotificationWithTimeout(
+          absl::Seconds(absl::GetFlag(FLAGS_status_interval_s))));
+    });
+  }
+
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::fprintf(stderr, "cdcca-cloud: shutting down\n");
+  Log({{"event", "shutting_down"}, {"signal", signal_number}});
   (*server)->Shutdown(absl::Seconds(5));
+  stop_status.Notify();
+  if (status_thread.joinable()) status_thread.join();
+  scheduler.reset();  // waits for a running job; its state file commits or not, atomically
   return 0;
 }

@@ -1,0 +1,644 @@
+#include "cloud/trainer.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cloud/device_registry.h"
+#include "cloud/internal/file_io.h"
+#include "compress/delta_encoder.h"
+#include "compress/hash64.h"
+#include "compress/named_tensors.h"
+#include "compress/uplink_codec.h"
+#include "distill/akd.h"
+#include "distill/learner.h"
+#include "distill/model/checkpoint.h"
+#include "distill/model/safetensors.h"
+#include "distill/model/trainable.h"
+#include "distill/replay_buffer.h"
+#include "proto/wire.h"
+
+namespace cdcca::cloud {
+namespace {
+
+// ---- the per-device state file --------------------------------------------------------------
+// u32 magic "CDMS" | u32 format 1 | u64 version | u64 consumed sequence | u64 state digest |
+// 4 x (u64 size | bytes): mirror safetensors, encoder residual, update payload, snapshot |
+// u64 Hash64 of everything before it. Little-endian (all our hosts are).
+constexpr uint32_t kStateMagic = 0x534d4443;  // "CDMS"
+constexpr uint32_t kStateFormat = 1;
+
+struct MirrorFile {
+  uint64_t version = 0;
+  uint64_t consumed = 0;
+  uint64_t digest = 0;
+  std::string mirror;    // safetensors of the trainable set
+  std::string residual;  // DeltaEncoder::SerializeState
+  std::string update;    // payload that produced `version` (empty at version 0)
+  std::string snapshot;  // snapshot payload of `version` (empty at version 0)
+};
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+std::string EncodeMirrorFile(const MirrorFile& f) {
+  std::string out;
+  Put(out, kStateMagic);
+  Put(out, kStateFormat);
+  Put(out, f.version);
+  Put(out, f.consumed);
+  Put(out, f.digest);
+  for (const std::string* blob : {&f.mirror, &f.residual, &f.update, &f.snapshot}) {
+    Put<uint64_t>(out, blob->size());
+    out += *blob;
+  }
+  Put(out, compress::Hash64(out.data(), out.size()));
+  return out;
+}
+
+absl::StatusOr<MirrorFile> DecodeMirrorFile(absl::string_view in, const std::string& path) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("mirror state ", path, ": ", why));
+  };
+  if (in.size() < 40) return bad("truncated");
+  uint64_t hash;
+  std::memcpy(&hash, in.data() + in.size() - 8, 8);
+  if (hash != compress::Hash64(in.data(), in.size() - 8)) return bad("checksum mismatch");
+  size_t pos = 0;
+  const auto get = [&](auto* v) {
+    if (pos + sizeof(*v) > in.size() - 8) return false;
+    std::memcpy(v, in.data() + pos, sizeof(*v));
+    pos += sizeof(*v);
+    return true;
+  };
+  uint32_t magic = 0, format = 0;
+  MirrorFile f;
+  if (!get(&magic) || !get(&format) || magic != kStateMagic || format != kStateFormat) {
+    return bad("not a mirror state file of format 1");
+  }
+  if (!get(&f.version) || !get(&f.consumed) || !get(&f.digest)) return bad("truncated");
+  for (std::string* blob : {&f.mirror, &f.residual, &f.update, &f.snapshot}) {
+    uint64_t size = 0;
+    if (!get(&size) || size > in.size() - 8 - pos) return bad("truncated blob");
+    blob->assign(in.data() + pos, size);
+    pos += size;
+  }
+  if (pos != in.size() - 8) return bad("trailing bytes");
+  return f;
+}
+
+compress::NamedTensors CloneTensors(const compress::NamedTensors& in) {
+  compress::NamedTensors out;
+  out.reserve(in.size());
+  for (const auto& [name, t] : in) out.emplace_back(name, t.detach().clone());
+  return out;
+}
+
+absl::StatusOr<compress::NamedTensors> TensorsFromSafetensors(absl::string_view bytes) {
+  absl::StatusOr<model::SafetensorsContents> c = model::DecodeSafetensors(bytes);
+  if (!c.ok()) return c.status();
+  compress::NamedTensors out;
+  for (auto& [name, t] : c->tensors) out.emplace_back(name, t.to(torch::kFloat).contiguous());
+  return out;
+}
+
+[[noreturn]] void InjectedCrash(const char* where) {
+  std::fprintf(stderr, "cdcca-cloud: test fault injected %s\n", where);
+  std::fflush(stderr);
+  _exit(86);
+}
+
+}  // namespace
+
+// ---- PerDeviceStrategy ----------------------------------------------------------------------
+
+struct PerDeviceStrategy::Impl {
+  struct Device {
+    absl::Mutex mu;  // held for a whole job: one job per device at a time
+    uint64_t version = 0;
+    uint64_t consumed = 0;
+    uint64_t digest = 0;
+    uint64_t jobs = 0;
+    compress::NamedTensors mirror;  // fp32 CPU; equals the device's state at `version`
+    compress::DeltaEncoder encoder;
+    std::unique_ptr<distill::Learner> learner;
+    std::unique_ptr<distill::ReplayBuffer> replay;
+    bool loaded = false;
+  };
+
+  PerDeviceStrategyOptions options;
+  SampleStore* samples = nullptr;
+  UpdateStore* updates = nullptr;
+  DeviceRegistry* registry = nullptr;
+
+  // Constant after Create: the shared frozen parts.
+  model::Mllm teacher{nullptr};
+  model::Mllm student_base{nullptr};  // fp32 with the devices' dequantized base
+  compress::NamedTensors base_trainable;
+  uint64_t base_digest = 0;
+  uint64_t fingerprint = 0;
+  distill::DistillSettings settings;
+  torch::Device train_device{torch::kCPU};
+
+  mutable absl::Mutex mu;  // guards the map (not the devices' contents)
+  std::unordered_map<std::string, std::unique_ptr<Device>> devices ABSL_GUARDED_BY(mu);
+
+  std::string StatePath(const std::string& id) const {
+    return absl::StrCat(options.state_dir, "/", id, ".mirror");
+  }
+
+  Device* Get(const std::string& id) {
+    absl::MutexLock lock(&mu);
+    std::unique_ptr<Device>& d = devices[id];
+    if (d == nullptr) d = std::make_unique<Device>();
+    return d.get();
+  }
+
+  compress::DeltaEncoderOptions EncoderOptions(const std::string& id) const {
+    compress::DeltaEncoderOptions o;
+    o.bits_per_param = options.bits_per_param;
+    o.byte_budget = options.byte_budget;
+    if (registry != nullptr) {
+      absl::StatusOr<store::v1::DeviceRecord> r = registry->Get(id);
+      if (r.ok()) {
+        if (o.byte_budget == 0) o.byte_budget = r->capabilities().update_byte_budget();
+        if (r->capabilities().delta_bit_widths_size() > 0) {
+          o.allowed_bits.assign({0});
+          for (uint32_t b : r->capabilities().delta_bit_widths()) {
+            if (b != 0) o.allowed_bits.push_back(static_cast<int>(b));
+          }
+        }
+      }
+    }
+    return o;
+  }
+
+  // Loads the device's state file (or starts it at the pretrained base). Caller holds d.mu.
+  absl::Status Load(const std::string& id, Device& d) {
+    if (d.loaded) return absl::OkStatus();
+    d.encoder = compress::DeltaEncoder(EncoderOptions(id));
+    d.replay = std::make_unique<distill::ReplayBuffer>(options.replay_capacity,
+                                                       compress::Hash64(id.data(), id.size()));
+    absl::StatusOr<std::string> bytes = internal::ReadFile(StatePath(id));
+    if (absl::IsNotFound(bytes.status())) {
+      d.mirror = CloneTensors(base_trainable);
+      d.version = 0;
+      d.consumed = 0;
+      d.digest = base_digest;
+      d.loaded = true;
+      return absl::OkStatus();
+    }
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<MirrorFile> f = DecodeMirrorFile(*bytes, StatePath(id));
+    if (!f.ok()) return f.status();
+    absl::StatusOr<compress::NamedTensors> mirror = TensorsFromSafetensors(f->mirror);
+    if (!mirror.ok()) return mirror.status();
+    if (compress::StateDigest(*mirror) != f->digest) {
+      return absl::DataLossError(
+          absl::StrCat("mirror state of ", id, " does not match its digest"));
+    }
+    if (absl::Status s = d.encoder.RestoreState(f->residual); !s.ok()) return s;
+    d.mirror = *std::move(mirror);
+    d.version = f->version;
+    d.consumed = f->consumed;
+    d.digest = f->digest;
+    d.loaded = true;
+    // Publish what the file committed if the update store lacks it (a crash between commit
+    // and publish, or a damaged store file that the store refused to load).
+    if (d.version > 0) {
+      absl::StatusOr<StoredUpdate> update = updates->UpdateAfter(id, d.version - 1);
+      if (!update.ok() || update->new_version != d.version) {
+        absl::Status s = updates->PutUpdate(id, d.version - 1, d.version, d.digest, f->update);
+        // INVALID_ARGUMENT: the store already holds a newer update than this state (it
+        // cannot, as the state file commits first, unless files were mixed up by hand).
+        if (!s.ok() && !absl::IsInvalidArgument(s)) return s;
+      }
+      if (!updates->Snapshot(id, d.version).ok()) {
+        absl::Status s = updates->PutSnapshot(id, d.version, d.digest, f->snapshot);
+        if (!s.ok()) return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<JobReport> RunJob(const std::string& id, Device& d) {
+    if (absl::Status s = Load(id, d); !s.ok()) return s;
+    absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
+        samples->Read(id, d.consumed + 1, options.max_batches_per_job);
+    if (!records.ok()) return records.status();
+    if (records->empty()) return absl::NotFoundError(absl::StrCat("no new samples of ", id));
+
+    JobReport report;
+    report.device_id = id;
+    report.base_version = d.version;
+    report.new_version = d.version + 1;
+    report.first_sequence = records->front().batch().sequence();
+    report.last_sequence = records->back().batch().sequence();
+    std::vector<compress::UplinkSample> batch_samples;
+    for (const store::v1::SampleRecord& r : *records) {
+      absl::StatusOr<std::vector<compress::UplinkSample>> decoded =
+          compress::DecodeUplinkBatch(r.batch().payload());
+      // The transport stored the batch verbatim; a payload our codec refuses is the
+      // device's fault and is skipped (the cursor moves past it) rather than blocking
+      // every later job of the device.
+      if (!decoded.ok()) continue;
+      for (compress::UplinkSample& s : *decoded) batch_samples.push_back(std::move(s));
+    }
+    if (batch_samples.empty()) {
+      // Nothing usable: just move the cursor, durably.
+      MirrorFile f;
+      absl::StatusOr<std::string> file = internal::ReadFile(StatePath(id));
+      if (file.ok()) {
+        absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
+        if (old.ok()) f = *std::move(old);
+      }
+      if (!file.ok() || f.mirror.empty()) {
+        absl::StatusOr<std::string> m = model::EncodeSafetensors(d.mirror, {});
+        if (!m.ok()) return m.status();
+        f.mirror = *std::move(m);
+        f.residual = d.encoder.SerializeState();
+        f.version = d.version;
+        f.digest = d.digest;
+      }
+      f.consumed = report.last_sequence;
+      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+          !s.ok()) {
+        return s;
+      }
+      d.consumed = report.last_sequence;
+      return absl::NotFoundError(absl::StrCat("no decodable samples in batches ",
+                                              report.first_sequence, "-", report.last_sequence));
+    }
+    report.samples = static_cast<int64_t>(batch_samples.size());
+
+    try {
+      // The job's own student: the shared base plus this device's mirror.
+      absl::StatusOr<model::Mllm> work = distill::CopyMllm(student_base, train_device);
+      if (!work.ok()) return work.status();
+      {
+        torch::NoGradGuard no_grad;
+        std::unordered_map<std::string, const torch::Tensor*> by_name;
+        for (const auto& [name, t] : d.mirror) by_name[name] = &t;
+        for (auto& [name, p] : model::TrainableParameters(**work)) {
+          auto it = by_name.find(name);
+          if (it == by_name.end()) {
+            return absl::InternalError(absl::StrCat("mirror lacks trainable tensor ", name));
+          }
+          p.copy_(*it->second);
+        }
+      }
+      if (d.learner == nullptr) {
+        d.learner = std::make_unique<distill::DistillLearner>(teacher, settings.learner);
+      }
+      distill::JobOptions job = settings.job;
+      job.train_in_place = true;
+      job.use_cuda = train_device.is_cuda();
+      job.seed = settings.job.seed ^ (d.version * 0x9e3779b97f4a7c15ull);
+      absl::StatusOr<distill::JobResult> result =
+          d.learner->Run(batch_samples, d.replay.get(), *work, job);
+      if (!result.ok()) return result.status();
+      report.replay_samples = result->stats.replay_samples;
+      report.steps = result->stats.steps;
+      report.train_seconds = result->stats.train_seconds;
+      report.train_device = result->stats.device;
+      if (!result->stats.terms.empty()) {
+        report.loss_first = result->stats.terms.front().first;
+        report.loss_last = result->stats.terms.front().last;
+      }
+
+      // Encode on a copy of the encoder: it is committed only with the state file.
+      compress::DeltaEncoder encoder = d.encoder;
+      absl::StatusOr<compress::UpdatePayload> payload =
+          encoder.Encode(result->trainable, d.mirror, d.version, d.version + 1);
+      // A budget below the smallest payload (a small model under a bits-per-parameter cap:
+      // the per-tensor headers alone exceed it) would block the device forever; send the
+      // smallest budget that fits instead, and say so in the report.
+      for (uint64_t budget = 4096; absl::IsResourceExhausted(payload.status()); budget *= 4) {
+        compress::DeltaEncoderOptions raised = d.encoder.options();
+        raised.bits_per_param = 0;
+        raised.byte_budget = budget;
+        encoder = compress::DeltaEncoder(raised);
+        if (absl::Status s = encoder.RestoreState(d.encoder.SerializeState()); !s.ok()) return s;
+        payload = encoder.Encode(result->trainable, d.mirror, d.version, d.version + 1);
+        report.budget_raised_to = budget;
+        if (budget > (1ull << 30)) break;
+      }
+      if (!payload.ok()) return payload.status();
+      compress::NamedTensors mirror = CloneTensors(d.mirror);
+      absl::StatusOr<uint64_t> applied = compress::ApplyUpdate(payload->bytes, d.version, mirror);
+      if (!applied.ok()) return applied.status();
+      const uint64_t digest = compress::StateDigest(mirror);
+      absl::StatusOr<std::string> snapshot =
+          model::EncodeSafetensors(mirror, {{"version", std::to_string(d.version + 1)}});
+      if (!snapshot.ok()) return snapshot.status();
+      report.state_digest = digest;
+      report.payload_bytes = payload->stats.payload_bytes;
+      report.bits_per_param = payload->stats.bits_per_param;
+      report.relative_error = payload->stats.relative_error;
+      if (options.fault == "after_train") InjectedCrash("after training");
+
+      MirrorFile f;
+      f.version = d.version + 1;
+      f.consumed = report.last_sequence;
+      f.digest = digest;
+      f.mirror = *snapshot;
+      f.residual = encoder.SerializeState();
+      f.update = payload->bytes;
+      f.snapshot = *snapshot;
+      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+          !s.ok()) {
+        return s;
+      }
+      // Committed: from here the job's result survives a crash (Load republishes it).
+      d.mirror = std::move(mirror);
+      {
+        // Keep the configured options (a raised budget holds for this job only).
+        compress::DeltaEncoder committed(d.encoder.options());
+        if (committed.RestoreState(f.residual).ok()) d.encoder = std::move(committed);
+      }
+      d.version = f.version;
+      d.consumed = f.consumed;
+      d.digest = digest;
+      ++d.jobs;
+      d.replay->Add(batch_samples);
+      if (options.fault == "after_commit") InjectedCrash("after the commit");
+      if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
+                                              std::move(payload->bytes));
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
+          !s.ok()) {
+        return s;
+      }
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("job of ", id, ": ", e.what_without_backtrace()));
+    }
+    return report;
+  }
+};
+
+PerDeviceStrategy::PerDeviceStrategy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PerDeviceStrategy::~PerDeviceStrategy() = default;
+
+absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
+    const PerDeviceStrategyOptions& options, SampleStore* samples, UpdateStore* updates,
+    DeviceRegistry* registry) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("state_dir is required");
+  if (options.train_device != "cpu" && options.train_device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train device must be cpu or cuda, not '", options.train_device, "'"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->samples = samples;
+  impl->updates = updates;
+  impl->registry = registry;
+  if (absl::Status s = internal::MakeDirs(options.state_dir); !s.ok()) return s;
+
+  if (!options.distill_config.empty()) {
+    absl::StatusOr<distill::DistillSettings> s =
+        distill::LoadDistillSettings(options.distill_config);
+    if (!s.ok()) return s.status();
+    impl->settings = *std::move(s);
+  } else {
+    absl::StatusOr<distill::DistillConfig> c = distill::PresetDistillConfig(options.learner);
+    if (!c.ok()) return c.status();
+    impl->settings.learner = *std::move(c);
+  }
+  if (options.max_steps > 0) impl->settings.job.max_steps = options.max_steps;
+  if (options.time_budget_s > 0) impl->settings.job.time_budget_s = options.time_budget_s;
+  if (options.batch_size > 0) impl->settings.job.batch_size = options.batch_size;
+  if (options.torch_threads > 0) impl->settings.job.num_threads = options.torch_threads;
+
+  absl::StatusOr<model::Precision> precision = model::ParsePrecision(options.student_precision);
+  if (!precision.ok()) return precision.status();
+  try {
+    absl::StatusOr<model::FamilyCheckpoint> family =
+        model::LoadFamily(options.checkpoint_dir, *precision);
+    if (!family.ok()) return family.status();
+    impl->fingerprint = model::BaseFingerprint(family->student);
+    // The mirror computes with the device's base exactly: its dequantized weights.
+    absl::StatusOr<model::Mllm> mirror =
+        model::ConvertPrecision(family->student, model::Precision::kFp32);
+    if (!mirror.ok()) return mirror.status();
+    impl->student_base = *mirror;
+    impl->student_base->eval();
+    impl->teacher = family->teacher;
+    impl->teacher->eval();
+    if (options.train_device == "cuda" && torch::cuda::is_available()) {
+      impl->train_device = torch::Device(torch::kCUDA, 0);
+      impl->teacher->to(impl->train_device);
+    }
+    for (const auto& [name, t] : model::TrainableParameters(*family->student)) {
+      impl->base_trainable.emplace_back(name, t.detach().to(torch::kFloat).contiguous().clone());
+    }
+    impl->base_digest = compress::StateDigest(impl->base_trainable);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("loading ", options.checkpoint_dir, ": ", e.what_without_backtrace()));
+  }
+  return std::unique_ptr<PerDeviceStrategy>(new PerDeviceStrategy(std::move(impl)));
+}
+
+absl::Status PerDeviceStrategy::Recover() {
+  absl::StatusOr<std::vector<std::string>> files = internal::ListDir(impl_->options.state_dir);
+  if (!files.ok()) return files.status();
+  for (const std::string& name : *files) {
+    absl::string_view stem = name;
+    if (!absl::ConsumeSuffix(&stem, ".mirror")) continue;  // temp files of a crash
+    const std::string id(stem);
+    if (!wire::ValidateDeviceId(id).ok()) continue;
+    Impl::Device* d = impl_->Get(id);
+    absl::MutexLock lock(&d->mu);
+    if (absl::Status s = impl_->Load(id, *d); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobReport> PerDeviceStrategy::RunJob(const std::string& device_id) {
+  if (absl::Status s = wire::ValidateDeviceId(device_id); !s.ok()) return s;
+  Impl::Device* d = impl_->Get(device_id);
+  absl::MutexLock lock(&d->mu);
+  return impl_->RunJob(device_id, *d);
+}
+
+uint64_t PerDeviceStrategy::ConsumedSequence(const std::string& device_id) const {
+  return State(device_id).consumed_sequence;
+}
+
+DeviceTrainingState PerDeviceStrategy::State(const std::string& device_id) const {
+  Impl::Device* d = impl_->Get(device_id);
+  absl::MutexLock lock(&d->mu);
+  DeviceTrainingState s;
+  if (!impl_->Load(device_id, *d).ok()) return s;
+  s.version = d->version;
+  s.state_digest = d->digest;
+  s.consumed_sequence = d->consumed;
+  s.jobs = d->jobs;
+  return s;
+}
+
+void PerDeviceStrategy::OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {
+  // Nothing to change on the cloud side: a device out of sync is told to load the newest
+  // snapshot, which is the mirror itself.
+}
+
+absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& device_id) const {
+  Impl::Device* d = impl_->Get(device_id);
+  absl::MutexLock lock(&d->mu);
+  if (absl::Status s = impl_->Load(device_id, *d); !s.ok()) return s;
+  return model::EncodeSafetensors(d->mirror, {{"version", std::to_string(d->version)}});
+}
+
+uint64_t PerDeviceStrategy::BaseDigest() const { return impl_->base_digest; }
+uint64_t PerDeviceStrategy::BaseFingerprint() const { return impl_->fingerprint; }
+
+// ---- JobScheduler ---------------------------------------------------------------------------
+
+JobScheduler::JobScheduler(JobSchedulerOptions options, TrainerStrategy* strategy,
+                           SampleStore* samples)
+    : options_(std::move(options)), strategy_(strategy), samples_(samples) {
+  pool_ = std::make_unique<internal::WorkPool>(std::max(1, options_.threads));
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (const std::string& id : samples_->Devices()) {
+      DeviceSchedule& d = devices_[id];
+      d.highest_durable = samples_->HighestDurable(id);
+      d.last_job = now;
+    }
+    dirty_ = true;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+JobScheduler::~JobScheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  pool_.reset();  // runs queued jobs' remaining closures and joins
+}
+
+void JobScheduler::OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {
+  absl::MutexLock lock(&mu_);
+  DeviceSchedule& d = devices_[device_id];
+  if (d.last_job == absl::InfinitePast()) d.last_job = absl::Now();
+  d.highest_durable = std::max(d.highest_durable, highest_durable);
+  dirty_ = true;
+}
+
+void JobScheduler::OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {
+  strategy_->OnApplied(device_id, version, in_sync);
+}
+
+void JobScheduler::SetJobCallback(std::function<void(const absl::StatusOr<JobReport>&)> callback) {
+  absl::MutexLock lock(&mu_);
+  callback_ = std::move(callback);
+}
+
+uint64_t JobScheduler::jobs_done() const {
+  absl::MutexLock lock(&mu_);
+  return jobs_done_;
+}
+
+uint64_t JobScheduler::jobs_failed() const {
+  absl::MutexLock lock(&mu_);
+  return jobs_failed_;
+}
+
+bool JobScheduler::Due(const std::string& device_id, DeviceSchedule& d, absl::Time now) {
+  if (d.running || now < d.retry_at) return false;
+  const uint64_t consumed = strategy_->ConsumedSequence(device_id);
+  if (d.highest_durable <= consumed) {
+    d.pending_samples = 0;
+    d.counted_upto = consumed;
+    return false;
+  }
+  if (d.counted_upto < consumed) {
+    d.counted_upto = consumed;
+    d.pending_samples = 0;
+  }
+  if (d.counted_upto < d.highest_durable) {
+    absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
+        samples_->Read(device_id, d.counted_upto + 1, d.highest_durable - d.counted_upto);
+    if (records.ok()) {
+      for (const auto& r : *records) {
+        d.pending_samples += r.batch().sample_count();
+        d.counted_upto = r.batch().sequence();
+      }
+    }
+  }
+  if (d.pending_samples <= 0) return false;
+  return d.pending_samples >= options_.trigger_samples ||
+         now - d.last_job >= options_.trigger_interval;
+}
+
+void JobScheduler::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    for (auto& [id, d] : devices_) {
+      if (!Due(id, d, now)) continue;
+      d.running = true;
+      ++running_;
+      const std::string device_id = id;
+      pool_->Schedule([this, device_id] { Run(device_id); });
+    }
+    dirty_ = false;
+    // Wake on new samples, a finished job, or every 200 ms for the time trigger.
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || dirty_; };
+    mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(200));
+  }
+}
+
+void JobScheduler::Run(const std::string& device_id) {
+  absl::StatusOr<JobReport> report = strategy_->RunJob(device_id);
+  std::function<void(const absl::StatusOr<JobReport>&)> callback;
+  {
+    absl::MutexLock lock(&mu_);
+    DeviceSchedule& d = devices_[device_id];
+    d.running = false;
+    --running_;
+    d.last_job = absl::Now();
+    if (report.ok()) {
+      ++jobs_done_;
+    } else if (!absl::IsNotFound(report.status())) {
+      ++jobs_failed_;
+      d.retry_at = absl::Now() + options_.retry_after;
+    }
+    dirty_ = true;
+    callback = callback_;
+  }
+  if (callback) callback(report);
+}
+
+bool JobScheduler::WaitIdle(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&mu_);
+      bool idle = running_ == 0;
+      const absl::Time now = absl::Now();
+      for (auto& [id, d] : devices_) {
+        if (!idle) break;
+        if (Due(id, d, now)) idle = false;
+      }
+      if (idle) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace cdcca::cloud

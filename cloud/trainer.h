@@ -1,0 +1,240 @@
+// The cloud trainer: what turns uplinked samples into DWC updates, behind a strategy
+// interface so that the `cdcca-cloud` program and the in-process harness (`sim/`) run the
+// same logic.
+//
+//   TrainerStrategy    what to train and how to build an update (per device now; a
+//                      fleet-shared adapter strategy later). One job = one device's new
+//                      samples -> one update.
+//   PerDeviceStrategy  one mirror per device (only that device's trainable set; the frozen
+//                      student base and the teacher are loaded once and shared), AKD (or any
+//                      cloud learner) with a replay buffer, DeltaEncoder with the device's
+//                      byte budget and error feedback.
+//   JobScheduler       a CloudObserver: triggers a job every N new samples or every T
+//                      seconds (whichever first, if there are new samples) and runs it on its
+//                      own worker pool, never on an RPC thread.
+//
+// Harness use (no gRPC needed):
+//   auto strategy = PerDeviceStrategy::Create(options, samples.get(), updates.get());
+//   JobScheduler scheduler(scheduler_options, strategy->get(), samples.get());
+//   CloudService service(..., &scheduler);   // or call scheduler.OnSamplesStored yourself
+//   ... scheduler.WaitIdle();                // or (*strategy)->RunJob(id) synchronously
+//
+// Durability (PerDeviceStrategy): one state file per device,
+// <state_dir>/<device_id>.mirror, written atomically (temp, fsync, rename, fsync dir): the
+// mirror's trainable set, its version, the consumed-sample cursor, the encoder's residual,
+// and the newest update and snapshot payloads. The file is the commit point of a job; the
+// payloads are published to the UpdateStore after it, and Recover() republishes them if a
+// crash came in between (or the store's copy is missing or damaged). So after a restart
+// every device resumes with its mirror, version, cursor and residual intact, and no sample
+// is trained twice or skipped. The replay buffer is not persisted (it restarts empty).
+#ifndef CDCCA_CLOUD_TRAINER_H_
+#define CDCCA_CLOUD_TRAINER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cloud/cloud_service.h"
+#include "cloud/device_registry.h"
+#include "cloud/internal/work_pool.h"
+#include "cloud/sample_store.h"
+#include "cloud/update_store.h"
+
+namespace cdcca::cloud {
+
+// What one job did; returned by TrainerStrategy::RunJob and logged by the programs.
+struct JobReport {
+  std::string device_id;
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  uint64_t state_digest = 0;    // of the mirror at new_version
+  uint64_t first_sequence = 0;  // uplink batches consumed: [first_sequence, last_sequence]
+  uint64_t last_sequence = 0;
+  int64_t samples = 0;  // this round's samples trained on
+  int64_t replay_samples = 0;
+  int steps = 0;
+  double train_seconds = 0;
+  double loss_first = 0;  // "total" loss at the first step and over the last steps
+  double loss_last = 0;
+  uint64_t payload_bytes = 0;  // DWC update size
+  double bits_per_param = 0;
+  double relative_error = 0;  // of the update against the trained delta
+  // Non-zero when the configured budget could not hold even the smallest payload and the
+  // job used this byte budget instead.
+  uint64_t budget_raised_to = 0;
+  std::string train_device;  // "cpu" or "cuda:0"
+};
+
+// What a strategy knows of one device, for health output and tests.
+struct DeviceTrainingState {
+  uint64_t version = 0;            // mirror version (0 = the pretrained base)
+  uint64_t state_digest = 0;       // compress::StateDigest of the mirror
+  uint64_t consumed_sequence = 0;  // highest uplink batch trained on
+  uint64_t jobs = 0;               // jobs run since the process started
+};
+
+// Decides what a device's next update is. Implementations are thread-safe; the scheduler
+// never runs two jobs for the same device at once but may run jobs of different devices
+// concurrently.
+class TrainerStrategy {
+ public:
+  virtual ~TrainerStrategy() = default;
+  // Brings persisted state back after a restart and republishes committed updates the
+  // update store lacks. Call once, before the first job.
+  virtual absl::Status Recover() = 0;
+  // Trains `device_id` on its durable samples after its cursor and publishes one update.
+  // NOT_FOUND if there are no new samples; the cursor then stays. On any error the mirror,
+  // cursor and residual are unchanged (the job can simply be retried).
+  virtual absl::StatusOr<JobReport> RunJob(const std::string& device_id) = 0;
+  // The highest uplink sequence the device's jobs have consumed (0 = none).
+  virtual uint64_t ConsumedSequence(const std::string& device_id) const = 0;
+  virtual DeviceTrainingState State(const std::string& device_id) const = 0;
+  // The device reported `version` with a digest that matched (in_sync) or not; the
+  // service already tells it to resync from the newest snapshot.
+  virtual void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {}
+};
+
+struct PerDeviceStrategyOptions {
+  // Family directory (encoder/teacher/student safetensors + config.json), as written by
+  // `cdcca pretrain` or model::SaveFamily.
+  std::string checkpoint_dir;
+  // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
+  // computes with exactly that base, dequantized. Default: "int8" (the device default).
+  std::string student_precision = "int8";
+  // Where the per-device state files live; created if missing.
+  std::string state_dir;
+  // Cloud learner: "akd", "pl", "pkd" or "cwd".
+  std::string learner = "akd";
+  // Optional distill settings JSON (configs/distill/akd.json layout); "" = the learner's
+  // preset. Its "job" section sets the job options below unless they are overridden.
+  std::string distill_config;
+  // Job bounds; 0 keeps the value of distill_config (or distill::JobOptions' default).
+  int max_steps = 0;
+  double time_budget_s = 0;
+  int batch_size = 0;
+  // Torch intra-op threads per job. 0 = every core.
+  int torch_threads = 0;
+  // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".
+  std::string train_device = "cpu";
+  // Most uplink batches one job reads (the rest wait for the next job). Default: 64.
+  size_t max_batches_per_job = 64;
+  // DWC: per-device byte budget per update (0 = the device's Register capability, else
+  // bits_per_param alone), and the bits-per-parameter cap. Defaults: 0 and 2.0.
+  uint64_t byte_budget = 0;
+  double bits_per_param = 2.0;
+  // Replay buffer capacity per device, in samples (0 = no replay). Default: 256.
+  size_t replay_capacity = 256;
+  // Test-only fault injection: "after_train" (process exits after training, before the
+  // state file is written) or "after_commit" (after the state file, before publishing to
+  // the update store). The process _exit()s with code 86 at that point. "" = off. The
+  // program reads it from the environment variable CDCCA_TEST_FAULT.
+  std::string fault;
+};
+
+class PerDeviceStrategy final : public TrainerStrategy {
+ public:
+  // Loads the family (teacher and student base once). `samples` and `updates` must outlive
+  // the strategy; `registry` (optional) supplies devices' byte budgets.
+  static absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> Create(
+      const PerDeviceStrategyOptions& options, SampleStore* samples, UpdateStore* updates,
+      DeviceRegistry* registry = nullptr);
+  ~PerDeviceStrategy() override;
+
+  absl::Status Recover() override;
+  absl::StatusOr<JobReport> RunJob(const std::string& device_id) override;
+  uint64_t ConsumedSequence(const std::string& device_id) const override;
+  DeviceTrainingState State(const std::string& device_id) const override;
+  void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
+
+  // The mirror's trainable set of `device_id` as a safetensors blob (what a snapshot holds).
+  absl::StatusOr<std::string> MirrorState(const std::string& device_id) const;
+  // Digest of the pretrained student's trainable set (every device's version-0 digest).
+  uint64_t BaseDigest() const;
+  // Fingerprint of the frozen student base devices must run (for CloudServiceOptions).
+  uint64_t BaseFingerprint() const;
+
+  struct Impl;
+
+ private:
+  explicit PerDeviceStrategy(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct JobSchedulerOptions {
+  // Run a job once a device has this many new samples. Default: 32.
+  int trigger_samples = 32;
+  // ... or once this long has passed since its last job (or since start) while it has at
+  // least one new sample. Default: 60 s. absl::InfiniteDuration() = off.
+  absl::Duration trigger_interval = absl::Seconds(60);
+  // Jobs running at once (different devices). Default: 1.
+  int threads = 1;
+  // A failed job is retried after this long. Default: 5 s.
+  absl::Duration retry_after = absl::Seconds(5);
+};
+
+// Runs strategy jobs when their trigger fires. OnSamplesStored/OnApplied only note the
+// event and return; a scheduler thread decides, and a work pool runs the jobs.
+// Thread-safe. `strategy` and `samples` must outlive it.
+class JobScheduler final : public CloudObserver {
+ public:
+  JobScheduler(JobSchedulerOptions options, TrainerStrategy* strategy, SampleStore* samples);
+  // Stops triggering, waits for running jobs.
+  ~JobScheduler() override;
+
+  void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) override;
+  void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
+
+  // Blocks until no job runs and no device has reached its trigger, or `timeout` passed.
+  // Returns false on timeout. For tests and the harness.
+  bool WaitIdle(absl::Duration timeout);
+  uint64_t jobs_done() const;
+  uint64_t jobs_failed() const;
+  // Optional callback after each job (successful or not); runs on a pool thread.
+  void SetJobCallback(std::function<void(const absl::StatusOr<JobReport>&)> callback);
+
+ private:
+  struct DeviceSchedule {
+    uint64_t highest_durable = 0;
+    uint64_t counted_upto = 0;  // batches whose samples are in pending_samples
+    int64_t pending_samples = 0;
+    bool running = false;
+    absl::Time last_job = absl::InfinitePast();  // set to now when first seen
+    absl::Time retry_at = absl::InfinitePast();
+  };
+
+  void Loop();
+  // Whether `d` should run now; counts new samples from the store as needed.
+  bool Due(const std::string& device_id, DeviceSchedule& d, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(const std::string& device_id);
+
+  const JobSchedulerOptions options_;
+  TrainerStrategy* const strategy_;
+  SampleStore* const samples_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, DeviceSchedule> devices_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t jobs_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t jobs_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const absl::StatusOr<JobReport>&)> callback_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<internal::WorkPool> pool_;
+  std::thread thread_;
+};
+
+}  // namespace cdcca::cloud
+
+#endif  // CDCCA_CLOUD_TRAINER_H_

@@ -1,0 +1,252 @@
+// PerDeviceStrategy and JobScheduler on the `tiny` family with random weights: a job turns
+// stored samples into an update that takes the device exactly to the mirror, state survives
+// a restart, a commit that was never published is republished, and the scheduler triggers.
+#include "cloud/trainer.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "compress/named_tensors.h"
+#include "compress/uplink_codec.h"
+#include "distill/model/checkpoint.h"
+#include "distill/model/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace cdcca::cloud {
+namespace {
+
+using ::cdcca::testing::StatusIs;
+using ::cdcca::testing::TempDir;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(3);
+    ASSERT_OK_AND_ASSIGN(family_, model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) +
+                                                          "/configs/models/tiny.json"));
+    model::VisionEncoder encoder(family_.vision);
+    model::Mllm teacher(family_.teacher), student(family_.student);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : teacher->parameters()) p.mul_(2.0);
+    }
+    checkpoint_ = dir_.path() + "/family";
+    ASSERT_OK(model::SaveFamily(checkpoint_, family_, encoder, teacher, student, ""));
+    OpenStores();
+  }
+
+  void OpenStores() {
+    strategy_.reset();
+    updates_.reset();
+    samples_.reset();
+    SampleStoreOptions so;
+    so.dir = dir_.path() + "/samples";
+    ASSERT_OK_AND_ASSIGN(samples_, SampleStore::Open(so));
+    ASSERT_OK_AND_ASSIGN(updates_, UpdateStore::Open({dir_.path() + "/updates", 16}));
+  }
+
+  PerDeviceStrategyOptions Options() const {
+    PerDeviceStrategyOptions o;
+    o.checkpoint_dir = checkpoint_;
+    o.student_precision = "int8";
+    o.state_dir = dir_.path() + "/trainer";
+    o.max_steps = 3;
+    o.batch_size = 4;
+    o.torch_threads = 1;
+    o.bits_per_param = 4.0;
+    return o;
+  }
+
+  void MakeStrategy() {
+    ASSERT_OK_AND_ASSIGN(strategy_,
+                         PerDeviceStrategy::Create(Options(), samples_.get(), updates_.get()));
+    ASSERT_OK(strategy_->Recover());
+  }
+
+  // Appends one batch of `n` random samples as uplink sequence `sequence`.
+  void Uplink(const std::string& device, uint64_t sequence, int n) {
+    std::mt19937_64 rng(sequence * 7 + device.size());
+    std::normal_distribution<float> normal;
+    const int tokens = family_.vision.NumTokens(), dim = family_.vision.d_vis;
+    std::vector<compress::UplinkSample> batch(n);
+    for (int i = 0; i < n; ++i) {
+      compress::UplinkSample& s = batch[i];
+      s.sample_id = sequence * 100 + i;
+      s.grid_tokens = tokens;
+      s.feature_dim = dim;
+      for (int k = 0; k < tokens; k += 2) s.kept_indices.push_back(k);
+      for (size_t k = 0; k < s.kept_indices.size() * dim; ++k) s.features.push_back(normal(rng));
+      s.prompt_tokens = {1, static_cast<uint32_t>(4 + rng() % 60), 7};
+      s.answer_tokens = {5, 2};
+    }
+    ASSERT_OK_AND_ASSIGN(std::string payload,
+                         compress::EncodeUplinkBatch(batch, compress::FeaturePrecision::kFp16));
+    v1::UplinkBatch b;
+    b.set_sequence(sequence);
+    b.set_sample_count(n);
+    b.set_codec_version(1);
+    b.set_payload(payload);
+    ASSERT_OK(samples_->AppendAndWait(device, b).status());
+  }
+
+  // The pretrained student's trainable set, as the device holds it at version 0.
+  compress::NamedTensors DeviceState() {
+    auto family = model::LoadFamily(checkpoint_, model::Precision::kInt8);
+    EXPECT_OK(family);
+    compress::NamedTensors out;
+    for (auto& [name, t] : model::TrainableParameters(*family->student)) {
+      out.emplace_back(name, t.detach().clone());
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  model::FamilyConfig family_;
+  std::string checkpoint_;
+  std::unique_ptr<SampleStore> samples_;
+  std::unique_ptr<UpdateStore> updates_;
+  std::unique_ptr<PerDeviceStrategy> strategy_;
+};
+
+TEST_F(TrainerTest, JobPublishesAnUpdateThatTakesTheDeviceToTheMirror) {
+  MakeStrategy();
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+  Uplink("dev-a", 1, 5);
+  Uplink("dev-a", 2, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.base_version, 0u);
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(report.first_sequence, 1u);
+  EXPECT_EQ(report.last_sequence, 2u);
+  EXPECT_EQ(report.samples, 8);
+  EXPECT_EQ(report.steps, 3);
+  EXPECT_GT(report.payload_bytes, 0u);
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+
+  // The device applies exactly what was published and lands on the mirror, bit for bit.
+  compress::NamedTensors device = DeviceState();
+  EXPECT_EQ(compress::StateDigest(device), strategy_->BaseDigest());
+  ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-a", 0));
+  EXPECT_EQ(update.new_version, 1u);
+  ASSERT_OK(compress::ApplyUpdate(*update.payload, 0, device).status());
+  EXPECT_EQ(compress::StateDigest(device), report.state_digest);
+  EXPECT_NE(report.state_digest, strategy_->BaseDigest());
+  ASSERT_OK_AND_ASSIGN(uint64_t stored, updates_->DigestOf("dev-a", 1));
+  EXPECT_EQ(stored, report.state_digest);
+
+  // The snapshot is the same state, loadable as safetensors.
+  ASSERT_OK_AND_ASSIGN(StoredUpdate snapshot, updates_->Snapshot("dev-a", 1));
+  ASSERT_OK_AND_ASSIGN(model::SafetensorsContents contents,
+                       model::DecodeSafetensors(*snapshot.payload));
+  EXPECT_EQ(compress::StateDigest(contents.tensors), report.state_digest);
+
+  // Another device is untouched; no new samples means no job.
+  EXPECT_EQ(strategy_->State("dev-b").version, 0u);
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+  Uplink("dev-a", 3, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(second.base_version, 1u);
+  EXPECT_EQ(second.first_sequence, 3u);
+  ASSERT_OK_AND_ASSIGN(StoredUpdate update2, updates_->UpdateAfter("dev-a", 1));
+  ASSERT_OK(compress::ApplyUpdate(*update2.payload, 1, device).status());
+  EXPECT_EQ(compress::StateDigest(device), second.state_digest);
+}
+
+TEST_F(TrainerTest, RestartKeepsMirrorCursorAndResidual) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 6);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  ASSERT_OK_AND_ASSIGN(std::string before, strategy_->MirrorState("dev-a"));
+  OpenStores();
+  MakeStrategy();
+  DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.version, 1u);
+  EXPECT_EQ(state.consumed_sequence, 1u);
+  EXPECT_EQ(state.state_digest, report.state_digest);
+  ASSERT_OK_AND_ASSIGN(std::string after, strategy_->MirrorState("dev-a"));
+  EXPECT_EQ(before, after);
+  // The next job continues from version 1 on the samples after the cursor only.
+  Uplink("dev-a", 2, 2);
+  ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(next.base_version, 1u);
+  EXPECT_EQ(next.samples, 2);
+}
+
+TEST_F(TrainerTest, RecoverRepublishesACommittedUpdateTheStoreLacks) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  // As if the process died between the state file and the update store: lose the store.
+  strategy_.reset();
+  updates_.reset();
+  std::filesystem::remove_all(dir_.path() + "/updates");
+  ASSERT_OK_AND_ASSIGN(updates_, UpdateStore::Open({dir_.path() + "/updates", 16}));
+  MakeStrategy();
+  ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-a", 0));
+  EXPECT_EQ(update.new_version, 1u);
+  EXPECT_EQ(update.state_digest, report.state_digest);
+  compress::NamedTensors device = DeviceState();
+  ASSERT_OK(compress::ApplyUpdate(*update.payload, 0, device).status());
+  EXPECT_EQ(compress::StateDigest(device), report.state_digest);
+  EXPECT_OK(updates_->Snapshot("dev-a", 1).status());
+}
+
+TEST_F(TrainerTest, DamagedStateFileIsDataLoss) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 2);
+  ASSERT_OK(strategy_->RunJob("dev-a").status());
+  strategy_.reset();
+  {
+    std::fstream f(dir_.path() + "/trainer/dev-a.mirror",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(50);
+    f.put('\x5a');
+  }
+  ASSERT_OK_AND_ASSIGN(strategy_,
+                       PerDeviceStrategy::Create(Options(), samples_.get(), updates_.get()));
+  EXPECT_THAT(strategy_->Recover(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
+  MakeStrategy();
+  JobSchedulerOptions so;
+  so.trigger_samples = 6;
+  so.trigger_interval = absl::InfiniteDuration();
+  JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  Uplink("dev-a", 1, 4);
+  scheduler.OnSamplesStored("dev-a", 1);
+  ASSERT_TRUE(scheduler.WaitIdle(absl::Seconds(60)));
+  EXPECT_EQ(scheduler.jobs_done(), 0u);  // 4 < 6
+  Uplink("dev-a", 2, 3);
+  scheduler.OnSamplesStored("dev-a", 2);
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(scheduler.WaitIdle(absl::Seconds(120)));
+  EXPECT_EQ(scheduler.jobs_done(), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").version, 1u);
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+}
+
+TEST_F(TrainerTest, SchedulerTriggersOnTime) {
+  MakeStrategy();
+  JobSchedulerOptions so;
+  so.trigger_samples = 1000;
+  so.trigger_interval = absl::Milliseconds(300);
+  JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  Uplink("dev-a", 1, 2);
+  scheduler.OnSamplesStored("dev-a", 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (scheduler.jobs_done() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(scheduler.jobs_done(), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").version, 1u);
+}
+
+}  // namespace
+}  // namespace cdcca::cloud

@@ -1,0 +1,413 @@
+#include "device/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "compress/hash64.h"
+#include "compress/uplink_codec.h"
+#include "device/internal/durable_file.h"
+
+namespace cdcca::device {
+namespace {
+
+constexpr uint32_t kCodecVersion = 1;  // compress/uplink_codec.h's format
+
+[[noreturn]] void InjectedCrash(const char* where) {
+  std::fprintf(stderr, "cdcca-device: test fault injected %s\n", where);
+  std::fflush(stderr);
+  _exit(86);
+}
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+bool LinkError(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s);
+}
+
+}  // namespace
+
+DeviceAgent::DeviceAgent(AgentOptions options, InferenceRuntime* runtime, CloudClient* client,
+                         std::unique_ptr<UplinkQueue> queue)
+    : options_(std::move(options)), runtime_(runtime), client_(client), queue_(std::move(queue)) {
+  uts_ = options_.uts;
+  gate_ = std::make_unique<EntropyGate>(uts_);
+  sent_since_ = absl::Now();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOptions& options,
+                                                                 InferenceRuntime* runtime,
+                                                                 CloudClient* client) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("agent needs a state_dir");
+  if (options.batch_samples < 1) return absl::InvalidArgumentError("batch_samples must be >= 1");
+  if (absl::Status s = internal::EnsureDir(options.state_dir); !s.ok()) return s;
+  UplinkQueueOptions qo;
+  qo.dir = options.state_dir + "/queue";
+  qo.max_bytes = options.queue_max_bytes;
+  qo.max_batches = options.queue_max_batches;
+  absl::StatusOr<std::unique_ptr<UplinkQueue>> queue = UplinkQueue::Open(qo);
+  if (!queue.ok()) return queue.status();
+  std::unique_ptr<DeviceAgent> agent(new DeviceAgent(options, runtime, client, *std::move(queue)));
+  if (absl::Status s = agent->LoadState(); !s.ok()) return s;
+  return agent;
+}
+
+DeviceAgent::~DeviceAgent() { Stop(); }
+
+// ---- the last good state ------------------------------------------------------------------
+
+absl::Status DeviceAgent::LoadState() {
+  const std::string path = options_.state_dir + "/trainable.state";
+  absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
+  if (absl::IsNotFound(bytes.status())) {
+    absl::MutexLock lock(&mu_);
+    stats_.version = runtime_->version();
+    stats_.state_digest = runtime_->StateDigest();
+    return absl::OkStatus();
+  }
+  if (!bytes.ok()) return bytes.status();
+  const std::string& b = *bytes;
+  uint64_t version = 0, digest = 0, hash = 0;
+  bool valid = b.size() >= 24;
+  if (valid) {
+    std::memcpy(&version, b.data(), 8);
+    std::memcpy(&digest, b.data() + 8, 8);
+    std::memcpy(&hash, b.data() + b.size() - 8, 8);
+    valid = hash == compress::Hash64(b.data(), b.size() - 8);
+  }
+  if (valid) {
+    absl::Status s =
+        runtime_->LoadTrainableState(absl::string_view(b).substr(16, b.size() - 24), version);
+    valid = s.ok() && runtime_->StateDigest() == digest;
+  }
+  if (!valid) {
+    // Written durably, so damage is not a torn write; keep the pretrained state and let
+    // the cloud resync us rather than refuse to serve.
+    std::fprintf(stderr, "cdcca-device: ignoring damaged %s; the cloud will resync\n",
+                 path.c_str());
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.version = runtime_->version();
+  stats_.state_digest = runtime_->StateDigest();
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAgent::SaveState() {
+  absl::StatusOr<std::string> state = runtime_->SaveTrainableState();
+  if (!state.ok()) return state.status();
+  const uint64_t version = runtime_->version();
+  const uint64_t digest = runtime_->StateDigest();
+  std::string out;
+  Put(out, version);
+  Put(out, digest);
+  out += *state;
+  Put(out, compress::Hash64(out.data(), out.size()));
+  if (absl::Status s = internal::WriteDurably(options_.state_dir + "/trainable.state", out);
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.version = version;
+  stats_.state_digest = digest;
+  return absl::OkStatus();
+}
+
+// ---- answering and UTS --------------------------------------------------------------------
+
+absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<Frame>& frames) {
+  const uint64_t version = runtime_->version();
+  absl::StatusOr<std::vector<AnswerResult>> answers = runtime_->Answer(frames);
+  if (!answers.ok()) return answers.status();
+  UtsOptions uts;
+  bool changed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    uts = uts_;
+    changed = uts_changed_;
+    uts_changed_ = false;
+  }
+  std::vector<FrameResult> out;
+  out.reserve(answers->size());
+  absl::MutexLock lock(&batch_mu_);
+  if (changed) gate_ = std::make_unique<EntropyGate>(uts);
+  uint64_t kept = 0;
+  for (AnswerResult& a : *answers) {
+    FrameResult r;
+    r.answer = a.text;
+    r.entropy = a.entropy;
+    r.model_version = version;
+    r.latency_ms = a.latency_ms;
+    if (gate_->Keep(a.entropy)) {
+      absl::StatusOr<std::vector<float>> scores = std::vector<float>();
+      if (!uts.random_tokens) {
+        scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score);
+        if (!scores.ok()) return scores.status();
+      }
+      compress::UplinkSample s;
+      s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 16) |
+                    (sample_counter_++ & 0xffff);
+      s.model_version = version;
+      s.entropy = a.entropy;
+      s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
+      s.feature_dim = static_cast<uint32_t>(a.visual.dim);
+      s.kept_indices = uts.random_tokens
+                           ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
+                           : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
+      s.features.reserve(s.kept_indices.size() * a.visual.dim);
+      for (uint16_t t : s.kept_indices) {
+        const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
+        s.features.insert(s.features.end(), row, row + a.visual.dim);
+      }
+      s.prompt_tokens = a.prompt_ids;
+      s.answer_tokens = a.answer_ids;
+      r.uplinked = !s.kept_indices.empty();
+      r.kept_tokens = static_cast<int>(s.kept_indices.size());
+      if (r.uplinked) {
+        if (batch_.empty()) batch_started_ = absl::Now();
+        batch_.push_back(std::move(s));
+        ++kept;
+      }
+      if (static_cast<int>(batch_.size()) >= options_.batch_samples) {
+        if (absl::Status st = FlushLocked(); !st.ok()) return st;
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  if (!batch_.empty() && absl::Now() - batch_started_ >= options_.batch_max_age) {
+    if (absl::Status st = FlushLocked(); !st.ok()) return st;
+  }
+  absl::MutexLock stats_lock(&mu_);
+  stats_.answered += out.size();
+  stats_.kept_samples += kept;
+  return out;
+}
+
+absl::Status DeviceAgent::Flush() {
+  absl::MutexLock lock(&batch_mu_);
+  return FlushLocked();
+}
+
+absl::Status DeviceAgent::FlushLocked() {
+  if (batch_.empty()) return absl::OkStatus();
+  std::vector<compress::UplinkSample> samples;
+  samples.swap(batch_);
+  compress::FeaturePrecision precision;
+  {
+    absl::MutexLock lock(&mu_);
+    precision = uts_.precision;
+  }
+  uint64_t version = 0;
+  for (const auto& s : samples) version = std::max(version, s.model_version);
+  absl::StatusOr<std::string> payload = compress::EncodeUplinkBatch(samples, precision);
+  if (!payload.ok()) return payload.status();
+  absl::StatusOr<uint64_t> sequence = queue_->Enqueue(
+      version, static_cast<uint32_t>(samples.size()), kCodecVersion, *std::move(payload));
+  absl::MutexLock lock(&mu_);
+  if (absl::IsResourceExhausted(sequence.status())) {
+    // The queue is full (the cloud has been away a long time): these samples are lost
+    // to the cloud but serving goes on.
+    stats_.dropped_samples += samples.size();
+    return absl::OkStatus();
+  }
+  if (!sequence.ok()) return sequence.status();
+  ++stats_.batches_queued;
+  wake_ = true;
+  return absl::OkStatus();
+}
+
+// ---- the link -----------------------------------------------------------------------------
+
+absl::Status DeviceAgent::RegisterWithCloud() {
+  v1::RegisterRequest request;
+  request.set_model_fingerprint(runtime_->BaseFingerprint());
+  request.set_model_version(runtime_->version());
+  request.set_agent_version("cdcca-device/1");
+  v1::Capabilities* caps = request.mutable_capabilities();
+  for (uint32_t b : {0u, 1u, 2u, 3u, 4u, 8u}) caps->add_delta_bit_widths(b);
+  caps->set_update_byte_budget(options_.update_byte_budget);
+  caps->add_feature_precisions(v1::FEATURE_PRECISION_FP16);
+  caps->add_feature_precisions(v1::FEATURE_PRECISION_INT8);
+  absl::StatusOr<v1::RegisterReply> reply = client_->Register(request);
+  if (!reply.ok()) return reply.status();
+  UtsOptions merged = options_.uts;
+  if (absl::Status s = MergeCloudSettings(reply->uts(), &merged); !s.ok()) {
+    std::fprintf(stderr, "cdcca-device: keeping local UTS settings: %s\n",
+                 std::string(s.message()).c_str());
+    merged = options_.uts;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    uts_ = merged;
+    uts_changed_ = true;
+    stats_.registered = true;
+  }
+  if (absl::Status s = queue_->Reconcile(reply->next_uplink_sequence()); !s.ok()) return s;
+  if (reply->resync_required()) return Resync(0);
+  // The pretrained base (version 0) has nothing to verify: the update chain starts there.
+  // A later version is checked against the cloud's mirror right away.
+  if (runtime_->version() == 0) return absl::OkStatus();
+  return Report(/*allow_resync=*/true);
+}
+
+absl::Status DeviceAgent::UplinkQueued() {
+  for (int round = 0; round < 8; ++round) {
+    std::vector<v1::UplinkBatch> batches =
+        queue_->Peek(options_.uplink_max_batches, options_.uplink_max_bytes);
+    if (batches.empty()) return absl::OkStatus();
+    uint64_t bytes = 0;
+    for (const auto& b : batches) bytes += b.payload().size();
+    if (options_.bandwidth_bytes_per_s > 0) {
+      // Pace the sends: each stream may start only when the previous ones, at the cap,
+      // would have finished.
+      absl::MutexLock lock(&mu_);
+      const absl::Time start = sent_since_;
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      mu_.AwaitWithDeadline(absl::Condition(&stop), start);
+      if (stopping_) return absl::CancelledError("stopping");
+      sent_since_ = std::max(absl::Now(), start) +
+                    absl::Seconds(static_cast<double>(bytes) / options_.bandwidth_bytes_per_s);
+    }
+    absl::StatusOr<v1::UplinkAck> ack = client_->Uplink(batches);
+    if (!ack.ok()) return ack.status();
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.uplink_bytes += bytes;
+      stats_.batches_acked = std::max(stats_.batches_acked, ack->highest_durable_sequence());
+    }
+    if (absl::Status s = queue_->Acknowledge(ack->highest_durable_sequence()); !s.ok()) return s;
+    if (ack->has_error() && ack->error().code() != 0) {
+      // The cloud refused a batch (e.g. a sequence gap after its data was replaced):
+      // register again, which reconciles the numbering.
+      absl::MutexLock lock(&mu_);
+      stats_.registered = false;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cloud refused uplink batch ", ack->rejected_sequence(), ": ", ack->error().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAgent::PullUpdate() {
+  for (int round = 0; round < 16; ++round) {
+    const uint64_t base = runtime_->version();
+    absl::StatusOr<FetchedPayload> fetched = client_->FetchUpdate(base);
+    if (absl::IsFailedPrecondition(fetched.status())) return Resync(0);
+    if (!fetched.ok()) return fetched.status();
+    if (!fetched->info.available()) return absl::OkStatus();
+    if (options_.fault == "download") InjectedCrash("after an update download");
+    absl::Status applied = runtime_->ApplyUpdate(fetched->bytes);
+    if (!applied.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.rejected_updates;
+      }
+      std::fprintf(stderr, "cdcca-device: update %llu rejected (%s); resyncing\n",
+                   static_cast<unsigned long long>(fetched->info.new_version()),
+                   applied.ToString().c_str());
+      return Resync(0);
+    }
+    if (options_.fault == "apply") InjectedCrash("after applying an update in memory");
+    if (absl::Status s = SaveState(); !s.ok()) return s;
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.updates_applied;
+    }
+    if (absl::Status s = Report(/*allow_resync=*/true); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAgent::Resync(uint64_t version) {
+  absl::StatusOr<FetchedPayload> snapshot = client_->FetchSnapshot(version);
+  if (!snapshot.ok()) return snapshot.status();
+  if (absl::Status s = runtime_->LoadTrainableState(snapshot->bytes, snapshot->info.new_version());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SaveState(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.resyncs;
+  }
+  return Report(/*allow_resync=*/false);
+}
+
+absl::Status DeviceAgent::Report(bool allow_resync) {
+  absl::StatusOr<v1::ReportAppliedReply> reply =
+      client_->ReportApplied(runtime_->version(), runtime_->StateDigest());
+  if (!reply.ok()) return reply.status();
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.in_sync = reply->in_sync();
+  }
+  if (reply->resync_required() && reply->snapshot_version() != 0) {
+    if (allow_resync) return Resync(reply->snapshot_version());
+    return absl::DataLossError("state differs from the cloud's even after a resync");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAgent::SyncOnce() {
+  absl::MutexLock link(&link_mu_);
+  bool registered;
+  {
+    absl::MutexLock lock(&mu_);
+    registered = stats_.registered;
+  }
+  absl::Status s = registered ? absl::OkStatus() : RegisterWithCloud();
+  if (s.ok()) s = UplinkQueued();
+  if (s.ok()) s = PullUpdate();
+  absl::MutexLock lock(&mu_);
+  stats_.link_up = !LinkError(s);
+  // After a lost link, register again: the cloud may have restarted (or lost data).
+  if (LinkError(s)) stats_.registered = false;
+  return s;
+}
+
+void DeviceAgent::LinkLoop() {
+  while (true) {
+    absl::Status s = SyncOnce();
+    if (!s.ok() && !absl::IsCancelled(s)) {
+      std::fprintf(stderr, "cdcca-device: link: %s\n", s.ToString().c_str());
+    }
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), options_.poll_interval);
+    wake_ = false;
+    if (stopping_) return;
+  }
+}
+
+void DeviceAgent::Start() {
+  absl::MutexLock lock(&mu_);
+  if (link_thread_.joinable()) return;
+  stopping_ = false;
+  link_thread_ = std::thread([this] { LinkLoop(); });
+}
+
+void DeviceAgent::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (link_thread_.joinable()) link_thread_.join();
+}
+
+AgentStats DeviceAgent::Stats() const {
+  AgentStats s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = stats_;
+  }
+  s.queue = queue_->Stats();
+  return s;
+}
+
+}  // namespace cdcca::device

@@ -1,0 +1,175 @@
+// DeviceAgent: the device side of one CD-CCA round, around an InferenceRuntime and a
+// CloudClient.
+//
+//   Process(frames)  answers frames with the student (the caller's thread) -> UTS stage 1
+//                    (EntropyGate) -> stage 2 token scores for kept samples -> encodes them
+//                    (compress/uplink_codec) -> the on-disk UplinkQueue, in batches.
+//   link thread      registers (UTS settings from the reply override local defaults),
+//                    uplinks queued batches under a bandwidth cap, polls FetchUpdate,
+//                    applies an update in place (the runtime's writer lock: between
+//                    answers), saves the new state, reports the digest, and resyncs from a
+//                    snapshot when the cloud says the state differs or the chain is broken.
+//
+// The last good trainable state lives in <state_dir>/trainable.state, rewritten durably
+// after every successful apply or resync and loaded at Create, so a crash mid-apply
+// restarts on the state before the update (which is then fetched again). The file is
+//   u64 version | u64 state digest | safetensors of the trainable set | u64 Hash64,
+// and a damaged file is ignored (the runtime keeps the pretrained state; the cloud then
+// resyncs it). When the cloud is away, Process keeps answering and queueing; the link
+// thread retries with backoff.
+//
+// Thread-safety: Process/Flush from one thread at a time; everything else from any thread.
+#ifndef CDCCA_DEVICE_AGENT_H_
+#define CDCCA_DEVICE_AGENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "device/cloud_client.h"
+#include "device/inference_runtime.h"
+#include "device/uplink_queue.h"
+#include "device/uts.h"
+
+namespace cdcca::device {
+
+struct AgentOptions {
+  // Holds trainable.state and the uplink queue (queue/). Created if missing.
+  std::string state_dir;
+  // Local UTS defaults; non-zero fields of the cloud's Register reply override them.
+  UtsOptions uts;
+  // Kept samples per uplink batch; a partial batch is flushed after batch_max_age.
+  // Defaults: 8 and 5 s.
+  int batch_samples = 8;
+  absl::Duration batch_max_age = absl::Seconds(5);
+  // Uplink bandwidth cap in bytes per second of payload (0 = none). Default: 0.
+  uint64_t bandwidth_bytes_per_s = 0;
+  // Most batches / payload bytes sent in one Uplink stream. Defaults: 32 and 4 MiB.
+  size_t uplink_max_batches = 32;
+  uint64_t uplink_max_bytes = 4ull << 20;
+  // How often the link thread polls for updates (and retries a lost link). Default: 2 s.
+  absl::Duration poll_interval = absl::Seconds(2);
+  // Bounds of the on-disk uplink queue.
+  uint64_t queue_max_bytes = 64ull << 20;
+  size_t queue_max_batches = 4096;
+  // Downlink budget per update announced at Register (0 = the cloud's default).
+  uint64_t update_byte_budget = 0;
+  // Test-only fault injection (the program reads CDCCA_TEST_FAULT): "download" exits the
+  // process right after an update has been downloaded, before anything is applied;
+  // "apply" exits after the update is applied in memory but before the state file is
+  // written. Exit code 86. "" = off.
+  std::string fault;
+};
+
+// One answered frame.
+struct FrameResult {
+  std::string answer;
+  float entropy = 0;
+  bool uplinked = false;       // kept by UTS (stage 1) and queued
+  int kept_tokens = 0;         // UTS stage 2
+  uint64_t model_version = 0;  // version that answered
+  double latency_ms = 0;
+};
+
+struct AgentStats {
+  uint64_t answered = 0;
+  uint64_t kept_samples = 0;     // passed stage 1
+  uint64_t dropped_samples = 0;  // kept but refused by a full queue
+  uint64_t batches_queued = 0;
+  uint64_t batches_acked = 0;  // highest durable sequence the cloud acked
+  uint64_t uplink_bytes = 0;   // payload bytes sent (resends included)
+  uint64_t updates_applied = 0;
+  uint64_t resyncs = 0;           // snapshots loaded
+  uint64_t rejected_updates = 0;  // payloads that failed verification or apply
+  uint64_t version = 0;
+  uint64_t state_digest = 0;
+  bool registered = false;
+  bool link_up = false;
+  bool in_sync = false;  // the last ReportApplied matched the cloud's mirror
+  UplinkQueueStats queue;
+};
+
+class DeviceAgent {
+ public:
+  // `runtime` and `client` must outlive the agent. Loads the last good state from
+  // state_dir into the runtime and opens the uplink queue. Does not contact the cloud.
+  static absl::StatusOr<std::unique_ptr<DeviceAgent>> Create(const AgentOptions& options,
+                                                             InferenceRuntime* runtime,
+                                                             CloudClient* client);
+  // Stops the link thread (if started). Queued batches stay on disk.
+  ~DeviceAgent();
+
+  // Starts the link thread.
+  void Start();
+  // Stops it (waits for the call in flight, bounded by the client's deadlines).
+  void Stop();
+
+  // Answers `frames` as one batch and runs UTS on them. Errors only for inference failures;
+  // a full queue or an absent cloud never fail it.
+  absl::StatusOr<std::vector<FrameResult>> Process(const std::vector<Frame>& frames);
+  // Encodes and queues the kept samples that wait for a full batch.
+  absl::Status Flush();
+
+  // One pass of the link thread's work, synchronously: register if needed, uplink what is
+  // queued, fetch and apply an update (resyncing as needed). For tests and the harness;
+  // do not mix with Start().
+  absl::Status SyncOnce();
+
+  AgentStats Stats() const;
+
+ private:
+  DeviceAgent(AgentOptions options, InferenceRuntime* runtime, CloudClient* client,
+              std::unique_ptr<UplinkQueue> queue);
+  absl::Status LoadState();
+  absl::Status SaveState();
+  absl::Status RegisterWithCloud();
+  absl::Status UplinkQueued();
+  absl::Status PullUpdate();
+  absl::Status Resync(uint64_t version);
+  absl::Status Report(bool allow_resync);
+  absl::Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
+  void LinkLoop();
+
+  // Constant after construction.
+  const AgentOptions options_;
+  InferenceRuntime* const runtime_;
+  CloudClient* const client_;
+  const std::unique_ptr<UplinkQueue> queue_;
+
+  // Samples waiting to fill a batch, and the UTS state (Process's thread; Flush).
+  absl::Mutex batch_mu_;
+  std::vector<compress::UplinkSample> batch_ ABSL_GUARDED_BY(batch_mu_);
+  absl::Time batch_started_ ABSL_GUARDED_BY(batch_mu_);
+  uint64_t sample_counter_ ABSL_GUARDED_BY(batch_mu_) = 0;
+  std::unique_ptr<EntropyGate> gate_ ABSL_GUARDED_BY(batch_mu_);
+  // Draws of the random-token baseline (UtsOptions::random_tokens); fixed seed, so runs
+  // repeat.
+  std::mt19937_64 token_rng_ ABSL_GUARDED_BY(batch_mu_){0x5eed};
+
+  // Serialises the link work (apply, resync, save) so SyncOnce and the thread never overlap.
+  absl::Mutex link_mu_;
+
+  mutable absl::Mutex mu_;
+  UtsOptions uts_ ABSL_GUARDED_BY(mu_);
+  bool uts_changed_ ABSL_GUARDED_BY(mu_) = false;
+  AgentStats stats_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time sent_since_ ABSL_GUARDED_BY(mu_);  // start of the bandwidth accounting window
+  uint64_t sent_bytes_window_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread link_thread_;
+};
+
+}  // namespace cdcca::device
+
+#endif  // CDCCA_DEVICE_AGENT_H_

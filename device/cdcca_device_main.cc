@@ -1,0 +1,393 @@
+// cdcca-device: the device agent. Reads frames (OpenCV: a camera, a video file or stream
+// URL, or a folder of images) and prompts, answers them with the local student, runs UTS,
+// uplinks what it is unsure about, and applies the cloud's updates in place while it keeps
+// answering.
+//
+//   cdcca-device --cloud=cloud.example:50051 --device_id=cam-7 --token_file=cam-7.token \
+//       --tls_ca=ca.pem --checkpoint_dir=models/small --state_dir=/var/lib/cdcca-device \
+//       --input=camera:0 --prompt="what is in the picture?" --output=answers.jsonl
+//
+// Answers go to --output as JSON lines; events and the final status go to stderr as JSON
+// lines. Exit status: 0 after the input ends (and --linger_s), 1 on a configuration error.
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "device/agent.h"
+#include "device/internal/durable_file.h"
+#include "opencv2/imgcodecs.hpp"
+#include "opencv2/imgproc.hpp"
+#include "opencv2/videoio.hpp"
+
+ABSL_FLAG(std::string, cloud, "",
+          "host:port of cdcca-cloud; empty = run offline (no uplink, no updates)");
+ABSL_FLAG(std::string, device_id, "",
+          "this device's id (1-64 of [A-Za-z0-9._-]); must match its token");
+ABSL_FLAG(std::string, token, "", "bearer token (prefer --token_file: flags show up in ps)");
+ABSL_FLAG(std::string, token_file, "", "file holding the bearer token (whitespace trimmed)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA that signed the cloud's certificate (TLS)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for mutual TLS (optional)");
+ABSL_FLAG(std::string, tls_key, "", "PEM client key, with --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name to check the cloud's certificate against (optional)");
+ABSL_FLAG(bool, insecure, false, "plaintext to the cloud (loopback experiments only)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "model family directory (encoder + student + config.json)");
+ABSL_FLAG(std::string, precision, "int8",
+          "storage of the student's frozen base: fp32, int8 or int4");
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory of the last good trainable state and the uplink queue");
+ABSL_FLAG(std::string, input, "",
+          "frames: camera:N (camera index N), a folder of images (png/jpg/bmp, name order), "
+          "or a video file / stream URL");
+ABSL_FLAG(bool, loop, false, "start the image folder or video over when it ends");
+ABSL_FLAG(int64_t, frames, 0, "stop after this many frames (0 = when the input ends)");
+ABSL_FLAG(double, fps, 0,
+          "pace the input to this many frames per second (0 = as fast as answered)");
+ABSL_FLAG(int, batch, 1, "frames answered together in one batch");
+ABSL_FLAG(std::string, prompt, "what is in the picture?", "the question asked about every frame");
+ABSL_FLAG(std::string, prompts_file, "",
+          "questions, one per line, used in turn (overrides --prompt)");
+ABSL_FLAG(std::string, output, "-", "JSONL file of answers; - = stdout");
+ABSL_FLAG(int64_t, bandwidth, 0, "uplink bandwidth cap in payload bytes per second (0 = none)");
+ABSL_FLAG(int, poll_ms, 2000, "how often to poll the cloud for updates, ms");
+ABSL_FLAG(int, uplink_batch_samples, 8, "kept samples per uplink batch");
+ABSL_FLAG(double, uplink_max_age_s, 5, "flush a partial uplink batch after this many seconds");
+ABSL_FLAG(int64_t, queue_max_mb, 64,
+          "most MiB of uplink batches kept on disk while the cloud is away");
+ABSL_FLAG(int64_t, update_byte_budget, 0,
+          "downlink bytes per update asked of the cloud (0 = its default)");
+ABSL_FLAG(double, uts_keep_fraction, 0.25,
+          "local default: fraction of frames UTS stage 1 keeps (running quantile); the cloud's "
+          "Register reply overrides it");
+ABSL_FLAG(double, uts_token_ratio, 0.5,
+          "local default: fraction of visual tokens UTS stage 2 keeps");
+ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 2");
+ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
+ABSL_FLAG(double, linger_s, 0,
+          "after the input ends, keep the link up this long (or until the uplink queue is "
+          "empty and the model is in sync) before exiting");
+ABSL_FLAG(int64_t, linger_until_version, 0,
+          "with --linger_s: also wait until the model runs at least this version");
+ABSL_FLAG(std::string, status_file, "",
+          "write the agent's status as JSON here (atomically) about once a second");
+
+namespace {
+
+using cdcca::device::AgentStats;
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "cdcca-device: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string StatusJson(const AgentStats& s) {
+  return absl::StrFormat(
+      "{\"version\":%d,\"digest\":\"%016x\",\"answered\":%d,\"kept\":%d,\"dropped\":%d,"
+      "\"queued_batches\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
+      "\"updates_applied\":%d,\"resyncs\":%d,\"rejected_updates\":%d,\"registered\":%s,"
+      "\"link_up\":%s,\"in_sync\":%s}",
+      s.version, s.state_digest, s.answered, s.kept_samples, s.dropped_samples, s.batches_queued,
+      s.queue.batches, s.batches_acked, s.uplink_bytes, s.updates_applied, s.resyncs,
+      s.rejected_updates, s.registered ? "true" : "false", s.link_up ? "true" : "false",
+      s.in_sync ? "true" : "false");
+}
+
+// Frames from OpenCV, converted to RGB datasets::Image.
+class FrameSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<FrameSource>> Open(const std::string& spec, bool loop) {
+    auto src = std::unique_ptr<FrameSource>(new FrameSource);
+    src->loop_ = loop;
+    std::error_code ec;
+    if (absl::StartsWith(spec, "camera:")) {
+      int index = 0;
+      if (!absl::SimpleAtoi(spec.substr(7), &index)) {
+        return absl::InvalidArgumentError("--input=camera:N needs a number");
+      }
+      if (!src->capture_.open(index)) {
+        return absl::UnavailableError(absl::StrCat("cannot open camera ", index));
+      }
+    } else if (std::filesystem::is_directory(spec, ec)) {
+      for (const auto& e : std::filesystem::directory_iterator(spec)) {
+        std::string ext = absl::AsciiStrToLower(e.path().extension().string());
+        if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") {
+          src->files_.push_back(e.path().string());
+        }
+      }
+      std::sort(src->files_.begin(), src->files_.end());
+      if (src->files_.empty()) {
+        return absl::NotFoundError(absl::StrCat("no png/jpg/bmp images in ", spec));
+      }
+    } else {
+      src->spec_ = spec;
+      if (!src->capture_.open(spec)) {
+        return absl::UnavailableError(absl::StrCat("cannot open video or stream ", spec));
+      }
+    }
+    return src;
+  }
+
+  // The next frame and its name; false when the input has ended.
+  bool Next(cdcca::datasets::Image* image, std::string* name) {
+    cv::Mat bgr;
+    if (!files_.empty()) {
+      if (next_ >= files_.size()) {
+        if (!loop_) return false;
+        next_ = 0;
+      }
+      *name = files_[next_++];
+      bgr = cv::imread(*name, cv::IMREAD_COLOR);
+      if (bgr.empty()) return Next(image, name);  // unreadable file: skip it
+    } else {
+      if (!capture_.read(bgr) || bgr.empty()) {
+        if (!loop_ || spec_.empty()) return false;
+        capture_.open(spec_);
+        if (!capture_.read(bgr) || bgr.empty()) return false;
+      }
+      *name = absl::StrCat("frame-", count_);
+    }
+    ++count_;
+    cv::Mat rgb;
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    *image = cdcca::datasets::Image(rgb.cols, rgb.rows);
+    for (int y = 0; y < rgb.rows; ++y) {
+      std::memcpy(image->at(0, y), rgb.ptr<uint8_t>(y), static_cast<size_t>(rgb.cols) * 3);
+    }
+    return true;
+  }
+
+ private:
+  FrameSource() = default;
+  cv::VideoCapture capture_;
+  std::string spec_;
+  std::vector<std::string> files_;
+  size_t next_ = 0;
+  uint64_t count_ = 0;
+  bool loop_ = false;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the cdcca device agent.\n"
+      "  cdcca-device --cloud=HOST:PORT --device_id=ID --token_file=F (--tls_ca=CA | --insecure)\n"
+      "      --checkpoint_dir=DIR --state_dir=DIR --input=(camera:N|FOLDER|VIDEO|URL)\n"
+      "      [--prompt=Q | --prompts_file=F] [--output=answers.jsonl]\n"
+      "Answers go to --output as JSON lines; events go to stderr. See README (Deploying).");
+  // --help lists this file's flags (absl matches the program name, spelt with '-').
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "cdcca_device_main");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  absl::ParseCommandLine(argc, argv);
+  using namespace cdcca::device;  // NOLINT: a program's main
+
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) return Fail(absl::InvalidArgumentError("--state_dir is required"));
+  if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
+  }
+  if (absl::GetFlag(FLAGS_input).empty()) {
+    return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
+  }
+  std::vector<std::string> prompts;
+  if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_prompts_file));
+    if (!in) return Fail(absl::NotFoundError("cannot read --prompts_file"));
+    for (std::string line; std::getline(in, line);) {
+      line = std::string(absl::StripAsciiWhitespace(line));
+      if (!line.empty()) prompts.push_back(line);
+    }
+    if (prompts.empty()) return Fail(absl::InvalidArgumentError("--prompts_file has no prompt"));
+  } else {
+    prompts.push_back(absl::GetFlag(FLAGS_prompt));
+  }
+
+  RuntimeOptions runtime_options;
+  runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  runtime_options.precision = absl::GetFlag(FLAGS_precision);
+  runtime_options.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
+      InferenceRuntime::Load(runtime_options);
+  if (!runtime.ok()) return Fail(runtime.status());
+
+  const bool offline = absl::GetFlag(FLAGS_cloud).empty();
+  std::unique_ptr<CloudClient> client;
+  if (!offline) {
+    CloudClientOptions co;
+    co.target = absl::GetFlag(FLAGS_cloud);
+    co.device_id = absl::GetFlag(FLAGS_device_id);
+    co.token = absl::GetFlag(FLAGS_token);
+    if (!absl::GetFlag(FLAGS_token_file).empty()) {
+      absl::StatusOr<std::string> t = internal::ReadWholeFile(absl::GetFlag(FLAGS_token_file));
+      if (!t.ok()) return Fail(t.status());
+      co.token = std::string(absl::StripAsciiWhitespace(*t));
+    }
+    if (co.device_id.empty() || co.token.empty()) {
+      return Fail(absl::InvalidArgumentError("--device_id and a token are required with --cloud"));
+    }
+    co.insecure = absl::GetFlag(FLAGS_insecure);
+    co.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+              absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_server_name)};
+    co.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
+    absl::StatusOr<std::unique_ptr<CloudClient>> c = CloudClient::Create(co);
+    if (!c.ok()) return Fail(c.status());
+    client = *std::move(c);
+  }
+
+  AgentOptions ao;
+  ao.state_dir = state_dir;
+  ao.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
+  ao.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
+  ao.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
+  ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
+  ao.bandwidth_bytes_per_s =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_bandwidth)));
+  ao.poll_interval = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_poll_ms)));
+  ao.queue_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_queue_max_mb)) << 20;
+  ao.update_byte_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_update_byte_budget));
+  if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) ao.fault = fault;
+  absl::StatusOr<std::unique_ptr<DeviceAgent>> agent =
+      DeviceAgent::Create(ao, runtime->get(), client.get());
+  if (!agent.ok()) return Fail(agent.status());
+
+  absl::StatusOr<std::unique_ptr<FrameSource>> source =
+      FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
+  if (!source.ok()) return Fail(source.status());
+
+  FILE* out = stdout;
+  if (absl::GetFlag(FLAGS_output) != "-") {
+    out = std::fopen(absl::GetFlag(FLAGS_output).c_str(), "a");
+    if (out == nullptr) return Fail(absl::UnavailableError("cannot open --output"));
+  }
+  const std::string status_file = absl::GetFlag(FLAGS_status_file);
+  auto write_status = [&] {
+    if (status_file.empty()) return;
+    (void)internal::WriteDurably(status_file, StatusJson((*agent)->Stats()) + "\n");
+  };
+  {
+    AgentStats s = (*agent)->Stats();
+    std::fprintf(stderr,
+                 "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
+                 "\"digest\":\"%016llx\",\"queued_batches\":%zu}\n",
+                 JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
+                 JsonString(offline ? "offline" : absl::GetFlag(FLAGS_cloud)).c_str(),
+                 static_cast<unsigned long long>(s.version),
+                 static_cast<unsigned long long>(s.state_digest), s.queue.batches);
+  }
+  if (!offline) (*agent)->Start();
+
+  const int64_t max_frames = absl::GetFlag(FLAGS_frames);
+  const double fps = absl::GetFlag(FLAGS_fps);
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  const absl::Time start = absl::Now();
+  absl::Time last_status = absl::InfinitePast();
+  int64_t frame_index = 0;
+  bool ended = false;
+  while (!g_stop && !ended && (max_frames == 0 || frame_index < max_frames)) {
+    std::vector<Frame> frames;
+    std::vector<std::string> names;
+    while (static_cast<int>(frames.size()) < batch &&
+           (max_frames == 0 || frame_index + static_cast<int64_t>(frames.size()) < max_frames)) {
+      Frame f;
+      std::string name;
+      if (!(*source)->Next(&f.image, &name)) {
+        ended = true;
+        break;
+      }
+      f.question = prompts[(frame_index + frames.size()) % prompts.size()];
+      frames.push_back(std::move(f));
+      names.push_back(std::move(name));
+    }
+    if (frames.empty()) break;
+    if (fps > 0) {
+      // Frame i is due at start + i / fps.
+      absl::SleepFor(start + absl::Seconds((frame_index + frames.size()) / fps) - absl::Now());
+    }
+    absl::StatusOr<std::vector<FrameResult>> results = (*agent)->Process(frames);
+    if (!results.ok()) return Fail(results.status());
+    for (size_t i = 0; i < results->size(); ++i) {
+      const FrameResult& r = (*results)[i];
+      std::fprintf(out,
+                   "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
+                   "\"entropy\":%.4f,\"model_version\":%llu,\"uplinked\":%s,\"kept_tokens\":%d,"
+                   "\"latency_ms\":%.2f,\"unix_ms\":%lld}\n",
+                   static_cast<long long>(frame_index), JsonString(names[i]).c_str(),
+                   JsonString(frames[i].question).c_str(), JsonString(r.answer).c_str(), r.entropy,
+                   static_cast<unsigned long long>(r.model_version), r.uplinked ? "true" : "false",
+                   r.kept_tokens, r.latency_ms,
+                   static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+      ++frame_index;
+    }
+    std::fflush(out);
+    if (absl::Now() - last_status >= absl::Seconds(1)) {
+      write_status();
+      last_status = absl::Now();
+    }
+  }
+  if (absl::Status s = (*agent)->Flush(); !s.ok()) return Fail(s);
+
+  // Linger: let the queue drain and updates arrive before exiting.
+  const absl::Time linger_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  while (!offline && !g_stop && absl::Now() < linger_end) {
+    AgentStats s = (*agent)->Stats();
+    write_status();
+    if (s.queue.batches == 0 && (s.in_sync || s.version == 0) && s.registered &&
+        s.version >= static_cast<uint64_t>(absl::GetFlag(FLAGS_linger_until_version))) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  (*agent)->Stop();
+  write_status();
+  std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld,\"status\":%s}\n",
+               static_cast<long long>(frame_index), StatusJson((*agent)->Stats()).c_str());
+  if (out != stdout) std::fclose(out);
+  return 0;
+}

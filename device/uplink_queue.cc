@@ -1,0 +1,163 @@
+#include "device/uplink_queue.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "device/internal/durable_file.h"
+
+namespace cdcca::device {
+
+absl::StatusOr<std::unique_ptr<UplinkQueue>> UplinkQueue::Open(const UplinkQueueOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("uplink queue needs a directory");
+  std::unique_ptr<UplinkQueue> q(new UplinkQueue(options));
+  if (absl::Status s = internal::EnsureDir(options.dir); !s.ok()) return s;
+  if (absl::Status s = q->Load(); !s.ok()) return s;
+  return q;
+}
+
+std::string UplinkQueue::BatchPath(uint64_t sequence) const {
+  return absl::StrFormat("%s/batch-%020d.pb", options_.dir, sequence);
+}
+
+absl::Status UplinkQueue::Load() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::string> acked = internal::ReadWholeFile(options_.dir + "/acked");
+  if (acked.ok()) {
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*acked), &acked_)) {
+      return absl::DataLossError(absl::StrCat(options_.dir, "/acked is not a number"));
+    }
+  } else if (!absl::IsNotFound(acked.status())) {
+    return acked.status();
+  }
+  absl::StatusOr<std::vector<std::string>> files = internal::FilesIn(options_.dir);
+  if (!files.ok()) return files.status();
+  for (const std::string& name : *files) {
+    absl::string_view rest = name;
+    if (absl::EndsWith(rest, ".tmp")) {
+      // A write the crash interrupted: never acked, never counted.
+      (void)internal::RemoveDurably(absl::StrCat(options_.dir, "/", name));
+      continue;
+    }
+    uint64_t sequence = 0;
+    if (!absl::ConsumePrefix(&rest, "batch-") || !absl::ConsumeSuffix(&rest, ".pb") ||
+        !absl::SimpleAtoi(rest, &sequence)) {
+      continue;
+    }
+    const std::string path = absl::StrCat(options_.dir, "/", name);
+    if (sequence <= acked_) {
+      (void)internal::RemoveDurably(path);  // acked before the crash removed it
+      continue;
+    }
+    absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
+    if (!bytes.ok()) return bytes.status();
+    v1::UplinkBatch batch;
+    if (!batch.ParseFromString(*bytes) || batch.sequence() != sequence) {
+      return absl::DataLossError(absl::StrCat("uplink queue file ", path, " is damaged"));
+    }
+    bytes_ += batch.payload().size();
+    pending_.emplace(sequence, std::move(batch));
+  }
+  next_ = std::max(acked_, pending_.empty() ? 0 : pending_.rbegin()->first) + 1;
+  // The sequence must stay contiguous: a gap means files were removed by hand.
+  uint64_t expect = acked_ + 1;
+  for (const auto& [sequence, batch] : pending_) {
+    if (sequence != expect++) {
+      return absl::DataLossError(
+          absl::StrCat("uplink queue in ", options_.dir, " misses batch ", expect - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> UplinkQueue::Enqueue(uint64_t model_version, uint32_t sample_count,
+                                              uint32_t codec_version, std::string payload) {
+  absl::MutexLock lock(&mu_);
+  if (pending_.size() + 1 > options_.max_batches || bytes_ + payload.size() > options_.max_bytes) {
+    ++refused_;
+    return absl::ResourceExhaustedError(absl::StrCat("uplink queue full (", pending_.size(),
+                                                     " batches, ", bytes_, " bytes waiting)"));
+  }
+  v1::UplinkBatch batch;
+  batch.set_sequence(next_);
+  batch.set_model_version(model_version);
+  batch.set_sample_count(sample_count);
+  batch.set_codec_version(codec_version);
+  batch.set_payload(std::move(payload));
+  if (absl::Status s = internal::WriteDurably(BatchPath(next_), batch.SerializeAsString());
+      !s.ok()) {
+    return s;
+  }
+  bytes_ += batch.payload().size();
+  pending_.emplace(next_, std::move(batch));
+  return next_++;
+}
+
+std::vector<v1::UplinkBatch> UplinkQueue::Peek(size_t max_batches, uint64_t max_bytes) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::UplinkBatch> out;
+  uint64_t bytes = 0;
+  for (const auto& [sequence, batch] : pending_) {
+    if (out.size() >= max_batches) break;
+    if (!out.empty() && bytes + batch.payload().size() > max_bytes) break;
+    bytes += batch.payload().size();
+    out.push_back(batch);
+  }
+  return out;
+}
+
+absl::Status UplinkQueue::AcknowledgeLocked(uint64_t highest_durable) {
+  if (highest_durable <= acked_) return absl::OkStatus();
+  // Record the ack first: a crash after it only leaves files that Load removes.
+  if (absl::Status s =
+          internal::WriteDurably(options_.dir + "/acked", absl::StrCat(highest_durable, "\n"));
+      !s.ok()) {
+    return s;
+  }
+  acked_ = highest_durable;
+  while (!pending_.empty() && pending_.begin()->first <= highest_durable) {
+    bytes_ -= pending_.begin()->second.payload().size();
+    (void)internal::RemoveDurably(BatchPath(pending_.begin()->first));
+    pending_.erase(pending_.begin());
+  }
+  next_ = std::max(next_, acked_ + 1);
+  return absl::OkStatus();
+}
+
+absl::Status UplinkQueue::Acknowledge(uint64_t highest_durable) {
+  absl::MutexLock lock(&mu_);
+  return AcknowledgeLocked(highest_durable);
+}
+
+absl::Status UplinkQueue::Reconcile(uint64_t next_sequence) {
+  if (next_sequence == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  const uint64_t cloud_has = next_sequence - 1;
+  if (cloud_has > acked_) return AcknowledgeLocked(cloud_has);
+  if (cloud_has < acked_ && pending_.empty()) {
+    // The cloud lost batches it had acked (its data directory was replaced). Continue the
+    // numbering where it expects it.
+    acked_ = cloud_has;
+    next_ = next_sequence;
+    return internal::WriteDurably(options_.dir + "/acked", absl::StrCat(acked_, "\n"));
+  }
+  return absl::OkStatus();
+}
+
+UplinkQueueStats UplinkQueue::Stats() const {
+  absl::MutexLock lock(&mu_);
+  UplinkQueueStats s;
+  s.batches = pending_.size();
+  s.bytes = bytes_;
+  s.acked = acked_;
+  s.next_sequence = next_;
+  s.refused = refused_;
+  return s;
+}
+
+}  // namespace cdcca::device

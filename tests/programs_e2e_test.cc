@@ -1,0 +1,383 @@
+// The two programs end to end: a real `cdcca-cloud` and real `cdcca-device` processes on
+// loopback with a random-init `tiny` family and a folder of shifted scenes.
+//   1. Samples uplink, jobs run, both devices apply their updates, their digests equal the
+//      cloud's, and answers continue throughout.
+//   2. Faults (through the test-only CDCCA_TEST_FAULT hooks, which make a process _exit(86)
+//      at a chosen point): the cloud dies during a job (before and after its commit); a
+//      device dies after downloading an update and after applying it in memory; an update
+//      file is damaged on the cloud's disk. Each ends consistent, with nothing acked lost.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cloud/sample_store.h"
+#include "cloud/update_store.h"
+#include "datasets/scene.h"
+#include "datasets/shifts.h"
+#include "datasets/test_images.h"
+#include "distill/model/checkpoint.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "opencv2/imgcodecs.hpp"
+#include "opencv2/imgproc.hpp"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+extern char** environ;
+
+namespace cdcca {
+namespace {
+
+using ::cdcca::testing::TempDir;
+
+// A child process with stdout and stderr in files.
+class Child {
+ public:
+  Child(std::vector<std::string> args, const std::string& log, const std::string& fault = "") {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string(*e).rfind("CDCCA_TEST_FAULT=", 0) != 0) env_strings.push_back(*e);
+    }
+    if (!fault.empty()) env_strings.push_back("CDCCA_TEST_FAULT=" + fault);
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~Child() { Kill(); }
+
+  bool running() const { return pid_ > 0; }
+
+  void Signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    Wait(absl::Seconds(30));
+  }
+  // The exit code (128 + signal if killed), or -1 if still running after `timeout`.
+  int Wait(absl::Duration timeout) {
+    if (pid_ <= 0) return exit_code_;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      int status = 0;
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return exit_code_;
+      }
+      if (absl::Now() >= deadline) return -1;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+};
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? nlohmann::json::object() : j;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ProgramsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A random-init tiny family: nothing here depends on the model being any good.
+    torch::manual_seed(11);
+    ASSERT_OK_AND_ASSIGN(
+        model::FamilyConfig family,
+        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
+    model::VisionEncoder encoder(family.vision);
+    model::Mllm teacher(family.teacher), student(family.student);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : teacher->parameters()) p.mul_(2.0);
+    }
+    checkpoint_ = dir_.path() + "/family";
+    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, ""));
+
+    // Shifted scenes: synthetic glyphs on the scene generator, a different shift per image.
+    images_ = dir_.path() + "/images";
+    std::filesystem::create_directories(images_);
+    datasets::ImageSet set = datasets::SyntheticImageSet(datasets::Split::kTest);
+    const auto& shifts = datasets::AllImageShifts();
+    for (int i = 0; i < 12; ++i) {
+      datasets::Rng rng(100 + i);
+      datasets::Scene scene = datasets::RenderScene(set, datasets::SceneOptions{}, rng);
+      datasets::ImageShift shift = shifts[i % shifts.size()];
+      ASSERT_OK(datasets::ApplyShift(shift, 1 + i % 5, 7 + i, scene.image));
+      cv::Mat rgb(scene.image.height, scene.image.width, CV_8UC3, scene.image.pixels.data());
+      cv::Mat bgr;
+      cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+      ASSERT_TRUE(cv::imwrite(absl::StrCat(images_, "/scene-", 100 + i, ".png"), bgr));
+    }
+    std::ofstream(dir_.path() + "/tokens") << "dev-a token-aaaaaaaaaaaaaaaa\n"
+                                           << "dev-b token-bbbbbbbbbbbbbbbb\n";
+    cloud_data_ = dir_.path() + "/cloud";
+  }
+
+  std::unique_ptr<Child> StartCloud(const std::string& fault = "") {
+    const std::string port_file = dir_.path() + "/port";
+    ::unlink(port_file.c_str());
+    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
+                                     "--data_dir=" + cloud_data_,
+                                     "--tokens=" + dir_.path() + "/tokens",
+                                     "--insecure",
+                                     absl::StrCat("--listen=127.0.0.1:", port_),
+                                     "--port_file=" + port_file,
+                                     "--checkpoint_dir=" + checkpoint_,
+                                     "--student_precision=int8",
+                                     "--trigger_samples=4",
+                                     "--trigger_interval_s=3",
+                                     "--max_steps=3",
+                                     "--batch_size=4",
+                                     "--torch_threads=1",
+                                     "--bits_per_param=4",
+                                     "--uts_keep_fraction=0.6",
+                                     "--uts_mc_passes=2",
+                                     "--status_file=" + dir_.path() + "/cloud-status.json",
+                                     "--status_interval_s=0.5"};
+    auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log", fault);
+    for (int i = 0; i < 1200 && port_ == 0; ++i) {
+      std::ifstream in(port_file);
+      int port = 0;
+      if (in >> port && port > 0) port_ = port;
+      if (port_ == 0) absl::SleepFor(absl::Milliseconds(50));
+    }
+    return child;
+  }
+
+  std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
+
+  std::unique_ptr<Child> StartDevice(const std::string& id, const std::string& fault = "") {
+    std::filesystem::create_directories(DeviceDir(id));
+    std::filesystem::remove(DeviceDir(id) + "/status.json");  // only this run's status counts
+    std::vector<std::string> args = {CDCCA_DEVICE_BINARY,
+                                     absl::StrCat("--cloud=127.0.0.1:", port_),
+                                     "--insecure",
+                                     "--device_id=" + id,
+                                     "--token=token-" + std::string(16, id.back()),
+                                     "--checkpoint_dir=" + checkpoint_,
+                                     "--precision=int8",
+                                     "--threads=1",
+                                     "--state_dir=" + DeviceDir(id) + "/state",
+                                     "--input=" + images_,
+                                     "--loop",
+                                     "--fps=8",
+                                     "--prompts_file=" + dir_.path() + "/prompts",
+                                     "--output=" + DeviceDir(id) + "/answers.jsonl",
+                                     "--uplink_batch_samples=2",
+                                     "--uplink_max_age_s=1",
+                                     "--poll_ms=300",
+                                     "--max_attempts=2",
+                                     "--status_file=" + DeviceDir(id) + "/status.json"};
+    std::ofstream(dir_.path() + "/prompts")
+        << "what is in the picture?\nhow many items are there?\n";
+    return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", fault);
+  }
+
+  nlohmann::json DeviceStatus(const std::string& id) {
+    return ReadJson(DeviceDir(id) + "/status.json");
+  }
+
+  // Waits until the device runs at least `version` and its last report matched the cloud.
+  bool WaitInSync(const std::string& id, uint64_t version, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      nlohmann::json s = DeviceStatus(id);
+      if (s.value("version", 0ull) >= version && s.value("in_sync", false)) return true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
+  }
+
+  // The digest the cloud recorded for `version` of `id` (hex), from its update store.
+  std::string CloudDigest(const std::string& id, uint64_t version) {
+    auto store = cloud::UpdateStore::Open({cloud_data_ + "/updates", 16});
+    if (!store.ok()) return "no store";
+    auto digest = (*store)->DigestOf(id, version);
+    if (!digest.ok()) return digest.status().ToString();
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(*digest));
+    return hex;
+  }
+
+  // Stops a device cleanly and checks its final state against the cloud's.
+  void StopAndCheck(const std::string& id, Child& device) {
+    device.Signal(SIGTERM);
+    ASSERT_EQ(device.Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir(id) + "/device.log");
+    nlohmann::json s = DeviceStatus(id);
+    const uint64_t version = s.value("version", 0ull);
+    EXPECT_GE(version, 1u);
+    EXPECT_EQ(s.value("digest", std::string()), CloudDigest(id, version)) << s.dump();
+  }
+
+  // Every batch the device saw acked is in the cloud's sample log.
+  void CheckNothingAckedLost(const std::string& id) {
+    cloud::SampleStoreOptions so;
+    so.dir = cloud_data_ + "/samples";
+    auto store = cloud::SampleStore::Open(so);
+    ASSERT_OK(store.status());
+    EXPECT_GE((*store)->HighestDurable(id), DeviceStatus(id).value("acked", 0ull));
+  }
+
+  // Answers in the device's JSONL, by model version.
+  std::map<uint64_t, int> AnswersByVersion(const std::string& id, int64_t* frames) {
+    std::map<uint64_t, int> out;
+    std::ifstream in(DeviceDir(id) + "/answers.jsonl");
+    *frames = 0;
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;
+      ++out[j.value("model_version", 0ull)];
+      ++*frames;
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  std::string checkpoint_, images_, cloud_data_;
+  int port_ = 0;
+};
+
+TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> a = StartDevice("dev-a");
+  std::unique_ptr<Child> b = StartDevice("dev-b");
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3))) << ReadText(dir_.path() + "/cloud.log");
+  ASSERT_TRUE(WaitInSync("dev-b", 1, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-b") + "/device.log");
+  // Keep answering a little after the update.
+  absl::SleepFor(absl::Seconds(2));
+  StopAndCheck("dev-a", *a);
+  StopAndCheck("dev-b", *b);
+  for (const std::string id : {"dev-a", "dev-b"}) {
+    int64_t frames = 0;
+    std::map<uint64_t, int> by_version = AnswersByVersion(id, &frames);
+    EXPECT_GT(by_version[0], 0) << id;          // answered before the first update
+    EXPECT_GT(by_version.rbegin()->first, 0u);  // and after it, without a restart
+    EXPECT_GT(by_version.rbegin()->second, 0);
+    nlohmann::json s = DeviceStatus(id);
+    EXPECT_EQ(s.value("answered", 0ll), frames);
+    EXPECT_GT(s.value("acked", 0ull), 0u);
+    EXPECT_GE(s.value("updates_applied", 0ull) + s.value("resyncs", 0ull), 1u);
+    CheckNothingAckedLost(id);
+  }
+  nlohmann::json cs = ReadJson(dir_.path() + "/cloud-status.json");
+  EXPECT_GE(cs.value("jobs_done", 0ull), 2u) << cs.dump();
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+TEST_F(ProgramsTest, CloudKilledDuringJobsRestartsConsistent) {
+  // First start: dies in its first job, after training and before the commit.
+  std::unique_ptr<Child> cloud = StartCloud("after_train");
+  ASSERT_GT(port_, 0);
+  std::unique_ptr<Child> a = StartDevice("dev-a");
+  EXPECT_EQ(cloud->Wait(absl::Minutes(3)), 86) << ReadText(dir_.path() + "/cloud.log");
+  // Second start: dies after committing a job's state, before publishing the update.
+  cloud = StartCloud("after_commit");
+  EXPECT_EQ(cloud->Wait(absl::Minutes(3)), 86) << ReadText(dir_.path() + "/cloud.log");
+  // Third start: recovers (republishes the committed update) and carries on.
+  cloud = StartCloud();
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3)))
+      << ReadText(dir_.path() + "/cloud.log") << ReadText(DeviceDir("dev-a") + "/device.log");
+  StopAndCheck("dev-a", *a);
+  CheckNothingAckedLost("dev-a");
+  int64_t frames = 0;
+  AnswersByVersion("dev-a", &frames);
+  EXPECT_EQ(DeviceStatus("dev-a").value("answered", 0ll),
+            frames);  // served while the cloud was away
+}
+
+TEST_F(ProgramsTest, DeviceKilledDuringDownloadAndApplyRestartsConsistent) {
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0);
+  // Dies once an update is downloaded, before applying it.
+  std::unique_ptr<Child> a = StartDevice("dev-a", "download");
+  ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
+  // Dies after applying it in memory, before saving the state.
+  a = StartDevice("dev-a", "apply");
+  ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
+  // Restarts on the last good state (the pretrained one), fetches the update again.
+  a = StartDevice("dev-a");
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-a") + "/device.log");
+  const std::string log = ReadText(DeviceDir("dev-a") + "/device.log");
+  // Three starts, all on version 0: neither crash left a half-applied state behind.
+  size_t starts = 0;
+  for (size_t at = log.find("\"event\":\"start\""); at != std::string::npos;
+       at = log.find("\"event\":\"start\"", at + 1)) {
+    ++starts;
+    EXPECT_NE(log.find("\"version\":0", at), std::string::npos);
+  }
+  EXPECT_EQ(starts, 3u);
+  StopAndCheck("dev-a", *a);
+  CheckNothingAckedLost("dev-a");
+}
+
+TEST_F(ProgramsTest, CorruptUpdateOnCloudDiskIsRepublished) {
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0);
+  std::unique_ptr<Child> a = StartDevice("dev-a", "download");
+  ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
+  cloud->Kill();
+  // Damage the newest update's payload bytes.
+  const std::string dir = cloud_data_ + "/updates/dev-a";
+  std::string newest;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("update-", 0) == 0 && name > newest) newest = name;
+  }
+  ASSERT_FALSE(newest.empty());
+  {
+    std::fstream f(dir + "/" + newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size - 20);
+    f.put('\x42');
+    f.put('\x24');
+  }
+  cloud = StartCloud();
+  a = StartDevice("dev-a");
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3)))
+      << ReadText(dir_.path() + "/cloud.log") << ReadText(DeviceDir("dev-a") + "/device.log");
+  StopAndCheck("dev-a", *a);
+  CheckNothingAckedLost("dev-a");
+}
+
+}  // namespace
+}  // namespace cdcca
