@@ -32,7 +32,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "datasets/fashion_mnist.h"
+#include "datasets/scene.h"
+#include "datasets/shifts.h"
 #include "device/agent.h"
 #include "device/internal/durable_file.h"
 #include "opencv2/imgcodecs.hpp"
@@ -60,7 +64,8 @@ ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
 ABSL_FLAG(std::string, input, "",
           "frames: camera:N (camera index N), a folder of images (png/jpg/bmp, name order), "
-          "or a video file / stream URL");
+          "a video file / stream URL, or scenes:SHIFT[:SEVERITY] (an endless stream from the "
+          "Fashion-MNIST scene generator with a domain shift, e.g. scenes:fog:3, for demos)");
 ABSL_FLAG(bool, loop, false, "start the image folder or video over when it ends");
 ABSL_FLAG(int64_t, frames, 0, "stop after this many frames (0 = when the input ends)");
 ABSL_FLAG(double, fps, 0,
@@ -139,7 +144,20 @@ class FrameSource {
     auto src = std::unique_ptr<FrameSource>(new FrameSource);
     src->loop_ = loop;
     std::error_code ec;
-    if (absl::StartsWith(spec, "camera:")) {
+    if (absl::StartsWith(spec, "scenes:")) {
+      std::vector<std::string> parts = absl::StrSplit(spec, ':');
+      absl::StatusOr<cdcca::datasets::ImageShift> shift =
+          cdcca::datasets::ImageShiftFromName(parts[1]);
+      if (!shift.ok()) return shift.status();
+      src->shift_ = *shift;
+      if (parts.size() > 2 && !absl::SimpleAtoi(parts[2], &src->severity_)) {
+        return absl::InvalidArgumentError("--input=scenes:SHIFT:SEVERITY needs a number");
+      }
+      absl::StatusOr<cdcca::datasets::ImageSet> set =
+          cdcca::datasets::LoadFashionMnist(cdcca::datasets::Split::kTest);
+      if (!set.ok()) return set.status();
+      src->scenes_ = std::make_unique<cdcca::datasets::ImageSet>(*std::move(set));
+    } else if (absl::StartsWith(spec, "camera:")) {
       int index = 0;
       if (!absl::SimpleAtoi(spec.substr(7), &index)) {
         return absl::InvalidArgumentError("--input=camera:N needs a number");
@@ -170,6 +188,16 @@ class FrameSource {
   // The next frame and its name; false when the input has ended.
   bool Next(cdcca::datasets::Image* image, std::string* name) {
     cv::Mat bgr;
+    if (scenes_ != nullptr) {
+      const uint64_t seed = 0x5ce9e5 + count_;
+      cdcca::datasets::Rng rng(seed);
+      cdcca::datasets::Scene scene =
+          cdcca::datasets::RenderScene(*scenes_, cdcca::datasets::SceneOptions{}, rng);
+      *image = std::move(scene.image);
+      if (!cdcca::datasets::ApplyShift(shift_, severity_, seed, *image).ok()) return false;
+      *name = absl::StrCat("scene-", count_++);
+      return true;
+    }
     if (!files_.empty()) {
       if (next_ >= files_.size()) {
         if (!loop_) return false;
@@ -204,6 +232,9 @@ class FrameSource {
   size_t next_ = 0;
   uint64_t count_ = 0;
   bool loop_ = false;
+  std::unique_ptr<cdcca::datasets::ImageSet> scenes_;  // scenes:SHIFT input
+  cdcca::datasets::ImageShift shift_ = cdcca::datasets::ImageShift::kNone;
+  int severity_ = 3;
 };
 
 }  // namespace
