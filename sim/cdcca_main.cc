@@ -11,6 +11,9 @@
 #ifdef CDCCA_HAVE_PRETRAIN
 #include "distill/model/commands.h"
 #endif
+#ifdef CDCCA_HAVE_ADAPT
+#include "distill/commands.h"
+#endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"
 #endif
@@ -44,6 +47,10 @@ const Command kCommands[] = {
      cdcca::model::PretrainCommand},
     {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
      cdcca::model::ModelEvalCommand},
+#endif
+#ifdef CDCCA_HAVE_ADAPT
+    {"adapt-eval", "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog",
+     cdcca::distill::AdaptEvalCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

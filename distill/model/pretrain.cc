@@ -18,6 +18,7 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/metrics.h"
 #include "datasets/tokenizer.h"
+#include "distill/model/scene_eval.h"
 #include "distill/model/trainable.h"
 #include "nlohmann/json.hpp"
 
@@ -233,13 +234,8 @@ void RemoveResume(const ResumePaths& r) {
   for (const std::string& p : {r.model, r.extra, r.optim, r.step}) std::filesystem::remove(p);
 }
 
-struct EvalResult {
-  double accuracy = 0;  // percent
-  int questions = 0;
-  std::string by_type;  // "what 91.0  color 88.2 ..." (percent per question type)
-};
+}  // namespace
 
-// DA accuracy (official VQA metric) of greedy answers on `samples` given their tokens.
 EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
                         const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
                         int max_answer_tokens, torch::Device device) {
@@ -290,6 +286,8 @@ torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<ds::Sample>& sampl
   }
   return torch::cat(parts, 0);
 }
+
+namespace {
 
 absl::StatusOr<ds::SampleGenerator> MakeGenerator(const ds::ImageSet* images, ds::DomainSpec spec,
                                                   uint64_t seed) {

@@ -1,0 +1,42 @@
+// Scoring an MLLM on benchmark scenes (datasets/): encode scenes with the frozen vision
+// encoder, answer every question greedily, and compute DA accuracy with the official VQA
+// metric. Shared by pretraining's checks, `cdcca model-eval` and `cdcca adapt-eval`.
+//
+// Thread-safety: as torch modules (concurrent const use under NoGradGuard is fine).
+#ifndef CDCCA_DISTILL_MODEL_SCENE_EVAL_H_
+#define CDCCA_DISTILL_MODEL_SCENE_EVAL_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "datasets/domain.h"
+#include "datasets/tokenizer.h"
+#include "distill/model/mllm.h"
+#include "distill/model/vision_encoder.h"
+
+namespace cdcca::model {
+
+struct EvalResult {
+  double accuracy = 0;  // percent, DA (official VQA metric against the 10 direct answers)
+  int questions = 0;
+  std::string by_type;  // "what 91.0  color 88.2 ..." (percent per question type)
+};
+
+// DA accuracy of `model`'s greedy answers (at most max_answer_tokens) to every question of
+// `samples`, given their visual tokens [S, N, d_vis] on `device` (all tokens present).
+// Puts `model` in eval() mode.
+EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
+                        const std::vector<datasets::Sample>& samples,
+                        const datasets::Tokenizer& tok, int max_answer_tokens,
+                        torch::Device device);
+
+// The frozen encoder's tokens [S, N, d_vis] of every sample's (shifted) image, on `device`,
+// encoded in chunks of 256 images. No gradients.
+torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<datasets::Sample>& samples,
+                        torch::Device device);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_SCENE_EVAL_H_
