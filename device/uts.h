@@ -45,6 +45,9 @@ struct UtsOptions {
   float variance_beta = 0.0f;  // used when token_ratio == 0
   float token_ratio = 0.5f;    // fraction of visual tokens to keep; 0 = use beta
   TokenScore score = TokenScore::kAttentionCv;
+  // Keep token_ratio of the tokens uniformly at random instead (the paper's comparison
+  // baseline; stage 2 then costs nothing).
+  bool random_tokens = false;
   compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16;
 };
 

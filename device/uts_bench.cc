@@ -45,7 +45,8 @@ struct Stats {
 };
 Stats Summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size())};
+  return {v[v.size() / 2],
+          std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size())};
 }
 
 void Die(const absl::Status& s) {
@@ -143,21 +144,22 @@ int Main() {
   const double raw_input = static_cast<double>(frames.front().image.pixels.size());
   const double fp32_tokens = 4.0 * first.visual.tokens * first.visual.dim;
   std::printf("\nuplink bytes per kept frame (mean of %d; zstd level 3)\n", n);
-  std::printf("  reference: raw 1920x1080 RGB frame %.0f B; model-input %dx%d RGB %.0f B; all %d "
-              "tokens fp32 %.0f B\n",
-              raw_hd, frames.front().image.width, frames.front().image.height, raw_input,
-              first.visual.tokens, fp32_tokens);
+  std::printf(
+      "  reference: raw 1920x1080 RGB frame %.0f B; model-input %dx%d RGB %.0f B; all %d "
+      "tokens fp32 %.0f B\n",
+      raw_hd, frames.front().image.width, frames.front().image.height, raw_input,
+      first.visual.tokens, fp32_tokens);
   std::printf("  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input\n");
   for (float ratio : {0.25f, 0.5f, 0.75f}) {
     for (auto precision : {compress::FeaturePrecision::kFp16, compress::FeaturePrecision::kInt8}) {
       std::vector<compress::UplinkSample> samples;
       double single = 0;
       for (size_t i = 0; i < answers.size(); ++i) {
-        std::vector<float> scores =
-            Must(runtime->TokenScores(answers[i].visual, defaults.mc_passes, defaults.dropout_p,
-                                      defaults.score));
+        std::vector<float> scores = Must(runtime->TokenScores(answers[i].visual, defaults.mc_passes,
+                                                              defaults.dropout_p, defaults.score));
         samples.push_back(MakeSample(answers[i], SelectTokens(scores, {}, ratio, 0), i));
-        single += static_cast<double>(Must(compress::EncodeUplinkBatch({samples.back()}, precision)).size());
+        single += static_cast<double>(
+            Must(compress::EncodeUplinkBatch({samples.back()}, precision)).size());
       }
       single /= static_cast<double>(samples.size());
       double batched = 0;
@@ -168,15 +170,16 @@ int Main() {
       }
       batched /= static_cast<double>(samples.size() / 16 * 16);
       std::printf("  %3.0f%%   %-9s  %11.0f  %14.0f  %13.3f%%  %13.1f%%\n", 100 * ratio,
-                  precision == compress::FeaturePrecision::kFp16 ? "fp16" : "int8", single,
-                  batched, 100 * batched / raw_hd, 100 * batched / raw_input);
+                  precision == compress::FeaturePrecision::kFp16 ? "fp16" : "int8", single, batched,
+                  100 * batched / raw_hd, 100 * batched / raw_input);
     }
   }
 
   // --- 3. VIS diagnostic -----------------------------------------------------------------
-  std::printf("\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames "
-              "(50%% = blind to corruption)\n",
-              100 * defaults.token_ratio, defaults.mc_passes);
+  std::printf(
+      "\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames "
+      "(50%% = blind to corruption)\n",
+      100 * defaults.token_ratio, defaults.mc_passes);
   ds::SampleGenerator source =
       Must(ds::SampleGenerator::Create(&images, ds::StudentSourceDomain(ds::Split::kTest), 17));
   for (ds::ImageShift s : ds::AllImageShifts()) {
@@ -186,10 +189,10 @@ int Main() {
       ds::Image corrupted = sample.image;
       if (absl::Status st = ds::ApplyShift(s, 4, 100 + i, corrupted); !st.ok()) Die(st);
       const bool left = i % 2 == 0;
-      AnswerResult a = Must(
-          runtime->Answer({{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
-      std::vector<float> scores =
-          Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, defaults.score));
+      AnswerResult a = Must(runtime->Answer(
+          {{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
+      std::vector<float> scores = Must(
+          runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, defaults.score));
       int grid = 1;
       while (grid * grid < a.visual.tokens) ++grid;
       for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {

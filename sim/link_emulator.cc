@@ -201,7 +201,8 @@ absl::StatusOr<std::unique_ptr<LinkEmulator>> LinkEmulator::Start(const LinkOpti
     return absl::InvalidArgumentError("link bandwidth must not be negative");
   }
   if (!(options.loss >= 0 && options.loss < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("link loss ", options.loss, " is not in [0, 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("link loss ", options.loss, " is not in [0, 1)"));
   }
   if (options.latency < absl::ZeroDuration() || options.rto < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("link latency and rto must not be negative");

@@ -1,0 +1,121 @@
+// cdcca-sim: runs a round-trip experiment (configs/experiments/*.json) through the real
+// cloud service and device agents on this machine and writes its report.
+//
+//   cdcca-sim --experiment configs/experiments/quickstart.json [--out runs/quickstart]
+//             [--seed 1] [--tiny] [--checkpoint DIR] [--threads N]
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sim/experiment.h"
+#include "sim/harness.h"
+#include "sim/report.h"
+
+ABSL_FLAG(std::string, experiment, "configs/experiments/quickstart.json",
+          "experiment file (JSON, see sim/experiment.h), or the name of one under "
+          "configs/experiments/");
+ABSL_FLAG(std::string, out, "", "run directory for the report (default: runs/<experiment name>)");
+ABSL_FLAG(uint64_t, seed, 1, "seed of streams, evaluation scenes, dropout and training");
+ABSL_FLAG(bool, tiny, false,
+          "shrink the experiment (64 frames and 48 evaluation scenes per round, 20 steps per "
+          "job, at most 2 devices) for a quick check");
+ABSL_FLAG(std::string, checkpoint, "", "model family directory (overrides the experiment's)");
+ABSL_FLAG(int, threads, -1, "LibTorch threads (overrides the experiment's; 0 = every core)");
+ABSL_FLAG(std::string, methods, "",
+          "comma-separated methods to run (overrides the experiment's list)");
+
+namespace {
+
+// One-line progress bar on stderr, redrawn in place on a terminal.
+class ProgressBar {
+ public:
+  ProgressBar() : tty_(isatty(2) != 0), start_(std::chrono::steady_clock::now()) {}
+  void Update(const std::string& what, double fraction) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const int width = 30;
+    const int filled = static_cast<int>(fraction * width + 0.5);
+    std::string bar = std::string(static_cast<size_t>(filled), '#') +
+                      std::string(static_cast<size_t>(width - filled), '.');
+    std::string line = absl::StrFormat("[%s] %3.0f%% %5.0fs  %s", bar, 100 * fraction, s, what);
+    if (tty_) {
+      std::fprintf(stderr, "\r%-110.110s", line.c_str());
+      if (fraction >= 1) std::fprintf(stderr, "\n");
+    } else if (what != last_) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    last_ = what;
+  }
+
+ private:
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+  std::string last_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "runs a CD-CCA round-trip experiment through the real services and writes report.md, "
+      "results.json, results.csv and report.html");
+  absl::ParseCommandLine(argc, argv);
+  std::string path = absl::GetFlag(FLAGS_experiment);
+  if (path.find('/') == std::string::npos && path.find(".json") == std::string::npos) {
+    path = absl::StrCat("configs/experiments/", path, ".json");
+  }
+  absl::StatusOr<cdcca::sim::Experiment> experiment = cdcca::sim::LoadExperiment(path);
+  if (!experiment.ok()) {
+    std::fprintf(stderr, "cdcca-sim: %s\n", experiment.status().ToString().c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_tiny)) *experiment = cdcca::sim::Shrink(*experiment);
+  if (!absl::GetFlag(FLAGS_checkpoint).empty())
+    experiment->checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (absl::GetFlag(FLAGS_threads) >= 0) experiment->threads = absl::GetFlag(FLAGS_threads);
+  if (!absl::GetFlag(FLAGS_methods).empty()) {
+    experiment->methods.clear();
+    std::string list = absl::GetFlag(FLAGS_methods);
+    size_t at = 0;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) experiment->methods.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+    absl::StatusOr<cdcca::sim::Experiment> checked = cdcca::sim::ParseExperiment(
+        absl::StrCat("{\"name\": \"x\", \"schedule\": [{}], \"methods\": [\"",
+                     absl::StrJoin(experiment->methods, "\", \""), "\"]}"),
+        "--methods");
+    if (!checked.ok()) {
+      std::fprintf(stderr, "cdcca-sim: %s\n", checked.status().ToString().c_str());
+      return 2;
+    }
+  }
+  const std::string out = absl::GetFlag(FLAGS_out).empty() ? absl::StrCat("runs/", experiment->name)
+                                                           : absl::GetFlag(FLAGS_out);
+  ProgressBar bar;
+  cdcca::sim::HarnessOptions options;
+  options.work_dir = out + "/work";
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.progress = [&bar](const std::string& what, double f) { bar.Update(what, f); };
+  absl::StatusOr<cdcca::sim::RunResult> run = cdcca::sim::RunExperiment(*experiment, options);
+  if (!run.ok()) {
+    std::fprintf(stderr, "\ncdcca-sim: %s\n", run.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = cdcca::sim::WriteReport(*run, out); !s.ok()) {
+    std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("\n%s\nreport: %s/report.md  (plots: %s/report.html)\n",
+              cdcca::sim::SummaryTable(*run).c_str(), out.c_str(), out.c_str());
+  return 0;
+}

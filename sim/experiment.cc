@@ -1,0 +1,195 @@
+#include "sim/experiment.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "datasets/shifts.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::sim {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads optional field `key` of `obj` into `out`; INVALID_ARGUMENT naming it on a type error.
+template <typename T>
+absl::Status Read(const json& obj, const char* key, const std::string& where, T* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return absl::OkStatus();
+  try {
+    *out = it->get<T>();
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", key, "\": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+#define CDCCA_RETURN_IF_ERROR(expr)           \
+  do {                                        \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                              \
+    }                                         \
+  } while (false)
+
+absl::Status Check(bool ok, const std::string& where, const std::string& field,
+                   const std::string& why) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(where, ": field \"", field, "\" ", why));
+}
+
+}  // namespace
+
+const std::vector<std::string>& KnownMethods() {
+  static const std::vector<std::string> kMethods = {
+      "source-only", "tent",   "cotta",          "pl",         "pkd",       "cwd",
+      "akd",         "cd-cca", "akd-all-tokens", "akd-no-uts", "akd-random"};
+  return kMethods;
+}
+
+MethodName ParseMethodName(const std::string& method) {
+  MethodName n;
+  const size_t at = method.find('@');
+  n.base = method.substr(0, at);
+  if (at != std::string::npos) {
+    char* end = nullptr;
+    const std::string ratio = method.substr(at + 1);
+    n.token_ratio = std::strtof(ratio.c_str(), &end);
+    if (ratio.empty() || end != ratio.c_str() + ratio.size() || n.token_ratio <= 0)
+      n.token_ratio = -1;
+  }
+  return n;
+}
+
+RoundDomain Experiment::DomainFor(int device, int round) const {
+  int step = round + (stagger ? device : 0);
+  if (schedule.empty()) return RoundDomain{};
+  return schedule[static_cast<size_t>(std::min<int>(step, static_cast<int>(schedule.size()) - 1))];
+}
+
+absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
+                                           const std::string& source_name) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": not JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(source_name + ": not a JSON object");
+  const std::string& w = source_name;
+  Experiment e;
+  CDCCA_RETURN_IF_ERROR(Read(j, "name", w, &e.name));
+  CDCCA_RETURN_IF_ERROR(Read(j, "title", w, &e.title));
+  CDCCA_RETURN_IF_ERROR(Read(j, "paper_table", w, &e.paper_table));
+  CDCCA_RETURN_IF_ERROR(Read(j, "description", w, &e.description));
+  CDCCA_RETURN_IF_ERROR(Read(j, "checkpoint", w, &e.checkpoint));
+  CDCCA_RETURN_IF_ERROR(Read(j, "precision", w, &e.precision));
+  CDCCA_RETURN_IF_ERROR(Read(j, "devices", w, &e.devices));
+  CDCCA_RETURN_IF_ERROR(Read(j, "rounds", w, &e.rounds));
+  CDCCA_RETURN_IF_ERROR(Read(j, "stream_frames", w, &e.stream_frames));
+  CDCCA_RETURN_IF_ERROR(Read(j, "eval_scenes", w, &e.eval_scenes));
+  CDCCA_RETURN_IF_ERROR(Read(j, "stagger", w, &e.stagger));
+  CDCCA_RETURN_IF_ERROR(Read(j, "methods", w, &e.methods));
+  CDCCA_RETURN_IF_ERROR(Read(j, "downlink_bits_per_param", w, &e.downlink_bits_per_param));
+  CDCCA_RETURN_IF_ERROR(Read(j, "threads", w, &e.threads));
+  CDCCA_RETURN_IF_ERROR(Read(j, "distill_config", w, &e.distill_config));
+  CDCCA_RETURN_IF_ERROR(Check(!e.name.empty(), w, "name", "is required"));
+  CDCCA_RETURN_IF_ERROR(Check(e.devices >= 1 && e.devices <= 64, w, "devices", "must be 1-64"));
+  CDCCA_RETURN_IF_ERROR(Check(e.rounds >= 1 && e.rounds <= 100, w, "rounds", "must be 1-100"));
+  CDCCA_RETURN_IF_ERROR(Check(e.stream_frames >= 1 && e.stream_frames <= 100000, w, "stream_frames",
+                              "must be 1-100000"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.eval_scenes >= 1 && e.eval_scenes <= 100000, w, "eval_scenes", "must be 1-100000"));
+  CDCCA_RETURN_IF_ERROR(Check(!e.methods.empty(), w, "methods", "must name at least one method"));
+  for (const std::string& m : e.methods) {
+    const auto& known = KnownMethods();
+    const MethodName parsed = ParseMethodName(m);
+    CDCCA_RETURN_IF_ERROR(Check(parsed.token_ratio >= 0 && parsed.token_ratio <= 1, w, "methods",
+                                absl::StrCat("has a bad token ratio in \"", m, "\"")));
+    CDCCA_RETURN_IF_ERROR(Check(
+        std::find(known.begin(), known.end(), parsed.base) != known.end(), w, "methods",
+        absl::StrCat("has unknown method \"", m, "\" (known: ", absl::StrJoin(known, ", "), ")")));
+  }
+  if (auto it = j.find("schedule"); it != j.end()) {
+    CDCCA_RETURN_IF_ERROR(Check(it->is_array(), w, "schedule", "must be an array"));
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& s = (*it)[i];
+      const std::string where = absl::StrCat(w, ": schedule[", i, "]");
+      CDCCA_RETURN_IF_ERROR(Check(s.is_object(), where, "", "must be an object"));
+      RoundDomain d;
+      CDCCA_RETURN_IF_ERROR(Read(s, "shift", where, &d.shift));
+      CDCCA_RETURN_IF_ERROR(Read(s, "severity", where, &d.severity));
+      CDCCA_RETURN_IF_ERROR(Read(s, "text", where, &d.text));
+      CDCCA_RETURN_IF_ERROR(Read(s, "continual", where, &d.continual));
+      CDCCA_RETURN_IF_ERROR(Check(datasets::ImageShiftFromName(d.shift).ok(), where, "shift",
+                                  absl::StrCat("names no image shift: \"", d.shift, "\"")));
+      CDCCA_RETURN_IF_ERROR(Check(d.severity >= 0 && d.severity <= datasets::kMaxSeverity, where,
+                                  "severity", "must be 0-5"));
+      CDCCA_RETURN_IF_ERROR(
+          Check(d.shift == "none" || d.severity > 0, where, "severity", "must be 1-5 for a shift"));
+      e.schedule.push_back(d);
+    }
+  }
+  CDCCA_RETURN_IF_ERROR(Check(!e.schedule.empty(), w, "schedule", "must hold at least one round"));
+  if (auto it = j.find("uts"); it != j.end()) {
+    const std::string where = w + ": uts";
+    CDCCA_RETURN_IF_ERROR(Read(*it, "keep_fraction", where, &e.uts.keep_fraction));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "token_ratio", where, &e.uts.token_ratio));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "mc_passes", where, &e.uts.mc_passes));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "dropout_p", where, &e.uts.dropout_p));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "precision", where, &e.uts.precision));
+    CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
+                                "keep_fraction", "must be in (0, 1]"));
+    CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,
+                                "token_ratio", "must be in (0, 1]"));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.uts.mc_passes >= 1 && e.uts.mc_passes <= 64, where, "mc_passes", "must be 1-64"));
+    CDCCA_RETURN_IF_ERROR(Check(e.uts.precision == "fp16" || e.uts.precision == "int8", where,
+                                "precision", "must be fp16 or int8"));
+  }
+  if (auto it = j.find("job"); it != j.end()) {
+    const std::string where = w + ": job";
+    CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
+    CDCCA_RETURN_IF_ERROR(Check(e.job.max_steps >= 1 && e.job.max_steps <= 100000, where,
+                                "max_steps", "must be 1-100000"));
+    CDCCA_RETURN_IF_ERROR(Check(e.job.batch_size >= 1 && e.job.batch_size <= 4096, where,
+                                "batch_size", "must be 1-4096"));
+  }
+  if (auto it = j.find("link"); it != j.end()) {
+    const std::string where = w + ": link";
+    CDCCA_RETURN_IF_ERROR(Read(*it, "up_mbit_s", where, &e.link.up_mbit_s));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "down_mbit_s", where, &e.link.down_mbit_s));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "latency_ms", where, &e.link.latency_ms));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "loss", where, &e.link.loss));
+    CDCCA_RETURN_IF_ERROR(Check(e.link.up_mbit_s >= 0 && e.link.down_mbit_s >= 0, where,
+                                "up_mbit_s", "and down_mbit_s must be >= 0 (0 = unlimited)"));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.link.loss >= 0 && e.link.loss < 1, where, "loss", "must be in [0, 1)"));
+    CDCCA_RETURN_IF_ERROR(Check(e.link.latency_ms >= 0, where, "latency_ms", "must be >= 0"));
+  }
+  return e;
+}
+
+absl::StatusOr<Experiment> LoadExperiment(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read experiment file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseExperiment(ss.str(), path);
+}
+
+Experiment Shrink(Experiment e) {
+  e.stream_frames = std::min(e.stream_frames, 64);
+  e.eval_scenes = std::min(e.eval_scenes, 48);
+  e.job.max_steps = std::min(e.job.max_steps, 20);
+  e.devices = std::min(e.devices, 2);
+  return e;
+}
+
+}  // namespace cdcca::sim

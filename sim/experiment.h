@@ -1,0 +1,116 @@
+// Experiment definitions for `cdcca-sim`: what the harness runs, read from a JSON file under
+// configs/experiments/ (one per table of the paper, plus continual and fleet runs).
+//
+//   {
+//     "name": "image_shift", "title": "...", "paper_table": "Table 6",
+//     "checkpoint": "models/small", "precision": "int8",
+//     "devices": 1, "rounds": 3, "stream_frames": 256, "eval_scenes": 200,
+//     "schedule": [ {"shift": "fog", "severity": 4}, {"shift": "fog", "severity": 4,
+//                    "text": true}, {"continual": true} ],
+//     "methods": ["source-only", "tent", "cotta", "pkd", "cwd", "cd-cca"],
+//     "uts": {"keep_fraction": 0.5, "token_ratio": 0.5, "mc_passes": 8, "dropout_p": 0.1,
+//             "precision": "fp16"},
+//     "job": {"max_steps": 150, "batch_size": 16},
+//     "link": {"up_mbit_s": 20, "down_mbit_s": 100, "latency_ms": 20, "loss": 0.0},
+//     "downlink_bits_per_param": 2.0
+//   }
+//
+// The schedule holds one entry per round; a shorter schedule repeats its last entry. An entry
+// is an image shift (shift + severity; "none" = clean), optionally with the text shift
+// ("text": true: paraphrased and knowledge questions, all classes), or a step of the
+// continual stream ({"continual": true}). Devices of a fleet start at staggered entries
+// ("stagger": true) or all on the same one.
+//
+// Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,
+// cwd, akd (cloud learners on the UTS-filtered uplink), cd-cca (= akd with UTS), and the
+// UTS ablations akd-all-tokens (stage 1 only), akd-no-uts (every sample, every token),
+// akd-random (stage 1, random tokens at the same ratio). "@ratio" after a name sets its
+// token ratio ("cd-cca@0.25").
+#ifndef CDCCA_SIM_EXPERIMENT_H_
+#define CDCCA_SIM_EXPERIMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace cdcca::sim {
+
+struct RoundDomain {
+  std::string shift = "none";  // datasets::ImageShiftName
+  int severity = 0;
+  bool text = false;       // text shift (A-OKVQA style questions, all classes)
+  bool continual = false;  // datasets::ContinualSchedule's step for this round
+};
+
+struct UtsSettings {
+  float keep_fraction = 0.5f;  // stage 1: running-quantile target
+  float token_ratio = 0.5f;    // stage 2
+  int mc_passes = 8;
+  float dropout_p = 0.1f;
+  std::string precision = "fp16";  // or "int8"
+};
+
+struct LinkSettings {
+  double up_mbit_s = 20;
+  double down_mbit_s = 100;
+  double latency_ms = 20;
+  double loss = 0;
+};
+
+struct JobSettings {
+  int max_steps = 150;
+  int batch_size = 16;
+  double lr = 0;  // 0 = the learner preset's
+};
+
+struct Experiment {
+  std::string name;
+  std::string title;
+  std::string paper_table;  // e.g. "Table 6"; empty for runs the paper lacks
+  std::string description;
+  std::string checkpoint = "models/small";
+  std::string precision = "int8";
+  int devices = 1;
+  int rounds = 3;
+  int stream_frames = 256;  // frames each device sees per round
+  int eval_scenes = 200;    // held-out test scenes per device and round
+  bool stagger = false;
+  std::vector<RoundDomain> schedule;
+  std::vector<std::string> methods;
+  UtsSettings uts;
+  JobSettings job;
+  LinkSettings link;
+  double downlink_bits_per_param = 2.0;
+  // Settings of the AKD-family learners (configs/distill layout); "" = the learner preset.
+  std::string distill_config = "configs/distill/akd.json";
+  int threads = 0;  // LibTorch intra-op threads; 0 = every core
+
+  // The domain device `device` sees in round `round` (0-based).
+  RoundDomain DomainFor(int device, int round) const;
+};
+
+// The methods the harness knows.
+const std::vector<std::string>& KnownMethods();
+
+// A method name with an optional "@ratio" suffix that sets its stage-2 token ratio, e.g.
+// "cd-cca@0.25" or "akd-random@0.75" (the paper's Table 4). token_ratio: 0 = no suffix (the
+// experiment's uts.token_ratio), -1 = unparsable.
+struct MethodName {
+  std::string base;
+  float token_ratio = 0;
+};
+MethodName ParseMethodName(const std::string& method);
+
+// Parses and validates. INVALID_ARGUMENT names the file and the field.
+absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
+                                           const std::string& source_name);
+absl::StatusOr<Experiment> LoadExperiment(const std::string& path);
+
+// The same experiment shrunk for a quick run (--tiny): fewer frames, scenes and steps.
+Experiment Shrink(Experiment e);
+
+}  // namespace cdcca::sim
+
+#endif  // CDCCA_SIM_EXPERIMENT_H_

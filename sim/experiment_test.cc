@@ -1,0 +1,119 @@
+#include "sim/experiment.h"
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::sim {
+namespace {
+
+using ::cdcca::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kGood[] = R"({
+  "name": "t", "paper_table": "Table 6", "devices": 2, "rounds": 3, "stagger": true,
+  "schedule": [{"shift": "fog", "severity": 4}, {"shift": "none", "text": true},
+               {"continual": true}],
+  "methods": ["source-only", "cd-cca"],
+  "uts": {"token_ratio": 0.25, "precision": "int8"},
+  "job": {"max_steps": 10},
+  "link": {"up_mbit_s": 5, "loss": 0.01}
+})";
+
+TEST(ExperimentTest, ParsesEveryField) {
+  ASSERT_OK_AND_ASSIGN(Experiment e, ParseExperiment(kGood, "good.json"));
+  EXPECT_EQ(e.name, "t");
+  EXPECT_EQ(e.devices, 2);
+  EXPECT_EQ(e.rounds, 3);
+  ASSERT_EQ(e.schedule.size(), 3u);
+  EXPECT_EQ(e.schedule[0].shift, "fog");
+  EXPECT_EQ(e.schedule[0].severity, 4);
+  EXPECT_TRUE(e.schedule[1].text);
+  EXPECT_TRUE(e.schedule[2].continual);
+  EXPECT_FLOAT_EQ(e.uts.token_ratio, 0.25f);
+  EXPECT_EQ(e.uts.precision, "int8");
+  EXPECT_EQ(e.job.max_steps, 10);
+  EXPECT_DOUBLE_EQ(e.link.up_mbit_s, 5);
+  EXPECT_DOUBLE_EQ(e.link.loss, 0.01);
+  EXPECT_DOUBLE_EQ(e.link.down_mbit_s, 100);  // default kept
+}
+
+TEST(ExperimentTest, StaggeredDevicesStartAtLaterEntriesAndTheLastRepeats) {
+  ASSERT_OK_AND_ASSIGN(Experiment e, ParseExperiment(kGood, "good.json"));
+  EXPECT_EQ(e.DomainFor(0, 0).shift, "fog");
+  EXPECT_TRUE(e.DomainFor(1, 0).text);       // device 1 is one step ahead
+  EXPECT_TRUE(e.DomainFor(1, 2).continual);  // past the end: the last entry
+  EXPECT_TRUE(e.DomainFor(0, 7).continual);
+  e.stagger = false;
+  EXPECT_EQ(e.DomainFor(1, 0).shift, "fog");
+}
+
+TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
+  EXPECT_THAT(ParseExperiment("{", "a.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a.json")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["magic"]})", "b.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{"shift": "smoke", "severity": 2}],
+                          "methods": ["pl"]})",
+                              "c.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schedule[0]")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{"shift": "fog"}], "methods": ["pl"]})",
+                              "d.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("severity")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "rounds": "three", "schedule": [{}],
+                                  "methods": ["pl"]})",
+                              "e.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rounds")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "link": {"loss": 1.5}})",
+                              "f.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("loss")));
+  EXPECT_THAT(LoadExperiment("/nonexistent/x.json").status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(ExperimentTest, MethodNamesMayCarryATokenRatio) {
+  EXPECT_EQ(ParseMethodName("cd-cca").base, "cd-cca");
+  EXPECT_EQ(ParseMethodName("cd-cca").token_ratio, 0);
+  EXPECT_EQ(ParseMethodName("akd-random@0.25").base, "akd-random");
+  EXPECT_FLOAT_EQ(ParseMethodName("akd-random@0.25").token_ratio, 0.25f);
+  EXPECT_EQ(ParseMethodName("cd-cca@x").token_ratio, -1);
+  EXPECT_OK(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["cd-cca@0.75"]})", "a"));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["cd-cca@1.5"]})", "b")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cd-cca@1.5")));
+}
+
+TEST(ExperimentTest, EveryCheckedInExperimentParses) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(CDCCA_SOURCE_DIR) +
+                                                               "/configs/experiments")) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    ASSERT_OK_AND_ASSIGN(Experiment e, LoadExperiment(entry.path().string()));
+    EXPECT_EQ(e.name, entry.path().stem().string());  // the run directory is named after it
+    ++files;
+  }
+  EXPECT_GE(files, 8);
+}
+
+TEST(ExperimentTest, ShrinkKeepsTheShapeAndCutsTheWork) {
+  ASSERT_OK_AND_ASSIGN(Experiment e, ParseExperiment(kGood, "good.json"));
+  e.stream_frames = 1000;
+  e.job.max_steps = 500;
+  Experiment s = Shrink(e);
+  EXPECT_EQ(s.rounds, e.rounds);
+  EXPECT_EQ(s.methods, e.methods);
+  EXPECT_LE(s.stream_frames, 64);
+  EXPECT_LE(s.job.max_steps, 20);
+}
+
+}  // namespace
+}  // namespace cdcca::sim

@@ -1,0 +1,83 @@
+// The round-trip harness: runs an Experiment through the real services on one machine.
+//
+// For each method, a fresh cloud (stores, PerDeviceStrategy, CloudService on a loopback gRPC
+// port) and N device agents (InferenceRuntime + CloudClient + DeviceAgent), each device
+// reaching the cloud through its own LinkEmulator. Every round (Algorithm 1 of the paper):
+//
+//   1. each device answers stream_frames frames of its round's domain; UTS keeps samples and
+//      tokens and queues them (DeviceAgent::Process, Flush);
+//   2. it uplinks the queue over its emulated link (DeviceAgent::SyncOnce);
+//   3. the cloud runs one job per device (TrainerStrategy::RunJob: AKD or a baseline, DWC);
+//   4. the device fetches and applies the update in place and reports its digest (SyncOnce);
+//   5. every device is scored on eval_scenes held-out test scenes of its current domain.
+//
+// Device-side methods (tent, cotta) adapt a local copy of the student on the device's own
+// stream and load the result into the runtime; source-only never adapts. Neither uses the
+// cloud or the link.
+//
+// Determinism: stream, evaluation scenes, dropout and training are seeded from `seed`, so
+// the same seed gives the same accuracies; byte counts match too; transfer times are
+// measured wall-clock figures and vary.
+#ifndef CDCCA_SIM_HARNESS_H_
+#define CDCCA_SIM_HARNESS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sim/experiment.h"
+
+namespace cdcca::sim {
+
+// One device in one round.
+struct DeviceRound {
+  int device = 0;
+  int round = 0;       // 1-based; 0 = before any adaptation
+  std::string domain;  // e.g. "fog-4", "fog-4+text"
+  double da = 0;       // VQA direct-answer accuracy, percent (official metric)
+  double mc = 0;       // multiple-choice accuracy, percent
+  int questions = 0;
+  int64_t frames = 0;
+  int64_t kept_samples = 0;
+  int64_t kept_tokens = 0;
+  uint64_t uplink_payload_bytes = 0;    // UTS batches (what the codec produced)
+  uint64_t uplink_wire_bytes = 0;       // every byte device -> cloud on the link
+  uint64_t downlink_payload_bytes = 0;  // DWC update
+  uint64_t downlink_wire_bytes = 0;
+  double uplink_seconds = 0;    // measured: the SyncOnce that uplinked
+  double downlink_seconds = 0;  // measured: the SyncOnce that fetched and applied
+  double job_seconds = 0;       // cloud training (or on-device adaptation) time
+  uint64_t version = 0;         // model version the device runs after the round
+  bool in_sync = true;          // device digest == cloud mirror digest
+  double answer_ms = 0;         // mean per-frame answer latency on the device
+};
+
+struct MethodResult {
+  std::string method;
+  std::vector<DeviceRound> rounds;  // devices x (rounds + 1), round-major
+  uint64_t raw_frame_bytes = 0;     // one model-input frame, RGB
+  int64_t trainable_parameters = 0;
+};
+
+struct RunResult {
+  Experiment experiment;
+  uint64_t seed = 0;
+  std::vector<MethodResult> methods;
+  double seconds = 0;
+};
+
+struct HarnessOptions {
+  std::string work_dir;  // per-method cloud and device state (created; left for inspection)
+  uint64_t seed = 1;
+  // Called with a one-line status and the fraction done [0, 1] (progress bars).
+  std::function<void(const std::string&, double)> progress;
+};
+
+absl::StatusOr<RunResult> RunExperiment(const Experiment& experiment,
+                                        const HarnessOptions& options);
+
+}  // namespace cdcca::sim
+
+#endif  // CDCCA_SIM_HARNESS_H_

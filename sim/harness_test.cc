@@ -1,0 +1,150 @@
+// The harness end to end on `tiny` models (random weights): every method runs through the
+// real services, the bookkeeping adds up, devices stay in sync with their cloud mirrors, the
+// report is written, and the same seed gives the same accuracies.
+#include "sim/harness.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "distill/model/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sim/report.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace cdcca::sim {
+namespace {
+
+using ::testing::HasSubstr;
+
+class HarnessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(11);
+    ASSERT_OK_AND_ASSIGN(
+        model::FamilyConfig family,
+        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
+    model::VisionEncoder encoder(family.vision);
+    model::Mllm teacher(family.teacher), student(family.student);
+    ASSERT_OK(model::SaveFamily(dir_.path() + "/model", family, encoder, teacher, student, ""));
+  }
+
+  Experiment TinyExperiment(std::vector<std::string> methods) const {
+    Experiment e;
+    e.name = "harness-test";
+    e.checkpoint = dir_.path() + "/model";
+    e.precision = "int8";
+    e.devices = 2;
+    e.rounds = 2;
+    e.stream_frames = 24;
+    e.eval_scenes = 6;
+    e.schedule = {RoundDomain{"fog", 4, false, false}, RoundDomain{"none", 0, true, false}};
+    e.methods = std::move(methods);
+    e.uts.keep_fraction = 0.5f;
+    e.uts.token_ratio = 0.25f;
+    e.uts.mc_passes = 4;
+    e.job.max_steps = 3;
+    e.job.batch_size = 4;
+    e.link.latency_ms = 2;
+    e.threads = 1;
+    e.distill_config = "";
+    return e;
+  }
+
+  ::cdcca::testing::TempDir dir_;
+};
+
+TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
+  const Experiment e = TinyExperiment({"source-only", "tent", "cd-cca", "akd-random"});
+  HarnessOptions options;
+  options.work_dir = dir_.path() + "/work";
+  options.seed = 5;
+  double last_fraction = -1;
+  options.progress = [&](const std::string&, double f) {
+    EXPECT_GE(f, last_fraction);  // progress never goes back
+    last_fraction = f;
+  };
+  ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+  EXPECT_DOUBLE_EQ(last_fraction, 1.0);
+  ASSERT_EQ(run.methods.size(), 4u);
+  for (const MethodResult& m : run.methods) {
+    SCOPED_TRACE(m.method);
+    ASSERT_EQ(m.rounds.size(), static_cast<size_t>(e.devices * (e.rounds + 1)));
+    for (const DeviceRound& r : m.rounds) {
+      EXPECT_GT(r.questions, 0);
+      EXPECT_GE(r.da, 0);
+      EXPECT_LE(r.da, 100);
+      if (r.round > 0) EXPECT_EQ(r.frames, e.stream_frames);
+      EXPECT_EQ(r.domain, r.round <= 1 ? "fog-4" : "clean+text");
+    }
+  }
+  const MethodResult& source = run.methods[0];
+  const MethodResult& tent = run.methods[1];
+  const MethodResult& cdcca = run.methods[2];
+  const MethodResult& random = run.methods[3];
+  for (const DeviceRound& r : source.rounds) {
+    EXPECT_EQ(r.version, 0u);
+    EXPECT_EQ(r.uplink_wire_bytes, 0u);
+  }
+  for (const DeviceRound& r : tent.rounds) {
+    EXPECT_EQ(r.version, static_cast<uint64_t>(r.round));  // adapted locally every round
+    EXPECT_EQ(r.uplink_wire_bytes, 0u);                    // without the cloud
+  }
+  for (const MethodResult* m : {&cdcca, &random}) {
+    for (const DeviceRound& r : m->rounds) {
+      if (r.round == 0) continue;
+      SCOPED_TRACE(m->method + " device " + std::to_string(r.device) + " round " +
+                   std::to_string(r.round));
+      EXPECT_GT(r.kept_samples, 0);
+      EXPECT_LT(r.kept_samples, r.frames);  // stage 1 drops some
+      // Stage 2 keeps a quarter of the 64 visual tokens of every kept sample.
+      EXPECT_EQ(r.kept_tokens, r.kept_samples * 16);
+      EXPECT_GT(r.uplink_payload_bytes, 0u);
+      EXPECT_GE(r.uplink_wire_bytes, r.uplink_payload_bytes);  // framing on top
+      EXPECT_GT(r.downlink_payload_bytes, 0u);
+      EXPECT_GE(r.downlink_wire_bytes, r.downlink_payload_bytes);
+      EXPECT_EQ(r.version, static_cast<uint64_t>(r.round));  // one update applied per round
+      EXPECT_TRUE(r.in_sync);
+    }
+  }
+
+  ASSERT_OK(WriteReport(run, dir_.path() + "/report"));
+  for (const char* f : {"report.md", "results.json", "results.csv", "report.html"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/report/" + f)) << f;
+  }
+  std::ifstream md(dir_.path() + "/report/report.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("| cd-cca |"));
+  EXPECT_THAT(text.str(), HasSubstr("Transmission"));
+  EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));
+}
+
+TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
+  const Experiment e = TinyExperiment({"cd-cca"});
+  std::vector<double> first;
+  for (int pass = 0; pass < 2; ++pass) {
+    HarnessOptions options;
+    options.work_dir = dir_.path() + "/work" + std::to_string(pass);
+    options.seed = 9;
+    ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+    std::vector<double> da;
+    for (const DeviceRound& r : run.methods[0].rounds) {
+      da.push_back(r.da);
+      da.push_back(r.mc);
+      da.push_back(static_cast<double>(r.kept_samples));
+    }
+    if (pass == 0) {
+      first = da;
+    } else {
+      EXPECT_EQ(da, first);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cdcca::sim

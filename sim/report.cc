@@ -1,0 +1,417 @@
+#include "sim/report.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::sim {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Per method and round (0 = before adaptation): the figures averaged over devices and the
+// bytes summed over them.
+struct RoundSummary {
+  int round = 0;
+  std::string domain;  // of device 0 (devices may differ when staggered)
+  double da = 0, mc = 0;
+  double uplink_payload = 0, uplink_wire = 0, downlink_payload = 0, downlink_wire = 0;
+  double uplink_seconds = 0, downlink_seconds = 0, job_seconds = 0;
+  double frames = 0, kept_samples = 0, kept_tokens = 0;
+  bool in_sync = true;
+};
+
+std::vector<RoundSummary> Summarize(const MethodResult& m, int devices) {
+  std::map<int, RoundSummary> by_round;
+  for (const DeviceRound& r : m.rounds) {
+    RoundSummary& s = by_round[r.round];
+    s.round = r.round;
+    if (r.device == 0) s.domain = r.domain;
+    s.da += r.da / devices;
+    s.mc += r.mc / devices;
+    s.uplink_payload += static_cast<double>(r.uplink_payload_bytes);
+    s.uplink_wire += static_cast<double>(r.uplink_wire_bytes);
+    s.downlink_payload += static_cast<double>(r.downlink_payload_bytes);
+    s.downlink_wire += static_cast<double>(r.downlink_wire_bytes);
+    s.uplink_seconds = std::max(s.uplink_seconds, r.uplink_seconds);
+    s.downlink_seconds = std::max(s.downlink_seconds, r.downlink_seconds);
+    s.job_seconds += r.job_seconds;
+    s.frames += static_cast<double>(r.frames);
+    s.kept_samples += static_cast<double>(r.kept_samples);
+    s.kept_tokens += static_cast<double>(r.kept_tokens);
+    s.in_sync = s.in_sync && r.in_sync;
+  }
+  std::vector<RoundSummary> out;
+  for (auto& [round, s] : by_round) out.push_back(s);
+  return out;
+}
+
+bool UsesCloud(const MethodResult& m) {
+  for (const DeviceRound& r : m.rounds) {
+    if (r.uplink_wire_bytes > 0) return true;
+  }
+  return false;
+}
+
+// Whether MC accuracy is worth a column: text-shift rounds ask multiple-choice questions.
+bool ShowMc(const RunResult& run) {
+  for (const RoundDomain& d : run.experiment.schedule) {
+    if (d.text || d.continual) return true;
+  }
+  return false;
+}
+
+std::string Kb(double bytes) { return absl::StrFormat("%.1f", bytes / 1000.0); }
+
+// Transmission figures of a cloud method, totalled over rounds and devices.
+struct Transmission {
+  double frames = 0, kept = 0, up_payload = 0, up_wire = 0, down_payload = 0, down_wire = 0;
+  double up_seconds = 0, down_seconds = 0, updates = 0;
+};
+Transmission Totals(const std::vector<RoundSummary>& rounds) {
+  Transmission t;
+  for (const RoundSummary& r : rounds) {
+    if (r.round == 0) continue;
+    t.frames += r.frames;
+    t.kept += r.kept_samples;
+    t.up_payload += r.uplink_payload;
+    t.up_wire += r.uplink_wire;
+    t.down_payload += r.downlink_payload;
+    t.down_wire += r.downlink_wire;
+    t.up_seconds += r.uplink_seconds;
+    t.down_seconds += r.downlink_seconds;
+    t.updates += r.downlink_payload > 0 ? 1 : 0;
+  }
+  return t;
+}
+
+constexpr double kHdFrameBytes = 1920.0 * 1080 * 3;
+
+// ---- SVG ------------------------------------------------------------------------------------
+
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000"};
+
+std::string Escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
+  }
+  return o;
+}
+
+struct Series {
+  std::string name;
+  std::vector<double> y;
+};
+
+// A line chart: x = 0..n-1 labelled by `x_labels`.
+std::string LineChart(const std::string& title, const std::string& y_label,
+                      const std::vector<std::string>& x_labels, const std::vector<Series>& series) {
+  const double w = 640, h = 320, left = 60, right = 170, top = 30, bottom = 40;
+  double lo = 1e300, hi = -1e300;
+  for (const Series& s : series) {
+    for (double v : s.y) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  if (lo > hi) lo = 0, hi = 1;
+  if (hi - lo < 1e-9) hi = lo + 1;
+  const double pad = 0.08 * (hi - lo);
+  lo -= pad;
+  hi += pad;
+  const size_t n = std::max<size_t>(2, x_labels.size());
+  auto X = [&](size_t i) { return left + (w - left - right) * static_cast<double>(i) / (n - 1); };
+  auto Y = [&](double v) { return top + (h - top - bottom) * (1 - (v - lo) / (hi - lo)); };
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"%.0f\" y=\"18\" "
+      "font-size=\"14\">%s</text>\n",
+      w, h, left, Escape(title));
+  for (int k = 0; k <= 4; ++k) {
+    const double v = lo + (hi - lo) * k / 4.0;
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                          "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>\n",
+                          left, w - right, Y(v), Y(v), left - 4, Y(v) + 4, v);
+  }
+  for (size_t i = 0; i < x_labels.size(); ++i) {
+    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n",
+                          X(i), h - bottom + 16, Escape(x_labels[i]));
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\" "
+                        "text-anchor=\"middle\">%s</text>\n",
+                        (top + h - bottom) / 2, (top + h - bottom) / 2, Escape(y_label));
+  for (size_t s = 0; s < series.size(); ++s) {
+    const char* color = kColors[s % (sizeof(kColors) / sizeof(kColors[0]))];
+    std::string points;
+    for (size_t i = 0; i < series[s].y.size(); ++i) {
+      absl::StrAppendFormat(&points, "%.1f,%.1f ", X(i), Y(series[s].y[i]));
+    }
+    absl::StrAppendFormat(&svg,
+                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
+                          "points=\"%s\"/>\n",
+                          color, points);
+    for (size_t i = 0; i < series[s].y.size(); ++i) {
+      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", X(i),
+                            Y(series[s].y[i]), color);
+    }
+    const double ly = top + 14.0 * static_cast<double>(s);
+    absl::StrAppendFormat(&svg,
+                          "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                          "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+                          w - right + 10, ly, color, w - right + 24, ly + 9,
+                          Escape(series[s].name));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace
+
+std::string SummaryTable(const RunResult& run) {
+  const Experiment& e = run.experiment;
+  const bool mc = ShowMc(run);
+  std::string header = absl::StrFormat("%-16s", "method");
+  for (int r = 0; r <= e.rounds; ++r) {
+    absl::StrAppendFormat(&header, " %9s",
+                          r == 0 ? std::string("before") : absl::StrCat("round ", r));
+  }
+  absl::StrAppend(&header, "  uplink KB  downlink KB");
+  std::string out =
+      absl::StrCat(e.name, ": VQA ", mc ? "DA / MC" : "DA", " accuracy (%), mean over ", e.devices,
+                   " device(s)\n", header, "\n");
+  for (const MethodResult& m : run.methods) {
+    std::vector<RoundSummary> rounds = Summarize(m, e.devices);
+    absl::StrAppendFormat(&out, "%-16s", m.method);
+    for (const RoundSummary& r : rounds) {
+      if (mc) {
+        absl::StrAppendFormat(&out, " %4.1f/%4.1f", r.da, r.mc);
+      } else {
+        absl::StrAppendFormat(&out, " %9.2f", r.da);
+      }
+    }
+    const Transmission t = Totals(rounds);
+    if (UsesCloud(m)) {
+      absl::StrAppendFormat(&out, "  %9s  %11s", Kb(t.up_payload), Kb(t.down_payload));
+    } else {
+      absl::StrAppendFormat(&out, "  %9s  %11s", "-", "-");
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string MarkdownReport(const RunResult& run) {
+  const Experiment& e = run.experiment;
+  const bool mc = ShowMc(run);
+  std::string md = absl::StrCat("# ", e.title.empty() ? e.name : e.title, "\n\n");
+  if (!e.paper_table.empty()) absl::StrAppend(&md, "Reproduces the paper's ", e.paper_table, ". ");
+  absl::StrAppend(&md, e.description, "\n\n");
+  absl::StrAppendFormat(&md,
+                        "Models `%s` (%s student base), %d device(s), %d round(s) of %d frames, "
+                        "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",
+                        e.checkpoint, e.precision, e.devices, e.rounds, e.stream_frames,
+                        e.eval_scenes, static_cast<int>(run.seed), run.seconds);
+  // Accuracy table.
+  absl::StrAppend(&md, "## Accuracy (", mc ? "DA / MC" : "DA", ", %)\n\n| method |");
+  for (int r = 0; r <= e.rounds; ++r) {
+    absl::StrAppend(&md, r == 0 ? std::string(" before |") : absl::StrCat(" round ", r, " |"));
+  }
+  absl::StrAppend(&md, " mean over rounds | vs source-only |\n|---|");
+  for (int r = 0; r <= e.rounds + 2; ++r) md += "---|";
+  md += "\n";
+  std::vector<RoundSummary> first = Summarize(run.methods.front(), e.devices);
+  absl::StrAppend(&md, "| domain |");
+  for (const RoundSummary& r : first) absl::StrAppend(&md, " ", r.domain, " |");
+  md += " | |\n";
+  const std::vector<RoundSummary>* source = nullptr;
+  std::vector<RoundSummary> source_rounds;
+  for (const MethodResult& m : run.methods) {
+    if (m.method == "source-only") {
+      source_rounds = Summarize(m, e.devices);
+      source = &source_rounds;
+    }
+  }
+  for (const MethodResult& m : run.methods) {
+    std::vector<RoundSummary> rounds = Summarize(m, e.devices);
+    absl::StrAppend(&md, "| ", m.method, " |");
+    double sum = 0;
+    for (const RoundSummary& r : rounds) {
+      if (mc) {
+        absl::StrAppendFormat(&md, " %.2f / %.2f |", r.da, r.mc);
+      } else {
+        absl::StrAppendFormat(&md, " %.2f |", r.da);
+      }
+      if (r.round > 0) sum += r.da;
+    }
+    const double mean = sum / e.rounds;
+    if (source != nullptr) {
+      // Mean over rounds of the difference to the un-adapted student on the same domain.
+      double base = 0;
+      for (const RoundSummary& r : *source) base += r.round > 0 ? r.da : 0;
+      absl::StrAppendFormat(&md, " %.2f | %+.2f |\n", mean, mean - base / e.rounds);
+    } else {
+      absl::StrAppendFormat(&md, " %.2f | |\n", mean);
+    }
+  }
+  // Transmission table (the paper's Table 5 layout).
+  md +=
+      "\n## Transmission (all rounds and devices)\n\n"
+      "| method | frames | uplinked samples | uplink payload KB | per frame B | vs 1080p frames | "
+      "vs model-input frames | uplink on the wire KB | updates | downlink payload KB | "
+      "per update KB | bits/param | uplink s | downlink s | in sync |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const MethodResult& m : run.methods) {
+    if (!UsesCloud(m)) continue;
+    std::vector<RoundSummary> rounds = Summarize(m, e.devices);
+    const Transmission t = Totals(rounds);
+    bool sync = true;
+    for (const RoundSummary& r : rounds) sync = sync && r.in_sync;
+    const double per_update = t.updates > 0 ? t.down_payload / t.updates : 0;
+    absl::StrAppendFormat(
+        &md,
+        "| %s | %.0f | %.0f | %s | %.0f | %.4f%% | %.2f%% | %s | %.0f | %s | %s | %.2f | %.2f | "
+        "%.2f | %s |\n",
+        m.method, t.frames, t.kept, Kb(t.up_payload), t.up_payload / std::max(1.0, t.frames),
+        100 * t.up_payload / (t.frames * kHdFrameBytes),
+        100 * t.up_payload / (t.frames * static_cast<double>(m.raw_frame_bytes)), Kb(t.up_wire),
+        t.updates, Kb(t.down_payload), Kb(per_update),
+        per_update * 8 / std::max<double>(1, static_cast<double>(m.trainable_parameters)),
+        t.up_seconds, t.down_seconds, sync ? "yes" : "NO");
+  }
+  md +=
+      "\nPaper (Table 5): 65.54 KB uplinked for five 1920x1080 frames (0.21% of 31.10 MB); "
+      "1.65M parameters downlinked in 0.791 MB (3.8 bits/param).\n"
+      "Per-frame uplink is the UTS payload divided by every frame the devices saw (kept or "
+      "not). Transfer seconds are measured over the emulated link (";
+  absl::StrAppendFormat(&md, "%.0f/%.0f Mbit/s up/down, %.0f ms one way, %.2f%% segment loss).\n",
+                        e.link.up_mbit_s, e.link.down_mbit_s, e.link.latency_ms, 100 * e.link.loss);
+  md += "\nPlots: `report.html` (accuracy per round, bytes per round, transfer latency).\n";
+  return md;
+}
+
+absl::Status WriteReport(const RunResult& run, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  const Experiment& e = run.experiment;
+  auto write = [&](const std::string& name, const std::string& text) -> absl::Status {
+    const std::string path = dir + "/" + name;
+    std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+    std::filesystem::rename(path + ".tmp", path, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+    return absl::OkStatus();
+  };
+  // results.json and results.csv: every device and round.
+  json j;
+  j["experiment"] = e.name;
+  j["paper_table"] = e.paper_table;
+  j["seed"] = run.seed;
+  j["seconds"] = run.seconds;
+  j["devices"] = e.devices;
+  j["rounds"] = e.rounds;
+  std::string csv =
+      "method,device,round,domain,da,mc,questions,frames,kept_samples,kept_tokens,"
+      "uplink_payload_bytes,uplink_wire_bytes,downlink_payload_bytes,downlink_wire_bytes,"
+      "uplink_seconds,downlink_seconds,job_seconds,version,in_sync,answer_ms\n";
+  for (const MethodResult& m : run.methods) {
+    json jm;
+    jm["method"] = m.method;
+    jm["trainable_parameters"] = m.trainable_parameters;
+    jm["raw_frame_bytes"] = m.raw_frame_bytes;
+    for (const DeviceRound& r : m.rounds) {
+      jm["rounds"].push_back({{"device", r.device},
+                              {"round", r.round},
+                              {"domain", r.domain},
+                              {"da", r.da},
+                              {"mc", r.mc},
+                              {"questions", r.questions},
+                              {"frames", r.frames},
+                              {"kept_samples", r.kept_samples},
+                              {"kept_tokens", r.kept_tokens},
+                              {"uplink_payload_bytes", r.uplink_payload_bytes},
+                              {"uplink_wire_bytes", r.uplink_wire_bytes},
+                              {"downlink_payload_bytes", r.downlink_payload_bytes},
+                              {"downlink_wire_bytes", r.downlink_wire_bytes},
+                              {"uplink_seconds", r.uplink_seconds},
+                              {"downlink_seconds", r.downlink_seconds},
+                              {"job_seconds", r.job_seconds},
+                              {"version", r.version},
+                              {"in_sync", r.in_sync},
+                              {"answer_ms", r.answer_ms}});
+      absl::StrAppendFormat(
+          &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f\n",
+          m.method, r.device, r.round, r.domain, r.da, r.mc, r.questions, r.frames, r.kept_samples,
+          r.kept_tokens, r.uplink_payload_bytes, r.uplink_wire_bytes, r.downlink_payload_bytes,
+          r.downlink_wire_bytes, r.uplink_seconds, r.downlink_seconds, r.job_seconds, r.version,
+          r.in_sync ? 1 : 0, r.answer_ms);
+    }
+    j["methods"].push_back(jm);
+  }
+  // report.html: the markdown tables as preformatted text plus three plots.
+  std::vector<std::string> x;
+  for (int r = 0; r <= e.rounds; ++r) x.push_back(r == 0 ? "before" : absl::StrCat("round ", r));
+  std::vector<Series> acc, up, down, latency;
+  for (const MethodResult& m : run.methods) {
+    std::vector<RoundSummary> rounds = Summarize(m, e.devices);
+    Series a{m.method, {}}, u{m.method, {}}, d{m.method, {}}, l{m.method, {}};
+    for (const RoundSummary& r : rounds) {
+      a.y.push_back(r.da);
+      if (r.round == 0) continue;
+      u.y.push_back(r.uplink_payload / 1000);
+      d.y.push_back(r.downlink_payload / 1000);
+      l.y.push_back(r.uplink_seconds + r.downlink_seconds);
+    }
+    acc.push_back(a);
+    if (UsesCloud(m)) {
+      up.push_back(u);
+      down.push_back(d);
+      latency.push_back(l);
+    }
+  }
+  std::vector<std::string> xr(x.begin() + 1, x.end());
+  std::string html = absl::StrCat(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", Escape(e.name),
+      "</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+      "pre{background:#f6f6f6;padding:1em;overflow-x:auto}</style></head><body>\n<h1>",
+      Escape(e.title.empty() ? e.name : e.title), "</h1>\n<pre>", Escape(MarkdownReport(run)),
+      "</pre>\n", LineChart("VQA DA accuracy per round", "accuracy %", x, acc));
+  if (!up.empty()) {
+    absl::StrAppend(
+        &html, LineChart("Uplink payload per round (all devices)", "KB", xr, up),
+        LineChart("Downlink payload per round (all devices)", "KB", xr, down),
+        LineChart("Transfer latency per round (uplink + downlink)", "seconds", xr, latency));
+  }
+  html += "</body></html>\n";
+  if (absl::Status s = write("results.json", j.dump(2) + "\n"); !s.ok()) return s;
+  if (absl::Status s = write("results.csv", csv); !s.ok()) return s;
+  if (absl::Status s = write("report.md", MarkdownReport(run)); !s.ok()) return s;
+  if (absl::Status s =
+          write("accuracy.svg", LineChart("VQA DA accuracy per round", "accuracy %", x, acc));
+      !s.ok()) {
+    return s;
+  }
+  return write("report.html", html);
+}
+
+}  // namespace cdcca::sim

@@ -1,0 +1,26 @@
+// Writing a harness run: report.md (tables in the paper's layout), results.json (every
+// figure), results.csv (one row per method, device and round) and report.html (the tables
+// and plots as inline SVG: one self-contained page that works offline).
+#ifndef CDCCA_SIM_REPORT_H_
+#define CDCCA_SIM_REPORT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "sim/harness.h"
+
+namespace cdcca::sim {
+
+// The main table as plain text: one row per method, DA (and MC) accuracy per round, and
+// the bytes moved. What `cdcca-sim` prints at the end.
+std::string SummaryTable(const RunResult& run);
+
+// Markdown report.
+std::string MarkdownReport(const RunResult& run);
+
+// Writes report.md, results.json, results.csv and report.html into `dir` (created).
+absl::Status WriteReport(const RunResult& run, const std::string& dir);
+
+}  // namespace cdcca::sim
+
+#endif  // CDCCA_SIM_REPORT_H_
