@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds cdcca into build/ (or $CDCCA_BUILD_DIR).
 # Extra arguments go to cmake's configure step, e.g. -DCDCCA_SANITIZE=address.
+# CDCCA_TARGETS="a b" builds only those targets (default: everything).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${CDCCA_BUILD_DIR:-$root/build}"
@@ -18,4 +19,6 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 elif [ $# -gt 0 ]; then
   cmake "$build" "$@"
 fi
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in ${CDCCA_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" "${targets[@]}"

@@ -49,16 +49,16 @@ class ProgressBar {
     if (tty_) {
       std::fprintf(stderr, "\r%-110.110s", line.c_str());
       if (fraction >= 1) std::fprintf(stderr, "\n");
-    } else if (what != last_) {
+    } else if (fraction >= 1 || s - last_print_ >= 5) {  // a log, not a terminal: sparingly
       std::fprintf(stderr, "%s\n", line.c_str());
+      last_print_ = s;
     }
-    last_ = what;
   }
 
  private:
   bool tty_;
   std::chrono::steady_clock::time_point start_;
-  std::string last_;
+  double last_print_ = -1e9;
 };
 
 }  // namespace
