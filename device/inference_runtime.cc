@@ -14,6 +14,7 @@
 #include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
+#include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
 
 namespace cdcca::device {
@@ -176,12 +177,11 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
       absl::ReaderMutexLock lock(&impl_->mu);
       stats = impl_->student->StochasticPasses(tokens, torch::Tensor(), passes, dropout_p);
     }
-    torch::Tensor s = stats.attention_mass_variance[0];
-    if (score == TokenScore::kAttentionCv) {
-      torch::Tensor mean = stats.attention_mass.mean(0)[0];
-      s = s / (mean * mean + 1e-12);
-    }
-    s = s.contiguous();
+    model::TokenScoreKind kind = model::TokenScoreKind::kAttentionVariance;
+    if (score == TokenScore::kAttentionCv) kind = model::TokenScoreKind::kAttentionCv;
+    if (score == TokenScore::kAttentionMass) kind = model::TokenScoreKind::kAttentionMass;
+    // One definition with the offline experiment (cdcca adapt-eval).
+    torch::Tensor s = model::VisualTokenScores(stats, kind)[0].contiguous();
     return std::vector<float>(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
   });
 }

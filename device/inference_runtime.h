@@ -67,8 +67,8 @@ class InferenceRuntime {
   absl::StatusOr<std::vector<AnswerResult>> Answer(const std::vector<Frame>& frames);
 
   // UTS stage 2 for one frame: `passes` stochastic dropout passes over the part above the
-  // encoder, as one batched forward; returns one score per visual token. dropout_p == 0
-  // gives all-zero scores. Thread-safe.
+  // encoder, as one batched forward; returns one score per visual token (see TokenScore).
+  // With dropout_p == 0 the variance-based scores are all zero. Thread-safe.
   absl::StatusOr<std::vector<float>> TokenScores(const VisualTokens& visual, int passes,
                                                  float dropout_p, TokenScore score);
 

@@ -26,12 +26,17 @@ namespace cdcca::device {
 
 // What a stage-2 score is computed from (see InferenceRuntime::TokenScores).
 enum class TokenScore {
-  // Variance over the passes of the cross-attention mass each visual token receives, divided
-  // by its squared mean: how unstable the student's use of the token is, independent of
-  // how much mass it gets on average. The default.
-  kAttentionCv,
-  // Plain variance of the attention mass per token.
+  // Variance over the passes of the cross-attention mass each visual token receives (the
+  // paper's token variance, Eq. 3, on the student's attention): high where the student
+  // reads, and reads unstably. The default: `cdcca adapt-eval` measured it above random
+  // token sampling, and the teacher's pseudo-labels from its tokens better than from any
+  // other half (docs/BENCHMARKS.md, "Adaptation").
   kAttentionVariance,
+  // Variance divided by the squared mean attention mass. Ranks tokens the student barely
+  // reads (empty background) first; measured below random. Kept for comparison.
+  kAttentionCv,
+  // Mean attention mass alone (no uncertainty): the ablation of the variance.
+  kAttentionMass,
 };
 
 struct UtsOptions {
@@ -44,7 +49,7 @@ struct UtsOptions {
   float dropout_p = 0.1f;
   float variance_beta = 0.0f;  // used when token_ratio == 0
   float token_ratio = 0.5f;    // fraction of visual tokens to keep; 0 = use beta
-  TokenScore score = TokenScore::kAttentionCv;
+  TokenScore score = TokenScore::kAttentionVariance;
   // Keep token_ratio of the tokens uniformly at random instead (the paper's comparison
   // baseline; stage 2 then costs nothing).
   bool random_tokens = false;

@@ -143,8 +143,10 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "dropout_p", where, &e.uts.dropout_p));
     CDCCA_RETURN_IF_ERROR(Read(*it, "precision", where, &e.uts.precision));
     CDCCA_RETURN_IF_ERROR(Read(*it, "score", where, &e.uts.score));
-    CDCCA_RETURN_IF_ERROR(Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv",
-                                where, "score", "must be attention_variance or attention_cv"));
+    CDCCA_RETURN_IF_ERROR(Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv" ||
+                                    e.uts.score == "attention_mass",
+                                where, "score",
+                                "must be attention_variance, attention_cv or attention_mass"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
                                 "keep_fraction", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,

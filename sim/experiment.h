@@ -50,8 +50,9 @@ struct UtsSettings {
   int mc_passes = 8;
   float dropout_p = 0.1f;
   std::string precision = "fp16";  // or "int8"
-  // Stage-2 score (device::TokenScore): "attention_variance" or "attention_cv".
-  std::string score = "attention_cv";
+  // Stage-2 score (device::TokenScore): "attention_variance" (the device default),
+  // "attention_cv" or "attention_mass".
+  std::string score = "attention_variance";
 };
 
 struct LinkSettings {

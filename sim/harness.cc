@@ -60,8 +60,9 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
   p.uts.dropout_p = e.uts.dropout_p;
   p.uts.precision = e.uts.precision == "int8" ? compress::FeaturePrecision::kInt8
                                               : compress::FeaturePrecision::kFp16;
-  p.uts.score = e.uts.score == "attention_variance" ? device::TokenScore::kAttentionVariance
-                                                     : device::TokenScore::kAttentionCv;
+  p.uts.score = e.uts.score == "attention_cv"     ? device::TokenScore::kAttentionCv
+                : e.uts.score == "attention_mass" ? device::TokenScore::kAttentionMass
+                                                  : device::TokenScore::kAttentionVariance;
   if (e.uts.keep_fraction >= 1) {  // keep every sample: a fixed threshold below any entropy
     p.uts.keep_fraction = 0;
     p.uts.entropy_alpha = -1;
