@@ -132,6 +132,19 @@ struct PerDeviceStrategy::Impl {
     std::unique_ptr<distill::Learner> learner;
     std::unique_ptr<distill::ReplayBuffer> replay;
     bool loaded = false;
+    // A copy of the fields above for State(), which must not wait for a running job.
+    absl::Mutex info_mu;
+    DeviceTrainingState info ABSL_GUARDED_BY(info_mu);
+    bool info_valid ABSL_GUARDED_BY(info_mu) = false;
+
+    void PublishInfo() {
+      absl::MutexLock lock(&info_mu);
+      info.version = version;
+      info.state_digest = digest;
+      info.consumed_sequence = consumed;
+      info.jobs = jobs;
+      info_valid = true;
+    }
   };
 
   PerDeviceStrategyOptions options;
@@ -194,6 +207,7 @@ struct PerDeviceStrategy::Impl {
       d.consumed = 0;
       d.digest = base_digest;
       d.loaded = true;
+      d.PublishInfo();
       return absl::OkStatus();
     }
     if (!bytes.ok()) return bytes.status();
@@ -211,6 +225,7 @@ struct PerDeviceStrategy::Impl {
     d.consumed = f->consumed;
     d.digest = f->digest;
     d.loaded = true;
+    d.PublishInfo();
     // Publish what the file committed if the update store lacks it (a crash between commit
     // and publish, or a damaged store file that the store refused to load).
     if (d.version > 0) {
@@ -274,6 +289,7 @@ struct PerDeviceStrategy::Impl {
         return s;
       }
       d.consumed = report.last_sequence;
+      d.PublishInfo();
       return absl::NotFoundError(absl::StrCat("no decodable samples in batches ",
                                               report.first_sequence, "-", report.last_sequence));
     }
@@ -368,6 +384,7 @@ struct PerDeviceStrategy::Impl {
       d.consumed = f.consumed;
       d.digest = digest;
       ++d.jobs;
+      d.PublishInfo();
       d.replay->Add(batch_samples);
       if (options.fault == "after_commit") InjectedCrash("after the commit");
       if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
@@ -477,14 +494,15 @@ uint64_t PerDeviceStrategy::ConsumedSequence(const std::string& device_id) const
 
 DeviceTrainingState PerDeviceStrategy::State(const std::string& device_id) const {
   Impl::Device* d = impl_->Get(device_id);
+  {
+    absl::MutexLock lock(&d->info_mu);
+    if (d->info_valid) return d->info;
+  }
+  // Not loaded yet: load it (no job can be running on a device that was never loaded).
   absl::MutexLock lock(&d->mu);
-  DeviceTrainingState s;
-  if (!impl_->Load(device_id, *d).ok()) return s;
-  s.version = d->version;
-  s.state_digest = d->digest;
-  s.consumed_sequence = d->consumed;
-  s.jobs = d->jobs;
-  return s;
+  if (!impl_->Load(device_id, *d).ok()) return DeviceTrainingState{};
+  absl::MutexLock info_lock(&d->info_mu);
+  return d->info;
 }
 
 void PerDeviceStrategy::OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {

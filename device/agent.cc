@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "compress/hash64.h"
 #include "compress/uplink_codec.h"
 #include "device/internal/durable_file.h"
@@ -17,8 +18,22 @@ namespace {
 
 constexpr uint32_t kCodecVersion = 1;  // compress/uplink_codec.h's format
 
+// One JSON log line on stderr: {"event": event, "detail": detail}.
+void LogEvent(const char* event, const std::string& detail) {
+  std::string escaped;
+  for (unsigned char c : detail) {
+    if (c == '"' || c == '\\') {
+      escaped += '\\';
+      escaped += static_cast<char>(c);
+    } else if (c >= 0x20) {
+      escaped += static_cast<char>(c);
+    }
+  }
+  std::fprintf(stderr, "{\"event\":\"%s\",\"detail\":\"%s\"}\n", event, escaped.c_str());
+}
+
 [[noreturn]] void InjectedCrash(const char* where) {
-  std::fprintf(stderr, "cdcca-device: test fault injected %s\n", where);
+  LogEvent("test_fault", where);
   std::fflush(stderr);
   _exit(86);
 }
@@ -90,8 +105,7 @@ absl::Status DeviceAgent::LoadState() {
   if (!valid) {
     // Written durably, so damage is not a torn write; keep the pretrained state and let
     // the cloud resync us rather than refuse to serve.
-    std::fprintf(stderr, "cdcca-device: ignoring damaged %s; the cloud will resync\n",
-                 path.c_str());
+    LogEvent("damaged_state", path + " ignored; the cloud will resync");
   }
   absl::MutexLock lock(&mu_);
   stats_.version = runtime_->version();
@@ -136,7 +150,13 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   std::vector<FrameResult> out;
   out.reserve(answers->size());
   absl::MutexLock lock(&batch_mu_);
-  if (changed) gate_ = std::make_unique<EntropyGate>(uts);
+  // The running quantile compares entropies of one model: after an update (or new
+  // settings) the old window would hold the previous model's entropies, and an improved
+  // model would then pass nothing until the window refilled.
+  if (changed || version != gate_version_) {
+    gate_ = std::make_unique<EntropyGate>(uts);
+    gate_version_ = version;
+  }
   uint64_t kept = 0;
   for (AnswerResult& a : *answers) {
     FrameResult r;
@@ -238,8 +258,7 @@ absl::Status DeviceAgent::RegisterWithCloud() {
   if (!reply.ok()) return reply.status();
   UtsOptions merged = options_.uts;
   if (absl::Status s = MergeCloudSettings(reply->uts(), &merged); !s.ok()) {
-    std::fprintf(stderr, "cdcca-device: keeping local UTS settings: %s\n",
-                 std::string(s.message()).c_str());
+    LogEvent("uts_settings_refused", std::string(s.message()));
     merged = options_.uts;
   }
   {
@@ -308,13 +327,15 @@ absl::Status DeviceAgent::PullUpdate() {
         absl::MutexLock lock(&mu_);
         ++stats_.rejected_updates;
       }
-      std::fprintf(stderr, "cdcca-device: update %llu rejected (%s); resyncing\n",
-                   static_cast<unsigned long long>(fetched->info.new_version()),
-                   applied.ToString().c_str());
+      LogEvent("update_rejected", absl::StrCat("version ", fetched->info.new_version(), ": ",
+                                               applied.ToString(), "; resyncing"));
       return Resync(0);
     }
     if (options_.fault == "apply") InjectedCrash("after applying an update in memory");
     if (absl::Status s = SaveState(); !s.ok()) return s;
+    LogEvent("update_applied",
+             absl::StrFormat("version %d digest %016x (%d bytes)", runtime_->version(),
+                             runtime_->StateDigest(), fetched->bytes.size()));
     {
       absl::MutexLock lock(&mu_);
       ++stats_.updates_applied;
@@ -332,6 +353,8 @@ absl::Status DeviceAgent::Resync(uint64_t version) {
     return s;
   }
   if (absl::Status s = SaveState(); !s.ok()) return s;
+  LogEvent("resynced", absl::StrFormat("version %d digest %016x", runtime_->version(),
+                                       runtime_->StateDigest()));
   {
     absl::MutexLock lock(&mu_);
     ++stats_.resyncs;
@@ -375,7 +398,7 @@ void DeviceAgent::LinkLoop() {
   while (true) {
     absl::Status s = SyncOnce();
     if (!s.ok() && !absl::IsCancelled(s)) {
-      std::fprintf(stderr, "cdcca-device: link: %s\n", s.ToString().c_str());
+      LogEvent("link_error", s.ToString());
     }
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };

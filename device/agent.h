@@ -151,6 +151,7 @@ class DeviceAgent {
   absl::Time batch_started_ ABSL_GUARDED_BY(batch_mu_);
   uint64_t sample_counter_ ABSL_GUARDED_BY(batch_mu_) = 0;
   std::unique_ptr<EntropyGate> gate_ ABSL_GUARDED_BY(batch_mu_);
+  uint64_t gate_version_ ABSL_GUARDED_BY(batch_mu_) = 0;  // model version gate_ has seen
   // Draws of the random-token baseline (UtsOptions::random_tokens); fixed seed, so runs
   // repeat.
   std::mt19937_64 token_rng_ ABSL_GUARDED_BY(batch_mu_){0x5eed};
