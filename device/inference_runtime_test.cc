@@ -165,7 +165,12 @@ TEST_F(InferenceRuntimeTest, ReadersNeverSeeAHalfAppliedUpdate) {
       if (!answers.ok()) ++torn;
     }
   });
-  for (const std::string& p : payloads) ASSERT_OK(runtime_->ApplyUpdate(p));
+  // Interleave: each update lands only after the reader has read again, so reads and
+  // writes overlap however the threads are scheduled.
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    while (reads.load() <= static_cast<int>(i)) std::this_thread::yield();
+    EXPECT_OK(runtime_->ApplyUpdate(payloads[i]));  // no ASSERT: the reader must be joined
+  }
   done = true;
   reader.join();
   EXPECT_EQ(torn.load(), 0);
