@@ -131,6 +131,7 @@ std::vector<device::Frame> StreamFrames(const ds::SampleGenerator& gen, uint64_t
 struct Score {
   double da = 0, mc = 0;
   int questions = 0;
+  std::vector<float> question_da;
 };
 
 // DA and MC accuracy of the runtime on every question of `scenes` scenes.
@@ -155,7 +156,9 @@ absl::StatusOr<Score> Evaluate(device::InferenceRuntime& runtime, const ds::Samp
     if (!answers.ok()) return answers.status();
     for (size_t i = 0; i < answers->size(); ++i) {
       const ds::VqaItem& q = items[b + i];
-      score.da += ds::VqaAccuracy((*answers)[i].text, q.direct_answers);
+      const double da = ds::VqaAccuracy((*answers)[i].text, q.direct_answers);
+      score.da += da;
+      score.question_da.push_back(static_cast<float>(da));
       score.mc += ds::AokvqaMcAccuracy((*answers)[i].text, q.choices, q.correct_choice);
     }
   }
@@ -378,6 +381,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     r.da = score->da;
     r.mc = score->mc;
     r.questions = score->questions;
+    r.question_da = std::move(score->question_da);
     result.rounds.push_back(r);
     ++done_steps;
   }
@@ -490,6 +494,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       r.da = score->da;
       r.mc = score->mc;
       r.questions = score->questions;
+      r.question_da = std::move(score->question_da);
       r.version = d.runtime->version();
       result.rounds.push_back(r);
       ++done_steps;

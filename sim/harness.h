@@ -39,6 +39,9 @@ struct DeviceRound {
   double da = 0;       // VQA direct-answer accuracy, percent (official metric)
   double mc = 0;       // multiple-choice accuracy, percent
   int questions = 0;
+  // Per evaluation question, in a fixed order (the same scenes and questions for every
+  // method on the same domain): official VQA accuracy in [0, 1]. For paired comparisons.
+  std::vector<float> question_da;
   int64_t frames = 0;
   int64_t kept_samples = 0;
   int64_t kept_tokens = 0;

@@ -80,6 +80,11 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
       EXPECT_LE(r.da, 100);
       if (r.round > 0) EXPECT_EQ(r.frames, e.stream_frames);
       EXPECT_EQ(r.domain, r.round <= 1 ? "fog-4" : "clean+text");
+      // The per-question scores are what the accuracy averages.
+      ASSERT_EQ(r.question_da.size(), static_cast<size_t>(r.questions));
+      double sum = 0;
+      for (float v : r.question_da) sum += v;
+      EXPECT_NEAR(100 * sum / r.questions, r.da, 1e-3);
     }
   }
   const MethodResult& source = run.methods[0];
@@ -121,6 +126,7 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
   text << md.rdbuf();
   EXPECT_THAT(text.str(), HasSubstr("| cd-cca |"));
   EXPECT_THAT(text.str(), HasSubstr("Transmission"));
+  EXPECT_THAT(text.str(), HasSubstr("paired on the same questions"));
   EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));
 }
 
@@ -144,6 +150,35 @@ TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
       EXPECT_EQ(da, first);
     }
   }
+}
+
+// The paired comparison on a hand-made run: per-question differences {1, 0, 0, 0} give a
+// mean of 25 points and a standard error of sqrt(0.25 / 4) = 25 points; a method scored on
+// another domain is left out rather than compared.
+TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
+  RunResult run;
+  run.experiment.name = "paired";
+  run.experiment.devices = 1;
+  run.experiment.rounds = 1;
+  auto method = [](const std::string& name, std::vector<float> scores, const std::string& domain) {
+    MethodResult m;
+    m.method = name;
+    for (int round = 0; round <= 1; ++round) {
+      DeviceRound r;
+      r.round = round;
+      r.domain = domain;
+      r.question_da = scores;
+      r.questions = static_cast<int>(scores.size());
+      m.rounds.push_back(r);
+    }
+    return m;
+  };
+  run.methods.push_back(method("source-only", {0, 1, 0, 1}, "fog-4"));
+  run.methods.push_back(method("other-domain", {0, 0, 0, 0}, "snow-3"));
+  run.methods.push_back(method("cd-cca", {1, 1, 0, 1}, "fog-4"));
+  const std::string md = MarkdownReport(run);
+  EXPECT_THAT(md, HasSubstr("| source-only | +25.00 | 25.00 | +1.0 | 4 |"));
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("| other-domain | +")));
 }
 
 }  // namespace

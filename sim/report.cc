@@ -1,6 +1,7 @@
 #include "sim/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -90,6 +91,54 @@ Transmission Totals(const std::vector<RoundSummary>& rounds) {
     t.updates += r.downlink_payload > 0 ? 1 : 0;
   }
   return t;
+}
+
+// CD-CCA against another method on the same evaluation questions: the mean over adapted
+// rounds (and devices) of the per-question DA difference, in points, and its standard
+// error from the per-question differences. Paired, so it is far tighter than the error of
+// either accuracy alone. Absent when the two runs did not score the same questions.
+struct Paired {
+  std::string method;
+  double diff = 0, se = 0;
+  int64_t questions = 0;
+};
+
+const MethodResult* Reference(const RunResult& run) {
+  for (const MethodResult& m : run.methods) {
+    if (m.method == "cd-cca") return &m;
+  }
+  return nullptr;
+}
+
+std::vector<Paired> PairedComparisons(const RunResult& run) {
+  std::vector<Paired> out;
+  const MethodResult* ref = Reference(run);
+  if (ref == nullptr) return out;
+  for (const MethodResult& m : run.methods) {
+    if (&m == ref || m.rounds.size() != ref->rounds.size()) continue;
+    double sum = 0, sum2 = 0;
+    int64_t n = 0;
+    bool same = true;
+    for (size_t k = 0; k < m.rounds.size() && same; ++k) {
+      const DeviceRound& a = ref->rounds[k];
+      const DeviceRound& b = m.rounds[k];
+      if (a.round == 0) continue;
+      same = a.round == b.round && a.device == b.device && a.domain == b.domain &&
+             a.question_da.size() == b.question_da.size();
+      for (size_t q = 0; same && q < a.question_da.size(); ++q) {
+        const double d = static_cast<double>(a.question_da[q]) - b.question_da[q];
+        sum += d;
+        sum2 += d * d;
+        ++n;
+      }
+    }
+    if (!same || n < 2) continue;
+    const double mean = sum / static_cast<double>(n);
+    const double var = (sum2 - static_cast<double>(n) * mean * mean) / static_cast<double>(n - 1);
+    out.push_back({m.method, 100 * mean, 100 * std::sqrt(std::max(0.0, var) / static_cast<double>(n)),
+                   n});
+  }
+  return out;
 }
 
 constexpr double kHdFrameBytes = 1920.0 * 1080 * 3;
@@ -215,6 +264,10 @@ std::string SummaryTable(const RunResult& run) {
     }
     out += "\n";
   }
+  for (const Paired& p : PairedComparisons(run)) {
+    absl::StrAppendFormat(&out, "cd-cca minus %s: %+.2f DA points (paired SE %.2f)\n", p.method,
+                          p.diff, p.se);
+  }
   return out;
 }
 
@@ -303,6 +356,21 @@ std::string MarkdownReport(const RunResult& run) {
       "not). Transfer seconds are measured over the emulated link (";
   absl::StrAppendFormat(&md, "%.0f/%.0f Mbit/s up/down, %.0f ms one way, %.2f%% segment loss).\n",
                         e.link.up_mbit_s, e.link.down_mbit_s, e.link.latency_ms, 100 * e.link.loss);
+  // Paired comparison of CD-CCA with every other method.
+  const std::vector<Paired> paired = PairedComparisons(run);
+  if (!paired.empty()) {
+    md +=
+        "\n## CD-CCA against each method, paired on the same questions\n\n"
+        "Mean over the adapted rounds of the per-question DA difference (CD-CCA minus the "
+        "method), with the standard error of that mean over the questions. |z| > 2 is a "
+        "difference beyond evaluation noise.\n\n"
+        "| method | CD-CCA minus method, DA points | paired SE | z | questions |\n"
+        "|---|---|---|---|---|\n";
+    for (const Paired& p : paired) {
+      absl::StrAppendFormat(&md, "| %s | %+.2f | %.2f | %+.1f | %d |\n", p.method, p.diff, p.se,
+                            p.se > 0 ? p.diff / p.se : 0.0, p.questions);
+    }
+  }
   md += "\nPlots: `report.html` (accuracy per round, bytes per round, transfer latency).\n";
   return md;
 }
@@ -367,6 +435,12 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
           r.in_sync ? 1 : 0, r.answer_ms);
     }
     j["methods"].push_back(jm);
+  }
+  for (const Paired& p : PairedComparisons(run)) {
+    j["cd_cca_paired"].push_back({{"method", p.method},
+                                  {"da_difference", p.diff},
+                                  {"standard_error", p.se},
+                                  {"questions", p.questions}});
   }
   // report.html: the markdown tables as preformatted text plus three plots.
   std::vector<std::string> x;
