@@ -9,6 +9,7 @@
 // 3. Where the kept tokens fall on frames whose one half is corrupted (VIS diagnostic).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <string>
@@ -149,7 +150,7 @@ int Main() {
       "tokens fp32 %.0f B\n",
       raw_hd, frames.front().image.width, frames.front().image.height, raw_input,
       first.visual.tokens, fp32_tokens);
-  std::printf("  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input\n");
+  std::printf("  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input  rel. error\n");
   for (float ratio : {0.25f, 0.5f, 0.75f}) {
     for (auto precision : {compress::FeaturePrecision::kFp16, compress::FeaturePrecision::kInt8}) {
       std::vector<compress::UplinkSample> samples;
@@ -162,16 +163,27 @@ int Main() {
             Must(compress::EncodeUplinkBatch({samples.back()}, precision)).size());
       }
       single /= static_cast<double>(samples.size());
-      double batched = 0;
+      double batched = 0, err2 = 0, norm2 = 0;
       for (size_t i = 0; i + 16 <= samples.size(); i += 16) {
         std::vector<compress::UplinkSample> part(samples.begin() + static_cast<long>(i),
                                                  samples.begin() + static_cast<long>(i) + 16);
-        batched += static_cast<double>(Must(compress::EncodeUplinkBatch(part, precision)).size());
+        const std::string payload = Must(compress::EncodeUplinkBatch(part, precision));
+        batched += static_cast<double>(payload.size());
+        // What the cloud reads back: relative L2 error of the features.
+        const std::vector<compress::UplinkSample> back = Must(compress::DecodeUplinkBatch(payload));
+        for (size_t k = 0; k < part.size(); ++k) {
+          for (size_t j = 0; j < part[k].features.size(); ++j) {
+            const double d = static_cast<double>(back[k].features[j]) - part[k].features[j];
+            err2 += d * d;
+            norm2 += static_cast<double>(part[k].features[j]) * part[k].features[j];
+          }
+        }
       }
       batched /= static_cast<double>(samples.size() / 16 * 16);
-      std::printf("  %3.0f%%   %-9s  %11.0f  %14.0f  %13.3f%%  %13.1f%%\n", 100 * ratio,
+      std::printf("  %3.0f%%   %-9s  %11.0f  %14.0f  %13.3f%%  %13.1f%%  %9.4f\n", 100 * ratio,
                   precision == compress::FeaturePrecision::kFp16 ? "fp16" : "int8", single, batched,
-                  100 * batched / raw_hd, 100 * batched / raw_input);
+                  100 * batched / raw_hd, 100 * batched / raw_input,
+                  norm2 > 0 ? std::sqrt(err2 / norm2) : 0.0);
     }
   }
 
