@@ -154,7 +154,8 @@ TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
 
 // The paired comparison on a hand-made run: per-question differences {1, 0, 0, 0} give a
 // mean of 25 points and a standard error of sqrt(0.25 / 4) = 25 points; a method scored on
-// another domain is left out rather than compared.
+// another domain is left out rather than compared; a ratio-suffixed CD-CCA is paired with
+// source-only and the methods at its own ratio.
 TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
   RunResult run;
   run.experiment.name = "paired";
@@ -176,9 +177,18 @@ TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
   run.methods.push_back(method("source-only", {0, 1, 0, 1}, "fog-4"));
   run.methods.push_back(method("other-domain", {0, 0, 0, 0}, "snow-3"));
   run.methods.push_back(method("cd-cca", {1, 1, 0, 1}, "fog-4"));
+  // Table 4 pairs: a ratio-suffixed CD-CCA meets source-only and its own ratio only.
+  run.methods.push_back(method("cd-cca@0.25", {0, 1, 1, 1}, "fog-4"));
+  run.methods.push_back(method("akd-random@0.25", {0, 0, 0, 1}, "fog-4"));
+  run.methods.push_back(method("akd-random@0.75", {0, 0, 0, 0}, "fog-4"));
   const std::string md = MarkdownReport(run);
-  EXPECT_THAT(md, HasSubstr("| source-only | +25.00 | 25.00 | +1.0 | 4 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca | source-only | +25.00 | 25.00 | +1.0 | 4 |"));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("| other-domain | +")));
+  EXPECT_THAT(md, HasSubstr("| cd-cca | akd-random@0.25 | +50.00 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca@0.25 | source-only | +25.00 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca@0.25 | akd-random@0.25 | +50.00 |"));
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | akd-random@0.75 |")));
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | cd-cca |")));
 }
 
 }  // namespace

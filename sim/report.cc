@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -98,45 +99,58 @@ Transmission Totals(const std::vector<RoundSummary>& rounds) {
 // error from the per-question differences. Paired, so it is far tighter than the error of
 // either accuracy alone. Absent when the two runs did not score the same questions.
 struct Paired {
-  std::string method;
+  std::string reference, method;
   double diff = 0, se = 0;
   int64_t questions = 0;
 };
 
-const MethodResult* Reference(const RunResult& run) {
-  for (const MethodResult& m : run.methods) {
-    if (m.method == "cd-cca") return &m;
-  }
-  return nullptr;
+// "cd-cca@0.25" -> {"cd-cca", "@0.25"}.
+std::pair<std::string, std::string> SplitRatio(const std::string& method) {
+  const size_t at = method.find('@');
+  if (at == std::string::npos) return {method, ""};
+  return {method.substr(0, at), method.substr(at)};
 }
 
+std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
+  if (m.rounds.size() != ref.rounds.size()) return std::nullopt;
+  double sum = 0, sum2 = 0;
+  int64_t n = 0;
+  for (size_t k = 0; k < m.rounds.size(); ++k) {
+    const DeviceRound& a = ref.rounds[k];
+    const DeviceRound& b = m.rounds[k];
+    if (a.round == 0) continue;
+    if (a.round != b.round || a.device != b.device || a.domain != b.domain ||
+        a.question_da.size() != b.question_da.size()) {
+      return std::nullopt;
+    }
+    for (size_t q = 0; q < a.question_da.size(); ++q) {
+      const double d = static_cast<double>(a.question_da[q]) - b.question_da[q];
+      sum += d;
+      sum2 += d * d;
+      ++n;
+    }
+  }
+  if (n < 2) return std::nullopt;
+  const double mean = sum / static_cast<double>(n);
+  const double var = (sum2 - static_cast<double>(n) * mean * mean) / static_cast<double>(n - 1);
+  return Paired{ref.method, m.method, 100 * mean,
+                100 * std::sqrt(std::max(0.0, var) / static_cast<double>(n)), n};
+}
+
+// Every CD-CCA run of the experiment against the methods it is meant to beat: plain
+// "cd-cca" against every other method; "cd-cca@r" against source-only and the other
+// methods at the same token ratio (the paper's Table 4 pairs).
 std::vector<Paired> PairedComparisons(const RunResult& run) {
   std::vector<Paired> out;
-  const MethodResult* ref = Reference(run);
-  if (ref == nullptr) return out;
-  for (const MethodResult& m : run.methods) {
-    if (&m == ref || m.rounds.size() != ref->rounds.size()) continue;
-    double sum = 0, sum2 = 0;
-    int64_t n = 0;
-    bool same = true;
-    for (size_t k = 0; k < m.rounds.size() && same; ++k) {
-      const DeviceRound& a = ref->rounds[k];
-      const DeviceRound& b = m.rounds[k];
-      if (a.round == 0) continue;
-      same = a.round == b.round && a.device == b.device && a.domain == b.domain &&
-             a.question_da.size() == b.question_da.size();
-      for (size_t q = 0; same && q < a.question_da.size(); ++q) {
-        const double d = static_cast<double>(a.question_da[q]) - b.question_da[q];
-        sum += d;
-        sum2 += d * d;
-        ++n;
-      }
+  for (const MethodResult& ref : run.methods) {
+    const auto [ref_base, ref_ratio] = SplitRatio(ref.method);
+    if (ref_base != "cd-cca") continue;
+    for (const MethodResult& m : run.methods) {
+      const auto [base, ratio] = SplitRatio(m.method);
+      if (base == "cd-cca") continue;
+      if (!ref_ratio.empty() && m.method != "source-only" && ratio != ref_ratio) continue;
+      if (std::optional<Paired> p = Pair(ref, m)) out.push_back(*p);
     }
-    if (!same || n < 2) continue;
-    const double mean = sum / static_cast<double>(n);
-    const double var = (sum2 - static_cast<double>(n) * mean * mean) / static_cast<double>(n - 1);
-    out.push_back({m.method, 100 * mean, 100 * std::sqrt(std::max(0.0, var) / static_cast<double>(n)),
-                   n});
   }
   return out;
 }
@@ -265,8 +279,8 @@ std::string SummaryTable(const RunResult& run) {
     out += "\n";
   }
   for (const Paired& p : PairedComparisons(run)) {
-    absl::StrAppendFormat(&out, "cd-cca minus %s: %+.2f DA points (paired SE %.2f)\n", p.method,
-                          p.diff, p.se);
+    absl::StrAppendFormat(&out, "%s minus %s: %+.2f DA points (paired SE %.2f)\n", p.reference,
+                          p.method, p.diff, p.se);
   }
   return out;
 }
@@ -364,11 +378,11 @@ std::string MarkdownReport(const RunResult& run) {
         "Mean over the adapted rounds of the per-question DA difference (CD-CCA minus the "
         "method), with the standard error of that mean over the questions. |z| > 2 is a "
         "difference beyond evaluation noise.\n\n"
-        "| method | CD-CCA minus method, DA points | paired SE | z | questions |\n"
-        "|---|---|---|---|---|\n";
+        "| CD-CCA | method | CD-CCA minus method, DA points | paired SE | z | questions |\n"
+        "|---|---|---|---|---|---|\n";
     for (const Paired& p : paired) {
-      absl::StrAppendFormat(&md, "| %s | %+.2f | %.2f | %+.1f | %d |\n", p.method, p.diff, p.se,
-                            p.se > 0 ? p.diff / p.se : 0.0, p.questions);
+      absl::StrAppendFormat(&md, "| %s | %s | %+.2f | %.2f | %+.1f | %d |\n", p.reference,
+                            p.method, p.diff, p.se, p.se > 0 ? p.diff / p.se : 0.0, p.questions);
     }
   }
   md += "\nPlots: `report.html` (accuracy per round, bytes per round, transfer latency).\n";
@@ -437,7 +451,8 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     j["methods"].push_back(jm);
   }
   for (const Paired& p : PairedComparisons(run)) {
-    j["cd_cca_paired"].push_back({{"method", p.method},
+    j["cd_cca_paired"].push_back({{"reference", p.reference},
+                                  {"method", p.method},
                                   {"da_difference", p.diff},
                                   {"standard_error", p.se},
                                   {"questions", p.questions}});
