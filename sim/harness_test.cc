@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_format.h"
 #include "distill/model/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -127,6 +128,13 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
   EXPECT_THAT(text.str(), HasSubstr("| cd-cca |"));
   EXPECT_THAT(text.str(), HasSubstr("Transmission"));
   EXPECT_THAT(text.str(), HasSubstr("paired on the same questions"));
+  // Two devices, two rounds: four updates per cloud method, each about 1/4 of the bytes.
+  for (const MethodResult* m : {&cdcca, &random}) {
+    uint64_t down = 0;
+    for (const DeviceRound& r : m->rounds) down += r.downlink_payload_bytes;
+    EXPECT_THAT(text.str(), HasSubstr(absl::StrFormat("| %.1f | %.1f |", down / 1000.0, down / 4000.0)))
+        << m->method;
+  }
   EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));
 }
 

@@ -27,6 +27,7 @@ struct RoundSummary {
   double uplink_payload = 0, uplink_wire = 0, downlink_payload = 0, downlink_wire = 0;
   double uplink_seconds = 0, downlink_seconds = 0, job_seconds = 0;
   double frames = 0, kept_samples = 0, kept_tokens = 0;
+  double updates = 0;  // devices that received an update this round
   bool in_sync = true;
 };
 
@@ -48,6 +49,7 @@ std::vector<RoundSummary> Summarize(const MethodResult& m, int devices) {
     s.frames += static_cast<double>(r.frames);
     s.kept_samples += static_cast<double>(r.kept_samples);
     s.kept_tokens += static_cast<double>(r.kept_tokens);
+    s.updates += r.downlink_payload_bytes > 0 ? 1 : 0;
     s.in_sync = s.in_sync && r.in_sync;
   }
   std::vector<RoundSummary> out;
@@ -89,7 +91,7 @@ Transmission Totals(const std::vector<RoundSummary>& rounds) {
     t.down_wire += r.downlink_wire;
     t.up_seconds += r.uplink_seconds;
     t.down_seconds += r.downlink_seconds;
-    t.updates += r.downlink_payload > 0 ? 1 : 0;
+    t.updates += r.updates;
   }
   return t;
 }
