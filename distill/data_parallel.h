@@ -1,10 +1,8 @@
-// Gradient averaging across the processes of a data-parallel AKD job, over LibTorch's own
-// c10d key-value store (c10d::FileStore: a file on a filesystem every rank sees).
-//
-// Why a store and not ProcessGroupGloo: Debian's LibTorch 1.13 ships the c10d headers and
-// the Gloo symbols but not the gloo headers that ProcessGroupGloo.hpp includes, so a Gloo
-// process group cannot be compiled against here. The store exchange is an all-gather of
-// each rank's flattened gradients followed by a local mean, summed in rank order, so every
+// Gradient averaging across the processes of a data-parallel AKD job, with LibTorch's c10d.
+// Two reducers: GlooGradientReducer (c10d's ProcessGroupGloo), built when the gloo headers
+// are present, and StoreGradientReducer, which needs nothing beyond LibTorch: an
+// all-gather through c10d::FileStore (a file on a filesystem every rank sees) of each
+// rank's flattened gradients followed by a local mean, summed in rank order, so every
 // rank computes bit-identical averages. It moves world_size x gradient bytes per step per
 // rank, fine for the adapter-sized trainable sets AKD trains (tens to hundreds of KiB),
 // not for full-model training. Keys are namespaced by a per-reducer step counter; the
@@ -19,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "distill/learner.h"
 
 namespace c10d {
@@ -43,6 +42,29 @@ class StoreGradientReducer : public GradientReducer {
   uint64_t step_ = 0;
   std::shared_ptr<void> store_holder_;  // keeps the c10d store alive (intrusive_ptr inside)
   c10d::Store* store_;
+};
+
+// Gradient averaging through a c10d ProcessGroupGloo (ring all-reduce over TCP), the
+// rendezvous through a FileStore at `store_path`. Built when the gloo headers are present
+// (Debian: libgloo-dev, which scripts/setup.sh installs); Available() says whether this
+// build has it. The ring's summation order differs by rank position, so ranks agree to
+// rounding, not bit for bit.
+class GlooGradientReducer : public GradientReducer {
+ public:
+  static bool Available();
+  // `hostname`: the address this rank binds and advertises (127.0.0.1 for one host).
+  // UNIMPLEMENTED when the build has no Gloo; INTERNAL when the rendezvous fails.
+  static absl::StatusOr<std::unique_ptr<GlooGradientReducer>> Create(
+      const std::string& store_path, int rank, int world_size,
+      const std::string& hostname = "127.0.0.1");
+  ~GlooGradientReducer() override;
+
+  absl::Status AllReduceMean(std::vector<torch::Tensor>& gradients) override;
+
+ private:
+  struct Impl;
+  explicit GlooGradientReducer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace cdcca::distill
