@@ -150,7 +150,9 @@ int Main() {
       "tokens fp32 %.0f B\n",
       raw_hd, frames.front().image.width, frames.front().image.height, raw_input,
       first.visual.tokens, fp32_tokens);
-  std::printf("  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input  rel. error  per channel median / worst\n");
+  std::printf(
+      "  ratio  precision  one/batch B  in 16s B/frame  vs 1080p frame  vs model input  rel. error "
+      " per channel median / worst\n");
   for (float ratio : {0.25f, 0.5f, 0.75f}) {
     for (auto precision : {compress::FeaturePrecision::kFp16, compress::FeaturePrecision::kInt8}) {
       std::vector<compress::UplinkSample> samples;
@@ -175,11 +177,10 @@ int Main() {
         const std::vector<compress::UplinkSample> back = Must(compress::DecodeUplinkBatch(payload));
         for (size_t k = 0; k < part.size(); ++k) {
           for (size_t j = 0; j < part[k].features.size(); ++j) {
-            const double d = static_cast<double>(back[k].features[j]) - part[k].features[j];
-            err2 += d * d;
-            norm2 += static_cast<double>(part[k].features[j]) * part[k].features[j];
+            const double x = part[k].features[j];
+            const double d = back[k].features[j] - x;
             channel_err2[j % dim] += d * d;
-            channel_norm2[j % dim] += static_cast<double>(part[k].features[j]) * part[k].features[j];
+            channel_norm2[j % dim] += x * x;
           }
         }
       }
@@ -188,7 +189,10 @@ int Main() {
       // far smaller than the largest lose more of themselves than the overall error says.
       std::vector<double> channel_rel;
       for (size_t c = 0; c < dim; ++c) {
-        if (channel_norm2[c] > 0) channel_rel.push_back(std::sqrt(channel_err2[c] / channel_norm2[c]));
+        err2 += channel_err2[c];
+        norm2 += channel_norm2[c];
+        if (channel_norm2[c] > 0)
+          channel_rel.push_back(std::sqrt(channel_err2[c] / channel_norm2[c]));
       }
       std::sort(channel_rel.begin(), channel_rel.end());
       const double channel_median = channel_rel.empty() ? 0 : channel_rel[channel_rel.size() / 2];

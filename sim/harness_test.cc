@@ -132,7 +132,8 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
   for (const MethodResult* m : {&cdcca, &random}) {
     uint64_t down = 0;
     for (const DeviceRound& r : m->rounds) down += r.downlink_payload_bytes;
-    EXPECT_THAT(text.str(), HasSubstr(absl::StrFormat("| %.1f | %.1f |", down / 1000.0, down / 4000.0)))
+    EXPECT_THAT(text.str(),
+                HasSubstr(absl::StrFormat("| %.1f | %.1f |", down / 1000.0, down / 4000.0)))
         << m->method;
   }
   EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));

@@ -106,13 +106,6 @@ struct Paired {
   int64_t questions = 0;
 };
 
-// "cd-cca@0.25" -> {"cd-cca", "@0.25"}.
-std::pair<std::string, std::string> SplitRatio(const std::string& method) {
-  const size_t at = method.find('@');
-  if (at == std::string::npos) return {method, ""};
-  return {method.substr(0, at), method.substr(at)};
-}
-
 std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
   if (m.rounds.size() != ref.rounds.size()) return std::nullopt;
   double sum = 0, sum2 = 0;
@@ -145,12 +138,12 @@ std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
 std::vector<Paired> PairedComparisons(const RunResult& run) {
   std::vector<Paired> out;
   for (const MethodResult& ref : run.methods) {
-    const auto [ref_base, ref_ratio] = SplitRatio(ref.method);
-    if (ref_base != "cd-cca") continue;
+    const MethodName r = ParseMethodName(ref.method);
+    if (r.base != "cd-cca") continue;
     for (const MethodResult& m : run.methods) {
-      const auto [base, ratio] = SplitRatio(m.method);
-      if (base == "cd-cca") continue;
-      if (!ref_ratio.empty() && m.method != "source-only" && ratio != ref_ratio) continue;
+      const MethodName n = ParseMethodName(m.method);
+      if (n.base == "cd-cca") continue;
+      if (r.token_ratio != 0 && n.base != "source-only" && n.token_ratio != r.token_ratio) continue;
       if (std::optional<Paired> p = Pair(ref, m)) out.push_back(*p);
     }
   }
@@ -383,8 +376,8 @@ std::string MarkdownReport(const RunResult& run) {
         "| CD-CCA | method | CD-CCA minus method, DA points | paired SE | z | questions |\n"
         "|---|---|---|---|---|---|\n";
     for (const Paired& p : paired) {
-      absl::StrAppendFormat(&md, "| %s | %s | %+.2f | %.2f | %+.1f | %d |\n", p.reference,
-                            p.method, p.diff, p.se, p.se > 0 ? p.diff / p.se : 0.0, p.questions);
+      absl::StrAppendFormat(&md, "| %s | %s | %+.2f | %.2f | %+.1f | %d |\n", p.reference, p.method,
+                            p.diff, p.se, p.se > 0 ? p.diff / p.se : 0.0, p.questions);
     }
   }
   md += "\nPlots: `report.html` (accuracy per round, bytes per round, transfer latency).\n";
