@@ -175,7 +175,7 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     model::StochasticStats stats;
     {
       absl::ReaderMutexLock lock(&impl_->mu);
-      stats = impl_->student->StochasticPasses(tokens, torch::Tensor(), passes, dropout_p);
+      stats = impl_->student->StochasticAttention(tokens, torch::Tensor(), passes, dropout_p);
     }
     model::TokenScoreKind kind = model::TokenScoreKind::kAttentionVariance;
     if (score == TokenScore::kAttentionCv) kind = model::TokenScoreKind::kAttentionCv;

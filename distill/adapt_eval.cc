@@ -327,7 +327,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
       // frame at a time; the passes do not interact across the batch).
       if (!score_kinds.empty()) {
         model::StochasticStats stats =
-            student->StochasticPasses(vis, torch::Tensor(), o.mc_passes, o.dropout_p);
+            student->StochasticAttention(vis, torch::Tensor(), o.mc_passes, o.dropout_p);
         for (auto& [kind, per_scene] : obs.scene_scores) {
           torch::Tensor sc =
               model::VisualTokenScores(stats, *model::ParseTokenScore(kind)).cpu().contiguous();

@@ -117,22 +117,23 @@ torch::Tensor Rotary::Apply(const torch::Tensor& x, const torch::Tensor& positio
   return torch::stack({r0, r1}, -1).view(x.sizes());
 }
 
+torch::Tensor AttentionProbs(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& allowed) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  if (!allowed.defined()) return torch::softmax(scores, -1);
+  // A large finite negative rather than -inf: a row with no allowed key then stays finite
+  // (no NaN in forward or backward) and is zeroed by the where(), which also makes every
+  // disallowed weight exactly zero whatever its key held.
+  scores = scores.masked_fill(allowed.logical_not(), -1e9);
+  torch::Tensor probs = torch::softmax(scores, -1);
+  return torch::where(allowed, probs, torch::zeros({}, probs.options()));
+}
+
 torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& allowed,
                               double dropout_p, torch::Tensor* probs_out) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  torch::Tensor probs;
-  if (allowed.defined()) {
-    // A large finite negative rather than -inf: a row with no allowed key then stays finite
-    // (no NaN in forward or backward) and is zeroed by the where(), which also makes every
-    // disallowed weight exactly zero whatever its key held.
-    scores = scores.masked_fill(allowed.logical_not(), -1e9);
-    probs = torch::softmax(scores, -1);
-    probs = torch::where(allowed, probs, torch::zeros({}, probs.options()));
-  } else {
-    probs = torch::softmax(scores, -1);
-  }
+  torch::Tensor probs = AttentionProbs(q, k, allowed);
   if (probs_out != nullptr) *probs_out = probs;
   if (dropout_p > 0.0) probs = torch::dropout(probs, dropout_p, /*train=*/true);
   return torch::matmul(probs, v);

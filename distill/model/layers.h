@@ -95,6 +95,11 @@ class Rotary {
   mutable torch::Tensor sin_;
 };
 
+// softmax(q k^T / sqrt(D) + mask) for q [B, H, Tq, D], k [B, H, Tk, D]: the attention
+// weights [B, H, Tq, Tk] of MaskedAttention below, with the same masking rules.
+torch::Tensor AttentionProbs(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& allowed);
+
 // softmax(q k^T / sqrt(D) + mask) v for q [B, H, Tq, D], k/v [B, H, Tk, D]. `allowed` is a
 // bool mask broadcastable to [B, H, Tq, Tk] (true = may attend) or undefined. A query row
 // with no allowed key gets all-zero weights (and output), never NaN; a disallowed key gets

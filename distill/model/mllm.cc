@@ -116,6 +116,25 @@ StochasticStats MllmImpl::StochasticPasses(const torch::Tensor& visual_tokens,
   return s;
 }
 
+StochasticStats MllmImpl::StochasticAttention(const torch::Tensor& visual_tokens,
+                                              const torch::Tensor& visual_mask, int passes,
+                                              double dropout_p) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(passes > 0, "StochasticAttention needs at least one pass");
+  StochasticStats s;
+  if (dropout_p <= 0.0) {
+    // Identical passes: run one and replicate it, so the variance is exactly zero (M rows of
+    // one batched matmul may round differently).
+    s.attention_mass = qa_->AttentionMassPasses(visual_tokens, visual_mask, 1, 0.0)
+                           .expand({passes, -1, -1})
+                           .contiguous();
+  } else {
+    s.attention_mass = qa_->AttentionMassPasses(visual_tokens, visual_mask, passes, dropout_p);
+  }
+  s.attention_mass_variance = ShiftedVariance(s.attention_mass);
+  return s;
+}
+
 torch::Tensor MeanTokenEntropy(const GenerateResult& result) {
   torch::NoGradGuard no_grad;
   torch::Tensor logp = torch::log_softmax(result.step_logits.to(torch::kFloat), -1);

@@ -10,7 +10,8 @@
 //   - MllmOutput::representation  R, the LM hidden state after lm_layers/2 layers at the
 //                                 text positions (representation alignment)
 //   - MllmOutput::logits / GenerateResult::step_logits: per-token distributions (entropy)
-//   - StochasticPasses: M dropout passes of the query adapter as one batched forward.
+//   - StochasticPasses: M dropout passes of the query adapter as one batched forward;
+//     StochasticAttention: only their cross-attention masses, at a fraction of the cost.
 //
 // Parameter names: "qa.*" (query_adapter.h) and "lm.*" (language_model.h).
 // Thread-safety: as torch modules; concurrent const use under NoGradGuard is fine.
@@ -77,6 +78,14 @@ class MllmImpl : public torch::nn::Module {
   // and exactly zero variance. No gradients.
   StochasticStats StochasticPasses(const torch::Tensor& visual_tokens,
                                    const torch::Tensor& visual_mask, int passes, double dropout_p);
+
+  // The attention half of StochasticPasses (attention_mass and attention_mass_variance;
+  // queries and query_variance stay undefined), same distribution, a fraction of the work
+  // (QueryAdapter::AttentionMassPasses). What UTS stage 2 runs on the device and in
+  // `cdcca adapt-eval`.
+  StochasticStats StochasticAttention(const torch::Tensor& visual_tokens,
+                                      const torch::Tensor& visual_mask, int passes,
+                                      double dropout_p);
 
   const TowerConfig& config() const { return config_; }
   QueryAdapter& query_adapter() { return qa_; }

@@ -252,6 +252,39 @@ TEST_F(TinyTest, StochasticPasses) {
   EXPECT_FALSE(torch::equal(noisy.queries[0], noisy.queries[1]));
 }
 
+// The fast attention-only passes draw the same dropout masks in the same order as the full
+// passes up to the last cross-attention weights, so under one seed they agree exactly (up
+// to rounding), for a one-layer (student) and a two-layer (teacher) adapter.
+TEST_F(TinyTest, StochasticAttentionMatchesTheFullPasses) {
+  for (const TowerConfig& tower : {family_.student, family_.teacher}) {
+    Mllm m(tower);
+    m->eval();
+    Batch x = RandomBatch(tower, 3, 5);
+    x.mask.index_put_({1, 7}, false);
+    for (double p : {0.0, 0.2}) {
+      torch::manual_seed(11);
+      StochasticStats full = m->StochasticPasses(x.tokens, x.mask, 6, p);
+      torch::manual_seed(11);
+      StochasticStats fast = m->StochasticAttention(x.tokens, x.mask, 6, p);
+      EXPECT_FALSE(fast.queries.defined());
+      ASSERT_EQ(fast.attention_mass.sizes(), (std::vector<int64_t>{6, 3, 64}));
+      EXPECT_TRUE(torch::allclose(fast.attention_mass, full.attention_mass, 1e-5, 1e-7))
+          << "qa_layers " << tower.qa_layers << " p " << p;
+      EXPECT_TRUE(
+          torch::allclose(fast.attention_mass_variance, full.attention_mass_variance, 1e-4, 1e-9));
+      EXPECT_EQ(fast.attention_mass.select(2, 7).select(1, 1).abs().max().item<float>(), 0.0f);
+      // Each pass's mass is a distribution over the present tokens.
+      EXPECT_TRUE(torch::allclose(fast.attention_mass.sum(-1), torch::ones({6, 3}), 1e-5, 1e-5));
+      if (p == 0.0) {
+        EXPECT_EQ(fast.attention_mass_variance.abs().max().item<float>(), 0.0f);
+      } else {
+        EXPECT_GT(fast.attention_mass_variance.max().item<float>(), 0.0f);
+        EXPECT_FALSE(torch::equal(fast.attention_mass[0], fast.attention_mass[1]));
+      }
+    }
+  }
+}
+
 TEST(QuantizeTest, Int4PackingAndErrorBound) {
   torch::manual_seed(1);
   torch::Tensor w = torch::randn({5, 40});

@@ -70,20 +70,34 @@ torch::Tensor QueryAdapterLayerImpl::Merge(const torch::Tensor& x) const {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
-torch::Tensor QueryAdapterLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& vis,
-                                             const torch::Tensor& allowed, double dropout_p,
-                                             torch::Tensor* cross_probs) {
+torch::Tensor QueryAdapterLayerImpl::SelfAttend(const torch::Tensor& x) {
   torch::Tensor h = sa_norm_->forward(x);
   torch::Tensor sa = MaskedAttention(Heads(sa_q_->forward(h)), Heads(sa_k_->forward(h)),
                                      Heads(sa_v_->forward(h)), torch::Tensor(), 0.0, nullptr);
-  torch::Tensor y = x + sa_o_->forward(Merge(sa));
-  h = ca_norm_->forward(y);
+  return x + sa_o_->forward(Merge(sa));
+}
+
+torch::Tensor QueryAdapterLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& vis,
+                                             const torch::Tensor& allowed, double dropout_p,
+                                             torch::Tensor* cross_probs) {
+  torch::Tensor y = SelfAttend(x);
+  torch::Tensor h = ca_norm_->forward(y);
   torch::Tensor ca = MaskedAttention(Heads(ca_q_->forward(h)), Heads(ca_k_->forward(vis)),
                                      Heads(ca_v_->forward(vis)), allowed, dropout_p, cross_probs);
   y = y + ca_o_->forward(Merge(ca));
   h = mlp_fc2_->forward(torch::gelu(mlp_fc1_->forward(mlp_norm_->forward(y))));
   if (dropout_p > 0.0) h = torch::dropout(h, dropout_p, /*train=*/true);
   return y + h;
+}
+
+torch::Tensor QueryAdapterLayerImpl::CrossAttentionProbs(const torch::Tensor& x,
+                                                         const torch::Tensor& vis,
+                                                         const torch::Tensor& allowed) {
+  TORCH_CHECK(vis.size(0) % x.size(0) == 0, "CrossAttentionProbs: ", vis.size(0),
+              " visual rows are not a multiple of ", x.size(0), " query rows");
+  torch::Tensor q = Heads(ca_q_->forward(ca_norm_->forward(SelfAttend(x))));
+  if (q.size(0) != vis.size(0)) q = q.repeat({vis.size(0) / q.size(0), 1, 1, 1});
+  return AttentionProbs(q, Heads(ca_k_->forward(vis)), allowed);
 }
 
 QueryAdapterImpl::QueryAdapterImpl(const TowerConfig& c) {
@@ -97,20 +111,27 @@ QueryAdapterImpl::QueryAdapterImpl(const TowerConfig& c) {
   out_proj_ = register_module("out_proj", Linear(c, c.qa_dim, c.d_model, false));
 }
 
+torch::Tensor QueryAdapterImpl::Project(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 3, "QueryAdapter expects tokens [B, N, d_vis]");
+  TORCH_CHECK(tokens.size(1) == vis_pos_.size(0), "QueryAdapter expects ", vis_pos_.size(0),
+              " visual tokens");
+  return vis_norm_->forward(vis_proj_->forward(tokens)) + vis_pos_;
+}
+
+torch::Tensor QueryAdapterImpl::Allowed(const torch::Tensor& mask, int64_t b, int64_t n) const {
+  if (!mask.defined()) return torch::Tensor();
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == b && mask.size(1) == n,
+              "QueryAdapter mask must be [B, N]");
+  return mask.to(torch::kBool).view({b, 1, 1, n});
+}
+
 QueryAdapterOutput QueryAdapterImpl::forward(const torch::Tensor& tokens, const torch::Tensor& mask,
                                              double dropout_p) {
-  TORCH_CHECK(tokens.dim() == 3, "QueryAdapter expects tokens [B, N, d_vis]");
+  torch::Tensor vis = Project(tokens);
   const int64_t b = tokens.size(0);
   const int64_t n = tokens.size(1);
-  TORCH_CHECK(n == vis_pos_.size(0), "QueryAdapter expects ", vis_pos_.size(0), " visual tokens");
-  torch::Tensor vis = vis_norm_->forward(vis_proj_->forward(tokens)) + vis_pos_;
   if (dropout_p > 0.0) vis = torch::dropout(vis, dropout_p, /*train=*/true);
-  torch::Tensor allowed;
-  if (mask.defined()) {
-    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == b && mask.size(1) == n,
-                "QueryAdapter mask must be [B, N]");
-    allowed = mask.to(torch::kBool).view({b, 1, 1, n});
-  }
+  torch::Tensor allowed = Allowed(mask, b, n);
   torch::Tensor x = queries_.unsqueeze(0).expand({b, queries_.size(0), queries_.size(1)});
   torch::Tensor mass = torch::zeros({b, n}, tokens.options());
   for (const auto& layer : *layers_) {
@@ -123,6 +144,37 @@ QueryAdapterOutput QueryAdapterImpl::forward(const torch::Tensor& tokens, const 
   out.prefix = out_proj_->forward(out.queries);
   out.attention_mass = mass / static_cast<double>(layers_->size());
   return out;
+}
+
+torch::Tensor QueryAdapterImpl::AttentionMassPasses(const torch::Tensor& tokens,
+                                                    const torch::Tensor& mask, int passes,
+                                                    double dropout_p) {
+  TORCH_CHECK(passes > 0, "AttentionMassPasses needs at least one pass");
+  torch::Tensor vis = Project(tokens);  // once: the passes differ only from here on
+  const int64_t b = tokens.size(0);
+  const int64_t n = tokens.size(1);
+  const int64_t rows = b * passes;
+  vis = vis.repeat({passes, 1, 1});  // row m * b + i = pass m of sample i
+  if (dropout_p > 0.0) vis = torch::dropout(vis, dropout_p, /*train=*/true);
+  torch::Tensor allowed =
+      mask.defined() ? Allowed(mask, b, n).repeat({passes, 1, 1, 1}) : torch::Tensor();
+  // The queries are the same in every pass until a layer's dropout reaches them; the last
+  // layer's weights are read before its dropout, so a one-layer adapter never repeats them.
+  torch::Tensor x = queries_.unsqueeze(0).expand({b, queries_.size(0), queries_.size(1)});
+  torch::Tensor mass = torch::zeros({rows, n}, tokens.options());
+  const size_t last = layers_->size() - 1;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    QueryAdapterLayerImpl* layer = (*layers_)[i]->as<QueryAdapterLayer>();
+    torch::Tensor probs;
+    if (i == last) {
+      probs = layer->CrossAttentionProbs(x, vis, allowed);
+    } else {
+      if (x.size(0) != rows) x = x.repeat({passes, 1, 1});
+      x = layer->forward(x, vis, allowed, dropout_p, &probs);
+    }
+    mass = mass + probs.mean(1).mean(1);
+  }
+  return (mass / static_cast<double>(layers_->size())).view({passes, b, n});
 }
 
 }  // namespace cdcca::model

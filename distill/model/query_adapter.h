@@ -34,8 +34,15 @@ class QueryAdapterLayerImpl : public torch::nn::Module {
   // cross-attention weights [B, H, L, N] (before dropout) into *cross_probs.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& vis,
                         const torch::Tensor& allowed, double dropout_p, torch::Tensor* cross_probs);
+  // Only the cross-attention weights [Bv, H, L, N] of forward() (which come before any of
+  // its dropout), without the value path and the MLP. x [Bx, L, qa] may have fewer rows than
+  // vis [Bv, N, qa] when Bv is a multiple of Bx: row i of vis then pairs with row i % Bx of
+  // x, as after x.repeat({Bv / Bx, 1, 1}).
+  torch::Tensor CrossAttentionProbs(const torch::Tensor& x, const torch::Tensor& vis,
+                                    const torch::Tensor& allowed);
 
  private:
+  torch::Tensor SelfAttend(const torch::Tensor& x);   // x + self-attention(x)
   torch::Tensor Heads(const torch::Tensor& x) const;  // [B, T, qa] -> [B, H, T, D]
   torch::Tensor Merge(const torch::Tensor& x) const;  // inverse
   int64_t heads_;
@@ -56,7 +63,17 @@ class QueryAdapterImpl : public torch::nn::Module {
   QueryAdapterOutput forward(const torch::Tensor& tokens, const torch::Tensor& mask,
                              double dropout_p);
 
+  // attention_mass [passes, B, N] of `passes` dropout passes of forward(), as one batched
+  // computation: the same distribution as forward(tokens.repeat({passes, 1, 1}), ...,
+  // dropout_p).attention_mass, without the work that cannot reach the mass (the token
+  // projection runs once before the passes diverge; the last layer stops at its
+  // cross-attention weights; no output projection).
+  torch::Tensor AttentionMassPasses(const torch::Tensor& tokens, const torch::Tensor& mask,
+                                    int passes, double dropout_p);
+
  private:
+  torch::Tensor Project(const torch::Tensor& tokens);  // [B, N, d_vis] -> [B, N, qa]
+  torch::Tensor Allowed(const torch::Tensor& mask, int64_t b, int64_t n) const;
   AdaptedLinear vis_proj_{nullptr};
   torch::nn::LayerNorm vis_norm_{nullptr};
   // Cross-attention is blind to key order, so each grid position gets its own embedding;
