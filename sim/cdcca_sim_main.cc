@@ -2,9 +2,10 @@
 // cloud service and device agents on this machine and writes its report.
 //
 //   cdcca-sim --experiment configs/experiments/quickstart.json [--out runs/quickstart]
-//             [--seed 1] [--tiny] [--checkpoint DIR] [--threads N]
+//             [--seed 1 | --seeds 1,2,3] [--tiny] [--checkpoint DIR] [--threads N]
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -12,9 +13,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "sim/experiment.h"
 #include "sim/harness.h"
 #include "sim/report.h"
@@ -24,6 +27,9 @@ ABSL_FLAG(std::string, experiment, "configs/experiments/quickstart.json",
           "configs/experiments/");
 ABSL_FLAG(std::string, out, "", "run directory for the report (default: runs/<experiment name>)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of streams, evaluation scenes, dropout and training");
+ABSL_FLAG(std::string, seeds, "",
+          "comma-separated seeds: runs the experiment once per seed into OUT/seed-N/ and writes "
+          "OUT/seeds.md and OUT/seeds.json (every comparison per seed, mean and standard errors)");
 ABSL_FLAG(bool, tiny, false,
           "shrink the experiment (64 frames and 48 evaluation scenes per round, 20 steps per "
           "job, at most 2 devices) for a quick check");
@@ -101,21 +107,57 @@ int main(int argc, char** argv) {
   }
   const std::string out = absl::GetFlag(FLAGS_out).empty() ? absl::StrCat("runs/", experiment->name)
                                                            : absl::GetFlag(FLAGS_out);
-  ProgressBar bar;
-  cdcca::sim::HarnessOptions options;
-  options.work_dir = out + "/work";
-  options.seed = absl::GetFlag(FLAGS_seed);
-  options.progress = [&bar](const std::string& what, double f) { bar.Update(what, f); };
-  absl::StatusOr<cdcca::sim::RunResult> run = cdcca::sim::RunExperiment(*experiment, options);
-  if (!run.ok()) {
-    std::fprintf(stderr, "\ncdcca-sim: %s\n", run.status().ToString().c_str());
-    return 1;
+  std::vector<uint64_t> seeds = {absl::GetFlag(FLAGS_seed)};
+  const bool several = !absl::GetFlag(FLAGS_seeds).empty();
+  if (several) {
+    seeds.clear();
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_seeds), ',')) {
+      uint64_t seed = 0;
+      if (!absl::SimpleAtoi(part, &seed)) {
+        std::fprintf(stderr, "cdcca-sim: --seeds: '%s' is not a seed\n", std::string(part).c_str());
+        return 2;
+      }
+      if (std::find(seeds.begin(), seeds.end(), seed) != seeds.end()) {
+        std::fprintf(stderr, "cdcca-sim: --seeds: seed %llu given twice\n",
+                     static_cast<unsigned long long>(seed));
+        return 2;
+      }
+      seeds.push_back(seed);
+    }
   }
-  if (absl::Status s = cdcca::sim::WriteReport(*run, out); !s.ok()) {
-    std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
-    return 1;
+  std::vector<cdcca::sim::RunResult> runs;
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    const std::string dir = several ? absl::StrCat(out, "/seed-", seeds[i]) : out;
+    const std::string tag =
+        several ? absl::StrCat("seed ", seeds[i], " (", i + 1, "/", seeds.size(), ") ") : "";
+    ProgressBar bar;
+    cdcca::sim::HarnessOptions options;
+    options.work_dir = dir + "/work";
+    options.seed = seeds[i];
+    options.progress = [&bar, &tag](const std::string& what, double f) {
+      bar.Update(tag + what, f);
+    };
+    absl::StatusOr<cdcca::sim::RunResult> run = cdcca::sim::RunExperiment(*experiment, options);
+    if (!run.ok()) {
+      std::fprintf(stderr, "\ncdcca-sim: %s\n", run.status().ToString().c_str());
+      return 1;
+    }
+    if (absl::Status s = cdcca::sim::WriteReport(*run, dir); !s.ok()) {
+      std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("\n%s%s\nreport: %s/report.md  (plots: %s/report.html)\n", tag.c_str(),
+                cdcca::sim::SummaryTable(*run).c_str(), dir.c_str(), dir.c_str());
+    std::fflush(stdout);
+    runs.push_back(*std::move(run));
   }
-  std::printf("\n%s\nreport: %s/report.md  (plots: %s/report.html)\n",
-              cdcca::sim::SummaryTable(*run).c_str(), out.c_str(), out.c_str());
+  if (several) {
+    if (absl::Status s = cdcca::sim::WriteSeedSummary(runs, out); !s.ok()) {
+      std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("\n%s\nsummary: %s/seeds.md\n", cdcca::sim::SeedSummaryMarkdown(runs).c_str(),
+                out.c_str());
+  }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "distill/model/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "sim/report.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -198,6 +199,63 @@ TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
   EXPECT_THAT(md, HasSubstr("| cd-cca@0.25 | akd-random@0.25 | +50.00 |"));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | akd-random@0.75 |")));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | cd-cca |")));
+}
+
+// Several seeds: per-seed paired differences, their mean, the standard error across seeds
+// and the question-level one, by hand. cd-cca minus pkd: seed 1 {1,0,0,1} -> +50 (question
+// SE sqrt(1/3 / 4) = 28.87), seed 2 {0,0,1,0} -> +25 (SE 25); mean 37.5, across-seed SE
+// sd(50, 25) / sqrt(2) = 12.5, question SE sqrt(28.87^2 + 25^2) / 2 = 19.09.
+TEST(ReportTest, SummarizesSeveralSeeds) {
+  auto run = [](uint64_t seed, std::vector<std::vector<float>> scores) {
+    RunResult r;
+    r.seed = seed;
+    r.experiment.name = "seeds";
+    r.experiment.devices = 1;
+    r.experiment.rounds = 1;
+    const std::vector<std::string> names = {"source-only", "pkd", "cd-cca"};
+    for (size_t i = 0; i < names.size(); ++i) {
+      MethodResult m;
+      m.method = names[i];
+      for (int round = 0; round <= 1; ++round) {
+        DeviceRound d;
+        d.round = round;
+        d.domain = "fog-4";
+        d.question_da = scores[i];
+        m.rounds.push_back(d);
+      }
+      r.methods.push_back(m);
+    }
+    return r;
+  };
+  std::vector<RunResult> runs = {run(1, {{0, 1, 0, 1}, {0, 1, 0, 0}, {1, 1, 0, 1}}),
+                                 run(2, {{0, 0, 0, 1}, {1, 0, 0, 1}, {1, 0, 1, 1}})};
+  const std::string md = SeedSummaryMarkdown(runs);
+  EXPECT_THAT(md, HasSubstr("| comparison | seed 1 | seed 2 | mean |"));
+  EXPECT_THAT(md, HasSubstr("| pkd minus source-only | -25.00 | +25.00 | **+0.00** | 25.00 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca minus source-only | +25.00 | +50.00 | **+37.50** | 12.50 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca minus pkd | +50.00 | +25.00 | **+37.50** | 12.50 | 19.09 |"));
+
+  // A seed without the method: that seed shows "-" and the mean uses the others.
+  runs.push_back(run(3, {{0, 0, 0, 0}, {0, 0, 0, 0}, {1, 1, 1, 1}}));
+  runs.back().methods.erase(runs.back().methods.begin() + 1);
+  EXPECT_THAT(SeedSummaryMarkdown(runs),
+              HasSubstr("| cd-cca minus pkd | +50.00 | +25.00 | - | **+37.50** | 12.50 |"));
+
+  const std::string dir = ::testing::TempDir() + "/seed_summary";
+  ASSERT_TRUE(WriteSeedSummary(runs, dir).ok());
+  std::ifstream in(dir + "/seeds.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["seeds"].size(), 3u);
+  bool found = false;
+  for (const auto& c : j["comparisons"]) {
+    if (c["reference"] != "cd-cca" || c["method"] != "pkd") continue;
+    found = true;
+    EXPECT_NEAR(c["mean"].get<double>(), 37.5, 1e-9);
+    EXPECT_EQ(c["seeds_paired"].get<int>(), 2);
+    EXPECT_TRUE(c["per_seed"][2].is_null());
+  }
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(WriteSeedSummary({}, dir).ok());
 }
 
 }  // namespace

@@ -150,6 +150,86 @@ std::vector<Paired> PairedComparisons(const RunResult& run) {
   return out;
 }
 
+// Writes `text` to path.tmp and renames it over `path`: a reader never sees half a file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// One comparison followed over several seeds: per seed the paired difference and its
+// question-level standard error (NaN where that seed could not pair them).
+struct SeedRow {
+  std::string reference, method;
+  std::vector<double> diff, se;
+};
+
+const MethodResult* FindMethod(const RunResult& run, const std::string& name) {
+  for (const MethodResult& m : run.methods) {
+    if (m.method == name) return &m;
+  }
+  return nullptr;
+}
+
+// Rows: every method's gain over source-only, then CD-CCA against each method.
+std::vector<SeedRow> SeedRows(const std::vector<RunResult>& runs) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const MethodResult& m : runs.front().methods) {
+    if (m.method != "source-only") pairs.emplace_back(m.method, "source-only");
+  }
+  for (const Paired& p : PairedComparisons(runs.front())) {
+    if (p.method != "source-only") pairs.emplace_back(p.reference, p.method);
+  }
+  std::vector<SeedRow> rows;
+  for (const auto& [reference, method] : pairs) {
+    SeedRow row{reference, method, {}, {}};
+    for (const RunResult& run : runs) {
+      const MethodResult* a = FindMethod(run, reference);
+      const MethodResult* b = FindMethod(run, method);
+      std::optional<Paired> p;
+      if (a != nullptr && b != nullptr) p = Pair(*a, *b);
+      row.diff.push_back(p ? p->diff : std::nan(""));
+      row.se.push_back(p ? p->se : std::nan(""));
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// Mean over the seeds that have a value, the standard error of that mean across seeds
+// (sample SD / sqrt(k); NaN below two seeds) and the question-level SE of the mean
+// (sqrt(sum se^2) / k: evaluation noise only, no training noise).
+struct SeedStats {
+  int seeds = 0;
+  double mean = 0, se_across = std::nan(""), se_questions = 0;
+};
+SeedStats Across(const SeedRow& row) {
+  SeedStats s;
+  double sum = 0, se2 = 0;
+  for (size_t i = 0; i < row.diff.size(); ++i) {
+    if (std::isnan(row.diff[i])) continue;
+    ++s.seeds;
+    sum += row.diff[i];
+    se2 += row.se[i] * row.se[i];
+  }
+  if (s.seeds == 0) return s;
+  s.mean = sum / s.seeds;
+  s.se_questions = std::sqrt(se2) / s.seeds;
+  if (s.seeds >= 2) {
+    double ss = 0;
+    for (double d : row.diff) {
+      if (!std::isnan(d)) ss += (d - s.mean) * (d - s.mean);
+    }
+    s.se_across = std::sqrt(ss / (s.seeds - 1) / s.seeds);
+  }
+  return s;
+}
+
 constexpr double kHdFrameBytes = 1920.0 * 1080 * 3;
 
 // ---- SVG ------------------------------------------------------------------------------------
@@ -389,15 +469,8 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   const Experiment& e = run.experiment;
-  auto write = [&](const std::string& name, const std::string& text) -> absl::Status {
-    const std::string path = dir + "/" + name;
-    std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-    std::filesystem::rename(path + ".tmp", path, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-    return absl::OkStatus();
+  auto write = [&](const std::string& name, const std::string& text) {
+    return WriteFileAtomically(dir + "/" + name, text);
   };
   // results.json and results.csv: every device and round.
   json j;
@@ -496,6 +569,63 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     return s;
   }
   return write("report.html", html);
+}
+
+std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
+  if (runs.empty()) return "";
+  const Experiment& e = runs.front().experiment;
+  std::string md =
+      absl::StrCat("# ", e.title.empty() ? e.name : e.title, ": ", runs.size(), " seeds\n\n");
+  absl::StrAppend(
+      &md,
+      "Each row is a paired difference on the same evaluation questions, mean over "
+      "the adapted rounds, in DA points, per seed (each seed's full report is in "
+      "seed-N/). \"SE across seeds\" is the sample standard deviation of the "
+      "per-seed values over sqrt(seeds): it carries the training noise. \"question SE\" "
+      "is the evaluation noise alone, sqrt(sum of the per-seed paired SEs squared) / "
+      "seeds.\n\n| comparison |");
+  for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
+  absl::StrAppend(&md, " mean | SE across seeds | question SE |\n|---|");
+  for (size_t i = 0; i < runs.size() + 3; ++i) md += "---|";
+  md += "\n";
+  for (const SeedRow& row : SeedRows(runs)) {
+    absl::StrAppend(&md, "| ", row.reference, " minus ", row.method, " |");
+    for (double d : row.diff) {
+      absl::StrAppend(&md, std::isnan(d) ? std::string(" - |") : absl::StrFormat(" %+.2f |", d));
+    }
+    const SeedStats s = Across(row);
+    absl::StrAppend(
+        &md, absl::StrFormat(" **%+.2f** |", s.mean),
+        std::isnan(s.se_across) ? std::string(" - |") : absl::StrFormat(" %.2f |", s.se_across),
+        absl::StrFormat(" %.2f |\n", s.se_questions));
+  }
+  return md;
+}
+
+absl::Status WriteSeedSummary(const std::vector<RunResult>& runs, const std::string& dir) {
+  if (runs.empty()) return absl::InvalidArgumentError("no runs to summarize");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  json j;
+  j["experiment"] = runs.front().experiment.name;
+  for (const RunResult& run : runs) j["seeds"].push_back(run.seed);
+  for (const SeedRow& row : SeedRows(runs)) {
+    const SeedStats s = Across(row);
+    json r = {{"reference", row.reference},
+              {"method", row.method},
+              {"seeds_paired", s.seeds},
+              {"mean", s.mean},
+              {"question_standard_error", s.se_questions}};
+    // JSON has no NaN: a missing value is null.
+    r["se_across_seeds"] = std::isnan(s.se_across) ? json(nullptr) : json(s.se_across);
+    for (double d : row.diff) r["per_seed"].push_back(std::isnan(d) ? json(nullptr) : json(d));
+    j["comparisons"].push_back(r);
+  }
+  if (absl::Status s = WriteFileAtomically(dir + "/seeds.json", j.dump(2) + "\n"); !s.ok()) {
+    return s;
+  }
+  return WriteFileAtomically(dir + "/seeds.md", SeedSummaryMarkdown(runs));
 }
 
 }  // namespace cdcca::sim

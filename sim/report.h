@@ -5,6 +5,7 @@
 #define CDCCA_SIM_REPORT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "sim/harness.h"
@@ -20,6 +21,14 @@ std::string MarkdownReport(const RunResult& run);
 
 // Writes report.md, results.json, results.csv and report.html into `dir` (created).
 absl::Status WriteReport(const RunResult& run, const std::string& dir);
+
+// Several seeds of one experiment (`cdcca-sim --seeds`): every method's gain over
+// source-only and CD-CCA's difference against each method, paired on the same questions,
+// per seed, with the mean, its standard error across seeds (training noise included) and
+// the question-level one (evaluation noise only). Markdown; WriteSeedSummary writes it as
+// seeds.md and the figures as seeds.json into `dir`.
+std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs);
+absl::Status WriteSeedSummary(const std::vector<RunResult>& runs, const std::string& dir);
 
 }  // namespace cdcca::sim
 
