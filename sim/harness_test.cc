@@ -3,12 +3,15 @@
 // report is written, and the same seed gives the same accuracies.
 #include "sim/harness.h"
 
+#include <sys/wait.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "distill/model/checkpoint.h"
 #include "gmock/gmock.h"
@@ -160,6 +163,46 @@ TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
       EXPECT_EQ(da, first);
     }
   }
+}
+
+// The program end to end with --seeds: one run directory per seed, the summary files, and
+// the summary printed; a repeated seed is refused before anything runs.
+TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
+  const std::string experiment = dir_.path() + "/seeds.json";
+  {
+    std::ofstream f(experiment);
+    f << R"({"name": "seeds-test", "checkpoint": ")" << dir_.path() << R"(/model",
+      "devices": 1, "rounds": 1, "stream_frames": 16, "eval_scenes": 4, "threads": 1,
+      "distill_config": "", "schedule": [{"shift": "fog", "severity": 4}],
+      "methods": ["source-only", "cd-cca"], "uts": {"keep_fraction": 0.5, "mc_passes": 2},
+      "job": {"max_steps": 2, "batch_size": 4}, "link": {"latency_ms": 1}})";
+  }
+  const std::string out = dir_.path() + "/runs";
+  auto run = [&](const std::string& seeds, std::string* stdout_text) {
+    const std::string cmd = absl::StrCat(CDCCA_SIM_BINARY, " --experiment ", experiment, " --out ",
+                                         out, " --seeds ", seeds, " 2>/dev/null");
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) stdout_text->append(buf, n);
+    const int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string printed;
+  ASSERT_EQ(run("3,4", &printed), 0) << printed;
+  EXPECT_THAT(printed, HasSubstr("seed 3 (1/2)"));
+  EXPECT_THAT(printed, HasSubstr("| cd-cca minus source-only |"));
+  EXPECT_THAT(printed, HasSubstr("summary: " + out + "/seeds.md"));
+  for (const char* f : {"/seed-3/report.md", "/seed-4/results.json", "/seeds.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(out + f)) << f;
+  }
+  std::ifstream md(out + "/seeds.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("| comparison | seed 3 | seed 4 | mean |"));
+  std::string refused;
+  EXPECT_EQ(run("5,5", &refused), 2);
+  EXPECT_FALSE(std::filesystem::exists(out + "/seed-5"));
 }
 
 // The paired comparison on a hand-made run: per-question differences {1, 0, 0, 0} give a
