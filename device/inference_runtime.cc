@@ -3,9 +3,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
-#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -44,13 +44,14 @@ auto CatchTorch(const char* what, Fn fn) -> decltype(fn()) {
 }
 
 torch::Tensor ImagesToTensor(const std::vector<Frame>& frames, int size) {
-  torch::Tensor batch = torch::empty({static_cast<int64_t>(frames.size()), size, size, 3},
-                                     torch::kUInt8);
+  torch::Tensor batch =
+      torch::empty({static_cast<int64_t>(frames.size()), size, size, 3}, torch::kUInt8);
   for (size_t i = 0; i < frames.size(); ++i) {
     const datasets::Image& src = frames[i].image;
-    datasets::Image img = (src.width == size && src.height == size)
-                              ? src
-                              : datasets::Resize(src, size, size, datasets::Interpolation::kBilinear);
+    datasets::Image img =
+        (src.width == size && src.height == size)
+            ? src
+            : datasets::Resize(src, size, size, datasets::Interpolation::kBilinear);
     std::memcpy(batch[static_cast<int64_t>(i)].data_ptr<uint8_t>(), img.pixels.data(),
                 img.pixels.size());
   }
@@ -69,8 +70,9 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
   if (options.max_answer_tokens < 1 || options.max_answer_tokens > 32) {
     return absl::InvalidArgumentError("max_answer_tokens must be in 1-32");
   }
-  torch::set_num_threads(options.threads > 0 ? options.threads
-                                             : static_cast<int>(std::thread::hardware_concurrency()));
+  torch::set_num_threads(options.threads > 0
+                             ? options.threads
+                             : static_cast<int>(std::thread::hardware_concurrency()));
   absl::StatusOr<model::FamilyCheckpoint> family =
       model::LoadFamily(options.checkpoint_dir, *precision);
   if (!family.ok()) return family.status();
@@ -142,7 +144,8 @@ absl::StatusOr<std::vector<AnswerResult>> InferenceRuntime::Answer(
       AnswerResult& r = out[static_cast<size_t>(i)];
       const int64_t len = gen.lengths[i].item<int64_t>();
       std::vector<int> answer;
-      for (int64_t t = 0; t < len; ++t) answer.push_back(static_cast<int>(gen.tokens[i][t].item<int64_t>()));
+      for (int64_t t = 0; t < len; ++t)
+        answer.push_back(static_cast<int>(gen.tokens[i][t].item<int64_t>()));
       r.text = impl_->tokenizer.Decode(answer);
       r.answer_ids.assign(answer.begin(), answer.end());
       r.prompt_ids.assign(prompts[static_cast<size_t>(i)].begin(),
@@ -168,10 +171,9 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
   return CatchTorch("token scores", [&]() -> absl::StatusOr<std::vector<float>> {
     torch::NoGradGuard no_grad;
-    torch::Tensor tokens =
-        torch::from_blob(const_cast<float*>(visual.values.data()), {1, visual.tokens, visual.dim},
-                         torch::kFloat32)
-            .clone();
+    torch::Tensor tokens = torch::from_blob(const_cast<float*>(visual.values.data()),
+                                            {1, visual.tokens, visual.dim}, torch::kFloat32)
+                               .clone();
     model::StochasticStats stats;
     {
       absl::ReaderMutexLock lock(&impl_->mu);
@@ -198,8 +200,7 @@ absl::Status InferenceRuntime::ApplyUpdate(absl::string_view payload) {
 
 absl::StatusOr<std::string> InferenceRuntime::SaveTrainableState() const {
   absl::ReaderMutexLock lock(&impl_->mu);
-  return model::EncodeSafetensors(impl_->trainable,
-                                  {{"version", std::to_string(impl_->version)}});
+  return model::EncodeSafetensors(impl_->trainable, {{"version", std::to_string(impl_->version)}});
 }
 
 absl::Status InferenceRuntime::LoadTrainableState(absl::string_view bytes, uint64_t version) {
@@ -207,8 +208,9 @@ absl::Status InferenceRuntime::LoadTrainableState(absl::string_view bytes, uint6
   if (!contents.ok()) return contents.status();
   absl::MutexLock lock(&impl_->mu);
   if (contents->tensors.size() != impl_->trainable.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("trainable state holds ", contents->tensors.size(),
-                                                   " tensors, the model ", impl_->trainable.size()));
+    return absl::InvalidArgumentError(absl::StrCat("trainable state holds ",
+                                                   contents->tensors.size(), " tensors, the model ",
+                                                   impl_->trainable.size()));
   }
   std::map<std::string, torch::Tensor> by_name(contents->tensors.begin(), contents->tensors.end());
   // Check everything before touching any weight.
@@ -218,8 +220,8 @@ absl::Status InferenceRuntime::LoadTrainableState(absl::string_view bytes, uint6
       return absl::InvalidArgumentError(absl::StrCat("trainable state lacks tensor ", name));
     }
     if (it->second.sizes() != live.sizes() || it->second.scalar_type() != torch::kFloat32) {
-      return absl::InvalidArgumentError(absl::StrCat("trainable state tensor ", name,
-                                                     " has the wrong shape or dtype"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("trainable state tensor ", name, " has the wrong shape or dtype"));
     }
   }
   torch::NoGradGuard no_grad;
