@@ -88,14 +88,7 @@ int main(int argc, char** argv) {
     experiment->checkpoint = absl::GetFlag(FLAGS_checkpoint);
   if (absl::GetFlag(FLAGS_threads) >= 0) experiment->threads = absl::GetFlag(FLAGS_threads);
   if (!absl::GetFlag(FLAGS_methods).empty()) {
-    experiment->methods.clear();
-    std::string list = absl::GetFlag(FLAGS_methods);
-    size_t at = 0;
-    while (at <= list.size()) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      if (comma > at) experiment->methods.push_back(list.substr(at, comma - at));
-      at = comma + 1;
-    }
+    experiment->methods = absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty());
     absl::StatusOr<cdcca::sim::Experiment> checked = cdcca::sim::ParseExperiment(
         absl::StrCat("{\"name\": \"x\", \"schedule\": [{}], \"methods\": [\"",
                      absl::StrJoin(experiment->methods, "\", \""), "\"]}"),

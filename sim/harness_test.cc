@@ -26,6 +26,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 class HarnessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -126,18 +133,15 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
   for (const char* f : {"report.md", "results.json", "results.csv", "report.html"}) {
     EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/report/" + f)) << f;
   }
-  std::ifstream md(dir_.path() + "/report/report.md");
-  std::stringstream text;
-  text << md.rdbuf();
-  EXPECT_THAT(text.str(), HasSubstr("| cd-cca |"));
-  EXPECT_THAT(text.str(), HasSubstr("Transmission"));
-  EXPECT_THAT(text.str(), HasSubstr("paired on the same questions"));
+  const std::string text = ReadText(dir_.path() + "/report/report.md");
+  EXPECT_THAT(text, HasSubstr("| cd-cca |"));
+  EXPECT_THAT(text, HasSubstr("Transmission"));
+  EXPECT_THAT(text, HasSubstr("paired on the same questions"));
   // Two devices, two rounds: four updates per cloud method, each about 1/4 of the bytes.
   for (const MethodResult* m : {&cdcca, &random}) {
     uint64_t down = 0;
     for (const DeviceRound& r : m->rounds) down += r.downlink_payload_bytes;
-    EXPECT_THAT(text.str(),
-                HasSubstr(absl::StrFormat("| %.1f | %.1f |", down / 1000.0, down / 4000.0)))
+    EXPECT_THAT(text, HasSubstr(absl::StrFormat("| %.1f | %.1f |", down / 1000.0, down / 4000.0)))
         << m->method;
   }
   EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));
@@ -196,10 +200,8 @@ TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
   for (const char* f : {"/seed-3/report.md", "/seed-4/results.json", "/seeds.json"}) {
     EXPECT_TRUE(std::filesystem::exists(out + f)) << f;
   }
-  std::ifstream md(out + "/seeds.md");
-  std::stringstream text;
-  text << md.rdbuf();
-  EXPECT_THAT(text.str(), HasSubstr("| comparison | seed 3 | seed 4 | mean |"));
+  const std::string text = ReadText(out + "/seeds.md");
+  EXPECT_THAT(text, HasSubstr("| comparison | seed 3 | seed 4 | mean |"));
   std::string refused;
   EXPECT_EQ(run("5,5", &refused), 2);
   EXPECT_FALSE(std::filesystem::exists(out + "/seed-5"));
