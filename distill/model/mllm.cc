@@ -21,13 +21,13 @@ MllmImpl::MllmImpl(const TowerConfig& config) : config_(config) {
 }
 
 MllmOutput MllmImpl::Forward(const MllmInput& input) {
+  if (input.scene_index.defined()) {
+    return ForwardGroups(input.visual_tokens, input.visual_mask,
+                         {{input.text_ids, input.text_valid, input.scene_index}})
+        .front();
+  }
   const double p = is_training() ? config_.dropout : 0.0;
   QueryAdapterOutput q = qa_->forward(input.visual_tokens, input.visual_mask, p);
-  if (input.scene_index.defined()) {
-    q.prefix = q.prefix.index_select(0, input.scene_index);
-    q.queries = q.queries.index_select(0, input.scene_index);
-    q.attention_mass = q.attention_mass.index_select(0, input.scene_index);
-  }
   const int64_t b = input.text_ids.size(0);
   const int64_t t = input.text_ids.size(1);
   const int64_t l = config_.num_queries;
@@ -45,6 +45,42 @@ MllmOutput MllmImpl::Forward(const MllmInput& input) {
   out.representation = captured.narrow(1, l, t);
   out.attention_mass = q.attention_mass;
   return out;
+}
+
+std::vector<MllmOutput> MllmImpl::ForwardGroups(const torch::Tensor& visual_tokens,
+                                                const torch::Tensor& visual_mask,
+                                                const std::vector<QuestionGroup>& groups) {
+  const double p = is_training() ? config_.dropout : 0.0;
+  QueryAdapterOutput q = qa_->forward(visual_tokens, visual_mask, p);
+  const int64_t s = q.prefix.size(0);
+  const int64_t l = config_.num_queries;
+  KvCache prefix;
+  lm_->forward(q.prefix, torch::ones({s, l}, torch::dtype(torch::kBool).device(q.prefix.device())),
+               &prefix, p, -1, nullptr);
+  std::vector<MllmOutput> outs;
+  outs.reserve(groups.size());
+  for (const QuestionGroup& g : groups) {
+    const torch::Tensor& idx = g.scene_index;
+    KvCache cache;
+    for (size_t i = 0; i < prefix.k.size(); ++i) {
+      cache.k.push_back(prefix.k[i].index_select(0, idx));
+      cache.v.push_back(prefix.v[i].index_select(0, idx));
+    }
+    cache.key_valid = prefix.key_valid.index_select(0, idx);
+    cache.next_position = prefix.next_position.index_select(0, idx);
+    torch::Tensor valid =
+        g.text_valid.defined()
+            ? g.text_valid.to(torch::kBool)
+            : torch::ones(g.text_ids.sizes(), torch::dtype(torch::kBool).device(idx.device()));
+    MllmOutput out;
+    torch::Tensor hidden = lm_->forward(lm_->Embed(g.text_ids), valid, &cache, p,
+                                        representation_layer(), &out.representation);
+    out.logits = lm_->Logits(hidden);
+    out.queries = q.queries.index_select(0, idx);
+    out.attention_mass = q.attention_mass.index_select(0, idx);
+    outs.push_back(std::move(out));
+  }
+  return outs;
 }
 
 GenerateResult MllmImpl::Generate(const torch::Tensor& visual_tokens,

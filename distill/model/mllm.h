@@ -20,6 +20,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "distill/model/config.h"
 #include "distill/model/language_model.h"
 #include "distill/model/query_adapter.h"
@@ -35,6 +37,14 @@ struct MllmInput {
   // and visual_mask hold S scenes). Several questions about one scene then share a single
   // query-adapter pass, which does not depend on the question.
   torch::Tensor scene_index;
+};
+
+// One group of questions for Mllm::ForwardGroups: rows are questions about the scenes of
+// the call, padded among themselves only.
+struct QuestionGroup {
+  torch::Tensor text_ids;     // [B, T] int64: left-padded prompt, then answer tokens
+  torch::Tensor text_valid;   // [B, T] bool, false = padding; undefined = all valid
+  torch::Tensor scene_index;  // [B] int64: row b is about scene scene_index[b]
 };
 
 struct MllmOutput {
@@ -63,6 +73,16 @@ class MllmImpl : public torch::nn::Module {
 
   // Teacher-forced pass. Dropout (config.dropout) is active only in train() mode.
   MllmOutput Forward(const MllmInput& input);
+
+  // Teacher-forced passes of several question groups about one set of S scenes
+  // (visual_tokens [S, N, d_vis], visual_mask [S, N] or undefined). The query adapter and
+  // the LM over each scene's prefix run once for all groups; as the prefix comes first and
+  // attention is causal, every group then gets the same sums as Forward on its rows (up to
+  // rounding), with padding only up to its own longest question. Returns one output per
+  // group, in order.
+  std::vector<MllmOutput> ForwardGroups(const torch::Tensor& visual_tokens,
+                                        const torch::Tensor& visual_mask,
+                                        const std::vector<QuestionGroup>& groups);
 
   // Greedy decoding with a KV cache: prefill [prefix, prompt] once, then one position per
   // step. Stops when every row has emitted eos_id or after max_new_tokens. Runs under

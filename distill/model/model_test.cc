@@ -111,18 +111,24 @@ TEST_F(TinyTest, MaskedVisualTokenHasNoEffect) {
 }
 
 TEST_F(TinyTest, SharedScenePassEqualsRepeatedTokens) {
-  Mllm m(family_.teacher);
-  m->eval();
-  Batch x = RandomBatch(family_.teacher, 3, 5);
-  torch::Tensor scene = torch::tensor({0, 0, 1}, torch::kLong);
-  Batch repeated{x.tokens.narrow(0, 0, 2).index_select(0, scene),
-                 x.mask.narrow(0, 0, 2).index_select(0, scene), x.text, x.valid};
-  MllmOutput a = RunModel(m, repeated);
-  torch::NoGradGuard g;
-  MllmInput shared{x.tokens.narrow(0, 0, 2), x.mask.narrow(0, 0, 2), x.text, x.valid, scene};
-  MllmOutput b = m->Forward(shared);
-  EXPECT_TRUE(torch::allclose(a.logits, b.logits, 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(a.queries, b.queries, 1e-5, 1e-6));
+  // With scene_index the LM runs each scene's prefix once and every question over its
+  // scene's cached prefix; every hook must match the full per-question sequences.
+  for (const TowerConfig& c : {family_.teacher, family_.student}) {
+    Mllm m(c);
+    m->eval();
+    Batch x = RandomBatch(c, 3, 5);
+    torch::Tensor scene = torch::tensor({0, 0, 1}, torch::kLong);
+    Batch repeated{x.tokens.narrow(0, 0, 2).index_select(0, scene),
+                   x.mask.narrow(0, 0, 2).index_select(0, scene), x.text, x.valid};
+    MllmOutput a = RunModel(m, repeated);
+    torch::NoGradGuard g;
+    MllmInput shared{x.tokens.narrow(0, 0, 2), x.mask.narrow(0, 0, 2), x.text, x.valid, scene};
+    MllmOutput b = m->Forward(shared);
+    EXPECT_TRUE(torch::allclose(a.logits, b.logits, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(a.queries, b.queries, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(a.representation, b.representation, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(a.attention_mass, b.attention_mass, 1e-5, 1e-6));
+  }
 }
 
 TEST_F(TinyTest, LeftPaddingDoesNotChangeTheAnswer) {

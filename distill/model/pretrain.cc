@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -38,10 +39,18 @@ torch::Device PickDevice(bool force_cpu) {
   return torch::Device(torch::kCPU);
 }
 
-void SetThreads(int threads) {
-  const int n =
-      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(n);
+int AllCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+void SetThreads(int threads) { torch::set_num_threads(threads > 0 ? threads : AllCores()); }
+
+// Intra-op threads of the tower stages. Their time is in matrix products, which the BLAS
+// (OpenBLAS) spreads over the cores with threads of its own; LibTorch's OpenMP threads on
+// the same cores only contend with them. On 2 cores, 1 intra-op thread trains the teacher
+// 2.6x faster than 2 (docs/BENCHMARKS.md, "Pretraining cost"). The convolutional vision
+// stage keeps every core.
+int TowerThreads(int threads, torch::Device device) {
+  if (threads > 0) return threads;
+  return device.is_cpu() ? 1 : AllCores();
 }
 
 // One stderr line, rewritten in place at most 5 times a second.
@@ -107,23 +116,33 @@ struct QaBatch {
   std::vector<const ds::VqaItem*> items;
 };
 
-QaBatch BuildQa(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok) {
-  std::vector<std::vector<int>> prompts, answers;
-  std::vector<int64_t> scene;
-  QaBatch b;
+struct TokenizedQuestion {
+  int64_t scene;
+  const ds::VqaItem* item;
+  std::vector<int> prompt, answer;
+};
+
+std::vector<TokenizedQuestion> TokenizeQuestions(const std::vector<ds::Sample>& samples,
+                                                 const ds::Tokenizer& tok) {
+  std::vector<TokenizedQuestion> out;
   for (size_t s = 0; s < samples.size(); ++s) {
     for (const ds::VqaItem& q : samples[s].questions) {
-      prompts.push_back(tok.Encode(q.question, /*add_bos=*/true, /*add_eos=*/false));
-      answers.push_back(tok.Encode(q.answer, false, /*add_eos=*/true));
-      scene.push_back(static_cast<int64_t>(s));
-      b.items.push_back(&q);
+      out.push_back({static_cast<int64_t>(s), &q,
+                     tok.Encode(q.question, /*add_bos=*/true, /*add_eos=*/false),
+                     tok.Encode(q.answer, false, /*add_eos=*/true)});
     }
   }
-  const int64_t n = static_cast<int64_t>(prompts.size());
+  return out;
+}
+
+// Pads questions [begin, end) among themselves.
+QaBatch PackQuestions(const std::vector<TokenizedQuestion>& qs, size_t begin, size_t end) {
+  QaBatch b;
+  const int64_t n = static_cast<int64_t>(end - begin);
   size_t tp = 0, ta = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    tp = std::max(tp, prompts[i].size());
-    ta = std::max(ta, answers[i].size());
+  for (size_t i = begin; i < end; ++i) {
+    tp = std::max(tp, qs[i].prompt.size());
+    ta = std::max(ta, qs[i].answer.size());
   }
   const int64_t t = static_cast<int64_t>(tp + ta);
   b.text = torch::zeros({n, t}, torch::kLong);
@@ -132,23 +151,56 @@ QaBatch BuildQa(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok
   auto text = b.text.accessor<int64_t, 2>();
   auto valid = b.valid.accessor<bool, 2>();
   auto labels = b.labels.accessor<int64_t, 2>();
+  std::vector<int64_t> scene;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t off = static_cast<int64_t>(tp - prompts[i].size());
-    for (size_t j = 0; j < prompts[i].size(); ++j) {
-      text[i][off + j] = prompts[i][j];
+    const TokenizedQuestion& q = qs[begin + i];
+    const int64_t off = static_cast<int64_t>(tp - q.prompt.size());
+    for (size_t j = 0; j < q.prompt.size(); ++j) {
+      text[i][off + j] = q.prompt[j];
       valid[i][off + j] = true;
     }
-    for (size_t j = 0; j < answers[i].size(); ++j) {
-      text[i][tp + j] = answers[i][j];
+    for (size_t j = 0; j < q.answer.size(); ++j) {
+      text[i][tp + j] = q.answer[j];
       valid[i][tp + j] = true;
-      labels[i][tp + j - 1] = answers[i][j];  // predicted from the previous position
+      labels[i][tp + j - 1] = q.answer[j];  // predicted from the previous position
     }
+    scene.push_back(q.scene);
+    b.items.push_back(q.item);
   }
   b.scene = torch::tensor(scene, torch::kLong);
   b.prompt = b.text.narrow(1, 0, static_cast<int64_t>(tp));
   b.prompt_valid = b.valid.narrow(1, 0, static_cast<int64_t>(tp));
   return b;
 }
+
+QaBatch BuildQa(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok) {
+  std::vector<TokenizedQuestion> qs = TokenizeQuestions(samples, tok);
+  return PackQuestions(qs, 0, qs.size());
+}
+
+// The questions of a training step in groups of similar length (PaddingGroups).
+std::vector<QaBatch> BuildQaGroups(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
+                                   int max_groups) {
+  std::vector<TokenizedQuestion> qs = TokenizeQuestions(samples, tok);
+  std::stable_sort(qs.begin(), qs.end(),
+                   [](const TokenizedQuestion& a, const TokenizedQuestion& b) {
+                     return std::make_pair(a.prompt.size(), a.answer.size()) <
+                            std::make_pair(b.prompt.size(), b.answer.size());
+                   });
+  std::vector<std::pair<size_t, size_t>> lengths;
+  for (const TokenizedQuestion& q : qs) lengths.emplace_back(q.prompt.size(), q.answer.size());
+  std::vector<size_t> starts = PaddingGroups(lengths, max_groups);
+  std::vector<QaBatch> out;
+  for (size_t g = 0; g < starts.size(); ++g) {
+    out.push_back(PackQuestions(qs, starts[g], g + 1 < starts.size() ? starts[g + 1] : qs.size()));
+  }
+  return out;
+}
+
+// Question groups per training step (BuildQaGroups): the prefix is shared, so on the CPU a
+// group costs one more small LM call and saves its padding (3 groups: teacher +33 %
+// questions/s). On a GPU, where a step's time is kernel launches, one group is faster.
+int QuestionGroups(torch::Device device) { return device.is_cpu() ? 3 : 1; }
 
 double LearningRate(const StageSchedule& s, int step) {
   const double warm = std::min(1.0, (step + 1.0) / std::max(1, s.warmup));
@@ -235,6 +287,48 @@ void RemoveResume(const ResumePaths& r) {
 }
 
 }  // namespace
+
+std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& lengths,
+                                  int max_groups) {
+  const size_t n = lengths.size();
+  if (n == 0) return {};
+  // padded(i, j): positions of questions [i, j) padded together; prompts are sorted, so the
+  // longest prompt is the last one's.
+  auto padded = [&](size_t i, size_t j) {
+    size_t ta = 0;
+    for (size_t k = i; k < j; ++k) ta = std::max(ta, lengths[k].second);
+    return (j - i) * (lengths[j - 1].first + ta);
+  };
+  const size_t inf = std::numeric_limits<size_t>::max();
+  const size_t groups = std::max<size_t>(1, std::min<size_t>(std::max(1, max_groups), n));
+  // best[g][j]: fewest positions for the first j questions in g groups; cut[g][j]: where the
+  // last of those groups starts.
+  std::vector<std::vector<size_t>> best(groups + 1, std::vector<size_t>(n + 1, inf));
+  std::vector<std::vector<size_t>> cut(groups + 1, std::vector<size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (size_t g = 1; g <= groups; ++g) {
+    for (size_t j = 1; j <= n; ++j) {
+      for (size_t i = g - 1; i < j; ++i) {
+        if (best[g - 1][i] == inf) continue;
+        const size_t c = best[g - 1][i] + padded(i, j);
+        if (c < best[g][j]) {
+          best[g][j] = c;
+          cut[g][j] = i;
+        }
+      }
+    }
+  }
+  size_t g = 1;  // the fewest groups that reach the fewest positions
+  for (size_t k = 2; k <= groups; ++k) {
+    if (best[k][n] < best[g][n]) g = k;
+  }
+  std::vector<size_t> starts(g);
+  for (size_t j = n; g > 0; --g) {
+    starts[g - 1] = cut[g][j];
+    j = cut[g][j];
+  }
+  return starts;
+}
 
 EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
                         const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
@@ -400,25 +494,35 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
       torch::NoGradGuard no_grad;
       vis = enc->forward(ImagesToTensor(batch).to(device));
     }
-    QaBatch qa = BuildQa(batch, tok);
-    torch::Tensor scene = qa.scene.to(device);
+    std::vector<QaBatch> qa = BuildQaGroups(batch, tok, QuestionGroups(device));
+    std::vector<QuestionGroup> groups;
+    int64_t questions = 0;
+    for (const QaBatch& g : qa) {
+      groups.push_back({g.text.to(device), g.valid.to(device), g.scene.to(device)});
+      questions += static_cast<int64_t>(g.items.size());
+    }
     torch::Tensor mask = RandomTokenMask(s.batch, vis.size(1), token_mask_p);
-    MllmInput in;
-    in.visual_tokens = vis;  // one query-adapter pass per scene, shared by its questions
-    in.scene_index = scene;
-    if (mask.defined()) in.visual_mask = mask.to(device);
-    in.text_ids = qa.text.to(device);
-    in.text_valid = qa.valid.to(device);
-    MllmOutput out = model->Forward(in);
-    torch::Tensor loss = torch::nn::functional::cross_entropy(
-        out.logits.reshape({-1, out.logits.size(-1)}), qa.labels.to(device).reshape(-1),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    // One query-adapter and prefix pass per scene, shared by its questions.
+    std::vector<MllmOutput> outs =
+        model->ForwardGroups(vis, mask.defined() ? mask.to(device) : mask, groups);
+    torch::Tensor loss_sum = torch::zeros({}, vis.options());
+    int64_t labelled = 0;
+    for (size_t g = 0; g < outs.size(); ++g) {
+      torch::Tensor labels = qa[g].labels.to(device).reshape(-1);
+      loss_sum = loss_sum +
+                 torch::nn::functional::cross_entropy(
+                     outs[g].logits.reshape({-1, outs[g].logits.size(-1)}), labels,
+                     torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
+                         torch::kSum));
+      labelled += (qa[g].labels != -100).sum().item<int64_t>();
+    }
+    torch::Tensor loss = loss_sum / static_cast<double>(std::max<int64_t>(1, labelled));
     SetLr(optim, LearningRate(s, step));
     optim.zero_grad();
     loss.backward();
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     optim.step();
-    bar.Update(step + 1, loss.item<double>(), static_cast<int64_t>(qa.items.size()));
+    bar.Update(step + 1, loss.item<double>(), questions);
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
       WriteResume(rp, model, static_cast<Mllm*>(nullptr), optim, step + 1);
     }
@@ -483,9 +587,9 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", opt.out_dir));
   SetThreads(opt.threads);
   const torch::Device device = PickDevice(opt.force_cpu);
-  std::fprintf(stderr, "cdcca pretrain: %s on %s, %d threads, seed %llu\n", family->name.c_str(),
-               device.str().c_str(), torch::get_num_threads(),
-               static_cast<unsigned long long>(sched.seed));
+  std::fprintf(stderr, "cdcca pretrain: %s on %s, %d intra-op threads (towers: %d), seed %llu\n",
+               family->name.c_str(), device.str().c_str(), torch::get_num_threads(),
+               TowerThreads(opt.threads, device), static_cast<unsigned long long>(sched.seed));
   absl::StatusOr<ds::ImageSet> train =
       ds::LoadFashionMnist(ds::Split::kTrain, opt.fashion_mnist_dir);
   if (!train.ok()) return train.status();
@@ -529,6 +633,8 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     if (!eval_gen.ok()) return eval_gen.status();
     std::vector<ds::Sample> eval_samples = Generate(*eval_gen, 0, sched.eval_scenes, false);
     torch::Tensor eval_tokens = EncodeAll(enc, eval_samples, device);
+
+    SetThreads(TowerThreads(opt.threads, device));
 
     // Stage 2: the teacher on its broader domain, tokens from the frozen encoder per step.
     ds::DomainSpec teacher_domain = ds::TeacherDomain(ds::Split::kTrain);
@@ -603,7 +709,8 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     }
 
     record["device"] = device.str();
-    record["threads"] = torch::get_num_threads();
+    record["threads"] = opt.threads > 0 ? opt.threads : AllCores();
+    record["tower_threads"] = torch::get_num_threads();
     record["total_seconds_this_run"] = Seconds(t0);
     save_record();
     enc->to(torch::kCPU);

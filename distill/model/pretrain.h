@@ -13,6 +13,7 @@
 #define CDCCA_DISTILL_MODEL_PRETRAIN_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,14 @@ struct PretrainOptions {
 // Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily) with
 // a training record in config.json. Progress goes to stderr.
 absl::Status Pretrain(const PretrainOptions& options);
+
+// How a training step pads its questions: lengths[i] = (prompt tokens, answer tokens) of
+// question i, sorted by prompt length (ties by answer length). Splits them into at most
+// max_groups consecutive groups, each padded to its own longest prompt and answer, so that
+// the padded positions are fewest (the fewest groups among equals). Returns each group's
+// first index, ascending, starting at 0; empty for no questions.
+std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& lengths,
+                                  int max_groups);
 
 // Source-domain and shifted VQA accuracy (DA, the official VQA metric against 10 direct
 // answers) of a family checkpoint, as a markdown table: rows = source test, each image

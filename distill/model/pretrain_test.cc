@@ -1,0 +1,101 @@
+// `cdcca pretrain` on the tiny family (real Fashion-MNIST scenes, a few steps per stage)
+// and the padding plan of its training steps.
+#include "distill/model/pretrain.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distill/model/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+namespace {
+
+using ::testing::ElementsAre;
+
+size_t PaddedPositions(const std::vector<std::pair<size_t, size_t>>& lengths,
+                       const std::vector<size_t>& starts) {
+  size_t total = 0;
+  for (size_t g = 0; g < starts.size(); ++g) {
+    const size_t end = g + 1 < starts.size() ? starts[g + 1] : lengths.size();
+    size_t tp = 0, ta = 0;
+    for (size_t i = starts[g]; i < end; ++i) {
+      tp = std::max(tp, lengths[i].first);
+      ta = std::max(ta, lengths[i].second);
+    }
+    total += (end - starts[g]) * (tp + ta);
+  }
+  return total;
+}
+
+TEST(PaddingGroupsTest, EqualLengthsStayOneGroup) {
+  EXPECT_THAT(PaddingGroups({{5, 2}, {5, 2}, {5, 2}}, 3), ElementsAre(0));
+  EXPECT_TRUE(PaddingGroups({}, 3).empty());
+}
+
+TEST(PaddingGroupsTest, SplitsWhereTheLengthJumps) {
+  // Six template questions and two knowledge questions twice as long.
+  std::vector<std::pair<size_t, size_t>> lengths = {{6, 2}, {6, 2}, {7, 2},  {7, 2},
+                                                    {7, 3}, {7, 3}, {14, 2}, {15, 3}};
+  EXPECT_THAT(PaddingGroups(lengths, 2), ElementsAre(0, 6));
+  const std::vector<size_t> three = PaddingGroups(lengths, 3);
+  EXPECT_LE(three.size(), 3u);
+  EXPECT_LT(PaddedPositions(lengths, three), PaddedPositions(lengths, {0, 6}));
+  EXPECT_LT(PaddedPositions(lengths, {0, 6}), PaddedPositions(lengths, {0}));
+  EXPECT_THAT(PaddingGroups(lengths, 1), ElementsAre(0));
+}
+
+TEST(PaddingGroupsTest, NoOtherSplitPadsLess) {
+  std::vector<std::pair<size_t, size_t>> lengths = {{3, 4}, {4, 1}, {4, 2}, {5, 1},
+                                                    {8, 1}, {8, 5}, {9, 1}};
+  const size_t best = PaddedPositions(lengths, PaddingGroups(lengths, 2));
+  for (size_t cut = 1; cut < lengths.size(); ++cut) {
+    EXPECT_LE(best, PaddedPositions(lengths, {0, cut})) << "cut at " << cut;
+  }
+}
+
+TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
+  const std::string out = ::testing::TempDir() + "/pretrain_tiny";
+  std::filesystem::remove_all(out);
+  PretrainOptions o;
+  o.config_path = std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json";
+  o.out_dir = out;
+  o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  o.force_cpu = true;
+  ASSERT_TRUE(Pretrain(o).ok());
+  absl::StatusOr<FamilyCheckpoint> family = LoadFamily(out, Precision::kFp32);
+  ASSERT_TRUE(family.ok()) << family.status();
+  nlohmann::json record;
+  std::ifstream(out + "/pretrain_record.json") >> record;
+  for (const char* stage : {"vision", "teacher", "student"}) {
+    ASSERT_TRUE(record.contains(stage)) << stage;
+    EXPECT_EQ(record[stage]["steps"].get<int>(), 3) << stage;
+  }
+  EXPECT_GE(record["teacher"]["source_test_da"].get<double>(), 0.0);
+  EXPECT_LE(record["student"]["source_test_da"].get<double>(), 100.0);
+  EXPECT_FALSE(std::filesystem::exists(out + "/resume_teacher_step.txt"));
+
+  // A second run finds every stage done: it trains nothing and writes the same weights.
+  ASSERT_TRUE(Pretrain(o).ok());
+  nlohmann::json rerun;
+  std::ifstream(out + "/pretrain_record.json") >> rerun;
+  for (const char* stage : {"vision", "teacher", "student"}) {
+    EXPECT_EQ(rerun[stage]["seconds"], record[stage]["seconds"]) << stage;
+  }
+  absl::StatusOr<FamilyCheckpoint> again = LoadFamily(out, Precision::kFp32);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto a = family->student->named_parameters();
+  auto b = again->student->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
+}
+
+}  // namespace
+}  // namespace cdcca::model
