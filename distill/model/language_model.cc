@@ -46,11 +46,15 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& allowed, const torch::Tensor& past_k,
                                         const torch::Tensor& past_v, double dropout_p,
                                         const Rotary& rotary, torch::Tensor* new_k,
-                                        torch::Tensor* new_v) {
+                                        torch::Tensor* new_v, int64_t out_first,
+                                        int64_t out_count) {
   const int64_t b = x.size(0);
-  const int64_t t = x.size(1);
+  const bool all = out_count < 0;
+  const int64_t t = all ? x.size(1) : out_count;
   torch::Tensor h = attn_norm_->forward(x);
-  torch::Tensor q = rotary.Apply(Heads(q_->forward(h)), positions);
+  torch::Tensor hq = all ? h : h.narrow(1, out_first, out_count);
+  torch::Tensor q = rotary.Apply(Heads(q_->forward(hq)),
+                                 all ? positions : positions.narrow(1, out_first, out_count));
   torch::Tensor k = rotary.Apply(Heads(k_->forward(h)), positions);
   torch::Tensor v = Heads(v_->forward(h));
   if (past_k.defined()) {
@@ -59,7 +63,8 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   }
   *new_k = k;
   *new_v = v;
-  torch::Tensor attn = MaskedAttention(q, k, v, allowed, 0.0, nullptr);  // [B, H, T, D]
+  torch::Tensor attn = MaskedAttention(q, k, v, all ? allowed : allowed.narrow(2, out_first, t),
+                                       0.0, nullptr);  // [B, H, T, D]
   if (adapter_prompt_.defined()) {
     // LLaMA-Adapter: a separate softmax over the prompt, scaled by a zero-init per-head gate.
     torch::Tensor pk = Heads(k_->forward(adapter_prompt_.unsqueeze(0))).expand({b, -1, -1, -1});
@@ -69,7 +74,7 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   }
   torch::Tensor a = o_->forward(attn.transpose(1, 2).reshape({b, t, -1}));
   if (dropout_p > 0.0) a = torch::dropout(a, dropout_p, /*train=*/true);
-  torch::Tensor y = x + a;
+  torch::Tensor y = (all ? x : x.narrow(1, out_first, out_count)) + a;
   h = ffn_norm_->forward(y);
   torch::Tensor f = down_->forward(torch::silu(gate_->forward(h)) * up_->forward(h));
   if (dropout_p > 0.0) f = torch::dropout(f, dropout_p, /*train=*/true);
@@ -98,7 +103,8 @@ torch::Tensor LanguageModelImpl::Logits(const torch::Tensor& hidden) {
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& valid,
                                          KvCache* cache, double dropout_p, int capture_layer,
-                                         torch::Tensor* captured) {
+                                         torch::Tensor* captured, int64_t out_first,
+                                         int64_t out_count) {
   const int64_t b = embeds.size(0);
   const int64_t t = embeds.size(1);
   const torch::Device device = embeds.device();
@@ -123,8 +129,10 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     if (captured != nullptr && static_cast<int>(i) == capture_layer) *captured = x;
     torch::Tensor pk = past > 0 ? cache->k[i] : torch::Tensor();
     torch::Tensor pv = past > 0 ? cache->v[i] : torch::Tensor();
+    const bool last = i + 1 == layers_->size();
     x = layers_[i]->as<DecoderLayer>()->forward(x, positions, allowed, pk, pv, dropout_p, rotary_,
-                                                &new_k[i], &new_v[i]);
+                                                &new_k[i], &new_v[i], out_first,
+                                                last ? out_count : -1);
   }
   if (captured != nullptr && capture_layer == static_cast<int>(layers_->size())) *captured = x;
   if (cache != nullptr) {

@@ -33,10 +33,13 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const TowerConfig& c, bool with_adapter_prompt);
   // x [B, T, d]; positions [B, T]; allowed [B, 1, T, P+T] (P = cached length). past_k/v are
   // [B, H, P, D] or undefined; *new_k / *new_v receive the full [B, H, P+T, D].
+  // out_count >= 0 computes only the outputs of positions [out_first, out_first +
+  // out_count) (keys and values still cover all T), returning [B, out_count, d].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         const torch::Tensor& allowed, const torch::Tensor& past_k,
                         const torch::Tensor& past_v, double dropout_p, const Rotary& rotary,
-                        torch::Tensor* new_k, torch::Tensor* new_v);
+                        torch::Tensor* new_k, torch::Tensor* new_v, int64_t out_first = 0,
+                        int64_t out_count = -1);
 
  private:
   torch::Tensor Heads(const torch::Tensor& x) const;
@@ -60,8 +63,13 @@ class LanguageModelImpl : public torch::nn::Module {
   // attend to the cached ones and are appended to it; without one (nullptr) they start
   // at position 0. If capture_layer >= 0, *captured receives the hidden state after that
   // many layers ([B, T, d]). Returns the final-normed hidden state [B, T, d].
+  // out_count >= 0: only positions [out_first, out_first + out_count) are wanted; the last
+  // layer then computes its outputs there alone (its keys and values, and every earlier
+  // layer, still cover all T) and the result is [B, out_count, d]. A capture after the
+  // last layer then holds those positions only.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& valid, KvCache* cache,
-                        double dropout_p, int capture_layer, torch::Tensor* captured);
+                        double dropout_p, int capture_layer, torch::Tensor* captured,
+                        int64_t out_first = 0, int64_t out_count = -1);
 
   torch::Tensor Logits(const torch::Tensor& hidden);  // [.., d] -> [.., V]
 

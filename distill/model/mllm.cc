@@ -73,8 +73,9 @@ std::vector<MllmOutput> MllmImpl::ForwardGroups(const torch::Tensor& visual_toke
             ? g.text_valid.to(torch::kBool)
             : torch::ones(g.text_ids.sizes(), torch::dtype(torch::kBool).device(idx.device()));
     MllmOutput out;
-    torch::Tensor hidden = lm_->forward(lm_->Embed(g.text_ids), valid, &cache, p,
-                                        representation_layer(), &out.representation);
+    torch::Tensor hidden =
+        lm_->forward(lm_->Embed(g.text_ids), valid, &cache, p, representation_layer(),
+                     &out.representation, g.logit_first, g.logit_count);
     out.logits = lm_->Logits(hidden);
     out.queries = q.queries.index_select(0, idx);
     out.attention_mass = q.attention_mass.index_select(0, idx);

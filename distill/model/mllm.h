@@ -45,6 +45,11 @@ struct QuestionGroup {
   torch::Tensor text_ids;     // [B, T] int64: left-padded prompt, then answer tokens
   torch::Tensor text_valid;   // [B, T] bool, false = padding; undefined = all valid
   torch::Tensor scene_index;  // [B] int64: row b is about scene scene_index[b]
+  // Text columns whose logits are wanted: [logit_first, logit_first + logit_count);
+  // logit_count < 0 = all. The last LM layer then runs its queries and MLP on those
+  // columns only; logits are [B, logit_count, V]. Default: all.
+  int64_t logit_first = 0;
+  int64_t logit_count = -1;
 };
 
 struct MllmOutput {

@@ -131,6 +131,32 @@ TEST_F(TinyTest, SharedScenePassEqualsRepeatedTokens) {
   }
 }
 
+TEST_F(TinyTest, GroupsWithLogitColumnsMatchTheFullPass) {
+  // Two groups about the same scenes, padded differently, the second asking only for the
+  // logits of columns [2, 5): the last layer then skips the other columns' queries and MLP.
+  for (const TowerConfig& c : {family_.teacher, family_.student}) {
+    Mllm m(c);
+    Batch x = RandomBatch(c, 3, 6);
+    Batch y = RandomBatch(c, 2, 7);
+    torch::Tensor scene_x = torch::tensor({0, 1, 1}, torch::kLong);
+    torch::Tensor scene_y = torch::tensor({1, 0}, torch::kLong);
+    m->eval();
+    torch::NoGradGuard g;
+    std::vector<MllmOutput> outs =
+        m->ForwardGroups(x.tokens.narrow(0, 0, 2), x.mask.narrow(0, 0, 2),
+                         {{x.text, x.valid, scene_x}, {y.text, y.valid, scene_y, 2, 3}});
+    ASSERT_EQ(outs.size(), 2u);
+    MllmOutput fx = RunModel(m, {x.tokens.narrow(0, 0, 2).index_select(0, scene_x),
+                                 x.mask.narrow(0, 0, 2).index_select(0, scene_x), x.text, x.valid});
+    MllmOutput fy = RunModel(m, {x.tokens.narrow(0, 0, 2).index_select(0, scene_y),
+                                 x.mask.narrow(0, 0, 2).index_select(0, scene_y), y.text, y.valid});
+    EXPECT_TRUE(torch::allclose(outs[0].logits, fx.logits, 1e-5, 1e-5));
+    EXPECT_EQ(outs[1].logits.sizes(), (std::vector<int64_t>{2, 3, c.vocab_size}));
+    EXPECT_TRUE(torch::allclose(outs[1].logits, fy.logits.narrow(1, 2, 3), 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(outs[1].representation, fy.representation, 1e-5, 1e-5));
+  }
+}
+
 TEST_F(TinyTest, LeftPaddingDoesNotChangeTheAnswer) {
   Mllm m(family_.teacher);
   m->eval();

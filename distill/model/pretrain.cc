@@ -498,7 +498,9 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     std::vector<QuestionGroup> groups;
     int64_t questions = 0;
     for (const QaBatch& g : qa) {
-      groups.push_back({g.text.to(device), g.valid.to(device), g.scene.to(device)});
+      // Only the columns that predict an answer token carry a loss (PackQuestions).
+      groups.push_back({g.text.to(device), g.valid.to(device), g.scene.to(device),
+                        g.prompt.size(1) - 1, g.text.size(1) - g.prompt.size(1)});
       questions += static_cast<int64_t>(g.items.size());
     }
     torch::Tensor mask = RandomTokenMask(s.batch, vis.size(1), token_mask_p);
@@ -508,7 +510,10 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     torch::Tensor loss_sum = torch::zeros({}, vis.options());
     int64_t labelled = 0;
     for (size_t g = 0; g < outs.size(); ++g) {
-      torch::Tensor labels = qa[g].labels.to(device).reshape(-1);
+      torch::Tensor labels = qa[g]
+                                 .labels.narrow(1, groups[g].logit_first, groups[g].logit_count)
+                                 .to(device)
+                                 .reshape(-1);
       loss_sum = loss_sum +
                  torch::nn::functional::cross_entropy(
                      outs[g].logits.reshape({-1, outs[g].logits.size(-1)}), labels,
