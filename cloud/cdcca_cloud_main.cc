@@ -75,7 +75,8 @@ ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many ne
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
-ABSL_FLAG(int, torch_threads, 0, "LibTorch intra-op threads per job (0 = all cores)");
+ABSL_FLAG(int, torch_threads, 0,
+          "LibTorch intra-op threads per job (0 = automatic: 1, the BLAS threads matrix products)");
 ABSL_FLAG(std::string, device, "cpu", "where jobs train: cpu or cuda (falls back to cpu)");
 ABSL_FLAG(double, uts_keep_fraction, 0.25,
           "UTS setting sent to devices: fraction of frames stage 1 keeps (0 = device default)");

@@ -122,7 +122,7 @@ struct PerDeviceStrategyOptions {
   int max_steps = 0;
   double time_budget_s = 0;
   int batch_size = 0;
-  // Torch intra-op threads per job. 0 = every core.
+  // Torch intra-op threads per job. 0 = automatic (1; distill/model/threads.h).
   int torch_threads = 0;
   // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".
   std::string train_device = "cpu";

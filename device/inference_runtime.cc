@@ -14,6 +14,7 @@
 #include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
+#include "distill/model/threads.h"
 #include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
 
@@ -70,9 +71,7 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
   if (options.max_answer_tokens < 1 || options.max_answer_tokens > 32) {
     return absl::InvalidArgumentError("max_answer_tokens must be in 1-32");
   }
-  torch::set_num_threads(options.threads > 0
-                             ? options.threads
-                             : static_cast<int>(std::thread::hardware_concurrency()));
+  model::SetIntraOpThreads(options.threads);
   absl::StatusOr<model::FamilyCheckpoint> family =
       model::LoadFamily(options.checkpoint_dir, *precision);
   if (!family.ok()) return family.status();

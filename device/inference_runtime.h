@@ -29,7 +29,8 @@ struct RuntimeOptions {
   std::string precision = "int8";
   // Longest answer generated, in tokens. Default: 6.
   int max_answer_tokens = 6;
-  // LibTorch intra-op threads; 0 = all cores.
+  // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
+  // every core; distill/model/threads.h).
   int threads = 0;
 };
 

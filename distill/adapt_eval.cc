@@ -17,6 +17,7 @@
 #include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/scene_eval.h"
+#include "distill/model/threads.h"
 #include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
 #include "nlohmann/json.hpp"
@@ -243,9 +244,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
   absl::StatusOr<model::Precision> precision = model::ParsePrecision(o.precision);
   if (!precision.ok()) return precision.status();
 
-  torch::set_num_threads(o.threads > 0
-                             ? o.threads
-                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  model::SetIntraOpThreads(o.threads);
   const torch::Device device = !o.force_cpu && torch::cuda::is_available()
                                    ? torch::Device(torch::kCUDA, 0)
                                    : torch::Device(torch::kCPU);

@@ -67,7 +67,7 @@ struct AdaptEvalOptions {
   JobOptions job;                     // shared by every job (seed included)
   int max_answer_tokens = 6;          // device answers and evaluation
   uint64_t seed = 1;                  // scenes, dropout passes, random selection
-  int threads = 0;                    // torch intra-op threads; 0 = every core
+  int threads = 0;                    // torch intra-op threads; 0 = automatic (1)
   bool force_cpu = false;
   // Progress lines (stderr by default when null).
   std::function<void(const std::string&)> progress;

@@ -14,6 +14,7 @@
 #include "distill/baselines/cotta.h"
 #include "distill/baselines/tent.h"
 #include "distill/model/checkpoint.h"
+#include "distill/model/threads.h"
 
 namespace cdcca::distill {
 namespace {
@@ -99,9 +100,7 @@ absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>
                                        const JobOptions& options) {
   if (absl::Status st = CheckOptions(options); !st.ok()) return st;
   if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
-  torch::set_num_threads(options.num_threads > 0
-                             ? options.num_threads
-                             : std::max(1u, std::thread::hardware_concurrency()));
+  model::SetIntraOpThreads(options.num_threads);
   const auto prepare_start = Clock::now();
   JobResult result;
   JobStats& stats = result.stats;

@@ -50,7 +50,7 @@ struct JobOptions {
   // Share of each batch drawn from replayed samples (when a replay buffer is given and
   // holds samples). In [0, 1). Default: 0.25.
   double replay_fraction = 0.25;
-  int num_threads = 0;   // torch intra-op threads; 0 = every core
+  int num_threads = 0;   // torch intra-op threads; 0 = automatic (model/threads.h)
   bool use_cuda = true;  // train on CUDA when available (ignored with train_in_place)
   bool train_in_place = false;
   bool student_dropout = false;  // train the student with its config dropout on

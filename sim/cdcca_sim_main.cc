@@ -34,7 +34,8 @@ ABSL_FLAG(bool, tiny, false,
           "shrink the experiment (64 frames and 48 evaluation scenes per round, 20 steps per "
           "job, at most 2 devices) for a quick check");
 ABSL_FLAG(std::string, checkpoint, "", "model family directory (overrides the experiment's)");
-ABSL_FLAG(int, threads, -1, "LibTorch threads (overrides the experiment's; 0 = every core)");
+ABSL_FLAG(int, threads, -1,
+          "LibTorch intra-op threads (overrides the experiment's; 0 = automatic: 1)");
 ABSL_FLAG(std::string, methods, "",
           "comma-separated methods to run (overrides the experiment's list)");
 

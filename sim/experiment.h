@@ -88,7 +88,7 @@ struct Experiment {
   double downlink_bits_per_param = 2.0;
   // Settings of the AKD-family learners (configs/distill layout); "" = the learner preset.
   std::string distill_config = "configs/distill/akd.json";
-  int threads = 0;  // LibTorch intra-op threads; 0 = every core
+  int threads = 0;  // LibTorch intra-op threads; 0 = automatic (1; distill/model/threads.h)
 
   // The domain device `device` sees in round `round` (0-based).
   RoundDomain DomainFor(int device, int round) const;

@@ -8,6 +8,7 @@
 #include "distill/model/config.h"
 #include "distill/model/mllm.h"
 #include "distill/model/quantize.h"
+#include "distill/model/threads.h"
 #include "distill/model/trainable.h"
 #include "distill/model/vision_encoder.h"
 #include "gmock/gmock.h"
@@ -315,6 +316,18 @@ TEST_F(TinyTest, StochasticAttentionMatchesTheFullPasses) {
       }
     }
   }
+}
+
+TEST(ThreadsTest, AutomaticIsOneIntraOpThreadAndAnExplicitCountWins) {
+  const int before = torch::get_num_threads();
+  EXPECT_EQ(IntraOpThreads(0), 1);
+  EXPECT_EQ(IntraOpThreads(-1), 1);
+  EXPECT_EQ(IntraOpThreads(3), 3);
+  EXPECT_EQ(SetIntraOpThreads(2), 2);
+  EXPECT_EQ(torch::get_num_threads(), 2);
+  EXPECT_EQ(SetIntraOpThreads(0), 1);
+  EXPECT_EQ(torch::get_num_threads(), 1);
+  torch::set_num_threads(before);
 }
 
 TEST(QuantizeTest, Int4PackingAndErrorBound) {

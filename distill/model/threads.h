@@ -1,0 +1,22 @@
+// How many LibTorch intra-op threads the CPU paths of cdcca use.
+//
+// These models spend their CPU time in matrix products, which the BLAS (OpenBLAS on Debian)
+// spreads over every core with threads of its own. LibTorch's OpenMP intra-op threads on the
+// same cores add little to the small element-wise ops and spin against the BLAS threads: on
+// a 2-core machine one intra-op thread trains the teacher 2.7x faster and runs the quickstart
+// experiment 4.5x faster than two (docs/BENCHMARKS.md). So "automatic" means one.
+#ifndef CDCCA_DISTILL_MODEL_THREADS_H_
+#define CDCCA_DISTILL_MODEL_THREADS_H_
+
+namespace cdcca::model {
+
+// `requested` if positive, else the automatic count (1). Thread-safe.
+int IntraOpThreads(int requested);
+
+// Sets LibTorch's (process-wide) intra-op thread count to IntraOpThreads(requested) and
+// returns it.
+int SetIntraOpThreads(int requested);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_THREADS_H_
