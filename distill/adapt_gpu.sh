@@ -9,21 +9,8 @@ cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}
 shift
 mkdir -p "$out"
-deps=$PWD/.gpu-deps
-arch=x86_64-linux-gnu
-tp=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-if [ ! -f build-gpu/CMakeCache.txt ]; then
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCDCCA_CORE_ONLY=ON \
-    -DCDCCA_BUILD_TESTS=OFF -DCDCCA_BUILD_BENCHMARKS=OFF -DCDCCA_DEPS_PREFIX="$deps" \
-    -DCMAKE_PREFIX_PATH="$deps;$tp" -Dabsl_DIR="$deps/lib/$arch/cmake/absl" \
-    -Dzstd_DIR="$deps/lib/$arch/cmake/zstd" -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
-    -DZLIB_INCLUDE_DIR="$deps/include" -DZLIB_LIBRARY="$deps/lib/$arch/libz.a" >"$out/build.log" 2>&1 ||
-    { tail -40 "$out/build.log"; exit 1; }
-fi
-cmake --build build-gpu -j"$(nproc)" --target cdcca >>"$out/build.log" 2>&1 ||
-  { grep -E "error" "$out/build.log" | head -30; exit 1; }
-export LD_LIBRARY_PATH=$deps/lib/$arch:${LD_LIBRARY_PATH:-}
-export CDCCA_FASHION_MNIST_DIR=$deps/fashion-mnist
+source distill/model/gpu_build.sh >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+set +e  # one failed run must not stop the others
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
 i=0
 for flags in "$@"; do
