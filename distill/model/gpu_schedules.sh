@@ -18,21 +18,9 @@ pids=()
 for spec in "$@"; do
   IFS=: read -r name steps overrides <<<"$spec"
   IFS=/ read -r vs ts ss <<<"$steps"
-  python3 - "$cfg" "$out/$name.json" "$vs" "$ts" "$ss" "${overrides:-}" <<'PY'
-import json, sys
-src, dst, vs, ts, ss, overrides = sys.argv[1:]
-c = json.load(open(src))
-p = c["pretrain"]
-p["vision"]["steps"], p["teacher"]["steps"], p["student"]["steps"] = int(vs), int(ts), int(ss)
-for kv in filter(None, overrides.split(",")):
-    key, value = kv.split("=", 1)
-    *path, last = key.split(".")
-    node = c
-    for k in path:
-        node = node[k]
-    node[last] = json.loads(value)
-json.dump(c, open(dst, "w"), indent=1)
-PY
+  IFS=, read -r -a pairs <<<"${overrides:-}"
+  distill/model/override_config.py "$cfg" "$out/$name.json" pretrain.vision.steps="$vs" \
+    pretrain.teacher.steps="$ts" pretrain.student.steps="$ss" ${pairs[@]+"${pairs[@]}"}
   timeout "$budget" build-gpu/sim/cdcca pretrain --config "$out/$name.json" --out "$out/$name" \
     >"$out/$name.log" 2>&1 &
   pids+=($!)
