@@ -290,13 +290,6 @@ std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& 
                                   int max_groups) {
   const size_t n = lengths.size();
   if (n == 0) return {};
-  // padded(i, j): positions of questions [i, j) padded together; prompts are sorted, so the
-  // longest prompt is the last one's.
-  auto padded = [&](size_t i, size_t j) {
-    size_t ta = 0;
-    for (size_t k = i; k < j; ++k) ta = std::max(ta, lengths[k].second);
-    return (j - i) * (lengths[j - 1].first + ta);
-  };
   const size_t inf = std::numeric_limits<size_t>::max();
   const size_t groups = std::max<size_t>(1, std::min<size_t>(std::max(1, max_groups), n));
   // best[g][j]: fewest positions for the first j questions in g groups; cut[g][j]: where the
@@ -306,10 +299,14 @@ std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& 
   best[0][0] = 0;
   for (size_t g = 1; g <= groups; ++g) {
     for (size_t j = 1; j <= n; ++j) {
-      for (size_t i = g - 1; i < j; ++i) {
+      // Group [i, j), i falling: prompts are sorted, so its longest prompt is question j-1's;
+      // its longest answer is kept as i falls. On ties the smallest i wins (<=).
+      size_t ta = 0;
+      for (size_t i = j; i-- > g - 1;) {
+        ta = std::max(ta, lengths[i].second);
         if (best[g - 1][i] == inf) continue;
-        const size_t c = best[g - 1][i] + padded(i, j);
-        if (c < best[g][j]) {
+        const size_t c = best[g - 1][i] + (j - i) * (lengths[j - 1].first + ta);
+        if (c <= best[g][j]) {
           best[g][j] = c;
           cut[g][j] = i;
         }
