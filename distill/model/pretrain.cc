@@ -237,6 +237,31 @@ class CellHeadsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CellHeads);
 
+// Auxiliary heads on a tower's query-adapter output (StageSchedule::query_aux): the L
+// queries of a scene, flattened, predict each 2x2 cell's class (or empty) and colour. They
+// make the prefix carry what the questions ask about from the first steps, rather than
+// leaving the LM to discover that a colour is there to be read (without them a student
+// often never does: BENCHMARKS, "Pretraining cost"). Used only while pretraining.
+class QueryHeadsImpl : public torch::nn::Module {
+ public:
+  QueryHeadsImpl(int64_t queries, int64_t dim) {
+    hidden_ = register_module("hidden", torch::nn::Linear(queries * dim, 256));
+    cls_ = register_module("cls", torch::nn::Linear(256, ds::kNumCells * (ds::kNumClasses + 1)));
+    color_ = register_module("color", torch::nn::Linear(256, ds::kNumCells * ds::kNumColors));
+  }
+  // queries [S, L, dim] -> (class logits [S, 4, 11], colour logits [S, 4, 8])
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& queries) {
+    const int64_t s = queries.size(0);
+    torch::Tensor z = torch::relu(hidden_->forward(queries.reshape({s, -1})));
+    return {cls_->forward(z).view({s, ds::kNumCells, ds::kNumClasses + 1}),
+            color_->forward(z).view({s, ds::kNumCells, ds::kNumColors})};
+  }
+
+ private:
+  torch::nn::Linear hidden_{nullptr}, cls_{nullptr}, color_{nullptr};
+};
+TORCH_MODULE(QueryHeads);
+
 // Targets of the cell heads: class (kNumClasses = empty) and colour (-100 when empty).
 std::pair<torch::Tensor, torch::Tensor> CellTargets(const std::vector<ds::Sample>& samples) {
   const int64_t n = static_cast<int64_t>(samples.size());
@@ -249,6 +274,15 @@ std::pair<torch::Tensor, torch::Tensor> CellTargets(const std::vector<ds::Sample
     }
   }
   return {cls, color};
+}
+
+// Summed class and colour cross-entropy of cell-head logits against CellTargets' targets.
+torch::Tensor CellLoss(const torch::Tensor& cls, const torch::Tensor& color,
+                       const torch::Tensor& cls_t, const torch::Tensor& color_t) {
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(cls.reshape({-1, cls.size(-1)}), cls_t.to(cls.device()).reshape(-1)) +
+         F::cross_entropy(color.reshape({-1, color.size(-1)}),
+                          color_t.to(color.device()).reshape(-1));
 }
 
 // Resume state of one stage: modules + optimizer + step, written atomically enough (the
@@ -417,20 +451,15 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
     std::vector<ds::Sample> batch =
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
     torch::Tensor images = ImagesToTensor(batch).to(device);
-    auto [cls_t, color_t] = CellTargets(batch);
-    cls_t = cls_t.to(device);
-    color_t = color_t.to(device);
     auto [cls, color] = heads->forward(enc->forward(images));
-    torch::Tensor loss =
-        torch::nn::functional::cross_entropy(cls.reshape({-1, cls.size(-1)}), cls_t.reshape(-1)) +
-        torch::nn::functional::cross_entropy(color.reshape({-1, color.size(-1)}),
-                                             color_t.reshape(-1));
+    const auto [cls_t, color_t] = CellTargets(batch);
+    torch::Tensor loss = CellLoss(cls, color, cls_t, color_t);
     SetLr(optim, LearningRate(s, step));
     optim.zero_grad();
     loss.backward();
     optim.step();
-    cls_acc =
-        0.95 * cls_acc + 0.05 * (cls.argmax(-1) == cls_t).to(torch::kFloat).mean().item<double>();
+    cls_acc = 0.95 * cls_acc +
+              0.05 * (cls.argmax(-1) == cls_t.to(device)).to(torch::kFloat).mean().item<double>();
     bar.Update(step + 1, loss.item<double>(), s.batch);
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
       WriteResume(rp, enc, &heads, optim, step + 1);
@@ -462,12 +491,19 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
                         const std::vector<ds::Sample>* cache_samples, double token_mask_p,
                         torch::Device device, json* record) {
   SetAllTrainable(*model, true);
-  torch::optim::AdamW optim(model->parameters(),
-                            torch::optim::AdamWOptions(s.lr).weight_decay(0.01));
+  std::vector<torch::Tensor> params = model->parameters();
+  QueryHeads heads{nullptr};
+  if (s.query_aux > 0) {
+    heads = QueryHeads(model->config().num_queries, model->config().qa_dim);
+    heads->to(device);
+    for (const auto& p : heads->parameters()) params.push_back(p);
+  }
+  torch::optim::AdamW optim(params, torch::optim::AdamWOptions(s.lr).weight_decay(0.01));
   const ResumePaths rp = ResumeFor(opt.out_dir, name);
   int step = ReadResumeStep(rp);
   if (step > 0) {
     torch::load(model, rp.model, device);
+    if (heads) torch::load(heads, rp.extra, device);
     torch::load(optim, rp.optim, device);
   }
   model->train();
@@ -517,21 +553,34 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
       labelled += (qa[g].labels != -100).sum().item<int64_t>();
     }
     torch::Tensor loss = loss_sum / static_cast<double>(std::max<int64_t>(1, labelled));
+    if (heads) {  // per question row: each scene counts once for each of its questions
+      std::vector<torch::Tensor> queries, rows;
+      for (size_t g = 0; g < outs.size(); ++g) {
+        queries.push_back(outs[g].queries);
+        rows.push_back(groups[g].scene_index);
+      }
+      auto [cls, color] = heads->forward(torch::cat(queries));
+      auto [cls_t, color_t] = CellTargets(batch);
+      const torch::Tensor r = torch::cat(rows).cpu();
+      loss = loss + s.query_aux *
+                        CellLoss(cls, color, cls_t.index_select(0, r), color_t.index_select(0, r));
+    }
     SetLr(optim, LearningRate(s, step));
     optim.zero_grad();
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
     optim.step();
     bar.Update(step + 1, loss.item<double>(), questions);
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
-      WriteResume(rp, model, static_cast<Mllm*>(nullptr), optim, step + 1);
+      WriteResume(rp, model, heads ? &heads : nullptr, optim, step + 1);
     }
   }
   model->eval();
   (*record)[name] = {{"steps", s.steps},
                      {"scenes_per_step", s.batch},
                      {"seconds", bar.seconds()},
-                     {"final_loss", bar.loss()}};
+                     {"final_loss", bar.loss()},
+                     {"query_aux", s.query_aux}};
   RemoveResume(rp);
   return absl::OkStatus();
 }
@@ -550,6 +599,7 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
       s->batch = o.value("batch", s->batch);
       s->lr = o.value("lr", s->lr);
       s->warmup = o.value("warmup", s->warmup);
+      s->query_aux = o.value("query_aux", s->query_aux);
     };
     p.seed = j.value("seed", p.seed);
     stage("vision", &p.vision);
@@ -561,6 +611,12 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
     p.max_answer_tokens = j.value("max_answer_tokens", p.max_answer_tokens);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("pretrain section: ", e.what()));
+  }
+  for (const auto& [key, s] : {std::pair{"teacher", &p.teacher}, {"student", &p.student}}) {
+    if (!(s->query_aux >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pretrain.", key, ".query_aux must be >= 0, got ", s->query_aux));
+    }
   }
   return p;
 }

@@ -29,6 +29,9 @@ struct StageSchedule {
   int batch = 32;  // images (vision) or scenes (towers; 5 questions each) per step
   float lr = 1e-3f;
   int warmup = 50;  // linear warm-up steps, then cosine decay to lr / 20
+  // Towers only: weight of an auxiliary loss in which the query-adapter output predicts
+  // each cell's class and colour (heads used only while pretraining); 0 = off.
+  float query_aux = 0.0f;
 };
 struct PretrainSchedule {
   uint64_t seed = 1;

@@ -61,6 +61,18 @@ TEST(PaddingGroupsTest, NoOtherSplitPadsLess) {
   }
 }
 
+TEST(PretrainScheduleTest, ReadsTheQueryAuxiliaryWeightAndRejectsANegativeOne) {
+  absl::StatusOr<PretrainSchedule> s = ParsePretrainSchedule(
+      R"({"teacher": {"steps": 5, "query_aux": 0.25}, "student": {"steps": 7}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FLOAT_EQ(s->teacher.query_aux, 0.25f);
+  EXPECT_FLOAT_EQ(s->student.query_aux, 0.0f);  // off unless asked for
+  EXPECT_EQ(s->student.steps, 7);
+  absl::StatusOr<PretrainSchedule> bad = ParsePretrainSchedule(R"({"student": {"query_aux": -1}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("student.query_aux"));
+}
+
 TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   const std::string out = ::testing::TempDir() + "/pretrain_tiny";
   std::filesystem::remove_all(out);
@@ -78,6 +90,9 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
     ASSERT_TRUE(record.contains(stage)) << stage;
     EXPECT_EQ(record[stage]["steps"].get<int>(), 3) << stage;
   }
+  // tiny.json trains both towers with the query-adapter auxiliary heads.
+  EXPECT_FLOAT_EQ(record["teacher"]["query_aux"].get<float>(), 0.5f);
+  EXPECT_FLOAT_EQ(record["student"]["query_aux"].get<float>(), 0.5f);
   EXPECT_GE(record["teacher"]["source_test_da"].get<double>(), 0.0);
   EXPECT_LE(record["student"]["source_test_da"].get<double>(), 100.0);
   EXPECT_FALSE(std::filesystem::exists(out + "/resume_teacher_step.txt"));
