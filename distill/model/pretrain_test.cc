@@ -1,5 +1,5 @@
-// `cdcca pretrain` on the tiny family (real Fashion-MNIST scenes, a few steps per stage)
-// and the padding plan of its training steps.
+// `cdcca pretrain` on the tiny family (real Fashion-MNIST scenes, a few steps per stage),
+// the padding plan of its training steps, and the shipped family configs.
 #include "distill/model/pretrain.h"
 
 #include <torch/torch.h>
@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "distill/model/checkpoint.h"
+#include "distill/model/config.h"
+#include "distill/model/mllm.h"
+#include "distill/model/vision_encoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -71,6 +74,51 @@ TEST(PretrainScheduleTest, ReadsTheQueryAuxiliaryWeightAndRejectsANegativeOne) {
   absl::StatusOr<PretrainSchedule> bad = ParsePretrainSchedule(R"({"student": {"query_aux": -1}})");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("student.query_aux"));
+}
+
+int64_t ParameterCount(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const torch::Tensor& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// Every family under configs/models/ (tiny, small, base) parses with its pretraining
+// schedule, builds, answers with the shapes its config says, and has a teacher with more
+// query-adapter layers and a wider, deeper LM than its student.
+TEST(FamilyConfigsTest, EveryShippedFamilyBuildsWithATeacherLargerThanItsStudent) {
+  std::vector<std::string> names;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(CDCCA_SOURCE_DIR) + "/configs/models")) {
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  }
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"tiny", "small", "base"}));
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<FamilyConfig> f =
+        LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/" + name + ".json");
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->name, name);
+    absl::StatusOr<PretrainSchedule> s = ParsePretrainSchedule(f->pretrain_json);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_GT(s->teacher.steps, 0);
+    EXPECT_GT(f->teacher.qa_layers, f->student.qa_layers);
+    EXPECT_GT(f->teacher.d_model, f->student.d_model);
+    EXPECT_GT(f->teacher.lm_layers, f->student.lm_layers);
+    torch::NoGradGuard no_grad;
+    VisionEncoder enc(f->vision);
+    enc->eval();
+    const torch::Tensor tokens =
+        enc->forward(torch::rand({1, 3, f->vision.image_size, f->vision.image_size}));
+    EXPECT_EQ(tokens.sizes(), (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
+    Mllm teacher(f->teacher), student(f->student);
+    EXPECT_GT(ParameterCount(*teacher), ParameterCount(*student));
+    for (Mllm* m : {&teacher, &student}) {
+      (*m)->eval();
+      const torch::Tensor text = torch::randint(1, f->vocab_size, {1, 5}, torch::kLong);
+      MllmOutput out = (*m)->Forward({tokens, torch::Tensor(), text, torch::Tensor()});
+      EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{1, 5, f->vocab_size}));
+    }
+  }
 }
 
 TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
