@@ -22,9 +22,13 @@ ABSL_FLAG(std::string, fashion_mnist_dir, "/usr/share/datasets/fashion-mnist",
 ABSL_FLAG(std::string, checkpoint, "", "model-eval: checkpoint directory");
 ABSL_FLAG(std::string, table, "", "model-eval: also write the markdown table here");
 ABSL_FLAG(int, scenes, 200, "model-eval: scenes per domain (5 questions each)");
-ABSL_FLAG(int, threads, 0, "torch intra-op threads (0 = all cores)");
+ABSL_FLAG(int, threads, 0,
+          "torch intra-op threads (0 = automatic: one, OpenBLAS threads the products)");
 ABSL_FLAG(bool, cpu, false, "stay on the CPU even when CUDA is available");
 ABSL_FLAG(float, scale_steps, 1.0f, "pretrain: multiply every stage's steps (smoke runs)");
+ABSL_FLAG(int, stop_after, 0,
+          "pretrain: stop after this many training steps of this run, leaving a resume "
+          "checkpoint (0 = run to the end)");
 
 namespace cdcca::model {
 namespace {
@@ -51,6 +55,7 @@ int PretrainCommand(const std::vector<std::string>& args) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
   o.scale_steps = absl::GetFlag(FLAGS_scale_steps);
+  o.stop_after_steps = absl::GetFlag(FLAGS_stop_after);
   absl::Status s = Pretrain(o);
   if (!s.ok()) {
     std::fprintf(stderr, "cdcca pretrain: %s\n", s.ToString().c_str());

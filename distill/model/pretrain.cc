@@ -318,6 +318,25 @@ void RemoveResume(const ResumePaths& r) {
   for (const std::string& p : {r.model, r.extra, r.optim, r.step}) std::filesystem::remove(p);
 }
 
+// PretrainOptions::stop_after_steps across the stages of one run.
+class StepBudget {
+ public:
+  explicit StepBudget(int steps) : left_(steps > 0 ? steps : -1), total_(steps) {}
+  bool Exhausted() const { return left_ == 0; }  // never for an unlimited budget
+  void Spend() {
+    if (left_ > 0) --left_;
+  }
+  absl::Status Stopped(const std::string& stage, int step) const {
+    return absl::AbortedError(absl::StrCat("stopped after ", total_, " steps of this run (", stage,
+                                           " at step ", step,
+                                           "); run the same command again to continue"));
+  }
+
+ private:
+  int left_;
+  int total_;
+};
+
 }  // namespace
 
 std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& lengths,
@@ -421,7 +440,7 @@ absl::StatusOr<ds::SampleGenerator> MakeGenerator(const ds::ImageSet* images, ds
 
 absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& opt,
                          const ds::ImageSet& train, VisionEncoder& enc, torch::Device device,
-                         json* record) {
+                         StepBudget* budget, json* record) {
   // Clean source-domain scenes, but items of every class: like the paper's CLIP, the encoder
   // knows the categories and has never seen the target corruptions. (Trained on the six
   // source classes only, it maps shirt/coat onto t-shirt/pullover and the teacher, which
@@ -447,6 +466,10 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
   ProgressBar bar("vision", s.steps, step);
   double cls_acc = 0;
   for (; step < s.steps; ++step) {
+    if (budget->Exhausted()) {
+      if (step > 0) WriteResume(rp, enc, &heads, optim, step);
+      return budget->Stopped("vision", step);
+    }
     torch::manual_seed(sched.seed * 1000003 + 1000000 + step);
     std::vector<ds::Sample> batch =
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
@@ -464,6 +487,7 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
       WriteResume(rp, enc, &heads, optim, step + 1);
     }
+    budget->Spend();
   }
   enc->eval();
   (*record)["vision"] = {{"steps", s.steps},
@@ -489,7 +513,7 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
                         const ds::SampleGenerator& gen, const ds::Tokenizer& tok,
                         VisionEncoder& enc, Mllm& model, const torch::Tensor& token_cache,
                         const std::vector<ds::Sample>* cache_samples, double token_mask_p,
-                        torch::Device device, json* record) {
+                        torch::Device device, StepBudget* budget, json* record) {
   SetAllTrainable(*model, true);
   std::vector<torch::Tensor> params = model->parameters();
   QueryHeads heads{nullptr};
@@ -510,6 +534,10 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
   ProgressBar bar(name, s.steps, step);
   const uint64_t stage_salt = name == "teacher" ? 2000000 : 3000000;
   for (; step < s.steps; ++step) {
+    if (budget->Exhausted()) {
+      if (step > 0) WriteResume(rp, model, heads ? &heads : nullptr, optim, step);
+      return budget->Stopped(name, step);
+    }
     torch::manual_seed(sched.seed * 1000003 + stage_salt + step);
     std::vector<ds::Sample> batch;
     torch::Tensor vis;
@@ -574,6 +602,7 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
       WriteResume(rp, model, heads ? &heads : nullptr, optim, step + 1);
     }
+    budget->Spend();
   }
   model->eval();
   (*record)[name] = {{"steps", s.steps},
@@ -662,6 +691,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     }
   }
   auto save_record = [&] { std::ofstream(rec_path) << record.dump(2) << "\n"; };
+  StepBudget budget(opt.stop_after_steps);
 
   try {
     // Stage 1: the shared encoder on the source domain.
@@ -676,7 +706,10 @@ absl::Status Pretrain(const PretrainOptions& opt) {
       enc->to(device);
       std::fprintf(stderr, "[vision  ] done earlier, loaded %s\n", enc_path.c_str());
     } else {
-      if (absl::Status s = TrainVision(sched, opt, *train, enc, device, &record); !s.ok()) return s;
+      if (absl::Status s = TrainVision(sched, opt, *train, enc, device, &budget, &record);
+          !s.ok()) {
+        return s;
+      }
       if (absl::Status s = SaveVisionEncoder(enc_path, enc); !s.ok()) return s;
       save_record();
     }
@@ -708,9 +741,9 @@ absl::Status Pretrain(const PretrainOptions& opt) {
       teacher->to(device);
       std::fprintf(stderr, "[teacher ] done earlier, loaded %s\n", teacher_path.c_str());
     } else {
-      if (absl::Status s = TrainTower("teacher", sched.teacher, sched, opt, *tgen, tok, enc,
-                                      teacher, torch::Tensor(), nullptr,
-                                      teacher_domain.token_mask_probability, device, &record);
+      if (absl::Status s = TrainTower(
+              "teacher", sched.teacher, sched, opt, *tgen, tok, enc, teacher, torch::Tensor(),
+              nullptr, teacher_domain.token_mask_probability, device, &budget, &record);
           !s.ok()) {
         return s;
       }
@@ -749,7 +782,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
       std::fprintf(stderr, "[student ] cached %d scenes' tokens in %.1fs\n",
                    sched.student_cache_scenes, cache_seconds);
       if (absl::Status s = TrainTower("student", sched.student, sched, opt, *sgen, tok, enc,
-                                      student, cache_tokens, &cache, 0.0, device, &record);
+                                      student, cache_tokens, &cache, 0.0, device, &budget, &record);
           !s.ok()) {
         return s;
       }

@@ -49,9 +49,13 @@ struct PretrainOptions {
   std::string config_path;  // family config JSON
   std::string out_dir;      // checkpoint directory (created)
   std::string fashion_mnist_dir;
-  int threads = 0;  // torch intra-op threads; 0 = all cores
+  int threads = 0;  // torch intra-op threads; 0 = automatic (model::IntraOpThreads)
   bool force_cpu = false;
   float scale_steps = 1.0f;  // multiplies every stage's steps (quick smoke runs)
+  // > 0: train at most this many steps in this run (all stages together), then write the
+  // stage's resume checkpoint and return ABORTED; a later run continues from there. For
+  // splitting a long pretraining into sessions, and for testing the resume path.
+  int stop_after_steps = 0;
 };
 
 // Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily) with

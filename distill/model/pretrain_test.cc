@@ -160,5 +160,53 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
 }
 
+// A run stopped mid-stage (stop_after_steps) and continued writes the same weights as an
+// uninterrupted one: the resume checkpoints carry model, optimizer and the auxiliary query
+// heads, and every step reseeds.
+TEST(PretrainTest, StoppedRunsContinueToTheSameWeights) {
+  PretrainOptions o;
+  o.config_path = std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json";
+  o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  o.force_cpu = true;
+  o.out_dir = ::testing::TempDir() + "/pretrain_whole";
+  std::filesystem::remove_all(o.out_dir);
+  ASSERT_TRUE(Pretrain(o).ok());
+
+  PretrainOptions split = o;
+  split.out_dir = ::testing::TempDir() + "/pretrain_split";
+  std::filesystem::remove_all(split.out_dir);
+  // tiny.json: 3 steps a stage. 2 steps stop inside the vision stage; 3 more finish it and
+  // stop inside the teacher's; the last run finishes.
+  split.stop_after_steps = 2;
+  absl::Status first = Pretrain(split);
+  EXPECT_EQ(first.code(), absl::StatusCode::kAborted) << first;
+  EXPECT_THAT(std::string(first.message()), ::testing::HasSubstr("vision at step 2"));
+  EXPECT_TRUE(std::filesystem::exists(split.out_dir + "/resume_vision_step.txt"));
+  split.stop_after_steps = 3;
+  absl::Status second = Pretrain(split);
+  EXPECT_EQ(second.code(), absl::StatusCode::kAborted) << second;
+  EXPECT_THAT(std::string(second.message()), ::testing::HasSubstr("teacher at step 2"));
+  EXPECT_TRUE(std::filesystem::exists(split.out_dir + "/resume_teacher_extra.pt"));
+  split.stop_after_steps = 0;
+  ASSERT_TRUE(Pretrain(split).ok());
+  EXPECT_FALSE(std::filesystem::exists(split.out_dir + "/resume_teacher_step.txt"));
+
+  absl::StatusOr<FamilyCheckpoint> whole = LoadFamily(o.out_dir, Precision::kFp32);
+  absl::StatusOr<FamilyCheckpoint> parts = LoadFamily(split.out_dir, Precision::kFp32);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  auto same = [](torch::nn::Module& a, torch::nn::Module& b, const char* what) {
+    auto pa = a.named_parameters();
+    auto pb = b.named_parameters();
+    ASSERT_EQ(pa.size(), pb.size()) << what;
+    for (const auto& p : pa) {
+      EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << what << " " << p.key();
+    }
+  };
+  same(*whole->encoder, *parts->encoder, "encoder");
+  same(*whole->teacher, *parts->teacher, "teacher");
+  same(*whole->student, *parts->student, "student");
+}
+
 }  // namespace
 }  // namespace cdcca::model
