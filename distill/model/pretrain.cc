@@ -267,10 +267,12 @@ std::pair<torch::Tensor, torch::Tensor> CellTargets(const std::vector<ds::Sample
   const int64_t n = static_cast<int64_t>(samples.size());
   torch::Tensor cls = torch::full({n, ds::kNumCells}, ds::kNumClasses, torch::kLong);
   torch::Tensor color = torch::full({n, ds::kNumCells}, -100, torch::kLong);
+  auto c = cls.accessor<int64_t, 2>();  // every step of three stages: no per-element ops
+  auto k = color.accessor<int64_t, 2>();
   for (int64_t i = 0; i < n; ++i) {
     for (const ds::SceneItem& it : samples[i].scene.items) {
-      cls[i][it.cell] = it.label;
-      color[i][it.cell] = it.color;
+      c[i][it.cell] = it.label;
+      k[i][it.cell] = it.color;
     }
   }
   return {cls, color};
@@ -475,14 +477,16 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
     torch::Tensor images = ImagesToTensor(batch).to(device);
     auto [cls, color] = heads->forward(enc->forward(images));
-    const auto [cls_t, color_t] = CellTargets(batch);
+    auto [cls_t, color_t] = CellTargets(batch);
+    cls_t = cls_t.to(device);
+    color_t = color_t.to(device);
     torch::Tensor loss = CellLoss(cls, color, cls_t, color_t);
     SetLr(optim, LearningRate(s, step));
     optim.zero_grad();
     loss.backward();
     optim.step();
-    cls_acc = 0.95 * cls_acc +
-              0.05 * (cls.argmax(-1) == cls_t.to(device)).to(torch::kFloat).mean().item<double>();
+    cls_acc =
+        0.95 * cls_acc + 0.05 * (cls.argmax(-1) == cls_t).to(torch::kFloat).mean().item<double>();
     bar.Update(step + 1, loss.item<double>(), s.batch);
     if ((step + 1) % sched.checkpoint_every == 0 && step + 1 < s.steps) {
       WriteResume(rp, enc, &heads, optim, step + 1);

@@ -76,6 +76,16 @@ TEST(PretrainScheduleTest, ReadsTheQueryAuxiliaryWeightAndRejectsANegativeOne) {
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("student.query_aux"));
 }
 
+// Every parameter of `a` equals the same-named one of `b`, bit for bit.
+void ExpectSameParameters(torch::nn::Module& a, torch::nn::Module& b, const char* what) {
+  auto pa = a.named_parameters();
+  auto pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size()) << what;
+  for (const auto& p : pa) {
+    EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << what << " " << p.key();
+  }
+}
+
 int64_t ParameterCount(torch::nn::Module& m) {
   int64_t n = 0;
   for (const torch::Tensor& p : m.parameters()) n += p.numel();
@@ -154,10 +164,7 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   }
   absl::StatusOr<FamilyCheckpoint> again = LoadFamily(out, Precision::kFp32);
   ASSERT_TRUE(again.ok()) << again.status();
-  auto a = family->student->named_parameters();
-  auto b = again->student->named_parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& p : a) EXPECT_TRUE(torch::equal(p.value(), b[p.key()])) << p.key();
+  ExpectSameParameters(*family->student, *again->student, "student");
 }
 
 // A run stopped mid-stage (stop_after_steps) and continued writes the same weights as an
@@ -195,17 +202,9 @@ TEST(PretrainTest, StoppedRunsContinueToTheSameWeights) {
   absl::StatusOr<FamilyCheckpoint> parts = LoadFamily(split.out_dir, Precision::kFp32);
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_TRUE(parts.ok()) << parts.status();
-  auto same = [](torch::nn::Module& a, torch::nn::Module& b, const char* what) {
-    auto pa = a.named_parameters();
-    auto pb = b.named_parameters();
-    ASSERT_EQ(pa.size(), pb.size()) << what;
-    for (const auto& p : pa) {
-      EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << what << " " << p.key();
-    }
-  };
-  same(*whole->encoder, *parts->encoder, "encoder");
-  same(*whole->teacher, *parts->teacher, "teacher");
-  same(*whole->student, *parts->student, "student");
+  ExpectSameParameters(*whole->encoder, *parts->encoder, "encoder");
+  ExpectSameParameters(*whole->teacher, *parts->teacher, "teacher");
+  ExpectSameParameters(*whole->student, *parts->student, "student");
 }
 
 }  // namespace
