@@ -434,6 +434,9 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   if (options.max_steps > 0) impl->settings.job.max_steps = options.max_steps;
   if (options.time_budget_s > 0) impl->settings.job.time_budget_s = options.time_budget_s;
   if (options.batch_size > 0) impl->settings.job.batch_size = options.batch_size;
+  if (options.max_answer_tokens > 0) {
+    impl->settings.job.max_answer_tokens = options.max_answer_tokens;
+  }
   if (options.torch_threads > 0) impl->settings.job.num_threads = options.torch_threads;
 
   absl::StatusOr<model::Precision> precision = model::ParsePrecision(options.student_precision);

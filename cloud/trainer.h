@@ -122,6 +122,9 @@ struct PerDeviceStrategyOptions {
   int max_steps = 0;
   double time_budget_s = 0;
   int batch_size = 0;
+  // Longest answer the teacher generates as a label; 0 keeps distill_config's (default 6).
+  // Captioning needs datasets::kMaxCaptionTokens.
+  int max_answer_tokens = 0;
   // Torch intra-op threads per job. 0 = automatic (1; distill/model/threads.h).
   int torch_threads = 0;
   // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".

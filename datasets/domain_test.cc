@@ -209,6 +209,10 @@ TEST(DomainTest, EveryGeneratedWordIsInTheTokenizer) {
   for (uint64_t i = 0; i < 300; ++i) {
     const Sample s = gen.Generate(i);
     std::vector<std::string> texts = s.captions;
+    texts.emplace_back(CaptionPrompt());
+    for (const std::string& c : s.captions) {  // a caption and its <eos> fit the bound
+      ASSERT_LE(static_cast<int>(tok.Encode(c).size()) + 1, kMaxCaptionTokens) << c;
+    }
     for (const VqaItem& q : s.questions) {
       texts.push_back(q.question);
       texts.insert(texts.end(), q.choices.begin(), q.choices.end());

@@ -105,6 +105,8 @@ constexpr std::string_view kCaptionTemplates[] = {
     "there {be} {n} {items} on a {bg} background: {list_at}.",
 };
 
+constexpr std::string_view kCaptionPrompt = "what is in the picture?";
+
 constexpr std::string_view kNumberWords[] = {"zero", "one", "two", "three", "four", "five"};
 constexpr std::string_view kYesNoFillers[] = {"maybe", "cannot tell"};
 
@@ -430,6 +432,8 @@ std::vector<std::string> MakeCaptions(const Scene& scene, Rng& rng) {
   }
   return captions;
 }
+
+std::string_view CaptionPrompt() { return kCaptionPrompt; }
 
 const std::vector<std::string>& AnswerVocabulary() {
   static const std::vector<std::string> kVocab = [] {

@@ -56,6 +56,13 @@ VqaItem MakeQuestion(const Scene& scene, QuestionType type, Phrasing phrasing, R
 // a blue sandal in the bottom right." Deterministic given `rng`.
 std::vector<std::string> MakeCaptions(const Scene& scene, Rng& rng);
 
+// The prompt that asks a model for a caption: "what is in the picture?". Its words are in
+// LanguageCorpus(), so checkpoints trained before captioning existed keep their vocabulary.
+std::string_view CaptionPrompt();
+// Tokens of the longest caption MakeCaptions can write, <eos> included (four items, the
+// longest template): the generation limit that never cuts a caption short.
+inline constexpr int kMaxCaptionTokens = 48;
+
 // Category split for captioning (like COCO -> nocaps): in-domain classes the student's
 // source domain contains, near-domain classes that resemble them (tops: shirt, coat), and
 // out-of-domain classes it never sees (sandal, ankle boot).

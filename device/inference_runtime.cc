@@ -15,6 +15,7 @@
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "distill/model/threads.h"
+#include "distill/model/token_probe.h"
 #include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
 
@@ -25,6 +26,7 @@ struct InferenceRuntime::Impl {
   datasets::Tokenizer tokenizer = datasets::Tokenizer::SceneLanguage();
   model::VisionEncoder encoder{nullptr};
   model::Mllm student{nullptr};
+  model::TokenProbe probe{nullptr};  // null when the checkpoint has no probe.safetensors
   int image_size = 64;
 
   // Guards the student's trainable tensors and `version`: readers answer, writers apply.
@@ -68,8 +70,8 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
     const RuntimeOptions& options) {
   absl::StatusOr<model::Precision> precision = model::ParsePrecision(options.precision);
   if (!precision.ok()) return precision.status();
-  if (options.max_answer_tokens < 1 || options.max_answer_tokens > 32) {
-    return absl::InvalidArgumentError("max_answer_tokens must be in 1-32");
+  if (options.max_answer_tokens < 1 || options.max_answer_tokens > 64) {
+    return absl::InvalidArgumentError("max_answer_tokens must be in 1-64");
   }
   model::SetIntraOpThreads(options.threads);
   absl::StatusOr<model::FamilyCheckpoint> family =
@@ -86,6 +88,13 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
   }
   impl->encoder = family->encoder;
   impl->student = family->student;
+  absl::StatusOr<model::TokenProbe> probe =
+      model::LoadTokenProbe(options.checkpoint_dir + "/probe.safetensors");
+  if (probe.ok()) {
+    impl->probe = *probe;
+  } else if (!absl::IsNotFound(probe.status())) {
+    return probe.status();
+  }
   impl->encoder->eval();
   impl->student->eval();
   impl->image_size = family->config.vision.image_size;
@@ -173,6 +182,15 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     torch::Tensor tokens = torch::from_blob(const_cast<float*>(visual.values.data()),
                                             {1, visual.tokens, visual.dim}, torch::kFloat32)
                                .clone();
+    if (score == TokenScore::kProbeEntropy) {  // the probe is frozen: no lock needed
+      if (!impl_->probe) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("token score probe_entropy needs ", impl_->options.checkpoint_dir,
+                         "/probe.safetensors (cdcca pretrain on the family's directory adds it)"));
+      }
+      torch::Tensor s = impl_->probe->Uncertainty(tokens, passes, dropout_p)[0].contiguous();
+      return std::vector<float>(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+    }
     model::StochasticStats stats;
     {
       absl::ReaderMutexLock lock(&impl_->mu);

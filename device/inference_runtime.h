@@ -27,7 +27,8 @@ struct RuntimeOptions {
   std::string checkpoint_dir;
   // Storage of the student's frozen base: "fp32", "int8" or "int4". Default: "int8".
   std::string precision = "int8";
-  // Longest answer generated, in tokens. Default: 6.
+  // Longest answer generated, in tokens (1-64; captions need datasets::kMaxCaptionTokens).
+  // Default: 6.
   int max_answer_tokens = 6;
   // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
   // every core; distill/model/threads.h).

@@ -9,6 +9,9 @@
 
 #include "compress/delta_encoder.h"
 #include "compress/named_tensors.h"
+#include "datasets/domain.h"
+#include "datasets/fashion_mnist.h"
+#include "datasets/shifts.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "distill/model/trainable.h"
@@ -22,6 +25,7 @@ namespace {
 
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
+namespace ds = ::cdcca::datasets;
 
 class InferenceRuntimeTest : public ::testing::Test {
  protected:
@@ -101,8 +105,8 @@ TEST_F(InferenceRuntimeTest, BatchedAnswersEqualOneByOne) {
 TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
   ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
   const VisualTokens& v = answers[0].visual;
-  ASSERT_OK_AND_ASSIGN(std::vector<float> still, runtime_->TokenScores(v, 8, 0.0f,
-                                                                       TokenScore::kAttentionVariance));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> still,
+                       runtime_->TokenScores(v, 8, 0.0f, TokenScore::kProbeEntropy));
   ASSERT_EQ(still.size(), static_cast<size_t>(v.tokens));
   for (float s : still) EXPECT_EQ(s, 0.0f);
   ASSERT_OK_AND_ASSIGN(std::vector<float> noisy,
@@ -117,6 +121,66 @@ TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
   broken.values.pop_back();
   EXPECT_THAT(runtime_->TokenScores(broken, 8, 0.1f, TokenScore::kAttentionCv),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The tiny test family has no token probe: its score is refused with a clear error.
+TEST_F(InferenceRuntimeTest, ProbeScoreNeedsTheProbeFile) {
+  ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
+  EXPECT_THAT(runtime_->TokenScores(answers[0].visual, 8, 0.1f, TokenScore::kProbeEntropy),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+ds::Image SpliceHalf(const ds::Image& clean, const ds::Image& corrupted, bool left) {
+  ds::Image out = clean;
+  for (int y = 0; y < clean.height; ++y) {
+    for (int x = 0; x < clean.width; ++x) {
+      if ((x < clean.width / 2) == left) std::copy_n(corrupted.at(x, y), 3, out.at(x, y));
+    }
+  }
+  return out;
+}
+
+// The point of VIS (issue 6): on the committed `small` family, frames whose one half is
+// corrupted (each image shift at severity 4, the other half clean) keep most of their top-50 %
+// tokens in the corrupted half under the device's probe_entropy score, for every shift.
+TEST(VisOnTheSmallFamilyTest, KeptTokensFallMostlyInTheCorruptedHalf) {
+  absl::StatusOr<ds::ImageSet> images = ds::LoadFashionMnist(ds::Split::kTest);
+  if (!images.ok()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  RuntimeOptions options;
+  options.checkpoint_dir = std::string(CDCCA_SOURCE_DIR) + "/models/small";
+  options.precision = "int8";
+  options.threads = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<InferenceRuntime> runtime, InferenceRuntime::Load(options));
+  ASSERT_OK_AND_ASSIGN(
+      ds::SampleGenerator source,
+      ds::SampleGenerator::Create(&*images, ds::StudentSourceDomain(ds::Split::kTest), 17));
+  torch::manual_seed(1);
+  const UtsOptions defaults;
+  for (ds::ImageShift shift : ds::AllImageShifts()) {
+    SCOPED_TRACE(std::string(ds::ImageShiftName(shift)));
+    int in_corrupted = 0, kept = 0;
+    for (int i = 0; i < 32; ++i) {
+      ds::Sample sample = source.Generate(static_cast<uint64_t>(i));
+      ds::Image corrupted = sample.image;
+      ASSERT_OK(ds::ApplyShift(shift, 4, 100 + i, corrupted));
+      const bool left = i % 2 == 0;
+      ASSERT_OK_AND_ASSIGN(auto answers,
+                           runtime->Answer({{SpliceHalf(sample.image, corrupted, left),
+                                             sample.questions.front().question}}));
+      const VisualTokens& v = answers[0].visual;
+      ASSERT_OK_AND_ASSIGN(std::vector<float> scores,
+                           runtime->TokenScores(v, defaults.mc_passes, defaults.dropout_p,
+                                                TokenScore::kProbeEntropy));
+      const int grid = 8;
+      ASSERT_EQ(v.tokens, grid * grid);
+      for (uint16_t t : SelectTokens(scores, {}, 0.5f, 0)) {
+        in_corrupted += ((t % grid) < grid / 2) == left ? 1 : 0;
+        ++kept;
+      }
+    }
+    ASSERT_EQ(kept, 32 * 32);
+    EXPECT_GT(in_corrupted, kept / 2) << in_corrupted << " of " << kept;
+  }
 }
 
 TEST_F(InferenceRuntimeTest, UpdatesApplyInPlaceAndBadOnesChangeNothing) {

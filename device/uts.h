@@ -37,6 +37,11 @@ enum class TokenScore {
   kAttentionCv,
   // Mean attention mass alone (no uncertainty): the ablation of the variance.
   kAttentionMass,
+  // Predictive entropy of the family's token probe under the same dropout passes, smoothed
+  // over the token grid (distill/model/token_probe.h): how unsure the device is of what each
+  // token shows. The one score that puts most kept tokens in the corrupted half of a
+  // half-corrupted frame (docs/BENCHMARKS.md, "VIS diagnostic"). Needs probe.safetensors.
+  kProbeEntropy,
 };
 
 struct UtsOptions {
@@ -63,7 +68,8 @@ absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* option
 class EntropyGate {
  public:
   explicit EntropyGate(const UtsOptions& options)
-      : alpha_(options.entropy_alpha), keep_fraction_(options.keep_fraction),
+      : alpha_(options.entropy_alpha),
+        keep_fraction_(options.keep_fraction),
         window_(options.window < 1 ? 1 : options.window) {}
 
   // Records `entropy` and says whether its sample passes stage 1. With a running quantile,

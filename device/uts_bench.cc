@@ -226,13 +226,14 @@ int Main() {
 
   // --- 3. VIS diagnostic -----------------------------------------------------------------
   std::printf(
-      "\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames "
-      "(50%% = blind to corruption)\n",
+      "\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames at "
+      "severity 4 (50%% = blind to corruption), per stage-2 score\n",
       100 * defaults.token_ratio, defaults.mc_passes);
   ds::SampleGenerator source =
       Must(ds::SampleGenerator::Create(&images, ds::StudentSourceDomain(ds::Split::kTest), 17));
+  std::printf("  %-15s  %-20s  %-14s\n", "shift", "attention_variance", "probe_entropy");
   for (ds::ImageShift s : ds::AllImageShifts()) {
-    double hit = 0, total = 0;
+    double hit[2] = {0, 0}, total = 0;
     for (int i = 0; i < std::min(n, 32); ++i) {
       ds::Sample sample = source.Generate(static_cast<uint64_t>(i));
       ds::Image corrupted = sample.image;
@@ -240,17 +241,20 @@ int Main() {
       const bool left = i % 2 == 0;
       AnswerResult a = Must(runtime->Answer(
           {{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
-      std::vector<float> scores = Must(
-          runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, defaults.score));
       int grid = 1;
       while (grid * grid < a.visual.tokens) ++grid;
-      for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {
-        hit += ((t % grid) < grid / 2) == left ? 1 : 0;
-        total += 1;
+      const TokenScore kinds[2] = {TokenScore::kAttentionVariance, TokenScore::kProbeEntropy};
+      for (int k = 0; k < 2; ++k) {
+        std::vector<float> scores =
+            Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, kinds[k]));
+        for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {
+          hit[k] += ((t % grid) < grid / 2) == left ? 1 : 0;
+          if (k == 0) total += 1;
+        }
       }
     }
-    std::printf("  %-15s severity 4: %.0f%%\n", std::string(ds::ImageShiftName(s)).c_str(),
-                100 * hit / total);
+    std::printf("  %-15s  %19.0f%%  %13.0f%%\n", std::string(ds::ImageShiftName(s)).c_str(),
+                100 * hit[0] / total, 100 * hit[1] / total);
   }
   return 0;
 }

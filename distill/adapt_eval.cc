@@ -18,6 +18,7 @@
 #include "distill/model/checkpoint.h"
 #include "distill/model/scene_eval.h"
 #include "distill/model/threads.h"
+#include "distill/model/token_probe.h"
 #include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
 #include "nlohmann/json.hpp"
@@ -250,6 +251,13 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
                                    : torch::Device(torch::kCPU);
   absl::StatusOr<model::FamilyCheckpoint> family = model::LoadFamily(o.checkpoint_dir, *precision);
   if (!family.ok()) return family.status();
+  // The token probe, when an arm scores with it (probe_entropy).
+  absl::StatusOr<model::TokenProbe> probe = absl::NotFoundError("no arm uses the probe");
+  if (std::find(score_kinds.begin(), score_kinds.end(), "probe_entropy") != score_kinds.end()) {
+    probe = model::LoadTokenProbe(o.checkpoint_dir + "/probe.safetensors");
+    if (!probe.ok()) return probe.status();
+    (*probe)->to(device);
+  }
   // The cloud's mirror of the device student: its dequantized base, the same trainable set.
   absl::StatusOr<model::Mllm> mirror =
       model::ConvertPrecision(family->student, model::Precision::kFp32);
@@ -328,8 +336,12 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
         model::StochasticStats stats =
             student->StochasticAttention(vis, torch::Tensor(), o.mc_passes, o.dropout_p);
         for (auto& [kind, per_scene] : obs.scene_scores) {
-          torch::Tensor sc =
-              model::VisualTokenScores(stats, *model::ParseTokenScore(kind)).cpu().contiguous();
+          const model::TokenScoreKind k = *model::ParseTokenScore(kind);
+          torch::Tensor sc = (k == model::TokenScoreKind::kProbeEntropy
+                                  ? (*probe)->Uncertainty(vis, o.mc_passes, o.dropout_p)
+                                  : model::VisualTokenScores(stats, k))
+                                 .cpu()
+                                 .contiguous();
           for (int64_t r = 0; r < n; ++r) {
             const float* p = sc[r].data_ptr<float>();
             per_scene.emplace_back(p, p + obs.num_tokens);

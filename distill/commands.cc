@@ -31,7 +31,7 @@ ABSL_FLAG(double, token_ratio, 0.5,
           "adapt-eval: fraction of visual tokens the UTS and random arms keep");
 ABSL_FLAG(std::string, token_scores, "attention_variance,attention_cv",
           "adapt-eval: comma-separated UTS stage-2 scores, one arm each "
-          "(attention_variance, attention_cv, attention_mass)");
+          "(attention_variance, attention_cv, attention_mass, probe_entropy)");
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
 ABSL_FLAG(double, keep_fraction, 0.0,
           "adapt-eval: UTS stage 1, keep this fraction of the stream by entropy (0 = all samples)");

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "datasets/language.h"
 #include "datasets/shifts.h"
 #include "nlohmann/json.hpp"
 
@@ -71,6 +72,8 @@ RoundDomain Experiment::DomainFor(int device, int round) const {
   return schedule[static_cast<size_t>(std::min<int>(step, static_cast<int>(schedule.size()) - 1))];
 }
 
+int Experiment::AnswerTokens() const { return captioning() ? datasets::kMaxCaptionTokens : 6; }
+
 absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                                            const std::string& source_name) {
   json j;
@@ -83,6 +86,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   const std::string& w = source_name;
   Experiment e;
   CDCCA_RETURN_IF_ERROR(Read(j, "name", w, &e.name));
+  CDCCA_RETURN_IF_ERROR(Read(j, "task", w, &e.task));
+  CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
+                              absl::StrCat("must be vqa or caption, not \"", e.task, "\"")));
   CDCCA_RETURN_IF_ERROR(Read(j, "title", w, &e.title));
   CDCCA_RETURN_IF_ERROR(Read(j, "paper_table", w, &e.paper_table));
   CDCCA_RETURN_IF_ERROR(Read(j, "description", w, &e.description));
@@ -114,6 +120,12 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
         std::find(known.begin(), known.end(), parsed.base) != known.end(), w, "methods",
         absl::StrCat("has unknown method \"", m, "\" (known: ", absl::StrJoin(known, ", "), ")")));
   }
+  if (e.captioning()) {
+    CDCCA_RETURN_IF_ERROR(Check(!j.contains("schedule"), w, "schedule",
+                                "must be left out of a caption experiment (every round streams "
+                                "in-, near- and out-of-domain scenes)"));
+    e.schedule = {RoundDomain{}};
+  }
   if (auto it = j.find("schedule"); it != j.end()) {
     CDCCA_RETURN_IF_ERROR(Check(it->is_array(), w, "schedule", "must be an array"));
     for (size_t i = 0; i < it->size(); ++i) {
@@ -143,10 +155,11 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "dropout_p", where, &e.uts.dropout_p));
     CDCCA_RETURN_IF_ERROR(Read(*it, "precision", where, &e.uts.precision));
     CDCCA_RETURN_IF_ERROR(Read(*it, "score", where, &e.uts.score));
-    CDCCA_RETURN_IF_ERROR(Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv" ||
-                                    e.uts.score == "attention_mass",
-                                where, "score",
-                                "must be attention_variance, attention_cv or attention_mass"));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv" ||
+                  e.uts.score == "attention_mass" || e.uts.score == "probe_entropy",
+              where, "score",
+              "must be attention_variance, attention_cv, attention_mass or probe_entropy"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
                                 "keep_fraction", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,

@@ -15,6 +15,11 @@
 //     "downlink_bits_per_param": 2.0
 //   }
 //
+// "task": "caption" makes it a captioning run (the paper's Table 2, COCO -> nocaps style):
+// every round streams the caption prompt on scenes of the three caption categories in turn
+// (in-domain, near-domain, out-domain) and scores BLEU-4 and CIDEr-D per category; such an
+// experiment has no schedule and needs a family trained with captions (small-caption).
+//
 // The schedule holds one entry per round; a shorter schedule repeats its last entry. An entry
 // is an image shift (shift + severity; "none" = clean), optionally with the text shift
 // ("text": true: paraphrased and knowledge questions, all classes), or a step of the
@@ -51,7 +56,7 @@ struct UtsSettings {
   float dropout_p = 0.1f;
   std::string precision = "fp16";  // or "int8"
   // Stage-2 score (device::TokenScore): "attention_variance" (the device default),
-  // "attention_cv" or "attention_mass".
+  // "attention_cv", "attention_mass" or "probe_entropy" (the family's token probe).
   std::string score = "attention_variance";
 };
 
@@ -70,6 +75,7 @@ struct JobSettings {
 
 struct Experiment {
   std::string name;
+  std::string task = "vqa";  // or "caption"
   std::string title;
   std::string paper_table;  // e.g. "Table 6"; empty for runs the paper lacks
   std::string description;
@@ -92,6 +98,10 @@ struct Experiment {
 
   // The domain device `device` sees in round `round` (0-based).
   RoundDomain DomainFor(int device, int round) const;
+  bool captioning() const { return task == "caption"; }
+  // Longest answer generated on the device and as the teacher's label: 6 tokens for VQA,
+  // datasets::kMaxCaptionTokens for captions.
+  int AnswerTokens() const;
 };
 
 // The methods the harness knows.

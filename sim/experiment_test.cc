@@ -91,6 +91,24 @@ TEST(ExperimentTest, MethodNamesMayCarryATokenRatio) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cd-cca@1.5")));
 }
 
+TEST(ExperimentTest, CaptionExperimentsStreamTheCategoriesWithoutASchedule) {
+  ASSERT_OK_AND_ASSIGN(
+      Experiment e,
+      ParseExperiment(R"({"name": "c", "task": "caption", "methods": ["cd-cca"]})", "c.json"));
+  EXPECT_TRUE(e.captioning());
+  ASSERT_EQ(e.schedule.size(), 1u);  // one implicit entry: every round is the same mix
+  EXPECT_EQ(e.AnswerTokens(), 48);   // the longest caption, <eos> included
+  ASSERT_OK_AND_ASSIGN(Experiment vqa, ParseExperiment(kGood, "g.json"));
+  EXPECT_FALSE(vqa.captioning());
+  EXPECT_EQ(vqa.AnswerTokens(), 6);
+  EXPECT_THAT(ParseExperiment(R"({"name": "c", "task": "caption", "methods": ["cd-cca"],
+                                  "schedule": [{"shift": "fog", "severity": 4}]})",
+                              "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schedule")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "c", "task": "ocr", "methods": ["cd-cca"]})", "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"ocr\"")));
+}
+
 TEST(ExperimentTest, EveryCheckedInExperimentParses) {
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::string(CDCCA_SOURCE_DIR) +
@@ -101,7 +119,7 @@ TEST(ExperimentTest, EveryCheckedInExperimentParses) {
     EXPECT_EQ(e.name, entry.path().stem().string());  // the run directory is named after it
     ++files;
   }
-  EXPECT_GE(files, 8);
+  EXPECT_GE(files, 10);
 }
 
 TEST(ExperimentTest, ShrinkKeepsTheShapeAndCutsTheWork) {

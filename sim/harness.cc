@@ -20,6 +20,7 @@
 #include "compress/uplink_codec.h"
 #include "datasets/domain.h"
 #include "datasets/fashion_mnist.h"
+#include "datasets/language.h"
 #include "datasets/metrics.h"
 #include "device/agent.h"
 #include "device/cloud_client.h"
@@ -62,6 +63,7 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
                                               : compress::FeaturePrecision::kFp16;
   p.uts.score = e.uts.score == "attention_cv"     ? device::TokenScore::kAttentionCv
                 : e.uts.score == "attention_mass" ? device::TokenScore::kAttentionMass
+                : e.uts.score == "probe_entropy"  ? device::TokenScore::kProbeEntropy
                                                   : device::TokenScore::kAttentionVariance;
   if (e.uts.keep_fraction >= 1) {  // keep every sample: a fixed threshold below any entropy
     p.uts.keep_fraction = 0;
@@ -109,34 +111,83 @@ ds::DomainSpec DomainSpecFor(const RoundDomain& d, int round, ds::Split split) {
   return ds::ImageShiftDomain(shift, d.severity, split);
 }
 
-std::string DomainLabel(const RoundDomain& d, int round) {
+std::string DomainLabel(const Experiment& e, const RoundDomain& d, int round) {
+  if (e.captioning()) return "in+near+out";
   if (d.continual) return absl::StrCat("continual-", round + 1);
   std::string s = d.shift == "none" ? "clean" : absl::StrCat(d.shift, "-", d.severity);
   if (d.text) absl::StrAppend(&s, "+text");
   return s;
 }
 
-// One frame per (scene, question): the device sees a question about each scene in turn.
-std::vector<device::Frame> StreamFrames(const ds::SampleGenerator& gen, uint64_t first, int n) {
+// The generators of a round: one for a VQA domain, or one per caption category (in,
+// near, out) for a caption experiment.
+absl::StatusOr<std::vector<ds::SampleGenerator>> Generators(const Experiment& e,
+                                                            const RoundDomain& d, int round,
+                                                            const ds::ImageSet& images,
+                                                            ds::Split split, uint64_t seed) {
+  std::vector<ds::DomainSpec> specs;
+  if (e.captioning()) {
+    for (ds::CategoryDomain c :
+         {ds::CategoryDomain::kIn, ds::CategoryDomain::kNear, ds::CategoryDomain::kOut}) {
+      specs.push_back(ds::CategoryShiftDomain(c, split));
+    }
+  } else {
+    specs.push_back(DomainSpecFor(d, round, split));
+  }
+  std::vector<ds::SampleGenerator> gens;
+  for (ds::DomainSpec& spec : specs) {
+    auto gen = ds::SampleGenerator::Create(&images, std::move(spec), seed);
+    if (!gen.ok()) return gen.status();
+    gens.push_back(*std::move(gen));
+  }
+  return gens;
+}
+
+// One frame per scene, the generators taking turns. VQA: a question about each scene in
+// turn; captions: the caption prompt.
+std::vector<device::Frame> StreamFrames(const std::vector<ds::SampleGenerator>& gens, bool captions,
+                                        int n) {
   std::vector<device::Frame> frames;
   frames.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    ds::Sample s = gen.Generate(first + static_cast<uint64_t>(i));
-    const ds::VqaItem& q = s.questions[static_cast<size_t>(i) % s.questions.size()];
-    frames.push_back({std::move(s.image), q.question});
+    const size_t g = static_cast<size_t>(i) % gens.size();
+    ds::Sample s = gens[g].Generate(static_cast<uint64_t>(i) / gens.size());
+    if (captions) {
+      frames.push_back({std::move(s.image), std::string(ds::CaptionPrompt())});
+    } else {
+      const ds::VqaItem& q = s.questions[static_cast<size_t>(i) % s.questions.size()];
+      frames.push_back({std::move(s.image), q.question});
+    }
   }
   return frames;
+}
+
+// Answers `frames` in chunks of 64.
+absl::StatusOr<std::vector<device::AnswerResult>> AnswerAll(
+    device::InferenceRuntime& runtime, const std::vector<device::Frame>& frames) {
+  std::vector<device::AnswerResult> out;
+  const size_t chunk = 64;
+  for (size_t b = 0; b < frames.size(); b += chunk) {
+    std::vector<device::Frame> part(
+        frames.begin() + static_cast<long>(b),
+        frames.begin() + static_cast<long>(std::min(frames.size(), b + chunk)));
+    absl::StatusOr<std::vector<device::AnswerResult>> answers = runtime.Answer(part);
+    if (!answers.ok()) return answers.status();
+    for (device::AnswerResult& a : *answers) out.push_back(std::move(a));
+  }
+  return out;
 }
 
 struct Score {
   double da = 0, mc = 0;
   int questions = 0;
   std::vector<float> question_da;
+  std::vector<DeviceRound::CaptionScore> captions;
 };
 
 // DA and MC accuracy of the runtime on every question of `scenes` scenes.
-absl::StatusOr<Score> Evaluate(device::InferenceRuntime& runtime, const ds::SampleGenerator& gen,
-                               int scenes) {
+absl::StatusOr<Score> EvaluateVqa(device::InferenceRuntime& runtime, const ds::SampleGenerator& gen,
+                                  int scenes) {
   std::vector<device::Frame> frames;
   std::vector<ds::VqaItem> items;
   for (int i = 0; i < scenes; ++i) {
@@ -146,21 +197,15 @@ absl::StatusOr<Score> Evaluate(device::InferenceRuntime& runtime, const ds::Samp
       items.push_back(q);
     }
   }
+  absl::StatusOr<std::vector<device::AnswerResult>> answers = AnswerAll(runtime, frames);
+  if (!answers.ok()) return answers.status();
   Score score;
-  const size_t chunk = 64;
-  for (size_t b = 0; b < frames.size(); b += chunk) {
-    std::vector<device::Frame> part(
-        frames.begin() + static_cast<long>(b),
-        frames.begin() + static_cast<long>(std::min(frames.size(), b + chunk)));
-    absl::StatusOr<std::vector<device::AnswerResult>> answers = runtime.Answer(part);
-    if (!answers.ok()) return answers.status();
-    for (size_t i = 0; i < answers->size(); ++i) {
-      const ds::VqaItem& q = items[b + i];
-      const double da = ds::VqaAccuracy((*answers)[i].text, q.direct_answers);
-      score.da += da;
-      score.question_da.push_back(static_cast<float>(da));
-      score.mc += ds::AokvqaMcAccuracy((*answers)[i].text, q.choices, q.correct_choice);
-    }
+  for (size_t i = 0; i < answers->size(); ++i) {
+    const ds::VqaItem& q = items[i];
+    const double da = ds::VqaAccuracy((*answers)[i].text, q.direct_answers);
+    score.da += da;
+    score.question_da.push_back(static_cast<float>(da));
+    score.mc += ds::AokvqaMcAccuracy((*answers)[i].text, q.choices, q.correct_choice);
   }
   score.questions = static_cast<int>(items.size());
   if (score.questions > 0) {
@@ -168,6 +213,57 @@ absl::StatusOr<Score> Evaluate(device::InferenceRuntime& runtime, const ds::Samp
     score.mc = 100.0 * score.mc / score.questions;
   }
   return score;
+}
+
+// Captions of `scenes` scenes per category generator (in, near, out), scored per category
+// and over all of them (DeviceRound::captions).
+absl::StatusOr<Score> EvaluateCaptions(device::InferenceRuntime& runtime,
+                                       const std::vector<ds::SampleGenerator>& gens, int scenes) {
+  static constexpr const char* kNames[] = {"in-domain", "near-domain", "out-domain"};
+  std::vector<std::string> all_cands;
+  std::vector<std::vector<std::string>> all_refs;
+  Score score;
+  for (size_t g = 0; g < gens.size(); ++g) {
+    std::vector<device::Frame> frames;
+    std::vector<std::vector<std::string>> refs;
+    for (int i = 0; i < scenes; ++i) {
+      ds::Sample s = gens[g].Generate(static_cast<uint64_t>(i));
+      frames.push_back({std::move(s.image), std::string(ds::CaptionPrompt())});
+      refs.push_back(std::move(s.captions));
+    }
+    absl::StatusOr<std::vector<device::AnswerResult>> answers = AnswerAll(runtime, frames);
+    if (!answers.ok()) return answers.status();
+    std::vector<std::string> cands;
+    for (const device::AnswerResult& a : *answers) cands.push_back(a.text);
+    const ds::CaptionScores c = ds::ScoreCaptions(cands, refs);
+    score.captions.push_back({g < 3 ? kNames[g] : "other", 100 * c.bleu[3], 100 * c.cider,
+                              static_cast<int>(cands.size())});
+    all_cands.insert(all_cands.end(), cands.begin(), cands.end());
+    all_refs.insert(all_refs.end(), refs.begin(), refs.end());
+  }
+  const ds::CaptionScores all = ds::ScoreCaptions(all_cands, all_refs);
+  score.captions.push_back(
+      {"all", 100 * all.bleu[3], 100 * all.cider, static_cast<int>(all_cands.size())});
+  score.da = 100 * all.cider;
+  score.mc = 100 * all.bleu[3];
+  score.questions = static_cast<int>(all_cands.size());
+  for (double v : all.cider_per_item) score.question_da.push_back(static_cast<float>(v));
+  return score;
+}
+
+absl::StatusOr<Score> Evaluate(const Experiment& e, device::InferenceRuntime& runtime,
+                               const std::vector<ds::SampleGenerator>& gens) {
+  if (e.captioning()) return EvaluateCaptions(runtime, gens, e.eval_scenes);
+  return EvaluateVqa(runtime, gens.front(), e.eval_scenes);
+}
+
+// Copies an evaluation into the round's record.
+void Record(Score score, DeviceRound& r) {
+  r.da = score.da;
+  r.mc = score.mc;
+  r.questions = score.questions;
+  r.question_da = std::move(score.question_da);
+  r.captions = std::move(score.captions);
 }
 
 compress::UplinkSample AllTokensSample(const device::AnswerResult& a, uint64_t id) {
@@ -247,6 +343,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   if (plan.learner == "akd" && fs::exists(e.distill_config)) po.distill_config = e.distill_config;
   po.max_steps = e.job.max_steps;
   po.batch_size = e.job.batch_size;
+  po.max_answer_tokens = e.AnswerTokens();
   po.torch_threads = e.threads;
   po.bits_per_param = e.downlink_bits_per_param;
   po.max_batches_per_job = 1u << 20;  // a round's job trains on everything uplinked
@@ -317,6 +414,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     ro.checkpoint_dir = e.checkpoint;
     ro.precision = e.precision;
     ro.threads = e.threads;
+    ro.max_answer_tokens = e.AnswerTokens();
     auto runtime = device::InferenceRuntime::Load(ro);
     if (!runtime.ok()) return runtime.status();
     d.runtime = std::move(*runtime);
@@ -360,11 +458,10 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
   // The same held-out scenes whenever a domain recurs (any round, any device), so accuracy
   // differences between rounds are the model's, not the test sample's.
   auto eval_gen = [&](int device, int round) {
-    const std::string label = DomainLabel(e.DomainFor(device, round), round);
+    const std::string label = DomainLabel(e, e.DomainFor(device, round), round);
     uint64_t h = options.seed * 7919;
     for (unsigned char ch : label) h = h * 1099511628211ull + ch;
-    return ds::SampleGenerator::Create(
-        &test_images, DomainSpecFor(e.DomainFor(device, round), round, ds::Split::kTest), h);
+    return Generators(e, e.DomainFor(device, round), round, test_images, ds::Split::kTest, h);
   };
 
   // Round 0: every device on its first domain, before any adaptation.
@@ -372,16 +469,13 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     progress(absl::StrCat("round 0 device ", i, ": evaluating"));
     auto gen = eval_gen(i, 0);
     if (!gen.ok()) return gen.status();
-    auto score = Evaluate(*devices[static_cast<size_t>(i)].runtime, *gen, e.eval_scenes);
+    auto score = Evaluate(e, *devices[static_cast<size_t>(i)].runtime, *gen);
     if (!score.ok()) return score.status();
     DeviceRound r;
     r.device = i;
     r.round = 0;
-    r.domain = DomainLabel(e.DomainFor(i, 0), 0);
-    r.da = score->da;
-    r.mc = score->mc;
-    r.questions = score->questions;
-    r.question_da = std::move(score->question_da);
+    r.domain = DomainLabel(e, e.DomainFor(i, 0), 0);
+    Record(*std::move(score), r);
     result.rounds.push_back(r);
     ++done_steps;
   }
@@ -395,12 +489,12 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       r.device = i;
       r.round = round + 1;
       const RoundDomain domain = e.DomainFor(i, round);
-      r.domain = DomainLabel(domain, round);
-      auto gen = ds::SampleGenerator::Create(
-          &train_images, DomainSpecFor(domain, round, ds::Split::kTrain),
+      r.domain = DomainLabel(e, domain, round);
+      auto gens = Generators(
+          e, domain, round, train_images, ds::Split::kTrain,
           options.seed * 104729 + static_cast<uint64_t>(i) * 977 + static_cast<uint64_t>(round));
-      if (!gen.ok()) return gen.status();
-      std::vector<device::Frame> frames = StreamFrames(*gen, 0, e.stream_frames);
+      if (!gens.ok()) return gens.status();
+      std::vector<device::Frame> frames = StreamFrames(*gens, e.captioning(), e.stream_frames);
       result.raw_frame_bytes = frames.front().image.pixels.size();
       std::vector<compress::UplinkSample> local;  // device-side methods train on these
       double answer_ms = 0;
@@ -444,6 +538,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
         distill::JobOptions jo;
         jo.max_steps = e.job.max_steps;
         jo.batch_size = e.job.batch_size;
+        jo.max_answer_tokens = e.AnswerTokens();
         if (e.job.lr > 0) jo.lr = e.job.lr;
         jo.seed = options.seed + static_cast<uint64_t>(round);
         jo.num_threads = e.threads;
@@ -489,12 +584,9 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       progress(absl::StrCat("round ", round + 1, " device ", i, ": evaluating"));
       auto gen = eval_gen(i, round);
       if (!gen.ok()) return gen.status();
-      auto score = Evaluate(*d.runtime, *gen, e.eval_scenes);
+      auto score = Evaluate(e, *d.runtime, *gen);
       if (!score.ok()) return score.status();
-      r.da = score->da;
-      r.mc = score->mc;
-      r.questions = score->questions;
-      r.question_da = std::move(score->question_da);
+      Record(*std::move(score), r);
       r.version = d.runtime->version();
       result.rounds.push_back(r);
       ++done_steps;

@@ -42,6 +42,17 @@ struct DeviceRound {
   // Per evaluation question, in a fixed order (the same scenes and questions for every
   // method on the same domain): official VQA accuracy in [0, 1]. For paired comparisons.
   std::vector<float> question_da;
+  // Caption experiments (Experiment::captioning()): BLEU-4 and CIDEr-D in percent per
+  // category, in the order in-domain, near-domain, out-domain, all. The VQA fields then
+  // carry the "all" figures so that every table, plot and paired comparison works on them:
+  // da = CIDEr-D, mc = BLEU-4, questions = images, question_da = each image's CIDEr-D in
+  // COCO units (their mean x 100 is da).
+  struct CaptionScore {
+    std::string category;
+    double bleu4 = 0, cider = 0;
+    int images = 0;
+  };
+  std::vector<CaptionScore> captions;
   int64_t frames = 0;
   int64_t kept_samples = 0;
   int64_t kept_tokens = 0;

@@ -147,6 +147,54 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
   EXPECT_THAT(SummaryTable(run), HasSubstr("akd-random"));
 }
 
+// A caption experiment: every round streams the caption prompt over the three categories;
+// each evaluation scores them apart and together, and the report has the Table 2 layout.
+TEST_F(HarnessTest, CaptionRunsScoreEveryCategory) {
+  Experiment e = TinyExperiment({"source-only", "cd-cca"});
+  e.task = "caption";
+  e.schedule = {RoundDomain{}};
+  e.devices = 1;
+  e.rounds = 1;
+  e.eval_scenes = 4;
+  HarnessOptions options;
+  options.work_dir = dir_.path() + "/work";
+  options.seed = 3;
+  ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+  ASSERT_EQ(run.methods.size(), 2u);
+  for (const MethodResult& m : run.methods) {
+    SCOPED_TRACE(m.method);
+    ASSERT_EQ(m.rounds.size(), 2u);
+    for (const DeviceRound& r : m.rounds) {
+      EXPECT_EQ(r.domain, "in+near+out");
+      ASSERT_EQ(r.captions.size(), 4u);
+      const char* names[] = {"in-domain", "near-domain", "out-domain", "all"};
+      for (size_t c = 0; c < 4; ++c) {
+        EXPECT_EQ(r.captions[c].category, names[c]);
+        EXPECT_EQ(r.captions[c].images, c < 3 ? 4 : 12);
+        EXPECT_GE(r.captions[c].bleu4, 0);
+        EXPECT_LE(r.captions[c].bleu4, 100);
+        EXPECT_GE(r.captions[c].cider, 0);
+      }
+      // The VQA fields carry "all": CIDEr-D, BLEU-4, and per-image CIDEr-D averaging to it.
+      EXPECT_DOUBLE_EQ(r.da, r.captions[3].cider);
+      EXPECT_DOUBLE_EQ(r.mc, r.captions[3].bleu4);
+      ASSERT_EQ(r.question_da.size(), 12u);
+      double sum = 0;
+      for (float v : r.question_da) sum += v;
+      EXPECT_NEAR(100 * sum / 12, r.da, 1e-3);
+    }
+  }
+  const DeviceRound& adapted = run.methods[1].rounds[1];
+  EXPECT_GT(adapted.kept_samples, 0);
+  EXPECT_GT(adapted.downlink_payload_bytes, 0u);
+  EXPECT_TRUE(adapted.in_sync);
+  const std::string md = MarkdownReport(run);
+  EXPECT_THAT(md, HasSubstr("the paper's Table 2 layout"));
+  EXPECT_THAT(md, HasSubstr("| method | in-domain | near-domain | out-domain | all |"));
+  EXPECT_THAT(md, HasSubstr("CIDEr-D points"));
+  EXPECT_THAT(SummaryTable(run), HasSubstr("captions CIDEr-D / BLEU-4"));
+}
+
 TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
   const Experiment e = TinyExperiment({"cd-cca"});
   std::vector<double> first;

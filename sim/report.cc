@@ -65,11 +65,71 @@ bool UsesCloud(const MethodResult& m) {
 }
 
 // Whether MC accuracy is worth a column: text-shift rounds ask multiple-choice questions.
+// (Caption runs always show their second figure, BLEU-4.)
 bool ShowMc(const RunResult& run) {
+  if (run.experiment.captioning()) return true;
   for (const RoundDomain& d : run.experiment.schedule) {
     if (d.text || d.continual) return true;
   }
   return false;
+}
+
+// What da / mc hold (DeviceRound): the VQA accuracies, or a caption run's CIDEr-D and
+// BLEU-4 over all categories.
+std::string MetricName(const RunResult& run, bool mc) {
+  if (run.experiment.captioning()) return "CIDEr-D / BLEU-4 (all categories)";
+  return mc ? "DA / MC" : "DA";
+}
+std::string PointName(const RunResult& run) {
+  return run.experiment.captioning() ? "CIDEr-D points" : "DA points";
+}
+
+// The paper's Table 2 layout: per method, after the last round (mean over devices), BLEU-4
+// and CIDEr-D per caption category and over all, and the gain over source-only on "all".
+std::string CaptionTableMarkdown(const RunResult& run) {
+  const Experiment& e = run.experiment;
+  struct Row {
+    std::string method;
+    std::vector<DeviceRound::CaptionScore> scores;
+  };
+  std::vector<Row> rows;
+  for (const MethodResult& m : run.methods) {
+    Row row{m.method, {}};
+    for (const DeviceRound& r : m.rounds) {
+      if (r.round != e.rounds) continue;
+      if (row.scores.empty()) row.scores.resize(r.captions.size());
+      for (size_t c = 0; c < r.captions.size() && c < row.scores.size(); ++c) {
+        row.scores[c].category = r.captions[c].category;
+        row.scores[c].bleu4 += r.captions[c].bleu4 / e.devices;
+        row.scores[c].cider += r.captions[c].cider / e.devices;
+        row.scores[c].images += r.captions[c].images;
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty() || rows.front().scores.empty()) return "";
+  std::string md = absl::StrCat("## Captions after round ", e.rounds,
+                                " (BLEU-4 / CIDEr-D, %; the paper's Table 2 layout)\n\n| method |");
+  for (const auto& c : rows.front().scores) absl::StrAppend(&md, " ", c.category, " |");
+  md += " gain BLEU-4 | gain CIDEr-D |\n|---|";
+  for (size_t c = 0; c < rows.front().scores.size() + 2; ++c) md += "---|";
+  md += "\n";
+  const Row* source = nullptr;
+  for (const Row& r : rows) {
+    if (r.method == "source-only") source = &r;
+  }
+  for (const Row& r : rows) {
+    absl::StrAppend(&md, "| ", r.method, " |");
+    for (const auto& c : r.scores) absl::StrAppendFormat(&md, " %.2f / %.2f |", c.bleu4, c.cider);
+    if (source != nullptr && !r.scores.empty() && source->scores.size() == r.scores.size()) {
+      absl::StrAppendFormat(&md, " %+.2f | %+.2f |\n",
+                            r.scores.back().bleu4 - source->scores.back().bleu4,
+                            r.scores.back().cider - source->scores.back().cider);
+    } else {
+      md += " | |\n";
+    }
+  }
+  return md + "\n";
 }
 
 std::string Kb(double bytes) { return absl::StrFormat("%.1f", bytes / 1000.0); }
@@ -332,9 +392,9 @@ std::string SummaryTable(const RunResult& run) {
                           r == 0 ? std::string("before") : absl::StrCat("round ", r));
   }
   absl::StrAppend(&header, "  uplink KB  downlink KB");
-  std::string out =
-      absl::StrCat(e.name, ": VQA ", mc ? "DA / MC" : "DA", " accuracy (%), mean over ", e.devices,
-                   " device(s)\n", header, "\n");
+  std::string out = absl::StrCat(e.name, ": ", e.captioning() ? "captions " : "VQA ",
+                                 MetricName(run, mc), e.captioning() ? " (%)" : " accuracy (%)",
+                                 ", mean over ", e.devices, " device(s)\n", header, "\n");
   for (const MethodResult& m : run.methods) {
     std::vector<RoundSummary> rounds = Summarize(m, e.devices);
     absl::StrAppendFormat(&out, "%-16s", m.method);
@@ -354,9 +414,10 @@ std::string SummaryTable(const RunResult& run) {
     out += "\n";
   }
   for (const Paired& p : PairedComparisons(run)) {
-    absl::StrAppendFormat(&out, "%s minus %s: %+.2f DA points (paired SE %.2f)\n", p.reference,
-                          p.method, p.diff, p.se);
+    absl::StrAppendFormat(&out, "%s minus %s: %+.2f %s (paired SE %.2f)\n", p.reference, p.method,
+                          p.diff, PointName(run), p.se);
   }
+  if (e.captioning()) absl::StrAppend(&out, "\n", CaptionTableMarkdown(run));
   return out;
 }
 
@@ -371,8 +432,10 @@ std::string MarkdownReport(const RunResult& run) {
                         "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",
                         e.checkpoint, e.precision, e.devices, e.rounds, e.stream_frames,
                         e.eval_scenes, static_cast<int>(run.seed), run.seconds);
+  if (e.captioning()) absl::StrAppend(&md, CaptionTableMarkdown(run));
   // Accuracy table.
-  absl::StrAppend(&md, "## Accuracy (", mc ? "DA / MC" : "DA", ", %)\n\n| method |");
+  absl::StrAppend(&md, e.captioning() ? "## Per round (" : "## Accuracy (", MetricName(run, mc),
+                  ", %)\n\n| method |");
   for (int r = 0; r <= e.rounds; ++r) {
     absl::StrAppend(&md, r == 0 ? std::string(" before |") : absl::StrCat(" round ", r, " |"));
   }
@@ -448,13 +511,17 @@ std::string MarkdownReport(const RunResult& run) {
   // Paired comparison of CD-CCA with every other method.
   const std::vector<Paired> paired = PairedComparisons(run);
   if (!paired.empty()) {
-    md +=
-        "\n## CD-CCA against each method, paired on the same questions\n\n"
-        "Mean over the adapted rounds of the per-question DA difference (CD-CCA minus the "
-        "method), with the standard error of that mean over the questions. |z| > 2 is a "
-        "difference beyond evaluation noise.\n\n"
-        "| CD-CCA | method | CD-CCA minus method, DA points | paired SE | z | questions |\n"
-        "|---|---|---|---|---|---|\n";
+    md += absl::StrCat(
+        "\n## CD-CCA against each method, paired on the same ",
+        e.captioning() ? "images" : "questions", "\n\nMean over the adapted rounds of the per-",
+        e.captioning() ? "image CIDEr-D" : "question DA",
+        " difference (CD-CCA minus the method), with the standard error of that mean over "
+        "the ",
+        e.captioning() ? "images" : "questions",
+        ". |z| > 2 is a difference beyond evaluation noise.\n\n"
+        "| CD-CCA | method | CD-CCA minus method, ",
+        PointName(run), " | paired SE | z | ", e.captioning() ? "images" : "questions",
+        " |\n|---|---|---|---|---|---|\n");
     for (const Paired& p : paired) {
       absl::StrAppendFormat(&md, "| %s | %s | %+.2f | %.2f | %+.1f | %d |\n", p.reference, p.method,
                             p.diff, p.se, p.se > 0 ? p.diff / p.se : 0.0, p.questions);
@@ -480,6 +547,9 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   j["seconds"] = run.seconds;
   j["devices"] = e.devices;
   j["rounds"] = e.rounds;
+  j["task"] = e.task;
+  // What "da" and "mc" hold: VQA accuracies, or a caption run's CIDEr-D and BLEU-4 (all).
+  j["metrics"] = e.captioning() ? json{"cider_all", "bleu4_all"} : json{"da", "mc"};
   std::string csv =
       "method,device,round,domain,da,mc,questions,frames,kept_samples,kept_tokens,"
       "uplink_payload_bytes,uplink_wire_bytes,downlink_payload_bytes,downlink_wire_bytes,"
@@ -509,6 +579,15 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
                               {"version", r.version},
                               {"in_sync", r.in_sync},
                               {"answer_ms", r.answer_ms}});
+      if (!r.captions.empty()) {
+        json& jr = jm["rounds"].back();
+        for (const DeviceRound::CaptionScore& c : r.captions) {
+          jr["captions"].push_back({{"category", c.category},
+                                    {"bleu4", c.bleu4},
+                                    {"cider", c.cider},
+                                    {"images", c.images}});
+        }
+      }
       absl::StrAppendFormat(
           &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f\n",
           m.method, r.device, r.round, r.domain, r.da, r.mc, r.questions, r.frames, r.kept_samples,
@@ -547,12 +626,15 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     }
   }
   std::vector<std::string> xr(x.begin() + 1, x.end());
+  const std::string chart_title =
+      e.captioning() ? "Caption CIDEr-D (all categories) per round" : "VQA DA accuracy per round";
+  const std::string chart_unit = e.captioning() ? "CIDEr-D %" : "accuracy %";
   std::string html = absl::StrCat(
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", Escape(e.name),
       "</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
       "pre{background:#f6f6f6;padding:1em;overflow-x:auto}</style></head><body>\n<h1>",
       Escape(e.title.empty() ? e.name : e.title), "</h1>\n<pre>", Escape(MarkdownReport(run)),
-      "</pre>\n", LineChart("VQA DA accuracy per round", "accuracy %", x, acc));
+      "</pre>\n", LineChart(chart_title, chart_unit, x, acc));
   if (!up.empty()) {
     absl::StrAppend(
         &html, LineChart("Uplink payload per round (all devices)", "KB", xr, up),
@@ -563,9 +645,7 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   if (absl::Status s = write("results.json", j.dump(2) + "\n"); !s.ok()) return s;
   if (absl::Status s = write("results.csv", csv); !s.ok()) return s;
   if (absl::Status s = write("report.md", MarkdownReport(run)); !s.ok()) return s;
-  if (absl::Status s =
-          write("accuracy.svg", LineChart("VQA DA accuracy per round", "accuracy %", x, acc));
-      !s.ok()) {
+  if (absl::Status s = write("accuracy.svg", LineChart(chart_title, chart_unit, x, acc)); !s.ok()) {
     return s;
   }
   return write("report.html", html);
@@ -578,8 +658,10 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
       absl::StrCat("# ", e.title.empty() ? e.name : e.title, ": ", runs.size(), " seeds\n\n");
   absl::StrAppend(
       &md,
-      "Each row is a paired difference on the same evaluation questions, mean over "
-      "the adapted rounds, in DA points, per seed (each seed's full report is in "
+      "Each row is a paired difference on the same evaluation questions (images for "
+      "captions), mean over the adapted rounds, in ",
+      PointName(runs.front()),
+      ", per seed (each seed's full report is in "
       "seed-N/). \"SE across seeds\" is the sample standard deviation of the "
       "per-seed values over sqrt(seeds): it carries the training noise. \"question SE\" "
       "is the evaluation noise alone, sqrt(sum of the per-seed paired SEs squared) / "

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "distill/model/pretrain.h"
 
 ABSL_FLAG(std::string, config, "configs/models/small.json", "pretrain: family config");
@@ -75,7 +76,28 @@ int ModelEvalCommand(const std::vector<std::string>& args) {
   o.scenes = absl::GetFlag(FLAGS_scenes);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
-  absl::StatusOr<std::string> table = AccuracyTable(o);
+  // A family trained with captions gets the captioning table (and the VQA one only if it
+  // also learned VQA).
+  absl::StatusOr<FamilyConfig> family = LoadFamilyConfig(o.checkpoint_dir + "/config.json");
+  if (!family.ok()) {
+    std::fprintf(stderr, "cdcca model-eval: %s\n", family.status().ToString().c_str());
+    return 1;
+  }
+  PretrainSchedule tasks;
+  if (!family->pretrain_json.empty()) {
+    absl::StatusOr<PretrainSchedule> parsed = ParsePretrainSchedule(family->pretrain_json);
+    if (parsed.ok()) tasks = *parsed;
+  }
+  absl::StatusOr<std::string> table = std::string();
+  if (tasks.questions) table = AccuracyTable(o);
+  if (table.ok() && tasks.captions) {
+    absl::StatusOr<std::string> captions = CaptionTable(o);
+    if (captions.ok()) {
+      table = absl::StrCat(*table, table->empty() ? "" : "\n", *captions);
+    } else {
+      table = captions.status();
+    }
+  }
   if (!table.ok()) {
     std::fprintf(stderr, "cdcca model-eval: %s\n", table.status().ToString().c_str());
     return 1;

@@ -21,6 +21,7 @@
 #include "datasets/tokenizer.h"
 #include "distill/model/scene_eval.h"
 #include "distill/model/threads.h"
+#include "distill/model/token_probe.h"
 #include "distill/model/trainable.h"
 #include "nlohmann/json.hpp"
 
@@ -120,14 +121,27 @@ struct TokenizedQuestion {
   std::vector<int> prompt, answer;
 };
 
+// Every question of every scene, tokenized, and with `captions` one caption row per scene:
+// prompt datasets::CaptionPrompt(), answer one of its reference captions, a different one
+// for each `salt` (the training step), so every reference is trained on.
 std::vector<TokenizedQuestion> TokenizeQuestions(const std::vector<ds::Sample>& samples,
-                                                 const ds::Tokenizer& tok) {
+                                                 const ds::Tokenizer& tok, bool questions = true,
+                                                 bool captions = false, uint64_t salt = 0) {
   std::vector<TokenizedQuestion> out;
+  const std::vector<int> caption_prompt = tok.Encode(ds::CaptionPrompt(), /*add_bos=*/true);
   for (size_t s = 0; s < samples.size(); ++s) {
-    for (const ds::VqaItem& q : samples[s].questions) {
-      out.push_back({static_cast<int64_t>(s), &q,
-                     tok.Encode(q.question, /*add_bos=*/true, /*add_eos=*/false),
-                     tok.Encode(q.answer, false, /*add_eos=*/true)});
+    if (questions) {
+      for (const ds::VqaItem& q : samples[s].questions) {
+        out.push_back({static_cast<int64_t>(s), &q,
+                       tok.Encode(q.question, /*add_bos=*/true, /*add_eos=*/false),
+                       tok.Encode(q.answer, false, /*add_eos=*/true)});
+      }
+    }
+    const std::vector<std::string>& refs = samples[s].captions;
+    if (captions && !refs.empty()) {
+      const std::string& ref = refs[(samples[s].index + salt) % refs.size()];
+      out.push_back({static_cast<int64_t>(s), nullptr, caption_prompt,
+                     tok.Encode(ref, false, /*add_eos=*/true)});
     }
   }
   return out;
@@ -178,8 +192,9 @@ QaBatch BuildQa(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok
 
 // The questions of a training step in groups of similar length (PaddingGroups).
 std::vector<QaBatch> BuildQaGroups(const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
-                                   int max_groups) {
-  std::vector<TokenizedQuestion> qs = TokenizeQuestions(samples, tok);
+                                   int max_groups, const PretrainSchedule& sched, uint64_t salt) {
+  std::vector<TokenizedQuestion> qs =
+      TokenizeQuestions(samples, tok, sched.questions, sched.captions, salt);
   std::stable_sort(qs.begin(), qs.end(),
                    [](const TokenizedQuestion& a, const TokenizedQuestion& b) {
                      return std::make_pair(a.prompt.size(), a.answer.size()) <
@@ -417,6 +432,39 @@ EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
   return r;
 }
 
+CaptionEval ScoreCaptionsOf(Mllm& model, const torch::Tensor& tokens,
+                            const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
+                            int max_tokens, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  CaptionEval out;
+  std::vector<std::vector<std::string>> refs;
+  const int64_t chunk = 64;
+  for (int64_t s0 = 0; s0 < static_cast<int64_t>(samples.size()); s0 += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, samples.size() - s0);
+    std::vector<ds::Sample> part(samples.begin() + s0, samples.begin() + s0 + n);
+    std::vector<TokenizedQuestion> rows = TokenizeQuestions(part, tok, false, true);
+    QaBatch qa = PackQuestions(rows, 0, rows.size());
+    GenerateResult g = model->Generate(tokens.narrow(0, s0, n).index_select(0, qa.scene.to(device)),
+                                       torch::Tensor(), qa.prompt.to(device),
+                                       qa.prompt_valid.to(device), max_tokens, ds::Tokenizer::kEos);
+    torch::Tensor ids = g.tokens.cpu();
+    torch::Tensor len = g.lengths.cpu();
+    for (int64_t i = 0; i < ids.size(0); ++i) {
+      std::vector<int> words(len[i].item<int64_t>());
+      for (size_t j = 0; j < words.size(); ++j) words[j] = ids[i][j].item<int>();
+      out.captions.push_back(tok.Decode(words));
+      refs.push_back(part[qa.scene[i].item<int64_t>()].captions);
+    }
+  }
+  const ds::CaptionScores s = ds::ScoreCaptions(out.captions, refs);
+  out.bleu4 = 100 * s.bleu[3];
+  out.cider = 100 * s.cider;
+  out.images = static_cast<int>(out.captions.size());
+  out.cider_per_image = s.cider_per_item;
+  return out;
+}
+
 torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<ds::Sample>& samples,
                         torch::Device device) {
   torch::NoGradGuard no_grad;
@@ -504,6 +552,55 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
 
 // Draws a visual-token mask per scene: unmasked with probability 1 - 2p, else a drop ratio
 // uniform in [0.25, 0.75] (the range UTS keeps); mean drop ~ p for p = 0.25.
+absl::Status TrainProbe(const PretrainSchedule& sched, const ds::ImageSet& train,
+                        VisionEncoder& enc, torch::Device device, const std::string& path,
+                        json* record) {
+  const auto t0 = Clock::now();
+  absl::StatusOr<ds::SampleGenerator> gen =
+      MakeGenerator(&train, ds::StudentSourceDomain(ds::Split::kTrain), sched.seed * 31 + 5);
+  if (!gen.ok()) return gen.status();
+  const int64_t scenes = 2048;
+  std::vector<ds::Sample> samples = Generate(*gen, 0, scenes, /*image_only=*/true);
+  torch::Tensor tokens = EncodeAll(enc, samples, device);  // [S, N, d]
+  const int64_t n = tokens.size(1), d = tokens.size(2);
+  int64_t grid = 1;
+  while (grid * grid < n) ++grid;
+  torch::Tensor x = tokens.reshape({-1, d});
+  torch::Tensor y = TokenProbeTargets(CellTargets(samples).first, grid).reshape(-1).to(device);
+  torch::manual_seed(sched.seed + 5);
+  TokenProbe probe(d);
+  probe->to(device);
+  const StageSchedule& s = sched.probe;
+  torch::optim::AdamW optim(probe->parameters(), torch::optim::AdamWOptions(s.lr));
+  ProgressBar bar("probe", s.steps, 0);
+  int64_t correct = 0, seen = 0;
+  for (int step = 0; step < s.steps; ++step) {
+    torch::Tensor idx =
+        torch::randint(x.size(0), {static_cast<int64_t>(s.batch)}, torch::kLong).to(device);
+    torch::Tensor logits = probe->forward(x.index_select(0, idx), 0.1);
+    torch::Tensor target = y.index_select(0, idx);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(logits, target);
+    optim.zero_grad();
+    loss.backward();
+    optim.step();
+    if (step >= s.steps - 100) {  // accuracy over the last 100 steps
+      correct += (logits.argmax(-1) == target).sum().item<int64_t>();
+      seen += target.size(0);
+    }
+    bar.Update(step + 1, loss.item<double>(), s.batch);
+  }
+  probe->eval();
+  probe->to(torch::kCPU);
+  if (absl::Status st = SaveTokenProbe(path, probe); !st.ok()) return st;
+  (*record)["probe"] = {{"steps", s.steps},
+                        {"tokens_per_step", s.batch},
+                        {"scenes", scenes},
+                        {"seconds", Seconds(t0)},
+                        {"final_loss", bar.loss()},
+                        {"train_token_accuracy", seen > 0 ? double(correct) / seen : 0.0}};
+  return absl::OkStatus();
+}
+
 torch::Tensor RandomTokenMask(int64_t scenes, int64_t tokens, double p) {
   if (p <= 0) return torch::Tensor();
   torch::Tensor masked = torch::rand({scenes, 1}) < std::min(1.0, 2 * p);
@@ -557,7 +654,8 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
       torch::NoGradGuard no_grad;
       vis = enc->forward(ImagesToTensor(batch).to(device));
     }
-    std::vector<QaBatch> qa = BuildQaGroups(batch, tok, QuestionGroups(device));
+    std::vector<QaBatch> qa =
+        BuildQaGroups(batch, tok, QuestionGroups(device), sched, static_cast<uint64_t>(step));
     std::vector<QuestionGroup> groups;
     int64_t questions = 0;
     for (const QaBatch& g : qa) {
@@ -638,10 +736,28 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
     stage("vision", &p.vision);
     stage("teacher", &p.teacher);
     stage("student", &p.student);
+    stage("probe", &p.probe);
     p.student_cache_scenes = j.value("student_cache_scenes", p.student_cache_scenes);
     p.checkpoint_every = j.value("checkpoint_every", p.checkpoint_every);
     p.eval_scenes = j.value("eval_scenes", p.eval_scenes);
     p.max_answer_tokens = j.value("max_answer_tokens", p.max_answer_tokens);
+    if (j.contains("tasks")) {
+      const std::vector<std::string> tasks = j.at("tasks").get<std::vector<std::string>>();
+      p.questions = p.captions = false;
+      for (const std::string& t : tasks) {
+        if (t == "vqa") {
+          p.questions = true;
+        } else if (t == "caption") {
+          p.captions = true;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("pretrain.tasks: unknown task \"", t, "\" (vqa, caption)"));
+        }
+      }
+      if (!p.questions && !p.captions) {
+        return absl::InvalidArgumentError("pretrain.tasks must name vqa and/or caption");
+      }
+    }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("pretrain section: ", e.what()));
   }
@@ -661,7 +777,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   absl::StatusOr<PretrainSchedule> parsed = ParsePretrainSchedule(family->pretrain_json);
   if (!parsed.ok()) return parsed.status();
   PretrainSchedule sched = *parsed;
-  for (StageSchedule* s : {&sched.vision, &sched.teacher, &sched.student}) {
+  for (StageSchedule* s : {&sched.vision, &sched.teacher, &sched.student, &sched.probe}) {
     s->steps = std::max(1, static_cast<int>(std::lround(s->steps * opt.scale_steps)));
     s->warmup = std::min(s->warmup, std::max(1, s->steps / 5));
   }
@@ -670,6 +786,19 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   if (tok.size() > family->vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer has ", tok.size(), " words, config vocab_size is only ", family->vocab_size));
+  }
+  if (sched.captions) {  // the longest caption must fit after the queries and the prompt
+    const int prompt = static_cast<int>(tok.Encode(ds::CaptionPrompt(), true).size());
+    for (const auto& [name, tower] :
+         {std::pair{"teacher", &family->teacher}, std::pair{"student", &family->student}}) {
+      const int need = tower->num_queries + prompt + ds::kMaxCaptionTokens;
+      if (tower->max_positions < need) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ".max_positions is ", tower->max_positions, "; captions need ", need,
+                         " (", tower->num_queries, " queries + ", prompt, " prompt + ",
+                         ds::kMaxCaptionTokens, " caption tokens)"));
+      }
+    }
   }
   std::error_code ec;
   std::filesystem::create_directories(opt.out_dir, ec);
@@ -720,6 +849,15 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     enc->eval();
     SetAllTrainable(*enc, false);
 
+    // The token probe on the frozen encoder (seconds; the teacher and student never see it).
+    const std::string probe_path = opt.out_dir + "/probe.safetensors";
+    if (!(record.contains("probe") && std::filesystem::exists(probe_path))) {
+      if (absl::Status s = TrainProbe(sched, *train, enc, device, probe_path, &record); !s.ok()) {
+        return s;
+      }
+      save_record();
+    }
+
     // Source-domain test set, encoded once, for scoring the towers.
     absl::StatusOr<ds::SampleGenerator> eval_gen =
         MakeGenerator(&*test, ds::StudentSourceDomain(ds::Split::kTest), sched.seed * 31 + 9);
@@ -728,6 +866,29 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     torch::Tensor eval_tokens = EncodeAll(enc, eval_samples, device);
 
     SetThreads(TowerThreads(opt.threads, device));
+    // After each tower stage: its source-test VQA accuracy and/or captioning scores.
+    auto score_tower = [&](const std::string& name, Mllm& m) {
+      json& rec = record[name];
+      if (sched.questions) {
+        EvalResult r =
+            ScoreAnswers(m, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
+        rec["source_test_da"] = r.accuracy;
+        rec["source_test_by_type"] = r.by_type;
+        std::fprintf(stderr, "[%-8s] source-test DA accuracy %.2f%% (%d questions): %s\n",
+                     name.c_str(), r.accuracy, r.questions, r.by_type.c_str());
+      }
+      if (sched.captions) {
+        CaptionEval c =
+            ScoreCaptionsOf(m, eval_tokens, eval_samples, tok, ds::kMaxCaptionTokens, device);
+        rec["source_test_bleu4"] = c.bleu4;
+        rec["source_test_cider"] = c.cider;
+        std::fprintf(stderr,
+                     "[%-8s] source-test captions BLEU-4 %.2f, CIDEr-D %.2f (%d images), e.g. "
+                     "\"%s\"\n",
+                     name.c_str(), c.bleu4, c.cider, c.images,
+                     c.captions.empty() ? "" : c.captions.front().c_str());
+      }
+    };
 
     // Stage 2: the teacher on its broader domain, tokens from the frozen encoder per step.
     ds::DomainSpec teacher_domain = ds::TeacherDomain(ds::Split::kTrain);
@@ -751,12 +912,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
           !s.ok()) {
         return s;
       }
-      EvalResult r =
-          ScoreAnswers(teacher, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
-      record["teacher"]["source_test_da"] = r.accuracy;
-      std::fprintf(stderr, "[teacher ] source-test DA accuracy %.2f%% (%d questions): %s\n",
-                   r.accuracy, r.questions, r.by_type.c_str());
-      record["teacher"]["source_test_by_type"] = r.by_type;
+      score_tower("teacher", teacher);
       if (absl::Status s = SaveMllm(teacher_path, teacher, "teacher"); !s.ok()) return s;
       save_record();
     }
@@ -791,12 +947,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
         return s;
       }
       record["student"]["cache_seconds"] = cache_seconds;
-      EvalResult r =
-          ScoreAnswers(student, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
-      record["student"]["source_test_da"] = r.accuracy;
-      std::fprintf(stderr, "[student ] source-test DA accuracy %.2f%% (%d questions): %s\n",
-                   r.accuracy, r.questions, r.by_type.c_str());
-      record["student"]["source_test_by_type"] = r.by_type;
+      score_tower("student", student);
       if (absl::Status s = SaveMllm(student_path, student, "student"); !s.ok()) return s;
       save_record();
     }
@@ -821,28 +972,105 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
+namespace {
+
+// What model-eval compares: the teacher and the student at each base precision, on `device`
+// in eval() mode, with the family's encoder.
+struct EvalModels {
+  VisionEncoder encoder{nullptr};
+  std::vector<std::pair<std::string, Mllm>> models;
+};
+
+absl::StatusOr<EvalModels> LoadEvalModels(const std::string& dir, torch::Device device) {
+  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(dir, Precision::kFp32);
+  if (!ck.ok()) return ck.status();
+  EvalModels out;
+  out.encoder = ck->encoder;
+  out.models.emplace_back("teacher fp32", ck->teacher);
+  out.models.emplace_back("student fp32", ck->student);
+  for (Precision p : {Precision::kInt8, Precision::kInt4}) {
+    absl::StatusOr<Mllm> q = ConvertPrecision(ck->student, p);
+    if (!q.ok()) return q.status();
+    out.models.emplace_back(absl::StrCat("student ", PrecisionName(p)), *q);
+  }
+  out.encoder->to(device);
+  for (auto& [name, m] : out.models) {
+    m->to(device);
+    m->eval();
+  }
+  return out;
+}
+
+std::string TableHeader(const EvalModels& e, const std::string& first_column) {
+  std::string table = absl::StrCat("| ", first_column, " | ");
+  for (const auto& [name, m] : e.models) absl::StrAppend(&table, name, " | ");
+  table += "\n|---|";
+  for (size_t i = 0; i < e.models.size(); ++i) table += "---|";
+  return table + "\n";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
   const torch::Device device = PickDevice(opt.force_cpu);
   SetThreads(TowerThreads(opt.threads, device));
-  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(opt.checkpoint_dir, Precision::kFp32);
-  if (!ck.ok()) return ck.status();
   absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
   if (!test.ok()) return test.status();
   ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
   try {
-    std::vector<std::pair<std::string, Mllm>> models;
-    models.emplace_back("teacher fp32", ck->teacher);
-    models.emplace_back("student fp32", ck->student);
-    for (Precision p : {Precision::kInt8, Precision::kInt4}) {
-      absl::StatusOr<Mllm> q = ConvertPrecision(ck->student, p);
-      if (!q.ok()) return q.status();
-      models.emplace_back(absl::StrCat("student ", PrecisionName(p)), *q);
+    absl::StatusOr<EvalModels> e = LoadEvalModels(opt.checkpoint_dir, device);
+    if (!e.ok()) return e.status();
+    // Per model: every category's candidates and references, pooled for "all".
+    const size_t k = e->models.size();
+    std::vector<std::vector<std::string>> all_cands(k);
+    std::vector<std::vector<std::vector<std::string>>> all_refs(k);
+    std::string table = TableHeader(*e, "captions: BLEU-4 / CIDEr-D (%)");
+    for (ds::CategoryDomain c :
+         {ds::CategoryDomain::kIn, ds::CategoryDomain::kNear, ds::CategoryDomain::kOut}) {
+      absl::StatusOr<ds::SampleGenerator> gen =
+          MakeGenerator(&*test, ds::CategoryShiftDomain(c), opt.seed);
+      if (!gen.ok()) return gen.status();
+      std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
+      torch::Tensor tokens = EncodeAll(e->encoder, samples, device);
+      absl::StrAppend(&table, "| ", std::string(ds::CategoryDomainName(c)), " |");
+      for (size_t i = 0; i < k; ++i) {
+        CaptionEval r = ScoreCaptionsOf(e->models[i].second, tokens, samples, tok,
+                                        ds::kMaxCaptionTokens, device);
+        absl::StrAppend(&table, absl::StrFormat(" %.1f / %.1f |", r.bleu4, r.cider));
+        for (size_t j = 0; j < samples.size(); ++j) {
+          all_cands[i].push_back(r.captions[j]);
+          all_refs[i].push_back(samples[j].captions);
+        }
+        if (i < 2) {
+          std::fprintf(stderr, "%s, %s: \"%s\" (references: \"%s\")\n",
+                       std::string(ds::CategoryDomainName(c)).c_str(), e->models[i].first.c_str(),
+                       r.captions.front().c_str(), samples.front().captions.front().c_str());
+        }
+      }
+      table += "\n";
     }
-    ck->encoder->to(device);
-    for (auto& [name, m] : models) {
-      m->to(device);
-      m->eval();
+    absl::StrAppend(&table, "| all |");
+    for (size_t i = 0; i < k; ++i) {
+      const ds::CaptionScores s = ds::ScoreCaptions(all_cands[i], all_refs[i]);
+      absl::StrAppend(&table, absl::StrFormat(" %.1f / %.1f |", 100 * s.bleu[3], 100 * s.cider));
     }
+    return table + "\n";
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("model-eval: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
+  const torch::Device device = PickDevice(opt.force_cpu);
+  SetThreads(TowerThreads(opt.threads, device));
+  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
+  if (!test.ok()) return test.status();
+  ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
+  try {
+    absl::StatusOr<EvalModels> loaded = LoadEvalModels(opt.checkpoint_dir, device);
+    if (!loaded.ok()) return loaded.status();
+    std::vector<std::pair<std::string, Mllm>>& models = loaded->models;
+    VisionEncoder& encoder = loaded->encoder;
     struct Row {
       std::string name;
       ds::DomainSpec spec;
@@ -860,11 +1088,7 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
       }
     }
     rows.push_back({"text shift (paraphrase + knowledge)", ds::TextShiftDomain(), 0});
-    std::string table = "| domain | ";
-    for (auto& [name, m] : models) absl::StrAppend(&table, name, " | ");
-    table += "\n|---|";
-    for (size_t i = 0; i < models.size(); ++i) table += "---|";
-    table += "\n";
+    std::string table = TableHeader(*loaded, "domain");
     std::vector<double> sev5_sum(models.size(), 0.0);
     std::vector<double> source(models.size(), 0.0);
     int sev5_rows = 0;
@@ -872,7 +1096,7 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
       absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(&*test, row.spec, opt.seed);
       if (!gen.ok()) return gen.status();
       std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
-      torch::Tensor tokens = EncodeAll(ck->encoder, samples, device);
+      torch::Tensor tokens = EncodeAll(encoder, samples, device);
       absl::StrAppend(&table, "| ", row.name, " |");
       for (size_t i = 0; i < models.size(); ++i) {
         EvalResult r = ScoreAnswers(models[i].second, tokens, samples, tok, 4, device);

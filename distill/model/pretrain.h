@@ -1,6 +1,7 @@
 // Pretraining of the MLLM family on the scene benchmark (datasets/), in three stages:
 //   1. vision: the shared encoder on the student's SOURCE domain, supervised per grid cell
 //      on the scene ground truth (item class or empty, item colour); then frozen (eval()).
+//      Then the token probe (UTS stage 2's score, token_probe.h) on its frozen tokens.
 //   2. teacher: query adapter + LM on the teacher's broader domain (all classes and
 //      phrasings, teacher-seen corruptions, random visual-token dropping) above the frozen
 //      encoder.
@@ -38,10 +39,17 @@ struct PretrainSchedule {
   StageSchedule vision;
   StageSchedule teacher;
   StageSchedule student;
+  // The token probe (distill/model/token_probe.h), trained after the vision stage on the
+  // frozen encoder's tokens of source-domain scenes: steps of `batch` tokens at a constant lr.
+  StageSchedule probe{1500, 512, 2e-3f, 0, 0.0f};
   int student_cache_scenes = 4096;  // scenes whose frozen-encoder tokens stage 3 cycles over
   int checkpoint_every = 200;       // steps between resume checkpoints
   int eval_scenes = 200;            // source-test scenes scored after each tower stage
   int max_answer_tokens = 4;        // generation limit when scoring
+  // What the towers learn ("tasks": ["vqa", "caption"]): the scenes' VQA questions and/or
+  // one caption per scene (prompt datasets::CaptionPrompt()). Default: VQA only.
+  bool questions = true;
+  bool captions = false;
 };
 absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_text);
 
@@ -83,6 +91,11 @@ struct AccuracyOptions {
   uint64_t seed = 7;
 };
 absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& options);
+
+// Captioning scores of a family checkpoint trained with captions: BLEU-4 and CIDEr-D per
+// caption category (datasets::CategoryShiftDomain: in-domain, near-domain, out-domain) and
+// over all three, as a markdown table with the same columns as AccuracyTable.
+absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& options);
 
 }  // namespace cdcca::model
 

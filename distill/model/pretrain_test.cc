@@ -76,6 +76,24 @@ TEST(PretrainScheduleTest, ReadsTheQueryAuxiliaryWeightAndRejectsANegativeOne) {
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("student.query_aux"));
 }
 
+TEST(PretrainScheduleTest, ReadsTheTasks) {
+  absl::StatusOr<PretrainSchedule> vqa = ParsePretrainSchedule(R"({"seed": 1})");
+  ASSERT_TRUE(vqa.ok()) << vqa.status();
+  EXPECT_TRUE(vqa->questions);  // VQA only unless asked
+  EXPECT_FALSE(vqa->captions);
+  absl::StatusOr<PretrainSchedule> cap = ParsePretrainSchedule(R"({"tasks": ["caption"]})");
+  ASSERT_TRUE(cap.ok()) << cap.status();
+  EXPECT_FALSE(cap->questions);
+  EXPECT_TRUE(cap->captions);
+  absl::StatusOr<PretrainSchedule> both = ParsePretrainSchedule(R"({"tasks": ["vqa", "caption"]})");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(both->questions && both->captions);
+  absl::StatusOr<PretrainSchedule> unknown = ParsePretrainSchedule(R"({"tasks": ["ocr"]})");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()), ::testing::HasSubstr("\"ocr\""));
+  EXPECT_FALSE(ParsePretrainSchedule(R"({"tasks": []})").ok());
+}
+
 // Every parameter of `a` equals the same-named one of `b`, bit for bit.
 void ExpectSameParameters(torch::nn::Module& a, torch::nn::Module& b, const char* what) {
   auto pa = a.named_parameters();
@@ -165,6 +183,65 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   absl::StatusOr<FamilyCheckpoint> again = LoadFamily(out, Precision::kFp32);
   ASSERT_TRUE(again.ok()) << again.status();
   ExpectSameParameters(*family->student, *again->student, "student");
+}
+
+// tiny.json with pretrain.tasks replaced, written to `path`.
+std::string TinyConfigWithTasks(const std::string& path, const nlohmann::json& tasks,
+                                int max_positions = 64) {
+  nlohmann::json j;
+  std::ifstream(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json") >> j;
+  j["pretrain"]["tasks"] = tasks;
+  j["teacher"]["max_positions"] = max_positions;
+  j["student"]["max_positions"] = max_positions;
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+// With "tasks": ["vqa", "caption"] the towers learn both, each is scored on both after its
+// stage, and model-eval's captioning table has the paper's rows (in/near/out/all).
+TEST(PretrainTest, CaptionTasksTrainScoreAndEvaluate) {
+  PretrainOptions o;
+  o.config_path = TinyConfigWithTasks(::testing::TempDir() + "/tiny_caption.json",
+                                      nlohmann::json::array({"vqa", "caption"}));
+  o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  o.force_cpu = true;
+  o.out_dir = ::testing::TempDir() + "/pretrain_caption";
+  std::filesystem::remove_all(o.out_dir);
+  ASSERT_TRUE(Pretrain(o).ok());
+  nlohmann::json record;
+  std::ifstream(o.out_dir + "/pretrain_record.json") >> record;
+  for (const char* tower : {"teacher", "student"}) {
+    SCOPED_TRACE(tower);
+    ASSERT_TRUE(record[tower].contains("source_test_da"));
+    ASSERT_TRUE(record[tower].contains("source_test_cider"));
+    EXPECT_GE(record[tower]["source_test_bleu4"].get<double>(), 0.0);
+    EXPECT_LE(record[tower]["source_test_bleu4"].get<double>(), 100.0);
+  }
+  AccuracyOptions a;
+  a.checkpoint_dir = o.out_dir;
+  a.fashion_mnist_dir = o.fashion_mnist_dir;
+  a.scenes = 3;
+  a.force_cpu = true;
+  absl::StatusOr<std::string> table = CaptionTable(a);
+  ASSERT_TRUE(table.ok()) << table.status();
+  for (const char* row : {"| in-domain |", "| near-domain |", "| out-domain |", "| all |"}) {
+    EXPECT_THAT(*table, ::testing::HasSubstr(row));
+  }
+  EXPECT_THAT(*table, ::testing::HasSubstr("student int4"));
+}
+
+// A family whose towers cannot hold the longest caption is refused before any training.
+TEST(PretrainTest, CaptionsNeedRoomForTheLongestCaption) {
+  PretrainOptions o;
+  o.config_path = TinyConfigWithTasks(::testing::TempDir() + "/tiny_caption_short.json",
+                                      nlohmann::json::array({"caption"}), 32);
+  o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  o.force_cpu = true;
+  o.out_dir = ::testing::TempDir() + "/pretrain_caption_short";
+  absl::Status s = Pretrain(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("max_positions is 32"));
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir + "/encoder.safetensors"));
 }
 
 // A run stopped mid-stage (stop_after_steps) and continued writes the same weights as an

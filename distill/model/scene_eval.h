@@ -32,6 +32,20 @@ EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
                         const datasets::Tokenizer& tok, int max_answer_tokens,
                         torch::Device device);
 
+struct CaptionEval {
+  double bleu4 = 0;  // percent: corpus BLEU-4 against each scene's 5 references
+  double cider = 0;  // percent: CIDEr-D x 100 (1.0 in COCO's units = 100)
+  int images = 0;
+  std::vector<std::string> captions;    // the generated caption of each sample
+  std::vector<double> cider_per_image;  // COCO units; their mean is cider / 100
+};
+
+// Greedy captions (prompt datasets::CaptionPrompt(), at most max_tokens tokens) of every
+// sample, scored with the COCO caption metrics. Puts `model` in eval() mode.
+CaptionEval ScoreCaptionsOf(Mllm& model, const torch::Tensor& tokens,
+                            const std::vector<datasets::Sample>& samples,
+                            const datasets::Tokenizer& tok, int max_tokens, torch::Device device);
+
 // The frozen encoder's tokens [S, N, d_vis] of every sample's (shifted) image, on `device`,
 // encoded in chunks of 256 images. No gradients.
 torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<datasets::Sample>& samples,

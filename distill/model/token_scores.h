@@ -29,10 +29,14 @@ enum class TokenScoreKind {
   // Mean attention mass over the passes: what the student reads, with no uncertainty in it.
   // An ablation, to tell what the variance adds over the mass it scales with.
   kAttentionMass,
+  // Predictive entropy of the token probe under dropout, smoothed over the grid
+  // (TokenProbeImpl::Uncertainty): how unsure the device is of what each token shows. Not
+  // computed from the attention statistics: VisualTokenScores refuses it.
+  kProbeEntropy,
 };
 
-absl::string_view TokenScoreName(
-    TokenScoreKind kind);  // "attention_cv", "attention_variance", "attention_mass"
+absl::string_view TokenScoreName(TokenScoreKind kind);  // "attention_cv", "attention_variance",
+                                                        // "attention_mass", "probe_entropy"
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
 
 // [B, N] float scores from `stats` (its attention_mass_variance, and attention_mass [M, B, N]
