@@ -106,7 +106,7 @@ TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
   ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
   const VisualTokens& v = answers[0].visual;
   ASSERT_OK_AND_ASSIGN(std::vector<float> still,
-                       runtime_->TokenScores(v, 8, 0.0f, TokenScore::kProbeEntropy));
+                       runtime_->TokenScores(v, 8, 0.0f, TokenScore::kAttentionVariance));
   ASSERT_EQ(still.size(), static_cast<size_t>(v.tokens));
   for (float s : still) EXPECT_EQ(s, 0.0f);
   ASSERT_OK_AND_ASSIGN(std::vector<float> noisy,
