@@ -977,14 +977,23 @@ namespace {
 // What model-eval compares: the teacher and the student at each base precision, on `device`
 // in eval() mode, with the family's encoder.
 struct EvalModels {
+  torch::Device device = torch::kCPU;
+  ds::ImageSet test;  // the Fashion-MNIST test split the scenes are drawn from
   VisionEncoder encoder{nullptr};
   std::vector<std::pair<std::string, Mllm>> models;
 };
 
-absl::StatusOr<EvalModels> LoadEvalModels(const std::string& dir, torch::Device device) {
-  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(dir, Precision::kFp32);
+// Everything model-eval's tables share: device and threads, the test split, the models.
+absl::StatusOr<EvalModels> LoadEvalModels(const AccuracyOptions& opt) {
+  const torch::Device device = PickDevice(opt.force_cpu);
+  SetThreads(TowerThreads(opt.threads, device));
+  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
+  if (!test.ok()) return test.status();
+  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(opt.checkpoint_dir, Precision::kFp32);
   if (!ck.ok()) return ck.status();
   EvalModels out;
+  out.device = device;
+  out.test = *std::move(test);
   out.encoder = ck->encoder;
   out.models.emplace_back("teacher fp32", ck->teacher);
   out.models.emplace_back("student fp32", ck->student);
@@ -1012,14 +1021,12 @@ std::string TableHeader(const EvalModels& e, const std::string& first_column) {
 }  // namespace
 
 absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
-  const torch::Device device = PickDevice(opt.force_cpu);
-  SetThreads(TowerThreads(opt.threads, device));
-  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
-  if (!test.ok()) return test.status();
   ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
   try {
-    absl::StatusOr<EvalModels> e = LoadEvalModels(opt.checkpoint_dir, device);
+    absl::StatusOr<EvalModels> e = LoadEvalModels(opt);
     if (!e.ok()) return e.status();
+    const torch::Device device = e->device;
+    const ds::ImageSet* test = &e->test;
     // Per model: every category's candidates and references, pooled for "all".
     const size_t k = e->models.size();
     std::vector<std::vector<std::string>> all_cands(k);
@@ -1028,7 +1035,7 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
     for (ds::CategoryDomain c :
          {ds::CategoryDomain::kIn, ds::CategoryDomain::kNear, ds::CategoryDomain::kOut}) {
       absl::StatusOr<ds::SampleGenerator> gen =
-          MakeGenerator(&*test, ds::CategoryShiftDomain(c), opt.seed);
+          MakeGenerator(test, ds::CategoryShiftDomain(c), opt.seed);
       if (!gen.ok()) return gen.status();
       std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
       torch::Tensor tokens = EncodeAll(e->encoder, samples, device);
@@ -1061,14 +1068,12 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
 }
 
 absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
-  const torch::Device device = PickDevice(opt.force_cpu);
-  SetThreads(TowerThreads(opt.threads, device));
-  absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
-  if (!test.ok()) return test.status();
   ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
   try {
-    absl::StatusOr<EvalModels> loaded = LoadEvalModels(opt.checkpoint_dir, device);
+    absl::StatusOr<EvalModels> loaded = LoadEvalModels(opt);
     if (!loaded.ok()) return loaded.status();
+    const torch::Device device = loaded->device;
+    const ds::ImageSet* test = &loaded->test;
     std::vector<std::pair<std::string, Mllm>>& models = loaded->models;
     VisionEncoder& encoder = loaded->encoder;
     struct Row {
@@ -1093,7 +1098,7 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
     std::vector<double> source(models.size(), 0.0);
     int sev5_rows = 0;
     for (const Row& row : rows) {
-      absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(&*test, row.spec, opt.seed);
+      absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(test, row.spec, opt.seed);
       if (!gen.ok()) return gen.status();
       std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
       torch::Tensor tokens = EncodeAll(encoder, samples, device);
