@@ -344,13 +344,15 @@ int main(int argc, char** argv) {
   };
   {
     AgentStats s = (*agent)->Stats();
-    std::fprintf(stderr,
-                 "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
-                 "\"digest\":\"%016llx\",\"queued_batches\":%zu}\n",
-                 JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
-                 JsonString(offline ? "offline" : absl::GetFlag(FLAGS_cloud)).c_str(),
-                 static_cast<unsigned long long>(s.version),
-                 static_cast<unsigned long long>(s.state_digest), s.queue.batches);
+    std::fprintf(
+        stderr,
+        "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
+        "\"digest\":\"%016llx\",\"queued_batches\":%zu,\"token_score\":%s}\n",
+        JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
+        JsonString(offline ? "offline" : absl::GetFlag(FLAGS_cloud)).c_str(),
+        static_cast<unsigned long long>(s.version), static_cast<unsigned long long>(s.state_digest),
+        s.queue.batches,
+        JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao.uts.score)))).c_str());
   }
   if (!offline) (*agent)->Start();
 

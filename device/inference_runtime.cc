@@ -182,28 +182,35 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     torch::Tensor tokens = torch::from_blob(const_cast<float*>(visual.values.data()),
                                             {1, visual.tokens, visual.dim}, torch::kFloat32)
                                .clone();
-    if (score == TokenScore::kProbeEntropy) {  // the probe is frozen: no lock needed
+    // The device's names are the model's (one definition of each score).
+    const model::TokenScoreKind kind =
+        *model::ParseTokenScore(TokenScoreName(EffectiveScore(score)));
+    torch::Tensor probe_entropy;
+    if (model::UsesProbe(kind)) {  // the probe is frozen: no lock needed
       if (!impl_->probe) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("token score probe_entropy needs ", impl_->options.checkpoint_dir,
-                         "/probe.safetensors (cdcca pretrain on the family's directory adds it)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "token score ", model::TokenScoreName(kind), " needs ", impl_->options.checkpoint_dir,
+            "/probe.safetensors (cdcca pretrain on the family's directory adds it)"));
       }
-      torch::Tensor s = impl_->probe->Uncertainty(tokens, passes, dropout_p)[0].contiguous();
-      return std::vector<float>(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+      probe_entropy = impl_->probe->Uncertainty(tokens, passes, dropout_p);
     }
     model::StochasticStats stats;
-    {
+    if (model::UsesAttention(kind)) {
       absl::ReaderMutexLock lock(&impl_->mu);
       stats = impl_->student->StochasticAttention(tokens, torch::Tensor(), passes, dropout_p);
     }
-    model::TokenScoreKind kind = model::TokenScoreKind::kAttentionVariance;
-    if (score == TokenScore::kAttentionCv) kind = model::TokenScoreKind::kAttentionCv;
-    if (score == TokenScore::kAttentionMass) kind = model::TokenScoreKind::kAttentionMass;
     // One definition with the offline experiment (cdcca adapt-eval).
-    torch::Tensor s = model::VisualTokenScores(stats, kind)[0].contiguous();
+    torch::Tensor s = model::VisualTokenScores(&stats, probe_entropy, kind)[0].contiguous();
     return std::vector<float>(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
   });
 }
+
+TokenScore InferenceRuntime::EffectiveScore(TokenScore score) const {
+  if (score == TokenScore::kVarianceProbe && !has_probe()) return TokenScore::kAttentionVariance;
+  return score;
+}
+
+bool InferenceRuntime::has_probe() const { return static_cast<bool>(impl_->probe); }
 
 absl::Status InferenceRuntime::ApplyUpdate(absl::string_view payload) {
   absl::MutexLock lock(&impl_->mu);

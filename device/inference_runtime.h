@@ -70,9 +70,16 @@ class InferenceRuntime {
 
   // UTS stage 2 for one frame: `passes` stochastic dropout passes over the part above the
   // encoder, as one batched forward; returns one score per visual token (see TokenScore).
-  // With dropout_p == 0 the variance-based scores are all zero. Thread-safe.
+  // With dropout_p == 0 the variance-based scores are all zero. Scores with
+  // EffectiveScore(score); FAILED_PRECONDITION for probe_entropy without a probe. Thread-safe.
   absl::StatusOr<std::vector<float>> TokenScores(const VisualTokens& visual, int passes,
                                                  float dropout_p, TokenScore score);
+
+  // The score TokenScores computes for `score`: itself, except variance_probe on a family
+  // without probe.safetensors, which falls back to attention_variance (the product with the
+  // probe's entropy taken as constant).
+  TokenScore EffectiveScore(TokenScore score) const;
+  bool has_probe() const;
 
   // Applies a DWC update payload in place (compress::ApplyUpdate) under the writer lock.
   // The payload must apply to version(); on any error the weights are untouched.

@@ -123,11 +123,26 @@ TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
-// The tiny test family has no token probe: its score is refused with a clear error.
-TEST_F(InferenceRuntimeTest, ProbeScoreNeedsTheProbeFile) {
+// The tiny test family has no token probe: probe_entropy is refused with a clear error, and
+// the default variance_probe falls back to the attention variance (the same scores under the
+// same seed).
+TEST_F(InferenceRuntimeTest, ProbeScoresWithoutTheProbeFile) {
   ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
-  EXPECT_THAT(runtime_->TokenScores(answers[0].visual, 8, 0.1f, TokenScore::kProbeEntropy),
+  const VisualTokens& v = answers[0].visual;
+  EXPECT_FALSE(runtime_->has_probe());
+  EXPECT_THAT(runtime_->TokenScores(v, 8, 0.1f, TokenScore::kProbeEntropy),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(UtsOptions().score, TokenScore::kVarianceProbe);
+  EXPECT_EQ(runtime_->EffectiveScore(TokenScore::kVarianceProbe), TokenScore::kAttentionVariance);
+  EXPECT_EQ(runtime_->EffectiveScore(TokenScore::kAttentionCv), TokenScore::kAttentionCv);
+  torch::manual_seed(5);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> fallback,
+                       runtime_->TokenScores(v, 8, 0.3f, TokenScore::kVarianceProbe));
+  torch::manual_seed(5);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> variance,
+                       runtime_->TokenScores(v, 8, 0.3f, TokenScore::kAttentionVariance));
+  EXPECT_EQ(fallback, variance);
+  EXPECT_GT(*std::max_element(variance.begin(), variance.end()), 0.0f);
 }
 
 ds::Image SpliceHalf(const ds::Image& clean, const ds::Image& corrupted, bool left) {
@@ -140,17 +155,56 @@ ds::Image SpliceHalf(const ds::Image& clean, const ds::Image& corrupted, bool le
   return out;
 }
 
-// The point of VIS (issue 6): on the committed `small` family, frames whose one half is
-// corrupted (each image shift at severity 4, the other half clean) keep most of their top-50 %
-// tokens in the corrupted half under the device's probe_entropy score, for every shift.
-TEST(VisOnTheSmallFamilyTest, KeptTokensFallMostlyInTheCorruptedHalf) {
-  absl::StatusOr<ds::ImageSet> images = ds::LoadFashionMnist(ds::Split::kTest);
-  if (!images.ok()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+std::unique_ptr<InferenceRuntime> LoadSmallFamily() {
   RuntimeOptions options;
   options.checkpoint_dir = std::string(CDCCA_SOURCE_DIR) + "/models/small";
   options.precision = "int8";
   options.threads = 1;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<InferenceRuntime> runtime, InferenceRuntime::Load(options));
+  absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime = InferenceRuntime::Load(options);
+  EXPECT_OK(runtime.status());
+  return runtime.ok() ? std::move(*runtime) : nullptr;
+}
+
+// variance_probe on a family with a probe is the attention variance times the cube of the
+// probe entropy, each drawn as its own score draws it (probe passes first, then attention).
+TEST(VisOnTheSmallFamilyTest, VarianceProbeIsTheProductOfItsTwoScores) {
+  std::unique_ptr<InferenceRuntime> runtime = LoadSmallFamily();
+  ASSERT_NE(runtime, nullptr);
+  ASSERT_TRUE(runtime->has_probe());
+  EXPECT_EQ(runtime->EffectiveScore(TokenScore::kVarianceProbe), TokenScore::kVarianceProbe);
+  Frame frame;
+  frame.image = ds::Image(64, 64);
+  for (size_t i = 0; i < frame.image.pixels.size(); ++i)
+    frame.image.pixels[i] = static_cast<uint8_t>(i * 37 % 251);
+  frame.question = "what is the item ?";
+  ASSERT_OK_AND_ASSIGN(auto answers, runtime->Answer({frame}));
+  const VisualTokens& v = answers[0].visual;
+  torch::manual_seed(9);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> product,
+                       runtime->TokenScores(v, 8, 0.1f, TokenScore::kVarianceProbe));
+  torch::manual_seed(9);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> entropy,
+                       runtime->TokenScores(v, 8, 0.1f, TokenScore::kProbeEntropy));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> variance,
+                       runtime->TokenScores(v, 8, 0.1f, TokenScore::kAttentionVariance));
+  ASSERT_EQ(product.size(), variance.size());
+  int differ_from_variance = 0;
+  for (size_t i = 0; i < product.size(); ++i) {
+    const float expected = variance[i] * entropy[i] * entropy[i] * entropy[i];
+    EXPECT_NEAR(product[i], expected, 1e-5f * std::abs(expected) + 1e-12f) << i;
+    differ_from_variance += std::abs(product[i] - variance[i]) > 1e-6f * variance[i] ? 1 : 0;
+  }
+  EXPECT_GT(differ_from_variance, 0);
+}
+
+// The point of VIS (issue 6): on the committed `small` family, frames whose one half is
+// corrupted (each image shift at severity 4, the other half clean) keep most of their top-50 %
+// tokens in the corrupted half under the device's default score, for every shift.
+TEST(VisOnTheSmallFamilyTest, KeptTokensFallMostlyInTheCorruptedHalf) {
+  absl::StatusOr<ds::ImageSet> images = ds::LoadFashionMnist(ds::Split::kTest);
+  if (!images.ok()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  std::unique_ptr<InferenceRuntime> runtime = LoadSmallFamily();
+  ASSERT_NE(runtime, nullptr);
   ASSERT_OK_AND_ASSIGN(
       ds::SampleGenerator source,
       ds::SampleGenerator::Create(&*images, ds::StudentSourceDomain(ds::Split::kTest), 17));
@@ -168,9 +222,9 @@ TEST(VisOnTheSmallFamilyTest, KeptTokensFallMostlyInTheCorruptedHalf) {
                            runtime->Answer({{SpliceHalf(sample.image, corrupted, left),
                                              sample.questions.front().question}}));
       const VisualTokens& v = answers[0].visual;
-      ASSERT_OK_AND_ASSIGN(std::vector<float> scores,
-                           runtime->TokenScores(v, defaults.mc_passes, defaults.dropout_p,
-                                                TokenScore::kProbeEntropy));
+      ASSERT_OK_AND_ASSIGN(
+          std::vector<float> scores,
+          runtime->TokenScores(v, defaults.mc_passes, defaults.dropout_p, defaults.score));
       const int grid = 8;
       ASSERT_EQ(v.tokens, grid * grid);
       for (uint16_t t : SelectTokens(scores, {}, 0.5f, 0)) {

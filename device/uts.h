@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "compress/uplink_codec.h"
 #include "proto/cdcca.pb.h"
 
@@ -28,9 +30,8 @@ namespace cdcca::device {
 enum class TokenScore {
   // Variance over the passes of the cross-attention mass each visual token receives (the
   // paper's token variance, Eq. 3, on the student's attention): high where the student
-  // reads, and reads unstably. The default: `cdcca adapt-eval` measured it above random
-  // token sampling, and the teacher's pseudo-labels from its tokens better than from any
-  // other half (docs/BENCHMARKS.md, "Adaptation").
+  // reads, and reads unstably. Above random token sampling in `cdcca adapt-eval`, but blind
+  // to where a frame is corrupted (docs/BENCHMARKS.md, "Adaptation", "VIS diagnostic").
   kAttentionVariance,
   // Variance divided by the squared mean attention mass. Ranks tokens the student barely
   // reads (empty background) first; measured below random. Kept for comparison.
@@ -39,10 +40,21 @@ enum class TokenScore {
   kAttentionMass,
   // Predictive entropy of the family's token probe under the same dropout passes, smoothed
   // over the token grid (distill/model/token_probe.h): how unsure the device is of what each
-  // token shows. The one score that puts most kept tokens in the corrupted half of a
-  // half-corrupted frame (docs/BENCHMARKS.md, "VIS diagnostic"). Needs probe.safetensors.
+  // token shows. Finds the corrupted half of a frame best, but keeps the tokens the teacher
+  // can read least (below random in adaptation). Needs probe.safetensors.
   kProbeEntropy,
+  // The default: attention variance times the cube of the probe entropy
+  // (model::TokenScoreKind::kVarianceProbe). Tokens the student reads and cannot make out:
+  // most kept tokens fall in the corrupted half of a frame, and the cloud recovers the
+  // all-tokens gain from them. A family without probe.safetensors scores with the attention
+  // variance alone (InferenceRuntime::EffectiveScore).
+  kVarianceProbe,
 };
+
+// "attention_variance", "attention_cv", "attention_mass", "probe_entropy", "variance_probe"
+// (model::TokenScoreName's names).
+absl::string_view TokenScoreName(TokenScore score);
+absl::StatusOr<TokenScore> ParseTokenScore(absl::string_view name);
 
 struct UtsOptions {
   // Stage 1. entropy_alpha in nats; keep_fraction in (0, 1) switches to the running quantile.
@@ -54,7 +66,7 @@ struct UtsOptions {
   float dropout_p = 0.1f;
   float variance_beta = 0.0f;  // used when token_ratio == 0
   float token_ratio = 0.5f;    // fraction of visual tokens to keep; 0 = use beta
-  TokenScore score = TokenScore::kAttentionVariance;
+  TokenScore score = TokenScore::kVarianceProbe;
   // Keep token_ratio of the tokens uniformly at random instead (the paper's comparison
   // baseline; stage 2 then costs nothing).
   bool random_tokens = false;

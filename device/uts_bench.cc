@@ -231,9 +231,14 @@ int Main() {
       100 * defaults.token_ratio, defaults.mc_passes);
   ds::SampleGenerator source =
       Must(ds::SampleGenerator::Create(&images, ds::StudentSourceDomain(ds::Split::kTest), 17));
-  std::printf("  %-15s  %-20s  %-14s\n", "shift", "attention_variance", "probe_entropy");
+  const TokenScore kinds[] = {TokenScore::kVarianceProbe, TokenScore::kAttentionVariance,
+                              TokenScore::kProbeEntropy};
+  constexpr int kKinds = sizeof(kinds) / sizeof(kinds[0]);
+  std::printf("  %-15s", "shift");
+  for (TokenScore k : kinds) std::printf("  %20s", std::string(TokenScoreName(k)).c_str());
+  std::printf("\n");
   for (ds::ImageShift s : ds::AllImageShifts()) {
-    double hit[2] = {0, 0}, total = 0;
+    double hit[kKinds] = {}, total = 0;
     for (int i = 0; i < std::min(n, 32); ++i) {
       ds::Sample sample = source.Generate(static_cast<uint64_t>(i));
       ds::Image corrupted = sample.image;
@@ -243,8 +248,7 @@ int Main() {
           {{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
       int grid = 1;
       while (grid * grid < a.visual.tokens) ++grid;
-      const TokenScore kinds[2] = {TokenScore::kAttentionVariance, TokenScore::kProbeEntropy};
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < kKinds; ++k) {
         std::vector<float> scores =
             Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, kinds[k]));
         for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {
@@ -253,8 +257,9 @@ int Main() {
         }
       }
     }
-    std::printf("  %-15s  %19.0f%%  %13.0f%%\n", std::string(ds::ImageShiftName(s)).c_str(),
-                100 * hit[0] / total, 100 * hit[1] / total);
+    std::printf("  %-15s", std::string(ds::ImageShiftName(s)).c_str());
+    for (int k = 0; k < kKinds; ++k) std::printf("  %19.0f%%", 100 * hit[k] / total);
+    std::printf("\n");
   }
   return 0;
 }

@@ -23,6 +23,18 @@ TEST(UtsTest, MeanTokenEntropyMatchesHandComputation) {
   EXPECT_NEAR(MeanTokenEntropy({50, 0, 0}, 1, 3), 0.0, 1e-6);
 }
 
+TEST(UtsTest, TokenScoreNamesRoundTripAndUnknownOnesAreRefused) {
+  for (TokenScore s :
+       {TokenScore::kAttentionVariance, TokenScore::kAttentionCv, TokenScore::kAttentionMass,
+        TokenScore::kProbeEntropy, TokenScore::kVarianceProbe}) {
+    ASSERT_OK_AND_ASSIGN(TokenScore back, ParseTokenScore(TokenScoreName(s)));
+    EXPECT_EQ(back, s) << TokenScoreName(s);
+  }
+  EXPECT_EQ(TokenScoreName(UtsOptions().score), "variance_probe");
+  EXPECT_THAT(ParseTokenScore("variance"),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("variance_probe")));
+}
+
 TEST(UtsTest, FixedAlphaKeepsSamplesAboveIt) {
   UtsOptions o;
   o.keep_fraction = 0;

@@ -251,9 +251,11 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
                                    : torch::Device(torch::kCPU);
   absl::StatusOr<model::FamilyCheckpoint> family = model::LoadFamily(o.checkpoint_dir, *precision);
   if (!family.ok()) return family.status();
-  // The token probe, when an arm scores with it (probe_entropy).
+  // The token probe, when an arm scores with it (probe_entropy and the scores built on it).
   absl::StatusOr<model::TokenProbe> probe = absl::NotFoundError("no arm uses the probe");
-  if (std::find(score_kinds.begin(), score_kinds.end(), "probe_entropy") != score_kinds.end()) {
+  if (std::any_of(score_kinds.begin(), score_kinds.end(), [](const std::string& k) {
+        return model::UsesProbe(*model::ParseTokenScore(k));
+      })) {
     probe = model::LoadTokenProbe(o.checkpoint_dir + "/probe.safetensors");
     if (!probe.ok()) return probe.status();
     (*probe)->to(device);
@@ -335,13 +337,13 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
       if (!score_kinds.empty()) {
         model::StochasticStats stats =
             student->StochasticAttention(vis, torch::Tensor(), o.mc_passes, o.dropout_p);
+        torch::Tensor probe_entropy;
+        if (probe.ok()) probe_entropy = (*probe)->Uncertainty(vis, o.mc_passes, o.dropout_p);
         for (auto& [kind, per_scene] : obs.scene_scores) {
-          const model::TokenScoreKind k = *model::ParseTokenScore(kind);
-          torch::Tensor sc = (k == model::TokenScoreKind::kProbeEntropy
-                                  ? (*probe)->Uncertainty(vis, o.mc_passes, o.dropout_p)
-                                  : model::VisualTokenScores(stats, k))
-                                 .cpu()
-                                 .contiguous();
+          torch::Tensor sc =
+              model::VisualTokenScores(&stats, probe_entropy, *model::ParseTokenScore(kind))
+                  .cpu()
+                  .contiguous();
           for (int64_t r = 0; r < n; ++r) {
             const float* p = sc[r].data_ptr<float>();
             per_scene.emplace_back(p, p + obs.num_tokens);

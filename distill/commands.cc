@@ -29,9 +29,9 @@ ABSL_FLAG(int, stream_scenes, 1000,
 ABSL_FLAG(int, test_scenes, 300, "adapt-eval: held-out shifted test scenes (5 questions each)");
 ABSL_FLAG(double, token_ratio, 0.5,
           "adapt-eval: fraction of visual tokens the UTS and random arms keep");
-ABSL_FLAG(std::string, token_scores, "attention_variance,attention_cv",
+ABSL_FLAG(std::string, token_scores, "variance_probe,attention_variance",
           "adapt-eval: comma-separated UTS stage-2 scores, one arm each "
-          "(attention_variance, attention_cv, attention_mass, probe_entropy)");
+          "(variance_probe, attention_variance, attention_cv, attention_mass, probe_entropy)");
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
 ABSL_FLAG(double, keep_fraction, 0.0,
           "adapt-eval: UTS stage 1, keep this fraction of the stream by entropy (0 = all samples)");

@@ -157,9 +157,11 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "score", where, &e.uts.score));
     CDCCA_RETURN_IF_ERROR(
         Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv" ||
-                  e.uts.score == "attention_mass" || e.uts.score == "probe_entropy",
+                  e.uts.score == "attention_mass" || e.uts.score == "probe_entropy" ||
+                  e.uts.score == "variance_probe",
               where, "score",
-              "must be attention_variance, attention_cv, attention_mass or probe_entropy"));
+              "must be variance_probe, attention_variance, attention_cv, attention_mass or "
+              "probe_entropy"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
                                 "keep_fraction", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,

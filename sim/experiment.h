@@ -55,9 +55,10 @@ struct UtsSettings {
   int mc_passes = 8;
   float dropout_p = 0.1f;
   std::string precision = "fp16";  // or "int8"
-  // Stage-2 score (device::TokenScore): "attention_variance" (the device default),
-  // "attention_cv", "attention_mass" or "probe_entropy" (the family's token probe).
-  std::string score = "attention_variance";
+  // Stage-2 score (device::TokenScore): "variance_probe" (the device default; the attention
+  // variance alone on a family without a token probe), "attention_variance",
+  // "attention_cv", "attention_mass", or "probe_entropy" (needs the family's token probe).
+  std::string score = "variance_probe";
 };
 
 struct LinkSettings {

@@ -34,6 +34,7 @@ TEST(ExperimentTest, ParsesEveryField) {
   EXPECT_TRUE(e.schedule[2].continual);
   EXPECT_FLOAT_EQ(e.uts.token_ratio, 0.25f);
   EXPECT_EQ(e.uts.precision, "int8");
+  EXPECT_EQ(e.uts.score, "variance_probe");  // default kept: the device's
   EXPECT_EQ(e.job.max_steps, 10);
   EXPECT_DOUBLE_EQ(e.link.up_mbit_s, 5);
   EXPECT_DOUBLE_EQ(e.link.loss, 0.01);
@@ -75,6 +76,11 @@ TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
                               "f.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("loss")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "uts": {"score": "magnitude"}})",
+                              "g.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("variance_probe")));
   EXPECT_THAT(LoadExperiment("/nonexistent/x.json").status(),
               StatusIs(absl::StatusCode::kNotFound));
 }

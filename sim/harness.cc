@@ -61,10 +61,8 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
   p.uts.dropout_p = e.uts.dropout_p;
   p.uts.precision = e.uts.precision == "int8" ? compress::FeaturePrecision::kInt8
                                               : compress::FeaturePrecision::kFp16;
-  p.uts.score = e.uts.score == "attention_cv"     ? device::TokenScore::kAttentionCv
-                : e.uts.score == "attention_mass" ? device::TokenScore::kAttentionMass
-                : e.uts.score == "probe_entropy"  ? device::TokenScore::kProbeEntropy
-                                                  : device::TokenScore::kAttentionVariance;
+  // Validated when the experiment was read (Experiment's uts.score).
+  p.uts.score = device::ParseTokenScore(e.uts.score).value_or(device::UtsOptions().score);
   if (e.uts.keep_fraction >= 1) {  // keep every sample: a fixed threshold below any entropy
     p.uts.keep_fraction = 0;
     p.uts.entropy_alpha = -1;

@@ -17,29 +17,50 @@ absl::string_view TokenScoreName(TokenScoreKind kind) {
       return "attention_mass";
     case TokenScoreKind::kProbeEntropy:
       return "probe_entropy";
+    case TokenScoreKind::kVarianceProbe:
+      return "variance_probe";
   }
   return "?";
 }
 
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
   for (TokenScoreKind k : {TokenScoreKind::kAttentionCv, TokenScoreKind::kAttentionVariance,
-                           TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy}) {
+                           TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
+                           TokenScoreKind::kVarianceProbe}) {
     if (name == TokenScoreName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown token score '", name, "'"));
 }
 
-torch::Tensor VisualTokenScores(const StochasticStats& stats, TokenScoreKind kind) {
-  TORCH_CHECK(kind != TokenScoreKind::kProbeEntropy,
-              "probe_entropy comes from TokenProbeImpl::Uncertainty, not attention statistics");
-  if (kind == TokenScoreKind::kAttentionMass) return stats.attention_mass.mean(0);
-  torch::Tensor variance = stats.attention_mass_variance;
-  if (kind == TokenScoreKind::kAttentionCv) {
-    torch::Tensor mean = stats.attention_mass.mean(0);
-    // The epsilon keeps tokens that receive no mass at all (masked) at a finite score.
-    return variance / (mean * mean + 1e-12);
+bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }
+
+bool UsesProbe(TokenScoreKind kind) {
+  return kind == TokenScoreKind::kProbeEntropy || kind == TokenScoreKind::kVarianceProbe;
+}
+
+torch::Tensor VisualTokenScores(const StochasticStats* stats, const torch::Tensor& probe_entropy,
+                                TokenScoreKind kind) {
+  TORCH_CHECK(!UsesAttention(kind) || stats != nullptr, TokenScoreName(kind),
+              " needs the attention statistics");
+  TORCH_CHECK(!UsesProbe(kind) || probe_entropy.defined(), TokenScoreName(kind),
+              " needs the token probe's entropy");
+  switch (kind) {
+    case TokenScoreKind::kProbeEntropy:
+      return probe_entropy;
+    case TokenScoreKind::kAttentionMass:
+      return stats->attention_mass.mean(0);
+    case TokenScoreKind::kAttentionCv: {
+      torch::Tensor mean = stats->attention_mass.mean(0);
+      // The epsilon keeps tokens that receive no mass at all (masked) at a finite score.
+      return stats->attention_mass_variance / (mean * mean + 1e-12);
+    }
+    case TokenScoreKind::kVarianceProbe:
+      return stats->attention_mass_variance *
+             probe_entropy.to(stats->attention_mass_variance.device()).pow(kVarianceProbeExponent);
+    case TokenScoreKind::kAttentionVariance:
+      break;
   }
-  return variance;
+  return stats->attention_mass_variance;
 }
 
 }  // namespace cdcca::model

@@ -31,17 +31,33 @@ enum class TokenScoreKind {
   kAttentionMass,
   // Predictive entropy of the token probe under dropout, smoothed over the grid
   // (TokenProbeImpl::Uncertainty): how unsure the device is of what each token shows. Not
-  // computed from the attention statistics: VisualTokenScores refuses it.
+  // computed from the attention statistics.
   kProbeEntropy,
+  // Attention variance times the cube of the probe entropy: tokens the student reads (which
+  // the teacher needs in order to answer) and cannot make out (which the adaptation is for).
+  // The cube tilts the ranking towards the probe: measured, it moves more kept tokens into
+  // the corrupted half of a frame than the plain product while the cloud still recovers the
+  // all-tokens gain (docs/BENCHMARKS.md, "VIS diagnostic").
+  kVarianceProbe,
 };
 
-absl::string_view TokenScoreName(TokenScoreKind kind);  // "attention_cv", "attention_variance",
-                                                        // "attention_mass", "probe_entropy"
+// The probe entropy's exponent in kVarianceProbe.
+inline constexpr double kVarianceProbeExponent = 3.0;
+
+// "attention_cv", "attention_variance", "attention_mass", "probe_entropy", "variance_probe".
+absl::string_view TokenScoreName(TokenScoreKind kind);
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
 
-// [B, N] float scores from `stats` (its attention_mass_variance, and attention_mass [M, B, N]
-// for the mean); higher = keep first. Zero dropout gives all-zero scores.
-torch::Tensor VisualTokenScores(const StochasticStats& stats, TokenScoreKind kind);
+// What a score is computed from: the student's attention statistics, the token probe, or both.
+bool UsesAttention(TokenScoreKind kind);
+bool UsesProbe(TokenScoreKind kind);
+
+// [B, N] float scores, higher = keep first, from `stats` (its attention_mass_variance, and
+// attention_mass [M, B, N] for the mean) when UsesAttention(kind), and from `probe_entropy`
+// ([B, N], TokenProbeImpl::Uncertainty) when UsesProbe(kind); the other may be empty. Zero
+// dropout gives all-zero attention scores.
+torch::Tensor VisualTokenScores(const StochasticStats* stats, const torch::Tensor& probe_entropy,
+                                TokenScoreKind kind);
 
 }  // namespace cdcca::model
 
