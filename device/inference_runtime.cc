@@ -192,7 +192,7 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
             "token score ", model::TokenScoreName(kind), " needs ", impl_->options.checkpoint_dir,
             "/probe.safetensors (cdcca pretrain on the family's directory adds it)"));
       }
-      probe_entropy = impl_->probe->Uncertainty(tokens, passes, dropout_p);
+      probe_entropy = model::ProbeEntropyFor(*impl_->probe, tokens, kind, passes, dropout_p);
     }
     model::StochasticStats stats;
     if (model::UsesAttention(kind)) {

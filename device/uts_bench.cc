@@ -30,6 +30,8 @@ ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
 ABSL_FLAG(int, frames, 64, "frames per measurement");
 ABSL_FLAG(std::string, shift, "fog", "image shift of the stream");
 ABSL_FLAG(int, severity, 4, "shift severity");
+ABSL_FLAG(std::string, score, "variance_probe",
+          "stage-2 score of the latency rows (the device default; attention_variance, ...)");
 
 namespace cdcca::device {
 namespace {
@@ -112,7 +114,10 @@ int Main() {
   // --- 1. latency ------------------------------------------------------------------------
   // Interleaved: each frame is answered plain and then with UTS at every M back to back, so
   // a slow spell of the machine (other processes, frequency) hits all rows alike.
-  const UtsOptions defaults;
+  UtsOptions defaults;
+  defaults.score = Must(ParseTokenScore(absl::GetFlag(FLAGS_score)));
+  std::printf("stage-2 score %s\n",
+              std::string(TokenScoreName(runtime->EffectiveScore(defaults.score))).c_str());
   for (int i = 0; i < 4; ++i) Must(runtime->Answer({frames[static_cast<size_t>(i)]}));  // warm-up
   const std::vector<int> passes = {4, 8, 16};
   std::vector<double> plain;

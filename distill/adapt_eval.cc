@@ -337,13 +337,13 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
       if (!score_kinds.empty()) {
         model::StochasticStats stats =
             student->StochasticAttention(vis, torch::Tensor(), o.mc_passes, o.dropout_p);
-        torch::Tensor probe_entropy;
-        if (probe.ok()) probe_entropy = (*probe)->Uncertainty(vis, o.mc_passes, o.dropout_p);
         for (auto& [kind, per_scene] : obs.scene_scores) {
-          torch::Tensor sc =
-              model::VisualTokenScores(&stats, probe_entropy, *model::ParseTokenScore(kind))
-                  .cpu()
-                  .contiguous();
+          const model::TokenScoreKind k = *model::ParseTokenScore(kind);
+          torch::Tensor probe_entropy;
+          if (model::UsesProbe(k)) {
+            probe_entropy = model::ProbeEntropyFor(**probe, vis, k, o.mc_passes, o.dropout_p);
+          }
+          torch::Tensor sc = model::VisualTokenScores(&stats, probe_entropy, k).cpu().contiguous();
           for (int64_t r = 0; r < n; ++r) {
             const float* p = sc[r].data_ptr<float>();
             per_scene.emplace_back(p, p + obs.num_tokens);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "distill/model/mllm.h"
+#include "distill/model/token_probe.h"
 
 namespace cdcca::model {
 
@@ -36,6 +37,13 @@ bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeE
 
 bool UsesProbe(TokenScoreKind kind) {
   return kind == TokenScoreKind::kProbeEntropy || kind == TokenScoreKind::kVarianceProbe;
+}
+
+torch::Tensor ProbeEntropyFor(TokenProbeImpl& probe, const torch::Tensor& tokens,
+                              TokenScoreKind kind, int passes, double dropout_p) {
+  TORCH_CHECK(UsesProbe(kind), TokenScoreName(kind), " does not use the token probe");
+  if (kind == TokenScoreKind::kVarianceProbe) return probe.Uncertainty(tokens, 1, 0.0);
+  return probe.Uncertainty(tokens, passes, dropout_p);
 }
 
 torch::Tensor VisualTokenScores(const StochasticStats* stats, const torch::Tensor& probe_entropy,

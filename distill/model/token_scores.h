@@ -17,6 +17,7 @@
 namespace cdcca::model {
 
 struct StochasticStats;
+class TokenProbeImpl;
 
 enum class TokenScoreKind {
   // Variance over the passes of the cross-attention mass a token receives, divided by its
@@ -35,6 +36,8 @@ enum class TokenScoreKind {
   kProbeEntropy,
   // Attention variance times the cube of the probe entropy: tokens the student reads (which
   // the teacher needs in order to answer) and cannot make out (which the adaptation is for).
+  // The probe entropy here is that of one pass without dropout (ProbeEntropyFor): the
+  // dropout passes are the attention's, and the probe's own would double stage 2's cost.
   // The cube tilts the ranking towards the probe: measured, it moves more kept tokens into
   // the corrupted half of a frame than the plain product while the cloud still recovers the
   // all-tokens gain (docs/BENCHMARKS.md, "VIS diagnostic").
@@ -51,6 +54,12 @@ absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
 // What a score is computed from: the student's attention statistics, the token probe, or both.
 bool UsesAttention(TokenScoreKind kind);
 bool UsesProbe(TokenScoreKind kind);
+
+// The probe entropy [B, N] that `kind` scores with, from tokens [B, N, d_vis]: M passes at
+// dropout_p for kProbeEntropy, one pass without dropout for kVarianceProbe (it draws no random
+// numbers). Only for kinds with UsesProbe.
+torch::Tensor ProbeEntropyFor(TokenProbeImpl& probe, const torch::Tensor& tokens,
+                              TokenScoreKind kind, int passes, double dropout_p);
 
 // [B, N] float scores, higher = keep first, from `stats` (its attention_mass_variance, and
 // attention_mass [M, B, N] for the mean) when UsesAttention(kind), and from `probe_entropy`
