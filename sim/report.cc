@@ -432,6 +432,22 @@ std::string MarkdownReport(const RunResult& run) {
                         "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",
                         e.checkpoint, e.precision, e.devices, e.rounds, e.stream_frames,
                         e.eval_scenes, static_cast<int>(run.seed), run.seconds);
+  // What the cloud methods uplink (NAME@R and the UTS ablations override parts of it).
+  const std::string stage1 =
+      e.uts.keep_fraction >= 1
+          ? std::string("every frame")
+          : absl::StrFormat("about %.0f%% of the frames (answer entropy above a running quantile)",
+                            100 * e.uts.keep_fraction);
+  absl::StrAppendFormat(
+      &md,
+      "UTS uplink of the cloud methods (`NAME@R` and the UTS ablations change it): stage 1 keeps "
+      "%s, stage 2 %.0f%% of each kept frame's visual tokens by `%s` (%d dropout passes at "
+      "p = %.2f%s); features in %s.\n\n",
+      stage1, 100 * e.uts.token_ratio, e.uts.score, e.uts.mc_passes, e.uts.dropout_p,
+      e.uts.score == "variance_probe"
+          ? "; the attention variance alone for a family without a token probe"
+          : "",
+      e.uts.precision);
   if (e.captioning()) absl::StrAppend(&md, CaptionTableMarkdown(run));
   // Accuracy table.
   absl::StrAppend(&md, e.captioning() ? "## Per round (" : "## Accuracy (", MetricName(run, mc),
