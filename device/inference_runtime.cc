@@ -182,9 +182,7 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     torch::Tensor tokens = torch::from_blob(const_cast<float*>(visual.values.data()),
                                             {1, visual.tokens, visual.dim}, torch::kFloat32)
                                .clone();
-    // The device's names are the model's (one definition of each score).
-    const model::TokenScoreKind kind =
-        *model::ParseTokenScore(TokenScoreName(EffectiveScore(score)));
+    const model::TokenScoreKind kind = EffectiveScore(score);
     torch::Tensor probe_entropy;
     if (model::UsesProbe(kind)) {  // the probe is frozen: no lock needed
       if (!impl_->probe) {

@@ -8,33 +8,6 @@
 
 namespace cdcca::device {
 
-absl::string_view TokenScoreName(TokenScore score) {
-  switch (score) {
-    case TokenScore::kAttentionVariance:
-      return "attention_variance";
-    case TokenScore::kAttentionCv:
-      return "attention_cv";
-    case TokenScore::kAttentionMass:
-      return "attention_mass";
-    case TokenScore::kProbeEntropy:
-      return "probe_entropy";
-    case TokenScore::kVarianceProbe:
-      return "variance_probe";
-  }
-  return "?";
-}
-
-absl::StatusOr<TokenScore> ParseTokenScore(absl::string_view name) {
-  for (TokenScore s :
-       {TokenScore::kAttentionVariance, TokenScore::kAttentionCv, TokenScore::kAttentionMass,
-        TokenScore::kProbeEntropy, TokenScore::kVarianceProbe}) {
-    if (name == TokenScoreName(s)) return s;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown token score '", name,
-      "' (attention_variance, attention_cv, attention_mass, probe_entropy, variance_probe)"));
-}
-
 absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* options) {
   UtsOptions o = *options;
   if (cloud.entropy_alpha() != 0) o.entropy_alpha = cloud.entropy_alpha();

@@ -19,42 +19,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "compress/uplink_codec.h"
+#include "distill/model/token_score_kind.h"
 #include "proto/cdcca.pb.h"
 
 namespace cdcca::device {
 
-// What a stage-2 score is computed from (see InferenceRuntime::TokenScores).
-enum class TokenScore {
-  // Variance over the passes of the cross-attention mass each visual token receives (the
-  // paper's token variance, Eq. 3, on the student's attention): high where the student
-  // reads, and reads unstably. Above random token sampling in `cdcca adapt-eval`, but blind
-  // to where a frame is corrupted (docs/BENCHMARKS.md, "Adaptation", "VIS diagnostic").
-  kAttentionVariance,
-  // Variance divided by the squared mean attention mass. Ranks tokens the student barely
-  // reads (empty background) first; measured below random. Kept for comparison.
-  kAttentionCv,
-  // Mean attention mass alone (no uncertainty): the ablation of the variance.
-  kAttentionMass,
-  // Predictive entropy of the family's token probe under the same dropout passes, smoothed
-  // over the token grid (distill/model/token_probe.h): how unsure the device is of what each
-  // token shows. Finds the corrupted half of a frame best, but keeps the tokens the teacher
-  // can read least (below random in adaptation). Needs probe.safetensors.
-  kProbeEntropy,
-  // The default: attention variance times the cube of the probe entropy
-  // (model::TokenScoreKind::kVarianceProbe). Tokens the student reads and cannot make out:
-  // most kept tokens fall in the corrupted half of a frame, and the cloud recovers the
-  // all-tokens gain from them. A family without probe.safetensors scores with the attention
-  // variance alone (InferenceRuntime::EffectiveScore).
-  kVarianceProbe,
-};
-
-// "attention_variance", "attention_cv", "attention_mass", "probe_entropy", "variance_probe"
-// (model::TokenScoreName's names).
-absl::string_view TokenScoreName(TokenScore score);
-absl::StatusOr<TokenScore> ParseTokenScore(absl::string_view name);
+// What a stage-2 score is computed from (see InferenceRuntime::TokenScores): the model's
+// enum and names, one definition (distill/model/token_score_kind.h).
+using TokenScore = model::TokenScoreKind;
+using model::ParseTokenScore;
+using model::TokenScoreName;
 
 struct UtsOptions {
   // Stage 1. entropy_alpha in nats; keep_fraction in (0, 1) switches to the running quantile.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "datasets/language.h"
 #include "datasets/shifts.h"
+#include "distill/model/token_score_kind.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::sim {
@@ -155,13 +156,10 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "dropout_p", where, &e.uts.dropout_p));
     CDCCA_RETURN_IF_ERROR(Read(*it, "precision", where, &e.uts.precision));
     CDCCA_RETURN_IF_ERROR(Read(*it, "score", where, &e.uts.score));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.uts.score == "attention_variance" || e.uts.score == "attention_cv" ||
-                  e.uts.score == "attention_mass" || e.uts.score == "probe_entropy" ||
-                  e.uts.score == "variance_probe",
-              where, "score",
-              "must be variance_probe, attention_variance, attention_cv, attention_mass or "
-              "probe_entropy"));
+    if (absl::StatusOr<model::TokenScoreKind> score = model::ParseTokenScore(e.uts.score);
+        !score.ok()) {
+      CDCCA_RETURN_IF_ERROR(Check(false, where, "score", std::string(score.status().message())));
+    }
     CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
                                 "keep_fraction", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,

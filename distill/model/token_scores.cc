@@ -2,42 +2,10 @@
 
 #include <torch/torch.h>
 
-#include "absl/strings/str_cat.h"
 #include "distill/model/mllm.h"
 #include "distill/model/token_probe.h"
 
 namespace cdcca::model {
-
-absl::string_view TokenScoreName(TokenScoreKind kind) {
-  switch (kind) {
-    case TokenScoreKind::kAttentionCv:
-      return "attention_cv";
-    case TokenScoreKind::kAttentionVariance:
-      return "attention_variance";
-    case TokenScoreKind::kAttentionMass:
-      return "attention_mass";
-    case TokenScoreKind::kProbeEntropy:
-      return "probe_entropy";
-    case TokenScoreKind::kVarianceProbe:
-      return "variance_probe";
-  }
-  return "?";
-}
-
-absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
-  for (TokenScoreKind k : {TokenScoreKind::kAttentionCv, TokenScoreKind::kAttentionVariance,
-                           TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
-                           TokenScoreKind::kVarianceProbe}) {
-    if (name == TokenScoreName(k)) return k;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown token score '", name, "'"));
-}
-
-bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }
-
-bool UsesProbe(TokenScoreKind kind) {
-  return kind == TokenScoreKind::kProbeEntropy || kind == TokenScoreKind::kVarianceProbe;
-}
 
 torch::Tensor ProbeEntropyFor(TokenProbeImpl& probe, const torch::Tensor& tokens,
                               TokenScoreKind kind, int passes, double dropout_p) {
