@@ -1,0 +1,802 @@
+#include "distill/model/image_processor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+namespace {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------
+// Pillow's filters (libImaging/Resample.c). Each takes the distance from the output
+// pixel's centre in input pixels, divided by the filter scale.
+
+constexpr double kPi = 3.14159265358979323846;
+
+double BoxFilter(double x) { return (x > -0.5 && x <= 0.5) ? 1.0 : 0.0; }
+
+double BilinearFilter(double x) {
+  x = std::fabs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+double HammingFilter(double x) {
+  x = std::fabs(x);
+  if (x == 0.0) return 1.0;
+  if (x >= 1.0) return 0.0;
+  x *= kPi;
+  // Pillow writes the window's constants as float literals (0.54f, 0.46f).
+  return std::sin(x) / x * (0.54f + 0.46f * std::cos(x));
+}
+
+double BicubicFilter(double x) {
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+double Sinc(double x) {
+  if (x == 0.0) return 1.0;
+  x *= kPi;
+  return std::sin(x) / x;
+}
+
+double LanczosFilter(double x) { return (-3.0 <= x && x < 3.0) ? Sinc(x) * Sinc(x / 3) : 0.0; }
+
+struct Filter {
+  double (*fn)(double);
+  double support;  // in input pixels at scale 1
+};
+
+Filter FilterFor(PilResample filter) {
+  switch (filter) {
+    case PilResample::kBox:
+      return {BoxFilter, 0.5};
+    case PilResample::kBilinear:
+      return {BilinearFilter, 1.0};
+    case PilResample::kHamming:
+      return {HammingFilter, 1.0};
+    case PilResample::kBicubic:
+      return {BicubicFilter, 2.0};
+    case PilResample::kLanczos:
+      return {LanczosFilter, 3.0};
+    case PilResample::kNearest:
+      break;
+  }
+  return {BilinearFilter, 1.0};  // unreachable: nearest does not convolve
+}
+
+// 8 bits of result, 2 bits of headroom for filters with negative lobes (sums above 1 or
+// below 0 before clamping): 22 fractional bits.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+// Fixed-point taps of one output pixel: input index `first`, `taps.size()` consecutive
+// inputs.
+struct Taps {
+  int first = 0;
+  std::vector<int32_t> weights;
+};
+
+// One axis of the resize: for each output pixel the input window and its weights, as
+// Pillow's precompute_coeffs + normalize_coeffs_8bpc compute them (window rounded with
+// (int)(x + 0.5), weights normalised to sum 1 in double, then rounded half away from zero
+// to 22-bit fixed point).
+std::vector<Taps> AxisTaps(int in_size, int out_size, const Filter& filter) {
+  // Pillow passes the box edges as float; with the full image they are exact.
+  const double scale = static_cast<double>(static_cast<float>(in_size)) / out_size;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = filter.support * filter_scale;
+  const double inv_filter_scale = 1.0 / filter_scale;
+  std::vector<Taps> out(out_size);
+  std::vector<double> w;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = (xx + 0.5) * scale;
+    // C truncation, as Pillow rounds the window ends.
+    int xmin = static_cast<int>(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    int xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    const int count = std::max(xmax - xmin, 0);
+    w.assign(count, 0.0);
+    double sum = 0.0;
+    for (int x = 0; x < count; ++x) {
+      w[x] = filter.fn((x + xmin - center + 0.5) * inv_filter_scale);
+      sum += w[x];
+    }
+    Taps& taps = out[xx];
+    taps.first = xmin;
+    taps.weights.resize(count);
+    for (int x = 0; x < count; ++x) {
+      const double k = sum != 0.0 ? w[x] / sum : w[x];
+      const double fixed = k * (1 << kPrecisionBits);
+      taps.weights[x] = static_cast<int32_t>(k < 0 ? fixed - 0.5 : fixed + 0.5);
+    }
+  }
+  return out;
+}
+
+// The fixed-point sum back to a pixel: Pillow starts the sum at one half (rounding) and
+// takes the integer part with an arithmetic shift, clamped to [0, 255].
+uint8_t Clip8(int32_t sum) {
+  const int32_t v = sum >> kPrecisionBits;
+  return static_cast<uint8_t>(std::clamp<int32_t>(v, 0, 255));
+}
+
+constexpr int32_t kHalf = 1 << (kPrecisionBits - 1);
+
+// Nearest neighbour: Pillow's resize maps it to an affine scale (Geometry.c,
+// ImagingScaleAffine), whose source coordinate starts at half a step and is accumulated
+// step by step in double.
+std::vector<int> NearestIndex(int in_size, int out_size) {
+  const double step = static_cast<double>(static_cast<float>(in_size)) / out_size;
+  std::vector<int> index(out_size);
+  double pos = step * 0.5;
+  for (int i = 0; i < out_size; ++i) {
+    const int v = pos < 0.0 ? -1 : static_cast<int>(pos);
+    index[i] = std::clamp(v, 0, in_size - 1);
+    pos += step;
+  }
+  return index;
+}
+
+std::vector<uint8_t> ResizeNearest(const uint8_t* src, int width, int height, int channels,
+                                   int out_width, int out_height) {
+  const std::vector<int> xs = NearestIndex(width, out_width);
+  const std::vector<int> ys = NearestIndex(height, out_height);
+  std::vector<uint8_t> out(static_cast<size_t>(out_width) * out_height * channels);
+  for (int y = 0; y < out_height; ++y) {
+    const uint8_t* row = src + static_cast<size_t>(ys[y]) * width * channels;
+    uint8_t* dst = out.data() + static_cast<size_t>(y) * out_width * channels;
+    for (int x = 0; x < out_width; ++x) {
+      std::copy_n(row + static_cast<size_t>(xs[x]) * channels, channels, dst + x * channels);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Config parsing.
+
+constexpr std::array<float, 3> kOpenAiClipMean = {0.48145466f, 0.4578275f, 0.40821073f};
+constexpr std::array<float, 3> kOpenAiClipStd = {0.26862954f, 0.26130258f, 0.27577711f};
+constexpr std::array<float, 3> kImagenetStandard = {0.5f, 0.5f, 0.5f};
+
+enum class ProcessorFamily { kClip, kSiglip, kBlip };
+
+// Class defaults (transformers' constructors in 4.x, class attributes in 5.x), and whether
+// an integer `size` means a square (else the shortest edge).
+struct FamilyDefaults {
+  ImageProcessorConfig config;
+  bool default_to_square = true;
+};
+
+FamilyDefaults DefaultsFor(ProcessorFamily family) {
+  FamilyDefaults d;
+  ImageProcessorConfig& c = d.config;
+  c.do_convert_rgb = true;
+  c.do_resize = true;
+  c.resample = PilResample::kBicubic;
+  c.do_rescale = true;
+  c.rescale_factor = 1.0 / 255.0;
+  c.do_normalize = true;
+  switch (family) {
+    case ProcessorFamily::kClip:
+      c.size.shortest_edge = 224;
+      c.do_center_crop = true;
+      c.crop_height = c.crop_width = 224;
+      c.image_mean = kOpenAiClipMean;
+      c.image_std = kOpenAiClipStd;
+      d.default_to_square = false;
+      break;
+    case ProcessorFamily::kSiglip:
+      c.size.height = c.size.width = 224;
+      c.image_mean = kImagenetStandard;
+      c.image_std = kImagenetStandard;
+      d.default_to_square = false;
+      break;
+    case ProcessorFamily::kBlip:
+      c.size.height = c.size.width = 384;
+      c.image_mean = kOpenAiClipMean;
+      c.image_std = kOpenAiClipStd;
+      d.default_to_square = true;
+      break;
+  }
+  return d;
+}
+
+absl::StatusOr<ProcessorFamily> FamilyOf(const std::string& type) {
+  static const std::pair<const char*, ProcessorFamily> kBases[] = {
+      {"CLIPImageProcessor", ProcessorFamily::kClip},
+      {"CLIPFeatureExtractor", ProcessorFamily::kClip},
+      {"SiglipImageProcessor", ProcessorFamily::kSiglip},
+      {"BlipImageProcessor", ProcessorFamily::kBlip},
+  };
+  for (const auto& [base, family] : kBases) {
+    if (type == base || type == absl::StrCat(base, "Fast") || type == absl::StrCat(base, "Pil")) {
+      return family;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unsupported image processor type \"", type,
+                                                 "\" (supported: CLIPImageProcessor, "
+                                                 "SiglipImageProcessor, BlipImageProcessor)"));
+}
+
+// Fields that never change pixel values.
+bool IsIgnoredField(const std::string& key) {
+  static const std::set<std::string> kIgnored = {"image_processor_type",
+                                                 "feature_extractor_type",
+                                                 "processor_class",
+                                                 "auto_map",
+                                                 "backend",
+                                                 "return_tensors",
+                                                 "data_format",
+                                                 "input_data_format",
+                                                 "device",
+                                                 "disable_grouping",
+                                                 "image_seq_length"};
+  return !key.empty() && (key[0] == '_' || kIgnored.count(key) > 0);
+}
+
+// Reads a JSON number that must be a positive integer.
+absl::StatusOr<int> PositiveInt(const json& v, const std::string& where) {
+  if (v.is_number_integer() && v.get<int64_t>() > 0 &&
+      v.get<int64_t>() <= std::numeric_limits<int>::max()) {
+    return static_cast<int>(v.get<int64_t>());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": expected a positive integer, got ", v.dump()));
+}
+
+absl::StatusOr<bool> Bool(const json& v, const std::string& where) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": expected true or false, got ", v.dump()));
+}
+
+absl::StatusOr<double> Number(const json& v, const std::string& where) {
+  if (v.is_number()) return v.get<double>();
+  return absl::InvalidArgumentError(absl::StrCat(where, ": expected a number, got ", v.dump()));
+}
+
+// `size`: a dict with one of the key sets transformers accepts, an int (square or shortest
+// edge by `default_to_square`) or [height, width] (transformers' get_size_dict).
+absl::StatusOr<ResizeSpec> ParseResizeSpec(const json& v, bool default_to_square,
+                                           const std::string& where) {
+  ResizeSpec spec;
+  if (v.is_number_integer()) {
+    absl::StatusOr<int> n = PositiveInt(v, where);
+    if (!n.ok()) return n.status();
+    if (default_to_square) {
+      spec.height = spec.width = *n;
+    } else {
+      spec.shortest_edge = *n;
+    }
+    return spec;
+  }
+  if (v.is_array()) {
+    if (v.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected [height, width]"));
+    }
+    absl::StatusOr<int> h = PositiveInt(v[0], where + "[0]");
+    if (!h.ok()) return h.status();
+    absl::StatusOr<int> w = PositiveInt(v[1], where + "[1]");
+    if (!w.ok()) return w.status();
+    spec.height = *h;
+    spec.width = *w;
+    return spec;
+  }
+  if (!v.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected an object, an integer or [height, width]"));
+  }
+  std::set<std::string> keys;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.value().is_null()) continue;  // transformers' SizeDict leaves None keys unset
+    keys.insert(it.key());
+    int* slot = nullptr;
+    if (it.key() == "height") slot = &spec.height;
+    if (it.key() == "width") slot = &spec.width;
+    if (it.key() == "shortest_edge") slot = &spec.shortest_edge;
+    if (it.key() == "longest_edge") slot = &spec.longest_edge;
+    if (it.key() == "max_height") slot = &spec.max_height;
+    if (it.key() == "max_width") slot = &spec.max_width;
+    if (slot == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", it.key(), ": unsupported size key"));
+    }
+    absl::StatusOr<int> n = PositiveInt(it.value(), absl::StrCat(where, ".", it.key()));
+    if (!n.ok()) return n.status();
+    *slot = *n;
+  }
+  const std::set<std::set<std::string>> kValid = {{"height", "width"},
+                                                  {"shortest_edge"},
+                                                  {"shortest_edge", "longest_edge"},
+                                                  {"max_height", "max_width"}};
+  if (kValid.count(keys) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": unsupported combination of keys {", absl::StrJoin(keys, ", "),
+        "} (expected {height, width}, {shortest_edge}, {shortest_edge, longest_edge} or "
+        "{max_height, max_width})"));
+  }
+  return spec;
+}
+
+// A {height, width} size (crop_size, pad_size): dict, int (square) or [height, width].
+absl::StatusOr<std::pair<int, int>> ParseHeightWidth(const json& v, const std::string& where) {
+  absl::StatusOr<ResizeSpec> spec = ParseResizeSpec(v, /*default_to_square=*/true, where);
+  if (!spec.ok()) return spec.status();
+  if (spec->height == 0 || spec->width == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": expected height and width"));
+  }
+  return std::make_pair(spec->height, spec->width);
+}
+
+absl::StatusOr<PilResample> ParseResample(const json& v, const std::string& where) {
+  if (v.is_null()) return PilResample::kBilinear;  // transformers' resize default
+  if (v.is_number_integer()) {
+    const int64_t n = v.get<int64_t>();
+    if (n >= 0 && n <= 5) return static_cast<PilResample>(n);
+  }
+  if (v.is_string()) {
+    // torchvision's InterpolationMode values and PIL's names.
+    std::string name = absl::AsciiStrToLower(v.get<std::string>());
+    if (absl::StartsWith(name, "interpolationmode.")) name = name.substr(18);
+    if (absl::StartsWith(name, "resampling.")) name = name.substr(11);
+    static const std::pair<const char*, PilResample> kNames[] = {
+        {"nearest", PilResample::kNearest},   {"lanczos", PilResample::kLanczos},
+        {"bilinear", PilResample::kBilinear}, {"bicubic", PilResample::kBicubic},
+        {"box", PilResample::kBox},           {"hamming", PilResample::kHamming}};
+    for (const auto& [n, f] : kNames) {
+      if (name == n) return f;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": unsupported resampling ", v.dump(),
+                   " (expected 0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming)"));
+}
+
+absl::StatusOr<std::array<float, 3>> ParseChannels(const json& v, const std::string& where) {
+  std::array<float, 3> out{};
+  if (v.is_number()) {
+    out.fill(static_cast<float>(v.get<double>()));
+    return out;
+  }
+  if (!v.is_array() || v.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected a number or 3 numbers (R, G, B), got ", v.dump()));
+  }
+  for (int c = 0; c < 3; ++c) {
+    if (!v[c].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "[", c, "]: expected a number"));
+    }
+    out[c] = static_cast<float>(v[c].get<double>());
+  }
+  return out;
+}
+
+#define CDCCA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                \
+  if (!tmp.ok()) return tmp.status();               \
+  lhs = *std::move(tmp)
+#define CDCCA_IP_CONCAT_INNER(a, b) a##b
+#define CDCCA_IP_CONCAT(a, b) CDCCA_IP_CONCAT_INNER(a, b)
+#define CDCCA_IP_ASSIGN_OR_RETURN(lhs, expr) \
+  CDCCA_ASSIGN_OR_RETURN_IMPL(CDCCA_IP_CONCAT(status_or_, __LINE__), lhs, expr)
+
+// `where` names the settings object in errors ("f.json" or "f.json: image_processor"); a
+// field is named `at` + key ("f.json: size", "f.json: image_processor.size").
+absl::StatusOr<ImageProcessorConfig> ParseSettings(const json& s, const std::string& where,
+                                                   const std::string& at) {
+  if (!s.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": expected an object"));
+  }
+  std::string type;
+  if (s.contains("image_processor_type") && s["image_processor_type"].is_string()) {
+    type = s["image_processor_type"].get<std::string>();
+  } else if (s.contains("feature_extractor_type") && s["feature_extractor_type"].is_string()) {
+    type = s["feature_extractor_type"].get<std::string>();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ".image_processor_type: missing (the processor class is needed "
+                     "for its defaults)"));
+  }
+  absl::StatusOr<ProcessorFamily> family = FamilyOf(type);
+  if (!family.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, "image_processor_type: ", family.status().message()));
+  }
+  FamilyDefaults defaults = DefaultsFor(*family);
+  ImageProcessorConfig c = defaults.config;
+  c.processor_type = type;
+
+  // default_to_square first: it decides what an integer `size` means.
+  bool default_to_square = defaults.default_to_square;
+  if (s.contains("default_to_square") && !s["default_to_square"].is_null()) {
+    CDCCA_IP_ASSIGN_OR_RETURN(default_to_square,
+                              Bool(s["default_to_square"], at + "default_to_square"));
+  }
+  bool use_square_size = false;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    const std::string field = at + key;
+    if (IsIgnoredField(key) || key == "default_to_square") continue;
+    if (key == "do_convert_rgb") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_convert_rgb, Bool(v, field));
+    } else if (key == "do_resize") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_resize, Bool(v, field));
+    } else if (key == "size") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(c.size, ParseResizeSpec(v, default_to_square, field));
+      }
+    } else if (key == "resample") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.resample, ParseResample(v, field));
+    } else if (key == "do_center_crop") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_center_crop, Bool(v, field));
+    } else if (key == "crop_size") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(auto hw, ParseHeightWidth(v, field));
+        c.crop_height = hw.first;
+        c.crop_width = hw.second;
+      }
+    } else if (key == "do_rescale") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_rescale, Bool(v, field));
+    } else if (key == "rescale_factor") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(c.rescale_factor, Number(v, field));
+      }
+    } else if (key == "do_normalize") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_normalize, Bool(v, field));
+    } else if (key == "image_mean") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(c.image_mean, ParseChannels(v, field));
+      }
+    } else if (key == "image_std") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(c.image_std, ParseChannels(v, field));
+      }
+    } else if (key == "do_pad") {
+      CDCCA_IP_ASSIGN_OR_RETURN(c.do_pad, Bool(v, field));
+    } else if (key == "pad_size") {
+      if (!v.is_null()) {
+        CDCCA_IP_ASSIGN_OR_RETURN(auto hw, ParseHeightWidth(v, field));
+        c.pad_height = hw.first;
+        c.pad_width = hw.second;
+      }
+    } else if (key == "use_square_size" && *family == ProcessorFamily::kClip) {
+      CDCCA_IP_ASSIGN_OR_RETURN(use_square_size, Bool(v, field));
+    } else if (!(v.is_null() || (v.is_boolean() && !v.get<bool>()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": unsupported image processor setting (", v.dump(),
+          "); it may change pixel values, which this implementation does not reproduce"));
+    }
+  }
+  // KOSMOS-2's CLIP compatibility switch: a square of the shortest edge.
+  if (use_square_size && c.size.shortest_edge > 0) {
+    const int n = c.size.shortest_edge;
+    c.size = ResizeSpec{};
+    c.size.height = c.size.width = n;
+  }
+  if (c.do_center_crop && (c.crop_height <= 0 || c.crop_width <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, "crop_size: needed when do_center_crop is true"));
+  }
+  for (int ch = 0; ch < 3; ++ch) {
+    if (c.do_normalize && c.image_std[ch] == 0.f) {
+      return absl::InvalidArgumentError(absl::StrCat(at, "image_std[", ch, "]: is zero"));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+absl::string_view PilResampleName(PilResample filter) {
+  switch (filter) {
+    case PilResample::kNearest:
+      return "nearest";
+    case PilResample::kLanczos:
+      return "lanczos";
+    case PilResample::kBilinear:
+      return "bilinear";
+    case PilResample::kBicubic:
+      return "bicubic";
+    case PilResample::kBox:
+      return "box";
+    case PilResample::kHamming:
+      return "hamming";
+  }
+  return "unknown";
+}
+
+std::vector<uint8_t> PilResize(const uint8_t* src, int width, int height, int channels,
+                               int out_width, int out_height, PilResample filter) {
+  if (filter == PilResample::kNearest) {
+    return ResizeNearest(src, width, height, channels, out_width, out_height);
+  }
+  const Filter f = FilterFor(filter);
+  const bool need_horizontal = out_width != width;
+  const bool need_vertical = out_height != height;
+  const std::vector<Taps> vtaps = AxisTaps(height, out_height, f);
+
+  // Horizontal pass over only the rows the vertical pass reads, as Pillow does.
+  const uint8_t* rows = src;  // image the vertical pass reads
+  int rows_width = width;
+  int row_offset = 0;  // input row of rows[0]
+  std::vector<uint8_t> temp;
+  if (need_horizontal) {
+    const int first = vtaps.front().first;
+    const int last = vtaps.back().first + static_cast<int>(vtaps.back().weights.size());
+    const std::vector<Taps> htaps = AxisTaps(width, out_width, f);
+    temp.resize(static_cast<size_t>(last - first) * out_width * channels);
+    for (int y = first; y < last; ++y) {
+      const uint8_t* in = src + static_cast<size_t>(y) * width * channels;
+      uint8_t* out = temp.data() + static_cast<size_t>(y - first) * out_width * channels;
+      for (int xx = 0; xx < out_width; ++xx) {
+        const Taps& t = htaps[xx];
+        for (int c = 0; c < channels; ++c) {
+          int32_t sum = kHalf;
+          const uint8_t* p = in + static_cast<size_t>(t.first) * channels + c;
+          for (size_t k = 0; k < t.weights.size(); ++k) sum += p[k * channels] * t.weights[k];
+          out[xx * channels + c] = Clip8(sum);
+        }
+      }
+    }
+    rows = temp.data();
+    rows_width = out_width;
+    row_offset = first;
+  }
+  if (!need_vertical) {
+    if (need_horizontal) return temp;
+    return std::vector<uint8_t>(src, src + static_cast<size_t>(width) * height * channels);
+  }
+  const size_t stride = static_cast<size_t>(rows_width) * channels;
+  std::vector<uint8_t> out(static_cast<size_t>(out_height) * stride);
+  for (int yy = 0; yy < out_height; ++yy) {
+    const Taps& t = vtaps[yy];
+    const uint8_t* in = rows + static_cast<size_t>(t.first - row_offset) * stride;
+    uint8_t* dst = out.data() + static_cast<size_t>(yy) * stride;
+    for (size_t i = 0; i < stride; ++i) {
+      int32_t sum = kHalf;
+      for (size_t k = 0; k < t.weights.size(); ++k) sum += in[k * stride + i] * t.weights[k];
+      dst[i] = Clip8(sum);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<int, int>> ResizeOutputSize(const ResizeSpec& spec, int height,
+                                                     int width) {
+  if (height < 1 || width < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("empty image ", width, "x", height));
+  }
+  int out_h = 0;
+  int out_w = 0;
+  if (spec.shortest_edge > 0 && spec.longest_edge > 0) {
+    // image_transforms.get_size_with_aspect_ratio(size=shortest_edge, max_size=longest_edge).
+    int size = spec.shortest_edge;
+    const int max_size = spec.longest_edge;
+    const double min_original = std::min(height, width);
+    const double max_original = std::max(height, width);
+    double raw_size = 0.0;
+    bool have_raw = false;
+    if (max_original / min_original * size > max_size) {
+      raw_size = max_size * min_original / max_original;
+      have_raw = true;
+      size = static_cast<int>(std::nearbyint(raw_size));  // Python round(): half to even
+    }
+    if ((height <= width && height == size) || (width <= height && width == size)) {
+      out_h = height;
+      out_w = width;
+    } else if (width < height) {
+      out_w = size;
+      out_h = have_raw ? static_cast<int>(raw_size * height / width)
+                       : static_cast<int>(static_cast<double>(int64_t{size} * height) / width);
+    } else {
+      out_h = size;
+      out_w = have_raw ? static_cast<int>(raw_size * width / height)
+                       : static_cast<int>(static_cast<double>(int64_t{size} * width) / height);
+    }
+  } else if (spec.shortest_edge > 0) {
+    // get_resize_output_image_size(default_to_square=False): the short side becomes
+    // shortest_edge, the long side int(shortest_edge * long / short).
+    const int short_side = std::min(height, width);
+    const int long_side = std::max(height, width);
+    const int new_short = spec.shortest_edge;
+    const int new_long =
+        static_cast<int>(static_cast<double>(int64_t{new_short} * long_side) / short_side);
+    if (width <= height) {
+      out_h = new_long;
+      out_w = new_short;
+    } else {
+      out_h = new_short;
+      out_w = new_long;
+    }
+  } else if (spec.max_height > 0 && spec.max_width > 0) {
+    const double scale = std::min(static_cast<double>(spec.max_height) / height,
+                                  static_cast<double>(spec.max_width) / width);
+    out_h = static_cast<int>(height * scale);
+    out_w = static_cast<int>(width * scale);
+  } else if (spec.height > 0 && spec.width > 0) {
+    out_h = spec.height;
+    out_w = spec.width;
+  } else {
+    return absl::InvalidArgumentError("size: no height/width, shortest_edge or max_height/width");
+  }
+  if (out_h < 1 || out_w < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resizing ", width, "x", height, " gives an empty image (", out_w, "x", out_h, ")"));
+  }
+  return std::make_pair(out_h, out_w);
+}
+
+absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(absl::string_view json_text,
+                                                               absl::string_view file_name) {
+  json root = json::parse(json_text.begin(), json_text.end(), nullptr,
+                          /*allow_exceptions=*/false);
+  const std::string name(file_name);
+  if (root.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON"));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected a JSON object"));
+  }
+  if (root.contains("image_processor")) {
+    return ParseSettings(root["image_processor"], name + ": image_processor",
+                         name + ": image_processor.");
+  }
+  return ParseSettings(root, name, name + ": ");
+}
+
+absl::StatusOr<ImageProcessorConfig> LoadImageProcessorConfig(const std::string& model_dir) {
+  const std::filesystem::path dir(model_dir);
+  const std::string processor = (dir / "processor_config.json").string();
+  const std::string preprocessor = (dir / "preprocessor_config.json").string();
+  if (std::filesystem::exists(processor)) {
+    absl::StatusOr<std::string> text = ReadFile(processor);
+    if (!text.ok()) return text.status();
+    json root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (root.is_discarded()) {
+      return absl::InvalidArgumentError(absl::StrCat(processor, ": not valid JSON"));
+    }
+    if (root.is_object() && root.contains("image_processor")) {
+      return ParseImageProcessorConfig(*text, processor);
+    }
+  }
+  if (std::filesystem::exists(preprocessor)) {
+    absl::StatusOr<std::string> text = ReadFile(preprocessor);
+    if (!text.ok()) return text.status();
+    return ParseImageProcessorConfig(*text, preprocessor);
+  }
+  return absl::NotFoundError(absl::StrCat(model_dir,
+                                          ": no image processor settings (neither "
+                                          "processor_config.json with \"image_processor\" nor "
+                                          "preprocessor_config.json)"));
+}
+
+absl::StatusOr<RgbImage> ResizeAndCrop(const ImageProcessorConfig& config, const uint8_t* rgb,
+                                       int width, int height) {
+  if (width < 1 || height < 1 || rgb == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("empty image ", width, "x", height));
+  }
+  RgbImage image;
+  if (config.do_resize) {
+    CDCCA_IP_ASSIGN_OR_RETURN(const auto hw, ResizeOutputSize(config.size, height, width));
+    image.height = hw.first;
+    image.width = hw.second;
+    image.pixels = PilResize(rgb, width, height, 3, image.width, image.height, config.resample);
+  } else {
+    image.width = width;
+    image.height = height;
+    image.pixels.assign(rgb, rgb + static_cast<size_t>(width) * height * 3);
+  }
+  if (config.do_center_crop) {
+    if (config.crop_height < 1 || config.crop_width < 1) {
+      return absl::InvalidArgumentError("crop_size: needed when do_center_crop is true");
+    }
+    // transformers' numpy center_crop: the window starts at floor((size - crop) / 2); where
+    // the crop is larger, the image sits ceil((crop - size) / 2) pixels in, zeros around.
+    auto offset = [](int size, int crop) {
+      return size >= crop ? (size - crop) / 2 : -((crop - size + 1) / 2);
+    };
+    const int top = offset(image.height, config.crop_height);
+    const int left = offset(image.width, config.crop_width);
+    RgbImage cropped;
+    cropped.height = config.crop_height;
+    cropped.width = config.crop_width;
+    cropped.pixels.assign(static_cast<size_t>(cropped.height) * cropped.width * 3, 0);
+    for (int y = 0; y < cropped.height; ++y) {
+      const int sy = y + top;
+      if (sy < 0 || sy >= image.height) continue;
+      const int x0 = std::max(0, -left);
+      const int x1 = std::min(cropped.width, image.width - left);
+      if (x1 <= x0) continue;
+      std::copy_n(image.pixels.data() + (static_cast<size_t>(sy) * image.width + x0 + left) * 3,
+                  static_cast<size_t>(x1 - x0) * 3,
+                  cropped.pixels.data() + (static_cast<size_t>(y) * cropped.width + x0) * 3);
+    }
+    image = std::move(cropped);
+  }
+  return image;
+}
+
+absl::StatusOr<PixelValues> RescaleNormalizePad(const ImageProcessorConfig& config,
+                                                const RgbImage& image) {
+  if (image.width < 1 || image.height < 1 ||
+      image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3) {
+    return absl::InvalidArgumentError("RescaleNormalizePad: malformed image");
+  }
+  const int out_h = config.do_pad && config.pad_height > 0 ? config.pad_height : image.height;
+  const int out_w = config.do_pad && config.pad_width > 0 ? config.pad_width : image.width;
+  if (out_h < image.height || out_w < image.width) {
+    return absl::InvalidArgumentError(absl::StrCat("pad_size ", out_h, "x", out_w,
+                                                   " is smaller than the image ", image.height, "x",
+                                                   image.width));
+  }
+  PixelValues pv;
+  pv.channels = 3;
+  pv.height = out_h;
+  pv.width = out_w;
+  pv.data.assign(static_cast<size_t>(3) * out_h * out_w, 0.f);
+  // One value per possible byte and channel: the arithmetic is per value anyway.
+  std::array<std::array<float, 256>, 3> lut{};
+  for (int c = 0; c < 3; ++c) {
+    for (int v = 0; v < 256; ++v) {
+      float x = config.do_rescale
+                    ? static_cast<float>(static_cast<double>(v) * config.rescale_factor)
+                    : static_cast<float>(v);
+      if (config.do_normalize) {
+        // float32 throughout, as numpy computes (image - mean) / std on float32 arrays.
+        x = (x - config.image_mean[c]) / config.image_std[c];
+      }
+      lut[c][v] = x;
+    }
+  }
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < image.height; ++y) {
+      const uint8_t* row = image.pixels.data() + static_cast<size_t>(y) * image.width * 3;
+      float* dst = pv.data.data() + (static_cast<size_t>(c) * out_h + y) * out_w;
+      for (int x = 0; x < image.width; ++x) dst[x] = lut[c][row[x * 3 + c]];
+    }
+  }
+  return pv;
+}
+
+absl::StatusOr<PixelValues> PreprocessImage(const ImageProcessorConfig& config, const uint8_t* rgb,
+                                            int width, int height) {
+  absl::StatusOr<RgbImage> image = ResizeAndCrop(config, rgb, width, height);
+  if (!image.ok()) return image.status();
+  return RescaleNormalizePad(config, *image);
+}
+
+}  // namespace cdcca::model
+
+#undef CDCCA_IP_ASSIGN_OR_RETURN
+#undef CDCCA_ASSIGN_OR_RETURN_IMPL
+#undef CDCCA_IP_CONCAT
+#undef CDCCA_IP_CONCAT_INNER
