@@ -318,10 +318,12 @@ def build_images(out):
 
 
 def processor_pair(cls_name, **kwargs):
-    slow = getattr(transformers, cls_name)(**kwargs)
-    fast_cls = getattr(transformers, cls_name + "Fast", None)
-    fast = fast_cls(**kwargs) if fast_cls is not None else None
-    return slow, fast
+    """transformers 5 processors run on torchvision by default (what AutoProcessor and the
+    model processors use); the *Pil classes keep the PIL backend. Returns (default, pil)."""
+    default = getattr(transformers, cls_name)(**kwargs)
+    pil_cls = getattr(transformers, cls_name + "Pil", None)
+    pil = pil_cls(**kwargs) if pil_cls is not None else None
+    return default, pil
 
 
 PROCESSOR_VARIANTS = {
@@ -358,11 +360,11 @@ def build_processors(out, images):
                 exp_fast[stem] = pixel_values(fast, img)
         safetensors.torch.save_file(exp, os.path.join(d, "expected.safetensors"))
         if exp_fast:
-            safetensors.torch.save_file(exp_fast, os.path.join(d, "expected_fast.safetensors"))
+            safetensors.torch.save_file(exp_fast, os.path.join(d, "expected_pil.safetensors"))
             diff = max(float((exp[k] - exp_fast[k]).abs().max()) for k in exp)
         else:
             diff = None
-        print(f"processor {name}: slow vs fast max |diff| {diff}")
+        print(f"processor {name}: torchvision vs PIL backend max |diff| {diff}")
     # The transformers-5 layout: processor_config.json with an "image_processor" entry.
     src = os.path.join(root, "clip")
     d = os.path.join(root, "clip_processor_config")
@@ -373,8 +375,8 @@ def build_processors(out, images):
                {"image_processor": ip, "processor_class": "LlavaProcessor", "patch_size": 6,
                 "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1})
     shutil.copy(os.path.join(src, "expected.safetensors"), d)
-    if os.path.exists(os.path.join(src, "expected_fast.safetensors")):
-        shutil.copy(os.path.join(src, "expected_fast.safetensors"), d)
+    if os.path.exists(os.path.join(src, "expected_pil.safetensors")):
+        shutil.copy(os.path.join(src, "expected_pil.safetensors"), d)
 
 
 # ---- models -----------------------------------------------------------------------------------
@@ -467,7 +469,13 @@ def save_model(model, d, dtype=None, shard=None):
 
 
 def reload_eager(cls, d):
-    m = cls.from_pretrained(d, attn_implementation="eager", dtype=torch.float32)
+    """Loads the saved folder back; a tensor transformers did not find or did not use would
+    mean the reference came from random weights, so it is an error."""
+    m, info = cls.from_pretrained(d, attn_implementation="eager", dtype=torch.float32,
+                                  output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        raise RuntimeError(f"{d}: transformers did not load every tensor: {bad}")
     return m.eval()
 
 
@@ -518,10 +526,12 @@ def build_llava(out, name, vision, text_kind, text_over, layer, strategy, save_d
                       f"reference computed in float32 from the saved weights" + (", transformers-4 layout" if legacy else ""))
 
 
-LEGACY_LLAVA_PREFIXES = [  # transformers-5 name -> transformers-4 name
+LEGACY_LLAVA_PREFIXES = [  # name as transformers 5 saves or holds it -> transformers-4 name
     ("model.language_model.", "language_model.model."),
     ("lm_head.", "language_model.lm_head."),
-    ("model.vision_tower.", "vision_tower."),
+    ("model.vision_tower.", "vision_tower.vision_model."),
+    ("vision_tower.vision_model.", "vision_tower.vision_model."),
+    ("vision_tower.", "vision_tower.vision_model."),
     ("model.multi_modal_projector.", "multi_modal_projector."),
 ]
 
@@ -630,8 +640,9 @@ def write_readme(out):
             f"{transformers.__version__}, tokenizers {tokenizers.__version__}, torch {torch.__version__} "
             "(random weights, tiny shapes, nothing downloaded). Do not edit by hand: rerun the script.\n\n"
             "- `images/`: test images (non-square, grayscale, RGBA, smaller than every target).\n"
-            "- `processors/<variant>/`: image-processor settings; `expected.safetensors` holds the slow "
-            "(PIL) processor's pixel_values [3,H,W] per image stem, `expected_fast.safetensors` the fast one's.\n"
+            "- `processors/<variant>/`: image-processor settings; `expected.safetensors` holds the default "
+            "(torchvision backend) processor's pixel_values [3,H,W] per image stem, `expected_pil.safetensors` "
+            "the PIL backend's (`*ImageProcessorPil`).\n"
             "- `tokenizers/<variant>/`: tokenizer files and `expected.json` (ids with and without special "
             "tokens, decoded text with and without specials) on a corpus with Unicode, digits, whitespace "
             "runs and newlines.\n"
