@@ -11,6 +11,8 @@ jobs="${CDCCA_JOBS:-$(nproc)}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Paths under the checkout hash as relative ones, so worktrees and clones share the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
