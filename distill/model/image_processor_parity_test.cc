@@ -1,11 +1,12 @@
 // Parity with transformers: every processor variant under tests/fixtures/hf/processors/
 // (written by scripts/hf_fixtures.py with transformers 5.x) run on every image of
 // tests/fixtures/hf/images/, decoded with datasets::LoadImageRgb, against the pixel_values
-// transformers' slow (PIL) image processor produced (expected.safetensors, [3, H, W] float32
-// per image stem). The bound is 1/255 per value in rescaled units (a difference in
-// normalised units times the channel's std), i.e. at most one 8-bit step. The fast
-// (torchvision) processor's output (expected_fast.safetensors) is compared too and its
-// largest difference printed, not asserted: it resizes differently.
+// transformers' PIL-backend image processor (*ImageProcessorPil, the 4.x "slow" one)
+// produced (expected_pil.safetensors, [3, H, W] float32 per image stem). The bound is 1/255
+// per value in rescaled units (a difference in normalised units times the channel's std),
+// i.e. at most one 8-bit step. The default torchvision backend's output
+// (expected.safetensors) is compared too and its largest difference printed, not asserted:
+// it resizes differently.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -118,9 +119,9 @@ TEST(ImageProcessorParityTest, MatchesTransformersSlowProcessors) {
     ASSERT_OK_AND_ASSIGN(ImageProcessorConfig config,
                          LoadImageProcessorConfig(entry.path().string()));
     ASSERT_OK_AND_ASSIGN(auto expected,
-                         ReadF32Safetensors((entry.path() / "expected.safetensors").string()));
+                         ReadF32Safetensors((entry.path() / "expected_pil.safetensors").string()));
     std::map<std::string, F32Tensor> fast;
-    const fs::path fast_path = entry.path() / "expected_fast.safetensors";
+    const fs::path fast_path = entry.path() / "expected.safetensors";
     if (fs::exists(fast_path)) {
       ASSERT_OK_AND_ASSIGN(fast, ReadF32Safetensors(fast_path.string()));
     }
@@ -148,9 +149,9 @@ TEST(ImageProcessorParityTest, MatchesTransformersSlowProcessors) {
     }
     std::cout << "[parity] " << variant << " (" << config.processor_type << ", "
               << PilResampleName(config.resample) << "): " << expected.size()
-              << " images, slow max |diff| " << total.max_diff * 255 << "/255, " << total.exact
+              << " images, PIL max |diff| " << total.max_diff * 255 << "/255, " << total.exact
               << "/" << total.values << " values exact";
-    if (!fast.empty()) std::cout << "; fast max |diff| " << fast_max * 255 << "/255";
+    if (!fast.empty()) std::cout << "; torchvision max |diff| " << fast_max * 255 << "/255";
     std::cout << "\n";
     ++variants;
   }
