@@ -81,63 +81,152 @@ Filter FilterFor(PilResample filter) {
   return {BilinearFilter, 1.0};  // unreachable: nearest does not convolve
 }
 
-// 8 bits of result, 2 bits of headroom for filters with negative lobes (sums above 1 or
-// below 0 before clamping): 22 fractional bits.
-constexpr int kPrecisionBits = 32 - 8 - 2;
+// The two fixed-point rules this file reproduces. Both convolve with the same windows and
+// double-precision weights (normalised to sum 1); they differ in how the weights become
+// integers.
+enum class FixedPoint {
+  // Pillow (Resample.c, normalize_coeffs_8bpc): 22 fractional bits in int32, leaving 8 bits
+  // of result and 2 of headroom for filters with negative lobes.
+  kPillow,
+  // LibTorch's uint8 antialiased interpolation (_compute_indices_int16_weights_aa, after
+  // Pillow-SIMD): int16 weights with as many fractional bits (at most 22) as keep the
+  // largest weight of the axis, doubled, below 2^15.
+  kTorchInt16,
+};
 
-// Fixed-point taps of one output pixel: input index `first`, `taps.size()` consecutive
-// inputs.
-struct Taps {
-  int first = 0;
+// LibTorch writes the Keys cubic's outer piece in another order than Pillow
+// (HelperInterpCubic::aa_filter, cubic_convolution2); the last bit can differ.
+double TorchBicubicFilter(double x) {
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2.0) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  return 0.0;
+}
+
+// Fixed-point taps of one axis: for output pixel i, `count[i]` consecutive inputs from
+// `first[i]`, weights weights[i * stride .. + count[i]], `precision` fractional bits.
+struct AxisTaps {
+  int precision = 0;
+  int stride = 0;
+  std::vector<int> first;
+  std::vector<int> count;
   std::vector<int32_t> weights;
 };
 
-// One axis of the resize: for each output pixel the input window and its weights, as
-// Pillow's precompute_coeffs + normalize_coeffs_8bpc compute them (window rounded with
-// (int)(x + 0.5), weights normalised to sum 1 in double, then rounded half away from zero
-// to 22-bit fixed point).
-std::vector<Taps> AxisTaps(int in_size, int out_size, const Filter& filter) {
+// One axis of the resize, as Pillow's precompute_coeffs computes it (and LibTorch's
+// _compute_weights_aa, which copies it): the filter widens by the downscale factor, each
+// output pixel's window runs from (int)(centre - support + 0.5) to (int)(centre + support
+// + 0.5) clamped to the image, and its weights are normalised to sum 1 in double, then
+// rounded half away from zero to fixed point.
+AxisTaps ComputeAxisTaps(int in_size, int out_size, const Filter& filter, FixedPoint rule) {
   // Pillow passes the box edges as float; with the full image they are exact.
   const double scale = static_cast<double>(static_cast<float>(in_size)) / out_size;
   const double filter_scale = std::max(scale, 1.0);
   const double support = filter.support * filter_scale;
   const double inv_filter_scale = 1.0 / filter_scale;
-  std::vector<Taps> out(out_size);
-  std::vector<double> w;
+  AxisTaps taps;
+  taps.stride = static_cast<int>(std::ceil(support)) * 2 + 1;
+  taps.first.resize(out_size);
+  taps.count.resize(out_size);
+  std::vector<double> w(static_cast<size_t>(out_size) * taps.stride, 0.0);
   for (int xx = 0; xx < out_size; ++xx) {
     const double center = (xx + 0.5) * scale;
-    // C truncation, as Pillow rounds the window ends.
+    // C truncation, as both round the window ends.
     int xmin = static_cast<int>(center - support + 0.5);
     if (xmin < 0) xmin = 0;
     int xmax = static_cast<int>(center + support + 0.5);
     if (xmax > in_size) xmax = in_size;
-    const int count = std::max(xmax - xmin, 0);
-    w.assign(count, 0.0);
+    const int count = std::clamp(xmax - xmin, 0, taps.stride);
+    double* k = &w[static_cast<size_t>(xx) * taps.stride];
     double sum = 0.0;
     for (int x = 0; x < count; ++x) {
-      w[x] = filter.fn((x + xmin - center + 0.5) * inv_filter_scale);
-      sum += w[x];
+      k[x] = filter.fn((x + xmin - center + 0.5) * inv_filter_scale);
+      sum += k[x];
     }
-    Taps& taps = out[xx];
-    taps.first = xmin;
-    taps.weights.resize(count);
-    for (int x = 0; x < count; ++x) {
-      const double k = sum != 0.0 ? w[x] / sum : w[x];
-      const double fixed = k * (1 << kPrecisionBits);
-      taps.weights[x] = static_cast<int32_t>(k < 0 ? fixed - 0.5 : fixed + 0.5);
+    if (sum != 0.0) {
+      for (int x = 0; x < count; ++x) k[x] /= sum;
+    }
+    taps.first[xx] = xmin;
+    taps.count[xx] = count;
+  }
+  if (rule == FixedPoint::kPillow) {
+    taps.precision = 32 - 8 - 2;
+  } else {
+    const double w_max = *std::max_element(w.begin(), w.end());
+    for (taps.precision = 0; taps.precision < 22; ++taps.precision) {
+      const int next = static_cast<int>(0.5 + w_max * (1 << (taps.precision + 1)));
+      if (next >= (1 << 15)) break;
+    }
+  }
+  taps.weights.resize(w.size());
+  const double one = static_cast<double>(1 << taps.precision);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double fixed = w[i] * one;
+    taps.weights[i] = static_cast<int32_t>(w[i] < 0 ? fixed - 0.5 : fixed + 0.5);
+  }
+  return taps;
+}
+
+// Sum of count pixels `step` bytes apart times the taps, back to a pixel: the sum starts at
+// one half (rounding), the integer part is taken with an arithmetic shift and clamped to
+// [0, 255] (Pillow's clip8; LibTorch's saturating packs).
+inline uint8_t Convolve(const uint8_t* p, size_t step, const int32_t* k, int count, int precision) {
+  int32_t sum = int32_t{1} << (precision - 1);
+  for (int i = 0; i < count; ++i) sum += p[i * step] * k[i];
+  return static_cast<uint8_t>(std::clamp<int32_t>(sum >> precision, 0, 255));
+}
+
+// The separable resize both libraries run: a horizontal pass over the rows the vertical
+// pass reads, rounded to uint8, then the vertical pass; a pass whose size does not change
+// is skipped.
+std::vector<uint8_t> SeparableResize(const uint8_t* src, int width, int height, int channels,
+                                     int out_width, int out_height, const Filter& filter,
+                                     FixedPoint rule) {
+  const bool need_horizontal = out_width != width;
+  const bool need_vertical = out_height != height;
+  const AxisTaps vtaps = ComputeAxisTaps(height, out_height, filter, rule);
+
+  const uint8_t* rows = src;  // the image the vertical pass reads
+  int rows_width = width;
+  int row_offset = 0;  // input row of rows[0]
+  std::vector<uint8_t> temp;
+  if (need_horizontal) {
+    const int first = vtaps.first.front();
+    const int last = vtaps.first.back() + vtaps.count.back();
+    const AxisTaps htaps = ComputeAxisTaps(width, out_width, filter, rule);
+    temp.resize(static_cast<size_t>(last - first) * out_width * channels);
+    for (int y = first; y < last; ++y) {
+      const uint8_t* in = src + static_cast<size_t>(y) * width * channels;
+      uint8_t* out = temp.data() + static_cast<size_t>(y - first) * out_width * channels;
+      for (int xx = 0; xx < out_width; ++xx) {
+        const int32_t* k = &htaps.weights[static_cast<size_t>(xx) * htaps.stride];
+        const uint8_t* p = in + static_cast<size_t>(htaps.first[xx]) * channels;
+        for (int c = 0; c < channels; ++c) {
+          out[xx * channels + c] = Convolve(p + c, channels, k, htaps.count[xx], htaps.precision);
+        }
+      }
+    }
+    rows = temp.data();
+    rows_width = out_width;
+    row_offset = first;
+  }
+  if (!need_vertical) {
+    if (need_horizontal) return temp;
+    return std::vector<uint8_t>(src, src + static_cast<size_t>(width) * height * channels);
+  }
+  const size_t stride = static_cast<size_t>(rows_width) * channels;
+  std::vector<uint8_t> out(static_cast<size_t>(out_height) * stride);
+  for (int yy = 0; yy < out_height; ++yy) {
+    const int32_t* k = &vtaps.weights[static_cast<size_t>(yy) * vtaps.stride];
+    const uint8_t* in = rows + static_cast<size_t>(vtaps.first[yy] - row_offset) * stride;
+    uint8_t* dst = out.data() + static_cast<size_t>(yy) * stride;
+    for (size_t i = 0; i < stride; ++i) {
+      dst[i] = Convolve(in + i, stride, k, vtaps.count[yy], vtaps.precision);
     }
   }
   return out;
 }
-
-// The fixed-point sum back to a pixel: Pillow starts the sum at one half (rounding) and
-// takes the integer part with an arithmetic shift, clamped to [0, 255].
-uint8_t Clip8(int32_t sum) {
-  const int32_t v = sum >> kPrecisionBits;
-  return static_cast<uint8_t>(std::clamp<int32_t>(v, 0, 255));
-}
-
-constexpr int32_t kHalf = 1 << (kPrecisionBits - 1);
 
 // Nearest neighbour: Pillow's resize maps it to an affine scale (Geometry.c,
 // ImagingScaleAffine), whose source coordinate starts at half a step and is accumulated
@@ -539,55 +628,28 @@ std::vector<uint8_t> PilResize(const uint8_t* src, int width, int height, int ch
   if (filter == PilResample::kNearest) {
     return ResizeNearest(src, width, height, channels, out_width, out_height);
   }
-  const Filter f = FilterFor(filter);
-  const bool need_horizontal = out_width != width;
-  const bool need_vertical = out_height != height;
-  const std::vector<Taps> vtaps = AxisTaps(height, out_height, f);
+  return SeparableResize(src, width, height, channels, out_width, out_height, FilterFor(filter),
+                         FixedPoint::kPillow);
+}
 
-  // Horizontal pass over only the rows the vertical pass reads, as Pillow does.
-  const uint8_t* rows = src;  // image the vertical pass reads
-  int rows_width = width;
-  int row_offset = 0;  // input row of rows[0]
-  std::vector<uint8_t> temp;
-  if (need_horizontal) {
-    const int first = vtaps.front().first;
-    const int last = vtaps.back().first + static_cast<int>(vtaps.back().weights.size());
-    const std::vector<Taps> htaps = AxisTaps(width, out_width, f);
-    temp.resize(static_cast<size_t>(last - first) * out_width * channels);
-    for (int y = first; y < last; ++y) {
-      const uint8_t* in = src + static_cast<size_t>(y) * width * channels;
-      uint8_t* out = temp.data() + static_cast<size_t>(y - first) * out_width * channels;
-      for (int xx = 0; xx < out_width; ++xx) {
-        const Taps& t = htaps[xx];
-        for (int c = 0; c < channels; ++c) {
-          int32_t sum = kHalf;
-          const uint8_t* p = in + static_cast<size_t>(t.first) * channels + c;
-          for (size_t k = 0; k < t.weights.size(); ++k) sum += p[k * channels] * t.weights[k];
-          out[xx * channels + c] = Clip8(sum);
-        }
-      }
-    }
-    rows = temp.data();
-    rows_width = out_width;
-    row_offset = first;
+absl::StatusOr<std::vector<uint8_t>> TorchvisionResize(const uint8_t* src, int width, int height,
+                                                       int channels, int out_width, int out_height,
+                                                       PilResample filter) {
+  Filter f{BilinearFilter, 1.0};
+  switch (filter) {
+    case PilResample::kBilinear:
+      break;
+    case PilResample::kBicubic:
+    case PilResample::kLanczos:  // transformers substitutes bicubic (no tensor Lanczos)
+      f = {TorchBicubicFilter, 2.0};
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("the torchvision backend resize supports bilinear and bicubic, not ",
+                       PilResampleName(filter)));
   }
-  if (!need_vertical) {
-    if (need_horizontal) return temp;
-    return std::vector<uint8_t>(src, src + static_cast<size_t>(width) * height * channels);
-  }
-  const size_t stride = static_cast<size_t>(rows_width) * channels;
-  std::vector<uint8_t> out(static_cast<size_t>(out_height) * stride);
-  for (int yy = 0; yy < out_height; ++yy) {
-    const Taps& t = vtaps[yy];
-    const uint8_t* in = rows + static_cast<size_t>(t.first - row_offset) * stride;
-    uint8_t* dst = out.data() + static_cast<size_t>(yy) * stride;
-    for (size_t i = 0; i < stride; ++i) {
-      int32_t sum = kHalf;
-      for (size_t k = 0; k < t.weights.size(); ++k) sum += in[k * stride + i] * t.weights[k];
-      dst[i] = Clip8(sum);
-    }
-  }
-  return out;
+  return SeparableResize(src, width, height, channels, out_width, out_height, f,
+                         FixedPoint::kTorchInt16);
 }
 
 absl::StatusOr<std::pair<int, int>> ResizeOutputSize(const ResizeSpec& spec, int height,
@@ -709,7 +771,14 @@ absl::StatusOr<RgbImage> ResizeAndCrop(const ImageProcessorConfig& config, const
     CDCCA_IP_ASSIGN_OR_RETURN(const auto hw, ResizeOutputSize(config.size, height, width));
     image.height = hw.first;
     image.width = hw.second;
-    image.pixels = PilResize(rgb, width, height, 3, image.width, image.height, config.resample);
+    if (config.backend == ImageBackend::kPil) {
+      image.pixels = PilResize(rgb, width, height, 3, image.width, image.height, config.resample);
+    } else if (image.width == width && image.height == height) {
+      image.pixels.assign(rgb, rgb + static_cast<size_t>(width) * height * 3);  // as torchvision
+    } else {
+      CDCCA_IP_ASSIGN_OR_RETURN(image.pixels, TorchvisionResize(rgb, width, height, 3, image.width,
+                                                                image.height, config.resample));
+    }
   } else {
     image.width = width;
     image.height = height;
@@ -721,8 +790,11 @@ absl::StatusOr<RgbImage> ResizeAndCrop(const ImageProcessorConfig& config, const
     }
     // transformers' numpy center_crop: the window starts at floor((size - crop) / 2); where
     // the crop is larger, the image sits ceil((crop - size) / 2) pixels in, zeros around.
-    auto offset = [](int size, int crop) {
-      return size >= crop ? (size - crop) / 2 : -((crop - size + 1) / 2);
+    // torchvision pads floor((crop - size) / 2) before the image instead.
+    const bool pad_first = config.backend == ImageBackend::kPil;
+    auto offset = [pad_first](int size, int crop) {
+      if (size >= crop) return (size - crop) / 2;
+      return pad_first ? -((crop - size + 1) / 2) : -((crop - size) / 2);
     };
     const int top = offset(image.height, config.crop_height);
     const int left = offset(image.width, config.crop_width);
@@ -765,14 +837,31 @@ absl::StatusOr<PixelValues> RescaleNormalizePad(const ImageProcessorConfig& conf
   pv.data.assign(static_cast<size_t>(3) * out_h * out_w, 0.f);
   // One value per possible byte and channel: the arithmetic is per value anyway.
   std::array<std::array<float, 256>, 3> lut{};
+  const bool torchvision = config.backend == ImageBackend::kTorchvision;
   for (int c = 0; c < 3; ++c) {
+    float mean = config.image_mean[c];
+    float std = config.image_std[c];
+    if (torchvision && config.do_rescale && config.do_normalize) {
+      // Fused: mean and std (float32 tensors) times the inverse rescale factor, which LibTorch
+      // applies as a float32 scalar.
+      const float inverse = static_cast<float>(1.0 / config.rescale_factor);
+      mean *= inverse;
+      std *= inverse;
+    }
     for (int v = 0; v < 256; ++v) {
-      float x = config.do_rescale
-                    ? static_cast<float>(static_cast<double>(v) * config.rescale_factor)
-                    : static_cast<float>(v);
-      if (config.do_normalize) {
-        // float32 throughout, as numpy computes (image - mean) / std on float32 arrays.
-        x = (x - config.image_mean[c]) / config.image_std[c];
+      float x = static_cast<float>(v);
+      if (torchvision) {
+        if (config.do_normalize) {
+          x = (x - mean) / std;
+        } else if (config.do_rescale) {
+          x = x * static_cast<float>(config.rescale_factor);
+        }
+      } else {
+        // numpy: rescale in float64 then cast; normalise in float32.
+        if (config.do_rescale) {
+          x = static_cast<float>(static_cast<double>(v) * config.rescale_factor);
+        }
+        if (config.do_normalize) x = (x - mean) / std;
       }
       lut[c][v] = x;
     }

@@ -52,6 +52,26 @@ absl::string_view PilResampleName(PilResample filter);
 std::vector<uint8_t> PilResize(const uint8_t* src, int width, int height, int channels,
                                int out_width, int out_height, PilResample filter);
 
+// Resizes as transformers' torchvision backend does for uint8 images on the CPU (LibTorch's
+// antialiased interpolate on uint8, the default backend of transformers 5): the same windows
+// and weights as Pillow, but int16 fixed-point weights with a per-axis precision, so values
+// can differ from PilResize by one step. Bilinear and bicubic (Lanczos becomes bicubic, as
+// transformers substitutes it); other filters are InvalidArgument. Same layout as PilResize.
+absl::StatusOr<std::vector<uint8_t>> TorchvisionResize(const uint8_t* src, int width, int height,
+                                                       int channels, int out_width, int out_height,
+                                                       PilResample filter);
+
+// Which of transformers' two image processor backends to reproduce. They differ by at most
+// one 8-bit step per value (the resize's fixed point), in where center_crop's odd padding
+// pixel goes, and in float rounding of the normalisation.
+enum class ImageBackend {
+  // *ImageProcessorPil (transformers 5) / the slow *ImageProcessor (4.x): PIL resize, numpy.
+  kPil,
+  // The default of transformers 5 (AutoImageProcessor, the model processors) and the
+  // *ImageProcessorFast classes of 4.x: torchvision on uint8 tensors.
+  kTorchvision,
+};
+
 // The `size` setting. Exactly one form is set, as transformers' size dicts allow:
 // {height, width}; {shortest_edge}; {shortest_edge, longest_edge}; {max_height, max_width}.
 // 0 = absent.
@@ -95,6 +115,9 @@ struct ImageProcessorConfig {
   bool do_pad = false;
   int pad_height = 0;
   int pad_width = 0;
+  // Not read from the file (transformers picks it at load time): the caller chooses.
+  // Default: kPil.
+  ImageBackend backend = ImageBackend::kPil;
 };
 
 // Parses an image processor's JSON settings. `json_text` is either a
@@ -135,20 +158,23 @@ struct PixelValues {
   std::vector<float> data;
 };
 
-// The geometric steps on the 8-bit image: resize (PIL filter) and center crop (zero padding
-// where the crop is larger than the image, placed as transformers' numpy center_crop
+// The geometric steps on the 8-bit image: resize (PilResize or TorchvisionResize, by
+// config.backend) and center crop (zero padding where the crop is larger than the image:
+// the odd pixel goes before the image with kPil, after it with kTorchvision, as each backend
 // places it). `rgb` holds height * width * 3 bytes. InvalidArgument for an empty image or a
 // config whose sizes cannot be applied.
 absl::StatusOr<RgbImage> ResizeAndCrop(const ImageProcessorConfig& config, const uint8_t* rgb,
                                        int width, int height);
 
-// The value steps: rescale (in float64, then cast to float32, as transformers does),
-// normalize ((x - mean) / std in float32) and pad. Returns [3, H, W].
+// The value steps: rescale and normalize and pad. kPil: rescale in float64, cast to
+// float32, then (x - mean) / std in float32 (numpy). kTorchvision: rescale and normalize
+// fused, (x - mean * 255) / (std * 255) in float32 (with the rescale factor's inverse in
+// place of 255). Returns [3, H, W].
 absl::StatusOr<PixelValues> RescaleNormalizePad(const ImageProcessorConfig& config,
                                                 const RgbImage& image);
 
 // ResizeAndCrop then RescaleNormalizePad: the pixel_values (one image, [3, H, W]) that
-// transformers' slow image processor returns for this RGB image.
+// transformers' image processor (of config.backend) returns for this RGB image.
 absl::StatusOr<PixelValues> PreprocessImage(const ImageProcessorConfig& config, const uint8_t* rgb,
                                             int width, int height);
 

@@ -1,12 +1,11 @@
 // Parity with transformers: every processor variant under tests/fixtures/hf/processors/
 // (written by scripts/hf_fixtures.py with transformers 5.x) run on every image of
 // tests/fixtures/hf/images/, decoded with datasets::LoadImageRgb, against the pixel_values
-// transformers' PIL-backend image processor (*ImageProcessorPil, the 4.x "slow" one)
-// produced (expected_pil.safetensors, [3, H, W] float32 per image stem). The bound is 1/255
-// per value in rescaled units (a difference in normalised units times the channel's std),
-// i.e. at most one 8-bit step. The default torchvision backend's output
-// (expected.safetensors) is compared too and its largest difference printed, not asserted:
-// it resizes differently.
+// transformers produced ([3, H, W] float32 per image stem): ImageBackend::kPil against the
+// PIL backend (*ImageProcessorPil, the 4.x "slow" one; expected_pil.safetensors) and
+// ImageBackend::kTorchvision against the default torchvision backend (expected.safetensors).
+// Asserted: every value bit-identical, and (the bound, reported separately) at most
+// 1/255 in rescaled units (a difference in normalised units times the channel's std).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,7 +86,13 @@ std::string FindImage(const fs::path& dir, const std::string& stem) {
 struct Comparison {
   double max_diff = 0;  // rescaled units (one 8-bit step = 1/255)
   int64_t values = 0;
-  int64_t exact = 0;  // values within 1e-6 (float rounding)
+  int64_t identical = 0;  // bit-identical floats
+
+  void Add(const Comparison& o) {
+    max_diff = std::max(max_diff, o.max_diff);
+    values += o.values;
+    identical += o.identical;
+  }
 };
 
 // |ours - expected| in rescaled units: divided by the normalisation's scale (1/std), i.e.
@@ -101,13 +106,52 @@ Comparison Compare(const ImageProcessorConfig& config, const PixelValues& ours,
     const double scale = config.do_normalize ? config.image_std[ch] : 1.0;
     const double d = std::fabs(static_cast<double>(ours.data[i]) - expected.data[i]) * scale;
     c.max_diff = std::max(c.max_diff, d);
-    c.exact += d <= 1e-6;
+    c.identical += ours.data[i] == expected.data[i];
     ++c.values;
   }
   return c;
 }
 
-TEST(ImageProcessorParityTest, MatchesTransformersSlowProcessors) {
+// Runs `config` on every image `expected` has and compares, asserting the 1/255 bound when
+// `bounded`.
+Comparison CheckAll(const ImageProcessorConfig& config, const fs::path& images,
+                    const std::map<std::string, F32Tensor>& expected, bool bounded) {
+  Comparison total;
+  for (const auto& [stem, want] : expected) {
+    SCOPED_TRACE(stem);
+    const std::string image_path = FindImage(images, stem);
+    EXPECT_FALSE(image_path.empty()) << "no image " << stem << " in " << images;
+    if (image_path.empty()) continue;
+    absl::StatusOr<datasets::Image> image = datasets::LoadImageRgb(image_path);
+    EXPECT_OK(image);
+    if (!image.ok()) continue;
+    absl::StatusOr<PixelValues> ours =
+        PreprocessImage(config, image->pixels.data(), image->width, image->height);
+    EXPECT_OK(ours);
+    if (!ours.ok()) continue;
+    EXPECT_EQ(want.shape, (std::vector<int64_t>{ours->channels, ours->height, ours->width}));
+    if (want.data.size() != ours->data.size()) continue;
+    const Comparison c = Compare(config, *ours, want);
+    if (bounded) {
+      EXPECT_LE(c.max_diff, 1.0 / 255 + 1e-6)
+          << image->width << "x" << image->height << " -> " << ours->width << "x" << ours->height;
+    }
+    total.Add(c);
+  }
+  return total;
+}
+
+std::string Describe(const Comparison& c) {
+  std::ostringstream out;
+  out << "max |diff| " << c.max_diff * 255 << "/255, " << c.identical << "/" << c.values
+      << " identical";
+  return out.str();
+}
+
+// Every processor variant, with each backend against the output of the same backend in
+// transformers; and the PIL emulation against the torchvision output, to show the gap
+// between the backends.
+TEST(ImageProcessorParityTest, MatchesTransformersBothBackends) {
   const fs::path root = fs::path(CDCCA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
   const fs::path processors = root / "processors";
   if (!fs::exists(processors)) GTEST_SKIP() << "no fixtures at " << processors;
@@ -118,41 +162,26 @@ TEST(ImageProcessorParityTest, MatchesTransformersSlowProcessors) {
     SCOPED_TRACE(variant);
     ASSERT_OK_AND_ASSIGN(ImageProcessorConfig config,
                          LoadImageProcessorConfig(entry.path().string()));
-    ASSERT_OK_AND_ASSIGN(auto expected,
+    ASSERT_OK_AND_ASSIGN(auto pil,
                          ReadF32Safetensors((entry.path() / "expected_pil.safetensors").string()));
-    std::map<std::string, F32Tensor> fast;
-    const fs::path fast_path = entry.path() / "expected.safetensors";
-    if (fs::exists(fast_path)) {
-      ASSERT_OK_AND_ASSIGN(fast, ReadF32Safetensors(fast_path.string()));
-    }
-    ASSERT_FALSE(expected.empty());
-    Comparison total;
-    double fast_max = 0;
-    for (const auto& [stem, want] : expected) {
-      SCOPED_TRACE(stem);
-      const std::string image_path = FindImage(root / "images", stem);
-      ASSERT_FALSE(image_path.empty()) << "no image " << stem << " in " << root / "images";
-      ASSERT_OK_AND_ASSIGN(datasets::Image image, datasets::LoadImageRgb(image_path));
-      ASSERT_OK_AND_ASSIGN(PixelValues ours,
-                           PreprocessImage(config, image.pixels.data(), image.width, image.height));
-      ASSERT_EQ(want.shape, (std::vector<int64_t>{ours.channels, ours.height, ours.width}));
-      const Comparison c = Compare(config, ours, want);
-      EXPECT_LE(c.max_diff, 1.0 / 255 + 1e-6)
-          << image.width << "x" << image.height << " -> " << ours.width << "x" << ours.height;
-      total.max_diff = std::max(total.max_diff, c.max_diff);
-      total.values += c.values;
-      total.exact += c.exact;
-      const auto f = fast.find(stem);
-      if (f != fast.end() && f->second.shape == want.shape) {
-        fast_max = std::max(fast_max, Compare(config, ours, f->second).max_diff);
-      }
-    }
+    ASSERT_OK_AND_ASSIGN(auto torchvision,
+                         ReadF32Safetensors((entry.path() / "expected.safetensors").string()));
+    ASSERT_FALSE(pil.empty());
+    ASSERT_EQ(pil.size(), torchvision.size());
+
+    config.backend = ImageBackend::kPil;
+    const Comparison p = CheckAll(config, root / "images", pil, /*bounded=*/true);
+    config.backend = ImageBackend::kTorchvision;
+    const Comparison t = CheckAll(config, root / "images", torchvision, /*bounded=*/true);
+    config.backend = ImageBackend::kPil;
+    const Comparison cross = CheckAll(config, root / "images", torchvision, /*bounded=*/false);
     std::cout << "[parity] " << variant << " (" << config.processor_type << ", "
-              << PilResampleName(config.resample) << "): " << expected.size()
-              << " images, PIL max |diff| " << total.max_diff * 255 << "/255, " << total.exact
-              << "/" << total.values << " values exact";
-    if (!fast.empty()) std::cout << "; torchvision max |diff| " << fast_max * 255 << "/255";
-    std::cout << "\n";
+              << PilResampleName(config.resample) << ", " << pil.size() << " images): PIL backend "
+              << Describe(p) << "; torchvision backend " << Describe(t)
+              << "; PIL emulation vs torchvision output " << Describe(cross) << "\n";
+    // Stronger than the bound, and what the fixtures show: every value bit-identical.
+    EXPECT_EQ(p.identical, p.values);
+    EXPECT_EQ(t.identical, t.values);
     ++variants;
   }
   EXPECT_GT(variants, 0) << "no processor variants under " << processors;
