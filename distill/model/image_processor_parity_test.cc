@@ -187,5 +187,39 @@ TEST(ImageProcessorParityTest, MatchesTransformersBothBackends) {
   EXPECT_GT(variants, 0) << "no processor variants under " << processors;
 }
 
+// The pixel values each model fixture received from AutoProcessor (transformers 5's default
+// torchvision backend), from the model folder's own processor_config.json: what `cdcca
+// generate` must feed the model to reproduce its logits.
+TEST(ImageProcessorParityTest, ModelFoldersGetTheirProcessorsPixels) {
+  const fs::path root = fs::path(CDCCA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+  const fs::path models = root / "models";
+  if (!fs::exists(models)) GTEST_SKIP() << "no fixtures at " << models;
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(models)) {
+    const fs::path pixels_path = entry.path() / "expected_pixels.safetensors";
+    if (!fs::exists(pixels_path)) continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    ASSERT_OK_AND_ASSIGN(ImageProcessorConfig config,
+                         LoadImageProcessorConfig(entry.path().string()));
+    config.backend = ImageBackend::kTorchvision;
+    ASSERT_OK_AND_ASSIGN(auto pixels, ReadF32Safetensors(pixels_path.string()));
+    std::ifstream in(entry.path() / "expected.json");
+    const nlohmann::json expected = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(expected.contains("cases"));
+    for (size_t i = 0; i < expected["cases"].size(); ++i) {
+      const std::string key = "case" + std::to_string(i);
+      const auto want = pixels.find(key);
+      ASSERT_NE(want, pixels.end()) << key;
+      const std::string image = expected["cases"][i]["image"].get<std::string>();
+      const std::map<std::string, F32Tensor> one = {
+          {fs::path(image).stem().string(), want->second}};
+      const Comparison c = CheckAll(config, root / "images", one, /*bounded=*/true);
+      EXPECT_EQ(c.identical, c.values) << key << " " << image << ": " << Describe(c);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 }  // namespace
 }  // namespace cdcca::model

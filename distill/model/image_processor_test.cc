@@ -327,6 +327,38 @@ TEST(CenterCropTest, OffsetsRoundDownAndPaddingGoesFirstAsInTransformers) {
   EXPECT_THAT(RedChannel(c), ElementsAre(0, 0, 2, 3));
 }
 
+// torchvision's center_crop pads floor((crop - size) / 2) before the image: the odd pixel
+// goes after it, where numpy's puts it before.
+TEST(CenterCropTest, TorchvisionPutsTheOddPaddingAfter) {
+  ImageProcessorConfig c = CropOnly(1, 5);
+  c.backend = ImageBackend::kTorchvision;
+  const std::vector<uint8_t> row = RampRow(2);
+  ASSERT_OK_AND_ASSIGN(RgbImage a, ResizeAndCrop(c, row.data(), 2, 1));
+  EXPECT_THAT(RedChannel(a), ElementsAre(0, 1, 2, 0, 0));
+}
+
+TEST(TorchvisionResizeTest, SupportsTheFiltersTorchvisionHas) {
+  const std::vector<uint8_t> px = {100, 200};
+  // Bicubic 2 -> 3 as in BicubicUpscaleOvershootsLikePillow: int16 weights (14 fractional
+  // bits here: the largest weight 405/380 times 2^15 would overflow) give the same pixels.
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> up,
+                       TorchvisionResize(px.data(), 2, 1, 1, 3, 1, PilResample::kBicubic));
+  EXPECT_THAT(up, ElementsAre(93, 150, 207));
+  // No tensor Lanczos in torchvision: transformers substitutes bicubic.
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> lanczos,
+                       TorchvisionResize(px.data(), 2, 1, 1, 3, 1, PilResample::kLanczos));
+  EXPECT_EQ(lanczos, up);
+  EXPECT_THAT(TorchvisionResize(px.data(), 2, 1, 1, 3, 1, PilResample::kBox),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("box")));
+  ImageProcessorConfig c;
+  c.backend = ImageBackend::kTorchvision;
+  c.size.height = c.size.width = 4;
+  c.resample = PilResample::kNearest;
+  const std::vector<uint8_t> rgb(12, 5);
+  EXPECT_THAT(PreprocessImage(c, rgb.data(), 2, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nearest")));
+}
+
 TEST(RescaleNormalizeTest, Float32ArithmeticAsTransformers) {
   ImageProcessorConfig c;
   c.do_resize = false;
