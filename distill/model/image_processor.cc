@@ -168,12 +168,11 @@ AxisTaps ComputeAxisTaps(int in_size, int out_size, const Filter& filter, FixedP
   return taps;
 }
 
-// Sum of count pixels `step` bytes apart times the taps, back to a pixel: the sum starts at
-// one half (rounding), the integer part is taken with an arithmetic shift and clamped to
-// [0, 255] (Pillow's clip8; LibTorch's saturating packs).
-inline uint8_t Convolve(const uint8_t* p, size_t step, const int32_t* k, int count, int precision) {
-  int32_t sum = int32_t{1} << (precision - 1);
-  for (int i = 0; i < count; ++i) sum += p[i * step] * k[i];
+// A fixed-point sum back to a pixel: the sum started at one half (rounding); the integer
+// part is taken with an arithmetic shift and clamped to [0, 255] (Pillow's clip8;
+// LibTorch's saturating packs). Integer sums are exact, so the order of the additions below
+// (chosen for speed) does not change the result.
+inline uint8_t ToPixel(int32_t sum, int precision) {
   return static_cast<uint8_t>(std::clamp<int32_t>(sum >> precision, 0, 255));
 }
 
@@ -195,6 +194,7 @@ std::vector<uint8_t> SeparableResize(const uint8_t* src, int width, int height, 
     const int first = vtaps.first.front();
     const int last = vtaps.first.back() + vtaps.count.back();
     const AxisTaps htaps = ComputeAxisTaps(width, out_width, filter, rule);
+    const int32_t half_h = int32_t{1} << (htaps.precision - 1);
     temp.resize(static_cast<size_t>(last - first) * out_width * channels);
     for (int y = first; y < last; ++y) {
       const uint8_t* in = src + static_cast<size_t>(y) * width * channels;
@@ -202,8 +202,22 @@ std::vector<uint8_t> SeparableResize(const uint8_t* src, int width, int height, 
       for (int xx = 0; xx < out_width; ++xx) {
         const int32_t* k = &htaps.weights[static_cast<size_t>(xx) * htaps.stride];
         const uint8_t* p = in + static_cast<size_t>(htaps.first[xx]) * channels;
+        if (channels == 3) {  // RGB, the common case: one pass over the window
+          int32_t r = half_h, g = half_h, b = half_h;
+          for (int i = 0; i < htaps.count[xx]; ++i) {
+            r += p[3 * i] * k[i];
+            g += p[3 * i + 1] * k[i];
+            b += p[3 * i + 2] * k[i];
+          }
+          out[xx * 3] = ToPixel(r, htaps.precision);
+          out[xx * 3 + 1] = ToPixel(g, htaps.precision);
+          out[xx * 3 + 2] = ToPixel(b, htaps.precision);
+          continue;
+        }
         for (int c = 0; c < channels; ++c) {
-          out[xx * channels + c] = Convolve(p + c, channels, k, htaps.count[xx], htaps.precision);
+          int32_t sum = half_h;
+          for (int i = 0; i < htaps.count[xx]; ++i) sum += p[i * channels + c] * k[i];
+          out[xx * channels + c] = ToPixel(sum, htaps.precision);
         }
       }
     }
@@ -217,13 +231,19 @@ std::vector<uint8_t> SeparableResize(const uint8_t* src, int width, int height, 
   }
   const size_t stride = static_cast<size_t>(rows_width) * channels;
   std::vector<uint8_t> out(static_cast<size_t>(out_height) * stride);
+  std::vector<int32_t> sum(stride);
   for (int yy = 0; yy < out_height; ++yy) {
     const int32_t* k = &vtaps.weights[static_cast<size_t>(yy) * vtaps.stride];
     const uint8_t* in = rows + static_cast<size_t>(vtaps.first[yy] - row_offset) * stride;
-    uint8_t* dst = out.data() + static_cast<size_t>(yy) * stride;
-    for (size_t i = 0; i < stride; ++i) {
-      dst[i] = Convolve(in + i, stride, k, vtaps.count[yy], vtaps.precision);
+    std::fill(sum.begin(), sum.end(), int32_t{1} << (vtaps.precision - 1));
+    // Row by row, so the inner loop runs over contiguous bytes.
+    for (int j = 0; j < vtaps.count[yy]; ++j) {
+      const uint8_t* row = in + static_cast<size_t>(j) * stride;
+      const int32_t w = k[j];
+      for (size_t i = 0; i < stride; ++i) sum[i] += row[i] * w;
     }
+    uint8_t* dst = out.data() + static_cast<size_t>(yy) * stride;
+    for (size_t i = 0; i < stride; ++i) dst[i] = ToPixel(sum[i], vtaps.precision);
   }
   return out;
 }
