@@ -1,15 +1,17 @@
 // Image preprocessing as a Hugging Face checkpoint's image processor settings say
 // (CLIPImageProcessor, SiglipImageProcessor, BlipImageProcessor and their *Fast / *Pil
-// names): resize with the named PIL resampling filter, center crop, rescale, normalize,
-// optionally pad; the result is the `pixel_values` tensor transformers' slow (PIL) image
-// processor produces for the same RGB image.
+// names): resize with the named resampling filter, center crop, rescale, normalize,
+// optionally pad; the result is the `pixel_values` tensor transformers produces for the same
+// RGB image, with either of its backends (ImageBackend: PIL, the 4.x slow processors and
+// transformers 5's *ImageProcessorPil; or torchvision, transformers 5's default).
 //
-// The resize is a reimplementation of Pillow's Image.resize for 8-bit images
-// (libImaging/Resample.c): separable convolution, horizontal pass first, with a filter
-// whose support widens with the downscale factor (antialiasing), coefficients normalised to
-// sum 1 and then to 22-bit fixed point, and the result rounded and clamped to uint8 after
-// each pass. It reproduces Pillow's output bit for bit (tests compare against Pillow-made
-// hashes and against transformers' fixtures under tests/fixtures/hf/processors).
+// The resize reimplements Pillow's Image.resize for 8-bit images (libImaging/Resample.c):
+// separable convolution, horizontal pass first, with a filter whose support widens with the
+// downscale factor (antialiasing), coefficients normalised to sum 1 and then to 22-bit fixed
+// point, and the result rounded and clamped to uint8 after each pass. LibTorch's uint8
+// antialiased interpolate (what torchvision runs) is the same but for int16 coefficients.
+// Both are reproduced bit for bit: tests compare against hashes of Pillow's output and
+// against transformers' pixel_values under tests/fixtures/hf (every value identical).
 //
 // Torch-free and OpenCV-free (Abseil and nlohmann_json only): it builds on the GPU machine
 // in the core build. Decoding an image file into RGB is datasets::LoadImageRgb
