@@ -203,15 +203,19 @@ std::vector<uint8_t> SeparableResize(const uint8_t* src, int width, int height, 
         const int32_t* k = &htaps.weights[static_cast<size_t>(xx) * htaps.stride];
         const uint8_t* p = in + static_cast<size_t>(htaps.first[xx]) * channels;
         if (channels == 3) {  // RGB, the common case: one pass over the window
-          int32_t r = half_h, g = half_h, b = half_h;
+          int32_t r = half_h;
+          int32_t g = half_h;
+          int32_t b = half_h;
           for (int i = 0; i < htaps.count[xx]; ++i) {
-            r += p[3 * i] * k[i];
-            g += p[3 * i + 1] * k[i];
-            b += p[3 * i + 2] * k[i];
+            const uint8_t* px = p + static_cast<ptrdiff_t>(3) * i;
+            r += px[0] * k[i];
+            g += px[1] * k[i];
+            b += px[2] * k[i];
           }
-          out[xx * 3] = ToPixel(r, htaps.precision);
-          out[xx * 3 + 1] = ToPixel(g, htaps.precision);
-          out[xx * 3 + 2] = ToPixel(b, htaps.precision);
+          uint8_t* o = out + static_cast<ptrdiff_t>(3) * xx;
+          o[0] = ToPixel(r, htaps.precision);
+          o[1] = ToPixel(g, htaps.precision);
+          o[2] = ToPixel(b, htaps.precision);
           continue;
         }
         for (int c = 0; c < channels; ++c) {
@@ -272,7 +276,8 @@ std::vector<uint8_t> ResizeNearest(const uint8_t* src, int width, int height, in
     const uint8_t* row = src + static_cast<size_t>(ys[y]) * width * channels;
     uint8_t* dst = out.data() + static_cast<size_t>(y) * out_width * channels;
     for (int x = 0; x < out_width; ++x) {
-      std::copy_n(row + static_cast<size_t>(xs[x]) * channels, channels, dst + x * channels);
+      std::copy_n(row + static_cast<size_t>(xs[x]) * channels, channels,
+                  dst + static_cast<ptrdiff_t>(x) * channels);
     }
   }
   return out;
@@ -499,14 +504,13 @@ absl::StatusOr<std::array<float, 3>> ParseChannels(const json& v, const std::str
   return out;
 }
 
-#define CDCCA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                \
-  if (!tmp.ok()) return tmp.status();               \
-  lhs = *std::move(tmp)
-#define CDCCA_IP_CONCAT_INNER(a, b) a##b
-#define CDCCA_IP_CONCAT(a, b) CDCCA_IP_CONCAT_INNER(a, b)
-#define CDCCA_IP_ASSIGN_OR_RETURN(lhs, expr) \
-  CDCCA_ASSIGN_OR_RETURN_IMPL(CDCCA_IP_CONCAT(status_or_, __LINE__), lhs, expr)
+// Stores a parsed value in `out`, or passes the parse error on.
+template <typename T>
+absl::Status Set(absl::StatusOr<T> parsed, T& out) {
+  if (!parsed.ok()) return parsed.status();
+  out = *std::move(parsed);
+  return absl::OkStatus();
+}
 
 // `where` names the settings object in errors ("f.json" or "f.json: image_processor"); a
 // field is named `at` + key ("f.json: size", "f.json: image_processor.size").
@@ -538,8 +542,9 @@ absl::StatusOr<ImageProcessorConfig> ParseSettings(const json& s, const std::str
   // default_to_square first: it decides what an integer `size` means.
   bool default_to_square = defaults.default_to_square;
   if (s.contains("default_to_square") && !s["default_to_square"].is_null()) {
-    CDCCA_IP_ASSIGN_OR_RETURN(default_to_square,
-                              Bool(s["default_to_square"], at + "default_to_square"));
+    absl::Status st =
+        Set(Bool(s["default_to_square"], at + "default_to_square"), default_to_square);
+    if (!st.ok()) return st;
   }
   bool use_square_size = false;
   for (auto it = s.begin(); it != s.end(); ++it) {
@@ -547,55 +552,48 @@ absl::StatusOr<ImageProcessorConfig> ParseSettings(const json& s, const std::str
     const json& v = it.value();
     const std::string field = at + key;
     if (IsIgnoredField(key) || key == "default_to_square") continue;
+    absl::Status st;
+    std::pair<int, int> hw;
     if (key == "do_convert_rgb") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_convert_rgb, Bool(v, field));
+      st = Set(Bool(v, field), c.do_convert_rgb);
     } else if (key == "do_resize") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_resize, Bool(v, field));
+      st = Set(Bool(v, field), c.do_resize);
     } else if (key == "size") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(c.size, ParseResizeSpec(v, default_to_square, field));
-      }
+      if (!v.is_null()) st = Set(ParseResizeSpec(v, default_to_square, field), c.size);
     } else if (key == "resample") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.resample, ParseResample(v, field));
+      st = Set(ParseResample(v, field), c.resample);
     } else if (key == "do_center_crop") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_center_crop, Bool(v, field));
+      st = Set(Bool(v, field), c.do_center_crop);
     } else if (key == "crop_size") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(auto hw, ParseHeightWidth(v, field));
+      if (!v.is_null() && (st = Set(ParseHeightWidth(v, field), hw)).ok()) {
         c.crop_height = hw.first;
         c.crop_width = hw.second;
       }
     } else if (key == "do_rescale") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_rescale, Bool(v, field));
+      st = Set(Bool(v, field), c.do_rescale);
     } else if (key == "rescale_factor") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(c.rescale_factor, Number(v, field));
-      }
+      if (!v.is_null()) st = Set(Number(v, field), c.rescale_factor);
     } else if (key == "do_normalize") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_normalize, Bool(v, field));
+      st = Set(Bool(v, field), c.do_normalize);
     } else if (key == "image_mean") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(c.image_mean, ParseChannels(v, field));
-      }
+      if (!v.is_null()) st = Set(ParseChannels(v, field), c.image_mean);
     } else if (key == "image_std") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(c.image_std, ParseChannels(v, field));
-      }
+      if (!v.is_null()) st = Set(ParseChannels(v, field), c.image_std);
     } else if (key == "do_pad") {
-      CDCCA_IP_ASSIGN_OR_RETURN(c.do_pad, Bool(v, field));
+      st = Set(Bool(v, field), c.do_pad);
     } else if (key == "pad_size") {
-      if (!v.is_null()) {
-        CDCCA_IP_ASSIGN_OR_RETURN(auto hw, ParseHeightWidth(v, field));
+      if (!v.is_null() && (st = Set(ParseHeightWidth(v, field), hw)).ok()) {
         c.pad_height = hw.first;
         c.pad_width = hw.second;
       }
     } else if (key == "use_square_size" && *family == ProcessorFamily::kClip) {
-      CDCCA_IP_ASSIGN_OR_RETURN(use_square_size, Bool(v, field));
+      st = Set(Bool(v, field), use_square_size);
     } else if (!(v.is_null() || (v.is_boolean() && !v.get<bool>()))) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": unsupported image processor setting (", v.dump(),
           "); it may change pixel values, which this implementation does not reproduce"));
     }
+    if (!st.ok()) return st;
   }
   // KOSMOS-2's CLIP compatibility switch: a square of the shortest edge.
   if (use_square_size && c.size.shortest_edge > 0) {
@@ -788,16 +786,19 @@ absl::StatusOr<RgbImage> ResizeAndCrop(const ImageProcessorConfig& config, const
   }
   RgbImage image;
   if (config.do_resize) {
-    CDCCA_IP_ASSIGN_OR_RETURN(const auto hw, ResizeOutputSize(config.size, height, width));
-    image.height = hw.first;
-    image.width = hw.second;
+    const absl::StatusOr<std::pair<int, int>> hw = ResizeOutputSize(config.size, height, width);
+    if (!hw.ok()) return hw.status();
+    image.height = hw->first;
+    image.width = hw->second;
     if (config.backend == ImageBackend::kPil) {
       image.pixels = PilResize(rgb, width, height, 3, image.width, image.height, config.resample);
     } else if (image.width == width && image.height == height) {
       image.pixels.assign(rgb, rgb + static_cast<size_t>(width) * height * 3);  // as torchvision
     } else {
-      CDCCA_IP_ASSIGN_OR_RETURN(image.pixels, TorchvisionResize(rgb, width, height, 3, image.width,
-                                                                image.height, config.resample));
+      const absl::Status st =
+          Set(TorchvisionResize(rgb, width, height, 3, image.width, image.height, config.resample),
+              image.pixels);
+      if (!st.ok()) return st;
     }
   } else {
     image.width = width;
@@ -904,8 +905,3 @@ absl::StatusOr<PixelValues> PreprocessImage(const ImageProcessorConfig& config, 
 }
 
 }  // namespace cdcca::model
-
-#undef CDCCA_IP_ASSIGN_OR_RETURN
-#undef CDCCA_ASSIGN_OR_RETURN_IMPL
-#undef CDCCA_IP_CONCAT
-#undef CDCCA_IP_CONCAT_INNER
