@@ -32,6 +32,7 @@ namespace cdcca::datasets {
 // periodStrip pattern "(?!<=\d)(\.)(?!\d)" spells a look-behind as a look-ahead for the
 // text "<=digit", which never matches at a '.', so a period after a digit is deleted too
 // ("2." -> "2"); only a period before a digit stays ("2.5"). ':' and "'" are kept.
+// Digits are ASCII digits (Python's \d also takes other Unicode decimal digits).
 std::string VqaProcessPunctuation(std::string_view text);
 // vqaEval.processDigitArticle: lower-case, split on whitespace (Python's str.split()), the
 // manualMap number words "none", "zero".."ten" -> digits, drop the articles a/an/the,
