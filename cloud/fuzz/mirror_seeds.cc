@@ -45,9 +45,18 @@ int main(int argc, char** argv) {
   v1.snapshot = tensors;
   int written = 0;
   for (const MirrorFile* f : {&v0, &v1}) {
+    const std::string bytes = cdcca::cloud::internal::EncodeMirrorFile(*f);
+    // A seed the decoder rejects would only test the rejection paths.
+    auto back = cdcca::cloud::internal::DecodeMirrorFile(bytes, "seed");
+    if (!back.ok() || back->version != f->version || back->mirror != f->mirror ||
+        back->residual != f->residual || back->update != f->update ||
+        back->snapshot != f->snapshot) {
+      std::fprintf(stderr, "mirror file does not round-trip\n");
+      return 1;
+    }
     // Flag 3: reseal the file and the blobs' own checksums (see mirror_fuzzer.cc).
-    if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++),
-                                          cdcca::cloud::internal::EncodeMirrorFile(*f), 3)) {
+    if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++), bytes,
+                                          3)) {
       return 1;
     }
   }

@@ -22,6 +22,11 @@ int main(int argc, char** argv) {
   };
   int written = 0;
   for (const std::string& f : files) {
+    // A seed the decoder rejects would only test the rejection paths.
+    if (!cdcca::device::internal::DecodeTrainableStateFile(f).ok()) {
+      std::fprintf(stderr, "state file does not round-trip\n");
+      return 1;
+    }
     if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++), f)) {
       return 1;
     }
