@@ -19,7 +19,7 @@
 #                           # strings/containers, libzstd, nlohmann_json)
 # The entry defines `extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t)`; the
 # seed generator is an ordinary add_executable (gcc, may link project libraries) declared
-# before the call. A decoder whose bytes end in a Hash64 checksum can use
+# before the call inside `if(CDCCA_FUZZ_ENABLED)`, so that it is not built for nothing. A decoder whose bytes end in a Hash64 checksum can use
 # compress/fuzz/reseal.h so mutations get past the checksum.
 # Run one by hand: `ctest -R my_decoder_fuzz`. Longer: `ctest -R my_decoder_fuzz -N -V`
 # prints the runner's command line; run it with CDCCA_FUZZ_SECONDS=600 in front (the
@@ -31,7 +31,24 @@ set(CDCCA_FUZZ_ENABLED OFF)
 if(CDCCA_BUILD_TESTS AND CDCCA_CLANGXX AND PkgConfig_FOUND AND NOT CDCCA_DEPS_PREFIX)
   pkg_check_modules(CDCCA_FUZZ_DEPS QUIET absl_status absl_statusor absl_str_format
                     absl_strings absl_flat_hash_map absl_flat_hash_set libzstd nlohmann_json)
-  if(CDCCA_FUZZ_DEPS_FOUND)
+  if(CDCCA_FUZZ_DEPS_FOUND AND NOT DEFINED CDCCA_FUZZ_RUNTIME_OK)
+    # clang without libclang-rt-*-dev cannot link -fsanitize=fuzzer: probe once.
+    set(_probe ${CMAKE_BINARY_DIR}/CMakeFiles/cdcca_fuzz_probe)
+    file(WRITE ${_probe}.cc
+         "#include <cstddef>\n#include <cstdint>\nextern \"C\" int LLVMFuzzerTestOneInput("
+         "const uint8_t*, size_t) { return 0; }\n")
+    execute_process(
+      COMMAND ${CDCCA_CLANGXX} -fsanitize=fuzzer,address,undefined ${_probe}.cc -o ${_probe}
+      RESULT_VARIABLE _probe_rc OUTPUT_QUIET ERROR_QUIET)
+    if(_probe_rc EQUAL 0)
+      set(CDCCA_FUZZ_RUNTIME_OK ON CACHE INTERNAL "clang links -fsanitize=fuzzer")
+    else()
+      set(CDCCA_FUZZ_RUNTIME_OK OFF CACHE INTERNAL "clang links -fsanitize=fuzzer")
+      message(STATUS "cdcca: fuzzers off (${CDCCA_CLANGXX} cannot link -fsanitize=fuzzer; "
+                     "install libclang-rt-14-dev)")
+    endif()
+  endif()
+  if(CDCCA_FUZZ_DEPS_FOUND AND CDCCA_FUZZ_RUNTIME_OK)
     set(CDCCA_FUZZ_ENABLED ON)
   endif()
 endif()
