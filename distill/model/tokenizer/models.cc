@@ -1,6 +1,7 @@
 // Models of tokenizer.json: BPE (byte fallback, merges as "a b" or ["a", "b"],
 // ignore_merges, unk fusing, continuing_subword_prefix / end_of_word_suffix), WordPiece,
 // WordLevel.
+#include <algorithm>
 #include <cstdio>
 #include <queue>
 #include <unordered_map>
@@ -17,10 +18,8 @@ namespace cdcca::tokenizer {
 
 absl::Status Vocabulary::Add(std::string token, int32_t id) {
   if (id < 0) return absl::InvalidArgumentError(Concat("negative id ", id));
-  if (static_cast<size_t>(id) >= by_id_.size()) by_id_.resize(static_cast<size_t>(id) + 1);
   by_id_[id] = token;
-  has_id_.resize(by_id_.size(), false);
-  has_id_[id] = true;
+  id_bound_ = std::max<int64_t>(id_bound_, int64_t{id} + 1);
   by_token_[std::move(token)] = id;
   return absl::OkStatus();
 }
@@ -32,8 +31,9 @@ std::optional<int32_t> Vocabulary::Find(std::string_view token) const {
 }
 
 std::optional<std::string> Vocabulary::Token(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= by_id_.size() || !has_id_[id]) return std::nullopt;
-  return by_id_[id];
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return std::nullopt;
+  return it->second;
 }
 
 absl::StatusOr<Vocabulary> ParseVocabulary(const JsonAt& json) {
@@ -43,7 +43,7 @@ absl::StatusOr<Vocabulary> ParseVocabulary(const JsonAt& json) {
     JsonAt entry = json.Field(it.key());
     absl::StatusOr<int64_t> id = entry.Int();
     if (!id.ok()) return id.status();
-    if (*id < 0 || *id > INT32_MAX - 1 || *id > (int64_t{1} << 26)) {
+    if (*id < 0 || *id >= INT32_MAX) {
       return entry.Error(Concat("id ", *id, " is out of range"));
     }
     if (absl::Status st = v.Add(it.key(), static_cast<int32_t>(*id)); !st.ok()) return st;

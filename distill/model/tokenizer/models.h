@@ -21,12 +21,13 @@ class Vocabulary {
   std::optional<int32_t> Find(std::string_view token) const;
   std::optional<std::string> Token(int32_t id) const;
   // One past the largest id.
-  int64_t IdBound() const { return static_cast<int64_t>(by_id_.size()); }
+  int64_t IdBound() const { return id_bound_; }
 
  private:
   absl::flat_hash_map<std::string, int32_t> by_token_;
-  std::vector<std::string> by_id_;
-  std::vector<bool> has_id_;
+  // Sparse: a hostile file's id 2^30 must not allocate 2^30 slots.
+  absl::flat_hash_map<int32_t, std::string> by_id_;
+  int64_t id_bound_ = 0;
 };
 
 absl::StatusOr<Vocabulary> ParseVocabulary(const JsonAt& json);

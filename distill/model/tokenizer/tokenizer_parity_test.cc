@@ -56,5 +56,55 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
                                          "bpe_metaspace_llama2", "bpe_metaspace_pretok",
                                          "wordpiece_bert", "wordlevel", "sentencepiece_llama"));
 
+// The model folders' tokenizers: the LM input transformers' processor built is the prompt's
+// ids with the <image> placeholder expanded (LLaVA) or the query tokens' placeholders put
+// in front (BLIP-2); the Q-Former gets qformer_tokenizer/'s ids; the answer decodes to text.
+class ModelFolderTokenizer : public testing::TestWithParam<std::string> {};
+
+TEST_P(ModelFolderTokenizer, PromptIdsAndAnswerTextMatchTransformers) {
+  const std::string dir = FixtureDir("models/" + GetParam());
+  ASSERT_TRUE(fs::exists(dir + "/expected.json")) << dir;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFolder(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::optional<int32_t> image = (*tok)->TokenToId("<image>");
+  ASSERT_TRUE(image.has_value());
+  std::unique_ptr<Tokenizer> qformer;
+  if (fs::exists(dir + "/qformer_tokenizer")) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> q = Tokenizer::FromFolder(dir + "/qformer_tokenizer");
+    ASSERT_TRUE(q.ok()) << q.status();
+    qformer = *std::move(q);
+  }
+  const nlohmann::json expected = ReadJson(dir + "/expected.json");
+  ASSERT_FALSE(expected["cases"].empty());
+  for (const auto& c : expected["cases"]) {
+    const std::string prompt = c["prompt"];
+    SCOPED_TRACE("prompt: " + prompt);
+    absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(prompt);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    // Collapse each run of image tokens to one placeholder.
+    std::vector<int32_t> lm;
+    for (int32_t id : c["input_ids"].get<std::vector<int32_t>>()) {
+      if (id == *image && !lm.empty() && lm.back() == *image) continue;
+      lm.push_back(id);
+    }
+    const bool prompt_has_image = prompt.find("<image>") != std::string::npos;
+    if (!prompt_has_image && !lm.empty() && lm.front() == *image) lm.erase(lm.begin());
+    EXPECT_EQ(*ids, lm);
+    if (c.contains("qformer_input_ids")) {
+      ASSERT_NE(qformer, nullptr);
+      absl::StatusOr<std::vector<int32_t>> q = qformer->Encode(prompt);
+      ASSERT_TRUE(q.ok()) << q.status();
+      EXPECT_EQ(*q, c["qformer_input_ids"].get<std::vector<int32_t>>());
+    }
+    EXPECT_EQ((*tok)->Decode(c["greedy_tokens"].get<std::vector<int32_t>>(), true),
+              c["text"].get<std::string>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFolderTokenizer,
+                         testing::Values("llava_clip_llama", "llava_siglip_qwen2",
+                                         "llava_clip_llama_gqa_rope", "blip2_llama",
+                                         "instructblip_llama"));
+
 }  // namespace
 }  // namespace cdcca::tokenizer
