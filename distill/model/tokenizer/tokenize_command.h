@@ -6,6 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
+
+// --model (the model folder) is defined once, in tokenize_command.cc; other commands of the
+// same binary (e.g. `cdcca generate`) read it through this declaration rather than defining
+// their own, which would clash at link time.
+ABSL_DECLARE_FLAG(std::string, model);
+
 namespace cdcca::tokenizer {
 
 // Returns the process exit code: 0, 1 on a load or encode error, 2 on bad usage.

@@ -2,6 +2,8 @@
 // from the behaviour the Hugging Face `tokenizers` library documents for it.
 #include "distill/model/tokenizer/tokenizer.h"
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -434,6 +436,46 @@ TEST(Errors, InvalidUtf8TextIsRejected) {
   absl::StatusOr<std::vector<int32_t>> ids = t->Encode("a\xff");
   ASSERT_FALSE(ids.ok());
   EXPECT_THAT(std::string(ids.status().message()), HasSubstr("UTF-8"));
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+TEST(Folders, TokenizerConfigAddsSpecialTokensAndTemplate) {
+  const std::string dir = testing::TempDir() + "/tokenizer_config_folder";
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/tokenizer.json", WordModelJson(
+      R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hi":1,"</s>":2,"<s>":3,".":5}})"));
+  // As transformers reads it: named special tokens (a string or an AddedToken object),
+  // added_tokens_decoder, add_bos_token / add_eos_token, clean_up_tokenization_spaces.
+  WriteFile(dir + "/tokenizer_config.json", R"({
+      "add_bos_token": true, "add_eos_token": true, "bos_token": "<s>",
+      "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": false, "normalized": false,
+                    "rstrip": false, "single_word": false},
+      "added_tokens_decoder": {"4": {"content": "<image>", "lstrip": false, "normalized": false,
+                                     "rstrip": false, "single_word": false, "special": true}},
+      "clean_up_tokenization_spaces": true})");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromFolder(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos_id(), 3);
+  EXPECT_EQ((*t)->eos_id(), 2);
+  EXPECT_EQ((*t)->TokenToId("<image>"), 4);
+  EXPECT_THAT(Ids(**t, "hi<image>hi"), ElementsAre(3, 1, 4, 1, 2));
+  EXPECT_THAT(Ids(**t, "hi</s>", /*special=*/false), ElementsAre(1, 2));
+  EXPECT_EQ((*t)->Decode({3, 1, 5, 4, 2}, true), "hi.");
+  EXPECT_EQ((*t)->Decode({3, 1, 5}, false), "<s> hi.");
+}
+
+TEST(Folders, MalformedConfigNamesTheFile) {
+  const std::string dir = testing::TempDir() + "/bad_config_folder";
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/tokenizer.json", WordModelJson(R"({"type":"WordLevel","vocab":{"a":0}})"));
+  WriteFile(dir + "/tokenizer_config.json", R"({"added_tokens_decoder": {"x": {}}})");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromFolder(dir);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("tokenizer_config.json: added_tokens_decoder key 'x' is not a token id"));
 }
 
 TEST(Folders, MissingFilesAreNotFound) {
