@@ -27,7 +27,8 @@ absl::StatusOr<Pattern> ParsePattern(const JsonAt& json) {
   return json.Error("must hold \"String\" or \"Regex\"");
 }
 
-absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Pattern::FindAll(std::string_view text) const {
+absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Pattern::FindAll(
+    std::string_view text) const {
   if (regex != nullptr) return regex->FindAll(text);
   std::vector<std::pair<size_t, size_t>> out;
   if (literal.empty()) return out;
@@ -38,7 +39,8 @@ absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Pattern::FindAll(std::str
   return out;
 }
 
-absl::StatusOr<std::string> Pattern::ReplaceAll(std::string_view text, std::string_view content) const {
+absl::StatusOr<std::string> Pattern::ReplaceAll(std::string_view text,
+                                                std::string_view content) const {
   absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = FindAll(text);
   if (!matches.ok()) return matches.status();
   std::string out;
@@ -96,8 +98,9 @@ std::string CleanUpTokenization(std::string text, bool wordpiece_variant) {
   // Applied one after the other, as the chained str.replace / String::replace calls are;
   // the WordPiece decoder's list also rewrites " do not".
   const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},   {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},  {" n't", "n't"},
-      {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+      {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+      {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     if (!wordpiece_variant && std::string_view(from) == " do not") continue;
     text = absl::StrReplaceAll(text, {{from, to}});

@@ -11,7 +11,8 @@ namespace {
 
 class SequenceDecoder : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
+      : steps_(std::move(steps)) {}
   void DecodeChain(std::vector<std::string>* tokens) const override {
     for (const auto& s : steps_) s->DecodeChain(tokens);
   }
@@ -46,8 +47,8 @@ class ByteLevelDecoder : public Decoder {
 
 class MetaspaceDecoder : public Decoder {
  public:
-  MetaspaceDecoder(std::string replacement, bool prepend) : replacement_(std::move(replacement)),
-                                                            prepend_(prepend) {}
+  MetaspaceDecoder(std::string replacement, bool prepend)
+      : replacement_(std::move(replacement)), prepend_(prepend) {}
   void DecodeChain(std::vector<std::string>* tokens) const override {
     for (size_t i = 0; i < tokens->size(); ++i) {
       std::string& t = (*tokens)[i];
@@ -160,7 +161,8 @@ class ReplaceDecoder : public Decoder {
 
 class WordPieceDecoder : public Decoder {
  public:
-  WordPieceDecoder(std::string prefix, bool cleanup) : prefix_(std::move(prefix)), cleanup_(cleanup) {}
+  WordPieceDecoder(std::string prefix, bool cleanup)
+      : prefix_(std::move(prefix)), cleanup_(cleanup) {}
   void DecodeChain(std::vector<std::string>* tokens) const override {
     for (size_t i = 0; i < tokens->size(); ++i) {
       std::string& t = (*tokens)[i];

@@ -10,9 +10,7 @@ const Json& NullJson() {
   return *kNull;
 }
 
-const char* TypeName(const Json& v) {
-  return v.type_name();
-}
+const char* TypeName(const Json& v) { return v.type_name(); }
 
 }  // namespace
 
@@ -64,7 +62,8 @@ absl::StatusOr<int64_t> JsonAt::Int() const {
   return Error(Concat("must be an integer, not ", TypeName(value)));
 }
 
-absl::StatusOr<std::string> JsonAt::StringOr(std::string_view key, std::string_view fallback) const {
+absl::StatusOr<std::string> JsonAt::StringOr(std::string_view key,
+                                             std::string_view fallback) const {
   JsonAt f = Field(key);
   if (f.IsNullOrAbsent()) return std::string(fallback);
   return f.String();
@@ -105,8 +104,8 @@ absl::StatusOr<std::string> JsonAt::Type() const {
 }
 
 absl::Status JsonAt::Unsupported(std::string_view type) const {
-  return absl::InvalidArgumentError(Concat(file, ": ", path.empty() ? "" : path + ".",
-                                                 "type '", type, "' is not supported"));
+  return absl::InvalidArgumentError(
+      Concat(file, ": ", path.empty() ? "" : path + ".", "type '", type, "' is not supported"));
 }
 
 absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view file, int max_depth) {

@@ -1,6 +1,8 @@
 // Models of tokenizer.json: BPE (byte fallback, merges as "a b" or ["a", "b"],
 // ignore_merges, unk fusing, continuing_subword_prefix / end_of_word_suffix), WordPiece,
 // WordLevel.
+#include "distill/model/tokenizer/models.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <queue>
@@ -9,7 +11,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "distill/model/tokenizer/components.h"
-#include "distill/model/tokenizer/models.h"
 #include "distill/model/tokenizer/unicode.h"
 
 namespace cdcca::tokenizer {
@@ -61,7 +62,8 @@ uint64_t PairKey(int32_t a, int32_t b) {
 
 }  // namespace
 
-Bpe::Bpe(Vocabulary vocab, BpeOptions options) : vocab_(std::move(vocab)), options_(std::move(options)) {
+Bpe::Bpe(Vocabulary vocab, BpeOptions options)
+    : vocab_(std::move(vocab)), options_(std::move(options)) {
   if (options_.unk_token) unk_id_ = vocab_.Find(*options_.unk_token);
 }
 
@@ -74,7 +76,8 @@ absl::Status Bpe::AddMerge(std::string_view left, std::string_view right, const 
   std::string merged(left);
   std::string_view r = right;
   if (options_.continuing_subword_prefix &&
-      r.substr(0, options_.continuing_subword_prefix->size()) == *options_.continuing_subword_prefix) {
+      r.substr(0, options_.continuing_subword_prefix->size()) ==
+          *options_.continuing_subword_prefix) {
     r.remove_prefix(options_.continuing_subword_prefix->size());
   }
   merged.append(r);
@@ -108,7 +111,8 @@ absl::Status Bpe::Tokenize(std::string_view word, std::vector<int32_t>* ids) con
     const size_t at = pos;
     NextCodePoint(word, &pos);
     std::string s(word.substr(at, pos - at));
-    if (options_.continuing_subword_prefix && at != 0) s.insert(0, *options_.continuing_subword_prefix);
+    if (options_.continuing_subword_prefix && at != 0)
+      s.insert(0, *options_.continuing_subword_prefix);
     if (options_.end_of_word_suffix && pos == word.size()) s += *options_.end_of_word_suffix;
     if (std::optional<int32_t> id = vocab_.Find(s)) {
       if (pending_unk) {
@@ -197,7 +201,9 @@ namespace {
 class WordPiece : public Model {
  public:
   WordPiece(Vocabulary vocab, std::string unk, std::string prefix, int64_t max_chars)
-      : vocab_(std::move(vocab)), unk_(std::move(unk)), prefix_(std::move(prefix)),
+      : vocab_(std::move(vocab)),
+        unk_(std::move(unk)),
+        prefix_(std::move(prefix)),
         max_chars_(max_chars) {}
 
   absl::Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override {
@@ -232,7 +238,9 @@ class WordPiece : public Model {
     ids->insert(ids->end(), pieces.begin(), pieces.end());
     return absl::OkStatus();
   }
-  std::optional<int32_t> TokenToId(std::string_view token) const override { return vocab_.Find(token); }
+  std::optional<int32_t> TokenToId(std::string_view token) const override {
+    return vocab_.Find(token);
+  }
   std::optional<std::string> IdToToken(int32_t id) const override { return vocab_.Token(id); }
   int64_t VocabSize() const override { return vocab_.IdBound(); }
 
@@ -257,7 +265,9 @@ class WordLevel : public Model {
     ids->push_back(*id);
     return absl::OkStatus();
   }
-  std::optional<int32_t> TokenToId(std::string_view token) const override { return vocab_.Find(token); }
+  std::optional<int32_t> TokenToId(std::string_view token) const override {
+    return vocab_.Find(token);
+  }
   std::optional<std::string> IdToToken(int32_t id) const override { return vocab_.Token(id); }
   int64_t VocabSize() const override { return vocab_.IdBound(); }
 
@@ -279,7 +289,8 @@ absl::StatusOr<std::unique_ptr<Model>> ParseBpe(const JsonAt& json) {
   absl::StatusOr<std::optional<std::string>> unk = json.OptionalString("unk_token");
   if (!unk.ok()) return unk.status();
   options.unk_token = *unk;
-  absl::StatusOr<std::optional<std::string>> prefix = json.OptionalString("continuing_subword_prefix");
+  absl::StatusOr<std::optional<std::string>> prefix =
+      json.OptionalString("continuing_subword_prefix");
   if (!prefix.ok()) return prefix.status();
   options.continuing_subword_prefix = *prefix;
   absl::StatusOr<std::optional<std::string>> suffix = json.OptionalString("end_of_word_suffix");

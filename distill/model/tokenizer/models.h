@@ -48,7 +48,9 @@ class Bpe : public Model {
   absl::Status AddMerge(std::string_view left, std::string_view right, const JsonAt& where);
 
   absl::Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
-  std::optional<int32_t> TokenToId(std::string_view token) const override { return vocab_.Find(token); }
+  std::optional<int32_t> TokenToId(std::string_view token) const override {
+    return vocab_.Find(token);
+  }
   std::optional<std::string> IdToToken(int32_t id) const override { return vocab_.Token(id); }
   int64_t VocabSize() const override { return vocab_.IdBound(); }
 

@@ -131,7 +131,9 @@ class PrependNormalizer : public Normalizer {
 class BertNormalizer : public Normalizer {
  public:
   BertNormalizer(bool clean_text, bool chinese, bool strip_accents, bool lowercase)
-      : clean_text_(clean_text), chinese_(chinese), strip_accents_(strip_accents),
+      : clean_text_(clean_text),
+        chinese_(chinese),
+        strip_accents_(strip_accents),
         lowercase_(lowercase) {}
   absl::Status Normalize(std::string* text) const override {
     std::string out;

@@ -56,11 +56,11 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonAt& json)
   if (!specials.IsNullOrAbsent()) {
     if (absl::Status st = specials.ExpectObject(); !st.ok()) return st;
   }
-  auto special_ids = [&](const std::string& name, const JsonAt& where)
-      -> absl::StatusOr<std::vector<int32_t>> {
+  auto special_ids = [&](const std::string& name,
+                         const JsonAt& where) -> absl::StatusOr<std::vector<int32_t>> {
     JsonAt entry = specials.Field(name);
-    if (entry.IsNullOrAbsent()) return where.Error(Concat("names special token '", name,
-                                                                "' missing from special_tokens"));
+    if (entry.IsNullOrAbsent())
+      return where.Error(Concat("names special token '", name, "' missing from special_tokens"));
     JsonAt ids = entry.Field("ids");
     if (absl::Status st = ids.ExpectArray(); !st.ok()) return st;
     std::vector<int32_t> out;
@@ -84,7 +84,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonAt& json)
   };
   if (single.value.is_string()) {
     // "[CLS] $A [SEP]" (the Python constructor's form; type ids after ':' are ignored).
-    for (absl::string_view part : absl::StrSplit(single.value.get<std::string>(), ' ', absl::SkipEmpty())) {
+    for (absl::string_view part :
+         absl::StrSplit(single.value.get<std::string>(), ' ', absl::SkipEmpty())) {
       absl::string_view name = part.substr(0, part.find(':'));
       if (!name.empty() && name[0] == '$') {
         if (name != "$" && name != "$A" && name != "$0") {

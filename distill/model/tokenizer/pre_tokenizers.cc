@@ -176,18 +176,19 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   ByteLevelPreTokenizer(bool add_prefix_space, std::shared_ptr<const Regex> regex)
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
   absl::Status PreTokenize(std::vector<Piece>* pieces) const override {
-    absl::Status st = SplitEach(pieces, [&](const Piece& in, std::vector<Piece>* out) -> absl::Status {
-      Piece p = in;
-      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
-      if (regex_ == nullptr) {
-        out->push_back(std::move(p));
-        return absl::OkStatus();
-      }
-      absl::StatusOr<std::vector<std::pair<size_t, size_t>>> m = regex_->FindAll(p.text);
-      if (!m.ok()) return m.status();
-      CutPiece(p, SegmentsFromMatches(p.text.size(), *m, false), Behavior::kIsolated, out);
-      return absl::OkStatus();
-    });
+    absl::Status st =
+        SplitEach(pieces, [&](const Piece& in, std::vector<Piece>* out) -> absl::Status {
+          Piece p = in;
+          if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+          if (regex_ == nullptr) {
+            out->push_back(std::move(p));
+            return absl::OkStatus();
+          }
+          absl::StatusOr<std::vector<std::pair<size_t, size_t>>> m = regex_->FindAll(p.text);
+          if (!m.ok()) return m.status();
+          CutPiece(p, SegmentsFromMatches(p.text.size(), *m, false), Behavior::kIsolated, out);
+          return absl::OkStatus();
+        });
     if (!st.ok()) return st;
     for (Piece& p : *pieces) {
       if (p.id >= 0) continue;
@@ -241,8 +242,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
         }
       }
       const bool starts = p.text.compare(0, replacement_.size(), replacement_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways ||
-                      (scheme_ == PrependScheme::kFirst && p.at_start))) {
+      if (!starts &&
+          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start))) {
         p.text.insert(0, replacement_);
       }
       if (!split_) {
@@ -254,7 +255,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
            pos = p.text.find(replacement_, pos + replacement_.size())) {
         matches.emplace_back(pos, pos + replacement_.size());
       }
-      CutPiece(p, SegmentsFromMatches(p.text.size(), matches, false), Behavior::kMergedWithNext, out);
+      CutPiece(p, SegmentsFromMatches(p.text.size(), matches, false), Behavior::kMergedWithNext,
+               out);
       return absl::OkStatus();
     });
   }
@@ -337,8 +339,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonAt& js
     if (!use_regex.ok()) return use_regex.status();
     std::shared_ptr<const Regex> regex;
     if (*use_regex) {
-      static const auto* const kGpt2 = new absl::StatusOr<std::shared_ptr<const Regex>>(
-          Regex::Compile(kGpt2Pattern));
+      static const auto* const kGpt2 =
+          new absl::StatusOr<std::shared_ptr<const Regex>>(Regex::Compile(kGpt2Pattern));
       if (!kGpt2->ok()) return kGpt2->status();
       regex = **kGpt2;
     }

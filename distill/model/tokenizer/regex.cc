@@ -17,7 +17,7 @@ absl::StatusOr<std::shared_ptr<const Regex>> Regex::Compile(std::string_view pat
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
     return absl::InvalidArgumentError(Concat("regex '", pattern, "' does not compile at offset ",
-                                                   offset, ": ", reinterpret_cast<char*>(message)));
+                                             offset, ": ", reinterpret_cast<char*>(message)));
   }
   // JIT is a speed-up only: without it pcre2_match interprets.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -36,8 +36,8 @@ absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Regex::FindAll(std::strin
   size_t start = 0;
   while (start <= text.size()) {
     // The input is valid UTF-8 (checked once at the API), so skip PCRE2's re-check.
-    const int rc = pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(),
-                               nullptr);
+    const int rc =
+        pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
@@ -54,7 +54,8 @@ absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Regex::FindAll(std::strin
       // Empty match: move on by one code point.
       if (e >= text.size()) break;
       start = e + 1;
-      while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+      while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+        ++start;
     }
   }
   return matches;

@@ -17,7 +17,8 @@ namespace cdcca::tokenizer {
 int TokenizeCommand(const std::vector<std::string>& args) {
   const std::string dir = absl::GetFlag(FLAGS_model);
   if (dir.empty() || !args.empty()) {
-    std::fprintf(stderr, "usage: cdcca tokenize --model DIR --text TEXT [--noadd_special_tokens]\n");
+    std::fprintf(stderr,
+                 "usage: cdcca tokenize --model DIR --text TEXT [--noadd_special_tokens]\n");
     return 2;
   }
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFolder(dir);

@@ -12,8 +12,8 @@ namespace cdcca::tokenizer {
 namespace {
 
 TEST(TokenizeCommand, PrintsTransformersIds) {
-  absl::SetFlag(&FLAGS_model,
-                std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/tokenizers/bpe_metaspace_llama2");
+  absl::SetFlag(&FLAGS_model, std::string(CDCCA_SOURCE_DIR) +
+                                  "/tests/fixtures/hf/tokenizers/bpe_metaspace_llama2");
   absl::SetFlag(&FLAGS_text, "Hello world");
   testing::internal::CaptureStdout();
   const int rc = TokenizeCommand({});

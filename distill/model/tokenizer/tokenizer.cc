@@ -373,8 +373,9 @@ absl::Status Tokenizer::ApplyConfig(const std::string& dir, bool from_sentencepi
       const char* key;
       std::optional<int32_t>* id;
     };
-    const Named kNamed[] = {{"bos_token", &bos_id_}, {"eos_token", &eos_id_}, {"unk_token", &unk_id_},
-                            {"pad_token", &pad_id_}, {"cls_token", nullptr}, {"sep_token", nullptr},
+    const Named kNamed[] = {{"bos_token", &bos_id_}, {"eos_token", &eos_id_},
+                            {"unk_token", &unk_id_}, {"pad_token", &pad_id_},
+                            {"cls_token", nullptr},  {"sep_token", nullptr},
                             {"mask_token", nullptr}};
     auto add_named = [&](const JsonAt& at, std::optional<int32_t>* slot) -> absl::Status {
       absl::StatusOr<std::optional<AddedToken>> tok = ConfigToken(at);
@@ -404,7 +405,8 @@ absl::Status Tokenizer::ApplyConfig(const std::string& dir, bool from_sentencepi
       }
     }
     if (std::string_view(name) != "tokenizer_config.json") continue;
-    absl::StatusOr<bool> cleanup = root.BoolOr("clean_up_tokenization_spaces", clean_up_tokenization_spaces_);
+    absl::StatusOr<bool> cleanup =
+        root.BoolOr("clean_up_tokenization_spaces", clean_up_tokenization_spaces_);
     if (!cleanup.ok()) return cleanup.status();
     clean_up_tokenization_spaces_ = *cleanup;
     // add_bos_token / add_eos_token decide the template of Llama-style tokenizers, as
@@ -452,8 +454,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(const std::stri
       absl::StatusOr<std::string> cls = root.StringOr("tokenizer_class", "LlamaTokenizer");
       if (!cls.ok()) return cls.status();
       if (cls->rfind("LlamaTokenizer", 0) != 0 && cls->rfind("CodeLlamaTokenizer", 0) != 0) {
-        return root.Field("tokenizer_class").Error(Concat(
-            "'", *cls, "' with tokenizer.model is not supported (only LlamaTokenizer's conversion)"));
+        return root.Field("tokenizer_class")
+            .Error(Concat(
+                "'", *cls,
+                "' with tokenizer.model is not supported (only LlamaTokenizer's conversion)"));
       }
     }
     absl::StatusOr<std::unique_ptr<Tokenizer>> parsed = FromSentencePiece(spm_path, legacy);
@@ -467,8 +471,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(const std::stri
   return t;
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const std::string& model_path,
-                                                                        bool legacy) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(
+    const std::string& model_path, bool legacy) {
   absl::StatusOr<std::string> bytes = ReadFile(model_path);
   if (!bytes.ok()) return bytes.status();
   std::vector<SentencePiecePiece> pieces;
@@ -523,8 +527,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const st
   Json added = Json::array();
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].unknown || pieces[i].control) {
-      added.push_back({{"id", i}, {"content", pieces[i].piece}, {"single_word", false},
-                       {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+      added.push_back({{"id", i},
+                       {"content", pieces[i].piece},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
                        {"special", true}});
     }
   }
@@ -533,7 +541,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const st
       {"added_tokens", added},
       {"normalizer", nullptr},
       {"pre_tokenizer",
-       {{"type", "Metaspace"}, {"replacement", meta}, {"prepend_scheme", legacy ? "always" : "first"},
+       {{"type", "Metaspace"},
+        {"replacement", meta},
+        {"prepend_scheme", legacy ? "always" : "first"},
         {"split", false}}},
       {"post_processor", nullptr},
       {"decoder",
@@ -544,8 +554,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(const st
                       {{"type", "Fuse"}},
                       {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
       {"model",
-       {{"type", "BPE"}, {"unk_token", unk}, {"fuse_unk", true}, {"byte_fallback", true},
-        {"vocab", vocab}, {"merges", merge_list}}}};
+       {{"type", "BPE"},
+        {"unk_token", unk},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", merge_list}}}};
   return FromJson(spec.dump(-1, ' ', false, Json::error_handler_t::replace), model_path);
 }
 

@@ -45,8 +45,8 @@ struct AddedToken {
 class Tokenizer {
  public:
   // Parses tokenizer.json text; `file` names it in errors. Touches no file.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
-                                                             std::string_view file = "tokenizer.json");
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
+      std::string_view json, std::string_view file = "tokenizer.json");
   // Loads a model folder (or a tokenizer subfolder such as qformer_tokenizer/):
   // tokenizer.json, else tokenizer.model; then tokenizer_config.json and
   // special_tokens_map.json when present.

@@ -6,9 +6,9 @@
 #include <sstream>
 #include <string>
 
+#include "distill/model/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "distill/model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::tokenizer {
@@ -70,7 +70,8 @@ TEST_P(ModelFolderTokenizer, PromptIdsAndAnswerTextMatchTransformers) {
   ASSERT_TRUE(image.has_value());
   std::unique_ptr<Tokenizer> qformer;
   if (fs::exists(dir + "/qformer_tokenizer")) {
-    absl::StatusOr<std::unique_ptr<Tokenizer>> q = Tokenizer::FromFolder(dir + "/qformer_tokenizer");
+    absl::StatusOr<std::unique_ptr<Tokenizer>> q =
+        Tokenizer::FromFolder(dir + "/qformer_tokenizer");
     ASSERT_TRUE(q.ok()) << q.status();
     qformer = *std::move(q);
   }

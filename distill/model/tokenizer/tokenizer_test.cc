@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "distill/model/tokenizer/components.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "distill/model/tokenizer/components.h"
 
 namespace cdcca::tokenizer {
 namespace {
@@ -33,7 +33,8 @@ std::string Normalized(const std::string& json, const std::string& text) {
 std::vector<std::string> PreTokenized(const std::string& json, const std::string& text,
                                       bool at_start = true) {
   const Json j = Json::parse(json);
-  absl::StatusOr<std::unique_ptr<PreTokenizer>> p = ParsePreTokenizer({j, "t.json", "pre_tokenizer"});
+  absl::StatusOr<std::unique_ptr<PreTokenizer>> p =
+      ParsePreTokenizer({j, "t.json", "pre_tokenizer"});
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return {};
   std::vector<Piece> pieces(1);
@@ -69,15 +70,16 @@ std::vector<int32_t> Ids(const Tokenizer& t, const std::string& text, bool speci
 // ---- normalizers -----------------------------------------------------------------------------
 
 TEST(Normalizers, UnicodeForms) {
-  EXPECT_EQ(Normalized(R"({"type":"NFC"})", "e\xCC\x81"), "\xC3\xA9");          // e + ◌́ -> é
+  EXPECT_EQ(Normalized(R"({"type":"NFC"})", "e\xCC\x81"), "\xC3\xA9");  // e + ◌́ -> é
   EXPECT_EQ(Normalized(R"({"type":"NFD"})", "\xC3\xA9"), "e\xCC\x81");
-  EXPECT_EQ(Normalized(R"({"type":"NFKC"})", "\xEF\xAC\x81"), "fi");             // ﬁ ligature
-  EXPECT_EQ(Normalized(R"({"type":"NFKD"})", "\xEF\xBC\xA1"), "A");              // fullwidth Ａ
+  EXPECT_EQ(Normalized(R"({"type":"NFKC"})", "\xEF\xAC\x81"), "fi");  // ﬁ ligature
+  EXPECT_EQ(Normalized(R"({"type":"NFKD"})", "\xEF\xBC\xA1"), "A");   // fullwidth Ａ
 }
 
 TEST(Normalizers, LowercaseIsPerCodePoint) {
   // No final-sigma context, as Rust's char::to_lowercase.
-  EXPECT_EQ(Normalized(R"({"type":"Lowercase"})", "HeLLo \xCE\x91\xCE\xA3"), "hello \xCE\xB1\xCF\x83");
+  EXPECT_EQ(Normalized(R"({"type":"Lowercase"})", "HeLLo \xCE\x91\xCE\xA3"),
+            "hello \xCE\xB1\xCF\x83");
 }
 
 TEST(Normalizers, StripAndStripAccents) {
@@ -85,9 +87,10 @@ TEST(Normalizers, StripAndStripAccents) {
             "a b \n");
   EXPECT_EQ(Normalized(R"({"type":"Strip","strip_left":true,"strip_right":true})", " \t a b \n"),
             "a b");
-  EXPECT_EQ(Normalized(R"({"type":"Sequence","normalizers":[{"type":"NFD"},{"type":"StripAccents"}]})",
-                       "caf\xC3\xA9"),
-            "cafe");
+  EXPECT_EQ(
+      Normalized(R"({"type":"Sequence","normalizers":[{"type":"NFD"},{"type":"StripAccents"}]})",
+                 "caf\xC3\xA9"),
+      "cafe");
 }
 
 TEST(Normalizers, ReplacePrependSequence) {
@@ -108,7 +111,10 @@ TEST(Normalizers, BertNormalizer) {
   const std::string bert =
       R"({"type":"BertNormalizer","clean_text":true,"handle_chinese_chars":true,"strip_accents":null,"lowercase":true})";
   // Tab -> space, control char dropped, CJK ideograph padded, accents stripped, lowercased.
-  EXPECT_EQ(Normalized(bert, "H\xC3\xA9llo\tW\x01" "\xE4\xB8\x96!"), "hello w \xE4\xB8\x96 !");
+  EXPECT_EQ(Normalized(bert,
+                       "H\xC3\xA9llo\tW\x01"
+                       "\xE4\xB8\x96!"),
+            "hello w \xE4\xB8\x96 !");
   const std::string keep_case =
       R"({"type":"BertNormalizer","clean_text":false,"handle_chinese_chars":false,"strip_accents":false,"lowercase":false})";
   EXPECT_EQ(Normalized(keep_case, "H\xC3\xA9llo\t"), "H\xC3\xA9llo\t");
@@ -117,8 +123,8 @@ TEST(Normalizers, BertNormalizer) {
 // ---- pre-tokenizers --------------------------------------------------------------------------
 
 std::string SplitJson(const std::string& behavior, bool invert = false) {
-  return R"({"type":"Split","pattern":{"String":"-"},"behavior":")" + behavior +
-         R"(","invert":)" + (invert ? "true" : "false") + "}";
+  return R"({"type":"Split","pattern":{"String":"-"},"behavior":")" + behavior + R"(","invert":)" +
+         (invert ? "true" : "false") + "}";
 }
 
 TEST(PreTokenizers, SplitBehaviors) {
@@ -133,7 +139,8 @@ TEST(PreTokenizers, SplitBehaviors) {
               ElementsAre("the", "-final", "-", "-countdown"));
   EXPECT_THAT(PreTokenized(SplitJson("Contiguous"), text),
               ElementsAre("the", "-", "final", "--", "countdown"));
-  EXPECT_THAT(PreTokenized(SplitJson("Removed", /*invert=*/true), text), ElementsAre("-", "-", "-"));
+  EXPECT_THAT(PreTokenized(SplitJson("Removed", /*invert=*/true), text),
+              ElementsAre("-", "-", "-"));
 }
 
 TEST(PreTokenizers, SplitRegexWithUnicodeClassesAndLookahead) {
@@ -141,8 +148,13 @@ TEST(PreTokenizers, SplitRegexWithUnicodeClassesAndLookahead) {
   // whitespace kept apart from the next word by the (?!\S) lookahead.
   const std::string qwen2 =
       R"({"type":"Split","pattern":{"Regex":"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},"behavior":"Isolated","invert":false})";
-  EXPECT_THAT(PreTokenized(qwen2, "He's 42  \xC3\xBC" "ber!\n\nx"),
-              ElementsAre("He", "'s", " ", "4", "2", " ", " \xC3\xBC" "ber", "!\n\n", "x"));
+  EXPECT_THAT(PreTokenized(qwen2,
+                           "He's 42  \xC3\xBC"
+                           "ber!\n\nx"),
+              ElementsAre("He", "'s", " ", "4", "2", " ",
+                          " \xC3\xBC"
+                          "ber",
+                          "!\n\n", "x"));
   EXPECT_THAT(PreTokenized(qwen2, "I'LL"), ElementsAre("I", "'LL"));
 }
 
@@ -170,22 +182,29 @@ TEST(PreTokenizers, Digits) {
 
 TEST(PreTokenizers, Metaspace) {
   const std::string m = kMeta;
-  EXPECT_THAT(PreTokenized(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})",
-                           "Hey  friend"),
-              ElementsAre(m + "Hey", m, m + "friend"));
-  EXPECT_THAT(PreTokenized(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":false})",
-                           "Hey friend"),
-              ElementsAre(m + "Hey" + m + "friend"));
-  EXPECT_THAT(PreTokenized(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})",
-                           "Hey friend"),
+  EXPECT_THAT(
+      PreTokenized(
+          R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})",
+          "Hey  friend"),
+      ElementsAre(m + "Hey", m, m + "friend"));
+  EXPECT_THAT(
+      PreTokenized(
+          R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":false})",
+          "Hey friend"),
+      ElementsAre(m + "Hey" + m + "friend"));
+  EXPECT_THAT(PreTokenized(
+                  R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})",
+                  "Hey friend"),
               ElementsAre("Hey", m + "friend"));
   // "first": only the split at the start of the input gets the prefix.
-  const std::string first = R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"first","split":false})";
+  const std::string first =
+      R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"first","split":false})";
   EXPECT_THAT(PreTokenized(first, "Hey", /*at_start=*/true), ElementsAre(m + "Hey"));
   EXPECT_THAT(PreTokenized(first, "Hey", /*at_start=*/false), ElementsAre("Hey"));
   // Older files: add_prefix_space instead of prepend_scheme.
-  EXPECT_THAT(PreTokenized(R"({"type":"Metaspace","replacement":"▁","add_prefix_space":false})", "a b"),
-              ElementsAre("a", m + "b"));
+  EXPECT_THAT(
+      PreTokenized(R"({"type":"Metaspace","replacement":"▁","add_prefix_space":false})", "a b"),
+      ElementsAre("a", m + "b"));
 }
 
 TEST(PreTokenizers, ByteLevel) {
@@ -196,8 +215,10 @@ TEST(PreTokenizers, ByteLevel) {
   EXPECT_THAT(PreTokenized(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":true})",
                            "Hi\n\xC3\xA9"),
               ElementsAre("Hi", "\xC4\x8A", "\xC3\x83\xC2\xA9"));
-  EXPECT_THAT(PreTokenized(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":false})", "a b"),
-              ElementsAre("a\xC4\xA0" "b"));
+  EXPECT_THAT(
+      PreTokenized(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":false})", "a b"),
+      ElementsAre("a\xC4\xA0"
+                  "b"));
 }
 
 TEST(PreTokenizers, SequenceAppliesInOrder) {
@@ -210,8 +231,8 @@ TEST(PreTokenizers, SequenceAppliesInOrder) {
 // ---- models ----------------------------------------------------------------------------------
 
 std::string WordModelJson(const std::string& model, const std::string& extra = "") {
-  return R"({"version":"1.0","normalizer":null,"pre_tokenizer":{"type":"WhitespaceSplit"},)" + extra +
-         R"("model":)" + model + "}";
+  return R"({"version":"1.0","normalizer":null,"pre_tokenizer":{"type":"WhitespaceSplit"},)" +
+         extra + R"("model":)" + model + "}";
 }
 
 TEST(Models, BpeMergesByRankInBothSpellings) {
@@ -241,15 +262,19 @@ TEST(Models, BpeIgnoreMergesTakesWholeWords) {
 }
 
 TEST(Models, BpeByteFallbackAndUnk) {
-  const std::string vocab =
-      R"("vocab":{"<unk>":0,"a":1,"<0xC3>":2,"<0xA9>":3},"merges":[])";
-  auto fallback = Load(WordModelJson(R"({"type":"BPE","unk_token":"<unk>","byte_fallback":true,)" + vocab + "}"));
+  const std::string vocab = R"("vocab":{"<unk>":0,"a":1,"<0xC3>":2,"<0xA9>":3},"merges":[])";
+  auto fallback = Load(
+      WordModelJson(R"({"type":"BPE","unk_token":"<unk>","byte_fallback":true,)" + vocab + "}"));
   ASSERT_NE(fallback, nullptr);
   EXPECT_THAT(Ids(*fallback, "a\xC3\xA9"), ElementsAre(1, 2, 3));  // é as its two bytes
   EXPECT_THAT(Ids(*fallback, "azz"), ElementsAre(1, 0, 0));        // no <0x7A>: unk per char
-  auto fused = Load(WordModelJson(R"({"type":"BPE","unk_token":"<unk>","fuse_unk":true,)" + vocab + "}"));
+  auto fused =
+      Load(WordModelJson(R"({"type":"BPE","unk_token":"<unk>","fuse_unk":true,)" + vocab + "}"));
   ASSERT_NE(fused, nullptr);
-  EXPECT_THAT(Ids(*fused, "azz\xC3\xA9" "a"), ElementsAre(1, 0, 1));  // one unk for "zzé"
+  EXPECT_THAT(Ids(*fused,
+                  "azz\xC3\xA9"
+                  "a"),
+              ElementsAre(1, 0, 1));  // one unk for "zzé"
   auto no_unk = Load(WordModelJson(R"({"type":"BPE",)" + vocab + "}"));
   ASSERT_NE(no_unk, nullptr);
   EXPECT_THAT(Ids(*no_unk, "aza"), ElementsAre(1, 1));  // unknown chars vanish without unk
@@ -273,7 +298,8 @@ TEST(Models, WordPieceGreedyLongestMatch) {
 }
 
 TEST(Models, WordLevelUnk) {
-  auto t = Load(WordModelJson(R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hi":1}})"));
+  auto t =
+      Load(WordModelJson(R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hi":1}})"));
   ASSERT_NE(t, nullptr);
   EXPECT_THAT(Ids(*t, "hi there hi"), ElementsAre(1, 0, 1));
   auto strict = Load(WordModelJson(R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"hi":1}})"));
@@ -284,7 +310,8 @@ TEST(Models, WordLevelUnk) {
 // ---- post-processors -------------------------------------------------------------------------
 
 TEST(PostProcessors, TemplatesAddSpecialTokens) {
-  const std::string model = R"({"type":"WordLevel","unk_token":"u","vocab":{"u":0,"hi":1,"[CLS]":2,"[SEP]":3}})";
+  const std::string model =
+      R"({"type":"WordLevel","unk_token":"u","vocab":{"u":0,"hi":1,"[CLS]":2,"[SEP]":3}})";
   auto list_form = Load(WordModelJson(model, R"("post_processor":{"type":"TemplateProcessing",
       "single":[{"SpecialToken":{"id":"[CLS]","type_id":0}},{"Sequence":{"id":"A","type_id":0}},
                 {"SpecialToken":{"id":"[SEP]","type_id":0}}],
@@ -332,12 +359,14 @@ TEST(Decoders, LlamaSequenceAndMetaspace) {
   const std::string m = kMeta;
   EXPECT_THAT(Decoded(llama, {m + "Hey", m + "fri", "end", "<0x21>"}), ElementsAre("Hey friend!"));
   EXPECT_THAT(Decoded(llama, {m + m + "x"}), ElementsAre(" x"));  // strips one space only
-  EXPECT_THAT(Decoded(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})",
-                      {m + "Hey", m + "friend"}),
-              ElementsAre("Hey", " friend"));
-  EXPECT_THAT(Decoded(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})",
-                      {m + "Hey"}),
-              ElementsAre(" Hey"));
+  EXPECT_THAT(
+      Decoded(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})",
+              {m + "Hey", m + "friend"}),
+      ElementsAre("Hey", " friend"));
+  EXPECT_THAT(
+      Decoded(R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never","split":true})",
+              {m + "Hey"}),
+      ElementsAre(" Hey"));
   EXPECT_THAT(Decoded(R"({"type":"Strip","content":"x","start":2,"stop":1})", {"xxxaxx"}),
               ElementsAre("xax"));
 }
@@ -346,15 +375,18 @@ TEST(Decoders, WordPieceAndBpeSuffix) {
   EXPECT_THAT(Decoded(R"({"type":"WordPiece","prefix":"##","cleanup":true})",
                       {"un", "##aff", "##able", ".", "it", "'", "s", "do", "n't"}),
               ElementsAre("un", "aff", "able", ".", " it", " '", " s", " do", "n't"));
-  EXPECT_THAT(Decoded(R"({"type":"BPEDecoder","suffix":"</w>"})", {"hel", "lo</w>", "wor", "ld</w>"}),
-              ElementsAre("hel", "lo ", "wor", "ld"));
+  EXPECT_THAT(
+      Decoded(R"({"type":"BPEDecoder","suffix":"</w>"})", {"hel", "lo</w>", "wor", "ld</w>"}),
+      ElementsAre("hel", "lo ", "wor", "ld"));
 }
 
 // ---- added tokens ----------------------------------------------------------------------------
 
 std::string AddedJson(const std::string& added, const std::string& normalizer = "null") {
-  return R"({"normalizer":)" + normalizer + R"(,"pre_tokenizer":{"type":"Split","pattern":{"String":" "},
-      "behavior":"Isolated","invert":false},"added_tokens":[)" + added + R"(],
+  return R"({"normalizer":)" + normalizer +
+         R"(,"pre_tokenizer":{"type":"Split","pattern":{"String":" "},
+      "behavior":"Isolated","invert":false},"added_tokens":[)" +
+         added + R"(],
       "model":{"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hello":1,"world":2," ":5,"xaby":6}}})";
 }
 
@@ -368,7 +400,8 @@ TEST(AddedTokens, SplitOutBeforeTheModelWithStripOptions) {
   ASSERT_NE(stripped, nullptr);
   EXPECT_THAT(Ids(*stripped, "hello  <m>  world"), ElementsAre(1, 3, 2));
   // Longest match wins at one position.
-  auto longest = Load(AddedJson(R"({"id":3,"content":"<m>","special":true},{"id":4,"content":"<m>>","special":true})"));
+  auto longest = Load(AddedJson(
+      R"({"id":3,"content":"<m>","special":true},{"id":4,"content":"<m>>","special":true})"));
   ASSERT_NE(longest, nullptr);
   EXPECT_THAT(Ids(*longest, "<m>><m>"), ElementsAre(4, 3));
 }
@@ -378,18 +411,20 @@ TEST(AddedTokens, SingleWordAndNormalized) {
   ASSERT_NE(single, nullptr);
   EXPECT_THAT(Ids(*single, "ab xaby"), ElementsAre(7, 5, 6));
   // normalized: matched in the lowercased text; not normalized: matched in the raw text.
-  auto normalized = Load(AddedJson(R"({"id":8,"content":"WORLD","normalized":true})",
-                                   R"({"type":"Lowercase"})"));
+  auto normalized =
+      Load(AddedJson(R"({"id":8,"content":"WORLD","normalized":true})", R"({"type":"Lowercase"})"));
   ASSERT_NE(normalized, nullptr);
   EXPECT_THAT(Ids(*normalized, "WoRLD"), ElementsAre(8));
-  auto raw = Load(AddedJson(R"({"id":8,"content":"WORLD","normalized":false})", R"({"type":"Lowercase"})"));
+  auto raw = Load(
+      AddedJson(R"({"id":8,"content":"WORLD","normalized":false})", R"({"type":"Lowercase"})"));
   ASSERT_NE(raw, nullptr);
   EXPECT_THAT(Ids(*raw, "WoRLD"), ElementsAre(2));
   EXPECT_THAT(Ids(*raw, "WORLD"), ElementsAre(8));
 }
 
 TEST(AddedTokens, DecodeSkipsOnlySpecialTokens) {
-  auto t = Load(AddedJson(R"({"id":3,"content":"<s>","special":true},{"id":4,"content":"<x>","special":false})"));
+  auto t = Load(AddedJson(
+      R"({"id":3,"content":"<s>","special":true},{"id":4,"content":"<x>","special":false})"));
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->Decode({3, 1, 4, 2}, false), "<s> hello <x> world");  // no decoder: joined by " "
   EXPECT_EQ(t->Decode({3, 1, 4, 2}, true), "hello <x> world");
@@ -406,26 +441,30 @@ TEST(Errors, UnsupportedComponentNamesFileAndPath) {
       R"({"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Whitespace"},{"type":"Foo"}]},
           "model":{"type":"WordLevel","vocab":{}}})");
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().message(), "tokenizer.json: pre_tokenizer.pretokenizers[1].type 'Foo' is not supported");
+  EXPECT_EQ(t.status().message(),
+            "tokenizer.json: pre_tokenizer.pretokenizers[1].type 'Foo' is not supported");
   t = Tokenizer::FromJson(R"({"model":{"type":"Unigram","vocab":[]}})", "dir/tokenizer.json");
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message(), "dir/tokenizer.json: model.type 'Unigram' is not supported");
 }
 
 TEST(Errors, MalformedInputIsAnErrorNotACrash) {
-  for (const std::string& bad : std::vector<std::string>{
-       "", "{", "[]", "null", R"({"model":null})", R"({"model":{"type":"BPE","vocab":[]}})",
-        R"({"model":{"type":"BPE","vocab":{"a":"x"}}})", R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]}})",
-        R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[1]}})",
-        R"({"model":{"type":"WordLevel","vocab":{}},"normalizer":{"type":3}})",
-        R"({"model":{"type":"WordLevel","vocab":{}},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"("},"behavior":"Isolated"}})",
-        R"({"model":{"type":"WordLevel","vocab":{}},"pre_tokenizer":{"type":"Split","pattern":{"String":"a"},"behavior":"Sideways"}})",
-        R"({"model":{"type":"WordLevel","vocab":{}},"added_tokens":[{"id":-1,"content":"x"}]})",
-        R"({"model":{"type":"WordLevel","vocab":{}},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"X"}}]}})",
-        std::string(100000, '['), "{\"model\": \"\xff\"}"}) {
+  for (
+      const std::string& bad : std::vector<std::string>{
+          "", "{", "[]", "null", R"({"model":null})", R"({"model":{"type":"BPE","vocab":[]}})",
+          R"({"model":{"type":"BPE","vocab":{"a":"x"}}})",
+          R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]}})",
+          R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[1]}})",
+          R"({"model":{"type":"WordLevel","vocab":{}},"normalizer":{"type":3}})",
+          R"({"model":{"type":"WordLevel","vocab":{}},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"("},"behavior":"Isolated"}})",
+          R"({"model":{"type":"WordLevel","vocab":{}},"pre_tokenizer":{"type":"Split","pattern":{"String":"a"},"behavior":"Sideways"}})",
+          R"({"model":{"type":"WordLevel","vocab":{}},"added_tokens":[{"id":-1,"content":"x"}]})",
+          R"({"model":{"type":"WordLevel","vocab":{}},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"X"}}]}})",
+          std::string(100000, '['), "{\"model\": \"\xff\"}"}) {
     EXPECT_FALSE(Tokenizer::FromJson(bad).ok()) << bad.substr(0, 80);
   }
-  absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromJson(R"({"model":{"type":"WordLevel","vocab":[]}})");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t =
+      Tokenizer::FromJson(R"({"model":{"type":"WordLevel","vocab":[]}})");
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message(), "tokenizer.json: model.vocab must be an object, not array");
 }
@@ -438,15 +477,15 @@ TEST(Errors, InvalidUtf8TextIsRejected) {
   EXPECT_THAT(std::string(ids.status().message()), HasSubstr("UTF-8"));
 }
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 TEST(Folders, TokenizerConfigAddsSpecialTokensAndTemplate) {
   const std::string dir = testing::TempDir() + "/tokenizer_config_folder";
   std::filesystem::create_directories(dir);
-  WriteFile(dir + "/tokenizer.json", WordModelJson(
-      R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hi":1,"</s>":2,"<s>":3,".":5}})"));
+  WriteFile(
+      dir + "/tokenizer.json",
+      WordModelJson(
+          R"({"type":"WordLevel","unk_token":"<unk>","vocab":{"<unk>":0,"hi":1,"</s>":2,"<s>":3,".":5}})"));
   // As transformers reads it: named special tokens (a string or an AddedToken object),
   // added_tokens_decoder, add_bos_token / add_eos_token, clean_up_tokenization_spaces.
   WriteFile(dir + "/tokenizer_config.json", R"({

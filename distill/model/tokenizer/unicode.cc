@@ -124,7 +124,9 @@ std::string Utf8Lossy(std::string_view bytes) {
   return out;
 }
 
-bool IsWhitespace(char32_t c) { return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_WHITE_SPACE); }
+bool IsWhitespace(char32_t c) {
+  return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_WHITE_SPACE);
+}
 
 bool IsNumeric(char32_t c) {
   const int8_t t = u_charType(static_cast<UChar32>(c));
@@ -156,16 +158,16 @@ bool IsPunctuation(char32_t c) {
   return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_P_MASK) != 0;
 }
 
-bool IsNonspacingMark(char32_t c) { return u_charType(static_cast<UChar32>(c)) == U_NON_SPACING_MARK; }
+bool IsNonspacingMark(char32_t c) {
+  return u_charType(static_cast<UChar32>(c)) == U_NON_SPACING_MARK;
+}
 
 bool IsBertControl(char32_t c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
   return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_C_MASK) != 0;
 }
 
-bool IsBertWhitespace(char32_t c) {
-  return c == '\t' || c == '\n' || c == '\r' || IsWhitespace(c);
-}
+bool IsBertWhitespace(char32_t c) { return c == '\t' || c == '\n' || c == '\r' || IsWhitespace(c); }
 
 bool IsChineseChar(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
@@ -204,10 +206,18 @@ absl::StatusOr<std::string> Normalize(NormalizationForm form, std::string_view s
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* n = nullptr;
   switch (form) {
-    case NormalizationForm::kNfc: n = icu::Normalizer2::getNFCInstance(err); break;
-    case NormalizationForm::kNfd: n = icu::Normalizer2::getNFDInstance(err); break;
-    case NormalizationForm::kNfkc: n = icu::Normalizer2::getNFKCInstance(err); break;
-    case NormalizationForm::kNfkd: n = icu::Normalizer2::getNFKDInstance(err); break;
+    case NormalizationForm::kNfc:
+      n = icu::Normalizer2::getNFCInstance(err);
+      break;
+    case NormalizationForm::kNfd:
+      n = icu::Normalizer2::getNFDInstance(err);
+      break;
+    case NormalizationForm::kNfkc:
+      n = icu::Normalizer2::getNFKCInstance(err);
+      break;
+    case NormalizationForm::kNfkd:
+      n = icu::Normalizer2::getNFKDInstance(err);
+      break;
   }
   if (U_FAILURE(err) || n == nullptr) {
     return absl::InternalError(Concat("ICU normalizer unavailable: ", u_errorName(err)));
