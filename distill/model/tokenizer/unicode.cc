@@ -204,21 +204,11 @@ std::string Lowercase(std::string_view s) {
 
 absl::StatusOr<std::string> Normalize(NormalizationForm form, std::string_view s) {
   UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = nullptr;
-  switch (form) {
-    case NormalizationForm::kNfc:
-      n = icu::Normalizer2::getNFCInstance(err);
-      break;
-    case NormalizationForm::kNfd:
-      n = icu::Normalizer2::getNFDInstance(err);
-      break;
-    case NormalizationForm::kNfkc:
-      n = icu::Normalizer2::getNFKCInstance(err);
-      break;
-    case NormalizationForm::kNfkd:
-      n = icu::Normalizer2::getNFKDInstance(err);
-      break;
-  }
+  // ICU's "nfc" data composes or decomposes canonically, "nfkc" compatibly.
+  const bool compatibility = form == NormalizationForm::kNfkc || form == NormalizationForm::kNfkd;
+  const bool compose = form == NormalizationForm::kNfc || form == NormalizationForm::kNfkc;
+  const icu::Normalizer2* n = icu::Normalizer2::getInstance(
+      nullptr, compatibility ? "nfkc" : "nfc", compose ? UNORM2_COMPOSE : UNORM2_DECOMPOSE, err);
   if (U_FAILURE(err) || n == nullptr) {
     return absl::InternalError(Concat("ICU normalizer unavailable: ", u_errorName(err)));
   }
