@@ -22,6 +22,9 @@
 #ifdef CDCCA_HAVE_DATASETS_IO
 #include "datasets/commands.h"
 #endif
+#ifdef CDCCA_HAVE_TOKENIZERS
+#include "distill/model/tokenizer/tokenize_command.h"
+#endif
 
 namespace {
 
@@ -53,6 +56,10 @@ const Command kCommands[] = {
 #ifdef CDCCA_HAVE_ADAPT
     {"adapt-eval", "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog",
      cdcca::distill::AdaptEvalCommand},
+#endif
+#ifdef CDCCA_HAVE_TOKENIZERS
+    {"tokenize", "ids of a text as transformers gives them: --model DIR --text TEXT",
+     cdcca::tokenizer::TokenizeCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

@@ -1,0 +1,25 @@
+// Reads the pieces of a SentencePiece tokenizer.model with Debian's libsentencepiece.
+// Plain C++ only: sentencepiece's header defines absl::string_view itself, which clashes
+// with Abseil's, so its one translation unit includes no Abseil header.
+#ifndef CDCCA_DISTILL_MODEL_TOKENIZER_SENTENCEPIECE_READER_H_
+#define CDCCA_DISTILL_MODEL_TOKENIZER_SENTENCEPIECE_READER_H_
+
+#include <string>
+#include <vector>
+
+namespace cdcca::tokenizer {
+
+struct SentencePiecePiece {
+  std::string piece;
+  float score = 0;
+  bool unknown = false, control = false, byte = false, unused = false;
+};
+
+// Fills `pieces` (index = id) from the serialized model in `model_bytes`; on failure
+// returns false with sentencepiece's message in `error`.
+bool ReadSentencePieceModel(const std::string& model_bytes, std::vector<SentencePiecePiece>* pieces,
+                            std::string* error);
+
+}  // namespace cdcca::tokenizer
+
+#endif  // CDCCA_DISTILL_MODEL_TOKENIZER_SENTENCEPIECE_READER_H_
