@@ -509,8 +509,13 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
       text_budget = std::min(text_budget, tower->max_positions - tower->num_queries);
     }
     SampleSpec& spec = impl->spec;
-    spec.grid_tokens = static_cast<uint32_t>(config.vision.NumTokens());
-    spec.feature_dim = static_cast<uint32_t>(config.vision.d_vis);
+    // What the learner's sample pool takes (distill/sample_batch.h): the student tower's
+    // visual token count and width, which the family copies from its vision config.
+    const model::TowerConfig& student = config.student;
+    spec.grid_tokens = static_cast<uint32_t>(
+        student.num_visual_tokens > 0 ? student.num_visual_tokens : config.vision.NumTokens());
+    spec.feature_dim =
+        static_cast<uint32_t>(student.d_vis > 0 ? student.d_vis : config.vision.d_vis);
     spec.vocab_size = static_cast<uint32_t>(std::max(0, config.vocab_size));
     // A prompt leaves room for the longest answer the teacher generates as a label.
     spec.max_answer_tokens = static_cast<uint32_t>(std::clamp(text_budget, 1, 128));
