@@ -11,6 +11,7 @@
 // and, with --status_file, a JSON file rewritten every few seconds.
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +49,10 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, client_ca, "", "PEM CA for client certificates (enables mutual TLS)");
 ABSL_FLAG(bool, require_client_cert, false, "refuse devices without a client certificate");
+ABSL_FLAG(std::string, client_cert_map, "",
+          "mutual TLS: file of `<certificate name> <device_id>` lines. A client certificate "
+          "must stand for the device of the call's token: its CN or a SAN equal to the "
+          "device id, or mapped to it here; else PERMISSION_DENIED");
 ABSL_FLAG(bool, insecure, false, "serve plaintext (loopback experiments only; prints a warning)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, expected_fingerprint, "",
@@ -66,6 +71,18 @@ ABSL_FLAG(int, max_steps, 0, "training steps per job (0 = from --distill_config,
 ABSL_FLAG(double, time_budget_s, 0, "wall-clock bound of one job's training loop, s (0 = none)");
 ABSL_FLAG(int, batch_size, 0, "samples per training step (0 = from --distill_config, default 16)");
 ABSL_FLAG(int, max_batches_per_job, 64, "most uplink batches one job trains on");
+ABSL_FLAG(int64_t, max_job_samples, 8192,
+          "most samples one job trains on (the rest wait for the next job)");
+ABSL_FLAG(int64_t, max_job_decoded_mib, 512,
+          "most decoded uplink bytes one job takes, MiB (the rest wait for the next job)");
+ABSL_FLAG(int64_t, max_batch_samples, 1024,
+          "uplink: most samples one batch may hold; a batch past it is refused at ingest");
+ABSL_FLAG(int64_t, max_batch_decoded_mib, 16,
+          "uplink: most bytes one batch may decompress to, MiB; a batch past it is refused at "
+          "ingest, before anything is decompressed");
+ABSL_FLAG(int64_t, device_quota_mib, 0,
+          "uplink: most MiB one device may store in the sample log; past it Uplink answers "
+          "RESOURCE_EXHAUSTED (0 = no quota)");
 ABSL_FLAG(int64_t, replay_capacity, 256, "replay buffer per device, samples (0 = none)");
 ABSL_FLAG(int64_t, byte_budget, 0,
           "per-device byte budget of one update (0 = the device's Register capability, else "
@@ -180,10 +197,27 @@ int main(int argc, char** argv) {
   if (!registry.ok()) return Fail(registry.status());
   SampleStoreOptions sample_options;
   sample_options.dir = data_dir + "/samples";
+  sample_options.max_device_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_device_quota_mib))) << 20;
   auto samples = SampleStore::Open(sample_options);
   if (!samples.ok()) return Fail(samples.status());
+  for (const SampleLogDamage& d : (*samples)->Damage()) {
+    Log({{"event", d.torn_tail ? "sample_log_torn_tail" : "sample_log_corrupt"},
+         {"file", d.path},
+         {"offset", d.offset},
+         {"bytes", d.bytes},
+         {"why", d.why},
+         {"action", d.torn_tail ? "truncated (never acked)" : "skipped; intact records kept"}});
+  }
   auto updates = UpdateStore::Open({data_dir + "/updates", 16});
   if (!updates.ok()) return Fail(updates.status());
+
+  // Per-batch bounds of the ingest check (the codec's own limits: 4096 samples, 64 MiB).
+  const uint32_t max_batch_samples = static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_max_batch_samples), 1, 4096));
+  const uint64_t max_batch_decoded_bytes =
+      static_cast<uint64_t>(std::clamp<int64_t>(absl::GetFlag(FLAGS_max_batch_decoded_mib), 1, 64))
+      << 20;
 
   // The trainer (absent in transport-only mode).
   std::unique_ptr<PerDeviceStrategy> strategy;
@@ -203,6 +237,13 @@ int main(int argc, char** argv) {
     so.max_batches_per_job =
         static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_batches_per_job)));
     so.byte_budget = static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_byte_budget)));
+    so.max_samples_per_job =
+        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_job_samples)));
+    so.max_decoded_bytes_per_job =
+        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_job_decoded_mib)))
+        << 20;
+    so.max_samples_per_batch = max_batch_samples;
+    so.max_decoded_bytes_per_batch = max_batch_decoded_bytes;
     so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
     so.replay_capacity =
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
@@ -231,6 +272,7 @@ int main(int argc, char** argv) {
            {"state_digest", absl::StrFormat("%016x", r->state_digest)},
            {"batches", {r->first_sequence, r->last_sequence}},
            {"samples", r->samples},
+           {"skipped_batches", r->skipped_batches},
            {"replay_samples", r->replay_samples},
            {"steps", r->steps},
            {"train_s", r->train_seconds},
@@ -267,6 +309,18 @@ int main(int argc, char** argv) {
   }
   CloudServiceOptions service_options;
   service_options.expected_fingerprint = fingerprint;
+  // Ingest checks batches against the model (transport only: any shape, the same bounds).
+  if (strategy != nullptr) {
+    service_options.sample_spec = strategy->Spec();
+  } else {
+    service_options.sample_spec.max_samples_per_batch = max_batch_samples;
+    service_options.sample_spec.max_decoded_bytes_per_batch = max_batch_decoded_bytes;
+  }
+  if (!absl::GetFlag(FLAGS_client_cert_map).empty()) {
+    auto map = ReadCertificateMap(absl::GetFlag(FLAGS_client_cert_map));
+    if (!map.ok()) return Fail(map.status());
+    service_options.client_certificates = *std::move(map);
+  }
   service_options.uts.set_keep_fraction(static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction)));
   service_options.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
   service_options.uts.set_mc_passes(
@@ -306,7 +360,11 @@ int main(int argc, char** argv) {
         nlohmann::json s = {{"status", "SERVING"},
                             {"uptime_s", absl::ToInt64Seconds(absl::Now() - started)},
                             {"registered_devices", (*registry)->size()},
-                            {"stored_batches", (*samples)->Stats().records}};
+                            {"stored_batches", (*samples)->Stats().records},
+                            {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
+                            {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
+                            {"sample_log_truncated_tail_bytes",
+                             (*samples)->Stats().truncated_tail_bytes}};
         if (scheduler != nullptr) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();

@@ -5,6 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/security/auth_context.h"
 #include "proto/wire.h"
 
 namespace cdcca::cloud {
@@ -97,6 +100,21 @@ absl::StatusOr<std::string> CloudService::Authenticate(grpc::CallbackServerConte
     return absl::PermissionDeniedError(absl::StrCat("the token belongs to device ", *device,
                                                     ", not to ", claimed));
   }
+  // Mutual TLS: the certificate must be the device's own, so a leaked token is useless
+  // without that device's key, and one device's key cannot carry another's token.
+  const std::shared_ptr<const grpc::AuthContext> peer = ctx->auth_context();
+  if (peer != nullptr && peer->IsPeerAuthenticated()) {
+    std::vector<std::string> names;
+    for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+      for (const grpc::string_ref& v : peer->FindPropertyValues(property)) {
+        names.emplace_back(v.data(), v.size());
+      }
+    }
+    if (absl::Status s = CheckCertificateIdentity(names, options_.client_certificates, *device);
+        !s.ok()) {
+      return s;
+    }
+  }
   return device;
 }
 
@@ -158,18 +176,18 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
 
 // ---- Uplink ---------------------------------------------------------------------------------
 
-class CloudService::UplinkReactor : public grpc::ServerReadReactor<v1::UplinkBatch> {
+class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UplinkReactor(CloudService* service, grpc::CallbackServerContext* ctx, v1::UplinkAck* ack)
-      : service_(service), ack_(ack) {
+  UplinkReactor(CloudService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+      : service_(service), reply_(reply) {
     absl::StatusOr<std::string> device = service_->Authenticate(ctx, "");
     if (!device.ok()) {
       Finish(wire::ToGrpcStatus(device.status()));
       return;
     }
     device_id_ = *device;
-    ack_->set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
-    StartRead(&batch_);
+    ack_.set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
@@ -177,56 +195,91 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<v1::UplinkBat
       FinishWithAck();
       return;
     }
-    if (absl::Status bad = ValidateBatch(batch_); !bad.ok()) {
-      Reject(bad, batch_.sequence());
+    v1::UplinkBatch batch;
+    if (!Parse(message_, &batch)) {
+      Finish(wire::ToGrpcStatus(absl::InvalidArgumentError(
+          "uplink message does not parse as a cdcca.v1.UplinkBatch")));
       return;
     }
-    const uint64_t seq = batch_.sequence();
-    service_->samples_->Append(device_id_, std::move(batch_),
-                               [this, seq](absl::StatusOr<AppendResult> r) { OnStored(seq, r); });
+    message_.Clear();
+    if (absl::Status bad = ValidateBatch(batch); !bad.ok()) {
+      Reject(bad, batch.sequence());
+      return;
+    }
+    // Decoding a batch costs milliseconds: do it off the reaction thread.
+    service_->io_pool_.Schedule([this, batch = std::move(batch)]() mutable {
+      CheckAndStore(std::move(batch));
+    });
   }
 
   void OnDone() override { delete this; }
 
  private:
+  static bool Parse(const grpc::ByteBuffer& buffer, v1::UplinkBatch* batch) {
+    std::vector<grpc::Slice> slices;
+    if (!buffer.Dump(&slices).ok()) return false;
+    std::string bytes;
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return batch->ParseFromString(bytes);
+  }
+
+  void CheckAndStore(v1::UplinkBatch batch) {
+    const uint64_t seq = batch.sequence();
+    // A resend of a stored batch was checked when it was stored.
+    if (seq > service_->samples_->HighestDurable(device_id_)) {
+      absl::StatusOr<CheckedBatch> checked =
+          CheckUplinkBatch(batch, service_->options_.sample_spec);
+      if (!checked.ok()) {
+        Reject(checked.status(), seq);
+        return;
+      }
+    }
+    service_->samples_->Append(device_id_, std::move(batch),
+                               [this, seq](absl::StatusOr<AppendResult> r) { OnStored(seq, r); });
+  }
+
   void OnStored(uint64_t seq, const absl::StatusOr<AppendResult>& result) {
     if (!result.ok()) {
       Reject(result.status(), seq);
       return;
     }
     if (result->duplicate) {
-      ack_->set_duplicates(ack_->duplicates() + 1);
+      ack_.set_duplicates(ack_.duplicates() + 1);
     } else {
-      ack_->set_stored(ack_->stored() + 1);
+      ack_.set_stored(ack_.stored() + 1);
     }
-    ack_->set_highest_durable_sequence(result->highest_durable);
+    ack_.set_highest_durable_sequence(result->highest_durable);
     if (service_->observer_ != nullptr && !result->duplicate) {
       service_->observer_->OnSamplesStored(device_id_, result->highest_durable);
     }
-    batch_.Clear();
-    StartRead(&batch_);
+    StartRead(&message_);
   }
 
   // Ends the stream at a bad batch: what came before it is stored and acked, as data.
   void Reject(const absl::Status& status, uint64_t seq) {
-    SetError(status, ack_->mutable_error());
-    ack_->set_rejected_sequence(seq);
+    SetError(status, ack_.mutable_error());
+    ack_.set_rejected_sequence(seq);
     FinishWithAck();
   }
 
   void FinishWithAck() {
-    ack_->set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    ack_.set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    grpc::Slice slice(ack_.SerializeAsString());
+    *reply_ = grpc::ByteBuffer(&slice, 1);
     Finish(grpc::Status::OK);
   }
 
   CloudService* const service_;
-  v1::UplinkAck* const ack_;
+  grpc::ByteBuffer* const reply_;
   std::string device_id_;
-  v1::UplinkBatch batch_;
+  grpc::ByteBuffer message_;
+  v1::UplinkAck ack_;
 };
 
-grpc::ServerReadReactor<v1::UplinkBatch>* CloudService::Uplink(grpc::CallbackServerContext* ctx,
-                                                               v1::UplinkAck* ack) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CloudService::Uplink(grpc::CallbackServerContext* ctx,
+                                                                grpc::ByteBuffer* ack) {
   return new UplinkReactor(this, ctx, ack);
 }
 
@@ -409,6 +462,8 @@ grpc::ServerUnaryReactor* CloudService::Health(grpc::CallbackServerContext* ctx,
   reply->set_registered_devices(static_cast<uint32_t>(registry_->size()));
   reply->set_stored_batches(stats.records);
   reply->set_stored_bytes(stats.bytes);
+  reply->set_damaged_log_ranges(stats.damaged_ranges);
+  reply->set_truncated_tail_bytes(stats.truncated_tail_bytes);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -23,6 +23,7 @@
 #include "cloud/sample_store.h"
 #include "cloud/token_authenticator.h"
 #include "cloud/update_store.h"
+#include "cloud/uplink_check.h"
 #include "proto/cdcca.grpc.pb.h"
 
 namespace cdcca::cloud {
@@ -41,19 +42,32 @@ class CloudObserver {
 struct CloudServiceOptions {
   // UTS settings sent in every Register reply.
   v1::UtsSettings uts;
+  // What an uplink batch must be (the model's sample shape, per-batch bounds). Every batch is
+  // decoded and checked before it is stored; one that fails is refused with
+  // INVALID_ARGUMENT in the ack (error, rejected_sequence) and never stored.
+  SampleSpec sample_spec;
   // Fingerprint of the student base devices must run; 0 = accept any.
   uint64_t expected_fingerprint = 0;
   // Downlink chunk size when the device asks for none. Default: 1 MiB (the maximum).
   uint32_t default_chunk_bytes = 1u << 20;
   // Threads for registry writes. Default: 2.
   int io_threads = 2;
+  // Mutual TLS: a call that presents a verified client certificate is accepted only when
+  // the certificate's CN or a SAN stands for the token's device (the name itself, or what
+  // this map assigns to it); PERMISSION_DENIED otherwise. Calls without a certificate (TLS
+  // without --require_client_cert, or plaintext) are decided by the token alone.
+  CertificateMap client_certificates;
   // Fault injection for tests: the first FetchUpdate/FetchSnapshot stream that has sent this
   // many payload bytes ends with UNAVAILABLE, as a broken link would. 0 = off.
   uint64_t inject_cut_fetch_after_bytes = 0;
 };
 
 // Stores and authenticator must outlive the service. Thread-safe (gRPC calls it concurrently).
-class CloudService final : public v1::Cloud::CallbackService {
+//
+// Uplink is served raw (its messages arrive as bytes and are parsed here), so a message that
+// does not parse ends the stream with INVALID_ARGUMENT instead of looking like the client's
+// end of stream.
+class CloudService final : public v1::Cloud::WithRawCallbackMethod_Uplink<v1::Cloud::CallbackService> {
  public:
   CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
                DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,
@@ -63,8 +77,9 @@ class CloudService final : public v1::Cloud::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterReply* reply) override;
-  grpc::ServerReadReactor<v1::UplinkBatch>* Uplink(grpc::CallbackServerContext* ctx,
-                                                   v1::UplinkAck* ack) override;
+  // Reads serialized v1::UplinkBatch messages; answers a serialized v1::UplinkAck.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Uplink(grpc::CallbackServerContext* ctx,
+                                                    grpc::ByteBuffer* ack) override;
   grpc::ServerWriteReactor<v1::PayloadChunk>* FetchUpdate(
       grpc::CallbackServerContext* ctx, const v1::FetchUpdateRequest* request) override;
   grpc::ServerWriteReactor<v1::PayloadChunk>* FetchSnapshot(
@@ -81,7 +96,8 @@ class CloudService final : public v1::Cloud::CallbackService {
   class PayloadWriter;
 
   // The device id the call's token names; UNAUTHENTICATED otherwise. When `claimed` is not
-  // empty it must equal that id (PERMISSION_DENIED otherwise).
+  // empty it must equal that id, and a client certificate must stand for that id
+  // (PERMISSION_DENIED otherwise).
   absl::StatusOr<std::string> Authenticate(grpc::CallbackServerContext* ctx,
                                            const std::string& claimed) const;
   uint32_t ChunkBytesFor(const std::string& device_id) const;

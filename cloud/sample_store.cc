@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,26 +14,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cloud/internal/file_io.h"
+#include "cloud/internal/record_log.h"
 
 namespace cdcca::cloud {
 namespace {
 
-constexpr uint32_t kRecordMagic = 0xCDCA5A11u;
-constexpr size_t kFrameBytes = 12;
-// A body larger than this cannot be a record we wrote (batches are <= 1 MiB + framing).
-constexpr uint32_t kMaxBodyBytes = 4u << 20;
+using internal::kRecordFrameBytes;
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
 uint32_t GetU32(const char* p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
-}
-uint32_t Crc32(absl::string_view data) {
-  return static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
 }
 
 absl::Status PreadAll(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
@@ -97,58 +87,51 @@ absl::Status SampleStore::Recover() {
 
   absl::MutexLock wlock(&write_mu_);
   absl::MutexLock ilock(&index_mu_);
+  store::v1::SampleRecord record;
+  const auto parses = [&record](absl::string_view body) {
+    return record.ParseFromArray(body.data(), static_cast<int>(body.size()));
+  };
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool newest = i + 1 == segments.size();
     const std::string path = SegmentPath(segments[i]);
     absl::StatusOr<std::string> data = internal::ReadFile(path);
     if (!data.ok()) return data.status();
-    uint64_t pos = 0;
-    std::string why;
-    while (pos < data->size()) {
-      if (data->size() - pos < kFrameBytes) {
-        why = "partial record header";
-        break;
-      }
-      const char* p = data->data() + pos;
-      const uint32_t magic = GetU32(p), length = GetU32(p + 4), crc = GetU32(p + 8);
-      if (magic != kRecordMagic) {
-        why = "bad record magic";
-        break;
-      }
-      if (length > kMaxBodyBytes || data->size() - pos - kFrameBytes < length) {
-        why = "record runs past the end of the file";
-        break;
-      }
-      absl::string_view body(p + kFrameBytes, length);
-      if (Crc32(body) != crc) {
-        why = "record checksum mismatch";
-        break;
-      }
-      store::v1::SampleRecord record;
-      if (!record.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-        why = "record does not parse";
-        break;
-      }
-      std::vector<Location>& locs = index_[record.device_id()];
+    const internal::SegmentScan scan = internal::ScanSegment(*data, parses);
+    for (const internal::ScannedRecord& r : scan.records) {
+      (void)parses(absl::string_view(*data).substr(r.offset, r.length));
+      DeviceLog& log = index_[record.device_id()];
       const uint64_t seq = record.batch().sequence();
-      if (locs.empty() || seq > locs.back().sequence) {
-        locs.push_back({seq, segments[i], pos + kFrameBytes, length});
+      if (log.records.empty() || seq > log.records.back().sequence) {
+        log.records.push_back(
+            {seq, segments[i], r.offset, r.length, record.batch().sample_count()});
+        log.bytes += kRecordFrameBytes + r.length;
         ++stats_.records;
       }
-      pos += kFrameBytes + length;
     }
-    if (pos < data->size()) {
-      if (!newest) {
-        return absl::DataLossError(absl::StrCat("SampleStore: ", path, " is damaged at offset ",
-                                                pos, " (", why, ") and is not the newest segment"));
-      }
-      // A torn tail: the crash happened mid-write, so nothing past `pos` was ever acked.
-      if (::truncate(path.c_str(), static_cast<off_t>(pos)) != 0) {
-        return internal::ErrnoStatus("truncate", path, errno);
-      }
-      stats_.truncated_tail_bytes += data->size() - pos;
+    for (const internal::DamagedRange& d : scan.damaged) {
+      ++stats_.damaged_ranges;
+      stats_.damaged_bytes += d.bytes;
+      damage_.push_back({path, d.offset, d.bytes, false, d.why});
     }
-    stats_.bytes += pos;
+    uint64_t kept_bytes = data->size();
+    if (scan.valid_end < data->size()) {
+      const uint64_t tail = data->size() - scan.valid_end;
+      if (newest) {
+        // A torn tail: the crash happened mid-write, so nothing past valid_end was acked.
+        if (::truncate(path.c_str(), static_cast<off_t>(scan.valid_end)) != 0) {
+          return internal::ErrnoStatus("truncate", path, errno);
+        }
+        stats_.truncated_tail_bytes += tail;
+        damage_.push_back({path, scan.valid_end, tail, true, scan.tail_why});
+        kept_bytes = scan.valid_end;
+      } else {
+        // An older segment was complete when the next one began: its end is corruption.
+        ++stats_.damaged_ranges;
+        stats_.damaged_bytes += tail;
+        damage_.push_back({path, scan.valid_end, tail, false, scan.tail_why});
+      }
+    }
+    stats_.bytes += kept_bytes;
   }
   const uint32_t next = segments.empty() ? 1 : segments.back();
   return OpenSegmentForAppend(next);
@@ -217,15 +200,16 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
     Location loc{};
   };
   std::vector<Outcome> outcomes(group.size());
-  // Highest sequence per device as this group would leave it.
-  std::unordered_map<std::string, uint64_t> highest;
+  // Highest sequence and bytes per device as this group would leave them.
+  std::unordered_map<std::string, uint64_t> highest, device_bytes;
   {
     absl::MutexLock lock(&index_mu_);
     for (const Pending& p : group) {
       if (highest.count(p.device_id)) continue;
       auto it = index_.find(p.device_id);
-      highest[p.device_id] = (it == index_.end() || it->second.empty()) ? 0
-                                                                         : it->second.back().sequence;
+      const bool none = it == index_.end() || it->second.records.empty();
+      highest[p.device_id] = none ? 0 : it->second.records.back().sequence;
+      device_bytes[p.device_id] = none ? 0 : it->second.bytes;
     }
   }
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
@@ -256,7 +240,16 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
       *record.mutable_batch() = std::move(p.batch);
       record.set_received_unix_ms(now_ms);
       std::string body = record.SerializeAsString();
-      if (offset > 0 && offset + kFrameBytes + body.size() > options_.segment_bytes) {
+      uint64_t& bytes = device_bytes[p.device_id];
+      if (options_.max_device_bytes != 0 &&
+          bytes + kRecordFrameBytes + body.size() > options_.max_device_bytes) {
+        outcomes[i].status = absl::ResourceExhaustedError(absl::StrCat(
+            "device ", p.device_id, " has ", bytes, " bytes in the sample log; batch ", seq,
+            " would pass its quota of ", options_.max_device_bytes, " bytes"));
+        continue;
+      }
+      bytes += kRecordFrameBytes + body.size();
+      if (offset > 0 && offset + kRecordFrameBytes + body.size() > options_.segment_bytes) {
         // Roll over: make what we have durable in the old segment first.
         io_status = WriteAndSync(buffer);
         if (io_status.ok()) io_status = OpenSegmentForAppend(segment_ + 1);
@@ -264,13 +257,11 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
         buffer.clear();
         offset = 0;
       }
-      PutU32(buffer, kRecordMagic);
-      PutU32(buffer, static_cast<uint32_t>(body.size()));
-      PutU32(buffer, Crc32(body));
-      outcomes[i].loc = {seq, segment_, offset + kFrameBytes, static_cast<uint32_t>(body.size())};
+      internal::AppendRecord(buffer, body);
+      outcomes[i].loc = {seq, segment_, offset + kRecordFrameBytes,
+                         static_cast<uint32_t>(body.size()), record.batch().sample_count()};
       outcomes[i].store = true;
-      buffer += body;
-      offset += kFrameBytes + body.size();
+      offset += kRecordFrameBytes + body.size();
       high = seq;
     }
     if (io_status.ok() && !buffer.empty()) io_status = WriteAndSync(buffer);
@@ -295,16 +286,19 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
     bool synced = false;
     for (size_t i = 0; i < group.size(); ++i) {
       if (!outcomes[i].store) continue;
-      index_[group[i].device_id].push_back(outcomes[i].loc);
+      DeviceLog& log = index_[group[i].device_id];
+      log.records.push_back(outcomes[i].loc);
+      log.bytes += kRecordFrameBytes + outcomes[i].loc.length;
       ++stats_.records;
-      stats_.bytes += kFrameBytes + outcomes[i].loc.length;
+      stats_.bytes += kRecordFrameBytes + outcomes[i].loc.length;
       synced = true;
     }
     if (synced && options_.sync) ++stats_.group_commits;
     for (size_t i = 0; i < group.size(); ++i) {
       auto it = index_.find(group[i].device_id);
       outcomes[i].result.highest_durable =
-          (it == index_.end() || it->second.empty()) ? 0 : it->second.back().sequence;
+          (it == index_.end() || it->second.records.empty()) ? 0
+                                                             : it->second.records.back().sequence;
     }
   }
   for (size_t i = 0; i < group.size(); ++i) {
@@ -331,14 +325,36 @@ absl::Status SampleStore::WriteAndSync(absl::string_view data) {
 uint64_t SampleStore::HighestDurable(const std::string& device_id) const {
   absl::MutexLock lock(&index_mu_);
   auto it = index_.find(device_id);
-  return (it == index_.end() || it->second.empty()) ? 0 : it->second.back().sequence;
+  return (it == index_.end() || it->second.records.empty()) ? 0
+                                                            : it->second.records.back().sequence;
+}
+
+uint64_t SampleStore::SampleCount(const std::string& device_id, uint64_t from_sequence,
+                                  uint64_t to_sequence) const {
+  absl::MutexLock lock(&index_mu_);
+  auto it = index_.find(device_id);
+  if (it == index_.end()) return 0;
+  const std::vector<Location>& records = it->second.records;
+  auto first = std::lower_bound(records.begin(), records.end(), from_sequence,
+                                [](const Location& l, uint64_t seq) { return l.sequence < seq; });
+  uint64_t samples = 0;
+  for (; first != records.end() && first->sequence <= to_sequence; ++first) {
+    samples += first->samples;
+  }
+  return samples;
+}
+
+uint64_t SampleStore::DeviceBytes(const std::string& device_id) const {
+  absl::MutexLock lock(&index_mu_);
+  auto it = index_.find(device_id);
+  return it == index_.end() ? 0 : it->second.bytes;
 }
 
 std::vector<std::string> SampleStore::Devices() const {
   absl::MutexLock lock(&index_mu_);
   std::vector<std::string> out;
-  for (const auto& [id, locs] : index_) {
-    if (!locs.empty()) out.push_back(id);
+  for (const auto& [id, log] : index_) {
+    if (!log.records.empty()) out.push_back(id);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -349,6 +365,11 @@ SampleStoreStats SampleStore::Stats() const {
   return stats_;
 }
 
+std::vector<SampleLogDamage> SampleStore::Damage() const {
+  absl::MutexLock lock(&index_mu_);
+  return damage_;
+}
+
 absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
     const std::string& device_id, uint64_t from_sequence, size_t max_records) const {
   std::vector<Location> wanted;
@@ -356,10 +377,11 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
     absl::MutexLock lock(&index_mu_);
     auto it = index_.find(device_id);
     if (it != index_.end()) {
+      const std::vector<Location>& records = it->second.records;
       auto first = std::lower_bound(
-          it->second.begin(), it->second.end(), from_sequence,
+          records.begin(), records.end(), from_sequence,
           [](const Location& l, uint64_t seq) { return l.sequence < seq; });
-      for (; first != it->second.end() && wanted.size() < max_records; ++first) {
+      for (; first != records.end() && wanted.size() < max_records; ++first) {
         wanted.push_back(*first);
       }
     }
@@ -380,13 +402,14 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
       }
       open_segment = loc.segment;
     }
-    char frame[kFrameBytes];
-    status = PreadAll(fd, frame, kFrameBytes, loc.offset - kFrameBytes, SegmentPath(loc.segment));
+    char frame[kRecordFrameBytes];
+    status = PreadAll(fd, frame, kRecordFrameBytes, loc.offset - kRecordFrameBytes,
+                      SegmentPath(loc.segment));
     if (!status.ok()) break;
     body.resize(loc.length);
     status = PreadAll(fd, body.data(), loc.length, loc.offset, SegmentPath(loc.segment));
     if (!status.ok()) break;
-    if (GetU32(frame + 8) != Crc32(body)) {
+    if (GetU32(frame + 8) != internal::RecordCrc(body)) {
       status = absl::DataLossError(absl::StrCat("SampleStore: checksum mismatch in ",
                                                 SegmentPath(loc.segment), " at ", loc.offset));
       break;

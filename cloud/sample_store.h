@@ -4,8 +4,16 @@
 //   u32 magic | u32 length | u32 crc32(body) | body (a serialized store.v1.SampleRecord)
 // little-endian. A background flusher takes every append that is waiting, writes them in
 // one go and fdatasyncs once (group commit) before it calls any of their callbacks: an ack
-// sent after the callback is durable. On open, a torn record at the tail of the newest
-// segment (a crash mid-write) is detected and truncated; damage anywhere else is DATA_LOSS.
+// sent after the callback is durable.
+//
+// Recovery (on open, every segment is scanned; cloud/internal/record_log.h):
+//   - a torn tail, i.e. bytes at the very end of the newest segment that hold no intact
+//     record (a crash mid-write: never acked), is truncated, counted in Stats() and listed
+//     in Damage();
+//   - damage followed by intact records (a flipped bit, a bad sector) is corruption: the
+//     damaged bytes are skipped, every intact record before and after them is kept, and the
+//     range is counted in Stats() and listed in Damage(). The damaged record's batch is lost
+//     (its device's sequence has a hole there); nothing after it is.
 //
 // Sequences: each device's batches carry sequence numbers 1, 2, 3, ... A batch at or below
 // the device's highest stored sequence is a resend and is not stored again (its callback
@@ -41,6 +49,10 @@ struct SampleStoreOptions {
   uint64_t segment_bytes = 64ull << 20;
   // fdatasync before acking. Turn off only to measure what syncing costs.
   bool sync = true;
+  // Most bytes (framing included) one device may have in the log; an append past it fails
+  // with RESOURCE_EXHAUSTED. The log keeps every batch (no retention yet), so this bounds
+  // what a device can ever store in one data directory. 0 = no quota. Default: 0.
+  uint64_t max_device_bytes = 0;
 };
 
 struct AppendResult {
@@ -53,6 +65,17 @@ struct SampleStoreStats {
   uint64_t bytes = 0;          // bytes of segment files, framing included
   uint64_t group_commits = 0;  // fdatasync calls made for appends
   uint64_t truncated_tail_bytes = 0;  // bytes of torn tail removed on open
+  uint64_t damaged_ranges = 0;        // corrupt ranges skipped on open (records after kept)
+  uint64_t damaged_bytes = 0;         // their bytes
+};
+
+// One damaged place found on open: a torn tail (truncated) or a corrupt range (skipped).
+struct SampleLogDamage {
+  std::string path;  // the segment file
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool torn_tail = false;
+  std::string why;
 };
 
 class SampleStore {
@@ -78,6 +101,15 @@ class SampleStore {
   // The device's highest durable sequence; 0 if it has none.
   uint64_t HighestDurable(const std::string& device_id) const;
 
+  // Samples in the device's durable batches with from_sequence <= sequence <= to_sequence,
+  // from the index (each batch's sample_count as stored; the service stores only batches
+  // whose sample_count equals what their payload holds). Reads no payload.
+  uint64_t SampleCount(const std::string& device_id, uint64_t from_sequence,
+                       uint64_t to_sequence) const;
+
+  // Bytes of the device's durable records, framing included.
+  uint64_t DeviceBytes(const std::string& device_id) const;
+
   // Durable records of `device_id` with sequence >= from_sequence, in order, at most
   // max_records of them.
   absl::StatusOr<std::vector<store::v1::SampleRecord>> Read(const std::string& device_id,
@@ -89,12 +121,21 @@ class SampleStore {
 
   SampleStoreStats Stats() const;
 
+  // What recovery found damaged when the store was opened (empty for a clean log).
+  std::vector<SampleLogDamage> Damage() const;
+
  private:
   struct Location {
     uint64_t sequence;
     uint32_t segment;
-    uint64_t offset;  // of the record body
-    uint32_t length;  // of the record body
+    uint64_t offset;   // of the record body
+    uint32_t length;   // of the record body
+    uint32_t samples;  // the batch's sample_count
+  };
+  // One device's durable records, in sequence order, and their total size.
+  struct DeviceLog {
+    std::vector<Location> records;
+    uint64_t bytes = 0;
   };
   struct Pending {
     std::string device_id;
@@ -128,8 +169,9 @@ class SampleStore {
 
   // The index of durable records; read by Read/HighestDurable.
   mutable absl::Mutex index_mu_;
-  std::unordered_map<std::string, std::vector<Location>> index_ ABSL_GUARDED_BY(index_mu_);
+  std::unordered_map<std::string, DeviceLog> index_ ABSL_GUARDED_BY(index_mu_);
   SampleStoreStats stats_ ABSL_GUARDED_BY(index_mu_);
+  std::vector<SampleLogDamage> damage_ ABSL_GUARDED_BY(index_mu_);
 
   std::thread flusher_;
 };

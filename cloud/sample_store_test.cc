@@ -129,6 +129,11 @@ TEST(SampleStoreTest, TornTailIsTruncatedOnOpen) {
   }
   auto store = OpenStore(dir.path());
   EXPECT_EQ(store->Stats().truncated_tail_bytes, 62u);
+  EXPECT_EQ(store->Stats().damaged_ranges, 0u);
+  ASSERT_EQ(store->Damage().size(), 1u);
+  EXPECT_TRUE(store->Damage()[0].torn_tail);
+  EXPECT_EQ(store->Damage()[0].offset, static_cast<uint64_t>(good));
+  EXPECT_EQ(store->Damage()[0].bytes, 62u);
   EXPECT_EQ(FileSize(seg), good);
   EXPECT_EQ(store->HighestDurable("d"), 3u);
   ASSERT_OK(store->AppendAndWait("d", Batch(4)));
@@ -136,7 +141,17 @@ TEST(SampleStoreTest, TornTailIsTruncatedOnOpen) {
   EXPECT_EQ(records.size(), 4u);
 }
 
-TEST(SampleStoreTest, CorruptRecordInOlderSegmentIsDataLoss) {
+// Flips one bit of `path` at `offset`.
+void FlipBit(const std::string& path, off_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.get(c);
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+TEST(SampleStoreTest, CorruptRecordInOlderSegmentIsSkippedAndEveryIntactRecordKept) {
   TempDir dir;
   {
     auto store = OpenStore(dir.path(), /*segment_bytes=*/64 << 10);
@@ -145,16 +160,66 @@ TEST(SampleStoreTest, CorruptRecordInOlderSegmentIsDataLoss) {
     }
   }
   ASSERT_GT(FileSize(dir.file("seg-00000002.log")), 0) << "expected several segments";
+  FlipBit(dir.file("seg-00000001.log"), 100);  // inside record 1's payload
+  auto store = OpenStore(dir.path(), 64 << 10);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->HighestDurable("d"), 40u);
+  ASSERT_OK_AND_ASSIGN(auto records, store->Read("d", 1, 100));
+  ASSERT_EQ(records.size(), 39u);
+  EXPECT_EQ(records.front().batch().sequence(), 2u);
+  EXPECT_EQ(store->Stats().damaged_ranges, 1u);
+  ASSERT_EQ(store->Damage().size(), 1u);
+  EXPECT_THAT(store->Damage()[0].path, HasSubstr("seg-00000001.log"));
+  EXPECT_EQ(store->Damage()[0].offset, 0u);
+  EXPECT_FALSE(store->Damage()[0].torn_tail);
+}
+
+// Regression (issue 20, attack finding 1): a flipped bit in the middle of the newest segment
+// was taken for a torn tail, and every acked record after it was cut off without a word.
+TEST(SampleStoreTest, FlippedBitMidNewestSegmentLosesOnlyThatRecordAndIsReported) {
+  TempDir dir;
+  std::vector<off_t> ends;  // file size after each record
   {
-    std::fstream f(dir.file("seg-00000001.log"), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    f.put('\x7f');
+    auto store = OpenStore(dir.path());
+    for (uint64_t seq = 1; seq <= 30; ++seq) {
+      ASSERT_OK(store->AppendAndWait("a", Batch(seq, 300)));
+      ASSERT_OK(store->AppendAndWait("b", Batch(seq, 300)));
+      ends.push_back(FileSize(dir.file("seg-00000001.log")));
+    }
   }
-  SampleStoreOptions options;
-  options.dir = dir.path();
-  options.segment_bytes = 64 << 10;
-  EXPECT_THAT(SampleStore::Open(options),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("seg-00000001.log")));
+  const std::string seg = dir.file("seg-00000001.log");
+  const off_t size = FileSize(seg);
+  // Inside the body of "b"'s 15th batch (the second record after ends[13]).
+  FlipBit(seg, ends[13] + (ends[14] - ends[13]) * 3 / 4);
+  auto store = OpenStore(dir.path());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(FileSize(seg), size) << "corruption is not a torn tail: nothing is truncated";
+  EXPECT_EQ(store->HighestDurable("a"), 30u);
+  EXPECT_EQ(store->HighestDurable("b"), 30u);
+  ASSERT_OK_AND_ASSIGN(auto a, store->Read("a", 1, 100));
+  EXPECT_EQ(a.size(), 30u);
+  ASSERT_OK_AND_ASSIGN(auto b, store->Read("b", 1, 100));
+  ASSERT_EQ(b.size(), 29u);
+  for (const auto& r : b) {
+    EXPECT_NE(r.batch().sequence(), 15u);
+    EXPECT_EQ(r.batch().payload(), Batch(r.batch().sequence(), 300).payload());
+  }
+  const SampleStoreStats stats = store->Stats();
+  EXPECT_EQ(stats.records, 59u);
+  EXPECT_EQ(stats.damaged_ranges, 1u);
+  const uint64_t record_bytes = static_cast<uint64_t>(ends[14] - ends[13]) / 2;
+  EXPECT_EQ(stats.damaged_bytes, record_bytes)
+      << "the damaged range is b's record 15";
+  EXPECT_EQ(stats.truncated_tail_bytes, 0u);
+  ASSERT_EQ(store->Damage().size(), 1u);
+  EXPECT_EQ(store->Damage()[0].why, "record checksum mismatch");
+  EXPECT_EQ(store->Damage()[0].offset, static_cast<uint64_t>(ends[13]) + record_bytes);
+  // New appends continue after the intact tail and survive another reopen.
+  ASSERT_OK(store->AppendAndWait("b", Batch(31, 300)));
+  store.reset();
+  store = OpenStore(dir.path());
+  EXPECT_EQ(store->HighestDurable("b"), 31u);
+  EXPECT_EQ(store->Stats().records, 60u);
 }
 
 TEST(SampleStoreTest, RotatesSegmentsAndReadsAcrossThem) {

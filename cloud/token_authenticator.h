@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
@@ -38,6 +39,23 @@ class TokenAuthenticator {
  private:
   absl::flat_hash_map<std::string, std::string> device_by_token_hash_;
 };
+
+// Mutual TLS: which device a client certificate speaks for. A certificate name (its CN or
+// any subject alternative name) stands for the device of that id, unless a certificate map
+// says otherwise. Map file format, one entry per line: `<certificate name> <device_id>`;
+// blank lines and lines starting with '#' are ignored; a name may be listed once.
+using CertificateMap = std::map<std::string, std::string>;
+
+// Parses a certificate map. INVALID_ARGUMENT naming `origin` and the line for a malformed
+// entry, a bad device id or a name listed twice.
+absl::StatusOr<CertificateMap> ParseCertificateMap(absl::string_view text,
+                                                   absl::string_view origin);
+absl::StatusOr<CertificateMap> ReadCertificateMap(const std::string& path);
+
+// OK when one of `names` (the verified client certificate's CN and SANs) stands for
+// `device_id` under `map`; PERMISSION_DENIED naming the certificate's names otherwise.
+absl::Status CheckCertificateIdentity(const std::vector<std::string>& names,
+                                      const CertificateMap& map, const std::string& device_id);
 
 }  // namespace cdcca::cloud
 

@@ -66,5 +66,23 @@ TEST(TokenAuthenticatorTest, MissingFileSaysSo) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("reading token file")));
 }
 
+TEST(CertificateIdentityTest, NameOrMappedNameMustBeTheDevice) {
+  ASSERT_OK_AND_ASSIGN(CertificateMap map, ParseCertificateMap(
+                                               "# lobby camera\nlobby.example cam-2\n", "map"));
+  EXPECT_OK(CheckCertificateIdentity({"cam-1"}, map, "cam-1"));
+  EXPECT_OK(CheckCertificateIdentity({"Lobby Cam", "lobby.example"}, map, "cam-2"));
+  EXPECT_THAT(CheckCertificateIdentity({"cam-1"}, map, "cam-2"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("cam-1")));
+  // A mapped name stands for its device only, not for its own spelling as a device id.
+  EXPECT_THAT(CheckCertificateIdentity({"lobby.example"}, map, "lobby.example"),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(CheckCertificateIdentity({}, map, "cam-1"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("no CN or SAN")));
+  EXPECT_THAT(ParseCertificateMap("a cam-1\na cam-2\n", "map"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("map:2: certificate name")));
+  EXPECT_THAT(ParseCertificateMap("a ../x\n", "map"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("map:1:")));
+}
+
 }  // namespace
 }  // namespace cdcca::cloud

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <utility>
 
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
@@ -95,6 +97,7 @@ struct PerDeviceStrategy::Impl {
   compress::NamedTensors base_trainable;
   uint64_t base_digest = 0;
   uint64_t fingerprint = 0;
+  SampleSpec spec;  // what a sample must be for this model
   distill::DistillSettings settings;
   torch::Device train_device{torch::kCPU};
 
@@ -161,6 +164,25 @@ struct PerDeviceStrategy::Impl {
     d.version = f->version;
     d.consumed = f->consumed;
     d.digest = f->digest;
+    // The cursor never points past the durable log: if the sample log lost its tail (a torn
+    // write after a crash), the device renumbers from the log's end, and a cursor left
+    // beyond it would skip those new batches forever. Commit the clamped cursor at once.
+    const uint64_t durable = samples->HighestDurable(id);
+    if (d.consumed > durable) {
+      std::fprintf(stderr,
+                   "{\"event\":\"cursor_clamped\",\"device_id\":\"%s\",\"consumed\":%llu,"
+                   "\"durable\":%llu}\n",
+                   id.c_str(), static_cast<unsigned long long>(d.consumed),
+                   static_cast<unsigned long long>(durable));
+      MirrorFile clamped = *f;
+      clamped.consumed = durable;
+      if (absl::Status s =
+              internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(clamped));
+          !s.ok()) {
+        return s;
+      }
+      d.consumed = durable;
+    }
     d.loaded = true;
     d.PublishInfo();
     // Publish what the file committed if the update store lacks it (a crash between commit
@@ -193,16 +215,35 @@ struct PerDeviceStrategy::Impl {
     report.base_version = d.version;
     report.new_version = d.version + 1;
     report.first_sequence = records->front().batch().sequence();
-    report.last_sequence = records->back().batch().sequence();
     std::vector<compress::UplinkSample> batch_samples;
+    uint64_t decoded_bytes = 0;
     for (const store::v1::SampleRecord& r : *records) {
-      absl::StatusOr<std::vector<compress::UplinkSample>> decoded =
-          compress::DecodeUplinkBatch(r.batch().payload());
-      // The transport stored the batch verbatim; a payload our codec refuses is the
-      // device's fault and is skipped (the cursor moves past it) rather than blocking
-      // every later job of the device.
-      if (!decoded.ok()) continue;
-      for (compress::UplinkSample& s : *decoded) batch_samples.push_back(std::move(s));
+      const uint64_t seq = r.batch().sequence();
+      absl::StatusOr<CheckedBatch> checked = DecodeCheckedPayload(r.batch().payload(), spec);
+      if (!checked.ok()) {
+        // Ingest checks every batch against the model, but a log written by an older
+        // version may hold one that does not fit: skip it (the cursor moves past it) and
+        // say so, rather than failing every later job of the device.
+        std::fprintf(stderr,
+                     "{\"event\":\"batch_skipped\",\"device_id\":\"%s\",\"sequence\":%llu,"
+                     "\"error\":\"%s\"}\n",
+                     id.c_str(), static_cast<unsigned long long>(seq),
+                     absl::StrReplaceAll(checked.status().ToString(),
+                                         {{"\\", "/"}, {"\"", "'"}, {"\n", " "}})
+                         .c_str());
+        ++report.skipped_batches;
+        report.last_sequence = seq;
+        continue;
+      }
+      // Bounded jobs: the batch that would pass a bound waits for the next job.
+      if (!batch_samples.empty() &&
+          (batch_samples.size() + checked->samples.size() > options.max_samples_per_job ||
+           decoded_bytes + checked->decoded_bytes > options.max_decoded_bytes_per_job)) {
+        break;
+      }
+      decoded_bytes += checked->decoded_bytes;
+      for (compress::UplinkSample& s : checked->samples) batch_samples.push_back(std::move(s));
+      report.last_sequence = seq;
     }
     if (batch_samples.empty()) {
       // Nothing usable: just move the cursor, durably.
@@ -399,6 +440,26 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
       impl->base_trainable.emplace_back(name, t.detach().to(torch::kFloat).contiguous().clone());
     }
     impl->base_digest = compress::StateDigest(impl->base_trainable);
+    const model::FamilyConfig& config = family->config;
+    int text_budget = 1 << 30;
+    for (const model::TowerConfig* tower : {&config.teacher, &config.student}) {
+      text_budget = std::min(text_budget, tower->max_positions - tower->num_queries);
+    }
+    SampleSpec& spec = impl->spec;
+    // What the learner's sample pool takes (distill/sample_batch.h): the student tower's
+    // visual token count and width, which the family copies from its vision config.
+    const model::TowerConfig& student = config.student;
+    spec.grid_tokens = static_cast<uint32_t>(
+        student.num_visual_tokens > 0 ? student.num_visual_tokens : config.vision.NumTokens());
+    spec.feature_dim =
+        static_cast<uint32_t>(student.d_vis > 0 ? student.d_vis : config.vision.d_vis);
+    spec.vocab_size = static_cast<uint32_t>(std::max(0, config.vocab_size));
+    // A prompt leaves room for the longest answer the teacher generates as a label.
+    spec.max_answer_tokens = static_cast<uint32_t>(std::clamp(text_budget, 1, 128));
+    spec.max_prompt_tokens = static_cast<uint32_t>(
+        std::clamp(text_budget - impl->settings.job.max_answer_tokens, 1, 512));
+    spec.max_samples_per_batch = options.max_samples_per_batch;
+    spec.max_decoded_bytes_per_batch = options.max_decoded_bytes_per_batch;
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("loading ", options.checkpoint_dir, ": ", e.what_without_backtrace()));
@@ -459,6 +520,7 @@ absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& de
 
 uint64_t PerDeviceStrategy::BaseDigest() const { return impl_->base_digest; }
 uint64_t PerDeviceStrategy::BaseFingerprint() const { return impl_->fingerprint; }
+SampleSpec PerDeviceStrategy::Spec() const { return impl_->spec; }
 
 // ---- JobScheduler ---------------------------------------------------------------------------
 
@@ -528,14 +590,10 @@ bool JobScheduler::Due(const std::string& device_id, DeviceSchedule& d, absl::Ti
     d.pending_samples = 0;
   }
   if (d.counted_upto < d.highest_durable) {
-    absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
-        samples_->Read(device_id, d.counted_upto + 1, d.highest_durable - d.counted_upto);
-    if (records.ok()) {
-      for (const auto& r : *records) {
-        d.pending_samples += r.batch().sample_count();
-        d.counted_upto = r.batch().sequence();
-      }
-    }
+    // From the store's index: scheduling never reads a payload.
+    d.pending_samples += static_cast<int64_t>(
+        samples_->SampleCount(device_id, d.counted_upto + 1, d.highest_durable));
+    d.counted_upto = d.highest_durable;
   }
   if (d.pending_samples <= 0) return false;
   return d.pending_samples >= options_.trigger_samples ||

@@ -49,6 +49,7 @@
 #include "cloud/internal/work_pool.h"
 #include "cloud/sample_store.h"
 #include "cloud/update_store.h"
+#include "cloud/uplink_check.h"
 
 namespace cdcca::cloud {
 
@@ -61,6 +62,9 @@ struct JobReport {
   uint64_t first_sequence = 0;  // uplink batches consumed: [first_sequence, last_sequence]
   uint64_t last_sequence = 0;
   int64_t samples = 0;  // this round's samples trained on
+  // Stored batches in [first_sequence, last_sequence] that do not fit the model (written
+  // before ingest checked them): skipped, logged, and consumed so they never block a job.
+  int skipped_batches = 0;
   int64_t replay_samples = 0;
   int steps = 0;
   double train_seconds = 0;
@@ -131,6 +135,15 @@ struct PerDeviceStrategyOptions {
   std::string train_device = "cpu";
   // Most uplink batches one job reads (the rest wait for the next job). Default: 64.
   size_t max_batches_per_job = 64;
+  // Most samples and decoded batch bytes (the codec bodies) one job takes; the batch that
+  // would pass either bound waits for the next job (a job always takes its first batch).
+  // Defaults: 8192 samples, 512 MiB.
+  uint64_t max_samples_per_job = 8192;
+  uint64_t max_decoded_bytes_per_job = 512ull << 20;
+  // Per-batch bounds of SampleSpec (cloud/uplink_check.h); Spec() hands them, with the
+  // model's shape, to the service's ingest check. Defaults: 1024 samples, 16 MiB.
+  uint32_t max_samples_per_batch = 1024;
+  uint64_t max_decoded_bytes_per_batch = 16ull << 20;
   // DWC: per-device byte budget per update (0 = the device's Register capability, else
   // bits_per_param alone), and the bits-per-parameter cap. Defaults: 0 and 2.0.
   uint64_t byte_budget = 0;
@@ -165,6 +178,8 @@ class PerDeviceStrategy final : public TrainerStrategy {
   uint64_t BaseDigest() const;
   // Fingerprint of the frozen student base devices must run (for CloudServiceOptions).
   uint64_t BaseFingerprint() const;
+  // What an uplinked batch must be for this model (for CloudServiceOptions::sample_spec).
+  SampleSpec Spec() const;
 
   struct Impl;
 
@@ -216,7 +231,7 @@ class JobScheduler final : public CloudObserver {
   };
 
   void Loop();
-  // Whether `d` should run now; counts new samples from the store as needed.
+  // Whether `d` should run now; counts new samples from the store's index as needed.
   bool Due(const std::string& device_id, DeviceSchedule& d, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(const std::string& device_id);

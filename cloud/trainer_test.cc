@@ -69,11 +69,12 @@ class TrainerTest : public ::testing::Test {
     ASSERT_OK(strategy_->Recover());
   }
 
-  // Appends one batch of `n` random samples as uplink sequence `sequence`.
-  void Uplink(const std::string& device, uint64_t sequence, int n) {
+  // Appends one batch of `n` random samples as uplink sequence `sequence`; `grid` 0 = the
+  // model's token grid.
+  void Uplink(const std::string& device, uint64_t sequence, int n, int grid = 0) {
     std::mt19937_64 rng(sequence * 7 + device.size());
     std::normal_distribution<float> normal;
-    const int tokens = family_.vision.NumTokens(), dim = family_.vision.d_vis;
+    const int tokens = grid != 0 ? grid : family_.vision.NumTokens(), dim = family_.vision.d_vis;
     std::vector<compress::UplinkSample> batch(n);
     for (int i = 0; i < n; ++i) {
       compress::UplinkSample& s = batch[i];
@@ -197,6 +198,67 @@ TEST_F(TrainerTest, RecoverRepublishesACommittedUpdateTheStoreLacks) {
   EXPECT_OK(updates_->Snapshot("dev-a", 1).status());
 }
 
+// Regression (issue 20, attack finding 1): after the sample log lost its tail, the durable
+// sequence went back, the device renumbered its batches from there, and the trainer's cursor
+// (still at the old end) skipped every one of them.
+TEST_F(TrainerTest, CursorIsClampedToTheDurableLogAndRenumberedBatchesAreTrained) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 2);
+  Uplink("dev-a", 2, 2);
+  Uplink("dev-a", 3, 2);
+  ASSERT_OK(strategy_->RunJob("dev-a").status());
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 3u);
+  // The log now ends at sequence 1.
+  strategy_.reset();
+  samples_.reset();
+  std::filesystem::remove_all(dir_.path() + "/samples");
+  OpenStores();
+  Uplink("dev-a", 1, 2);
+  MakeStrategy();
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 1u);
+  Uplink("dev-a", 2, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.first_sequence, 2u);
+  EXPECT_EQ(report.samples, 3);
+  // The clamp was committed: a restart keeps it.
+  OpenStores();
+  MakeStrategy();
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+}
+
+// Regression (issue 20, attack finding 3): a stored batch that decodes but does not fit the
+// model (from a log written before ingest checked batches) failed every job of its device,
+// every few seconds, forever; its later valid batches were never trained.
+TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsSkippedNotFatal) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 2, /*grid=*/family_.vision.NumTokens() * 4);
+  Uplink("dev-a", 2, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.skipped_batches, 1);
+  EXPECT_EQ(report.first_sequence, 1u);
+  EXPECT_EQ(report.last_sequence, 2u);
+  EXPECT_EQ(report.samples, 3);
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+}
+
+TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {
+  PerDeviceStrategyOptions o = Options();
+  o.max_samples_per_job = 5;
+  ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  for (uint64_t seq = 1; seq <= 3; ++seq) Uplink("dev-a", seq, 3);
+  EXPECT_EQ(samples_->SampleCount("dev-a", 1, 3), 9u);
+  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(first.last_sequence, 1u);
+  EXPECT_EQ(first.samples, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(second.first_sequence, 2u);
+  EXPECT_EQ(second.last_sequence, 2u);
+  // The model's shape reaches the service's ingest check.
+  EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(family_.vision.NumTokens()));
+  EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(family_.vision.d_vis));
+}
+
 TEST_F(TrainerTest, DamagedStateFileIsDataLoss) {
   MakeStrategy();
   Uplink("dev-a", 1, 2);
@@ -230,6 +292,38 @@ TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
   EXPECT_EQ(scheduler.jobs_done(), 1u);
   EXPECT_EQ(strategy_->State("dev-a").version, 1u);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+}
+
+// Regression (issue 20, attack finding 4): the scheduler read every pending record to count
+// its samples (1.2 GB RSS for a 1 GiB backlog at startup). It counts from the store's index
+// now: with every payload on disk made unreadable, the trigger still fires (the job itself is
+// what reads, and fails).
+TEST_F(TrainerTest, SchedulerCountsSamplesFromTheIndexWithoutReadingPayloads) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 4);
+  Uplink("dev-a", 2, 4);
+  {
+    // Damage every record body on disk; the open store's index is untouched.
+    const std::string seg = dir_.path() + "/samples/seg-00000001.log";
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    for (std::streamoff at = 40; at < size; at += 64) {
+      f.seekp(at);
+      f.put('\x5a');
+    }
+  }
+  ASSERT_THAT(samples_->Read("dev-a", 1, 10), StatusIs(absl::StatusCode::kDataLoss));
+  JobSchedulerOptions so;
+  so.trigger_samples = 8;
+  so.trigger_interval = absl::InfiniteDuration();
+  so.retry_after = absl::Hours(1);
+  JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (scheduler.jobs_failed() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(scheduler.jobs_failed(), 1u);
 }
 
 TEST_F(TrainerTest, SchedulerTriggersOnTime) {

@@ -169,7 +169,10 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
       } else {
         float max_abs = 0;
         for (size_t c = 0; c < dim; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
-        const float scale = max_abs > 0 ? max_abs / 127.0f : 1.0f;
+        // max|x| / 127 underflows to 0 when max|x| is a tiny subnormal: x / 0 would be NaN or
+        // inf, and casting that to int8 is undefined. Such a row is zero to int8 precision.
+        float scale = max_abs / 127.0f;
+        if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
         Put<float>(body, scale);
         for (size_t c = 0; c < dim; ++c) {
           const float q = std::nearbyint(row[c] / scale);

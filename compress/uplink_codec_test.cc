@@ -1,6 +1,9 @@
 #include "compress/uplink_codec.h"
 
+#include <zstd.h>
+
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -82,6 +85,36 @@ TEST(UplinkCodecTest, Int8RoundTripErrorIsBoundedByHalfAStepPerToken) {
   // int8 with a scale per token is about half the size of fp16 before zstd.
   EXPECT_LT(FeatureBytes(40, 48, FeaturePrecision::kInt8),
             FeatureBytes(40, 48, FeaturePrecision::kFp16) * 6 / 10);
+}
+
+// Regression (issue 20, attack finding 6): an int8 row whose largest value is a tiny
+// subnormal made max|x| / 127 underflow to a zero scale; x / 0 (NaN or inf) was then cast
+// to int8, which is undefined behaviour, and a zero scale was written to the payload.
+TEST(UplinkCodecTest, Int8RowOfTinySubnormalsGetsAPositiveScale) {
+  UplinkSample s = MakeSample(7, 2, 4);
+  s.features = {1e-44f, -5e-45f, 0.0f, 3e-45f,  // max|x| / 127 == 0 in float
+                0.0f, 0.0f, 0.0f, 0.0f};
+  ASSERT_EQ(1e-44f / 127.0f, 0.0f) << "the test needs a max|x| whose scale underflows";
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({s}, FeaturePrecision::kInt8));
+  // The body: 26 bytes of sample header, the kept indices, prompt, answer, then each row
+  // as f32 scale + dim x i8.
+  const size_t body_size = [&] {
+    uint64_t n = 0;
+    std::memcpy(&n, payload.data() + 12, 8);
+    return static_cast<size_t>(n);
+  }();
+  std::string body(body_size, '\0');
+  ASSERT_EQ(ZSTD_decompress(body.data(), body.size(), payload.data() + 20, payload.size() - 28),
+            body_size);
+  const size_t rows = 26 + 2 * s.kept_indices.size() + 2 + 4 * s.prompt_tokens.size() + 2 +
+                      4 * s.answer_tokens.size();
+  for (size_t r = 0; r < 2; ++r) {
+    float scale = 0;
+    std::memcpy(&scale, body.data() + rows + r * (4 + 4), 4);
+    EXPECT_TRUE(std::isfinite(scale) && scale > 0) << "row " << r << " scale " << scale;
+  }
+  ASSERT_OK_AND_ASSIGN(auto decoded, DecodeUplinkBatch(payload));
+  for (float f : decoded[0].features) EXPECT_LE(std::fabs(f), 1e-43f);
 }
 
 TEST(UplinkCodecTest, EncoderRejectsSamplesOutsideTheBounds) {

@@ -6,6 +6,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/sync_stream.h"
+#include "compress/uplink_codec.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "tests/testing/status_matchers.h"
@@ -125,7 +128,8 @@ TEST(TransportE2eTest, BadBatchStopsTheStreamWithErrorAsDataAndKeepsWhatCameBefo
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(ack.error().message(), HasSubstr("next expected is 3"));
 
-  v1::UplinkBatch too_big = MakeBatch(0, 3, wire::kMaxChunkBytes + 1);
+  v1::UplinkBatch too_big = MakeBatch(0, 3);
+  too_big.set_payload(std::string(wire::kMaxChunkBytes + 1, 'x'));
   EXPECT_THAT(client->Uplink({too_big}), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
@@ -346,6 +350,203 @@ TEST(TransportE2eTest, TlsAndMutualTls) {
   untrusting.tls.private_key_path = pki.client_key;
   untrusting.tls.root_ca_path = pki.client_cert;  // not the CA
   EXPECT_THAT(cloud.Client(0, untrusting)->Health(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// Regression (issue 20, part 4 and attack finding 5): with mutual TLS a certificate issued
+// to one device carried another device's token and acted as that device.
+TEST(TransportE2eTest, MutualTlsCertificateMustStandForTheTokensDevice) {
+  TempDir dir;
+  testing::TestPki pki;
+  ASSERT_TRUE(testing::GenerateTestPki(dir.path(), &pki));  // client.pem: CN=dev-0
+  ASSERT_TRUE(testing::IssueClientCert(dir.path(), "dev-1", "dev-1"));
+  ASSERT_TRUE(testing::IssueClientCert(dir.path(), "lobby", "lobby-camera", "lobby.example"));
+  CloudFixtureOptions options;
+  options.data_dir = dir.path() + "/data";
+  options.devices = 3;
+  options.server.listen_address = "127.0.0.1:0";
+  options.server.tls = {pki.server_cert, pki.server_key, pki.ca_cert, true};
+  options.service.client_certificates = {{"lobby.example", "dev-2"}};
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  const auto with_cert = [&](const std::string& name, const std::string& token) {
+    device::CloudClientOptions o;
+    o.max_attempts = 1;
+    o.tls.root_ca_path = pki.ca_cert;
+    o.tls.cert_chain_path = dir.file(name + ".pem");
+    o.tls.private_key_path = dir.file(name + ".key");
+    o.token = token;
+    return o;
+  };
+
+  // dev-0's certificate with dev-1's token, claiming dev-1: refused on every call.
+  auto impostor = cloud.Client(1, with_cert("client", cloud.token(1)));
+  EXPECT_THAT(impostor->Register(Registration()),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("dev-0")));
+  EXPECT_THAT(impostor->Uplink({MakeBatch(1, 1)}),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(impostor->FetchUpdate(0), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(impostor->ReportApplied(0, 0), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(cloud.samples()->HighestDurable("dev-1"), 0u);
+
+  // Each certificate with its own device's token works.
+  auto dev0 = cloud.Client(0, with_cert("client", cloud.token(0)));
+  ASSERT_OK(dev0->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack0, dev0->Uplink({MakeBatch(0, 1)}));
+  EXPECT_EQ(ack0.highest_durable_sequence(), 1u);
+  auto dev1 = cloud.Client(1, with_cert("dev-1", cloud.token(1)));
+  ASSERT_OK(dev1->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack1, dev1->Uplink({MakeBatch(1, 1)}));
+  EXPECT_EQ(ack1.highest_durable_sequence(), 1u);
+
+  // A name mapped by the certificate map (a SAN here) stands for its device only.
+  auto lobby = cloud.Client(2, with_cert("lobby", cloud.token(2)));
+  ASSERT_OK(lobby->Register(Registration()));
+  auto lobby_as_dev1 = cloud.Client(1, with_cert("lobby", cloud.token(1)));
+  EXPECT_THAT(lobby_as_dev1->Register(Registration()),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lobby.example")));
+  // Health needs no token and no particular certificate.
+  EXPECT_OK(impostor->Health());
+}
+
+// The model's sample shape for the ingest tests: MakeBatch's samples fit it.
+CloudFixtureOptions Checked(const TempDir& dir) {
+  CloudFixtureOptions o = Insecure(dir);
+  o.service.sample_spec.grid_tokens = 64;
+  o.service.sample_spec.feature_dim = 32;
+  o.service.sample_spec.vocab_size = 100;
+  return o;
+}
+
+v1::UplinkBatch Encoded(uint64_t seq, const std::vector<compress::UplinkSample>& samples) {
+  v1::UplinkBatch b;
+  b.set_sequence(seq);
+  b.set_sample_count(static_cast<uint32_t>(samples.size()));
+  b.set_codec_version(1);
+  compress::UplinkLimits roomy;
+  roomy.max_body_bytes = 1ull << 30;
+  b.set_payload(std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16,
+                                                      roomy))
+                    .value());
+  return b;
+}
+
+compress::UplinkSample Zeros(uint32_t grid, uint32_t dim, uint32_t kept) {
+  compress::UplinkSample s;
+  s.grid_tokens = grid;
+  s.feature_dim = dim;
+  for (uint32_t k = 0; k < kept; ++k) s.kept_indices.push_back(static_cast<uint16_t>(k));
+  s.features.assign(size_t{kept} * dim, 0.0f);
+  s.prompt_tokens = {1, 2};
+  return s;
+}
+
+// Regression (issue 20, attack findings 2, 3 and 6): batches that do not fit the model, that
+// decompress to far more than they weigh, or whose header fields lie, were acked and stored,
+// and then failed or bloated every job of their device.
+TEST(TransportE2eTest, IngestRefusesBatchesThatDoNotFitTheModelAndNeverStoresThem) {
+  TempDir dir;
+  CloudFixture cloud(Checked(dir));
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  ASSERT_OK(client->Register(Registration()));
+  ASSERT_OK(client->Uplink({MakeBatch(0, 1)}));
+
+  const auto refused = [&](const v1::UplinkBatch& batch, absl::string_view why) {
+    absl::StatusOr<v1::UplinkAck> ack = client->Uplink({batch});
+    ASSERT_OK(ack);
+    EXPECT_EQ(ack->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << why;
+    EXPECT_THAT(ack->error().message(), HasSubstr(std::string(why)));
+    EXPECT_EQ(ack->rejected_sequence(), batch.sequence());
+    EXPECT_EQ(ack->stored(), 0u);
+    EXPECT_EQ(ack->highest_durable_sequence(), 1u);
+  };
+  // Poison: a well-formed batch whose grid is not the model's (refused while decoding, before
+  // its features are allocated), and a smaller grid, which decodes but is not the model's either.
+  refused(Encoded(2, {Zeros(128, 32, 4)}), "sample 0 has sizes outside the limits");
+  refused(Encoded(2, {Zeros(32, 32, 4)}), "grid 32x32 but the cloud's model expects 64x32");
+  // Bomb: 16 MiB of zeros in a few KiB, refused from its header before decompression.
+  const v1::UplinkBatch bomb = Encoded(2, {Zeros(4096, 2048, 4096)});
+  EXPECT_LT(bomb.payload().size(), 64u << 10);
+  refused(bomb, "max_body_bytes");
+  // Many empty samples, correctly shaped: over the per-batch sample bound.
+  refused(Encoded(2, std::vector<compress::UplinkSample>(2000, Zeros(64, 32, 0))),
+          "sample count 2000");
+  // Token ids outside the model's vocabulary.
+  compress::UplinkSample bad_token = Zeros(64, 32, 1);
+  bad_token.prompt_tokens = {1, 100};
+  refused(Encoded(2, {bad_token}), "vocabulary");
+  // sample_count is derived from the payload, never trusted.
+  v1::UplinkBatch lying = MakeBatch(0, 2);
+  lying.set_sample_count(400);
+  refused(lying, "sample_count 400 but the payload holds 4");
+  // An unknown codec version.
+  v1::UplinkBatch future = MakeBatch(0, 2);
+  future.set_codec_version(2);
+  refused(future, "codec_version 2 is not supported");
+  // Bytes that are no payload at all.
+  v1::UplinkBatch junk = MakeBatch(0, 2);
+  junk.set_payload("not a payload");
+  refused(junk, "payload");
+
+  // None was stored; the device's next valid batch takes sequence 2.
+  EXPECT_EQ(cloud.samples()->Stats().records, 1u);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ok, client->Uplink({MakeBatch(0, 2)}));
+  EXPECT_EQ(ok.stored(), 1u);
+  EXPECT_EQ(ok.highest_durable_sequence(), 2u);
+  EXPECT_EQ(cloud.samples()->SampleCount("dev-0", 1, 2), 8u);
+}
+
+// Regression (issue 20, attack finding 6): bytes that are not an UplinkBatch ended the
+// stream OK with stored=0, as if the client had simply closed it.
+TEST(TransportE2eTest, MalformedUplinkMessageIsInvalidArgument) {
+  TempDir dir;
+  CloudFixture cloud(Insecure(dir));
+  ASSERT_OK(cloud.Start());
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", cloud.port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::internal::RpcMethod method("/cdcca.v1.Cloud/Uplink",
+                                   grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + cloud.token(0));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer response;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                    &response));
+  grpc::Slice good(MakeBatch(0, 1).SerializeAsString());
+  writer->Write(grpc::ByteBuffer(&good, 1));
+  grpc::Slice garbage(std::string("\xff\xff\xff\xff\xff\x0f", 6));
+  writer->Write(grpc::ByteBuffer(&garbage, 1));
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("does not parse"));
+  EXPECT_EQ(cloud.samples()->HighestDurable("dev-0"), 1u);
+}
+
+// Regression (issue 20, attack finding 6): one device could fill the disk.
+TEST(TransportE2eTest, DeviceQuotaIsResourceExhaustedAndLeavesOtherDevicesAlone) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.device_quota_bytes = 10000;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  std::vector<v1::UplinkBatch> batches;
+  for (uint64_t seq = 1; seq <= 20; ++seq) batches.push_back(MakeBatch(0, seq));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, client->Uplink(batches));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(ack.error().message(), HasSubstr("quota of 10000 bytes"));
+  EXPECT_GT(ack.stored(), 0u);
+  EXPECT_LT(ack.stored(), 20u);
+  EXPECT_EQ(ack.rejected_sequence(), ack.stored() + 1);
+  EXPECT_LE(cloud.samples()->DeviceBytes("dev-0"), 10000u);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck other, cloud.Client(1)->Uplink({MakeBatch(1, 1)}));
+  EXPECT_EQ(other.stored(), 1u);
+  // The quota holds across a restart (it counts what the log holds).
+  ASSERT_OK(cloud.Restart());
+  ASSERT_OK_AND_ASSIGN(ack, cloud.Client(0)->Uplink({MakeBatch(0, ack.stored() + 1)}));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
 }
 
 TEST(TransportE2eTest, ClientRetriesWhileTheCloudIsAway) {

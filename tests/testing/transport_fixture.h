@@ -3,6 +3,7 @@
 #ifndef CDCCA_TESTS_TESTING_TRANSPORT_FIXTURE_H_
 #define CDCCA_TESTS_TESTING_TRANSPORT_FIXTURE_H_
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
+#include "compress/uplink_codec.h"
 #include "device/cloud_client.h"
 
 namespace cdcca::testing {
@@ -31,6 +33,7 @@ struct CloudFixtureOptions {
   cloud::ServerOptions server;
   cloud::CloudServiceOptions service;
   cloud::CloudObserver* observer = nullptr;
+  uint64_t device_quota_bytes = 0;  // SampleStoreOptions::max_device_bytes
 };
 
 // Owns one running cloud. Restart() shuts everything down and opens it again on the same
@@ -54,6 +57,7 @@ class CloudFixture {
     registry_ = std::move(*registry);
     cloud::SampleStoreOptions so;
     so.dir = options_.data_dir + "/samples";
+    so.max_device_bytes = options_.device_quota_bytes;
     auto samples = cloud::SampleStore::Open(so);
     if (!samples.ok()) return samples.status();
     samples_ = std::move(*samples);
@@ -112,22 +116,40 @@ class CloudFixture {
   int port_ = 0;
 };
 
-// A batch whose payload is a deterministic function of (device, sequence, size).
+// A valid uplink batch (4 samples in the sample codec, compress/uplink_codec.h) whose payload
+// is a deterministic function of (device, sequence, size), at most about `bytes` long. Its samples
+// have a 32-wide token grid of `grid` tokens (at least the kept ones) and feature width 32.
 inline v1::UplinkBatch MakeBatch(int device, uint64_t seq, size_t bytes = 2048) {
-  v1::UplinkBatch b;
-  b.set_sequence(seq);
-  b.set_model_version(1);
-  b.set_sample_count(4);
-  b.set_codec_version(1);
-  std::string payload(bytes, '\0');
-  uint64_t x = (static_cast<uint64_t>(device) << 40) ^ (seq * 0x9E3779B97F4A7C15ull);
-  for (char& c : payload) {
+  constexpr uint32_t kSamples = 4, kDim = 32;
+  const uint32_t kept = static_cast<uint32_t>(
+      std::clamp<size_t>(bytes / (kSamples * kDim * 2), 1, 4096));
+  uint64_t x = (static_cast<uint64_t>(device) << 40) ^ (seq * 0x9E3779B97F4A7C15ull) ^ 1;
+  const auto next = [&x] {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    c = static_cast<char>(x & 0xff);
+    return x;
+  };
+  std::vector<compress::UplinkSample> samples(kSamples);
+  for (uint32_t i = 0; i < kSamples; ++i) {
+    compress::UplinkSample& s = samples[i];
+    s.sample_id = seq * kSamples + i;
+    s.model_version = 1;
+    s.grid_tokens = std::max<uint32_t>(kept, 64);
+    s.feature_dim = kDim;
+    for (uint32_t k = 0; k < kept; ++k) s.kept_indices.push_back(static_cast<uint16_t>(k));
+    s.prompt_tokens = {1, static_cast<uint32_t>(2 + i), 3};
+    s.answer_tokens = {4};
+    s.features.resize(size_t{kept} * kDim);
+    for (float& f : s.features) f = static_cast<float>(next() % 2001) / 1000.0f - 1.0f;
   }
-  b.set_payload(payload);
+  v1::UplinkBatch b;
+  b.set_sequence(seq);
+  b.set_model_version(1);
+  b.set_sample_count(kSamples);
+  b.set_codec_version(1);
+  b.set_payload(
+      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16)).value());
   return b;
 }
 
