@@ -213,7 +213,7 @@ TEST_F(HarnessTest, TheSameSeedGivesTheSameRunWithTheFleetAtOnce) {
     options.seed = 9;
     ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
     const MethodResult& m = run.methods[0];
-    EXPECT_GE(m.peak_devices_streaming, 2);  // streams overlap (all three, unless one is late)
+    EXPECT_GE(m.peak_devices_streaming, 2);       // streams overlap (all three, unless one is late)
     EXPECT_EQ(m.peak_jobs_in_flight, e.devices);  // every device's job triggered at once
     EXPECT_EQ(m.peak_jobs_running, 1);            // on the one worker
     std::vector<double> figures;
