@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
            {"skipped_batches", r->skipped_batches},
            {"replay_samples", r->replay_samples},
            {"steps", r->steps},
+           {"queue_s", r->queue_seconds},
            {"train_s", r->train_seconds},
            {"loss_first", r->loss_first},
            {"loss_last", r->loss_last},

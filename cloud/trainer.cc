@@ -526,11 +526,14 @@ SampleSpec PerDeviceStrategy::Spec() const { return impl_->spec; }
 
 JobScheduler::JobScheduler(JobSchedulerOptions options, TrainerStrategy* strategy,
                            SampleStore* samples)
-    : options_(std::move(options)), strategy_(strategy), samples_(samples) {
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      strategy_(strategy),
+      samples_(samples) {
   pool_ = std::make_unique<internal::WorkPool>(std::max(1, options_.threads));
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     for (const std::string& id : samples_->Devices()) {
       DeviceSchedule& d = devices_[id];
       d.highest_durable = samples_->HighestDurable(id);
@@ -553,7 +556,7 @@ JobScheduler::~JobScheduler() {
 void JobScheduler::OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {
   absl::MutexLock lock(&mu_);
   DeviceSchedule& d = devices_[device_id];
-  if (d.last_job == absl::InfinitePast()) d.last_job = absl::Now();
+  if (d.last_job == absl::InfinitePast()) d.last_job = clock_->Now();
   d.highest_durable = std::max(d.highest_durable, highest_durable);
   dirty_ = true;
 }
@@ -575,6 +578,16 @@ uint64_t JobScheduler::jobs_done() const {
 uint64_t JobScheduler::jobs_failed() const {
   absl::MutexLock lock(&mu_);
   return jobs_failed_;
+}
+
+int JobScheduler::peak_in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return peak_in_flight_;
+}
+
+int JobScheduler::peak_running() const {
+  absl::MutexLock lock(&mu_);
+  return peak_running_;
 }
 
 bool JobScheduler::Due(const std::string& device_id, DeviceSchedule& d, absl::Time now) {
@@ -603,35 +616,46 @@ bool JobScheduler::Due(const std::string& device_id, DeviceSchedule& d, absl::Ti
 void JobScheduler::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     for (auto& [id, d] : devices_) {
       if (!Due(id, d, now)) continue;
       d.running = true;
+      d.triggered_at = absl::Now();
       ++running_;
+      peak_in_flight_ = std::max(peak_in_flight_, running_);
       const std::string device_id = id;
       pool_->Schedule([this, device_id] { Run(device_id); });
     }
     dirty_ = false;
     // Wake on new samples, a finished job, or every 200 ms for the time trigger.
     auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || dirty_; };
-    mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(200));
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&wake), absl::Milliseconds(200));
   }
 }
 
 void JobScheduler::Run(const std::string& device_id) {
+  double queue_seconds = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_seconds = absl::ToDoubleSeconds(absl::Now() - devices_[device_id].triggered_at);
+    ++executing_;
+    peak_running_ = std::max(peak_running_, executing_);
+  }
   absl::StatusOr<JobReport> report = strategy_->RunJob(device_id);
+  if (report.ok()) report->queue_seconds = queue_seconds;
   std::function<void(const absl::StatusOr<JobReport>&)> callback;
   {
     absl::MutexLock lock(&mu_);
     DeviceSchedule& d = devices_[device_id];
     d.running = false;
     --running_;
-    d.last_job = absl::Now();
+    --executing_;
+    d.last_job = clock_->Now();
     if (report.ok()) {
       ++jobs_done_;
     } else if (!absl::IsNotFound(report.status())) {
       ++jobs_failed_;
-      d.retry_at = absl::Now() + options_.retry_after;
+      d.retry_at = clock_->Now() + options_.retry_after;
     }
     dirty_ = true;
     callback = callback_;
@@ -645,7 +669,7 @@ bool JobScheduler::WaitIdle(absl::Duration timeout) {
     {
       absl::MutexLock lock(&mu_);
       bool idle = running_ == 0;
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_->Now();
       for (auto& [id, d] : devices_) {
         if (!idle) break;
         if (Due(id, d, now)) idle = false;

@@ -11,7 +11,8 @@
 //                      byte budget and error feedback.
 //   JobScheduler       a CloudObserver: triggers a job every N new samples or every T
 //                      seconds (whichever first, if there are new samples) and runs it on its
-//                      own worker pool, never on an RPC thread.
+//                      own worker pool, never on an RPC thread. Its time is a Clock (the
+//                      real one in `cdcca-cloud`; the harness drives it on a VirtualClock).
 //
 // Harness use (no gRPC needed):
 //   auto strategy = PerDeviceStrategy::Create(options, samples.get(), updates.get());
@@ -50,6 +51,7 @@
 #include "cloud/sample_store.h"
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
+#include "proto/clock.h"
 
 namespace cdcca::cloud {
 
@@ -77,6 +79,9 @@ struct JobReport {
   // job used this byte budget instead.
   uint64_t budget_raised_to = 0;
   std::string train_device;  // "cpu" or "cuda:0"
+  // Set by JobScheduler: real time from the trigger firing to the job's start (waiting for
+  // a free worker).
+  double queue_seconds = 0;
 };
 
 // What a strategy knows of one device, for health output and tests.
@@ -198,6 +203,9 @@ struct JobSchedulerOptions {
   int threads = 1;
   // A failed job is retried after this long. Default: 5 s.
   absl::Duration retry_after = absl::Seconds(5);
+  // What the triggers' time is read from (not owned; must outlive the scheduler).
+  // nullptr = Clock::Real(); the harness injects a VirtualClock.
+  Clock* clock = nullptr;
 };
 
 // Runs strategy jobs when their trigger fires. OnSamplesStored/OnApplied only note the
@@ -217,6 +225,10 @@ class JobScheduler final : public CloudObserver {
   bool WaitIdle(absl::Duration timeout);
   uint64_t jobs_done() const;
   uint64_t jobs_failed() const;
+  // The most jobs triggered and not yet finished (queued for a worker or running) at once,
+  // and the most running at once, since the start.
+  int peak_in_flight() const;
+  int peak_running() const;
   // Optional callback after each job (successful or not); runs on a pool thread.
   void SetJobCallback(std::function<void(const absl::StatusOr<JobReport>&)> callback);
 
@@ -228,6 +240,7 @@ class JobScheduler final : public CloudObserver {
     bool running = false;
     absl::Time last_job = absl::InfinitePast();  // set to now when first seen
     absl::Time retry_at = absl::InfinitePast();
+    absl::Time triggered_at;  // real time the running job was triggered
   };
 
   void Loop();
@@ -237,6 +250,7 @@ class JobScheduler final : public CloudObserver {
   void Run(const std::string& device_id);
 
   const JobSchedulerOptions options_;
+  Clock* const clock_;
   TrainerStrategy* const strategy_;
   SampleStore* const samples_;
 
@@ -244,7 +258,10 @@ class JobScheduler final : public CloudObserver {
   std::map<std::string, DeviceSchedule> devices_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // triggered, not finished
+  int executing_ ABSL_GUARDED_BY(mu_) = 0;
+  int peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int peak_running_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t jobs_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t jobs_failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(const absl::StatusOr<JobReport>&)> callback_ ABSL_GUARDED_BY(mu_);

@@ -342,5 +342,46 @@ TEST_F(TrainerTest, SchedulerTriggersOnTime) {
   EXPECT_EQ(strategy_->State("dev-a").version, 1u);
 }
 
+// On an injected clock the interval trigger follows that clock, not real time; jobs
+// triggered together queue for the one worker, and each report says how long it waited.
+TEST_F(TrainerTest, SchedulerTriggersOnItsClockAndReportsQueueing) {
+  MakeStrategy();
+  VirtualClock clock;
+  JobSchedulerOptions so;
+  so.trigger_samples = 1000;
+  so.trigger_interval = absl::Seconds(60);
+  so.clock = &clock;
+  JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  absl::Mutex mu;
+  std::vector<JobReport> reports;
+  scheduler.SetJobCallback([&](const absl::StatusOr<JobReport>& r) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::MutexLock lock(&mu);
+    reports.push_back(*r);
+  });
+  Uplink("dev-a", 1, 2);
+  scheduler.OnSamplesStored("dev-a", 1);
+  Uplink("dev-b", 1, 2);
+  scheduler.OnSamplesStored("dev-b", 1);
+  absl::SleepFor(absl::Milliseconds(400));  // real time passes; the scheduler's does not
+  EXPECT_EQ(scheduler.jobs_done(), 0u);
+  clock.Advance(absl::Seconds(59));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(scheduler.jobs_done(), 0u);
+  clock.Advance(absl::Seconds(1));
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (scheduler.jobs_done() < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(scheduler.jobs_done(), 2u);
+  EXPECT_EQ(scheduler.peak_in_flight(), 2);
+  EXPECT_EQ(scheduler.peak_running(), 1);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(reports.size(), 2u);
+  // The second job waited for the first one to train.
+  EXPECT_GE(reports[1].queue_seconds, reports[0].train_seconds);
+  EXPECT_LT(reports[0].queue_seconds, reports[1].queue_seconds);
+}
+
 }  // namespace
 }  // namespace cdcca::cloud

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -46,10 +47,14 @@ bool LinkError(const absl::Status& s) {
 
 DeviceAgent::DeviceAgent(AgentOptions options, InferenceRuntime* runtime, CloudClient* client,
                          std::unique_ptr<UplinkQueue> queue)
-    : options_(std::move(options)), runtime_(runtime), client_(client), queue_(std::move(queue)) {
+    : options_(std::move(options)),
+      runtime_(runtime),
+      client_(client),
+      queue_(std::move(queue)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
   uts_ = options_.uts;
   gate_ = std::make_unique<EntropyGate>(uts_);
-  sent_since_ = absl::Now();
+  sent_since_ = clock_->Now();
 }
 
 absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOptions& options,
@@ -150,11 +155,16 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     if (gate_->Keep(a.entropy)) {
       absl::StatusOr<std::vector<float>> scores = std::vector<float>();
       if (!uts.random_tokens) {
-        scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score);
+        std::optional<uint64_t> seed;
+        if (options_.score_seed != 0) {
+          const uint64_t key[2] = {options_.score_seed, sample_counter_};
+          seed = compress::Hash64(key, sizeof(key));
+        }
+        scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);
         if (!scores.ok()) return scores.status();
       }
       compress::UplinkSample s;
-      s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 16) |
+      s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
                     (sample_counter_++ & 0xffff);
       s.model_version = version;
       s.entropy = a.entropy;
@@ -173,7 +183,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
       r.uplinked = !s.kept_indices.empty();
       r.kept_tokens = static_cast<int>(s.kept_indices.size());
       if (r.uplinked) {
-        if (batch_.empty()) batch_started_ = absl::Now();
+        if (batch_.empty()) batch_started_ = clock_->Now();
         batch_.push_back(std::move(s));
         ++kept;
       }
@@ -183,7 +193,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     }
     out.push_back(std::move(r));
   }
-  if (!batch_.empty() && absl::Now() - batch_started_ >= options_.batch_max_age) {
+  if (!batch_.empty() && clock_->Now() - batch_started_ >= options_.batch_max_age) {
     if (absl::Status st = FlushLocked(); !st.ok()) return st;
   }
   absl::MutexLock stats_lock(&mu_);
@@ -271,15 +281,17 @@ absl::Status DeviceAgent::UplinkQueued() {
       absl::MutexLock lock(&mu_);
       const absl::Time start = sent_since_;
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-      mu_.AwaitWithDeadline(absl::Condition(&stop), start);
+      clock_->AwaitWithDeadline(&mu_, absl::Condition(&stop), start);
       if (stopping_) return absl::CancelledError("stopping");
-      sent_since_ = std::max(absl::Now(), start) +
+      sent_since_ = std::max(clock_->Now(), start) +
                     absl::Seconds(static_cast<double>(bytes) / options_.bandwidth_bytes_per_s);
     }
+    const absl::Time sent = absl::Now();
     absl::StatusOr<v1::UplinkAck> ack = client_->Uplink(batches);
     if (!ack.ok()) return ack.status();
     {
       absl::MutexLock lock(&mu_);
+      stats_.uplink_seconds += absl::ToDoubleSeconds(absl::Now() - sent);
       stats_.uplink_bytes += bytes;
       stats_.batches_acked = std::max(stats_.batches_acked, ack->highest_durable_sequence());
     }
@@ -299,6 +311,7 @@ absl::Status DeviceAgent::UplinkQueued() {
 absl::Status DeviceAgent::PullUpdate() {
   for (int round = 0; round < 16; ++round) {
     const uint64_t base = runtime_->version();
+    const absl::Time asked = absl::Now();
     absl::StatusOr<FetchedPayload> fetched = client_->FetchUpdate(base);
     if (absl::IsFailedPrecondition(fetched.status())) return Resync(0);
     if (!fetched.ok()) return fetched.status();
@@ -322,6 +335,7 @@ absl::Status DeviceAgent::PullUpdate() {
     {
       absl::MutexLock lock(&mu_);
       ++stats_.updates_applied;
+      stats_.update_seconds += absl::ToDoubleSeconds(absl::Now() - asked);
     }
     if (absl::Status s = Report(/*allow_resync=*/true); !s.ok()) return s;
   }
@@ -329,6 +343,7 @@ absl::Status DeviceAgent::PullUpdate() {
 }
 
 absl::Status DeviceAgent::Resync(uint64_t version) {
+  const absl::Time asked = absl::Now();
   absl::StatusOr<FetchedPayload> snapshot = client_->FetchSnapshot(version);
   if (!snapshot.ok()) return snapshot.status();
   if (absl::Status s = runtime_->LoadTrainableState(snapshot->bytes, snapshot->info.new_version());
@@ -341,6 +356,7 @@ absl::Status DeviceAgent::Resync(uint64_t version) {
   {
     absl::MutexLock lock(&mu_);
     ++stats_.resyncs;
+    stats_.update_seconds += absl::ToDoubleSeconds(absl::Now() - asked);
   }
   return Report(/*allow_resync=*/false);
 }
@@ -385,7 +401,7 @@ void DeviceAgent::LinkLoop() {
     }
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), options_.poll_interval);
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&ready), options_.poll_interval);
     wake_ = false;
     if (stopping_) return;
   }

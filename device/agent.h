@@ -18,6 +18,10 @@
 // resyncs it). When the cloud is away, Process keeps answering and queueing; the link
 // thread retries with backoff.
 //
+// Time (batch age, sample ids, the poll interval, bandwidth pacing) is read from a Clock:
+// the real one in `cdcca-device`; the harness runs its fleet's link threads on a
+// VirtualClock.
+//
 // Thread-safety: Process/Flush from one thread at a time; everything else from any thread.
 #ifndef CDCCA_DEVICE_AGENT_H_
 #define CDCCA_DEVICE_AGENT_H_
@@ -39,6 +43,7 @@
 #include "device/inference_runtime.h"
 #include "device/uplink_queue.h"
 #include "device/uts.h"
+#include "proto/clock.h"
 
 namespace cdcca::device {
 
@@ -63,6 +68,12 @@ struct AgentOptions {
   size_t queue_max_batches = 4096;
   // Downlink budget per update announced at Register (0 = the cloud's default).
   uint64_t update_byte_budget = 0;
+  // Where time comes from (not owned; must outlive the agent). nullptr = Clock::Real().
+  Clock* clock = nullptr;
+  // Non-zero: UTS stage 2's dropout passes for the n-th kept sample draw from a generator
+  // seeded with a hash of (score_seed, n) (InferenceRuntime::TokenScores' seed), so the
+  // uplink does not depend on other threads of the process. 0 = the process's generator.
+  uint64_t score_seed = 0;
   // Test-only fault injection (the program reads CDCCA_TEST_FAULT): "download" exits the
   // process right after an update has been downloaded, before anything is applied;
   // "apply" exits after the update is applied in memory but before the state file is
@@ -87,6 +98,10 @@ struct AgentStats {
   uint64_t batches_queued = 0;
   uint64_t batches_acked = 0;  // highest durable sequence the cloud acked
   uint64_t uplink_bytes = 0;   // payload bytes sent (resends included)
+  // Real time spent in Uplink calls, and in fetching, applying and reporting updates and
+  // snapshots (measured, cumulative).
+  double uplink_seconds = 0;
+  double update_seconds = 0;
   uint64_t updates_applied = 0;
   uint64_t resyncs = 0;           // snapshots loaded
   uint64_t rejected_updates = 0;  // payloads that failed verification or apply
@@ -144,6 +159,7 @@ class DeviceAgent {
   InferenceRuntime* const runtime_;
   CloudClient* const client_;
   const std::unique_ptr<UplinkQueue> queue_;
+  Clock* const clock_;
 
   // Samples waiting to fill a batch, and the UTS state (Process's thread; Flush).
   absl::Mutex batch_mu_;

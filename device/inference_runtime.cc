@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -171,14 +172,20 @@ absl::StatusOr<std::vector<AnswerResult>> InferenceRuntime::Answer(
 
 absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTokens& visual,
                                                                  int passes, float dropout_p,
-                                                                 TokenScore score) {
+                                                                 TokenScore score,
+                                                                 std::optional<uint64_t> seed) {
   if (visual.tokens <= 0 || visual.dim <= 0 ||
       visual.values.size() != static_cast<size_t>(visual.tokens) * visual.dim) {
     return absl::InvalidArgumentError("visual tokens do not hold tokens x dim values");
   }
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
+  // Seeded calls hold this for their whole draw (TokenScores' `seed`).
+  static absl::Mutex seeded_draws(absl::kConstInit);
+  std::optional<absl::MutexLock> seeded;
+  if (seed.has_value()) seeded.emplace(&seeded_draws);
   return CatchTorch("token scores", [&]() -> absl::StatusOr<std::vector<float>> {
     torch::NoGradGuard no_grad;
+    if (seed.has_value()) torch::manual_seed(*seed);
     torch::Tensor tokens = torch::from_blob(const_cast<float*>(visual.values.data()),
                                             {1, visual.tokens, visual.dim}, torch::kFloat32)
                                .clone();

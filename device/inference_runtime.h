@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,13 @@ class InferenceRuntime {
   // encoder, as one batched forward; returns one score per visual token (see TokenScore).
   // With dropout_p == 0 the variance-based scores are all zero. Scores with
   // EffectiveScore(score); FAILED_PRECONDITION for probe_entropy without a probe. Thread-safe.
+  // The dropout masks come from LibTorch's process-wide generator; with `seed`, that
+  // generator is reseeded with it for this call under a process-wide lock, so the scores
+  // depend on the inputs and the seed only, not on what other threads draw (several devices
+  // in one process: the harness).
   absl::StatusOr<std::vector<float>> TokenScores(const VisualTokens& visual, int passes,
-                                                 float dropout_p, TokenScore score);
+                                                 float dropout_p, TokenScore score,
+                                                 std::optional<uint64_t> seed = std::nullopt);
 
   // The score TokenScores computes for `score`: itself, except variance_probe on a family
   // without probe.safetensors, which falls back to attention_variance (the product with the

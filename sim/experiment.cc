@@ -174,6 +174,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
     CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
     CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "workers", where, &e.job.workers));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.job.workers >= 1 && e.job.workers <= 64, where, "workers", "must be 1-64"));
     CDCCA_RETURN_IF_ERROR(Check(e.job.max_steps >= 1 && e.job.max_steps <= 100000, where,
                                 "max_steps", "must be 1-100000"));
     CDCCA_RETURN_IF_ERROR(Check(e.job.batch_size >= 1 && e.job.batch_size <= 4096, where,

@@ -10,7 +10,7 @@
 //     "methods": ["source-only", "tent", "cotta", "pkd", "cwd", "cd-cca"],
 //     "uts": {"keep_fraction": 0.5, "token_ratio": 0.5, "mc_passes": 8, "dropout_p": 0.1,
 //             "precision": "fp16"},
-//     "job": {"max_steps": 200, "batch_size": 16},
+//     "job": {"max_steps": 200, "batch_size": 16, "workers": 1},
 //     "link": {"up_mbit_s": 20, "down_mbit_s": 100, "latency_ms": 20, "loss": 0.0},
 //     "downlink_bits_per_param": 2.0
 //   }
@@ -72,6 +72,11 @@ struct JobSettings {
   int max_steps = 200;  // configs/distill/akd.json's job length
   int batch_size = 16;
   double lr = 0;  // 0 = the learner preset's
+  // The cloud scheduler's workers: jobs of different devices run at once (cdcca-cloud's
+  // --trainer_threads). Default 1, the program's default. More than 1 repeats per seed
+  // only for learners that draw nothing from LibTorch's generator during a job (AKD with
+  // its ridge-initialised projections does not).
+  int workers = 1;
 };
 
 struct Experiment {

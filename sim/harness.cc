@@ -4,12 +4,15 @@
 
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
 #include "cloud/device_registry.h"
@@ -29,6 +32,7 @@
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "distill/model/trainable.h"
+#include "proto/clock.h"
 #include "sim/link_emulator.h"
 
 namespace cdcca::sim {
@@ -37,10 +41,10 @@ namespace {
 
 namespace ds = datasets;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+double Since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
 enum class MethodKind { kSourceOnly, kDevice, kCloud };
@@ -284,6 +288,19 @@ std::string RandomToken(std::mt19937_64& rng) {
   return t;
 }
 
+// The round on the virtual clock (see harness.h). The programs' defaults where there is
+// one: cdcca-device polls every 2 s. The trigger interval and the round's span are chosen
+// so that a device's trigger cannot fire during the next round's stream (the round span
+// minus the stream's clock ticks is at least the interval) and fires when the harness
+// moves the clock by the interval after the uplink (span plus stream ticks below twice the
+// interval).
+constexpr absl::Duration kPollInterval = absl::Seconds(2);
+constexpr absl::Duration kTriggerInterval = absl::Hours(1);
+constexpr absl::Duration kRoundSpan = absl::Minutes(90);
+constexpr absl::Duration kStreamTicks = absl::Minutes(10);  // most clock ticks while uplinking
+// Real time the harness waits for an uplink, the round's jobs, or the updates to land.
+constexpr absl::Duration kRealWaitLimit = absl::Minutes(60);
+
 // Everything one method's run owns.
 struct Device {
   std::unique_ptr<device::InferenceRuntime> runtime;
@@ -296,11 +313,17 @@ struct Device {
 };
 
 struct Cloud {
+  // The jobs' outcomes (JobScheduler's callback), until the harness takes them.
+  absl::Mutex jobs_mu;
+  std::map<std::string, cloud::JobReport> reports ABSL_GUARDED_BY(jobs_mu);
+  std::vector<absl::Status> failures ABSL_GUARDED_BY(jobs_mu);
+
   std::unique_ptr<cloud::TokenAuthenticator> auth;
   std::unique_ptr<cloud::DeviceRegistry> registry;
   std::unique_ptr<cloud::SampleStore> samples;
   std::unique_ptr<cloud::UpdateStore> updates;
   std::unique_ptr<cloud::PerDeviceStrategy> strategy;
+  std::unique_ptr<cloud::JobScheduler> scheduler;
   std::unique_ptr<cloud::CloudService> service;
   std::unique_ptr<cloud::CloudServer> server;
   std::vector<std::string> tokens;
@@ -313,7 +336,7 @@ struct Cloud {
 std::string DeviceId(int i) { return absl::StrCat("device-", i); }
 
 absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::string& dir,
-                        std::mt19937_64& rng, Cloud& c) {
+                        std::mt19937_64& rng, Clock* clock, Cloud& c) {
   std::string text;
   for (int i = 0; i < e.devices; ++i) {
     c.tokens.push_back(RandomToken(rng));
@@ -350,10 +373,27 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   if (!strategy.ok()) return strategy.status();
   c.strategy = std::move(*strategy);
   if (absl::Status s = c.strategy->Recover(); !s.ok()) return s;
+  // The program's scheduler on the virtual clock: a job per device once the trigger
+  // interval has passed with new samples; no sample-count trigger, so that a job never
+  // starts on part of a round's uplink.
+  cloud::JobSchedulerOptions jo;
+  jo.trigger_samples = std::numeric_limits<int>::max();
+  jo.trigger_interval = kTriggerInterval;
+  jo.threads = e.job.workers;
+  jo.clock = clock;
+  c.scheduler = std::make_unique<cloud::JobScheduler>(jo, c.strategy.get(), c.samples.get());
+  c.scheduler->SetJobCallback([&c](const absl::StatusOr<cloud::JobReport>& r) {
+    absl::MutexLock lock(&c.jobs_mu);
+    if (r.ok()) {
+      c.reports[r->device_id] = *r;
+    } else {
+      c.failures.push_back(r.status());
+    }
+  });
   cloud::CloudServiceOptions svc;
   svc.expected_fingerprint = c.strategy->BaseFingerprint();
-  c.service = std::make_unique<cloud::CloudService>(svc, c.auth.get(), c.registry.get(),
-                                                    c.samples.get(), c.updates.get(), nullptr);
+  c.service = std::make_unique<cloud::CloudService>(
+      svc, c.auth.get(), c.registry.get(), c.samples.get(), c.updates.get(), c.scheduler.get());
   cloud::ServerOptions server;
   server.listen_address = "127.0.0.1:0";
   server.insecure = true;  // loopback only
@@ -373,6 +413,62 @@ LinkOptions LinkFor(const Experiment& e, uint64_t seed) {
   return o;
 }
 
+// Runs fn(0) ... fn(n - 1) on a thread each; the first error by index.
+absl::Status ForEachDevice(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> status(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&fn, &status, i] { status[static_cast<size_t>(i)] = fn(i); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Waits (real time) until `done` holds. While it does not, after every `stall` of real time
+// the virtual clock moves on by a poll interval, as long as it stays before `limit`: that
+// wakes a link loop waiting out its poll interval (or a retry).
+absl::Status AwaitDone(VirtualClock& clock, absl::Duration stall, absl::Time limit,
+                       const std::function<bool()>& done, const std::string& what) {
+  const absl::Time give_up = absl::Now() + kRealWaitLimit;
+  absl::Time last_tick = absl::Now();
+  while (!done()) {
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat("timed out waiting for ", what));
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    if (absl::Now() - last_tick >= stall && clock.Now() + kPollInterval <= limit) {
+      clock.Advance(kPollInterval);
+      last_tick = absl::Now();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The most of something going on at once (devices streaming).
+class PeakCounter {
+ public:
+  void Enter() {
+    absl::MutexLock lock(&mu_);
+    peak_ = std::max(peak_, ++now_);
+  }
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    --now_;
+  }
+  int peak() const {
+    absl::MutexLock lock(&mu_);
+    return peak_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int now_ ABSL_GUARDED_BY(mu_) = 0;
+  int peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& method,
                                        const HarnessOptions& options,
                                        const ds::ImageSet& train_images,
@@ -389,18 +485,23 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
 
   const int total_steps = e.devices * (e.rounds + 1);
   const size_t methods = e.methods.size();
+  absl::Mutex progress_mu;  // device threads report too
   int done_steps = 0;
-  auto progress = [&](const std::string& what) {
+  auto progress = [&](const std::string& what, bool step_done = false) {
+    absl::MutexLock lock(&progress_mu);
+    if (step_done) ++done_steps;
     if (!options.progress) return;
     options.progress(absl::StrCat(method, ": ", what),
                      (method_index + static_cast<double>(done_steps) / total_steps) /
                          static_cast<double>(methods));
   };
 
+  // Declared before the cloud and the devices: both read it until they are gone.
+  VirtualClock clock;
   Cloud c;
   if (plan->kind == MethodKind::kCloud) {
     progress("starting the cloud");
-    if (absl::Status s = StartCloud(e, *plan, dir + "/cloud", rng, c); !s.ok()) return s;
+    if (absl::Status s = StartCloud(e, *plan, dir + "/cloud", rng, &clock, c); !s.ok()) return s;
   }
   std::vector<Device> devices(static_cast<size_t>(e.devices));
   MethodResult result;
@@ -440,9 +541,15 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       ao.uplink_max_bytes = 1ull << 40;
       ao.queue_max_bytes = 1ull << 34;
       ao.queue_max_batches = 1u << 20;
+      ao.poll_interval = kPollInterval;
+      ao.clock = &clock;
+      // Stage 2's dropout draws per sample from the seed, not from whatever other devices'
+      // threads drew before.
+      ao.score_seed = options.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) + 1;
       auto agent = device::DeviceAgent::Create(ao, d.runtime.get(), d.client.get());
       if (!agent.ok()) return agent.status();
       d.agent = std::move(*agent);
+      d.agent->Start();  // the program's sync loop: registers, uplinks, polls, applies
     } else if (plan->kind == MethodKind::kDevice) {
       auto family = model::LoadFamily(e.checkpoint, *model::ParsePrecision(e.precision));
       if (!family.ok()) return family.status();
@@ -461,29 +568,55 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     for (unsigned char ch : label) h = h * 1099511628211ull + ch;
     return Generators(e, e.DomainFor(device, round), round, test_images, ds::Split::kTest, h);
   };
-
-  // Round 0: every device on its first domain, before any adaptation.
-  for (int i = 0; i < e.devices; ++i) {
-    progress(absl::StrCat("round 0 device ", i, ": evaluating"));
-    auto gen = eval_gen(i, 0);
+  auto evaluate = [&](int i, int round, DeviceRound& r) -> absl::Status {
+    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluating"));
+    auto gen = eval_gen(i, round);
     if (!gen.ok()) return gen.status();
     auto score = Evaluate(e, *devices[static_cast<size_t>(i)].runtime, *gen);
     if (!score.ok()) return score.status();
-    DeviceRound r;
-    r.device = i;
-    r.round = 0;
-    r.domain = DomainLabel(e, e.DomainFor(i, 0), 0);
     Record(*std::move(score), r);
-    result.rounds.push_back(r);
-    ++done_steps;
+    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluated"), true);
+    return absl::OkStatus();
+  };
+
+  // Round 0: every device on its first domain, before any adaptation.
+  {
+    std::vector<DeviceRound> rows(static_cast<size_t>(e.devices));
+    if (absl::Status s = ForEachDevice(e.devices,
+                                       [&](int i) {
+                                         DeviceRound& r = rows[static_cast<size_t>(i)];
+                                         r.device = i;
+                                         r.round = 0;
+                                         r.domain = DomainLabel(e, e.DomainFor(i, 0), 0);
+                                         return evaluate(i, 0, r);
+                                       });
+        !s.ok()) {
+      return s;
+    }
+    for (DeviceRound& r : rows) result.rounds.push_back(std::move(r));
   }
 
+  PeakCounter streaming;
+  absl::Mutex device_learners;  // tent / cotta jobs draw from LibTorch's generator
+  const absl::Time first_round = clock.Now();
   for (int round = 0; round < e.rounds; ++round) {
+    // Every round starts at a fixed point of virtual time (sample ids and triggers repeat).
+    clock.AdvanceTo(first_round + round * kRoundSpan);
+    const absl::Time stream_limit = clock.Now() + kStreamTicks;
     std::vector<DeviceRound> rows(static_cast<size_t>(e.devices));
-    // 1-2. Stream and uplink.
-    for (int i = 0; i < e.devices; ++i) {
+    std::vector<uint64_t> acked_before(static_cast<size_t>(e.devices), 0);
+    std::vector<uint64_t> acked_after(static_cast<size_t>(e.devices), 0);
+    // 1-2. Every device streams its frames (UTS queues the kept samples) while its link
+    // thread uplinks them; the device is done when all of them are acked durable. Devices
+    // run at once.
+    auto stream = [&](int i) -> absl::Status {
       Device& d = devices[static_cast<size_t>(i)];
       DeviceRound& r = rows[static_cast<size_t>(i)];
+      streaming.Enter();
+      struct Leave {
+        PeakCounter* p;
+        ~Leave() { p->Leave(); }
+      } leave{&streaming};
       r.device = i;
       r.round = round + 1;
       const RoundDomain domain = e.DomainFor(i, round);
@@ -493,8 +626,14 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           options.seed * 104729 + static_cast<uint64_t>(i) * 977 + static_cast<uint64_t>(round));
       if (!gens.ok()) return gens.status();
       std::vector<device::Frame> frames = StreamFrames(*gens, e.captioning(), e.stream_frames);
-      result.raw_frame_bytes = frames.front().image.pixels.size();
+      if (i == 0) result.raw_frame_bytes = frames.front().image.pixels.size();
       std::vector<compress::UplinkSample> local;  // device-side methods train on these
+      device::AgentStats before;
+      LinkStats link_before;
+      if (d.agent) {
+        before = d.agent->Stats();
+        link_before = d.link->Stats();
+      }
       double answer_ms = 0;
       for (size_t b = 0; b < frames.size(); b += 16) {
         progress(absl::StrCat("round ", round + 1, " device ", i, ": answering ", b, "/",
@@ -502,7 +641,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
         std::vector<device::Frame> part(
             frames.begin() + static_cast<long>(b),
             frames.begin() + static_cast<long>(std::min(frames.size(), b + 16)));
-        const auto t0 = Clock::now();
+        const auto t0 = SteadyClock::now();
         if (d.agent) {
           auto out = d.agent->Process(part);
           if (!out.ok()) return out.status();
@@ -524,13 +663,19 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       if (d.agent) {
         if (absl::Status s = d.agent->Flush(); !s.ok()) return s;
         progress(absl::StrCat("round ", round + 1, " device ", i, ": uplinking"));
-        const LinkStats before = d.link->Stats();
-        const uint64_t payload_before = d.agent->Stats().uplink_bytes;
-        const auto t0 = Clock::now();
-        if (absl::Status s = d.agent->SyncOnce(); !s.ok()) return s;
-        r.uplink_seconds = Since(t0);
-        r.uplink_wire_bytes = d.link->Stats().bytes_up - before.bytes_up;
-        r.uplink_payload_bytes = d.agent->Stats().uplink_bytes - payload_before;
+        if (absl::Status s = AwaitDone(
+                clock, absl::Seconds(5), stream_limit,
+                [&] { return d.agent->Stats().queue.batches == 0; },
+                absl::StrCat(DeviceId(i), "'s uplink of round ", round + 1));
+            !s.ok()) {
+          return s;
+        }
+        const device::AgentStats after = d.agent->Stats();
+        r.uplink_seconds = after.uplink_seconds - before.uplink_seconds;
+        r.uplink_payload_bytes = after.uplink_bytes - before.uplink_bytes;
+        r.uplink_wire_bytes = d.link->Stats().bytes_up - link_before.bytes_up;
+        acked_before[static_cast<size_t>(i)] = before.queue.acked;
+        acked_after[static_cast<size_t>(i)] = after.queue.acked;
       } else if (d.learner) {
         progress(absl::StrCat("round ", round + 1, " device ", i, ": adapting on the device"));
         distill::JobOptions jo;
@@ -541,7 +686,8 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
         jo.seed = options.seed + static_cast<uint64_t>(round);
         jo.num_threads = e.threads;
         jo.train_in_place = true;
-        const auto t0 = Clock::now();
+        absl::MutexLock lock(&device_learners);
+        const auto t0 = SteadyClock::now();
         auto job = d.learner->Run(local, nullptr, d.student, jo);
         if (!job.ok()) return job.status();
         r.job_seconds = Since(t0);
@@ -552,46 +698,104 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           return s;
         }
       }
-    }
-    // 3. Cloud jobs.
-    if (c.strategy) {
+      return absl::OkStatus();
+    };
+    if (absl::Status s = ForEachDevice(e.devices, stream); !s.ok()) return s;
+
+    // 3-4. Every uplink is durable: the trigger interval passes and the scheduler runs a
+    // job per device with new samples; then the devices' link loops fetch and apply them.
+    if (c.scheduler) {
+      std::vector<int> expected;
+      std::vector<LinkStats> link_before;
+      std::vector<device::AgentStats> agent_before;
       for (int i = 0; i < e.devices; ++i) {
-        progress(absl::StrCat("round ", round + 1, " device ", i, ": cloud job"));
-        absl::StatusOr<cloud::JobReport> job = c.strategy->RunJob(DeviceId(i));
-        if (!job.ok() && !absl::IsNotFound(job.status())) return job.status();
-        if (job.ok()) {
-          rows[static_cast<size_t>(i)].job_seconds = job->train_seconds;
-          rows[static_cast<size_t>(i)].downlink_payload_bytes = job->payload_bytes;
+        if (acked_after[static_cast<size_t>(i)] > acked_before[static_cast<size_t>(i)]) {
+          expected.push_back(i);
         }
+        link_before.push_back(devices[static_cast<size_t>(i)].link->Stats());
+        agent_before.push_back(devices[static_cast<size_t>(i)].agent->Stats());
       }
-    }
-    // 4-5. Downlink, then evaluation.
-    for (int i = 0; i < e.devices; ++i) {
-      Device& d = devices[static_cast<size_t>(i)];
-      DeviceRound& r = rows[static_cast<size_t>(i)];
-      if (d.agent) {
-        progress(absl::StrCat("round ", round + 1, " device ", i, ": downlink and apply"));
-        const LinkStats before = d.link->Stats();
-        const auto t0 = Clock::now();
-        if (absl::Status s = d.agent->SyncOnce(); !s.ok()) return s;
-        r.downlink_seconds = Since(t0);
-        r.downlink_wire_bytes = d.link->Stats().bytes_down - before.bytes_down;
+      progress(absl::StrCat("round ", round + 1, ": cloud jobs"));
+      clock.Advance(kTriggerInterval);
+      std::map<std::string, cloud::JobReport> reports;
+      auto jobs_done = [&] {
+        absl::MutexLock lock(&c.jobs_mu);
+        if (!c.failures.empty()) return true;
+        for (int i : expected) {
+          if (c.reports.count(DeviceId(i)) == 0) return false;
+        }
+        return true;
+      };
+      {
+        const absl::Time give_up = absl::Now() + kRealWaitLimit;
+        while (!jobs_done()) {
+          if (absl::Now() > give_up) {
+            return absl::DeadlineExceededError(
+                absl::StrCat("timed out waiting for the jobs of round ", round + 1));
+          }
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        absl::MutexLock lock(&c.jobs_mu);
+        if (!c.failures.empty()) return c.failures.front();
+        reports.swap(c.reports);
+      }
+      progress(absl::StrCat("round ", round + 1, ": downlink and apply"));
+      const absl::Time round_end = first_round + (round + 1) * kRoundSpan;
+      auto applied = [&] {
+        for (int i : expected) {
+          const cloud::JobReport& job = reports[DeviceId(i)];
+          const device::AgentStats st = devices[static_cast<size_t>(i)].agent->Stats();
+          if (st.version != job.new_version || st.state_digest != job.state_digest) return false;
+        }
+        return true;
+      };
+      if (absl::Status s = AwaitDone(clock, absl::Milliseconds(50), round_end, applied,
+                                     absl::StrCat("the updates of round ", round + 1));
+          !s.ok()) {
+        return s;
+      }
+      for (int i = 0; i < e.devices; ++i) {
+        Device& d = devices[static_cast<size_t>(i)];
+        DeviceRound& r = rows[static_cast<size_t>(i)];
+        auto it = reports.find(DeviceId(i));
+        if (it != reports.end()) {
+          r.job_seconds = it->second.train_seconds;
+          r.queue_seconds = it->second.queue_seconds;
+          r.downlink_payload_bytes = it->second.payload_bytes;
+        }
         const device::AgentStats st = d.agent->Stats();
+        r.downlink_seconds =
+            st.update_seconds - agent_before[static_cast<size_t>(i)].update_seconds;
+        r.downlink_wire_bytes =
+            d.link->Stats().bytes_down - link_before[static_cast<size_t>(i)].bytes_down;
         r.in_sync = st.state_digest == c.strategy->State(DeviceId(i)).state_digest;
       }
-      progress(absl::StrCat("round ", round + 1, " device ", i, ": evaluating"));
-      auto gen = eval_gen(i, round);
-      if (!gen.ok()) return gen.status();
-      auto score = Evaluate(e, *d.runtime, *gen);
-      if (!score.ok()) return score.status();
-      Record(*std::move(score), r);
-      r.version = d.runtime->version();
-      result.rounds.push_back(r);
-      ++done_steps;
     }
+
+    // 5. Evaluation, devices at once.
+    if (absl::Status s = ForEachDevice(e.devices,
+                                       [&](int i) {
+                                         DeviceRound& r = rows[static_cast<size_t>(i)];
+                                         if (absl::Status s = evaluate(i, round, r); !s.ok()) {
+                                           return s;
+                                         }
+                                         const Device& d = devices[static_cast<size_t>(i)];
+                                         r.version = d.runtime->version();
+                                         r.state_digest = d.runtime->StateDigest();
+                                         return absl::OkStatus();
+                                       });
+        !s.ok()) {
+      return s;
+    }
+    for (DeviceRound& r : rows) result.rounds.push_back(std::move(r));
   }
   for (Device& d : devices) {
     if (d.agent) d.agent->Stop();
+  }
+  result.peak_devices_streaming = streaming.peak();
+  if (c.scheduler) {
+    result.peak_jobs_in_flight = c.scheduler->peak_in_flight();
+    result.peak_jobs_running = c.scheduler->peak_running();
   }
   return result;
 }
@@ -600,7 +804,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
 
 absl::StatusOr<RunResult> RunExperiment(const Experiment& experiment,
                                         const HarnessOptions& options) {
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   auto train = ds::LoadFashionMnist(ds::Split::kTrain);
   if (!train.ok()) return train.status();
   auto test = ds::LoadFashionMnist(ds::Split::kTest);

@@ -1,23 +1,36 @@
 // The round-trip harness: runs an Experiment through the real services on one machine.
 //
-// For each method, a fresh cloud (stores, PerDeviceStrategy, CloudService on a loopback gRPC
-// port) and N device agents (InferenceRuntime + CloudClient + DeviceAgent), each device
-// reaching the cloud through its own LinkEmulator. Every round (Algorithm 1 of the paper):
+// For each method, a fresh cloud (stores, PerDeviceStrategy, the programs' JobScheduler,
+// CloudService on a loopback gRPC port) and N device agents (InferenceRuntime + CloudClient
+// + DeviceAgent with its link thread running, as in `cdcca-device`), each device reaching
+// the cloud through its own LinkEmulator. The scheduler and the agents' link loops run on one
+// VirtualClock (proto/clock.h) that the harness moves; everything else is real. Every round
+// (Algorithm 1 of the paper), the devices at once, each on its own thread:
 //
 //   1. each device answers stream_frames frames of its round's domain; UTS keeps samples and
 //      tokens and queues them (DeviceAgent::Process, Flush);
-//   2. it uplinks the queue over its emulated link (DeviceAgent::SyncOnce);
-//   3. the cloud runs one job per device (TrainerStrategy::RunJob: AKD or a baseline, DWC);
-//   4. the device fetches and applies the update in place and reports its digest (SyncOnce);
+//   2. its link thread uplinks the queue over its emulated link as batches fill; the
+//      device's part of the round ends when every batch is acked durable;
+//   3. then the clock moves by the scheduler's trigger interval: the scheduler triggers one
+//      job per device with new samples (the sample-count trigger is off, so a job never
+//      starts on part of a round) and runs them on its workers (Experiment job.workers);
+//   4. the link loops' next poll (the clock moves by their poll interval) fetches and
+//      applies each update in place and reports the digest;
 //   5. every device is scored on eval_scenes held-out test scenes of its current domain.
 //
 // Device-side methods (tent, cotta) adapt a local copy of the student on the device's own
 // stream and load the result into the runtime; source-only never adapts. Neither uses the
 // cloud or the link.
 //
-// Determinism: stream, evaluation scenes, dropout and training are seeded from `seed`, so
-// the same seed gives the same accuracies; byte counts match too; transfer times are
-// measured wall-clock figures and vary.
+// Determinism: stream, evaluation scenes, dropout and training are seeded from `seed`, and
+// no job's input depends on timing: a round's job consumes exactly that round's batches,
+// virtual time (sample ids, triggers) restarts at a fixed point each round, each kept
+// sample's dropout passes draw from their own seed (AgentOptions::score_seed), and jobs and
+// device-side adaptation, which draw from LibTorch's process-wide generator, never overlap
+// one another (one scheduler worker) or a device's scoring. So the same seed gives the same
+// accuracies, digests and byte counts; transfer, job and queueing times are measured
+// wall-clock figures and vary. (A device that uplinks nothing in a round lets its trigger
+// fire early in the next one; that round's job may then see part of the uplink.)
 #ifndef CDCCA_SIM_HARNESS_H_
 #define CDCCA_SIM_HARNESS_H_
 
@@ -60,10 +73,12 @@ struct DeviceRound {
   uint64_t uplink_wire_bytes = 0;       // every byte device -> cloud on the link
   uint64_t downlink_payload_bytes = 0;  // DWC update
   uint64_t downlink_wire_bytes = 0;
-  double uplink_seconds = 0;    // measured: the SyncOnce that uplinked
-  double downlink_seconds = 0;  // measured: the SyncOnce that fetched and applied
+  double uplink_seconds = 0;    // measured: the round's Uplink calls
+  double downlink_seconds = 0;  // measured: fetching, applying and reporting the update
   double job_seconds = 0;       // cloud training (or on-device adaptation) time
+  double queue_seconds = 0;     // measured: the scheduler's trigger to the job's start
   uint64_t version = 0;         // model version the device runs after the round
+  uint64_t state_digest = 0;    // of the device's trainable set after the round
   bool in_sync = true;          // device digest == cloud mirror digest
   double answer_ms = 0;         // mean per-frame answer latency on the device
 };
@@ -73,6 +88,11 @@ struct MethodResult {
   std::vector<DeviceRound> rounds;  // devices x (rounds + 1), round-major
   uint64_t raw_frame_bytes = 0;     // one model-input frame, RGB
   int64_t trainable_parameters = 0;
+  // Concurrency seen: devices streaming and uplinking at once, the scheduler's jobs
+  // triggered and not finished at once (queued or running), and running at once.
+  int peak_devices_streaming = 0;
+  int peak_jobs_in_flight = 0;
+  int peak_jobs_running = 0;
 };
 
 struct RunResult {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -195,24 +196,54 @@ TEST_F(HarnessTest, CaptionRunsScoreEveryCategory) {
   EXPECT_THAT(SummaryTable(run), HasSubstr("captions CIDEr-D / BLEU-4"));
 }
 
-TEST_F(HarnessTest, TheSameSeedGivesTheSameAccuracies) {
-  const Experiment e = TinyExperiment({"cd-cca"});
+// A fleet runs the deployed round: the devices stream and uplink at once, the programs'
+// scheduler holds every device's job in flight together (one worker: the later jobs
+// queue), and a rerun with the same seed gives the same accuracies, uplink, updates and
+// digests.
+TEST_F(HarnessTest, TheSameSeedGivesTheSameRunWithTheFleetAtOnce) {
+  Experiment e = TinyExperiment({"cd-cca"});
+  e.devices = 3;
+  e.stagger = true;
   std::vector<double> first;
+  std::vector<uint64_t> first_digests;
   for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass);
     HarnessOptions options;
     options.work_dir = dir_.path() + "/work" + std::to_string(pass);
     options.seed = 9;
     ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
-    std::vector<double> da;
-    for (const DeviceRound& r : run.methods[0].rounds) {
-      da.push_back(r.da);
-      da.push_back(r.mc);
-      da.push_back(static_cast<double>(r.kept_samples));
+    const MethodResult& m = run.methods[0];
+    EXPECT_GE(m.peak_devices_streaming, 2);       // streams overlap (all three, unless one is late)
+    EXPECT_EQ(m.peak_jobs_in_flight, e.devices);  // every device's job triggered at once
+    EXPECT_EQ(m.peak_jobs_running, 1);            // on the one worker
+    std::vector<double> figures;
+    std::vector<uint64_t> digests;
+    double most_queued = 0;
+    for (const DeviceRound& r : m.rounds) {
+      figures.insert(figures.end(), r.question_da.begin(), r.question_da.end());
+      for (double v :
+           {r.da, r.mc, static_cast<double>(r.kept_samples), static_cast<double>(r.kept_tokens),
+            static_cast<double>(r.uplink_payload_bytes),
+            static_cast<double>(r.downlink_payload_bytes), static_cast<double>(r.version)}) {
+        figures.push_back(v);
+      }
+      digests.push_back(r.state_digest);
+      if (r.round > 0) {
+        EXPECT_EQ(r.version, static_cast<uint64_t>(r.round));
+        EXPECT_TRUE(r.in_sync);
+        EXPECT_GE(r.queue_seconds, 0);
+        most_queued = std::max(most_queued, r.queue_seconds);
+      }
     }
+    EXPECT_GT(most_queued, 0);  // a job waited for the one before it
+    // Staggered devices adapt to different domains, so their digests differ.
+    EXPECT_NE(digests[static_cast<size_t>(e.devices)], digests[static_cast<size_t>(e.devices) + 1]);
     if (pass == 0) {
-      first = da;
+      first = figures;
+      first_digests = digests;
     } else {
-      EXPECT_EQ(da, first);
+      EXPECT_EQ(figures, first);
+      EXPECT_EQ(digests, first_digests);
     }
   }
 }

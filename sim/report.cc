@@ -27,6 +27,7 @@ struct RoundSummary {
   double da = 0, mc = 0;
   double uplink_payload = 0, uplink_wire = 0, downlink_payload = 0, downlink_wire = 0;
   double uplink_seconds = 0, downlink_seconds = 0, job_seconds = 0;
+  double queue_seconds = 0, queue_max = 0;  // scheduler: sum and max over the round's jobs
   double frames = 0, kept_samples = 0, kept_tokens = 0;
   double updates = 0;  // devices that received an update this round
   bool in_sync = true;
@@ -47,6 +48,8 @@ std::vector<RoundSummary> Summarize(const MethodResult& m, int devices) {
     s.uplink_seconds = std::max(s.uplink_seconds, r.uplink_seconds);
     s.downlink_seconds = std::max(s.downlink_seconds, r.downlink_seconds);
     s.job_seconds += r.job_seconds;
+    s.queue_seconds += r.queue_seconds;
+    s.queue_max = std::max(s.queue_max, r.queue_seconds);
     s.frames += static_cast<double>(r.frames);
     s.kept_samples += static_cast<double>(r.kept_samples);
     s.kept_tokens += static_cast<double>(r.kept_tokens);
@@ -293,6 +296,19 @@ SeedStats Across(const SeedRow& row) {
 
 constexpr double kHdFrameBytes = 1920.0 * 1080 * 3;
 
+// The cloud scheduler's queueing delay (trigger to job start) per adapted round: mean / max
+// over the round's jobs, seconds.
+std::vector<std::string> QueueDelays(const std::vector<RoundSummary>& rounds) {
+  std::vector<std::string> out;
+  for (const RoundSummary& r : rounds) {
+    if (r.round == 0) continue;
+    out.push_back(r.updates > 0
+                      ? absl::StrFormat("%.2f / %.2f", r.queue_seconds / r.updates, r.queue_max)
+                      : std::string("-"));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string SummaryTable(const RunResult& run) {
@@ -328,6 +344,11 @@ std::string SummaryTable(const RunResult& run) {
   for (const Paired& p : PairedComparisons(run)) {
     absl::StrAppendFormat(&out, "%s minus %s: %+.2f %s (paired SE %.2f)\n", p.reference, p.method,
                           p.diff, PointName(run), p.se);
+  }
+  for (const MethodResult& m : run.methods) {
+    if (!UsesCloud(m)) continue;
+    absl::StrAppend(&out, m.method, " scheduler queueing delay per round (mean / max s): ",
+                    absl::StrJoin(QueueDelays(Summarize(m, e.devices)), ", "), "\n");
   }
   if (e.captioning()) absl::StrAppend(&out, "\n", CaptionTableMarkdown(run));
   return out;
@@ -436,6 +457,27 @@ std::string MarkdownReport(const RunResult& run) {
       "not). Transfer seconds are measured over the emulated link (";
   absl::StrAppendFormat(&md, "%.0f/%.0f Mbit/s up/down, %.0f ms one way, %.2f%% segment loss).\n",
                         e.link.up_mbit_s, e.link.down_mbit_s, e.link.latency_ms, 100 * e.link.loss);
+  // The cloud scheduler: how long each round's jobs waited for a worker.
+  bool scheduler_header = false;
+  for (const MethodResult& m : run.methods) {
+    if (!UsesCloud(m)) continue;
+    if (!scheduler_header) {
+      absl::StrAppendFormat(&md,
+                            "\n## Cloud scheduler\n\nQueueing delay of the round's jobs, from "
+                            "the trigger to the job's start (%d worker(s); measured seconds, "
+                            "mean / max over devices), and the most jobs triggered and not "
+                            "finished at once.\n\n| method |",
+                            e.job.workers);
+      for (int r = 1; r <= e.rounds; ++r) absl::StrAppend(&md, " round ", r, " |");
+      md += " jobs in flight |\n|---|";
+      for (int r = 0; r <= e.rounds; ++r) md += "---|";
+      md += "\n";
+      scheduler_header = true;
+    }
+    absl::StrAppend(&md, "| ", m.method, " | ",
+                    absl::StrJoin(QueueDelays(Summarize(m, e.devices)), " | "), " | ",
+                    m.peak_jobs_in_flight, " |\n");
+  }
   // Paired comparison of CD-CCA with every other method.
   const std::vector<Paired> paired = PairedComparisons(run);
   if (!paired.empty()) {
@@ -475,18 +517,22 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   j["seconds"] = run.seconds;
   j["devices"] = e.devices;
   j["rounds"] = e.rounds;
+  j["job_workers"] = e.job.workers;
   j["task"] = e.task;
   // What "da" and "mc" hold: VQA accuracies, or a caption run's CIDEr-D and BLEU-4 (all).
   j["metrics"] = e.captioning() ? json{"cider_all", "bleu4_all"} : json{"da", "mc"};
   std::string csv =
       "method,device,round,domain,da,mc,questions,frames,kept_samples,kept_tokens,"
       "uplink_payload_bytes,uplink_wire_bytes,downlink_payload_bytes,downlink_wire_bytes,"
-      "uplink_seconds,downlink_seconds,job_seconds,version,in_sync,answer_ms\n";
+      "uplink_seconds,downlink_seconds,job_seconds,version,in_sync,answer_ms,queue_seconds\n";
   for (const MethodResult& m : run.methods) {
     json jm;
     jm["method"] = m.method;
     jm["trainable_parameters"] = m.trainable_parameters;
     jm["raw_frame_bytes"] = m.raw_frame_bytes;
+    jm["peak_devices_streaming"] = m.peak_devices_streaming;
+    jm["peak_jobs_in_flight"] = m.peak_jobs_in_flight;
+    jm["peak_jobs_running"] = m.peak_jobs_running;
     for (const DeviceRound& r : m.rounds) {
       jm["rounds"].push_back({{"device", r.device},
                               {"round", r.round},
@@ -504,7 +550,9 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
                               {"uplink_seconds", r.uplink_seconds},
                               {"downlink_seconds", r.downlink_seconds},
                               {"job_seconds", r.job_seconds},
+                              {"queue_seconds", r.queue_seconds},
                               {"version", r.version},
+                              {"state_digest", absl::StrFormat("%016x", r.state_digest)},
                               {"in_sync", r.in_sync},
                               {"answer_ms", r.answer_ms}});
       if (!r.captions.empty()) {
@@ -517,11 +565,11 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
         }
       }
       absl::StrAppendFormat(
-          &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f\n",
+          &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f,%.4f\n",
           m.method, r.device, r.round, r.domain, r.da, r.mc, r.questions, r.frames, r.kept_samples,
           r.kept_tokens, r.uplink_payload_bytes, r.uplink_wire_bytes, r.downlink_payload_bytes,
           r.downlink_wire_bytes, r.uplink_seconds, r.downlink_seconds, r.job_seconds, r.version,
-          r.in_sync ? 1 : 0, r.answer_ms);
+          r.in_sync ? 1 : 0, r.answer_ms, r.queue_seconds);
     }
     j["methods"].push_back(jm);
   }

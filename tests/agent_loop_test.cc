@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "absl/time/clock.h"
 #include "cloud/trainer.h"
@@ -195,6 +196,35 @@ TEST_F(AgentLoopTest, ServesWhileTheCloudIsAwayThenUplinksUnderTheCap) {
   // Three streams at the cap: the third may start only after the first two's bytes would
   // have taken at the cap (a lower bound; a slow machine only makes it longer).
   EXPECT_GE(seconds, 1.5);
+}
+
+// The link thread on an injected clock (the harness's virtual one): a flush wakes it at
+// once, so the uplink does not wait for time, but its next poll for an update comes only
+// once that clock has moved by the poll interval, however much real time passes.
+TEST_F(AgentLoopTest, TheLinkLoopPollsOnItsClock) {
+  VirtualClock clock;
+  device::AgentOptions o = Options();
+  o.clock = &clock;
+  o.poll_interval = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client_.get()));
+  agent->Start();
+  ASSERT_OK(agent->Process(Frames(8, 1)).status());  // two full batches, queued
+  auto wait_for = [](const std::function<bool()>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] { return agent->Stats().queue.batches == 0; }));
+  absl::SleepFor(absl::Milliseconds(200));  // the pass that uplinked them ends
+  ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(agent->Stats().version, 0u);  // the clock stands still: no poll yet
+  clock.Advance(absl::Seconds(2));
+  ASSERT_TRUE(wait_for([&] { return agent->Stats().version == 1; }));
+  EXPECT_EQ(agent->Stats().state_digest, report.state_digest);
+  EXPECT_GT(agent->Stats().uplink_seconds, 0);
+  EXPECT_GT(agent->Stats().update_seconds, 0);
+  agent->Stop();
 }
 
 }  // namespace
