@@ -18,19 +18,25 @@ namespace {
 
 using nlohmann::json;
 
-// transformers-4.x checkpoint names -> transformers-5.x names, by config.json model_type.
-// A stored name starting with `old_prefix` gets `new_prefix` instead. 5.x names never start
-// with an old prefix, so applying the rules to a 5.x checkpoint changes nothing.
+// Stored checkpoint names -> the canonical names (transformers 5's module tree), by
+// config.json model_type; the first rule whose prefix matches applies. Published
+// (transformers 4.x) LLaVA checkpoints store `language_model.model.*`,
+// `language_model.lm_head.*` and `vision_tower.vision_model.*`; transformers 5.x saves the
+// same legacy prefixes but the tower without `vision_model.`; a canonical name maps to itself.
 struct NameRule {
   const char* model_type;
-  const char* old_prefix;
-  const char* new_prefix;
+  const char* stored_prefix;
+  const char* canonical_prefix;
+  bool transformers4;  // only transformers-4.x checkpoints store this prefix
 };
 constexpr NameRule kNameRules[] = {
-    {"llava", "language_model.model.", "model.language_model."},
-    {"llava", "language_model.lm_head.", "lm_head."},
-    {"llava", "vision_tower.", "model.vision_tower."},
-    {"llava", "multi_modal_projector.", "model.multi_modal_projector."},
+    {"llava", "language_model.model.", "model.language_model.", false},
+    {"llava", "language_model.lm_head.", "lm_head.", false},
+    {"llava", "vision_tower.vision_model.", "model.vision_tower.vision_model.", true},
+    {"llava", "vision_tower.", "model.vision_tower.vision_model.", false},
+    {"llava", "model.vision_tower.vision_model.", "model.vision_tower.vision_model.", false},
+    {"llava", "model.vision_tower.", "model.vision_tower.vision_model.", false},
+    {"llava", "multi_modal_projector.", "model.multi_modal_projector.", false},
 };
 
 bool ParseDtype(const std::string& name, torch::ScalarType* t) {
@@ -181,9 +187,9 @@ absl::Status HfFolder::IndexFile(const std::string& path) {
     }
     std::string name = e.disk_name;
     for (const NameRule& r : kNameRules) {
-      if (model_type == r.model_type && absl::StartsWith(name, r.old_prefix)) {
-        name = absl::StrCat(r.new_prefix, name.substr(std::strlen(r.old_prefix)));
-        layout_ = NameLayout::kTransformers4;
+      if (model_type == r.model_type && absl::StartsWith(name, r.stored_prefix)) {
+        name = absl::StrCat(r.canonical_prefix, name.substr(std::strlen(r.stored_prefix)));
+        if (r.transformers4) layout_ = NameLayout::kTransformers4;
         break;
       }
     }

@@ -2,10 +2,10 @@
 // config.json plus model.safetensors, or model-0000N-of-0000M.safetensors shards indexed by
 // model.safetensors.index.json. fp32, fp16 and bf16 tensors.
 //
-// Tensor names: every name this class takes or returns is in the layout transformers 5.x
-// saves (e.g. LLaVA `model.language_model.layers.0...`, `lm_head.weight`). Checkpoints in the
-// transformers-4.x layout (`language_model.model.layers.0...`) are translated at Open(); the
-// translation table (kNameRules in hf_folder.cc) is the only place that knows both layouts.
+// Tensor names taken or returned here are canonical: transformers 5's module tree (LLaVA:
+// `model.language_model.*`, `lm_head.*`, `model.vision_tower.vision_model.*`). Stored names
+// (4.x: `vision_tower.vision_model.*`; what 5.x saves: `vision_tower.*`; both
+// `language_model.model.*`) are translated at Open() by kNameRules (hf_folder.cc) alone.
 //
 // Open() reads only the safetensors headers; Load() reads one tensor's bytes with a seek, so
 // a sharded checkpoint is never held in memory whole.

@@ -45,24 +45,42 @@ TEST(HfFolderTest, ReadsShardsThroughTheIndexAndTranslatesOldLlavaNames) {
   testing::TempDir dir;
   WriteText(dir.file("config.json"), R"({"model_type": "llava"})");
   ASSERT_OK(WriteSafetensors(dir.file("model-00001-of-00002.safetensors"),
-                             {{"language_model.model.norm.weight", torch::ones({4})}}, {}));
+                             {{"language_model.model.norm.weight", torch::ones({4})},
+                              {"vision_tower.vision_model.post_layernorm.bias", torch::ones({2})}},
+                             {}));
   ASSERT_OK(WriteSafetensors(dir.file("model-00002-of-00002.safetensors"),
                              {{"language_model.lm_head.weight", torch::full({5, 4}, 2.0f)},
                               {"multi_modal_projector.linear_1.bias", torch::zeros({4})}},
                              {}));
   WriteText(dir.file("model.safetensors.index.json"), R"({"metadata": {}, "weight_map": {
       "language_model.model.norm.weight": "model-00001-of-00002.safetensors",
+      "vision_tower.vision_model.post_layernorm.bias": "model-00001-of-00002.safetensors",
       "language_model.lm_head.weight": "model-00002-of-00002.safetensors",
       "multi_modal_projector.linear_1.bias": "model-00002-of-00002.safetensors"}})");
   ASSERT_OK_AND_ASSIGN(HfFolder f, HfFolder::Open(dir.path()));
   EXPECT_EQ(f.layout(), HfFolder::NameLayout::kTransformers4);
   EXPECT_THAT(f.Names(), ::testing::ElementsAre("lm_head.weight",
                                                 "model.language_model.norm.weight",
-                                                "model.multi_modal_projector.linear_1.bias"));
+                                                "model.multi_modal_projector.linear_1.bias",
+                                                "model.vision_tower.vision_model.post_layernorm.bias"));
   ASSERT_OK_AND_ASSIGN(torch::Tensor head, f.Load("lm_head.weight", torch::kFloat));
   EXPECT_EQ(head.sizes().vec(), (std::vector<int64_t>{5, 4}));
   EXPECT_FLOAT_EQ(head[4][3].item<float>(), 2.0f);
   EXPECT_THAT(f.FileOf("model.language_model.norm.weight"), HasSubstr("00001-of-00002"));
+}
+
+TEST(HfFolderTest, ReadsTheNamesTransformers5Saves) {
+  testing::TempDir dir;
+  WriteText(dir.file("config.json"), R"({"model_type": "llava"})");
+  ASSERT_OK(WriteSafetensors(dir.file("model.safetensors"),
+                             {{"vision_tower.embeddings.class_embedding", torch::ones({4})},
+                              {"language_model.model.norm.weight", torch::ones({4})}},
+                             {}));
+  ASSERT_OK_AND_ASSIGN(HfFolder f, HfFolder::Open(dir.path()));
+  EXPECT_EQ(f.layout(), HfFolder::NameLayout::kTransformers5);
+  EXPECT_THAT(f.Names(),
+              ::testing::ElementsAre("model.language_model.norm.weight",
+                                     "model.vision_tower.vision_model.embeddings.class_embedding"));
 }
 
 TEST(HfFolderTest, TruncatedFileIsDataLossNamingFileAndTensor) {
