@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "cli/flags_help.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
 #include "cloud/internal/file_io.h"
@@ -156,7 +157,9 @@ int main(int argc, char** argv) {
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  cdcca::cli::ParseFlagsOrHelp(argc, argv, [&usage](std::string_view file) {
+    return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
+  });
   if (absl::Status s = ApplyConfigFile(argc, argv); !s.ok()) return Fail(s);
   // Block SIGINT/SIGTERM in every thread (they inherit this mask) and wait for them below.
   sigset_t stop_signals;

@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
 #include "cloud/internal/file_io.h"
+#include "cloud/internal/mirror_file.h"
 #include "compress/delta_encoder.h"
 #include "compress/hash64.h"
 #include "compress/named_tensors.h"
@@ -27,73 +28,9 @@
 namespace cdcca::cloud {
 namespace {
 
-// ---- the per-device state file --------------------------------------------------------------
-// u32 magic "CDMS" | u32 format 1 | u64 version | u64 consumed sequence | u64 state digest |
-// 4 x (u64 size | bytes): mirror safetensors, encoder residual, update payload, snapshot |
-// u64 Hash64 of everything before it. Little-endian (all our hosts are).
-constexpr uint32_t kStateMagic = 0x534d4443;  // "CDMS"
-constexpr uint32_t kStateFormat = 1;
-
-struct MirrorFile {
-  uint64_t version = 0;
-  uint64_t consumed = 0;
-  uint64_t digest = 0;
-  std::string mirror;    // safetensors of the trainable set
-  std::string residual;  // DeltaEncoder::SerializeState
-  std::string update;    // payload that produced `version` (empty at version 0)
-  std::string snapshot;  // snapshot payload of `version` (empty at version 0)
-};
-
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-std::string EncodeMirrorFile(const MirrorFile& f) {
-  std::string out;
-  Put(out, kStateMagic);
-  Put(out, kStateFormat);
-  Put(out, f.version);
-  Put(out, f.consumed);
-  Put(out, f.digest);
-  for (const std::string* blob : {&f.mirror, &f.residual, &f.update, &f.snapshot}) {
-    Put<uint64_t>(out, blob->size());
-    out += *blob;
-  }
-  Put(out, compress::Hash64(out.data(), out.size()));
-  return out;
-}
-
-absl::StatusOr<MirrorFile> DecodeMirrorFile(absl::string_view in, const std::string& path) {
-  const auto bad = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat("mirror state ", path, ": ", why));
-  };
-  if (in.size() < 40) return bad("truncated");
-  uint64_t hash;
-  std::memcpy(&hash, in.data() + in.size() - 8, 8);
-  if (hash != compress::Hash64(in.data(), in.size() - 8)) return bad("checksum mismatch");
-  size_t pos = 0;
-  const auto get = [&](auto* v) {
-    if (pos + sizeof(*v) > in.size() - 8) return false;
-    std::memcpy(v, in.data() + pos, sizeof(*v));
-    pos += sizeof(*v);
-    return true;
-  };
-  uint32_t magic = 0, format = 0;
-  MirrorFile f;
-  if (!get(&magic) || !get(&format) || magic != kStateMagic || format != kStateFormat) {
-    return bad("not a mirror state file of format 1");
-  }
-  if (!get(&f.version) || !get(&f.consumed) || !get(&f.digest)) return bad("truncated");
-  for (std::string* blob : {&f.mirror, &f.residual, &f.update, &f.snapshot}) {
-    uint64_t size = 0;
-    if (!get(&size) || size > in.size() - 8 - pos) return bad("truncated blob");
-    blob->assign(in.data() + pos, size);
-    pos += size;
-  }
-  if (pos != in.size() - 8) return bad("trailing bytes");
-  return f;
-}
+using internal::DecodeMirrorFile;
+using internal::EncodeMirrorFile;
+using internal::MirrorFile;
 
 compress::NamedTensors CloneTensors(const compress::NamedTensors& in) {
   compress::NamedTensors out;

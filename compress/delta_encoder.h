@@ -101,7 +101,9 @@ class DeltaEncoder {
                                        uint64_t new_version);
 
   // The residual as bytes the cloud persists with the device's mirror, and back. Restore
-  // fails with DATA_LOSS for corrupted or truncated state and leaves the state unchanged.
+  // fails with DATA_LOSS for corrupted or truncated state and leaves the state unchanged;
+  // it allocates no more than the floats `bytes` holds (fuzzed with the mirror file,
+  // cloud/fuzz/).
   std::string SerializeState() const;
   absl::Status RestoreState(absl::string_view bytes);
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compress/hash64.h"
+#include "compress/zstd_frame.h"
 
 namespace cdcca::compress {
 namespace {
@@ -235,16 +236,10 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
     return absl::InvalidArgumentError("uplink payload body exceeds max_body_bytes");
   }
   const absl::string_view frame = covered.substr(kHeaderBytes);
-  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
-  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
-      content != body_size) {
-    return absl::DataLossError("uplink payload body frame does not match its declared size");
-  }
-  std::string body(body_size, '\0');
-  const size_t got = ZSTD_decompress(body.data(), body.size(), frame.data(), frame.size());
-  if (ZSTD_isError(got) || got != body_size) {
-    return absl::DataLossError("uplink payload body does not decompress");
-  }
+  absl::StatusOr<std::string> decompressed =
+      DecompressBoundedFrame(frame, body_size, limits.max_body_bytes, "uplink payload body");
+  if (!decompressed.ok()) return decompressed.status();
+  const std::string body = *std::move(decompressed);
 
   Reader r(body);
   std::vector<UplinkSample> samples;

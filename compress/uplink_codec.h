@@ -59,7 +59,11 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
 
 // Decodes and validates a payload. DATA_LOSS for a bad checksum, a truncated or overlong
 // payload, or a body that does not match its sizes; INVALID_ARGUMENT for values outside the
-// limits. Never reads outside `payload`, and never allocates more than the limits allow.
+// limits. Never reads outside `payload`. Allocation: a body declared over max_body_bytes is
+// rejected before any allocation; the zstd body is decoded by DecompressBoundedFrame
+// (compress/zstd_frame.h: only as much as the frame really produces, <= 2 x max_body_bytes
+// + 16 MiB window), and the decoded features take at most 2 x the body's bytes (fp16 ->
+// float) or 4 x (int8 -> float): with the default limits, at most 64 + 256 MiB.
 absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view payload,
                                                             const UplinkLimits& limits = {});
 

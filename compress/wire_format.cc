@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "compress/group_codec.h"
 #include "compress/hash64.h"
+#include "compress/zstd_frame.h"
 
 namespace cdcca::compress {
 namespace {
@@ -168,7 +169,7 @@ absl::StatusOr<std::string> SerializePayload(uint64_t base_version, uint64_t new
     // by decompression even where the outer checksum was recomputed (or collides).
     ZSTD_CCtx* cctx = ZSTD_createCCtx();
     if (cctx == nullptr) return absl::InternalError("zstd: out of memory");
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, zstd_level);
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, std::clamp(zstd_level, 1, 19));
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
     const size_t n = ZSTD_compress2(cctx, stored.data(), stored.size(), body.data(), body.size());
     ZSTD_freeCCtx(cctx);
@@ -252,19 +253,10 @@ absl::StatusOr<ParsedPayload> ParsePayload(absl::string_view payload, const Pars
   std::string decompressed;
   absl::string_view body;
   if ((info.flags & kFlagBodyZstd) != 0) {
-    const unsigned long long frame_size = ZSTD_getFrameContentSize(stored.data(), stored.size());
-    if (frame_size == ZSTD_CONTENTSIZE_ERROR || frame_size == ZSTD_CONTENTSIZE_UNKNOWN ||
-        frame_size != info.body_bytes) {
-      return absl::DataLossError("update body is not a zstd frame of the declared size");
-    }
-    decompressed.resize(info.body_bytes);
-    const size_t n =
-        ZSTD_decompress(decompressed.data(), decompressed.size(), stored.data(), stored.size());
-    if (ZSTD_isError(n) || n != info.body_bytes) {
-      return absl::DataLossError(
-          absl::StrCat("update body failed to decompress: ",
-                       ZSTD_isError(n) ? ZSTD_getErrorName(n) : "size differs from the header"));
-    }
+    absl::StatusOr<std::string> d = DecompressBoundedFrame(stored, info.body_bytes,
+                                                           limits.max_body_bytes, "update body");
+    if (!d.ok()) return d.status();
+    decompressed = *std::move(d);
     body = decompressed;
   } else {
     if (info.body_bytes != info.stored_body_bytes) {

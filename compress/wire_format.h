@@ -76,13 +76,17 @@ struct ParsedPayload {
   std::vector<TensorRecord> tensors;
 };
 
-// Resource caps for parsing untrusted input. Default: 1 GiB uncompressed body.
+// Resource caps for parsing untrusted input. A body declaring more than max_body_bytes is
+// rejected before anything is allocated; a zstd body is decoded by DecompressBoundedFrame
+// (compress/zstd_frame.h), so parsing allocates at most 2 x max_body_bytes + 16 MiB, and
+// only as much as the frame really produces. Default: 256 MiB uncompressed body (8-bit
+// deltas of a 256M-parameter trainable set).
 struct ParseLimits {
-  uint64_t max_body_bytes = uint64_t{1} << 30;
+  uint64_t max_body_bytes = uint64_t{256} << 20;
 };
 
 // Serialises records into a payload. zstd_level <= 0 stores the body raw; otherwise the body
-// is zstd-compressed at that level, unless that does not make it smaller. Fails with
+// is zstd-compressed at that level (clamped to 1-19, whose windows the decoder accepts), unless that does not make it smaller. Fails with
 // INVALID_ARGUMENT for a record the format cannot carry (bad bits, inconsistent sizes,
 // duplicate or empty names) and INTERNAL if zstd fails. Thread-safe.
 absl::StatusOr<std::string> SerializePayload(uint64_t base_version, uint64_t new_version,

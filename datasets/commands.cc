@@ -60,10 +60,12 @@ int EvalVqa() {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat(r, ": no answer for question_id ", rec.question_id)));
     }
-    acc.Add(VqaAccuracy(it->second, rec.answers), rec.answer_type);
+    acc.Add(VqaAccuracy(it->second, rec.answers), rec.answer_type, rec.question_type);
   }
+  // The keys of vqaEval.accuracy.
   Json out;
   out["overall"] = acc.Overall();
+  out["perQuestionType"] = acc.PerQuestionType();
   out["perAnswerType"] = acc.PerAnswerType();
   std::fprintf(stderr, "VQA accuracy over %d questions\n  %-10s %6.2f\n", acc.count(), "overall",
                acc.Overall());
@@ -108,9 +110,10 @@ int EvalAokvqa() {
       ++n_da;
     }
   }
+  // Unrounded, as eval_aokvqa returns them (sum / len * 100); the table on stderr rounds.
   Json out;
-  out["MC"] = n_mc ? RoundTo2(100.0 * mc / n_mc) : 0.0;
-  out["DA"] = n_da ? RoundTo2(100.0 * da / n_da) : 0.0;
+  out["MC"] = n_mc ? mc / n_mc * 100.0 : 0.0;
+  out["DA"] = n_da ? da / n_da * 100.0 : 0.0;
   std::fprintf(stderr, "A-OKVQA\n  MC %6.2f  (%d questions)\n  DA %6.2f  (%d questions)\n",
                out["MC"].get<double>(), n_mc, out["DA"].get<double>(), n_da);
   std::printf("%s\n", out.dump().c_str());

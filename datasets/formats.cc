@@ -276,14 +276,37 @@ std::string CocoFileName(const std::string& prefix, int64_t image_id) {
   return absl::StrFormat("%s%012d.jpg", prefix, image_id);
 }
 
-absl::StatusOr<Image> LoadImageFile(const std::string& dir, const std::string& file_name) {
-  const std::string path = (std::filesystem::path(dir) / file_name).string();
+absl::StatusOr<Image> LoadImageRgb(const std::string& path) {
   if (!std::filesystem::exists(path)) return absl::NotFoundError(absl::StrCat("no image ", path));
   try {
-    cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR);
-    if (bgr.empty()) return absl::DataLossError(absl::StrCat("cannot decode image ", path));
+    const cv::Mat raw = cv::imread(path, cv::IMREAD_UNCHANGED);
+    if (raw.empty()) return absl::DataLossError(absl::StrCat("cannot decode image ", path));
+    if (raw.depth() != CV_8U) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", raw.elemSize1() * 8,
+                       "-bit samples; only 8-bit images are supported (convert it first)"));
+    }
     cv::Mat rgb;
-    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    switch (raw.channels()) {
+      case 1:
+        cv::cvtColor(raw, rgb, cv::COLOR_GRAY2RGB);
+        break;
+      case 2: {  // gray + alpha: keep the gray
+        cv::Mat gray;
+        cv::extractChannel(raw, gray, 0);
+        cv::cvtColor(gray, rgb, cv::COLOR_GRAY2RGB);
+        break;
+      }
+      case 3:
+        cv::cvtColor(raw, rgb, cv::COLOR_BGR2RGB);
+        break;
+      case 4:
+        cv::cvtColor(raw, rgb, cv::COLOR_BGRA2RGB);
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": ", raw.channels(), " channels; expected 1 to 4"));
+    }
     Image img(rgb.cols, rgb.rows);
     for (int y = 0; y < rgb.rows; ++y) {
       std::memcpy(img.at(0, y), rgb.ptr<uint8_t>(y), static_cast<size_t>(rgb.cols) * 3);
@@ -292,6 +315,10 @@ absl::StatusOr<Image> LoadImageFile(const std::string& dir, const std::string& f
   } catch (const cv::Exception& e) {
     return absl::DataLossError(absl::StrCat("cannot decode image ", path, ": ", e.what()));
   }
+}
+
+absl::StatusOr<Image> LoadImageFile(const std::string& dir, const std::string& file_name) {
+  return LoadImageRgb((std::filesystem::path(dir) / file_name).string());
 }
 
 absl::Status WritePng(const Image& image, const std::string& path) {

@@ -79,8 +79,16 @@ absl::StatusOr<std::map<int64_t, std::string>> LoadCaptionResults(const std::str
 // CocoFileName("COCO_val2014_", 42) == "COCO_val2014_000000000042.jpg".
 std::string CocoFileName(const std::string& prefix, int64_t image_id);
 
-// Decodes `dir`/`file_name` with OpenCV into RGB. NOT_FOUND if missing, DATA_LOSS if it
-// cannot be decoded.
+// Decodes an image file with OpenCV into 8-bit RGB the way PIL's
+// Image.open(path).convert("RGB") does, so pixels match what transformers' processors
+// receive: grayscale is replicated to three channels, an alpha channel is dropped (not
+// blended), palette images are expanded, and EXIF orientation is not applied (PIL's open and
+// convert do not apply it either). NOT_FOUND if the file is missing, DATA_LOSS if OpenCV
+// cannot decode it, INVALID_ARGUMENT for more than 8 bits per channel (16-bit PNG/TIFF:
+// convert it to 8 bits first; PIL's own 16-bit conversions differ by mode). Every error
+// names the file. Thread-safe.
+absl::StatusOr<Image> LoadImageRgb(const std::string& path);
+// LoadImageRgb(`dir`/`file_name`).
 absl::StatusOr<Image> LoadImageFile(const std::string& dir, const std::string& file_name);
 // Writes `image` as PNG. INTERNAL if OpenCV cannot write.
 absl::Status WritePng(const Image& image, const std::string& path);

@@ -69,9 +69,12 @@ TEST_F(FormatsTest, VqaV2LoadAndEval) {
   ::testing::internal::CaptureStdout();
   ASSERT_EQ(EvalCommand({"vqa"}), 0);
   const nlohmann::json out = nlohmann::json::parse(::testing::internal::GetCapturedStdout());
-  EXPECT_DOUBLE_EQ(out["overall"].get<double>(), 80.0);  // (100 + 60) / 2
-  EXPECT_DOUBLE_EQ(out["perAnswerType"]["yes/no"].get<double>(), 100.0);
+  // q1: ten identical "yes", so the prediction "Yes" is not lower-cased (official 2021
+  // code): 0. q2: the annotators differ, "two" -> "2" matches 2 of 10: 60. (0 + 60) / 2.
+  EXPECT_DOUBLE_EQ(out["overall"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(out["perAnswerType"]["yes/no"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(out["perAnswerType"]["number"].get<double>(), 60.0);
+  EXPECT_DOUBLE_EQ(out["perQuestionType"]["how many"].get<double>(), 60.0);
 }
 
 TEST_F(FormatsTest, MalformedFilesNameFileAndField) {
@@ -125,7 +128,8 @@ TEST_F(FormatsTest, AokvqaLoadAndEval) {
   ASSERT_EQ(EvalCommand({"aokvqa"}), 0);
   const nlohmann::json out = nlohmann::json::parse(::testing::internal::GetCapturedStdout());
   EXPECT_DOUBLE_EQ(out["MC"].get<double>(), 50.0);
-  EXPECT_DOUBLE_EQ(out["DA"].get<double>(), 66.67);  // q2 is difficult: only q1, 2 of 10 -> 2/3
+  // q2 is difficult: only q1, 2 of 10 -> 2/3, unrounded as the official code reports it.
+  EXPECT_NEAR(out["DA"].get<double>(), 200.0 / 3, 1e-9);
 }
 
 TEST_F(FormatsTest, CaptionsLoadAndEval) {

@@ -35,8 +35,8 @@ void ReplaceAll(std::string& s, char from, std::string_view to) {
   s.swap(out);
 }
 
-// vqaEval.contractions, verbatim (its values use typographic apostrophes, as the official
-// table does).
+// vqaEval.contractions as the 2021 revision has it (straight apostrophes; the keys that
+// start with a capital can never match, as the official code lower-cases first).
 const std::unordered_map<std::string, std::string>& Contractions() {
   static const std::unordered_map<std::string, std::string> kTable = {
       {"aint", "ain't"},
@@ -44,122 +44,208 @@ const std::unordered_map<std::string, std::string>& Contractions() {
       {"cant", "can't"},
       {"couldve", "could've"},
       {"couldnt", "couldn't"},
-      {"couldn'tve", "couldn’t’ve"},
-      {"couldnt’ve", "couldn’t’ve"},
-      {"didnt", "didn’t"},
-      {"doesnt", "doesn’t"},
-      {"dont", "don’t"},
-      {"hadnt", "hadn’t"},
-      {"hadnt’ve", "hadn’t’ve"},
-      {"hadn'tve", "hadn’t’ve"},
-      {"hasnt", "hasn’t"},
-      {"havent", "haven’t"},
-      {"hed", "he’d"},
-      {"hed’ve", "he’d’ve"},
-      {"he’dve", "he’d’ve"},
-      {"hes", "he’s"},
-      {"howd", "how’d"},
-      {"howll", "how’ll"},
-      {"hows", "how’s"},
-      {"Id’ve", "I’d’ve"},
-      {"I’dve", "I’d’ve"},
-      {"Im", "I’m"},
-      {"Ive", "I’ve"},
-      {"isnt", "isn’t"},
-      {"itd", "it’d"},
-      {"itd’ve", "it’d’ve"},
-      {"it’dve", "it’d’ve"},
-      {"itll", "it’ll"},
-      {"let’s", "let’s"},
-      {"maam", "ma’am"},
-      {"mightnt", "mightn’t"},
-      {"mightnt’ve", "mightn’t’ve"},
-      {"mightn’tve", "mightn’t’ve"},
-      {"mightve", "might’ve"},
-      {"mustnt", "mustn’t"},
-      {"mustve", "must’ve"},
-      {"neednt", "needn’t"},
-      {"notve", "not’ve"},
-      {"oclock", "o’clock"},
-      {"oughtnt", "oughtn’t"},
-      {"ow’s’at", "’ow’s’at"},
-      {"’ows’at", "’ow’s’at"},
-      {"’ow’sat", "’ow’s’at"},
-      {"shant", "shan’t"},
-      {"shed’ve", "she’d’ve"},
-      {"she’dve", "she’d’ve"},
-      {"she’s", "she’s"},
-      {"shouldve", "should’ve"},
-      {"shouldnt", "shouldn’t"},
-      {"shouldnt’ve", "shouldn’t’ve"},
-      {"shouldn’tve", "shouldn’t’ve"},
-      {"somebody’d", "somebodyd"},
-      {"somebodyd’ve", "somebody’d’ve"},
-      {"somebody’dve", "somebody’d’ve"},
-      {"somebodyll", "somebody’ll"},
-      {"somebodys", "somebody’s"},
-      {"someoned", "someone’d"},
-      {"someoned’ve", "someone’d’ve"},
-      {"someone’dve", "someone’d’ve"},
-      {"someonell", "someone’ll"},
-      {"someones", "someone’s"},
-      {"somethingd", "something’d"},
-      {"somethingd’ve", "something’d’ve"},
-      {"something’dve", "something’d’ve"},
-      {"somethingll", "something’ll"},
-      {"thats", "that’s"},
-      {"thered", "there’d"},
-      {"thered’ve", "there’d’ve"},
-      {"there’dve", "there’d’ve"},
-      {"therere", "there’re"},
-      {"theres", "there’s"},
-      {"theyd", "they’d"},
-      {"theyd’ve", "they’d’ve"},
-      {"they’dve", "they’d’ve"},
-      {"theyll", "they’ll"},
-      {"theyre", "they’re"},
-      {"theyve", "they’ve"},
-      {"twas", "’twas"},
-      {"wasnt", "wasn’t"},
-      {"wed’ve", "we’d’ve"},
-      {"we’dve", "we’d’ve"},
+      {"couldn'tve", "couldn't've"},
+      {"couldnt've", "couldn't've"},
+      {"didnt", "didn't"},
+      {"doesnt", "doesn't"},
+      {"dont", "don't"},
+      {"hadnt", "hadn't"},
+      {"hadnt've", "hadn't've"},
+      {"hadn'tve", "hadn't've"},
+      {"hasnt", "hasn't"},
+      {"havent", "haven't"},
+      {"hed", "he'd"},
+      {"hed've", "he'd've"},
+      {"he'dve", "he'd've"},
+      {"hes", "he's"},
+      {"howd", "how'd"},
+      {"howll", "how'll"},
+      {"hows", "how's"},
+      {"Id've", "I'd've"},
+      {"I'dve", "I'd've"},
+      {"Im", "I'm"},
+      {"Ive", "I've"},
+      {"isnt", "isn't"},
+      {"itd", "it'd"},
+      {"itd've", "it'd've"},
+      {"it'dve", "it'd've"},
+      {"itll", "it'll"},
+      {"let's", "let's"},
+      {"maam", "ma'am"},
+      {"mightnt", "mightn't"},
+      {"mightnt've", "mightn't've"},
+      {"mightn'tve", "mightn't've"},
+      {"mightve", "might've"},
+      {"mustnt", "mustn't"},
+      {"mustve", "must've"},
+      {"neednt", "needn't"},
+      {"notve", "not've"},
+      {"oclock", "o'clock"},
+      {"oughtnt", "oughtn't"},
+      {"ow's'at", "'ow's'at"},
+      {"'ows'at", "'ow's'at"},
+      {"'ow'sat", "'ow's'at"},
+      {"shant", "shan't"},
+      {"shed've", "she'd've"},
+      {"she'dve", "she'd've"},
+      {"she's", "she's"},
+      {"shouldve", "should've"},
+      {"shouldnt", "shouldn't"},
+      {"shouldnt've", "shouldn't've"},
+      {"shouldn'tve", "shouldn't've"},
+      {"somebody'd", "somebodyd"},
+      {"somebodyd've", "somebody'd've"},
+      {"somebody'dve", "somebody'd've"},
+      {"somebodyll", "somebody'll"},
+      {"somebodys", "somebody's"},
+      {"someoned", "someone'd"},
+      {"someoned've", "someone'd've"},
+      {"someone'dve", "someone'd've"},
+      {"someonell", "someone'll"},
+      {"someones", "someone's"},
+      {"somethingd", "something'd"},
+      {"somethingd've", "something'd've"},
+      {"something'dve", "something'd've"},
+      {"somethingll", "something'll"},
+      {"thats", "that's"},
+      {"thered", "there'd"},
+      {"thered've", "there'd've"},
+      {"there'dve", "there'd've"},
+      {"therere", "there're"},
+      {"theres", "there's"},
+      {"theyd", "they'd"},
+      {"theyd've", "they'd've"},
+      {"they'dve", "they'd've"},
+      {"theyll", "they'll"},
+      {"theyre", "they're"},
+      {"theyve", "they've"},
+      {"twas", "'twas"},
+      {"wasnt", "wasn't"},
+      {"wed've", "we'd've"},
+      {"we'dve", "we'd've"},
       {"weve", "we've"},
-      {"werent", "weren’t"},
-      {"whatll", "what’ll"},
-      {"whatre", "what’re"},
-      {"whats", "what’s"},
-      {"whatve", "what’ve"},
-      {"whens", "when’s"},
-      {"whered", "where’d"},
+      {"werent", "weren't"},
+      {"whatll", "what'll"},
+      {"whatre", "what're"},
+      {"whats", "what's"},
+      {"whatve", "what've"},
+      {"whens", "when's"},
+      {"whered", "where'd"},
       {"wheres", "where's"},
-      {"whereve", "where’ve"},
-      {"whod", "who’d"},
-      {"whod’ve", "who’d’ve"},
-      {"who’dve", "who’d’ve"},
-      {"wholl", "who’ll"},
-      {"whos", "who’s"},
+      {"whereve", "where've"},
+      {"whod", "who'd"},
+      {"whod've", "who'd've"},
+      {"who'dve", "who'd've"},
+      {"wholl", "who'll"},
+      {"whos", "who's"},
       {"whove", "who've"},
-      {"whyll", "why’ll"},
-      {"whyre", "why’re"},
-      {"whys", "why’s"},
-      {"wont", "won’t"},
-      {"wouldve", "would’ve"},
-      {"wouldnt", "wouldn’t"},
-      {"wouldnt’ve", "wouldn’t’ve"},
-      {"wouldn’tve", "wouldn’t’ve"},
-      {"yall", "y’all"},
-      {"yall’ll", "y’all’ll"},
-      {"y’allll", "y’all’ll"},
-      {"yall’d’ve", "y’all’d’ve"},
-      {"y’alld’ve", "y’all’d’ve"},
-      {"y’all’dve", "y’all’d’ve"},
-      {"youd", "you’d"},
-      {"youd’ve", "you’d’ve"},
-      {"you’dve", "you’d’ve"},
-      {"youll", "you’ll"},
-      {"youre", "you’re"},
-      {"youve", "you’ve"}};
+      {"whyll", "why'll"},
+      {"whyre", "why're"},
+      {"whys", "why's"},
+      {"wont", "won't"},
+      {"wouldve", "would've"},
+      {"wouldnt", "wouldn't"},
+      {"wouldnt've", "wouldn't've"},
+      {"wouldn'tve", "wouldn't've"},
+      {"yall", "y'all"},
+      {"yall'll", "y'all'll"},
+      {"y'allll", "y'all'll"},
+      {"yall'd've", "y'all'd've"},
+      {"y'alld've", "y'all'd've"},
+      {"y'all'dve", "y'all'd've"},
+      {"youd", "you'd"},
+      {"youd've", "you'd've"},
+      {"you'dve", "you'd've"},
+      {"youll", "you'll"},
+      {"youre", "you're"},
+      {"youve", "you've"}};
   return kTable;
+}
+
+// ---- Python string semantics the VQA code relies on -----------------------------------
+
+// Length of the UTF-8 sequence at s[i] that Python's str.isspace() accepts, 0 if none:
+// \t \n \v \f \r, \x1c-\x1f, space, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029,
+// U+202F, U+205F, U+3000.
+size_t PySpaceAt(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20)) return 1;
+  if (c == 0xc2 && i + 1 < s.size() && (b(i + 1) == 0x85 || b(i + 1) == 0xa0)) return 2;
+  if (i + 2 >= s.size()) return 0;
+  const unsigned cp = ((c & 0x0fu) << 12) | ((b(i + 1) & 0x3fu) << 6) | (b(i + 2) & 0x3fu);
+  if ((c & 0xf0) != 0xe0 || (b(i + 1) & 0xc0) != 0x80 || (b(i + 2) & 0xc0) != 0x80) return 0;
+  const bool space = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
+                     cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+  return space ? 3 : 0;
+}
+
+// str.strip() with no argument.
+std::string PyStrip(std::string_view s) {
+  size_t b = 0;
+  while (b < s.size()) {
+    const size_t n = PySpaceAt(s, b);
+    if (n == 0) break;
+    b += n;
+  }
+  // The last non-space code point ends the result: scan forwards, as UTF-8 is.
+  size_t e = b;
+  for (size_t i = b; i < s.size();) {
+    const size_t n = PySpaceAt(s, i);
+    if (n > 0) {
+      i += n;
+    } else {
+      ++i;
+      while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) ++i;
+      e = i;
+    }
+  }
+  return std::string(s.substr(b, e - b));
+}
+
+// str.split() with no argument: runs of whitespace separate, no empty words.
+std::vector<std::string> PySplit(std::string_view s) {
+  std::vector<std::string> words;
+  std::string cur;
+  for (size_t i = 0; i < s.size();) {
+    if (const size_t n = PySpaceAt(s, i); n > 0) {
+      if (!cur.empty()) words.push_back(std::move(cur));
+      cur.clear();
+      i += n;
+    } else {
+      cur.push_back(s[i++]);
+    }
+  }
+  if (!cur.empty()) words.push_back(std::move(cur));
+  return words;
+}
+
+// str.lower() for ASCII and the Latin-1 capitals U+00C0-U+00DE (not U+00D7, the
+// multiplication sign); other code points are left as they are.
+std::string PyLower(std::string_view s) {
+  std::string out(s);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(out[i]);
+    if (c >= 'A' && c <= 'Z') {
+      out[i] = static_cast<char>(c - 'A' + 'a');
+    } else if (c == 0xc3 && i + 1 < out.size()) {
+      const unsigned char d = static_cast<unsigned char>(out[i + 1]);
+      if (d >= 0x80 && d <= 0x9e && d != 0x97) out[i + 1] = static_cast<char>(d + 0x20);
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::map<std::string, double> RoundedMeans(
+    const std::map<std::string, std::vector<double>>& groups) {
+  std::map<std::string, double> out;
+  for (const auto& [key, accs] : groups) {
+    double s = 0;
+    for (double a : accs) s += a;
+    out[key] = RoundTo2(100.0 * s / static_cast<double>(accs.size()));
+  }
+  return out;
 }
 
 // ---- PTB tokenization ----------------------------------------------------------------
@@ -205,18 +291,20 @@ NGramCounts CountNGrams(const std::vector<std::string>& words, int max_n) {
 // ---- VQA --------------------------------------------------------------------------------
 
 std::string VqaProcessPunctuation(std::string_view text) {
-  static constexpr char kPunct[] = {';', ':',  '/', '\'', '[', ']', '"', '(', ')', '=',
-                                    '+', '\\', '_', '>',  '<', '@', '`', ',', '?'};
-  std::string out(text);
+  // vqaEval.punct (2021). The decision for each mark looks at the input, not at the text as
+  // the earlier marks left it; so the order of the list does not matter.
+  static constexpr char kPunct[] = {';', '/', '[', ']', '"', '{', '}', '(', ')', '=', '+',
+                                    '\\', '_', '-', '>', '<', '@', '`', ',', '?', '!'};
   const bool digit_comma = HasDigitCommaDigit(text);
+  std::string out(text);
   for (char p : kPunct) {
     const std::string p_space = std::string(1, p) + " ", space_p = " " + std::string(1, p);
     const bool touches_space = text.find(p_space) != std::string_view::npos ||
                                text.find(space_p) != std::string_view::npos;
     ReplaceAll(out, p, touches_space || digit_comma ? "" : " ");
   }
-  // periodStrip "(?!<=\d)(\.)(?!\d)" with count=re.UNICODE (32): delete up to 32 periods
-  // that are not followed by a digit.
+  // periodStrip "(?!<=\d)(\.)(?!\d)" with count = re.UNICODE (32): delete the first 32
+  // periods that are not followed by a digit, whatever precedes them (see the header).
   std::string result;
   int removed = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -233,60 +321,53 @@ std::string VqaProcessDigitArticle(std::string_view text) {
   static const std::unordered_map<std::string, std::string> kNumbers = {
       {"none", "0"}, {"zero", "0"}, {"one", "1"},   {"two", "2"},   {"three", "3"}, {"four", "4"},
       {"five", "5"}, {"six", "6"},  {"seven", "7"}, {"eight", "8"}, {"nine", "9"},  {"ten", "10"}};
-  std::vector<std::string> words;
-  std::string cur;
-  auto flush = [&] {
-    if (cur.empty()) return;
-    auto it = kNumbers.find(cur);
-    std::string w = it == kNumbers.end() ? cur : it->second;
-    if (w != "a" && w != "an" && w != "the") {
-      auto c = Contractions().find(w);
-      words.push_back(c == Contractions().end() ? w : c->second);
-    }
-    cur.clear();
-  };
-  for (char ch : text) {
-    if (std::isspace(static_cast<unsigned char>(ch))) {
-      flush();
-    } else {
-      cur.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
-    }
-  }
-  flush();
   std::string out;
-  for (size_t i = 0; i < words.size(); ++i) {
-    if (i) out.push_back(' ');
-    out += words[i];
+  for (std::string word : PySplit(PyLower(text))) {
+    auto number = kNumbers.find(word);
+    if (number != kNumbers.end()) word = number->second;
+    if (word == "a" || word == "an" || word == "the") continue;
+    // The official code replaces contractions after dropping the articles; a word is
+    // looked up once, so the order of these two steps does not change the result.
+    auto c = Contractions().find(word);
+    if (c != Contractions().end()) word = c->second;
+    if (!out.empty()) out.push_back(' ');
+    out += word;
   }
   return out;
 }
 
-std::string VqaNormalizeAnswer(std::string_view answer) {
+std::string VqaStripAnswer(std::string_view answer) {
   std::string a(answer);
   for (char& c : a) {
     if (c == '\n' || c == '\t') c = ' ';
   }
-  // Python's str.strip() (whitespace).
-  const size_t b = a.find_first_not_of(" \t\n\r\f\v");
-  const size_t e = a.find_last_not_of(" \t\n\r\f\v");
-  a = b == std::string::npos ? "" : a.substr(b, e - b + 1);
-  return VqaProcessDigitArticle(VqaProcessPunctuation(a));
+  return PyStrip(a);
+}
+
+std::string VqaNormalizeAnswer(std::string_view answer) {
+  return VqaProcessDigitArticle(VqaProcessPunctuation(VqaStripAnswer(answer)));
 }
 
 double VqaAccuracy(std::string_view prediction, const std::vector<std::string>& gt_answers) {
   if (gt_answers.empty()) return 0;
-  const std::string pred = VqaNormalizeAnswer(prediction);
-  std::vector<std::string> gts = gt_answers;
+  std::string pred = VqaStripAnswer(prediction);
+  std::vector<std::string> gts;
+  gts.reserve(gt_answers.size());
+  for (const std::string& g : gt_answers) gts.push_back(VqaStripAnswer(g));
+  // Unanimity is judged on the stripped answers, before any other processing.
   if (std::set<std::string>(gts.begin(), gts.end()).size() > 1) {
-    for (std::string& g : gts) g = VqaProcessPunctuation(g);
+    for (std::string& g : gts) g = VqaProcessDigitArticle(VqaProcessPunctuation(g));
+    pred = VqaProcessDigitArticle(VqaProcessPunctuation(pred));
   }
   const int total = static_cast<int>(std::count(gts.begin(), gts.end(), pred));
   double sum = 0;
   for (const std::string& g : gts) {
-    const int others = total - (g == pred ? 1 : 0);  // leave this annotator out
-    sum += std::min(1.0, others / 3.0);
+    // Leave this annotator out: the official code drops exactly this answer record (the
+    // records differ in answer_id), so a match among the others loses one if g matches.
+    const int others = total - (g == pred ? 1 : 0);
+    sum += std::min(1.0, static_cast<double>(others) / 3.0);
   }
-  return sum / gts.size();
+  return sum / static_cast<double>(gts.size());
 }
 
 double RoundTo2(double x) {
@@ -295,26 +376,26 @@ double RoundTo2(double x) {
   return std::nearbyint(x * 100.0) / 100.0;
 }
 
-void VqaAccumulator::Add(double accuracy, const std::string& answer_type) {
+void VqaAccumulator::Add(double accuracy, const std::string& answer_type,
+                         const std::string& question_type) {
   all_.push_back(accuracy);
   by_type_[answer_type].push_back(accuracy);
+  if (!question_type.empty()) by_question_type_[question_type].push_back(accuracy);
 }
 
 double VqaAccumulator::Overall() const {
   if (all_.empty()) return 0;
   double s = 0;
   for (double a : all_) s += a;
-  return RoundTo2(100.0 * s / all_.size());
+  return RoundTo2(100.0 * s / static_cast<double>(all_.size()));
 }
 
 std::map<std::string, double> VqaAccumulator::PerAnswerType() const {
-  std::map<std::string, double> out;
-  for (const auto& [type, accs] : by_type_) {
-    double s = 0;
-    for (double a : accs) s += a;
-    out[type] = RoundTo2(100.0 * s / accs.size());
-  }
-  return out;
+  return RoundedMeans(by_type_);
+}
+
+std::map<std::string, double> VqaAccumulator::PerQuestionType() const {
+  return RoundedMeans(by_question_type_);
 }
 
 // ---- A-OKVQA ----------------------------------------------------------------------------

@@ -24,30 +24,71 @@ TEST(VqaMetricTest, Normalization) {
   EXPECT_EQ(VqaNormalizeAnswer("Two"), "2");
   EXPECT_EQ(VqaNormalizeAnswer("  The Red coat.\n"), "red coat");
   EXPECT_EQ(VqaNormalizeAnswer("none"), "0");
+  EXPECT_EQ(VqaNormalizeAnswer("Ten"), "10");
   EXPECT_EQ(VqaNormalizeAnswer("an apple"), "apple");
-  EXPECT_EQ(VqaNormalizeAnswer("dont"), "don\u2019t");  // the official table's apostrophe
-  EXPECT_EQ(VqaProcessPunctuation("3.5"), "3.5");       // a period before a digit stays
+  EXPECT_EQ(VqaNormalizeAnswer("dont"), "don't");  // the 2021 table's straight apostrophe
+  EXPECT_EQ(VqaNormalizeAnswer("Youre"), "you're");
+  EXPECT_EQ(VqaNormalizeAnswer("couldn'tve"), "couldn't've");  // a key with an apostrophe
+  EXPECT_EQ(VqaNormalizeAnswer("Im"), "im");  // capitalised keys never match after lower()
+  EXPECT_EQ(VqaProcessPunctuation("3.5"), "3.5");  // a period before a digit stays
   EXPECT_EQ(VqaProcessPunctuation("yes."), "yes");
+  // The official look-behind is spelt as a look-ahead: a period after a digit goes too.
+  EXPECT_EQ(VqaProcessPunctuation("2."), "2");
   EXPECT_EQ(VqaProcessPunctuation("hello,world"), "hello world");  // no space: -> space
   EXPECT_EQ(VqaProcessPunctuation("a , b"), "a  b");               // touches a space: deleted
   EXPECT_EQ(VqaProcessPunctuation("1,000 sheep"), "1000 sheep");   // digit,digit: deleted
-  EXPECT_EQ(VqaProcessPunctuation("t-shirt"), "t-shirt");          // '-' is not in the list
-  EXPECT_EQ(VqaNormalizeAnswer("top-left?"), "top-left");
+  EXPECT_EQ(VqaProcessPunctuation("t-shirt"), "t shirt");          // '-' is in the 2021 list
+  EXPECT_EQ(VqaProcessPunctuation("3:30 it's"), "3:30 it's");      // ':' and '\'' are not
+  EXPECT_EQ(VqaNormalizeAnswer("top-left?"), "top left");
+  // Python's strip() and split() know more whitespace than ASCII's.
+  EXPECT_EQ(VqaStripAnswer("\xc2\xa0 yes\t\n\x1f"), "yes");
+  EXPECT_EQ(VqaNormalizeAnswer("red\xe3\x80\x80" "car"), "red car");
+  EXPECT_EQ(VqaNormalizeAnswer("\xc3\x89T\xc3\x89"), "\xc3\xa9t\xc3\xa9");  // ÉTÉ -> été
+}
+
+// Every mark of the official list, both ways: glued between letters it becomes a space;
+// when it touches a space anywhere in the answer, or the answer holds a digit,digit comma,
+// it is deleted everywhere.
+TEST(VqaMetricTest, EveryPunctuationMark) {
+  for (char p : std::string(";/[]\"{}()=+\\_-><@`,?!")) {
+    const std::string m(1, p);
+    SCOPED_TRACE(m);
+    EXPECT_EQ(VqaProcessPunctuation("ab" + m + "cd"), "ab cd");
+    EXPECT_EQ(VqaProcessPunctuation("ab" + m + "cd " + m), "abcd ");
+    EXPECT_EQ(VqaProcessPunctuation(m + " ab" + m + "cd"), " abcd");
+    EXPECT_EQ(VqaProcessPunctuation("ab" + m + "cd 1,5"), "abcd 15");
+  }
+  // Not in the list: kept whatever surrounds them.
+  for (char p : std::string(":'#*%&$~|^")) {
+    const std::string m(1, p);
+    SCOPED_TRACE(m);
+    EXPECT_EQ(VqaProcessPunctuation("ab" + m + "cd " + m), "ab" + m + "cd " + m);
+  }
+  // periodStrip deletes at most 32 periods (re.UNICODE passed as the count).
+  EXPECT_EQ(VqaProcessPunctuation(std::string(40, '.')), std::string(8, '.'));
 }
 
 TEST(VqaMetricTest, AllIdenticalAnswers) {
   EXPECT_DOUBLE_EQ(VqaAccuracy("yes", Repeat("yes", 10)), 1.0);
-  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes.", Repeat("yes", 10)), 1.0);
+  EXPECT_DOUBLE_EQ(VqaAccuracy(" yes\n", Repeat("yes", 10)), 1.0);  // stripped
+  // Unanimous annotators: neither side is processed beyond the strip, so case,
+  // punctuation and number words count (the 2021 official code).
+  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes.", Repeat("yes", 10)), 0.0);
+  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes", Repeat("yes", 10)), 0.0);
+  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes", Repeat("Yes", 10)), 1.0);
+  EXPECT_DOUBLE_EQ(VqaAccuracy("two", Repeat("2", 10)), 0.0);
   EXPECT_DOUBLE_EQ(VqaAccuracy("no", Repeat("yes", 10)), 0.0);
-  // Identical ground truth is not normalized at all (official behaviour), so a capitalised
-  // ground truth never matches the lower-cased prediction.
-  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes", Repeat("Yes", 10)), 0.0);
+  // Unanimity is judged after stripping.
+  EXPECT_DOUBLE_EQ(VqaAccuracy("Yes", Concat(Repeat("yes", 9), {" yes\n"})), 0.0);
 }
 
 TEST(VqaMetricTest, NumberWordsAndArticles) {
-  EXPECT_DOUBLE_EQ(VqaAccuracy("two", Repeat("2", 10)), 1.0);
+  // Annotators disagree: both sides are normalized, the ground truth included.
+  EXPECT_DOUBLE_EQ(VqaAccuracy("two", Concat(Repeat("2", 4), Repeat("3", 6))), 1.0);
+  EXPECT_NEAR(VqaAccuracy("2", Concat(Repeat("Two", 3), Repeat("3", 7))), 0.9, 1e-12);
   EXPECT_DOUBLE_EQ(VqaAccuracy("the red coat", Concat(Repeat("red coat", 4), Repeat("coat", 6))),
                    1.0);
+  EXPECT_NEAR(VqaAccuracy("dont", Concat(Repeat("Don't", 3), Repeat("no", 7))), 0.9, 1e-12);
 }
 
 TEST(VqaMetricTest, LeaveOneOutMean) {
@@ -64,12 +105,14 @@ TEST(VqaMetricTest, LeaveOneOutMean) {
 
 TEST(VqaMetricTest, AccumulatorRoundsPercentages) {
   VqaAccumulator acc;
-  acc.Add(1.0, "yes/no");
-  acc.Add(0.0, "yes/no");
-  acc.Add(0.6, "number");
+  acc.Add(1.0, "yes/no", "is the");
+  acc.Add(0.0, "yes/no", "is this");
+  acc.Add(0.6, "number", "is the");
   EXPECT_DOUBLE_EQ(acc.Overall(), 53.33);
   EXPECT_DOUBLE_EQ(acc.PerAnswerType().at("yes/no"), 50.0);
   EXPECT_DOUBLE_EQ(acc.PerAnswerType().at("number"), 60.0);
+  EXPECT_DOUBLE_EQ(acc.PerQuestionType().at("is the"), 80.0);
+  EXPECT_DOUBLE_EQ(acc.PerQuestionType().at("is this"), 0.0);
   EXPECT_DOUBLE_EQ(VqaAccumulator().Overall(), 0.0);
   EXPECT_DOUBLE_EQ(RoundTo2(66.666666), 66.67);
 }

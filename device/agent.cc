@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compress/hash64.h"
 #include "compress/uplink_codec.h"
 #include "device/internal/durable_file.h"
+#include "device/internal/state_file.h"
 
 namespace cdcca::device {
 namespace {
@@ -36,11 +36,6 @@ void LogEvent(const char* event, const std::string& detail) {
   LogEvent("test_fault", where);
   std::fflush(stderr);
   _exit(86);
-}
-
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
 bool LinkError(const absl::Status& s) {
@@ -88,19 +83,11 @@ absl::Status DeviceAgent::LoadState() {
     return absl::OkStatus();
   }
   if (!bytes.ok()) return bytes.status();
-  const std::string& b = *bytes;
-  uint64_t version = 0, digest = 0, hash = 0;
-  bool valid = b.size() >= 24;
+  absl::StatusOr<internal::TrainableStateFile> file = internal::DecodeTrainableStateFile(*bytes);
+  bool valid = file.ok();
   if (valid) {
-    std::memcpy(&version, b.data(), 8);
-    std::memcpy(&digest, b.data() + 8, 8);
-    std::memcpy(&hash, b.data() + b.size() - 8, 8);
-    valid = hash == compress::Hash64(b.data(), b.size() - 8);
-  }
-  if (valid) {
-    absl::Status s =
-        runtime_->LoadTrainableState(absl::string_view(b).substr(16, b.size() - 24), version);
-    valid = s.ok() && runtime_->StateDigest() == digest;
+    absl::Status s = runtime_->LoadTrainableState(file->safetensors, file->version);
+    valid = s.ok() && runtime_->StateDigest() == file->digest;
   }
   if (!valid) {
     // Written durably, so damage is not a torn write; keep the pretrained state and let
@@ -118,11 +105,7 @@ absl::Status DeviceAgent::SaveState() {
   if (!state.ok()) return state.status();
   const uint64_t version = runtime_->version();
   const uint64_t digest = runtime_->StateDigest();
-  std::string out;
-  Put(out, version);
-  Put(out, digest);
-  out += *state;
-  Put(out, compress::Hash64(out.data(), out.size()));
+  const std::string out = internal::EncodeTrainableStateFile(version, digest, *state);
   if (absl::Status s = internal::WriteDurably(options_.state_dir + "/trainable.state", out);
       !s.ok()) {
     return s;

@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cli/flags_help.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
@@ -255,7 +256,9 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  absl::ParseCommandLine(argc, argv);
+  cdcca::cli::ParseFlagsOrHelp(argc, argv, [&usage](std::string_view file) {
+    return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
+  });
   using namespace cdcca::device;  // NOLINT: a program's main
 
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);

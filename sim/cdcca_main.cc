@@ -8,6 +8,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cli/flags_help.h"
 #ifdef CDCCA_HAVE_PRETRAIN
 #include "distill/model/commands.h"
 #endif
@@ -58,19 +60,24 @@ const Command kCommands[] = {
 #endif
 };
 
-void PrintCommands() {
-  std::fprintf(stderr, "usage: cdcca <command> [flags] [args]\n\ncommands:\n");
-  for (const Command& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.summary);
-  std::fprintf(stderr, "\n`cdcca <command> --helpfull` lists every flag.\n");
+// On stdout when asked for (help, --help), on stderr after a usage error.
+void PrintCommands(std::FILE* out) {
+  std::fprintf(out, "usage: cdcca <command> [flags] [args]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out, "\n`cdcca <command> --help` lists the flags.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("cdcca <command> [flags] [args]; `cdcca help` lists commands");
-  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0) {
-    PrintCommands();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    PrintCommands(stderr);
+    return 2;
+  }
+  if (cdcca::cli::HelpRequested(2, argv) || std::strcmp(argv[1], "help") == 0) {
+    PrintCommands(stdout);
+    return 0;
   }
   const std::string name = argv[1];
   for (const Command& c : kCommands) {
@@ -78,12 +85,13 @@ int main(int argc, char** argv) {
     // Drop the command name so absl sees "cdcca --flag ... args".
     std::vector<char*> rest{argv[0]};
     for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
-    std::vector<char*> positional =
-        absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+    std::vector<char*> positional = cdcca::cli::ParseFlagsOrHelp(
+        static_cast<int>(rest.size()), rest.data(), cdcca::cli::ProjectFlagFile,
+        absl::StrCat("usage: cdcca ", c.name, " [flags] [args]\n  ", c.summary));
     std::vector<std::string> args(positional.begin() + 1, positional.end());
     return c.run(args);
   }
   std::fprintf(stderr, "cdcca: unknown command '%s'\n\n", name.c_str());
-  PrintCommands();
+  PrintCommands(stderr);
   return 2;
 }

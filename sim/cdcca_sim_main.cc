@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cli/flags_help.h"
 #include "sim/experiment.h"
 #include "sim/harness.h"
 #include "sim/report.h"
@@ -74,7 +75,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "runs a CD-CCA round-trip experiment through the real services and writes report.md, "
       "results.json, results.csv and report.html");
-  absl::ParseCommandLine(argc, argv);
+  cdcca::cli::ParseFlagsOrHelp(argc, argv, [](std::string_view file) {
+    return file.find("cdcca_sim_main") != std::string_view::npos;
+  });
   std::string path = absl::GetFlag(FLAGS_experiment);
   if (path.find('/') == std::string::npos && path.find(".json") == std::string::npos) {
     path = absl::StrCat("configs/experiments/", path, ".json");

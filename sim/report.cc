@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "sim/report_html.h"
 
 namespace cdcca::sim {
 
@@ -292,95 +293,6 @@ SeedStats Across(const SeedRow& row) {
 
 constexpr double kHdFrameBytes = 1920.0 * 1080 * 3;
 
-// ---- SVG ------------------------------------------------------------------------------------
-
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000"};
-
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o += c;
-  }
-  return o;
-}
-
-struct Series {
-  std::string name;
-  std::vector<double> y;
-};
-
-// A line chart: x = 0..n-1 labelled by `x_labels`.
-std::string LineChart(const std::string& title, const std::string& y_label,
-                      const std::vector<std::string>& x_labels, const std::vector<Series>& series) {
-  const double w = 640, h = 320, left = 60, right = 170, top = 30, bottom = 40;
-  double lo = 1e300, hi = -1e300;
-  for (const Series& s : series) {
-    for (double v : s.y) {
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-  }
-  if (lo > hi) lo = 0, hi = 1;
-  if (hi - lo < 1e-9) hi = lo + 1;
-  const double pad = 0.08 * (hi - lo);
-  lo -= pad;
-  hi += pad;
-  const size_t n = std::max<size_t>(2, x_labels.size());
-  auto X = [&](size_t i) { return left + (w - left - right) * static_cast<double>(i) / (n - 1); };
-  auto Y = [&](double v) { return top + (h - top - bottom) * (1 - (v - lo) / (hi - lo)); };
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"%.0f\" y=\"18\" "
-      "font-size=\"14\">%s</text>\n",
-      w, h, left, Escape(title));
-  for (int k = 0; k <= 4; ++k) {
-    const double v = lo + (hi - lo) * k / 4.0;
-    absl::StrAppendFormat(&svg,
-                          "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                          "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>\n",
-                          left, w - right, Y(v), Y(v), left - 4, Y(v) + 4, v);
-  }
-  for (size_t i = 0; i < x_labels.size(); ++i) {
-    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n",
-                          X(i), h - bottom + 16, Escape(x_labels[i]));
-  }
-  absl::StrAppendFormat(&svg,
-                        "<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\" "
-                        "text-anchor=\"middle\">%s</text>\n",
-                        (top + h - bottom) / 2, (top + h - bottom) / 2, Escape(y_label));
-  for (size_t s = 0; s < series.size(); ++s) {
-    const char* color = kColors[s % (sizeof(kColors) / sizeof(kColors[0]))];
-    std::string points;
-    for (size_t i = 0; i < series[s].y.size(); ++i) {
-      absl::StrAppendFormat(&points, "%.1f,%.1f ", X(i), Y(series[s].y[i]));
-    }
-    absl::StrAppendFormat(&svg,
-                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
-                          "points=\"%s\"/>\n",
-                          color, points);
-    for (size_t i = 0; i < series[s].y.size(); ++i) {
-      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", X(i),
-                            Y(series[s].y[i]), color);
-    }
-    const double ly = top + 14.0 * static_cast<double>(s);
-    absl::StrAppendFormat(&svg,
-                          "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                          "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-                          w - right + 10, ly, color, w - right + 24, ly + 9,
-                          Escape(series[s].name));
-  }
-  svg += "</svg>\n";
-  return svg;
-}
-
 }  // namespace
 
 std::string SummaryTable(const RunResult& run) {
@@ -620,13 +532,14 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
                                   {"standard_error", p.se},
                                   {"questions", p.questions}});
   }
-  // report.html: the markdown tables as preformatted text plus three plots.
+  // report.html: the markdown report as HTML (tables as <table>) plus the plots; sizes and
+  // times are plotted from 0, accuracies on a fitted axis that the chart's title flags.
   std::vector<std::string> x;
   for (int r = 0; r <= e.rounds; ++r) x.push_back(r == 0 ? "before" : absl::StrCat("round ", r));
-  std::vector<Series> acc, up, down, latency;
+  std::vector<ChartSeries> acc, up, down, latency;
   for (const MethodResult& m : run.methods) {
     std::vector<RoundSummary> rounds = Summarize(m, e.devices);
-    Series a{m.method, {}}, u{m.method, {}}, d{m.method, {}}, l{m.method, {}};
+    ChartSeries a{m.method, {}}, u{m.method, {}}, d{m.method, {}}, l{m.method, {}};
     for (const RoundSummary& r : rounds) {
       a.y.push_back(r.da);
       if (r.round == 0) continue;
@@ -645,23 +558,21 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   const std::string chart_title =
       e.captioning() ? "Caption CIDEr-D (all categories) per round" : "VQA DA accuracy per round";
   const std::string chart_unit = e.captioning() ? "CIDEr-D %" : "accuracy %";
-  std::string html = absl::StrCat(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>", Escape(e.name),
-      "</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-      "pre{background:#f6f6f6;padding:1em;overflow-x:auto}</style></head><body>\n<h1>",
-      Escape(e.title.empty() ? e.name : e.title), "</h1>\n<pre>", Escape(MarkdownReport(run)),
-      "</pre>\n", LineChart(chart_title, chart_unit, x, acc));
+  const std::string acc_chart = LineChartSvg(chart_title, chart_unit, x, acc, YAxis::kFitted);
+  std::vector<std::string> charts = {acc_chart};
   if (!up.empty()) {
-    absl::StrAppend(
-        &html, LineChart("Uplink payload per round (all devices)", "KB", xr, up),
-        LineChart("Downlink payload per round (all devices)", "KB", xr, down),
-        LineChart("Transfer latency per round (uplink + downlink)", "seconds", xr, latency));
+    charts.push_back(LineChartSvg("Uplink payload per round (all devices)", "KB", xr, up,
+                                  YAxis::kFromZero));
+    charts.push_back(LineChartSvg("Downlink payload per round (all devices)", "KB", xr, down,
+                                  YAxis::kFromZero));
+    charts.push_back(LineChartSvg("Transfer latency per round (uplink + downlink)", "seconds",
+                                  xr, latency, YAxis::kFromZero));
   }
-  html += "</body></html>\n";
+  const std::string html = HtmlReportPage(e.name, MarkdownReport(run), charts);
   if (absl::Status s = write("results.json", j.dump(2) + "\n"); !s.ok()) return s;
   if (absl::Status s = write("results.csv", csv); !s.ok()) return s;
   if (absl::Status s = write("report.md", MarkdownReport(run)); !s.ok()) return s;
-  if (absl::Status s = write("accuracy.svg", LineChart(chart_title, chart_unit, x, acc)); !s.ok()) {
+  if (absl::Status s = write("accuracy.svg", acc_chart); !s.ok()) {
     return s;
   }
   return write("report.html", html);

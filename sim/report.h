@@ -1,6 +1,7 @@
 // Writing a harness run: report.md (tables in the paper's layout), results.json (every
-// figure), results.csv (one row per method, device and round) and report.html (the tables
-// and plots as inline SVG: one self-contained page that works offline).
+// figure), results.csv (one row per method, device and round) and report.html (the report
+// as HTML, tables as <table>, and the plots as inline SVG, sizes and times from 0: one
+// self-contained page that works offline; sim/report_html.h renders it).
 #ifndef CDCCA_SIM_REPORT_H_
 #define CDCCA_SIM_REPORT_H_
 

@@ -1,11 +1,12 @@
 // Writes a seed corpus for the decoder fuzzer: valid payloads for the fuzz set at every bit
-// width, dense and sparse, zstd and raw, each prefixed with the fuzzer's "reseal" byte.
+// width, dense and sparse, zstd and raw, each behind the reseal flag (compress/fuzz/reseal.h).
 // Usage: compress_fuzz_seeds OUT_DIR
 #include <cstdio>
 #include <string>
 
 #include "compress/delta_encoder.h"
 #include "compress/fuzz/fuzz_set.h"
+#include "compress/fuzz/reseal.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -32,15 +33,10 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "encode failed: %s\n", payload.status().ToString().c_str());
           return 1;
         }
-        const std::string path = std::string(argv[1]) + "/seed_" + std::to_string(written++);
-        std::FILE* f = std::fopen(path.c_str(), "wb");
-        if (f == nullptr) {
-          std::perror(path.c_str());
+        if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++),
+                                              payload->bytes)) {
           return 1;
         }
-        std::fputc(1, f);  // reseal flag (see decode_fuzzer.cc)
-        std::fwrite(payload->bytes.data(), 1, payload->bytes.size(), f);
-        std::fclose(f);
       }
     }
   }

@@ -86,6 +86,17 @@ TEST(SafetensorsTest, CorruptionIsDataLoss) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Regression (safetensors fuzzer): 2^32 x 2^32 elements wrapped to 0 bytes, matched the
+// empty range, and torch::empty threw on the real shape instead of a DataLoss status.
+TEST(SafetensorsTest, ShapeWhoseSizeOverflowsIsDataLoss) {
+  const std::string head =
+      R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  bytes[0] = static_cast<char>(head.size());
+  bytes += head;
+  EXPECT_THAT(DecodeSafetensors(bytes), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("w")));
+}
+
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,6 +1,8 @@
 #include "distill/model/config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -13,6 +15,60 @@ namespace {
 
 using nlohmann::json;
 
+// Typed reads of one JSON value. A number is range-checked before it is converted: a
+// double outside int's (or float's) range would convert with undefined behaviour.
+const char* Read(const json& v, int* out) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      return "integer out of range";
+    }
+    *out = static_cast<int>(v.get<uint64_t>());
+    return nullptr;
+  }
+  int64_t x = 0;
+  if (v.is_number_float()) {
+    // 48.0 reads as 48; 48.5, 1e300 and NaN do not.
+    const double d = v.get<double>();
+    if (!(d >= std::numeric_limits<int>::min() && d <= std::numeric_limits<int>::max()) ||
+        d != std::trunc(d)) {
+      return "must be an integer in int's range";
+    }
+    x = static_cast<int64_t>(d);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else {
+    return "must be an integer";
+  }
+  if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) {
+    return "integer out of range";
+  }
+  *out = static_cast<int>(x);
+  return nullptr;
+}
+const char* Read(const json& v, float* out) {
+  if (!v.is_number()) return "must be a number";
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || std::fabs(x) > std::numeric_limits<float>::max()) {
+    return "number out of range";
+  }
+  *out = static_cast<float>(x);
+  return nullptr;
+}
+const char* Read(const json& v, std::string* out) {
+  if (!v.is_string()) return "must be a string";
+  *out = v.get<std::string>();
+  return nullptr;
+}
+const char* Read(const json& v, std::vector<int>* out) {
+  if (!v.is_array()) return "must be an array";
+  std::vector<int> values(v.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (const char* why = Read(v[i], &values[i])) return why;
+  }
+  *out = std::move(values);
+  return nullptr;
+}
+
 // Reads known keys out of one JSON object and reports any key nobody asked for.
 class ObjectReader {
  public:
@@ -22,10 +78,8 @@ class ObjectReader {
   void Get(const char* key, T* out) {
     seen_.insert(key);
     if (!status_.ok() || !obj_.contains(key)) return;
-    try {
-      *out = obj_.at(key).get<T>();
-    } catch (const json::exception& e) {
-      status_ = absl::InvalidArgumentError(absl::StrCat(where_, ".", key, ": ", e.what()));
+    if (const char* why = Read(obj_.at(key), out)) {
+      status_ = absl::InvalidArgumentError(absl::StrCat(where_, ".", key, ": ", why));
     }
   }
   void Skip(const char* key) { seen_.insert(key); }
@@ -147,6 +201,25 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
 int VisionConfig::GridSide() const { return image_size >> static_cast<int>(channels.size()); }
 int VisionConfig::NumTokens() const { return GridSide() * GridSide(); }
 
+absl::Status ValidateVision(const VisionConfig& v) {
+  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
+  // Bounded so that GridSide() and NumTokens() cannot overflow or shift too far.
+  if (v.image_size <= 0 || v.image_size > kMaxImageSize) {
+    return bad(absl::StrCat("vision.image_size must be in 1-", kMaxImageSize));
+  }
+  if (v.channels.empty() || v.channels.size() > kMaxVisionStages) {
+    return bad(absl::StrCat("vision.channels must list 1-", kMaxVisionStages, " widths"));
+  }
+  for (int c : v.channels) {
+    if (c <= 0) return bad("vision.channels must be positive");
+  }
+  if (v.image_size % (1 << v.channels.size()) != 0) {
+    return bad("vision.image_size must be divisible by 2^len(channels)");
+  }
+  if (v.d_vis <= 0) return bad("vision.d_vis must be positive");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTower(const TowerConfig& c) {
   auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
   if (c.num_queries <= 0 || c.qa_dim <= 0 || c.qa_layers <= 0 || c.d_model <= 0 ||
@@ -196,9 +269,7 @@ absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text) {
   if (absl::Status s = ReadTower(j["teacher"], "teacher", &f.teacher); !s.ok()) return s;
   if (absl::Status s = ReadTower(j["student"], "student", &f.student); !s.ok()) return s;
   if (j.contains("pretrain")) f.pretrain_json = j["pretrain"].dump();
-  if (f.vision.channels.empty() || f.vision.image_size % (1 << f.vision.channels.size()) != 0) {
-    return absl::InvalidArgumentError("vision.image_size must be divisible by 2^len(channels)");
-  }
+  if (absl::Status s = ValidateVision(f.vision); !s.ok()) return s;
   for (TowerConfig* t : {&f.teacher, &f.student}) {
     t->vocab_size = f.vocab_size;
     t->d_vis = f.vision.d_vis;
@@ -242,6 +313,7 @@ absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text) {
   if (!parsed.ok()) return parsed.status();
   VisionConfig c;
   if (absl::Status s = ReadVision(*parsed, &c); !s.ok()) return s;
+  if (absl::Status s = ValidateVision(c); !s.ok()) return s;
   return c;
 }
 

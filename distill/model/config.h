@@ -76,7 +76,9 @@ struct FamilyConfig {
 
 // Parses a family config (see configs/models/small.json for the schema). Unknown keys are
 // errors, so a typo never silently falls back to a default. Returns InvalidArgument with the
-// offending key, or NotFound if the file is missing.
+// offending key (also for a value of the wrong type or out of its type's range), or NotFound
+// if the file is missing. Untrusted text is fine: the parser is fuzzed
+// (distill/model/fuzz/config_fuzzer.cc); memory is about 20 x the text's size.
 absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text);
 absl::StatusOr<FamilyConfig> LoadFamilyConfig(const std::string& path);
 
@@ -88,6 +90,13 @@ absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text);
 
 // Checks divisibility and ranges (heads divide widths, positions cover the prefix, ...).
 absl::Status ValidateTower(const TowerConfig& c);
+
+// Bounds of a vision config, so that its derived sizes cannot overflow: image_size in
+// 1-kMaxImageSize, 1-kMaxVisionStages positive channel widths, image_size divisible by
+// 2^len(channels), d_vis positive. ParseFamilyConfig and ParseVisionConfig apply it.
+inline constexpr int kMaxImageSize = 8192;
+inline constexpr int kMaxVisionStages = 12;
+absl::Status ValidateVision(const VisionConfig& v);
 
 }  // namespace cdcca::model
 

@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "distill/model/safetensors_view.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -17,36 +17,32 @@ namespace {
 
 using nlohmann::json;
 
-struct DtypeName {
-  torch::ScalarType type;
-  const char* name;
+struct DtypePair {
+  torch::ScalarType torch;
+  SafetensorsDtype file;
 };
-constexpr DtypeName kDtypes[] = {
-    {torch::kDouble, "F64"},    {torch::kFloat, "F32"}, {torch::kHalf, "F16"},
-    {torch::kBFloat16, "BF16"}, {torch::kLong, "I64"},  {torch::kInt, "I32"},
-    {torch::kShort, "I16"},     {torch::kChar, "I8"},   {torch::kByte, "U8"},
-    {torch::kBool, "BOOL"},
+constexpr DtypePair kDtypes[] = {
+    {torch::kDouble, SafetensorsDtype::kF64},    {torch::kFloat, SafetensorsDtype::kF32},
+    {torch::kHalf, SafetensorsDtype::kF16},      {torch::kBFloat16, SafetensorsDtype::kBF16},
+    {torch::kLong, SafetensorsDtype::kI64},      {torch::kInt, SafetensorsDtype::kI32},
+    {torch::kShort, SafetensorsDtype::kI16},     {torch::kChar, SafetensorsDtype::kI8},
+    {torch::kByte, SafetensorsDtype::kU8},       {torch::kBool, SafetensorsDtype::kBool},
 };
 
+// The file name of a torch dtype; nullptr for one the format does not carry here.
 const char* DtypeToName(torch::ScalarType t) {
   for (const auto& d : kDtypes) {
-    if (d.type == t) return d.name;
+    if (d.torch == t) return SafetensorsDtypeName(d.file).data();
   }
   return nullptr;
 }
 
-bool NameToDtype(const std::string& name, torch::ScalarType* t) {
+torch::ScalarType ToTorch(SafetensorsDtype dtype) {
   for (const auto& d : kDtypes) {
-    if (name == d.name) {
-      *t = d.type;
-      return true;
-    }
+    if (d.file == dtype) return d.torch;
   }
-  return false;
+  return torch::kFloat;  // unreachable: every SafetensorsDtype is listed
 }
-
-// The format is little-endian; so is every machine this builds for (x86-64, aarch64).
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes little-endian");
 
 }  // namespace
 
@@ -89,80 +85,15 @@ absl::StatusOr<std::string> EncodeSafetensors(
 }
 
 absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes) {
-  if (bytes.size() < 8) return absl::DataLossError("safetensors: shorter than its header length");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  if (n > bytes.size() - 8) return absl::DataLossError("safetensors: header runs past the end");
-  json header;
-  try {
-    header = json::parse(bytes.substr(8, n));
-  } catch (const json::exception& e) {
-    return absl::DataLossError(absl::StrCat("safetensors: bad header JSON: ", e.what()));
-  }
-  if (!header.is_object()) return absl::DataLossError("safetensors: header is not an object");
-  const absl::string_view data = bytes.substr(8 + n);
+  absl::StatusOr<SafetensorsView> view = ParseSafetensors(bytes);
+  if (!view.ok()) return view.status();
   SafetensorsContents out;
-  struct Entry {
-    uint64_t begin, end;
-    std::string name;
-    torch::ScalarType type;
-    std::vector<int64_t> shape;
-  };
-  std::vector<Entry> entries;
-  try {
-    for (const auto& item : header.items()) {
-      if (item.key() == "__metadata__") {
-        for (const auto& m : item.value().items()) {
-          out.metadata[m.key()] = m.value().get<std::string>();
-        }
-        continue;
-      }
-      Entry e;
-      e.name = item.key();
-      const json& v = item.value();
-      if (!NameToDtype(v.at("dtype").get<std::string>(), &e.type)) {
-        return absl::DataLossError(absl::StrCat("safetensors: tensor ", e.name,
-                                                ": unsupported dtype ", v.at("dtype").dump()));
-      }
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data.size()) {
-        return absl::DataLossError(
-            absl::StrCat("safetensors: tensor ", e.name, ": data_offsets out of range"));
-      }
-      e.begin = offsets[0];
-      e.end = offsets[1];
-      entries.push_back(std::move(e));
-    }
-  } catch (const json::exception& e) {
-    return absl::DataLossError(absl::StrCat("safetensors: malformed header: ", e.what()));
-  }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  uint64_t covered = 0;
-  for (const Entry& e : entries) {
-    if (e.begin != covered) {
-      return absl::DataLossError(
-          absl::StrCat("safetensors: tensor ", e.name, ": data overlaps or leaves a gap"));
-    }
-    covered = e.end;
-    int64_t numel = 1;
-    for (int64_t s : e.shape) {
-      if (s < 0)
-        return absl::DataLossError(absl::StrCat("safetensors: tensor ", e.name, ": bad shape"));
-      numel *= s;
-    }
-    const uint64_t want = static_cast<uint64_t>(numel) * c10::elementSize(e.type);
-    if (want != e.end - e.begin) {
-      return absl::DataLossError(absl::StrCat("safetensors: tensor ", e.name, ": ", e.end - e.begin,
-                                              " bytes for ", want, " needed"));
-    }
-    torch::Tensor t = torch::empty(e.shape, torch::dtype(e.type));
-    if (want > 0) std::memcpy(t.data_ptr(), data.data() + e.begin, want);
+  out.metadata = std::move(view->metadata);
+  out.tensors.reserve(view->tensors.size());
+  for (const SafetensorsEntry& e : view->tensors) {
+    torch::Tensor t = torch::empty(e.shape, torch::dtype(ToTorch(e.dtype)));
+    if (!e.bytes.empty()) std::memcpy(t.data_ptr(), e.bytes.data(), e.bytes.size());
     out.tensors.emplace_back(e.name, std::move(t));
-  }
-  if (covered != data.size()) {
-    return absl::DataLossError("safetensors: trailing bytes after the last tensor");
   }
   return out;
 }

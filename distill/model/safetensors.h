@@ -36,6 +36,8 @@ absl::StatusOr<std::string> EncodeSafetensors(
 
 // Parses bytes produced by any safetensors writer. DataLoss on truncation, overlapping or
 // out-of-range offsets, or a size that does not match dtype x shape (naming the tensor).
+// The layout is checked by ParseSafetensors (safetensors_view.h, torch-free and fuzzed)
+// before any tensor is allocated; the tensors then take exactly the file's data bytes.
 absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes);
 
 absl::Status WriteSafetensors(const std::string& path,

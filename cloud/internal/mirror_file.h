@@ -1,0 +1,37 @@
+// The trainer's per-device state file, `<state_dir>/<device>.mirror` (torch-free, so its
+// decoder is fuzzed: cloud/fuzz/). Layout, little-endian:
+//   u32 magic "CDMS" | u32 format 1 | u64 version | u64 consumed sequence | u64 state digest |
+//   4 x (u64 size | bytes): mirror safetensors, encoder residual, update payload, snapshot |
+//   u64 Hash64 of everything before it.
+// The blobs are returned as bytes; their own decoders (ParseSafetensors,
+// DeltaEncoder::RestoreState, ParsePayload) check them.
+#ifndef CDCCA_CLOUD_INTERNAL_MIRROR_FILE_H_
+#define CDCCA_CLOUD_INTERNAL_MIRROR_FILE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cdcca::cloud::internal {
+
+struct MirrorFile {
+  uint64_t version = 0;
+  uint64_t consumed = 0;
+  uint64_t digest = 0;
+  std::string mirror;    // safetensors of the trainable set
+  std::string residual;  // DeltaEncoder::SerializeState
+  std::string update;    // payload that produced `version` (empty at version 0)
+  std::string snapshot;  // snapshot payload of `version` (empty at version 0)
+};
+
+std::string EncodeMirrorFile(const MirrorFile& f);
+
+// DATA_LOSS naming `path` for a bad checksum, magic or format, truncation or trailing
+// bytes. Allocates only the blobs, which together are smaller than `in`.
+absl::StatusOr<MirrorFile> DecodeMirrorFile(absl::string_view in, const std::string& path);
+
+}  // namespace cdcca::cloud::internal
+
+#endif  // CDCCA_CLOUD_INTERNAL_MIRROR_FILE_H_

@@ -1,0 +1,89 @@
+// The programs' command-line conventions that users' scripts rely on: `--help` prints the
+// help and exits 0 (absl alone exits 1), and an unknown flag exits non-zero naming the
+// flag. Runs the built binaries; a program this configuration does not build is skipped.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Outcome RunProgram(const std::string& command) {
+  Outcome r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Each program with a flag its help must list.
+const std::pair<const char*, const char*> kPrograms[] = {
+#ifdef CDCCA_BINARY
+    {CDCCA_BINARY, "usage: cdcca"},
+#endif
+#ifdef CDCCA_CLOUD_BINARY
+    {CDCCA_CLOUD_BINARY, "--data_dir"},
+#endif
+#ifdef CDCCA_DEVICE_BINARY
+    {CDCCA_DEVICE_BINARY, "--device_id"},
+#endif
+#ifdef CDCCA_SIM_BINARY
+    {CDCCA_SIM_BINARY, "--experiment"},
+#endif
+};
+
+TEST(ProgramsHelpTest, HelpExitsZeroAndPrintsHelp) {
+  for (const auto& [binary, expected] : kPrograms) {
+    for (const char* flag : {"--help", "-help", "--helpfull"}) {
+      SCOPED_TRACE(std::string(binary) + " " + flag);
+      const Outcome r = RunProgram(std::string(binary) + " " + flag);
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_THAT(r.output, HasSubstr(expected));
+    }
+  }
+}
+
+TEST(ProgramsHelpTest, UnknownFlagExitsNonZeroNamingIt) {
+  for (const auto& [binary, expected] : kPrograms) {
+    SCOPED_TRACE(binary);
+    const Outcome r = RunProgram(std::string(binary) + " --no_such_flag_xyz=1");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("no_such_flag_xyz"));
+  }
+}
+
+#ifdef CDCCA_BINARY
+TEST(ProgramsHelpTest, CdccaSubcommandHelp) {
+  const Outcome r = RunProgram(std::string(CDCCA_BINARY) + " eval --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("usage: cdcca eval"));
+  EXPECT_THAT(r.output, HasSubstr("--annotations"));  // a flag `cdcca eval` reads
+  EXPECT_THAT(r.output, Not(HasSubstr("--flagfile")));  // absl's own flags are left out
+  const Outcome help = RunProgram(std::string(CDCCA_BINARY) + " help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.output, HasSubstr("eval"));
+  const Outcome bad = RunProgram(std::string(CDCCA_BINARY) + " eval vqa --no_such_flag_xyz");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("no_such_flag_xyz"));
+  EXPECT_NE(RunProgram(CDCCA_BINARY).exit_code, 0);  // no command: usage error
+}
+#endif
+
+}  // namespace
