@@ -44,7 +44,9 @@ ABSL_FLAG(double, job_lr, 0, "adapt-eval: learning rate (0 = the config's)");
 ABSL_FLAG(int, job_batch, 0, "adapt-eval: batch size (0 = the config's)");
 ABSL_FLAG(int, mc_passes, 8, "adapt-eval: UTS stochastic passes M");
 ABSL_FLAG(double, dropout_p, 0.1, "adapt-eval: UTS dropout probability");
-ABSL_FLAG(std::string, precision, "int8", "adapt-eval: the device student's base precision");
+// --precision is shared with `cdcca generate` / `answer` (distill/model/precision_flag.cc);
+// empty = int8 here.
+ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_FLAG(uint64_t, seed, 1, "adapt-eval: scenes, passes, random tokens and jobs");
 
 namespace cdcca::distill {
@@ -94,7 +96,8 @@ int AdaptEvalCommand(const std::vector<std::string>& args) {
   o.mc_passes = absl::GetFlag(FLAGS_mc_passes);
   o.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_dropout_p));
   o.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_keep_fraction));
-  o.precision = absl::GetFlag(FLAGS_precision);
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  o.precision = precision.empty() ? std::string("int8") : precision;
   o.seed = absl::GetFlag(FLAGS_seed);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);

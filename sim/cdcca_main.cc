@@ -16,6 +16,9 @@
 #ifdef CDCCA_HAVE_ADAPT
 #include "distill/commands.h"
 #endif
+#ifdef CDCCA_HAVE_HF_COMMANDS
+#include "distill/model/generate_command.h"
+#endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"
 #endif
@@ -60,6 +63,12 @@ const Command kCommands[] = {
 #ifdef CDCCA_HAVE_TOKENIZERS
     {"tokenize", "ids of a text as transformers gives them: --model DIR --text TEXT",
      cdcca::tokenizer::TokenizeCommand},
+#endif
+#ifdef CDCCA_HAVE_HF_COMMANDS
+    {"generate", "greedy answer of a Hugging Face model folder: --model DIR --image F --prompt T",
+     cdcca::model::GenerateCommand},
+    {"answer", "answer a VQAv2/A-OKVQA file: --model DIR --questions F --images DIR --out F",
+     cdcca::model::AnswerCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

@@ -1,0 +1,281 @@
+#include "distill/model/decoder_lm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace cdcca::model {
+namespace {
+
+using nlohmann::json;
+
+// The class defaults of transformers' LlamaConfig / Qwen2Config, which fill every field a
+// config.json leaves out (published LLaVA text_configs list only what differs).
+struct DecoderDefaults {
+  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+      max_position_embeddings;
+};
+constexpr DecoderDefaults kLlamaDefaults{32000, 4096, 11008, 32, 32, 2048};
+constexpr DecoderDefaults kQwen2Defaults{151936, 4096, 22016, 32, 32, 32768};
+
+double LowestValue(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kHalf:
+      return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case torch::kBFloat16:
+      return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    default:
+      return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+
+int64_t IntOr(const json& c, const char* key, int64_t fallback) {
+  return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : fallback;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ConfigInt(const json& c, const std::string& key, const std::string& file) {
+  if (!c.contains(key) || !c[key].is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field ", key, " missing or not an integer"));
+  }
+  return c[key].get<int64_t>();
+}
+
+std::vector<int64_t> ConfigIdList(const json& c, const std::string& key) {
+  std::vector<int64_t> out;
+  if (!c.contains(key)) return out;
+  const json& v = c[key];
+  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+  if (v.is_array()) {
+    for (const json& x : v) {
+      if (x.is_number_integer()) out.push_back(x.get<int64_t>());
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> ReadEosTokenIds(const std::string& dir, const std::vector<int64_t>& fallback) {
+  absl::StatusOr<json> g = ReadJsonFile(dir + "/generation_config.json");
+  if (!g.ok() || !g->is_object() || !g->contains("eos_token_id")) return fallback;
+  std::vector<int64_t> ids = ConfigIdList(*g, "eos_token_id");
+  return ids.empty() ? fallback : ids;
+}
+
+absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::string& file) {
+  if (!c.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": text config is not an object"));
+  DecoderConfig d;
+  d.model_type = c.value("model_type", "");
+  const DecoderDefaults* defaults = nullptr;
+  if (d.model_type == "llama") {
+    defaults = &kLlamaDefaults;
+  } else if (d.model_type == "qwen2") {
+    defaults = &kQwen2Defaults;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field model_type = \"", d.model_type,
+                                                   "\" is not a supported decoder (llama, qwen2)"));
+  }
+  d.vocab_size = IntOr(c, "vocab_size", defaults->vocab_size);
+  d.hidden_size = IntOr(c, "hidden_size", defaults->hidden_size);
+  d.intermediate_size = IntOr(c, "intermediate_size", defaults->intermediate_size);
+  d.num_hidden_layers = IntOr(c, "num_hidden_layers", defaults->num_hidden_layers);
+  d.num_attention_heads = IntOr(c, "num_attention_heads", defaults->num_attention_heads);
+  d.num_key_value_heads = IntOr(c, "num_key_value_heads", d.num_attention_heads);
+  d.max_position_embeddings = IntOr(c, "max_position_embeddings", defaults->max_position_embeddings);
+  if (d.num_attention_heads <= 0 || d.hidden_size <= 0 || d.vocab_size <= 0 ||
+      d.num_hidden_layers < 0 || d.intermediate_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": non-positive size in the decoder config"));
+  }
+  d.head_dim = IntOr(c, "head_dim", d.hidden_size / d.num_attention_heads);
+  if (d.num_key_value_heads <= 0 || d.num_attention_heads % d.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": field num_key_value_heads = ", d.num_key_value_heads,
+        " does not divide num_attention_heads = ", d.num_attention_heads));
+  }
+  if (d.head_dim <= 0 || d.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field head_dim = ", d.head_dim,
+                                                   " must be even and positive"));
+  }
+  d.rms_norm_eps = c.value("rms_norm_eps", 1e-6);
+  const std::string act = c.value("hidden_act", "silu");
+  if (absl::Status s = CheckActivation(act, "hidden_act"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
+  }
+  d.hidden_act = act;
+  absl::StatusOr<RopeConfig> rope = ParseRopeConfig(c, file);
+  if (!rope.ok()) return rope.status();
+  d.rope = *rope;
+  if (d.model_type == "qwen2") {
+    d.qkv_bias = true;
+    if (c.value("use_sliding_window", false)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": field use_sliding_window = true is not supported"));
+    }
+  } else {
+    d.qkv_bias = d.o_bias = c.value("attention_bias", false);
+    d.mlp_bias = c.value("mlp_bias", false);
+  }
+  d.tie_word_embeddings = c.value("tie_word_embeddings", false);
+  d.eos_token_ids = ConfigIdList(c, "eos_token_id");
+  d.bos_token_id = IntOr(c, "bos_token_id", -1);
+  d.pad_token_id = IntOr(c, "pad_token_id", -1);
+  return d;
+}
+
+DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  auto linear = [&](int64_t in, int64_t out, bool bias) {
+    return HfLinear(HfLinearOptions{in, out, bias, p});
+  };
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+}
+
+torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                            const torch::Tensor& sin, const torch::Tensor& mask,
+                                            torch::Tensor* cache_k, torch::Tensor* cache_v) {
+  const int64_t b = x.size(0), t = x.size(1);
+  torch::Tensor q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
+  if (cache_k != nullptr) {
+    if (cache_k->defined()) {
+      k = torch::cat({*cache_k, k}, 2);
+      v = torch::cat({*cache_v, v}, 2);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
+  // Grouped-query attention: query head h reads kv head h / (heads / kv_heads).
+  if (kv_heads_ != heads_) {
+    k = k.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  }
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
+  if (mask.defined()) scores = scores + mask;
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads_ * head_dim_});
+  return o_proj(out);
+}
+
+DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p) : act_(c.hidden_act) {
+  gate_proj = register_module(
+      "gate_proj", HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
+  up_proj = register_module(
+      "up_proj", HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
+  down_proj = register_module(
+      "down_proj", HfLinear(HfLinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p}));
+}
+
+torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p) {
+  input_layernorm =
+      register_module("input_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
+  self_attn = register_module("self_attn", DecoderAttention(c, p));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
+  mlp = register_module("mlp", DecoderMlp(c, p));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, const torch::Tensor& mask,
+                                        torch::Tensor* cache_k, torch::Tensor* cache_v) {
+  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision)
+    : config_(config), precision_(precision) {
+  embed_tokens = register_module(
+      "embed_tokens", HfEmbedding(config.vocab_size, config.hidden_size, precision.dtype));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers->push_back(DecoderLayer(config, precision));
+  }
+  norm = register_module("norm", HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head",
+        HfLinear(HfLinearOptions{config.hidden_size, config.vocab_size, false, precision}));
+  }
+}
+
+absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body_prefix,
+                                 const std::string& lm_head_prefix, torch::Device device) {
+  HfLoadIntoOptions o;
+  o.device = device;
+  if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok()) return s;
+  if (absl::Status s = folder.LoadInto(*layers, body_prefix + "layers.", o); !s.ok()) return s;
+  if (absl::Status s = folder.LoadInto(*norm, body_prefix + "norm.", o); !s.ok()) return s;
+  if (lm_head) return folder.LoadInto(*lm_head, lm_head_prefix, o);
+  return absl::OkStatus();
+}
+
+torch::Tensor DecoderLmImpl::EmbedTokens(const torch::Tensor& ids) { return embed_tokens(ids); }
+
+DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
+                                     const torch::Tensor& attention_mask, DecoderKvCache* cache,
+                                     const DecoderForwardOptions& options) {
+  const int64_t b = inputs_embeds.size(0), t = inputs_embeds.size(1);
+  const int64_t past = cache != nullptr ? cache->length() : 0;
+  const int64_t total = past + t;
+  const torch::Device device = inputs_embeds.device();
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  torch::Tensor keep = attention_mask.defined()
+                           ? attention_mask.to(device, torch::kLong)
+                           : torch::ones({b, total}, long_opts);
+  TORCH_CHECK(keep.size(0) == b && keep.size(1) == total, "attention_mask must be [B, past + T]");
+  torch::Tensor positions = options.position_ids;
+  if (!positions.defined()) {
+    if (attention_mask.defined()) {
+      positions = (keep.cumsum(-1) - 1).masked_fill(keep == 0, 1).narrow(1, past, t);
+    } else {
+      positions = torch::arange(past, total, long_opts).unsqueeze(0).expand({b, t});
+    }
+  }
+  positions = positions.to(device, torch::kLong);
+  const int64_t seq_len = positions.max().item<int64_t>() + 1;
+  torch::Tensor cos, sin;
+  RopeCosSin(RopeInvFreq(config_.rope, config_.head_dim, seq_len), positions,
+             inputs_embeds.scalar_type(), &cos, &sin);
+
+  // Additive mask [B, 1, T, past + T]: query i (absolute past + i) sees key j <= past + i
+  // that the padding mask keeps; the rest gets the dtype's lowest value, as transformers.
+  torch::Tensor query_pos = torch::arange(past, total, long_opts).view({t, 1});
+  torch::Tensor key_pos = torch::arange(0, total, long_opts).view({1, total});
+  torch::Tensor allowed = (key_pos <= query_pos).unsqueeze(0) & (keep != 0).unsqueeze(1);
+  const torch::ScalarType dtype = inputs_embeds.scalar_type();
+  torch::Tensor mask =
+      torch::zeros({b, t, total}, torch::TensorOptions().dtype(dtype).device(device))
+          .masked_fill(allowed.logical_not(), LowestValue(dtype))
+          .unsqueeze(1);
+
+  if (cache != nullptr && cache->keys.size() != layers->size()) {
+    cache->keys.assign(layers->size(), torch::Tensor());
+    cache->values.assign(layers->size(), torch::Tensor());
+  }
+  torch::Tensor h = inputs_embeds;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask,
+                                                cache != nullptr ? &cache->keys[i] : nullptr,
+                                                cache != nullptr ? &cache->values[i] : nullptr);
+  }
+  h = norm(h);
+  DecoderOutput out;
+  out.hidden = h;
+  torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
+  torch::Tensor logits = lm_head ? lm_head(last) : torch::linear(last, embed_tokens->weight);
+  out.logits = logits.to(torch::kFloat);
+  return out;
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,157 @@
+// Llama-family decoder LMs as transformers defines them (modeling_llama.py, modeling_qwen2.py):
+// `llama` (Vicuna, LLaMA 2/3) and `qwen2`. RMSNorm, RoPE (rope.h), grouped-query attention
+// (eager: softmax in fp32), optional attention/MLP biases, SiLU-gated MLP, tied or untied
+// LM head, and a KV cache for decoding.
+//
+// Module tree (the checkpoint's names under a body prefix such as "model." or
+// "model.language_model."): embed_tokens, layers.N.{input_layernorm,
+// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, norm; and
+// lm_head (own prefix, e.g. "lm_head."), absent when tied to embed_tokens.
+//
+// Thread-safety: concurrent Forward calls with distinct caches are fine under NoGradGuard.
+#ifndef CDCCA_DISTILL_MODEL_DECODER_LM_H_
+#define CDCCA_DISTILL_MODEL_DECODER_LM_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "distill/model/hf_folder.h"
+#include "distill/model/hf_linear.h"
+#include "distill/model/rope.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+
+struct DecoderConfig {
+  std::string model_type;  // llama | qwen2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // = num_attention_heads when the config omits it
+  int64_t head_dim = 0;             // config head_dim, else hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  std::string hidden_act = "silu";  // the gate activation
+  int64_t max_position_embeddings = 0;
+  RopeConfig rope;
+  bool qkv_bias = false;  // qwen2: true; llama: attention_bias
+  bool o_bias = false;    // llama: attention_bias
+  bool mlp_bias = false;  // llama: mlp_bias
+  bool tie_word_embeddings = false;
+  std::vector<int64_t> eos_token_ids;  // may be empty
+  int64_t bos_token_id = -1;           // -1 = none
+  int64_t pad_token_id = -1;           // -1 = none
+};
+
+// Parses a decoder config (a top-level config.json or a LLaVA text_config), with 4.x and
+// 5.x spellings. Errors are InvalidArgument naming `file_for_errors` and the field: unknown
+// model_type, unsupported hidden_act or rope scaling, sliding-window attention, bad sizes.
+absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& text_config,
+                                                 const std::string& file_for_errors);
+
+// Per layer, keys and values [B, kv_heads, past, head_dim] of every position seen so far.
+struct DecoderKvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
+  void Clear() {
+    keys.clear();
+    values.clear();
+  }
+};
+
+struct DecoderForwardOptions {
+  // Only the last position's logits ([B, 1, V]): what generation needs. Default: all.
+  bool last_logits_only = false;
+  // [B, T] int64 positions; undefined = from the attention mask (cumsum - 1, as
+  // transformers' generate) or past + arange(T) without a mask.
+  torch::Tensor position_ids;
+};
+
+struct DecoderOutput {
+  torch::Tensor logits;  // [B, T or 1, V], fp32
+  torch::Tensor hidden;  // [B, T, H] after the final norm
+};
+
+class DecoderAttentionImpl : public torch::nn::Module {
+ public:
+  DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p);
+  // x [B, T, H]; cos/sin [B, T, head_dim]; mask additive [B, 1, T, past + T] (0 / -inf-like).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
+  HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(DecoderAttention);
+
+class DecoderMlpImpl : public torch::nn::Module {
+ public:
+  DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  HfLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  std::string act_;
+};
+TORCH_MODULE(DecoderMlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
+  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  DecoderAttention self_attn{nullptr};
+  DecoderMlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+class DecoderLmImpl : public torch::nn::Module {
+ public:
+  DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision);
+
+  // Fills the weights: body tensors under `body_prefix` ("model."), the head under
+  // `lm_head_prefix` ("lm_head."; ignored when tied). Errors as HfFolder::LoadInto.
+  absl::Status Load(const HfFolder& folder, const std::string& body_prefix,
+                    const std::string& lm_head_prefix, torch::Device device);
+
+  torch::Tensor EmbedTokens(const torch::Tensor& ids);  // [B, T] -> [B, T, H]
+
+  // inputs_embeds [B, T, H]; attention_mask [B, past + T] (1 = attend) or undefined (all);
+  // cache: appended to when given (nullptr = none).
+  DecoderOutput Forward(const torch::Tensor& inputs_embeds, const torch::Tensor& attention_mask,
+                        DecoderKvCache* cache, const DecoderForwardOptions& options = {});
+
+  const DecoderConfig& config() const { return config_; }
+  const HfPrecision& precision() const { return precision_; }
+
+  HfEmbedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  HfRmsNorm norm{nullptr};
+  HfLinear lm_head{nullptr};  // null when tied
+
+ private:
+  DecoderConfig config_;
+  HfPrecision precision_;
+};
+TORCH_MODULE(DecoderLm);
+
+// The eos ids a checkpoint stops at: generation_config.json's eos_token_id (int or list)
+// when the folder has one, else `fallback` (the config's).
+std::vector<int64_t> ReadEosTokenIds(const std::string& dir, const std::vector<int64_t>& fallback);
+
+// Helpers for config fields (errors name file and field).
+absl::StatusOr<int64_t> ConfigInt(const nlohmann::json& c, const std::string& key,
+                                  const std::string& file);
+std::vector<int64_t> ConfigIdList(const nlohmann::json& c, const std::string& key);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_DECODER_LM_H_

@@ -1,0 +1,233 @@
+#include "distill/model/decoder_lm.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "distill/model/generation.h"
+#include "distill/model/rope.h"
+#include "distill/model/safetensors.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace cdcca::model {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+TEST(RopeTest, DefaultAndLinearFollowTheFormula) {
+  RopeConfig r;
+  r.theta = 500.0;
+  torch::Tensor inv = RopeInvFreq(r, 8, 16);
+  ASSERT_EQ(inv.size(0), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(inv[i].item<float>(), 1.0 / std::pow(500.0, 2.0 * i / 8), 1e-6);
+  }
+  r.type = "linear";
+  r.factor = 4.0;
+  EXPECT_TRUE(torch::allclose(RopeInvFreq(r, 8, 16), inv / 4));
+}
+
+TEST(RopeTest, Llama3ScalesLowFrequenciesAndBlendsTheMiddle) {
+  RopeConfig r;
+  r.type = "llama3";
+  r.theta = 10000.0;
+  r.factor = 8.0;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  r.original_max_position_embeddings = 64;
+  const int d = 16;
+  torch::Tensor got = RopeInvFreq(r, d, 1);
+  for (int i = 0; i < d / 2; ++i) {
+    const double f = 1.0 / std::pow(10000.0, 2.0 * i / d);
+    const double wavelen = 2 * M_PI / f;
+    double want;
+    if (wavelen < 64 / 4.0) {
+      want = f;  // high frequency: unchanged
+    } else if (wavelen > 64 / 1.0) {
+      want = f / 8;  // low frequency: interpolated by the factor
+    } else {
+      const double smooth = (64 / wavelen - 1.0) / (4.0 - 1.0);
+      want = (1 - smooth) * f / 8 + smooth * f;
+    }
+    EXPECT_NEAR(got[i].item<float>(), want, 1e-6 * std::max(1.0, want)) << i;
+  }
+}
+
+TEST(RopeTest, ParsesBothSpellingsAndRejectsUnknownTypes) {
+  json v4 = {{"rope_theta", 1000.0},
+             {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}};
+  json v5 = {{"rope_parameters", {{"rope_type", "linear"}, {"rope_theta", 1000.0}, {"factor", 2.0}}}};
+  ASSERT_OK_AND_ASSIGN(RopeConfig a, ParseRopeConfig(v4, "config.json"));
+  ASSERT_OK_AND_ASSIGN(RopeConfig b, ParseRopeConfig(v5, "config.json"));
+  EXPECT_EQ(a.type, "linear");
+  EXPECT_EQ(b.type, "linear");
+  EXPECT_EQ(a.theta, 1000.0);
+  EXPECT_EQ(b.theta, 1000.0);
+  EXPECT_EQ(a.factor, 2.0);
+  EXPECT_EQ(b.factor, 2.0);
+  json yarn = {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
+  EXPECT_THAT(ParseRopeConfig(yarn, "dir/config.json").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::AllOf(HasSubstr("dir/config.json"),
+                                                 HasSubstr("rope_scaling.rope_type"),
+                                                 HasSubstr("yarn"))));
+  json llama3_missing = {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
+  EXPECT_THAT(ParseRopeConfig(llama3_missing, "c.json").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("low_freq_factor")));
+}
+
+json TinyConfig(int heads, int kv_heads) {
+  return {{"model_type", "llama"},   {"vocab_size", 50},        {"hidden_size", 32},
+          {"intermediate_size", 48}, {"num_hidden_layers", 2},  {"num_attention_heads", heads},
+          {"num_key_value_heads", kv_heads}, {"rms_norm_eps", 1e-5}, {"rope_theta", 100.0},
+          {"attention_bias", true},  {"tie_word_embeddings", false}, {"eos_token_id", 7}};
+}
+
+// Fills every parameter with seeded random values (the constructor leaves placeholders).
+void Randomize(torch::nn::Module& m, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters()) {
+    const bool norm = p.key().find("norm") != std::string::npos;
+    p.value().set_data(norm ? 1 + 0.1 * torch::randn(p.value().sizes())
+                            : 0.2 * torch::randn(p.value().sizes()));
+  }
+}
+
+TEST(DecoderConfigTest, ReadsFieldsDefaultsAndRejectsUnknownTypes) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "config.json"));
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_THAT(c.eos_token_ids, ::testing::ElementsAre(7));
+  // A published LLaVA text_config lists only what differs from LlamaConfig's defaults.
+  ASSERT_OK_AND_ASSIGN(DecoderConfig sparse,
+                       ParseDecoderConfig(json{{"model_type", "llama"}, {"vocab_size", 32064}}, "c"));
+  EXPECT_EQ(sparse.hidden_size, 4096);
+  EXPECT_EQ(sparse.num_hidden_layers, 32);
+  EXPECT_EQ(sparse.head_dim, 128);
+  ASSERT_OK_AND_ASSIGN(DecoderConfig qwen,
+                       ParseDecoderConfig(json{{"model_type", "qwen2"}, {"hidden_size", 64},
+                                               {"num_attention_heads", 4}, {"eos_token_id", {3, 4}}},
+                                          "c"));
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_FALSE(qwen.o_bias);
+  EXPECT_THAT(qwen.eos_token_ids, ::testing::ElementsAre(3, 4));
+  EXPECT_THAT(ParseDecoderConfig(json{{"model_type", "gpt2"}}, "m/config.json").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::AllOf(HasSubstr("m/config.json"), HasSubstr("model_type"))));
+}
+
+TEST(DecoderLmTest, GqaEqualsMhaWithRepeatedKvHeads) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig gqa_c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  ASSERT_OK_AND_ASSIGN(DecoderConfig mha_c, ParseDecoderConfig(TinyConfig(4, 4), "c"));
+  DecoderLm gqa(gqa_c, HfPrecision{});
+  DecoderLm mha(mha_c, HfPrecision{});
+  Randomize(*gqa, 3);
+  torch::NoGradGuard no_grad;
+  auto mha_params = mha->named_parameters();
+  for (const auto& p : gqa->named_parameters()) {
+    torch::Tensor v = p.value();
+    const bool kv = p.key().find("k_proj") != std::string::npos ||
+                    p.key().find("v_proj") != std::string::npos;
+    if (kv) {
+      // [kv_heads * d, ...] -> each kv head repeated for the 2 query heads that read it.
+      torch::Tensor heads = v.reshape({2, 8, -1});
+      v = heads.repeat_interleave(2, 0).reshape({32, -1});
+      if (p.key().find("bias") != std::string::npos) v = v.reshape({32});
+    }
+    mha_params[p.key()].set_data(v.clone());
+  }
+  torch::Tensor ids = torch::tensor({{1, 5, 9, 2, 30, 11}}, torch::kLong);
+  torch::Tensor a = gqa->Forward(gqa->EmbedTokens(ids), {}, nullptr).logits;
+  torch::Tensor b = mha->Forward(mha->EmbedTokens(ids), {}, nullptr).logits;
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5));
+}
+
+TEST(DecoderLmTest, KvCacheDecodeEqualsFullRecompute) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, HfPrecision{});
+  Randomize(*lm, 4);
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = torch::tensor({{3, 8, 1, 44, 20, 6, 13}}, torch::kLong);
+  torch::Tensor full = lm->Forward(lm->EmbedTokens(ids), {}, nullptr).logits;
+  DecoderKvCache cache;
+  torch::Tensor prefix = lm->Forward(lm->EmbedTokens(ids.narrow(1, 0, 4)), {}, &cache).logits;
+  EXPECT_EQ(cache.length(), 4);
+  EXPECT_TRUE(torch::allclose(prefix, full.narrow(1, 0, 4), 1e-5, 1e-5));
+  for (int t = 4; t < 7; ++t) {
+    torch::Tensor step = lm->Forward(lm->EmbedTokens(ids.narrow(1, t, 1)), {}, &cache).logits;
+    EXPECT_TRUE(torch::allclose(step, full.narrow(1, t, 1), 1e-5, 1e-5)) << t;
+  }
+}
+
+TEST(DecoderLmTest, LeftPaddedBatchGeneratesAsUnpaddedRows) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, HfPrecision{});
+  Randomize(*lm, 5);
+  torch::NoGradGuard no_grad;
+  GreedyOptions o;
+  o.max_new_tokens = 6;
+  o.keep_step_logits = true;
+  torch::Tensor short_ids = torch::tensor({{4, 9, 12}}, torch::kLong);
+  torch::Tensor long_ids = torch::tensor({{2, 33, 4, 9, 12}}, torch::kLong);
+  GreedyResult s = GreedyGenerateFromEmbeds(*lm, lm->EmbedTokens(short_ids), {}, o);
+  GreedyResult l = GreedyGenerateFromEmbeds(*lm, lm->EmbedTokens(long_ids), {}, o);
+  torch::Tensor batch = torch::tensor({{0, 0, 4, 9, 12}, {2, 33, 4, 9, 12}}, torch::kLong);
+  torch::Tensor mask = torch::tensor({{0, 0, 1, 1, 1}, {1, 1, 1, 1, 1}}, torch::kLong);
+  GreedyResult both = GreedyGenerateFromEmbeds(*lm, lm->EmbedTokens(batch), mask, o);
+  ASSERT_EQ(both.tokens.size(), 2u);
+  EXPECT_EQ(both.tokens[0], s.tokens[0]);
+  EXPECT_EQ(both.tokens[1], l.tokens[0]);
+  EXPECT_TRUE(torch::allclose(both.first_logits[0], s.first_logits[0], 1e-4, 1e-4));
+  EXPECT_EQ(s.step_logits.size(), s.tokens[0].size());
+}
+
+TEST(DecoderLmTest, StopsAtEosAndLoadsQuantizedFromAFolder) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, HfPrecision{});
+  Randomize(*lm, 6);
+  testing::TempDir dir;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : lm->named_parameters()) {
+    const std::string name = p.key().rfind("lm_head", 0) == 0 ? p.key() : "model." + p.key();
+    tensors.emplace_back(name, p.value().to(torch::kBFloat16));
+  }
+  ASSERT_OK(WriteSafetensors(dir.file("model.safetensors"), tensors, {}));
+  std::ofstream(dir.file("config.json")) << TinyConfig(4, 2).dump();
+  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+  DecoderLm fp(c, HfPrecision{});
+  ASSERT_OK(fp->Load(folder, "model.", "lm_head.", torch::kCPU));
+  HfPrecision p8;
+  p8.weights = Precision::kInt8;
+  DecoderLm q8(c, p8);
+  ASSERT_OK(q8->Load(folder, "model.", "lm_head.", torch::kCPU));
+  EXPECT_LT(ResidentBytes(*q8), ResidentBytes(*fp) * 0.6);
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = torch::tensor({{1, 2, 3, 4}}, torch::kLong);
+  GreedyOptions o;
+  o.max_new_tokens = 8;
+  GreedyResult free_run = GreedyGenerateFromEmbeds(*fp, fp->EmbedTokens(ids), {}, o);
+  ASSERT_EQ(free_run.tokens[0].size(), 8u);
+  o.eos_token_ids = {free_run.tokens[0][2]};
+  GreedyResult stopped = GreedyGenerateFromEmbeds(*fp, fp->EmbedTokens(ids), {}, o);
+  const auto first_eos = std::find(free_run.tokens[0].begin(), free_run.tokens[0].end(),
+                                   o.eos_token_ids[0]);
+  EXPECT_EQ(stopped.tokens[0],
+            std::vector<int64_t>(free_run.tokens[0].begin(), first_eos + 1));
+
+  torch::Tensor a = fp->Forward(fp->EmbedTokens(ids), {}, nullptr).logits;
+  torch::Tensor b = q8->Forward(q8->EmbedTokens(ids), {}, nullptr).logits;
+  EXPECT_LT((a - b).abs().max().item<float>(), 0.05 * a.abs().max().item<float>());
+}
+
+}  // namespace
+}  // namespace cdcca::model

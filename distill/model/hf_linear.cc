@@ -1,0 +1,130 @@
+#include "distill/model/hf_linear.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace cdcca::model {
+
+torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype) {
+  return torch::zeros({1}, torch::dtype(dtype)).expand(shape);
+}
+
+HfLinearImpl::HfLinearImpl(const HfLinearOptions& options) : options_(options) {
+  weight = register_parameter(
+      "weight", Placeholder({options.out_features, options.in_features}, options.precision.dtype),
+      /*requires_grad=*/false);
+  if (options.bias) {
+    bias = register_parameter("bias", Placeholder({options.out_features}, options.precision.dtype),
+                              /*requires_grad=*/false);
+  }
+}
+
+absl::Status HfLinearImpl::Adopt(const std::string& local_name, torch::Tensor tensor) {
+  torch::NoGradGuard no_grad;
+  if (local_name == "bias" && options_.bias) {
+    bias.set_data(tensor.to(options_.precision.dtype));
+    return absl::OkStatus();
+  }
+  if (local_name != "weight") {
+    return absl::InvalidArgumentError(absl::StrCat("linear layer has no tensor ", local_name));
+  }
+  if (!quantized()) {
+    weight.set_data(tensor.to(options_.precision.dtype));
+    return absl::OkStatus();
+  }
+  const torch::Device device = tensor.device();
+  QuantizedWeight q =
+      QuantizeWeight(tensor.to(torch::kFloat), options_.precision.weights, options_.precision.int4_group);
+  q_.values = q.values.to(device);
+  q_.scales = q.scales.to(device);
+  // The float weight is dropped: the placeholder stays registered for its shape only.
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(device));
+  return absl::OkStatus();
+}
+
+torch::Tensor HfLinearImpl::EffectiveWeight() const {
+  if (!quantized() || !q_.values.defined()) return weight;
+  return DequantizeWeight(q_, options_.precision.weights, options_.in_features,
+                          options_.precision.int4_group)
+      .to(options_.precision.dtype);
+}
+
+torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
+  return torch::linear(x, EffectiveWeight(), bias);
+}
+
+int64_t HfLinearImpl::WeightBytes() const {
+  if (quantized() && q_.values.defined()) return QuantizedBytes(q_);
+  return weight.numel() * weight.element_size();
+}
+
+HfEmbeddingImpl::HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype) {
+  weight = register_parameter("weight", Placeholder({num, dim}, dtype), /*requires_grad=*/false);
+}
+
+torch::Tensor HfEmbeddingImpl::forward(const torch::Tensor& ids) {
+  return torch::embedding(weight, ids);
+}
+
+HfRmsNormImpl::HfRmsNormImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
+  weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
+}
+
+torch::Tensor HfRmsNormImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = x.to(torch::kFloat);
+  torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+HfLayerNormImpl::HfLayerNormImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
+  weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
+  bias = register_parameter("bias", Placeholder({dim}, dtype), /*requires_grad=*/false);
+}
+
+torch::Tensor HfLayerNormImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
+}
+
+absl::Status CheckActivation(const std::string& name, const std::string& field) {
+  static const std::set<std::string> kKnown = {"silu",       "swish", "gelu", "gelu_new",
+                                               "gelu_pytorch_tanh", "quick_gelu", "relu"};
+  if (kKnown.count(name) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", field, " = \"", name, "\" is not a supported activation"));
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor Activation(const std::string& name, const torch::Tensor& x) {
+  if (name == "silu" || name == "swish") return torch::silu(x);
+  if (name == "gelu") return torch::gelu(x);
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (name == "quick_gelu") return x * torch::sigmoid(1.702 * x);
+  if (name == "relu") return torch::relu(x);
+  TORCH_CHECK(false, "unsupported activation ", name);
+}
+
+int64_t ResidentBytes(torch::nn::Module& module) {
+  std::set<const void*> seen;
+  int64_t total = 0;
+  auto count = [&](const torch::Tensor& t) {
+    if (!t.defined()) return;
+    const void* key = t.storage().data();
+    if (key == nullptr || !seen.insert(key).second) return;
+    total += static_cast<int64_t>(t.storage().nbytes());
+  };
+  for (const auto& p : module.parameters()) count(p);
+  for (const auto& b : module.buffers()) count(b);
+  for (const auto& m : module.modules()) {
+    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get());
+        linear != nullptr && linear->quantized()) {
+      total += linear->WeightBytes();
+    }
+  }
+  return total;
+}
+
+}  // namespace cdcca::model

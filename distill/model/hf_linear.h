@@ -1,0 +1,115 @@
+// Building blocks of the Hugging Face architectures whose weights may be held at device
+// precision: a linear layer (fp32/bf16/fp16 weight, or int8 per output channel / int4 in
+// groups quantized as the checkpoint's floats arrive, keeping no full-precision copy), an
+// embedding and RMSNorm. Parameter names are transformers' ("weight", "bias").
+//
+// Before loading, parameters are zero-stride placeholders of the right shape (no memory);
+// HfFolder::LoadInto replaces them. Modules are not thread-safe for mutation; concurrent
+// forwards under NoGradGuard are fine.
+#ifndef CDCCA_DISTILL_MODEL_HF_LINEAR_H_
+#define CDCCA_DISTILL_MODEL_HF_LINEAR_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "distill/model/config.h"
+#include "distill/model/hf_folder.h"
+#include "distill/model/quantize.h"
+
+namespace cdcca::model {
+
+// How the frozen weights of a loaded Hugging Face model are held and computed.
+struct HfPrecision {
+  // Storage of linear weights: fp32 = float in `dtype`; int8/int4 = quantized at load.
+  Precision weights = Precision::kFp32;
+  int64_t int4_group = 128;  // 32, 64 or 128
+  // Compute dtype of activations, norms, embeddings and unquantized weights:
+  // kFloat, kBFloat16 or kHalf.
+  torch::ScalarType dtype = torch::kFloat;
+};
+
+// A zero-stride tensor of `shape` (one element of storage), standing for a parameter until
+// the checkpoint fills it.
+torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype);
+
+struct HfLinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = false;
+  HfPrecision precision;
+};
+
+// y = x W^T + b. Quantized weights are dequantized per call into the compute dtype (the
+// int8/int4 kernels of LibTorch need per-tensor packing this layer does not do yet).
+class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
+ public:
+  explicit HfLinearImpl(const HfLinearOptions& options);
+
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // Takes "weight" (quantizing it when the precision says so) and "bias".
+  absl::Status Adopt(const std::string& local_name, torch::Tensor tensor) override;
+
+  bool quantized() const { return options_.precision.weights != Precision::kFp32; }
+  // The effective weight [out, in] in the compute dtype.
+  torch::Tensor EffectiveWeight() const;
+  // Bytes held for the weight (quantized values + scales, or the float weight).
+  int64_t WeightBytes() const;
+
+  const HfLinearOptions& options() const { return options_; }
+  torch::Tensor weight;
+  torch::Tensor bias;  // undefined without bias
+
+ private:
+  HfLinearOptions options_;
+  QuantizedWeight q_;  // set once a quantized layer adopted its weight
+};
+TORCH_MODULE(HfLinear);
+
+// Token embedding: "weight" [vocab, hidden].
+class HfEmbeddingImpl : public torch::nn::Module {
+ public:
+  HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+};
+TORCH_MODULE(HfEmbedding);
+
+// RMSNorm as Llama/Qwen2: x / sqrt(mean(x^2) + eps) in fp32, cast back, times "weight".
+class HfRmsNormImpl : public torch::nn::Module {
+ public:
+  HfRmsNormImpl(int64_t dim, double eps, torch::ScalarType dtype);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(HfRmsNorm);
+
+// LayerNorm with "weight" and "bias" (CLIP/SigLIP/BERT), computed as torch's layer_norm.
+class HfLayerNormImpl : public torch::nn::Module {
+ public:
+  HfLayerNormImpl(int64_t dim, double eps, torch::ScalarType dtype);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(HfLayerNorm);
+
+// Activation by transformers' ACT2FN name: silu, gelu (erf), gelu_new / gelu_pytorch_tanh
+// (tanh approximation), quick_gelu, relu. InvalidArgument naming `field` otherwise.
+absl::Status CheckActivation(const std::string& name, const std::string& field);
+torch::Tensor Activation(const std::string& name, const torch::Tensor& x);
+
+// Bytes the module tree holds resident: parameters and buffers (each storage once) plus
+// quantized weights. Placeholders count one element.
+int64_t ResidentBytes(torch::nn::Module& module);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_HF_LINEAR_H_

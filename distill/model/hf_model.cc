@@ -1,0 +1,60 @@
+#include "distill/model/hf_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "distill/model/llava.h"
+
+namespace cdcca::model {
+namespace {
+
+struct HfModelType {
+  const char* model_type;
+  HfModelLoader load;
+};
+// config.json model_type -> loader. BLIP-2 and InstructBLIP register here.
+const HfModelType kHfModelTypes[] = {
+    {"llava", LoadLlavaModel},
+};
+
+}  // namespace
+
+absl::StatusOr<HfPrecision> ResolveHfPrecision(const HfModelOptions& options) {
+  HfPrecision p;
+  const bool cuda = options.device.is_cuda();
+  if (options.precision == "fp32") {
+    p.dtype = torch::kFloat;
+  } else if (options.precision == "bf16") {
+    p.dtype = torch::kBFloat16;
+  } else if (options.precision == "fp16") {
+    p.dtype = torch::kHalf;
+  } else if (options.precision == "int8" || options.precision == "int4") {
+    p.weights = options.precision == "int8" ? Precision::kInt8 : Precision::kInt4;
+    p.dtype = cuda ? torch::kBFloat16 : torch::kFloat;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precision \"", options.precision, "\" is not one of fp32, bf16, fp16, int8, int4"));
+  }
+  if (options.int4_group != 32 && options.int4_group != 64 && options.int4_group != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int4 group ", options.int4_group, " is not 32, 64 or 128"));
+  }
+  p.int4_group = options.int4_group;
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& dir,
+                                                              const HfModelOptions& options) {
+  absl::StatusOr<HfPrecision> precision = ResolveHfPrecision(options);
+  if (!precision.ok()) return precision.status();
+  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  if (!folder.ok()) return folder.status();
+  const std::string type = folder->config().value("model_type", "");
+  for (const HfModelType& t : kHfModelTypes) {
+    if (type == t.model_type) return t.load(*folder, *precision, options.device);
+  }
+  std::string known;
+  for (const HfModelType& t : kHfModelTypes) absl::StrAppend(&known, known.empty() ? "" : ", ", t.model_type);
+  return absl::InvalidArgumentError(absl::StrCat(folder->config_path(), ": field model_type = \"",
+                                                 type, "\" is not supported (", known, ")"));
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,233 @@
+#include "distill/model/llava.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace cdcca::model {
+namespace {
+
+using nlohmann::json;
+
+}  // namespace
+
+int64_t LlavaConfig::NumImageTokens() const {
+  return vision.num_positions() - (vision_feature_select_strategy == "default" ? 1 : 0);
+}
+
+absl::StatusOr<LlavaConfig> ParseLlavaConfig(const json& c, const std::string& file) {
+  LlavaConfig l;
+  json vision = c.value("vision_config", json::object());
+  if (!vision.contains("model_type")) vision["model_type"] = "clip_vision_model";
+  absl::StatusOr<ClipVisionConfig> v = ParseClipVisionConfig(vision, file);
+  if (!v.ok()) return v.status();
+  l.vision = *v;
+  json text = c.value("text_config", json::object());
+  if (!text.contains("model_type")) text["model_type"] = "llama";
+  // Tied embeddings: the text config says so, else the top level (transformers reads it
+  // from the text config when present).
+  if (!text.contains("tie_word_embeddings") && c.contains("tie_word_embeddings")) {
+    text["tie_word_embeddings"] = c["tie_word_embeddings"];
+  }
+  if (!text.contains("eos_token_id") && c.contains("eos_token_id")) {
+    text["eos_token_id"] = c["eos_token_id"];
+  }
+  absl::StatusOr<DecoderConfig> t = ParseDecoderConfig(text, file);
+  if (!t.ok()) return t.status();
+  l.text = *t;
+  if (c.contains("vision_feature_layer")) {
+    const json& f = c["vision_feature_layer"];
+    l.vision_feature_layers.clear();
+    if (f.is_number_integer()) {
+      l.vision_feature_layers.push_back(f.get<int64_t>());
+    } else if (f.is_array()) {
+      for (const json& x : f) {
+        if (x.is_number_integer()) l.vision_feature_layers.push_back(x.get<int64_t>());
+      }
+    }
+    if (l.vision_feature_layers.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": field vision_feature_layer is not an integer or a list of them"));
+    }
+  }
+  const int64_t n = l.vision.num_hidden_layers;
+  for (int64_t layer : l.vision_feature_layers) {
+    if (layer < -(n + 1) || layer > n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": field vision_feature_layer = ", layer, " is outside the tower's ", n + 1,
+          " hidden states"));
+    }
+  }
+  l.vision_feature_select_strategy = c.value("vision_feature_select_strategy", "default");
+  if (l.vision_feature_select_strategy != "default" && l.vision_feature_select_strategy != "full") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field vision_feature_select_strategy = \"",
+                     l.vision_feature_select_strategy, "\" is not default or full"));
+  }
+  l.projector_hidden_act = c.value("projector_hidden_act", "gelu");
+  if (absl::Status s = CheckActivation(l.projector_hidden_act, "projector_hidden_act"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
+  }
+  l.multimodal_projector_bias = c.value("multimodal_projector_bias", true);
+  if (c.contains("image_token_id") && c["image_token_id"].is_number_integer()) {
+    l.image_token_id = c["image_token_id"].get<int64_t>();
+  } else if (c.contains("image_token_index") && c["image_token_index"].is_number_integer()) {
+    l.image_token_id = c["image_token_index"].get<int64_t>();
+  }
+  return l;
+}
+
+LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : config_(config) {
+  model_ = register_module("model", std::make_shared<Body>());
+  vision_tower_ = model_->register_module("vision_tower", ClipVisionTower(config.vision, precision));
+  projector_ = model_->register_module("multi_modal_projector", std::make_shared<Projector>());
+  const int64_t in = config.vision.hidden_size * static_cast<int64_t>(config.vision_feature_layers.size());
+  const int64_t out = config.text.hidden_size;
+  const bool bias = config.multimodal_projector_bias;
+  projector_->linear_1 =
+      projector_->register_module("linear_1", HfLinear(HfLinearOptions{in, out, bias, precision}));
+  projector_->linear_2 =
+      projector_->register_module("linear_2", HfLinear(HfLinearOptions{out, out, bias, precision}));
+  language_model_ = model_->register_module("language_model", DecoderLm(config.text, precision));
+}
+
+absl::Status LlavaImpl::Load(const HfFolder& folder, torch::Device device) {
+  HfLoadIntoOptions o;
+  o.device = device;
+  if (absl::Status s = folder.LoadInto(*vision_tower_, "model.vision_tower.", o); !s.ok()) return s;
+  if (absl::Status s = folder.LoadInto(*projector_, "model.multi_modal_projector.", o); !s.ok()) {
+    return s;
+  }
+  return language_model_->Load(folder, "model.language_model.", "lm_head.", device);
+}
+
+torch::Tensor LlavaImpl::ImageFeatures(const torch::Tensor& pixel_values) {
+  const int64_t n = config_.vision.num_hidden_layers;
+  int64_t deepest = 0;
+  for (int64_t layer : config_.vision_feature_layers) {
+    deepest = std::max(deepest, layer < 0 ? layer + n + 1 : layer);
+  }
+  std::vector<torch::Tensor> states = vision_tower_->HiddenStates(pixel_values, deepest);
+  std::vector<torch::Tensor> picked;
+  for (int64_t layer : config_.vision_feature_layers) {
+    torch::Tensor h = states[layer < 0 ? layer + n + 1 : layer];
+    if (config_.vision_feature_select_strategy == "default") h = h.narrow(1, 1, h.size(1) - 1);
+    picked.push_back(h);
+  }
+  torch::Tensor selected = picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+  torch::Tensor h = projector_->linear_1(selected);
+  return projector_->linear_2(Activation(config_.projector_hidden_act, h));
+}
+
+absl::StatusOr<torch::Tensor> LlavaImpl::MergeEmbeddings(const torch::Tensor& input_ids,
+                                                         const torch::Tensor& features) {
+  torch::Tensor is_image = input_ids == config_.image_token_id;
+  const int64_t count = is_image.sum().item<int64_t>();
+  const int64_t want = features.size(0) * features.size(1);
+  if (count != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_ids hold ", count, " image tokens (id ", config_.image_token_id,
+                     "), the images give ", want, " features (", features.size(1), " per image)"));
+  }
+  // The image token id may lie past the vocabulary (older checkpoints): embed a valid id there.
+  torch::Tensor ids = input_ids.masked_fill(is_image, 0);
+  torch::Tensor embeds = language_model_->EmbedTokens(ids);
+  torch::Tensor mask = is_image.unsqueeze(-1).expand_as(embeds);
+  return embeds.masked_scatter(mask, features.to(embeds.scalar_type()));
+}
+
+namespace {
+
+class LlavaModel : public MultimodalModel {
+ public:
+  LlavaModel(Llava llava, std::string image_token, std::vector<int64_t> eos, torch::Device device)
+      : llava_(std::move(llava)), image_token_(std::move(image_token)), eos_(std::move(eos)),
+        device_(device) {}
+
+  std::string model_type() const override { return "llava"; }
+
+  std::string ExpandPrompt(const std::string& prompt) const override {
+    std::string repeated;
+    for (int64_t i = 0; i < llava_->config().NumImageTokens(); ++i) repeated += image_token_;
+    return absl::StrReplaceAll(prompt, {{image_token_, repeated}});
+  }
+
+  std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const override {
+    std::vector<int64_t> out;
+    const LlavaConfig& c = llava_->config();
+    for (int64_t id : ids) {
+      if (id == c.image_token_id) {
+        out.insert(out.end(), c.NumImageTokens(), id);
+      } else {
+        out.push_back(id);
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& in,
+                                        const GreedyOptions& options) override {
+    const ClipVisionConfig& v = llava_->config().vision;
+    const torch::Tensor& px = in.pixel_values;
+    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
+        px.size(2) != v.image_size || px.size(3) != v.image_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ", v.image_size,
+          "], got ", px.defined() ? c10::str(px.sizes()) : std::string("none")));
+    }
+    if (!in.input_ids.defined() || in.input_ids.dim() != 2) {
+      return absl::InvalidArgumentError("input_ids must be [B, T]");
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      torch::Tensor features = llava_->ImageFeatures(px.to(device_));
+      absl::StatusOr<torch::Tensor> embeds =
+          llava_->MergeEmbeddings(in.input_ids.to(device_, torch::kLong), features);
+      if (!embeds.ok()) return embeds.status();
+      return GreedyGenerateFromEmbeds(llava_->language_model(), *embeds, in.attention_mask,
+                                      options);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava generate: ", e.what_without_backtrace()));
+    }
+  }
+
+  std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*llava_); }
+  torch::Device device() const override { return device_; }
+
+ private:
+  Llava llava_;
+  std::string image_token_;
+  std::vector<int64_t> eos_;
+  torch::Device device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device) {
+  absl::StatusOr<LlavaConfig> config = ParseLlavaConfig(folder.config(), folder.config_path());
+  if (!config.ok()) return config.status();
+  // transformers saves tied checkpoints without lm_head.weight.
+  if (!folder.Has("lm_head.weight")) config->text.tie_word_embeddings = true;
+  try {
+    Llava llava(*config, precision);
+    if (absl::Status s = llava->Load(folder, device); !s.ok()) return s;
+    // The processor's placeholder text: processor_config.json's image_token, else "<image>".
+    std::string image_token = "<image>";
+    absl::StatusOr<nlohmann::json> proc = ReadJsonFile(folder.dir() + "/processor_config.json");
+    if (proc.ok() && proc->is_object() && proc->contains("image_token") &&
+        (*proc)["image_token"].is_string()) {
+      image_token = (*proc)["image_token"].get<std::string>();
+    }
+    std::vector<int64_t> eos = ReadEosTokenIds(folder.dir(), config->text.eos_token_ids);
+    return std::unique_ptr<MultimodalModel>(
+        new LlavaModel(std::move(llava), image_token, std::move(eos), device));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": building llava: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,82 @@
+// LLaVA (transformers' LlavaForConditionalGeneration): a CLIP or SigLIP tower, the hidden
+// state at `vision_feature_layer` (a list of layers is concatenated), `default` strategy
+// dropping the class token or `full` keeping all, a 2-layer projector (linear_1, act,
+// linear_2), and a Llama-family decoder whose image-token embeddings are replaced by the
+// projected image features in order.
+//
+// Module tree (transformers-5 names): model.vision_tower.vision_model.*,
+// model.multi_modal_projector.linear_{1,2}, model.language_model.*, lm_head.
+#ifndef CDCCA_DISTILL_MODEL_LLAVA_H_
+#define CDCCA_DISTILL_MODEL_LLAVA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "distill/model/clip_vision.h"
+#include "distill/model/decoder_lm.h"
+#include "distill/model/hf_model.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+
+struct LlavaConfig {
+  ClipVisionConfig vision;
+  DecoderConfig text;
+  std::vector<int64_t> vision_feature_layers{-2};  // indices into the tower's hidden states
+  std::string vision_feature_select_strategy = "default";  // default | full
+  std::string projector_hidden_act = "gelu";
+  bool multimodal_projector_bias = true;
+  int64_t image_token_id = 32000;
+  // Image tokens per image: the tower's positions (patches + class token for CLIP), minus the
+  // class token under `default`. Equals what LlavaProcessor inserts for a consistent
+  // processor config (num_additional_image_tokens = 1 for CLIP, 0 for SigLIP).
+  int64_t NumImageTokens() const;
+};
+
+// Parses a LLaVA config.json (4.x image_token_index or 5.x image_token_id; text_config /
+// vision_config nested). InvalidArgument naming `file` and the field.
+absl::StatusOr<LlavaConfig> ParseLlavaConfig(const nlohmann::json& c, const std::string& file);
+
+class LlavaImpl : public torch::nn::Module {
+ public:
+  LlavaImpl(const LlavaConfig& config, const HfPrecision& precision);
+
+  absl::Status Load(const HfFolder& folder, torch::Device device);
+
+  // pixel_values [B, C, S, S] -> projected features [B, NumImageTokens(), text hidden].
+  torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
+  // Token embeddings with the image-token positions replaced by `features` in order.
+  // InvalidArgument when the counts differ.
+  absl::StatusOr<torch::Tensor> MergeEmbeddings(const torch::Tensor& input_ids,
+                                                const torch::Tensor& features);
+
+  const LlavaConfig& config() const { return config_; }
+  DecoderLmImpl& language_model() { return *language_model_; }
+
+ private:
+  struct Projector : torch::nn::Module {
+    HfLinear linear_1{nullptr}, linear_2{nullptr};
+  };
+  struct Body : torch::nn::Module {};  // "model."
+
+  LlavaConfig config_;
+  std::shared_ptr<Body> model_;
+  ClipVisionTower vision_tower_{nullptr};
+  std::shared_ptr<Projector> projector_;
+  DecoderLm language_model_{nullptr};
+};
+TORCH_MODULE(Llava);
+
+// The MultimodalModel for model_type "llava".
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_LLAVA_H_
