@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,22 +12,39 @@
 namespace cdcca::model {
 namespace {
 
-// Reads an integer field if present and not null; errors name the file and the dotted field.
-absl::Status ReadInt(const nlohmann::json& section, const std::string& key,
-                     const std::string& where, const std::string& file, int64_t* out) {
+// Reads field `key` of `section` into *out if present and not null (else leaves the
+// default); a value of the wrong JSON type is an error naming the file and the dotted field.
+template <typename T>
+absl::Status ReadField(const nlohmann::json& section, const std::string& key,
+                       const std::string& where, const std::string& file, T* out) {
   auto it = section.find(key);
   if (it == section.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be an integer, got ", it->dump()));
+  bool ok = false;
+  const char* kind = "";
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = it->is_boolean();
+    kind = "true or false";
+  } else if constexpr (std::is_integral_v<T>) {
+    ok = it->is_number_integer();
+    kind = "an integer";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = it->is_number();
+    kind = "a number";
+  } else {
+    ok = it->is_string();
+    kind = "a string";
   }
-  *out = it->get<int64_t>();
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field ", where, key, " must be ", kind, ", got ", it->dump()));
+  }
+  *out = it->get<T>();
   return absl::OkStatus();
 }
 
 absl::Status ReadPositive(const nlohmann::json& section, const std::string& key,
                           const std::string& where, const std::string& file, int64_t* out) {
-  if (absl::Status s = ReadInt(section, key, where, file, out); !s.ok()) return s;
+  if (absl::Status s = ReadField(section, key, where, file, out); !s.ok()) return s;
   if (*out <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": field ", where, key, " must be positive, got ", *out));
@@ -34,39 +52,11 @@ absl::Status ReadPositive(const nlohmann::json& section, const std::string& key,
   return absl::OkStatus();
 }
 
-absl::Status ReadDouble(const nlohmann::json& section, const std::string& key,
-                        const std::string& where, const std::string& file, double* out) {
-  auto it = section.find(key);
-  if (it == section.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be a number, got ", it->dump()));
-  }
-  *out = it->get<double>();
-  return absl::OkStatus();
-}
-
-absl::Status ReadBool(const nlohmann::json& section, const std::string& key,
-                      const std::string& where, const std::string& file, bool* out) {
-  auto it = section.find(key);
-  if (it == section.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be true or false, got ", it->dump()));
-  }
-  *out = it->get<bool>();
-  return absl::OkStatus();
-}
-
+// An activation name transformers' ACT2FN has and hf_linear.h implements.
 absl::Status ReadAct(const nlohmann::json& section, const std::string& key,
                      const std::string& where, const std::string& file, std::string* out) {
-  auto it = section.find(key);
-  if (it == section.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be a string, got ", it->dump()));
-  }
-  const std::string name = it->get<std::string>();
+  std::string name = *out;
+  if (absl::Status s = ReadField(section, key, where, file, &name); !s.ok()) return s;
   if (absl::Status s = CheckActivation(name, absl::StrCat(where, key)); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
   }
@@ -104,9 +94,9 @@ absl::Status ParseVision(const nlohmann::json& v, const std::string& file,
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "num_channels", w, file, &out->num_channels));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "image_size", w, file, &out->image_size));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "patch_size", w, file, &out->patch_size));
-  CDCCA_RETURN_IF_ERROR_(ReadDouble(v, "layer_norm_eps", w, file, &out->layer_norm_eps));
+  CDCCA_RETURN_IF_ERROR_(ReadField(v, "layer_norm_eps", w, file, &out->layer_norm_eps));
   CDCCA_RETURN_IF_ERROR_(ReadAct(v, "hidden_act", w, file, &out->hidden_act));
-  CDCCA_RETURN_IF_ERROR_(ReadBool(v, "qkv_bias", w, file, &out->qkv_bias));
+  CDCCA_RETURN_IF_ERROR_(ReadField(v, "qkv_bias", w, file, &out->qkv_bias));
   if (out->hidden_size % out->num_attention_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         file, ": field ", w, "hidden_size (", out->hidden_size,
@@ -129,14 +119,14 @@ absl::Status ParseQFormer(const nlohmann::json& q, const std::string& file, bool
       ReadPositive(q, "num_attention_heads", w, file, &out->num_attention_heads));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "intermediate_size", w, file, &out->intermediate_size));
   CDCCA_RETURN_IF_ERROR_(ReadAct(q, "hidden_act", w, file, &out->hidden_act));
-  CDCCA_RETURN_IF_ERROR_(ReadDouble(q, "layer_norm_eps", w, file, &out->layer_norm_eps));
+  CDCCA_RETURN_IF_ERROR_(ReadField(q, "layer_norm_eps", w, file, &out->layer_norm_eps));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "cross_attention_frequency", w, file,
                                       &out->cross_attention_frequency));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "vocab_size", w, file, &out->vocab_size));
   CDCCA_RETURN_IF_ERROR_(
       ReadPositive(q, "max_position_embeddings", w, file, &out->max_position_embeddings));
   CDCCA_RETURN_IF_ERROR_(
-      ReadBool(q, "use_qformer_text_input", w, file, &out->use_qformer_text_input));
+      ReadField(q, "use_qformer_text_input", w, file, &out->use_qformer_text_input));
   if (instruct) out->use_qformer_text_input = true;
   if (out->hidden_size % out->num_attention_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -189,7 +179,7 @@ absl::StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config,
   // transformers 4.4x writes image_token_index; 5.x may spell it image_token_id.
   for (const char* key : {"image_token_index", "image_token_id"}) {
     int64_t id = -1;
-    CDCCA_RETURN_IF_ERROR_(ReadInt(config, key, "", file, &id));
+    CDCCA_RETURN_IF_ERROR_(ReadField(config, key, "", file, &id));
     if (id >= 0) {
       out.image_token_id = id;
       break;

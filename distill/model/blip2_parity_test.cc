@@ -4,6 +4,7 @@
 // produced there. First-step logits within 1e-4 of the largest logit, identical greedy tokens.
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -92,6 +93,8 @@ void CheckFixture(const std::string& variant, bool through_hf_model,
     const double scale = want.abs().max().item<double>();
     const double err = (got - want).abs().max().item<double>();
     EXPECT_LE(err, 1e-4 * scale) << "max |diff| " << err << " vs largest logit " << scale;
+    std::printf("%s case %zu: max |logit diff| / max |logit| = %.3g\n", variant.c_str(), i,
+                err / scale);
     EXPECT_EQ(result->tokens[0], c["greedy_tokens"].get<std::vector<int64_t>>());
   }
 }
@@ -116,6 +119,31 @@ TEST(Blip2ParityTest, CheckpointWithoutImageTokenPrependsTheQueries) {
   std::ofstream(dir + "/config.json") << config->dump(2);
   CheckFixture("instructblip_llama", false, dir);
   CheckFixture("instructblip_llama", true, dir);
+}
+
+TEST(Blip2ParityTest, Int8WeightsLoadSmallerAndAnswer) {
+  const std::string dir = FixtureDir("blip2_llama");
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> fp32 = LoadHfModel(dir, HfModelOptions{});
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  HfModelOptions o;
+  o.precision = "int8";
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> int8 = LoadHfModel(dir, o);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_LT((*int8)->ResidentBytes(), (*fp32)->ResidentBytes());
+  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(dir + "/expected_pixels.safetensors");
+  ASSERT_TRUE(pixels.ok()) << pixels.status();
+  MultimodalInputs in;
+  in.pixel_values = pixels->tensors[0].second.unsqueeze(0);
+  in.input_ids = torch::tensor({1, 312, 71}, torch::kLong).unsqueeze(0);  // image tokens added
+  GreedyOptions g;
+  g.max_new_tokens = 2;
+  absl::StatusOr<GreedyResult> a = (*int8)->Generate(in, g);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(torch::isfinite(a->first_logits).all().item<bool>());
+  absl::StatusOr<GreedyResult> b = (*fp32)->Generate(in, g);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const double scale = b->first_logits.abs().max().item<double>();
+  EXPECT_LT((a->first_logits - b->first_logits).abs().max().item<double>(), 0.1 * scale);
 }
 
 TEST(Blip2ParityTest, LoadHfModelDispatchesBothTypes) {
