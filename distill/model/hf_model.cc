@@ -1,6 +1,7 @@
 #include "distill/model/hf_model.h"
 
 #include "absl/strings/str_cat.h"
+#include "distill/model/blip2.h"
 #include "distill/model/llava.h"
 
 namespace cdcca::model {
@@ -13,6 +14,8 @@ struct HfModelType {
 // config.json model_type -> loader. BLIP-2 and InstructBLIP register here.
 const HfModelType kHfModelTypes[] = {
     {"llava", LoadLlavaModel},
+    {"blip-2", LoadBlip2Model},
+    {"instructblip", LoadBlip2Model},
 };
 
 }  // namespace

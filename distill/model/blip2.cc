@@ -1,0 +1,307 @@
+#include "distill/model/blip2.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "distill/model/blip2_inputs.h"
+
+namespace cdcca::model {
+namespace {
+
+// The first of `candidates` for which `<candidate><probe>` is in the folder.
+absl::StatusOr<std::string> Probe(const HfFolder& folder, std::initializer_list<const char*> candidates,
+                                  const std::string& probe, const std::string& what) {
+  for (const char* c : candidates) {
+    if (folder.Has(std::string(c) + probe)) return std::string(c);
+  }
+  std::string tried;
+  for (const char* c : candidates) absl::StrAppend(&tried, tried.empty() ? "" : ", ", c, probe);
+  return absl::NotFoundError(absl::StrCat(folder.dir(), ": no ", what, " weights (looked for ",
+                                          tried, ")"));
+}
+
+HfPrecision Fp32Compute(HfPrecision p) {
+  p.dtype = torch::kFloat;
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
+  Blip2Prefixes p;
+  absl::StatusOr<std::string> s =
+      Probe(folder, {"vision_model.", "model.vision_model."}, "embeddings.class_embedding", "ViT");
+  if (!s.ok()) return s.status();
+  p.vision = *s;
+  s = Probe(folder, {"", "model."}, "query_tokens", "query_tokens");
+  if (!s.ok()) return s.status();
+  p.query_tokens = *s + "query_tokens";
+  s = Probe(folder, {"qformer.", "model.qformer."}, "encoder.layer.0.attention.attention.query.weight",
+            "Q-Former");
+  if (!s.ok()) return s.status();
+  p.qformer = *s;
+  s = Probe(folder, {"language_projection.", "model.language_projection."}, "weight",
+            "language_projection");
+  if (!s.ok()) return s.status();
+  p.projection = *s;
+  s = Probe(folder, {"language_model.model.", "model.language_model.", "language_model."},
+            "embed_tokens.weight", "language model");
+  if (!s.ok()) return s.status();
+  p.lm_body = *s;
+  // Absent when the embeddings are tied; DecoderLm ignores the head prefix then.
+  s = Probe(folder, {"language_model.lm_head.", "lm_head."}, "weight", "lm_head");
+  p.lm_head = s.ok() ? *s : "lm_head.";
+  return p;
+}
+
+absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
+                             Blip2VisionModelImpl& vision, torch::Device device) {
+  HfLoadIntoOptions options;
+  options.device = device;
+  const std::string first = prefix + "encoder.layers.0.self_attn.";
+  if (!vision.config().qkv_bias || folder.Has(first + "qkv.bias") || !folder.Has(first + "q_bias")) {
+    return folder.LoadInto(vision, prefix, options);
+  }
+  // Separate q_bias / v_bias: everything but the fused qkv layers loads by name.
+  if (absl::Status s = folder.LoadInto(*vision.embeddings, prefix + "embeddings.", options); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = folder.LoadInto(*vision.post_layernorm, prefix + "post_layernorm.", options);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t h = vision.config().hidden_size;
+  for (size_t i = 0; i < vision.encoder->layers->size(); ++i) {
+    auto* layer = vision.encoder->layers[i]->as<Blip2VisionLayerImpl>();
+    const std::string lp = absl::StrCat(prefix, "encoder.layers.", i, ".");
+    for (auto& [name, module] : std::vector<std::pair<std::string, torch::nn::Module*>>{
+             {"layer_norm1.", layer->layer_norm1.get()},
+             {"layer_norm2.", layer->layer_norm2.get()},
+             {"mlp.", layer->mlp.get()},
+             {"self_attn.projection.", layer->self_attn->projection.get()}}) {
+      if (absl::Status s = folder.LoadInto(*module, lp + name, options); !s.ok()) return s;
+    }
+    HfLinearImpl& qkv = *layer->self_attn->qkv;
+    const torch::ScalarType dtype = qkv.options().precision.dtype;
+    absl::StatusOr<torch::Tensor> w = folder.Load(lp + "self_attn.qkv.weight", dtype, device);
+    if (!w.ok()) return w.status();
+    absl::StatusOr<torch::Tensor> q = folder.Load(lp + "self_attn.q_bias", dtype, device);
+    if (!q.ok()) return q.status();
+    absl::StatusOr<torch::Tensor> v = folder.Load(lp + "self_attn.v_bias", dtype, device);
+    if (!v.ok()) return v.status();
+    for (const auto& [name, t, shape] :
+         std::vector<std::tuple<std::string, torch::Tensor, std::vector<int64_t>>>{
+             {"qkv.weight", *w, {3 * h, h}}, {"q_bias", *q, {h}}, {"v_bias", *v, {h}}}) {
+      if (t.sizes().vec() != shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            folder.FileOf(lp + "self_attn." + name), ": tensor ", lp, "self_attn.", name,
+            " has shape ", c10::str(t.sizes()), ", the model needs ", c10::str(c10::IntArrayRef(shape))));
+      }
+    }
+    if (absl::Status s = qkv.Adopt("weight", *w); !s.ok()) return s;
+    if (absl::Status s = qkv.Adopt("bias", Blip2QkvBiasFromParts(*q, *v)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& config,
+                                                                     const DecoderConfig& text,
+                                                                     const HfPrecision& precision)
+    : config_(config), precision_(precision) {
+  vision_model = register_module("vision_model", Blip2VisionModel(config.vision, precision));
+  query_tokens = register_parameter(
+      "query_tokens", Placeholder({1, config.num_query_tokens, config.qformer.hidden_size}, torch::kFloat));
+  qformer = register_module("qformer", QFormerModel(config.qformer, config.instruct, Fp32Compute(precision)));
+  HfLinearOptions proj;
+  proj.in_features = config.qformer.hidden_size;
+  proj.out_features = text.hidden_size;
+  proj.bias = true;
+  proj.precision = precision;
+  language_projection = register_module("language_projection", HfLinear(proj));
+  language_model = register_module("language_model", DecoderLm(text, precision));
+}
+
+absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>>
+Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPrecision& precision,
+                                              torch::Device device) {
+  const std::string file = folder.config_path();
+  absl::StatusOr<Blip2Config> config = ParseBlip2Config(folder.config(), file);
+  if (!config.ok()) return config.status();
+  auto text_json = folder.config().find("text_config");
+  if (text_json == folder.config().end() || !text_json->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field text_config is missing"));
+  }
+  absl::StatusOr<DecoderConfig> text = ParseDecoderConfig(*text_json, file);
+  if (!text.ok()) return text.status();
+  std::shared_ptr<Blip2ForConditionalGenerationImpl> model;
+  try {
+    model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *text, precision);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(folder.dir(), ": building the model: ", e.what_without_backtrace()));
+  }
+  if (absl::Status s = model->Load(folder, device); !s.ok()) return s;
+  model->eval();
+  return model;
+}
+
+absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, torch::Device device) {
+  absl::StatusOr<Blip2Prefixes> p = FindBlip2Prefixes(folder);
+  if (!p.ok()) return p.status();
+  try {
+    HfLoadIntoOptions options;
+    options.device = device;
+    if (absl::Status s = LoadBlip2Vision(folder, p->vision, *vision_model, device); !s.ok()) return s;
+    absl::StatusOr<torch::Tensor> q = folder.Load(p->query_tokens, torch::kFloat, device);
+    if (!q.ok()) return q.status();
+    if (q->sizes() != query_tokens.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder.FileOf(p->query_tokens), ": tensor ", p->query_tokens, " has shape ",
+          c10::str(q->sizes()), ", the model needs ", c10::str(query_tokens.sizes())));
+    }
+    {
+      torch::NoGradGuard no_grad;
+      query_tokens.set_data(*q);
+    }
+    if (absl::Status s = folder.LoadInto(*qformer, p->qformer, options); !s.ok()) return s;
+    if (absl::Status s = folder.LoadInto(*language_projection, p->projection, options); !s.ok()) {
+      return s;
+    }
+    return language_model->Load(folder, p->lm_body, p->lm_head, device);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(folder.dir(), ": loading: ", e.what_without_backtrace()));
+  }
+}
+
+torch::Tensor Blip2ForConditionalGenerationImpl::ImageQueries(
+    const torch::Tensor& pixel_values, const torch::Tensor& qformer_input_ids,
+    const torch::Tensor& qformer_attention_mask) {
+  torch::Tensor image = vision_model->forward(pixel_values);
+  torch::Tensor queries = query_tokens.expand({image.size(0), -1, -1});
+  torch::Tensor out = qformer->forward(queries, image.to(torch::kFloat), qformer_input_ids,
+                                       qformer_attention_mask);
+  out = out.slice(1, 0, config_.num_query_tokens);
+  return language_projection->forward(out.to(precision_.dtype));
+}
+
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Blip2ForConditionalGenerationImpl::InputsEmbeds(
+    const Blip2Inputs& in) {
+  if (config_.instruct != in.qformer_input_ids.defined()) {
+    return absl::InvalidArgumentError(config_.instruct
+                                          ? "InstructBLIP needs qformer_input_ids"
+                                          : "BLIP-2 takes no qformer_input_ids");
+  }
+  const int64_t size = config_.vision.image_size;
+  if (in.pixel_values.dim() != 4 || in.pixel_values.size(1) != config_.vision.num_channels ||
+      in.pixel_values.size(2) != size || in.pixel_values.size(3) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pixel_values must be [B, ", config_.vision.num_channels, ", ", size, ", ", size, "], got ",
+        c10::str(in.pixel_values.sizes())));
+  }
+  torch::Tensor queries = ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
+  torch::Tensor text = language_model->EmbedTokens(in.input_ids);
+  absl::StatusOr<torch::Tensor> merged =
+      MergeBlip2Queries(text, in.input_ids, queries, config_.image_token_id);
+  if (!merged.ok()) return merged.status();
+  torch::Tensor mask = in.attention_mask;
+  if (mask.defined() && !config_.image_token_id.has_value()) {
+    mask = torch::cat({torch::ones({mask.size(0), queries.size(1)}, mask.options()), mask}, 1);
+  }
+  return std::make_pair(*merged, mask);
+}
+
+absl::StatusOr<torch::Tensor> Blip2ForConditionalGenerationImpl::Logits(const Blip2Inputs& in) {
+  try {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
+    if (!e.ok()) return e.status();
+    return language_model->Forward(e->first, e->second, nullptr).logits;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
+    const Blip2Inputs& in, const GreedyOptions& options) {
+  try {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
+    if (!e.ok()) return e.status();
+    return GreedyGenerateFromEmbeds(*language_model, e->first, e->second, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
+  }
+}
+
+std::vector<int64_t> Blip2ForConditionalGenerationImpl::ExpandInputIds(
+    const std::vector<int64_t>& prompt_ids) const {
+  return ExpandBlip2InputIds(prompt_ids, config_.num_query_tokens, config_.image_token_id);
+}
+
+namespace {
+
+class Blip2MultimodalModel : public MultimodalModel {
+ public:
+  Blip2MultimodalModel(std::shared_ptr<Blip2ForConditionalGenerationImpl> model,
+                       std::vector<int64_t> eos, torch::Device device)
+      : model_(std::move(model)), eos_(std::move(eos)), device_(device) {}
+
+  std::string model_type() const override {
+    return model_->config().instruct ? "instructblip" : "blip-2";
+  }
+  std::string ExpandPrompt(const std::string& prompt) const override { return prompt; }
+  std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const override {
+    return model_->ExpandInputIds(ids);
+  }
+
+  absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
+                                        const GreedyOptions& options) override {
+    Blip2Inputs in{inputs.pixel_values.to(device_), inputs.input_ids.to(device_),
+                   inputs.attention_mask, inputs.qformer_input_ids,
+                   inputs.qformer_attention_mask};
+    if (in.attention_mask.defined()) in.attention_mask = in.attention_mask.to(device_);
+    if (in.qformer_input_ids.defined()) in.qformer_input_ids = in.qformer_input_ids.to(device_);
+    if (in.qformer_attention_mask.defined()) {
+      in.qformer_attention_mask = in.qformer_attention_mask.to(device_);
+    }
+    const std::optional<int64_t> image = model_->config().image_token_id;
+    if (image.has_value() && in.input_ids.dim() == 2 &&
+        !in.input_ids.eq(*image).any().item<bool>()) {
+      // The tokenized prompt alone: add the processor's image tokens.
+      const int64_t q = model_->config().num_query_tokens;
+      in.input_ids = torch::cat(
+          {torch::full({in.input_ids.size(0), q}, *image, in.input_ids.options()), in.input_ids}, 1);
+      if (in.attention_mask.defined()) {
+        in.attention_mask = torch::cat(
+            {torch::ones({in.attention_mask.size(0), q}, in.attention_mask.options()),
+             in.attention_mask},
+            1);
+      }
+    }
+    return model_->Generate(in, options);
+  }
+
+  std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*model_); }
+  torch::Device device() const override { return device_; }
+
+ private:
+  std::shared_ptr<Blip2ForConditionalGenerationImpl> model_;
+  std::vector<int64_t> eos_;
+  torch::Device device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device) {
+  absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> model =
+      Blip2ForConditionalGenerationImpl::FromFolder(folder, precision, device);
+  if (!model.ok()) return model.status();
+  std::vector<int64_t> eos =
+      ReadEosTokenIds(folder.dir(), (*model)->language_model->config().eos_token_ids);
+  return std::unique_ptr<MultimodalModel>(
+      std::make_unique<Blip2MultimodalModel>(std::move(*model), std::move(eos), device));
+}
+
+}  // namespace cdcca::model
