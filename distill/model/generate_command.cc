@@ -96,6 +96,13 @@ absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& 
       tokenizer::Tokenizer::FromFolder(model_dir);
   if (!tok.ok()) return tok.status();
   a->tokenizer_ = *std::move(tok);
+  const std::string qformer_dir = model_dir + "/qformer_tokenizer";
+  if (std::filesystem::is_directory(qformer_dir)) {
+    absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> qtok =
+        tokenizer::Tokenizer::FromFolder(qformer_dir);
+    if (!qtok.ok()) return qtok.status();
+    a->qformer_tokenizer_ = *std::move(qtok);
+  }
   absl::StatusOr<ImageProcessorConfig> proc = LoadImageProcessorConfig(model_dir);
   if (!proc.ok()) return proc.status();
   // transformers 5's AutoProcessor (what the model's processor uses) runs the torchvision
@@ -118,17 +125,27 @@ absl::StatusOr<GenerateReply> HfAnswerer::Answer(const std::string& image_path,
     return absl::Status(pixels.status().code(),
                         absl::StrCat(image_path, ": ", pixels.status().message()));
   }
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(model_->ExpandPrompt(prompt));
+  // Tokenize, then expand the image placeholder on ids: LLaVA's one `<image>` token becomes
+  // one per image feature, BLIP-2 / InstructBLIP get their query tokens in front, as the
+  // processors of transformers 5 lay out input_ids.
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt);
   if (!ids.ok()) return ids.status();
 
   GenerateReply reply;
-  reply.input_ids.assign(ids->begin(), ids->end());
+  reply.input_ids = model_->ExpandImageTokens(std::vector<int64_t>(ids->begin(), ids->end()));
   MultimodalInputs in;
   in.pixel_values = torch::from_blob(pixels->data.data(),
                                      {1, pixels->channels, pixels->height, pixels->width},
                                      torch::kFloat)
                         .clone();
   in.input_ids = torch::tensor(reply.input_ids, torch::kLong).unsqueeze(0);
+  if (qformer_tokenizer_ != nullptr) {
+    absl::StatusOr<std::vector<int32_t>> q = qformer_tokenizer_->Encode(prompt);
+    if (!q.ok()) return q.status();
+    in.qformer_input_ids =
+        torch::tensor(std::vector<int64_t>(q->begin(), q->end()), torch::kLong).unsqueeze(0);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
   GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = model_->eos_token_ids();

@@ -63,6 +63,8 @@ class HfAnswerer {
   HfAnswerer() = default;
   std::unique_ptr<MultimodalModel> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.
+  std::unique_ptr<tokenizer::Tokenizer> qformer_tokenizer_;
   std::unique_ptr<ImageProcessorConfig> processor_;
 };
 
