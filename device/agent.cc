@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compress/hash64.h"
 #include "compress/uplink_codec.h"
 #include "device/internal/durable_file.h"
 #include "device/internal/state_file.h"

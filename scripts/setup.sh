@@ -10,7 +10,7 @@ CDCCA_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libzstd-dev zlib1g-dev libabsl-dev libopencv-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  libpcre2-dev libicu-dev libsentencepiece-dev
+  libpcre2-dev libicu-dev
   clang libclang-rt-14-dev
   dataset-fashion-mnist
 )

@@ -1,5 +1,5 @@
 // `cdcca generate` end to end (tokenizer + image processor + model) against transformers on
-// the LLaVA fixtures: identical input_ids and greedy tokens, first logits within 1e-4 of the
+// every model fixture (LLaVA, BLIP-2, InstructBLIP): identical input_ids and greedy tokens, first logits within 1e-4 of the
 // largest. The images go through OpenCV decoding and the PIL-exact resize here, so this also
 // checks that the pixels the model sees are the processor's.
 #include "distill/model/generate_command.h"
@@ -50,7 +50,8 @@ TEST_P(GenerateCommandTest, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCommandTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2",
-                                           "llava_clip_llama_gqa_rope"));
+                                           "llava_clip_llama_gqa_rope", "blip2_llama",
+                                           "instructblip_llama"));
 
 TEST(GenerateCommandErrorsTest, NameTheCause) {
   GenerateRequest r;

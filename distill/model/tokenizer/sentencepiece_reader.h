@@ -1,6 +1,4 @@
-// Reads the pieces of a SentencePiece tokenizer.model with Debian's libsentencepiece.
-// Plain C++ only: sentencepiece's header defines absl::string_view itself, which clashes
-// with Abseil's, so its one translation unit includes no Abseil header.
+// Reads the pieces of a SentencePiece tokenizer.model (its protobuf wire format, parsed here).
 #ifndef CDCCA_DISTILL_MODEL_TOKENIZER_SENTENCEPIECE_READER_H_
 #define CDCCA_DISTILL_MODEL_TOKENIZER_SENTENCEPIECE_READER_H_
 
@@ -16,7 +14,7 @@ struct SentencePiecePiece {
 };
 
 // Fills `pieces` (index = id) from the serialized model in `model_bytes`; on failure
-// returns false with sentencepiece's message in `error`.
+// returns false with what is malformed in `error`.
 bool ReadSentencePieceModel(const std::string& model_bytes, std::vector<SentencePiecePiece>* pieces,
                             std::string* error);
 
