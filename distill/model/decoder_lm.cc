@@ -246,7 +246,7 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   const int64_t seq_len = positions.max().item<int64_t>() + 1;
   torch::Tensor cos, sin;
   RopeCosSin(RopeInvFreq(config_.rope, config_.head_dim, seq_len), positions,
-             inputs_embeds.scalar_type(), &cos, &sin);
+             inputs_embeds.scalar_type(), &cos, &sin, config_.rope.attention_factor);
 
   // Additive mask [B, 1, T, past + T]: query i (absolute past + i) sees key j <= past + i
   // that the padding mask keeps; the rest gets the dtype's lowest value, as transformers.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -70,15 +71,57 @@ TEST(RopeTest, ParsesBothSpellingsAndRejectsUnknownTypes) {
   EXPECT_EQ(b.theta, 1000.0);
   EXPECT_EQ(a.factor, 2.0);
   EXPECT_EQ(b.factor, 2.0);
-  json yarn = {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
-  EXPECT_THAT(ParseRopeConfig(yarn, "dir/config.json").status(),
+  json longrope = {{"rope_scaling", {{"rope_type", "longrope"}, {"factor", 4.0}}}};
+  EXPECT_THAT(ParseRopeConfig(longrope, "dir/config.json").status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                 ::testing::AllOf(HasSubstr("dir/config.json"),
                                                  HasSubstr("rope_scaling.rope_type"),
-                                                 HasSubstr("yarn"))));
+                                                 HasSubstr("longrope"))));
+  json yarn_no_context = {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
+  EXPECT_THAT(ParseRopeConfig(yarn_no_context, "c.json").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("original_max_position_embeddings")));
   json llama3_missing = {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
   EXPECT_THAT(ParseRopeConfig(llama3_missing, "c.json").status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("low_freq_factor")));
+}
+
+// yarn as the YaRN paper and transformers define it, recomputed here in double: the ramp
+// runs between the dimensions that turn beta_fast and beta_slow times over the original
+// context (rounded outwards), interpolated (f / factor) below it, extrapolated (f) above.
+TEST(RopeTest, YarnBlendsByRotationCountAndScalesCosSin) {
+  json c = {{"max_position_embeddings", 64},
+            {"rope_theta", 10000.0},
+            {"rope_scaling",
+             {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16}}}};
+  ASSERT_OK_AND_ASSIGN(RopeConfig r, ParseRopeConfig(c, "config.json"));
+  EXPECT_EQ(r.type, "yarn");
+  EXPECT_EQ(r.original_max_position_embeddings, 16);
+  EXPECT_NEAR(r.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  const int d = 32;
+  auto corr = [&](double rot) { return d * std::log(16 / (rot * 2 * M_PI)) / (2 * std::log(1e4)); };
+  const double low = std::max(0.0, std::floor(corr(32.0)));
+  const double high = std::min(d - 1.0, std::ceil(corr(1.0)));
+  torch::Tensor got = RopeInvFreq(r, d, 1);
+  for (int i = 0; i < d / 2; ++i) {
+    const double f = 1.0 / std::pow(10000.0, 2.0 * i / d);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double want = f / 4 * ramp + f * (1 - ramp);
+    EXPECT_NEAR(got[i].item<float>(), want, 1e-6 * std::max(1.0, want)) << i;
+  }
+  torch::Tensor cos, sin;
+  torch::Tensor pos = torch::arange(3, torch::kLong).view({1, 3});
+  RopeCosSin(got, pos, torch::kFloat, &cos, &sin, r.attention_factor);
+  EXPECT_NEAR(cos[0][0][0].item<float>(), r.attention_factor, 1e-6);  // position 0: cos 1
+  EXPECT_NEAR(sin[0][2][0].item<float>(), r.attention_factor * std::sin(2.0), 1e-5);
+  // mscale / mscale_all_dim replace the default attention factor; an explicit one wins.
+  c["rope_scaling"]["mscale"] = 0.707;
+  c["rope_scaling"]["mscale_all_dim"] = 1.0;
+  ASSERT_OK_AND_ASSIGN(RopeConfig m, ParseRopeConfig(c, "config.json"));
+  EXPECT_NEAR(m.attention_factor, (0.0707 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1), 1e-12);
+  c["rope_scaling"]["attention_factor"] = 1.5;
+  ASSERT_OK_AND_ASSIGN(RopeConfig a, ParseRopeConfig(c, "config.json"));
+  EXPECT_EQ(a.attention_factor, 1.5);
 }
 
 json TinyConfig(int heads, int kv_heads) {

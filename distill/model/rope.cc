@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,95 @@ absl::StatusOr<double> NumberField(const json& obj, const std::string& key, cons
         absl::StrCat(file, ": field ", where, ".", key, " missing or not a number"));
   }
   return obj[key].get<double>();
+}
+
+// A number field that may be absent or null (then `fallback`).
+absl::StatusOr<double> OptionalNumber(const json& obj, const std::string& key, double fallback,
+                                      const std::string& where, const std::string& file) {
+  if (!obj.contains(key) || obj[key].is_null()) return fallback;
+  if (!obj[key].is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field ", where, ".", key, " is not a number"));
+  }
+  return obj[key].get<double>();
+}
+
+// transformers' get_mscale: 1 up to scale 1, then 0.1 * mscale * ln(scale) + 1.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// yarn: factor (or max_position_embeddings / original_max_position_embeddings when absent),
+// the attention factor, beta_fast / beta_slow (a 0 or missing value takes the default, as
+// transformers' `or`), truncate.
+absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& where,
+                                     int64_t max_pos, const std::string& file, RopeConfig r) {
+  absl::StatusOr<double> orig = OptionalNumber(params, "original_max_position_embeddings",
+                                               static_cast<double>(max_pos), where, file);
+  if (!orig.ok()) return orig.status();
+  r.original_max_position_embeddings = static_cast<int64_t>(*orig);
+  if (r.original_max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": field ", where,
+        ".original_max_position_embeddings (or max_position_embeddings) missing; yarn needs it"));
+  }
+  absl::StatusOr<double> factor = OptionalNumber(params, "factor", 0.0, where, file);
+  if (!factor.ok()) return factor.status();
+  r.factor = *factor > 0 ? *factor
+                         : static_cast<double>(max_pos) / r.original_max_position_embeddings;
+  if (!(r.factor > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field ", where, ".factor must be > 0 for yarn"));
+  }
+  absl::StatusOr<double> fast = OptionalNumber(params, "beta_fast", 0.0, where, file);
+  if (!fast.ok()) return fast.status();
+  absl::StatusOr<double> slow = OptionalNumber(params, "beta_slow", 0.0, where, file);
+  if (!slow.ok()) return slow.status();
+  r.beta_fast = *fast != 0 ? *fast : 32.0;
+  r.beta_slow = *slow != 0 ? *slow : 1.0;
+  if (params.contains("truncate") && params["truncate"].is_boolean()) {
+    r.truncate = params["truncate"].get<bool>();
+  }
+  absl::StatusOr<double> attention =
+      OptionalNumber(params, "attention_factor", 0.0, where, file);
+  if (!attention.ok()) return attention.status();
+  absl::StatusOr<double> mscale = OptionalNumber(params, "mscale", 0.0, where, file);
+  if (!mscale.ok()) return mscale.status();
+  absl::StatusOr<double> mscale_all = OptionalNumber(params, "mscale_all_dim", 0.0, where, file);
+  if (!mscale_all.ok()) return mscale_all.status();
+  if (params.contains("attention_factor") && !params["attention_factor"].is_null()) {
+    r.attention_factor = *attention;
+  } else if (*mscale != 0 && *mscale_all != 0) {
+    r.attention_factor = YarnMscale(r.factor, *mscale) / YarnMscale(r.factor, *mscale_all);
+  } else {
+    r.attention_factor = YarnMscale(r.factor, 1.0);
+  }
+  return r;
+}
+
+// yarn's blend of interpolated (divided by factor) and extrapolated (kept) frequencies: a
+// linear ramp over the dimensions between the ones that turn beta_fast and beta_slow times
+// over the original context.
+torch::Tensor YarnInvFreq(const RopeConfig& rope, int64_t dim, const torch::Tensor& pos_freqs) {
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(rope.original_max_position_embeddings / (rotations * 2 * M_PI))) /
+           (2 * std::log(rope.theta));
+  };
+  double low = correction_dim(rope.beta_fast);
+  double high = correction_dim(rope.beta_slow);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+  torch::Tensor ramp =
+      ((torch::arange(dim / 2, torch::kFloat) - low) / (high - low)).clamp(0, 1);
+  torch::Tensor extrapolation_weight = 1 - ramp;
+  torch::Tensor extrapolated = 1.0 / pos_freqs;
+  torch::Tensor interpolated = 1.0 / (rope.factor * pos_freqs);
+  return interpolated * (1 - extrapolation_weight) + extrapolated * extrapolation_weight;
 }
 
 }  // namespace
@@ -53,11 +143,12 @@ absl::StatusOr<RopeConfig> ParseRopeConfig(const json& c, const std::string& fil
   }
   const int64_t max_pos = c.value("max_position_embeddings", int64_t{0});
   if (r.type == "default") return r;
-  if (r.type != "linear" && r.type != "dynamic" && r.type != "llama3") {
+  if (r.type != "linear" && r.type != "dynamic" && r.type != "llama3" && r.type != "yarn") {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": field ", where, ".rope_type = \"", r.type,
-                     "\" is not supported (supported: default, linear, dynamic, llama3)"));
+                     "\" is not supported (supported: default, linear, dynamic, llama3, yarn)"));
   }
+  if (r.type == "yarn") return ParseYarn(params, where, max_pos, file, r);
   absl::StatusOr<double> factor = NumberField(params, "factor", where, file);
   if (!factor.ok()) return factor.status();
   r.factor = *factor;
@@ -94,6 +185,7 @@ torch::Tensor RopeInvFreq(const RopeConfig& rope, int64_t head_dim, int64_t seq_
   // As transformers: integer exponents made float32, base ** (2i / d) in float32.
   torch::Tensor exponent =
       torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<float>(head_dim);
+  if (rope.type == "yarn") return YarnInvFreq(rope, head_dim, torch::pow(base, exponent));
   torch::Tensor inv_freq = 1.0 / torch::pow(base, exponent);
   if (rope.type == "linear") return inv_freq / rope.factor;
   if (rope.type != "llama3") return inv_freq;
@@ -113,12 +205,17 @@ torch::Tensor RopeInvFreq(const RopeConfig& rope, int64_t head_dim, int64_t seq_
 }
 
 void RopeCosSin(const torch::Tensor& inv_freq, const torch::Tensor& positions,
-                torch::ScalarType dtype, torch::Tensor* cos, torch::Tensor* sin) {
+                torch::ScalarType dtype, torch::Tensor* cos, torch::Tensor* sin, double scale) {
   torch::Tensor freqs = positions.to(torch::kFloat).unsqueeze(-1) *
                         inv_freq.to(positions.device(), torch::kFloat);  // [B, T, d/2]
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  *cos = emb.cos().to(dtype);
-  *sin = emb.sin().to(dtype);
+  if (scale == 1.0) {
+    *cos = emb.cos().to(dtype);
+    *sin = emb.sin().to(dtype);
+  } else {
+    *cos = (emb.cos() * scale).to(dtype);
+    *sin = (emb.sin() * scale).to(dtype);
+  }
 }
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
