@@ -337,6 +337,12 @@ PROCESSOR_VARIANTS = {
                                             image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])),
     "blip": ("BlipImageProcessor", dict(size={"height": 24, "width": 24}, resample=3,
                                         image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD)),
+    # A crop larger than the resized image: center_crop pads (the backends put the odd
+    # padding pixel on different sides).
+    "clip_pad": ("CLIPImageProcessor", dict(size={"shortest_edge": 20}, crop_size={"height": 25, "width": 27},
+                                            resample=3, do_center_crop=True)),
+    "siglip_lanczos": ("SiglipImageProcessor", dict(size={"height": 28, "width": 28}, resample=1)),
+    "blip_nearest": ("BlipImageProcessor", dict(size={"height": 26, "width": 26}, resample=0)),
 }
 
 
@@ -344,9 +350,11 @@ def pixel_values(proc, image):
     return proc(images=image, return_tensors="pt")["pixel_values"][0].float().contiguous()
 
 
-def build_processors(out, images):
+def build_processors(out, images, names=None):
     root = os.path.join(out, "processors")
     for name, (cls_name, kwargs) in PROCESSOR_VARIANTS.items():
+        if names is not None and name not in names:
+            continue
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
         slow, fast = processor_pair(cls_name, **kwargs)
@@ -443,9 +451,20 @@ MODEL_CASES = [
 ]
 
 
+def reset_rope_state(model):
+    """Dynamic RoPE keeps the longest sequence it has seen (max_seq_len_cached) and its
+    frequencies across calls; every case starts from the freshly loaded state, so that each
+    reference depends on its own input only."""
+    for m in model.modules():
+        if hasattr(m, "original_inv_freq") and hasattr(m, "max_seq_len_cached"):
+            m.inv_freq = m.original_inv_freq.clone()
+            m.max_seq_len_cached = m.original_max_seq_len
+
+
 def finish_model(d, model, processor, tok, out, cases, max_new_tokens=8, note=""):
     exp_cases, pixels = [], {}
     for i, (img_name, prompt) in enumerate(cases):
+        reset_rope_state(model)
         image = Image.open(os.path.join(out, "images", img_name))
         case, pv = greedy_case(model, processor, image, prompt, max_new_tokens, tok)
         case["image"] = img_name
@@ -479,8 +498,23 @@ def reload_eager(cls, d):
     return m.eval()
 
 
+def force_early_eos(model, processor, out, tok, step=2):
+    """Makes greedy decoding of the first model case end with EOS after `step` tokens: the
+    EOS row of the (untied) LM head becomes 1.5x the row of the token chosen at `step`, so EOS
+    outscores it there (or earlier). The reference is then computed from the saved weights."""
+    img_name, prompt = MODEL_CASES[0]
+    image = Image.open(os.path.join(out, "images", img_name))
+    case, _ = greedy_case(model, processor, image, prompt, 8, tok)
+    target = case["greedy_tokens"][step]
+    head = model.get_output_embeddings().weight
+    if model.config.get_text_config().tie_word_embeddings:
+        raise RuntimeError("force_early_eos needs an untied LM head")
+    with torch.no_grad():
+        head[tok.eos_token_id].copy_(head[target] * 1.5)
+
+
 def build_llava(out, name, vision, text_kind, text_over, layer, strategy, save_dtype=None, shard=None,
-                legacy=False):
+                legacy=False, eos_case=False):
     d = os.path.join(out, "models", name)
     os.makedirs(d, exist_ok=True)
     seed_all(sum(map(ord, name)))
@@ -515,6 +549,8 @@ def build_llava(out, name, vision, text_kind, text_over, layer, strategy, save_d
     processor = transformers.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=vcfg.patch_size,
                                             vision_feature_select_strategy=strategy,
                                             num_additional_image_tokens=extra, image_token="<image>")
+    if eos_case:
+        force_early_eos(model, processor, out, tok)
     save_model(model, d, save_dtype, shard)
     processor.save_pretrained(d)
     if legacy:
@@ -656,7 +692,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="comma list of parts: tokenizers,processors,models")
+    ap.add_argument("--names", default="",
+                    help="comma list: build only these model fixtures and processor variants")
     args = ap.parse_args()
+    names = set(args.names.split(",")) if args.names else None
     parts = set(args.only.split(",")) if args.only else {"tokenizers", "processors", "models"}
     torch.set_num_threads(4)
     os.makedirs(args.out, exist_ok=True)
@@ -666,6 +705,8 @@ def main():
     failures = []
 
     def attempt(label, fn, *a, **k):
+        if names is not None and fn in (build_llava, build_blip2) and label not in names:
+            return
         try:
             fn(*a, **k)
         except Exception as e:  # keep going: one broken variant must not hide the others
@@ -676,7 +717,7 @@ def main():
     if "tokenizers" in parts:
         attempt("tokenizers", build_tokenizers, args.out)
     if "processors" in parts:
-        attempt("processors", build_processors, args.out, images)
+        attempt("processors", build_processors, args.out, images, names)
     if "models" in parts:
         attempt("llava_clip_llama", build_llava, args.out, "llava_clip_llama", "clip", "bpe_metaspace_llama2",
                 dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), -2, "default")
@@ -688,6 +729,19 @@ def main():
                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
                 -1, "default", save_dtype=torch.bfloat16, shard="150KB", legacy=True)
+        # Attention and MLP biases, yarn RoPE over a sequence (25 image tokens + prompt) longer
+        # than its original context, and a first case whose greedy answer ends with EOS.
+        attempt("llava_clip_llama_bias_yarn", build_llava, args.out, "llava_clip_llama_bias_yarn", "clip",
+                "bpe_metaspace_llama2",
+                dict(attention_bias=True, mlp_bias=True, max_position_embeddings=64,
+                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+                -2, "default", eos_case=True)
+        # Dynamic NTK RoPE: the prompt already exceeds max_position_embeddings, and every
+        # generated token grows the base again.
+        attempt("llava_clip_llama_dynamic", build_llava, args.out, "llava_clip_llama_dynamic", "clip",
+                "bpe_bytelevel_llama3",
+                dict(max_position_embeddings=24, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+                -1, "full")
         attempt("blip2_llama", build_blip2, args.out, "blip2_llama", False)
         attempt("instructblip_llama", build_blip2, args.out, "instructblip_llama", True)
     write_readme(args.out)

@@ -50,7 +50,8 @@ TEST_P(GenerateCommandTest, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCommandTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2",
-                                           "llava_clip_llama_gqa_rope", "blip2_llama",
+                                           "llava_clip_llama_gqa_rope", "llava_clip_llama_bias_yarn",
+                                           "llava_clip_llama_dynamic", "blip2_llama",
                                            "instructblip_llama"));
 
 TEST(GenerateCommandErrorsTest, NameTheCause) {

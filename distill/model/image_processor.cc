@@ -267,10 +267,25 @@ std::vector<int> NearestIndex(int in_size, int out_size) {
   return index;
 }
 
+// torch.nn.functional.interpolate(mode="nearest-exact"), what transformers' torchvision
+// backend uses for NEAREST: source floor((i + 0.5) * in / out), the scale and product in
+// float as ATen computes them.
+std::vector<int> NearestExactIndex(int in_size, int out_size) {
+  const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
+  std::vector<int> index(out_size);
+  for (int i = 0; i < out_size; ++i) {
+    const int v = static_cast<int>(std::floor((static_cast<float>(i) + 0.5f) * scale));
+    index[i] = std::min(v, in_size - 1);
+  }
+  return index;
+}
+
 std::vector<uint8_t> ResizeNearest(const uint8_t* src, int width, int height, int channels,
-                                   int out_width, int out_height) {
-  const std::vector<int> xs = NearestIndex(width, out_width);
-  const std::vector<int> ys = NearestIndex(height, out_height);
+                                   int out_width, int out_height, bool exact = false) {
+  const std::vector<int> xs =
+      exact ? NearestExactIndex(width, out_width) : NearestIndex(width, out_width);
+  const std::vector<int> ys =
+      exact ? NearestExactIndex(height, out_height) : NearestIndex(height, out_height);
   std::vector<uint8_t> out(static_cast<size_t>(out_width) * out_height * channels);
   for (int y = 0; y < out_height; ++y) {
     const uint8_t* row = src + static_cast<size_t>(ys[y]) * width * channels;
@@ -661,9 +676,11 @@ absl::StatusOr<std::vector<uint8_t>> TorchvisionResize(const uint8_t* src, int w
     case PilResample::kLanczos:  // transformers substitutes bicubic (no tensor Lanczos)
       f = {TorchBicubicFilter, 2.0};
       break;
+    case PilResample::kNearest:  // transformers maps NEAREST to nearest-exact
+      return ResizeNearest(src, width, height, channels, out_width, out_height, /*exact=*/true);
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("the torchvision backend resize supports bilinear and bicubic, not ",
+          absl::StrCat("the torchvision backend resize supports nearest, bilinear and bicubic, not ",
                        PilResampleName(filter)));
   }
   return SeparableResize(src, width, height, channels, out_width, out_height, f,

@@ -350,13 +350,15 @@ TEST(TorchvisionResizeTest, SupportsTheFiltersTorchvisionHas) {
   EXPECT_EQ(lanczos, up);
   EXPECT_THAT(TorchvisionResize(px.data(), 2, 1, 1, 3, 1, PilResample::kBox),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("box")));
-  ImageProcessorConfig c;
-  c.backend = ImageBackend::kTorchvision;
-  c.size.height = c.size.width = 4;
-  c.resample = PilResample::kNearest;
-  const std::vector<uint8_t> rgb(12, 5);
-  EXPECT_THAT(PreprocessImage(c, rgb.data(), 2, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nearest")));
+  // NEAREST is nearest-exact there: source floor((i + 0.5) * in / out). 5 -> 3 picks 0, 2,
+  // 4 (Pillow's affine nearest would pick the same here); 2 -> 5 picks 0, 0, 1, 1, 1.
+  const std::vector<uint8_t> five = {10, 20, 30, 40, 50};
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> down,
+                       TorchvisionResize(five.data(), 5, 1, 1, 3, 1, PilResample::kNearest));
+  EXPECT_THAT(down, ElementsAre(10, 30, 50));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> near_up,
+                       TorchvisionResize(px.data(), 2, 1, 1, 5, 1, PilResample::kNearest));
+  EXPECT_THAT(near_up, ElementsAre(100, 100, 200, 200, 200));
 }
 
 TEST(RescaleNormalizeTest, Float32ArithmeticAsTransformers) {

@@ -103,7 +103,9 @@ TEST_P(LlavaParityTest, ExpandsTheImagePlaceholderAsTheProcessor) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlavaParityTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2",
-                                           "llava_clip_llama_gqa_rope"));
+                                           "llava_clip_llama_gqa_rope",
+                                           "llava_clip_llama_bias_yarn",
+                                           "llava_clip_llama_dynamic"));
 
 TEST(LlavaTest, QuantizedWeightsStayCloseAndSmall) {
   const std::string dir = FixtureDir("llava_clip_llama");
