@@ -43,6 +43,10 @@
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
+#include "nlohmann/json.hpp"
+#ifdef CDCCA_DEVICE_HF
+#include "distill/model/hf_answerer.h"
+#endif
 
 ABSL_FLAG(std::string, cloud, "",
           "host:port of cdcca-cloud; empty = run offline (no uplink, no updates)");
@@ -57,9 +61,15 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "name to check the cloud's certificate against (optional)");
 ABSL_FLAG(bool, insecure, false, "plaintext to the cloud (loopback experiments only)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "model family directory (encoder + student + config.json)");
+          "model family directory (encoder + student + config.json), or a Hugging Face "
+          "LLaVA / BLIP-2 / InstructBLIP folder (answers offline, see --hf_template)");
 ABSL_FLAG(std::string, precision, "int8",
-          "storage of the student's frozen base: fp32, int8 or int4");
+          "storage of the student's frozen base: fp32, int8 or int4 (Hugging Face folders "
+          "also bf16, fp16)");
+ABSL_FLAG(std::string, hf_template, "auto",
+          "Hugging Face folders: prompt template around each question (llava, vicuna, chatml, "
+          "none; auto = llava for LLaVA, none for BLIP-2 / InstructBLIP)");
+ABSL_FLAG(int, max_new_tokens, 32, "Hugging Face folders: longest answer, in tokens");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -238,6 +248,93 @@ class FrameSource {
   int severity_ = 3;
 };
 
+// A folder as published on the Hugging Face Hub (config.json's model_type is an architecture
+// HfAnswerer loads), rather than a cdcca family (encoder.safetensors + student.safetensors).
+bool IsHubFolder(const std::string& dir) {
+  if (std::filesystem::exists(dir + "/encoder.safetensors") ||
+      std::filesystem::exists(dir + "/student.safetensors")) {
+    return false;
+  }
+  std::ifstream in(dir + "/config.json");
+  if (!in) return false;
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
+    return false;
+  }
+  const std::string type = config["model_type"].get<std::string>();
+  return type == "llava" || type == "blip-2" || type == "instructblip";
+}
+
+// cdcca-device on a Hub folder: answers every frame (greedy, as `cdcca generate`) with the
+// mean answer-token entropy, offline: UTS, uplink and updates need the collaborative loop,
+// which runs on cdcca families.
+int RunHubFolder(const std::vector<std::string>& prompts) {
+#ifndef CDCCA_DEVICE_HF
+  (void)prompts;
+  return Fail(absl::UnimplementedError(
+      "this cdcca-device was built without Hugging Face support (PCRE2/ICU tokenizers "
+      "missing at configure time)"));
+#else
+  if (!absl::GetFlag(FLAGS_cloud).empty()) {
+    return Fail(absl::FailedPreconditionError(
+        "--cloud: a Hugging Face folder runs offline (answers only); uplink and updates need a "
+        "cdcca family checkpoint (cdcca pretrain --out DIR)"));
+  }
+  const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
+  if (max_new < 1 || max_new > 1024) {
+    return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-1024"));
+  }
+  absl::StatusOr<std::unique_ptr<cdcca::model::HfAnswerer>> answerer =
+      cdcca::model::HfAnswerer::Load(absl::GetFlag(FLAGS_checkpoint_dir),
+                                     absl::GetFlag(FLAGS_precision), "cpu");
+  if (!answerer.ok()) return Fail(answerer.status());
+  std::string template_name = absl::GetFlag(FLAGS_hf_template);
+  if (template_name == "auto") template_name = (*answerer)->model_type() == "llava" ? "llava" : "";
+  if (template_name == "none") template_name = "";
+  if (absl::StatusOr<std::string> t = cdcca::model::ApplyPromptTemplate(template_name, "q");
+      !t.ok()) {
+    return Fail(t.status());
+  }
+  absl::StatusOr<std::unique_ptr<FrameSource>> source =
+      FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
+  if (!source.ok()) return Fail(source.status());
+  FILE* out = stdout;
+  if (absl::GetFlag(FLAGS_output) != "-") {
+    out = std::fopen(absl::GetFlag(FLAGS_output).c_str(), "a");
+    if (out == nullptr) return Fail(absl::NotFoundError("cannot open --output"));
+  }
+  std::fprintf(stderr, "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
+               "\"uplink\":false}\n", JsonString((*answerer)->model_type()).c_str());
+  const int64_t max_frames = absl::GetFlag(FLAGS_frames);
+  int64_t frame_index = 0;
+  cdcca::datasets::Image image;
+  std::string name;
+  while (!g_stop && (max_frames == 0 || frame_index < max_frames) &&
+         (*source)->Next(&image, &name)) {
+    const std::string& question = prompts[static_cast<size_t>(frame_index) % prompts.size()];
+    absl::StatusOr<std::string> prompt = cdcca::model::ApplyPromptTemplate(template_name, question);
+    if (!prompt.ok()) return Fail(prompt.status());
+    absl::StatusOr<cdcca::model::GenerateReply> reply = (*answerer)->AnswerRgb(
+        image.pixels.data(), image.width, image.height, name, *prompt, max_new);
+    if (!reply.ok()) return Fail(reply.status());
+    std::fprintf(out,
+                 "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
+                 "\"entropy\":%.4f,\"tokens\":%zu,\"uplinked\":false,\"latency_ms\":%.2f,"
+                 "\"unix_ms\":%lld}\n",
+                 static_cast<long long>(frame_index), JsonString(name).c_str(),
+                 JsonString(question).c_str(), JsonString(reply->text).c_str(),
+                 reply->mean_entropy, reply->tokens.size(), reply->seconds * 1000.0,
+                 static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+    std::fflush(out);
+    ++frame_index;
+  }
+  std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld}\n",
+               static_cast<long long>(frame_index));
+  if (out != stdout) std::fclose(out);
+  return 0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,13 +358,16 @@ int main(int argc, char** argv) {
   });
   using namespace cdcca::device;  // NOLINT: a program's main
 
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (state_dir.empty()) return Fail(absl::InvalidArgumentError("--state_dir is required"));
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
   }
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
+  }
+  const bool hub_folder = IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir));
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty() && !hub_folder) {
+    return Fail(absl::InvalidArgumentError("--state_dir is required"));
   }
   std::vector<std::string> prompts;
   if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
@@ -281,6 +381,7 @@ int main(int argc, char** argv) {
   } else {
     prompts.push_back(absl::GetFlag(FLAGS_prompt));
   }
+  if (hub_folder) return RunHubFolder(prompts);
 
   RuntimeOptions runtime_options;
   runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);

@@ -5,8 +5,13 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
+
+#include "nlohmann/json.hpp"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -83,6 +88,52 @@ TEST(ProgramsHelpTest, CdccaSubcommandHelp) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("no_such_flag_xyz"));
   EXPECT_NE(RunProgram(CDCCA_BINARY).exit_code, 0);  // no command: usage error
+}
+#endif
+
+#ifdef CDCCA_DEVICE_BINARY
+// cdcca-device pointed at a Hugging Face LLaVA folder answers each frame offline with the
+// greedy answer transformers gives for the same image and prompt (the fixture's reference),
+// and refuses --cloud with the reason instead of starting a sync it cannot do.
+TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndRefusesCloud) {
+  const std::string fixture =
+      std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
+  std::ifstream expected_file(fixture + "/expected.json");
+  ASSERT_TRUE(expected_file) << fixture;
+  const nlohmann::json expected = nlohmann::json::parse(expected_file)["cases"][0];
+  ASSERT_EQ(expected["prompt"], "USER: <image>\nWhat is shown? ASSISTANT:");
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "device_hub_folder";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "frames");
+  std::filesystem::copy_file(std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/images/" +
+                                 expected["image"].get<std::string>(),
+                             dir / "frames" / "0.png");
+  const std::string base = std::string(CDCCA_DEVICE_BINARY) + " --checkpoint_dir=" + fixture +
+                           " --input=" + (dir / "frames").string() +
+                           " --prompt='What is shown?' --precision=fp32 --max_new_tokens=" +
+                           std::to_string(expected["max_new_tokens"].get<int>());
+  const Outcome r = RunProgram(base + " --output=" + (dir / "answers.jsonl").string());
+  if (r.output.find("without Hugging Face support") != std::string::npos) {
+    GTEST_SKIP() << r.output;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream answers(dir / "answers.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(answers, line)) << r.output;
+  const nlohmann::json a = nlohmann::json::parse(line);
+  EXPECT_EQ(a["answer"], expected["text"]);
+  EXPECT_EQ(a["question"], "What is shown?");
+  EXPECT_EQ(a["uplinked"], false);
+  EXPECT_GT(a["entropy"].get<double>(), 0.0);
+  EXPECT_FALSE(std::getline(answers, line));  // one frame, one answer
+
+  const Outcome cloud = RunProgram(base + " --cloud=127.0.0.1:1 --output=/dev/null");
+  EXPECT_NE(cloud.exit_code, 0);
+  EXPECT_THAT(cloud.output, HasSubstr("runs offline"));
+  const Outcome bad = RunProgram(base + " --hf_template=nope --output=/dev/null");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("nope"));
 }
 #endif
 

@@ -18,10 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
-namespace cdcca::tokenizer {
-class Tokenizer;
-}  // namespace cdcca::tokenizer
+#include "distill/model/hf_answerer.h"
 
 namespace cdcca::model {
 
@@ -34,43 +31,6 @@ struct GenerateRequest {
   std::string precision = "fp32";
   std::string device = "cpu";
 };
-
-struct GenerateReply {
-  std::vector<int64_t> input_ids;  // LM input after image-token expansion
-  std::vector<int64_t> tokens;     // generated ids (eos included when produced)
-  std::string text;                // decoded, special tokens skipped
-  std::vector<float> first_logits;
-  double seconds = 0;              // load excluded
-};
-
-class MultimodalModel;
-struct ImageProcessorConfig;
-
-// A loaded folder ready to answer: model, tokenizer and image processor settings.
-// Not thread-safe.
-class HfAnswerer {
- public:
-  // Errors name the file and field (model, tokenizer, processor) or the flag.
-  static absl::StatusOr<std::unique_ptr<HfAnswerer>> Load(const std::string& model_dir,
-                                                          const std::string& precision,
-                                                          const std::string& device);
-  ~HfAnswerer();
-  // Greedy answer for an image file and the processor's prompt text (with <image>).
-  absl::StatusOr<GenerateReply> Answer(const std::string& image_path, const std::string& prompt,
-                                       int64_t max_new_tokens);
-
- private:
-  HfAnswerer() = default;
-  std::unique_ptr<MultimodalModel> model_;
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
-  // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.
-  std::unique_ptr<tokenizer::Tokenizer> qformer_tokenizer_;
-  std::unique_ptr<ImageProcessorConfig> processor_;
-};
-
-// The prompt with a named template applied ("" = unchanged). InvalidArgument for an unknown
-// name (the message lists the known ones).
-absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const std::string& prompt);
 
 // Loads model, tokenizer and image processor from the folder and answers. Errors name the
 // file and field (model, tokenizer, image) or the flag.

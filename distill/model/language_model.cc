@@ -19,7 +19,7 @@ AdaptedLinear Linear(const TowerConfig& c, int64_t in, int64_t out, bool lora) {
 
 }  // namespace
 
-DecoderLayerImpl::DecoderLayerImpl(const TowerConfig& c, bool with_adapter_prompt)
+LmDecoderLayerImpl::LmDecoderLayerImpl(const TowerConfig& c, bool with_adapter_prompt)
     : heads_(c.lm_heads) {
   const int64_t d = c.d_model;
   attn_norm_ = register_module("attn_norm", RmsNorm(d));
@@ -38,11 +38,11 @@ DecoderLayerImpl::DecoderLayerImpl(const TowerConfig& c, bool with_adapter_promp
   }
 }
 
-torch::Tensor DecoderLayerImpl::Heads(const torch::Tensor& x) const {
+torch::Tensor LmDecoderLayerImpl::Heads(const torch::Tensor& x) const {
   return x.view({x.size(0), x.size(1), heads_, x.size(2) / heads_}).transpose(1, 2);
 }
 
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& positions,
+torch::Tensor LmDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& positions,
                                         const torch::Tensor& allowed, const torch::Tensor& past_k,
                                         const torch::Tensor& past_v, double dropout_p,
                                         const Rotary& rotary, torch::Tensor* new_k,
@@ -89,7 +89,7 @@ LanguageModelImpl::LanguageModelImpl(const TowerConfig& c)
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (int i = 0; i < c.lm_layers; ++i) {
     const bool prompt = c.adapter_prompt_len > 0 && i >= c.lm_layers - c.adapter_layers;
-    layers_->push_back(DecoderLayer(c, prompt));
+    layers_->push_back(LmDecoderLayer(c, prompt));
   }
   final_norm_ = register_module("final_norm", RmsNorm(c.d_model));
   lm_head_ = register_module("lm_head", Linear(c, c.d_model, c.vocab_size, false));
@@ -130,7 +130,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     torch::Tensor pk = past > 0 ? cache->k[i] : torch::Tensor();
     torch::Tensor pv = past > 0 ? cache->v[i] : torch::Tensor();
     const bool last = i + 1 == layers_->size();
-    x = layers_[i]->as<DecoderLayer>()->forward(x, positions, allowed, pk, pv, dropout_p, rotary_,
+    x = layers_[i]->as<LmDecoderLayer>()->forward(x, positions, allowed, pk, pv, dropout_p, rotary_,
                                                 &new_k[i], &new_v[i], out_first,
                                                 last ? out_count : -1);
   }

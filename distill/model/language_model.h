@@ -28,9 +28,9 @@ struct KvCache {
   int64_t length() const { return key_valid.defined() ? key_valid.size(1) : 0; }
 };
 
-class DecoderLayerImpl : public torch::nn::Module {
+class LmDecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const TowerConfig& c, bool with_adapter_prompt);
+  LmDecoderLayerImpl(const TowerConfig& c, bool with_adapter_prompt);
   // x [B, T, d]; positions [B, T]; allowed [B, 1, T, P+T] (P = cached length). past_k/v are
   // [B, H, P, D] or undefined; *new_k / *new_v receive the full [B, H, P+T, D].
   // out_count >= 0 computes only the outputs of positions [out_first, out_first +
@@ -50,7 +50,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::Tensor adapter_prompt_;  // [P, d] or undefined
   torch::Tensor adapter_gate_;    // [H], zero-init: the prompt starts with no effect
 };
-TORCH_MODULE(DecoderLayer);
+TORCH_MODULE(LmDecoderLayer);
 
 class LanguageModelImpl : public torch::nn::Module {
  public:

@@ -1,0 +1,157 @@
+#include "distill/model/hf_answerer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "datasets/formats.h"
+#include "distill/model/hf_model.h"
+#include "distill/model/image_processor.h"
+#include "distill/model/tokenizer/tokenizer.h"
+
+namespace cdcca::model {
+namespace {
+
+struct PromptTemplate {
+  const char* name;
+  const char* format;  // {prompt} is replaced
+};
+// Conversation formats of the published checkpoints' model cards.
+constexpr PromptTemplate kTemplates[] = {
+    {"llava", "USER: <image>\n{prompt} ASSISTANT:"},
+    {"vicuna", "A chat between a curious human and an artificial intelligence assistant. The "
+               "assistant gives helpful, detailed, and polite answers to the human's questions. "
+               "USER: <image>\n{prompt} ASSISTANT:"},
+    {"chatml", "<|im_start|>user <image>\n{prompt}<|im_end|><|im_start|>assistant"},
+};
+
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda") {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError("--device cuda: no CUDA device is available");
+    }
+    return torch::Device(torch::kCUDA);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device ", name, ": not cpu or cuda"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const std::string& prompt) {
+  if (name.empty()) return prompt;
+  std::string known;
+  for (const PromptTemplate& t : kTemplates) {
+    if (name == t.name) return absl::StrReplaceAll(t.format, {{"{prompt}", prompt}});
+    absl::StrAppend(&known, known.empty() ? "" : ", ", t.name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--template ", name, ": unknown (known: ", known, ")"));
+}
+
+absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& model_dir,
+                                                              const std::string& precision,
+                                                              const std::string& device_name) {
+  absl::StatusOr<torch::Device> device = ParseDevice(device_name);
+  if (!device.ok()) return device.status();
+  HfModelOptions options;
+  options.precision = precision;
+  options.device = *device;
+  auto a = std::unique_ptr<HfAnswerer>(new HfAnswerer());
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> model = LoadHfModel(model_dir, options);
+  if (!model.ok()) return model.status();
+  a->model_ = *std::move(model);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromFolder(model_dir);
+  if (!tok.ok()) return tok.status();
+  a->tokenizer_ = *std::move(tok);
+  const std::string qformer_dir = model_dir + "/qformer_tokenizer";
+  if (std::filesystem::is_directory(qformer_dir)) {
+    absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> qtok =
+        tokenizer::Tokenizer::FromFolder(qformer_dir);
+    if (!qtok.ok()) return qtok.status();
+    a->qformer_tokenizer_ = *std::move(qtok);
+  }
+  absl::StatusOr<ImageProcessorConfig> proc = LoadImageProcessorConfig(model_dir);
+  if (!proc.ok()) return proc.status();
+  // transformers 5's AutoProcessor (what the model's processor uses) runs the torchvision
+  // backend; its pixels are what the checkpoints are checked against.
+  proc->backend = ImageBackend::kTorchvision;
+  a->processor_ = std::make_unique<ImageProcessorConfig>(*std::move(proc));
+  return a;
+}
+
+HfAnswerer::~HfAnswerer() = default;
+
+absl::StatusOr<GenerateReply> HfAnswerer::Answer(const std::string& image_path,
+                                                 const std::string& prompt,
+                                                 int64_t max_new_tokens) {
+  absl::StatusOr<datasets::Image> image = datasets::LoadImageRgb(image_path);
+  if (!image.ok()) return image.status();
+  return AnswerRgb(image->pixels.data(), image->width, image->height, image_path, prompt,
+                   max_new_tokens);
+}
+
+std::string HfAnswerer::model_type() const { return model_->model_type(); }
+
+absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int width, int height,
+                                                    const std::string& source,
+                                                    const std::string& prompt,
+                                                    int64_t max_new_tokens) {
+  absl::StatusOr<PixelValues> pixels = PreprocessImage(*processor_, rgb, width, height);
+  if (!pixels.ok()) {
+    return absl::Status(pixels.status().code(),
+                        absl::StrCat(source, ": ", pixels.status().message()));
+  }
+  // Tokenize, then expand the image placeholder on ids: LLaVA's one `<image>` token becomes
+  // one per image feature, BLIP-2 / InstructBLIP get their query tokens in front, as the
+  // processors of transformers 5 lay out input_ids.
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt);
+  if (!ids.ok()) return ids.status();
+
+  GenerateReply reply;
+  reply.input_ids = model_->ExpandImageTokens(std::vector<int64_t>(ids->begin(), ids->end()));
+  MultimodalInputs in;
+  in.pixel_values = torch::from_blob(pixels->data.data(),
+                                     {1, pixels->channels, pixels->height, pixels->width},
+                                     torch::kFloat)
+                        .clone();
+  in.input_ids = torch::tensor(reply.input_ids, torch::kLong).unsqueeze(0);
+  if (qformer_tokenizer_ != nullptr) {
+    absl::StatusOr<std::vector<int32_t>> q = qformer_tokenizer_->Encode(prompt);
+    if (!q.ok()) return q.status();
+    in.qformer_input_ids =
+        torch::tensor(std::vector<int64_t>(q->begin(), q->end()), torch::kLong).unsqueeze(0);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
+  GreedyOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.eos_token_ids = model_->eos_token_ids();
+  g.keep_step_logits = true;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<GreedyResult> result = model_->Generate(in, g);
+  if (!result.ok()) return result.status();
+  reply.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  reply.tokens = result->tokens.empty() ? std::vector<int64_t>{} : result->tokens[0];
+  const std::vector<int32_t> tokens32(reply.tokens.begin(), reply.tokens.end());
+  reply.text = tokenizer_->Decode(tokens32, /*skip_special_tokens=*/true);
+  if (result->first_logits.defined()) {
+    torch::Tensor f = result->first_logits[0].contiguous();
+    reply.first_logits.assign(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+  }
+  // step_logits[i] is what token i was chosen from; one per generated token.
+  double entropy_sum = 0;
+  const size_t steps = std::min(result->step_logits.size(), reply.tokens.size());
+  for (size_t i = 0; i < steps; ++i) {
+    torch::Tensor logp = torch::log_softmax(result->step_logits[i][0].to(torch::kDouble), -1);
+    entropy_sum -= (logp.exp() * logp).sum().item<double>();
+  }
+  reply.mean_entropy = steps > 0 ? entropy_sum / static_cast<double>(steps) : 0.0;
+  return reply;
+}
+
+}  // namespace cdcca::model

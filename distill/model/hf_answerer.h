@@ -1,0 +1,70 @@
+// HfAnswerer: a Hugging Face multimodal folder (model, tokenizer, image processor) loaded
+// once and answering greedily, as transformers' processor + generate do. What `cdcca
+// generate` / `cdcca answer` and `cdcca-device` on a Hub folder run; no flags here, so any
+// program can link it.
+#ifndef CDCCA_DISTILL_MODEL_HF_ANSWERER_H_
+#define CDCCA_DISTILL_MODEL_HF_ANSWERER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace cdcca::tokenizer {
+class Tokenizer;
+}  // namespace cdcca::tokenizer
+
+namespace cdcca::model {
+
+struct GenerateReply {
+  std::vector<int64_t> input_ids;  // LM input after image-token expansion
+  std::vector<int64_t> tokens;     // generated ids (eos included when produced)
+  std::string text;                // decoded, special tokens skipped
+  std::vector<float> first_logits;
+  // Mean over the generated tokens (EOS included) of the entropy of the softmax each was
+  // chosen from, nats: UTS stage 1's score.
+  double mean_entropy = 0;
+  double seconds = 0;              // load excluded
+};
+
+class MultimodalModel;
+struct ImageProcessorConfig;
+
+// A loaded folder ready to answer: model, tokenizer and image processor settings.
+// Not thread-safe.
+class HfAnswerer {
+ public:
+  // Errors name the file and field (model, tokenizer, processor) or the flag.
+  static absl::StatusOr<std::unique_ptr<HfAnswerer>> Load(const std::string& model_dir,
+                                                          const std::string& precision,
+                                                          const std::string& device);
+  ~HfAnswerer();
+  // Greedy answer for an image file and the processor's prompt text (with <image>).
+  absl::StatusOr<GenerateReply> Answer(const std::string& image_path, const std::string& prompt,
+                                       int64_t max_new_tokens);
+  // The same for decoded RGB pixels (height x width x 3, row-major); `source` names the
+  // image in errors.
+  absl::StatusOr<GenerateReply> AnswerRgb(const uint8_t* rgb, int width, int height,
+                                          const std::string& source, const std::string& prompt,
+                                          int64_t max_new_tokens);
+  // config.json's model_type: "llava", "blip-2" or "instructblip".
+  std::string model_type() const;
+
+ private:
+  HfAnswerer() = default;
+  std::unique_ptr<MultimodalModel> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.
+  std::unique_ptr<tokenizer::Tokenizer> qformer_tokenizer_;
+  std::unique_ptr<ImageProcessorConfig> processor_;
+};
+
+// The prompt with a named template applied ("" = unchanged). InvalidArgument for an unknown
+// name (the message lists the known ones).
+absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const std::string& prompt);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_DISTILL_MODEL_HF_ANSWERER_H_
