@@ -19,6 +19,12 @@ struct DecoderDefaults {
 constexpr DecoderDefaults kLlamaDefaults{32000, 4096, 11008, 32, 32, 2048};
 constexpr DecoderDefaults kQwen2Defaults{151936, 4096, 22016, 32, 32, 32768};
 
+int64_t IntOr(const json& c, const char* key, int64_t fallback) {
+  return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : fallback;
+}
+
+}  // namespace
+
 double LowestValue(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kHalf:
@@ -29,12 +35,6 @@ double LowestValue(torch::ScalarType dtype) {
       return static_cast<double>(std::numeric_limits<float>::lowest());
   }
 }
-
-int64_t IntOr(const json& c, const char* key, int64_t fallback) {
-  return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : fallback;
-}
-
-}  // namespace
 
 absl::StatusOr<int64_t> ConfigInt(const json& c, const std::string& key, const std::string& file) {
   if (!c.contains(key) || !c[key].is_number_integer()) {
@@ -216,8 +216,55 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
   if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*layers, body_prefix + "layers.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*norm, body_prefix + "norm.", o); !s.ok()) return s;
-  if (lm_head) return folder.LoadInto(*lm_head, lm_head_prefix, o);
+  if (lm_head) {
+    if (absl::Status s = folder.LoadInto(*lm_head, lm_head_prefix, o); !s.ok()) return s;
+  } else if (precision_.weights != Precision::kFp32 && device.is_cpu() && !tied_head) {
+    tied_head = register_module(
+        "tied_head", HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false,
+                                              precision_}));
+    if (absl::Status s = tied_head->Adopt("weight", embed_tokens->weight); !s.ok()) return s;
+  }
+  FuseProjections();
   return absl::OkStatus();
+}
+
+namespace {
+
+// Concatenates `parts`' weights (and biases) along the output dimension into *weight
+// (*bias) and points each part at its slice.
+void FuseLinears(const std::vector<HfLinear>& parts, torch::Tensor* weight, torch::Tensor* bias) {
+  std::vector<torch::Tensor> ws, bs;
+  for (const HfLinear& p : parts) {
+    ws.push_back(p->weight);
+    if (p->bias.defined()) bs.push_back(p->bias);
+  }
+  *weight = torch::cat(ws, 0);
+  if (bs.size() == parts.size()) *bias = torch::cat(bs, 0);
+  int64_t offset = 0;
+  for (const HfLinear& p : parts) {
+    const int64_t n = p->weight.size(0);
+    p->weight.set_data(weight->narrow(0, offset, n));
+    if (bias->defined()) p->bias.set_data(bias->narrow(0, offset, n));
+    offset += n;
+  }
+}
+
+}  // namespace
+
+void DecoderLmImpl::FuseProjections() {
+  torch::NoGradGuard no_grad;
+  if (precision_.weights != Precision::kFp32) return;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
+    DecoderAttentionImpl& attn = *layer->self_attn;
+    if (!attn.qkv_weight.defined()) {
+      FuseLinears({attn.q_proj, attn.k_proj, attn.v_proj}, &attn.qkv_weight, &attn.qkv_bias);
+    }
+    DecoderMlpImpl& mlp = *layer->mlp;
+    if (!mlp.gate_up_weight.defined()) {
+      FuseLinears({mlp.gate_proj, mlp.up_proj}, &mlp.gate_up_weight, &mlp.gate_up_bias);
+    }
+  }
 }
 
 torch::Tensor DecoderLmImpl::EmbedTokens(const torch::Tensor& ids) { return embed_tokens(ids); }
@@ -273,7 +320,9 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   DecoderOutput out;
   out.hidden = h;
   torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
-  torch::Tensor logits = lm_head ? lm_head(last) : torch::linear(last, embed_tokens->weight);
+  torch::Tensor logits = lm_head     ? lm_head(last)
+                         : tied_head ? tied_head(last)
+                                     : torch::linear(last, embed_tokens->weight);
   out.logits = logits.to(torch::kFloat);
   return out;
 }

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,12 @@ class DecoderAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
   HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // [q; k; v] weights (and biases) in one tensor once DecoderLmImpl::FuseProjections ran;
+  // q/k/v_proj's weights are then views of it. Undefined before or for quantized weights.
+  torch::Tensor qkv_weight, qkv_bias;
+  int64_t heads() const { return heads_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -96,6 +103,9 @@ class DecoderMlpImpl : public torch::nn::Module {
   DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
   HfLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  // [gate; up] in one tensor after FuseProjections (see DecoderAttentionImpl::qkv_weight).
+  torch::Tensor gate_up_weight, gate_up_bias;
+  const std::string& act() const { return act_; }
 
  private:
   std::string act_;
@@ -132,10 +142,23 @@ class DecoderLmImpl : public torch::nn::Module {
   const DecoderConfig& config() const { return config_; }
   const HfPrecision& precision() const { return precision_; }
 
+  // Concatenates each layer's q/k/v and gate/up weights (and biases) into one tensor and
+  // makes the separate weights views of it: the same values and memory, one matrix product
+  // instead of three (two) where a caller wants it (static_decode.h). Load() calls it; a
+  // no-op for quantized weights and when already fused.
+  void FuseProjections();
+
+  // State kept between generations by static_decode.cc (buffers, captured graph).
+  std::shared_ptr<void> static_decode_state;
+
   HfEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   HfRmsNorm norm{nullptr};
   HfLinear lm_head{nullptr};  // null when tied
+  // Tied embeddings with quantized weights on CPU: the head's own quantized copy of the
+  // embedding matrix (registered as "tied_head" after Load), so the largest matrix product
+  // of a step runs on packed weights too. Null otherwise.
+  HfLinear tied_head{nullptr};
 
  private:
   DecoderConfig config_;
@@ -146,6 +169,10 @@ TORCH_MODULE(DecoderLm);
 // The eos ids a checkpoint stops at: generation_config.json's eos_token_id (int or list)
 // when the folder has one, else `fallback` (the config's).
 std::vector<int64_t> ReadEosTokenIds(const std::string& dir, const std::vector<int64_t>& fallback);
+
+// The most negative finite value of a float dtype: what masked attention scores get, as in
+// transformers.
+double LowestValue(torch::ScalarType dtype);
 
 // Helpers for config fields (errors name file and field).
 absl::StatusOr<int64_t> ConfigInt(const nlohmann::json& c, const std::string& key,

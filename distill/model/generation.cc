@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "distill/model/static_decode.h"
+
 namespace cdcca::model {
 namespace {
 
@@ -68,6 +70,12 @@ GreedyResult GreedyGenerateFromEmbeds(DecoderLmImpl& lm, const torch::Tensor& in
                                       const torch::Tensor& attention_mask,
                                       const GreedyOptions& options) {
   torch::NoGradGuard no_grad;
+  using Path = GreedyOptions::DecodePath;
+  const bool want_static = options.decode_path == Path::kStatic ||
+                           (options.decode_path == Path::kAuto && inputs_embeds.is_cuda());
+  if (want_static && StaticDecodeApplies(lm, inputs_embeds, options)) {
+    return StaticGreedyGenerate(lm, inputs_embeds, attention_mask, options);
+  }
   DecoderStepper stepper(lm, inputs_embeds, attention_mask);
   return GreedyGenerate(stepper, options);
 }

@@ -20,6 +20,11 @@ struct GreedyOptions {
   int64_t max_new_tokens = 32;
   std::vector<int64_t> eos_token_ids;  // empty = never stop early
   bool keep_step_logits = false;       // fill GreedyResult::step_logits
+  // GreedyGenerateFromEmbeds' loop: kAuto takes the static-cache loop (static_decode.h) on
+  // CUDA where it applies and the reference loop elsewhere; kStatic takes it wherever it
+  // applies (CPU too: tests compare the two); kReference never.
+  enum class DecodePath { kAuto, kReference, kStatic };
+  DecodePath decode_path = DecodePath::kAuto;
 };
 
 struct GreedyResult {

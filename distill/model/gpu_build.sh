@@ -2,7 +2,7 @@
 # Builds the core (CDCCA_CORE_ONLY) `cdcca` into build-gpu/ on the GPU machine, against
 # PyTorch's bundled LibTorch and .gpu-deps/ from scripts/gpu_deps.sh (carried). Sourced by
 # gpu_pretrain.sh and gpu_schedules.sh; leaves LD_LIBRARY_PATH and CDCCA_FASHION_MNIST_DIR
-# set for running it.
+# set for running it. CDCCA_GPU_TARGETS names other targets (scripts/hf_bench_gpu.sh: hf_bench).
 set -euo pipefail
 deps=$PWD/.gpu-deps
 arch=x86_64-linux-gnu
@@ -15,7 +15,9 @@ if [ ! -f build-gpu/CMakeCache.txt ]; then
     -DZLIB_INCLUDE_DIR="$deps/include" -DZLIB_LIBRARY="$deps/lib/$arch/libz.a" >build-gpu.log 2>&1 ||
     { tail -40 build-gpu.log; exit 1; }
 fi
-cmake --build build-gpu -j"$(nproc)" --target cdcca 2>&1 | grep -E "error|Error|Linking" || true
-test -x build-gpu/sim/cdcca
+targets=${CDCCA_GPU_TARGETS:-cdcca}
+# shellcheck disable=SC2086  # a list of targets
+cmake --build build-gpu -j"$(nproc)" --target $targets 2>&1 | grep -E "error|Error|Linking" || true
+case " $targets " in *" cdcca "*) test -x build-gpu/sim/cdcca ;; esac
 export LD_LIBRARY_PATH=$deps/lib/$arch:${LD_LIBRARY_PATH:-}
 export CDCCA_FASHION_MNIST_DIR=$deps/fashion-mnist

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "distill/model/qmatmul.h"
 
 namespace cdcca::model {
 
@@ -52,6 +53,11 @@ torch::Tensor HfLinearImpl::EffectiveWeight() const {
 }
 
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
+  if (quantized() && q_.values.defined() && x.device().is_cpu() &&
+      x.scalar_type() == torch::kFloat) {
+    return QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
+                           options_.precision.int4_group, bias);
+  }
   return torch::linear(x, EffectiveWeight(), bias);
 }
 

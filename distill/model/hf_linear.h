@@ -41,8 +41,8 @@ struct HfLinearOptions {
   HfPrecision precision;
 };
 
-// y = x W^T + b. Quantized weights are dequantized per call into the compute dtype (the
-// int8/int4 kernels of LibTorch need per-tensor packing this layer does not do yet).
+// y = x W^T + b. Quantized weights on CPU with fp32 inputs run qmatmul.h's kernels on the
+// packed bytes; elsewhere (CUDA) they are dequantized per call into the compute dtype.
 class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
  public:
   explicit HfLinearImpl(const HfLinearOptions& options);

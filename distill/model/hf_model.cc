@@ -1,5 +1,10 @@
 #include "distill/model/hf_model.h"
 
+#include <cstdlib>  // defines __GLIBC__ where glibc is the C library
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "distill/model/blip2.h"
 #include "distill/model/llava.h"
@@ -52,7 +57,15 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& 
   if (!folder.ok()) return folder.status();
   const std::string type = folder->config().value("model_type", "");
   for (const HfModelType& t : kHfModelTypes) {
-    if (type == t.model_type) return t.load(*folder, *precision, options.device);
+    if (type != t.model_type) continue;
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> model =
+        t.load(*folder, *precision, options.device);
+#ifdef __GLIBC__
+    // Loading freed the checkpoint's float tensors (quantized or converted); hand the heap
+    // pages back so the process's resident memory is what the model holds.
+    malloc_trim(0);
+#endif
+    return model;
   }
   std::string known;
   for (const HfModelType& t : kHfModelTypes) absl::StrAppend(&known, known.empty() ? "" : ", ", t.model_type);
