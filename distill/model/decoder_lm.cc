@@ -188,9 +188,14 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
-                                        torch::Tensor* cache_k, torch::Tensor* cache_v) {
-  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
-  return h + mlp(post_attention_layernorm(h));
+                                        torch::Tensor* cache_k, torch::Tensor* cache_v,
+                                        double dropout_p) {
+  torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
+  if (dropout_p > 0.0) a = torch::dropout(a, dropout_p, /*train=*/true);
+  torch::Tensor h = x + a;
+  torch::Tensor f = mlp(post_attention_layernorm(h));
+  if (dropout_p > 0.0) f = torch::dropout(f, dropout_p, /*train=*/true);
+  return h + f;
 }
 
 DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision)
@@ -263,14 +268,17 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
     cache->keys.assign(layers->size(), torch::Tensor());
     cache->values.assign(layers->size(), torch::Tensor());
   }
+  DecoderOutput out;
   torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
+    if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
     h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask,
                                                 cache != nullptr ? &cache->keys[i] : nullptr,
-                                                cache != nullptr ? &cache->values[i] : nullptr);
+                                                cache != nullptr ? &cache->values[i] : nullptr,
+                                                options.dropout_p);
   }
+  if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
   h = norm(h);
-  DecoderOutput out;
   out.hidden = h;
   torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
   torch::Tensor logits = lm_head ? lm_head(last) : torch::linear(last, embed_tokens->weight);

@@ -71,11 +71,18 @@ struct DecoderForwardOptions {
   // [B, T] int64 positions; undefined = from the attention mask (cumsum - 1, as
   // transformers' generate) or past + arange(T) without a mask.
   torch::Tensor position_ids;
+  // >= 0: DecoderOutput::captured receives the hidden state after this many layers (0 = the
+  // input embeddings, num_hidden_layers = before the final norm). Default: none.
+  int64_t capture_layer = -1;
+  // Dropout on the attention and MLP outputs before each residual add (training only; 0 =
+  // none, which is what transformers' Llama computes).
+  double dropout_p = 0.0;
 };
 
 struct DecoderOutput {
   torch::Tensor logits;  // [B, T or 1, V], fp32
   torch::Tensor hidden;  // [B, T, H] after the final norm
+  torch::Tensor captured;  // [B, T, H] see DecoderForwardOptions::capture_layer
 };
 
 class DecoderAttentionImpl : public torch::nn::Module {
@@ -106,7 +113,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
+                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
+                        double dropout_p = 0.0);
   HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   DecoderAttention self_attn{nullptr};
   DecoderMlp mlp{nullptr};
