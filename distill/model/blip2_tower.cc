@@ -48,8 +48,10 @@ std::string HfName(const std::string& name) {
   return name;
 }
 
-bool IsLoraName(const std::string& name) {
-  return absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b");
+// Tensors of the adaptation, not of the architecture (no checkpoint holds them).
+bool IsAdaptationName(const std::string& name) {
+  return absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b") ||
+         absl::EndsWith(name, ".adapter_prompt") || absl::EndsWith(name, ".adapter_gate");
 }
 
 absl::Status WriteJson(const std::string& path, const json& j) {
@@ -179,6 +181,8 @@ json FamilyHfConfigJson(const VisionConfig& vision, const TowerConfig& t) {
                {{"lora_rank", t.lora_rank},
                 {"lora_alpha", t.lora_alpha},
                 {"dropout", t.dropout},
+                {"adapter_prompt_len", t.adapter_prompt_len},
+                {"adapter_layers", t.adapter_layers},
                 {"representation_layer", t.lm_layers / 2}}}};
 }
 
@@ -194,15 +198,34 @@ Blip2VisionModel MakeFamilyVit(const VisionConfig& vision) {
 }
 
 Blip2TowerImpl::Blip2TowerImpl(const VisionConfig& vision, const TowerConfig& tower)
-    : config_(tower), arch_(FamilyTowerConfig(vision, tower)) {
-  const HfPrecision fp32;
+    : vision_(vision), config_(tower), arch_(FamilyTowerConfig(vision, tower)) {
+  const absl::Status valid = ValidateTower(tower);
+  TORCH_CHECK(valid.ok(), "invalid tower config: ", std::string(valid.message()));
+  TORCH_CHECK(tower.d_vis == vision.d_vis, "tower d_vis ", tower.d_vis, " is not the vision d_vis ",
+              vision.d_vis);
+  HfPrecision stored;
+  stored.weights = tower.precision;
+  stored.int4_group = tower.int4_group;
   query_tokens = register_parameter(
       "query_tokens", Placeholder({1, tower.num_queries, tower.qa_dim}, torch::kFloat));
-  qformer = register_module("qformer", QFormerModel(arch_.blip2.qformer, false, fp32));
+  qformer = register_module("qformer", QFormerModel(arch_.blip2.qformer, false, stored));
   language_projection = register_module(
-      "language_projection", HfLinear(HfLinearOptions{tower.qa_dim, tower.d_model, true, fp32}));
-  language_model = register_module("language_model", DecoderLm(arch_.text, fp32));
+      "language_projection", HfLinear(HfLinearOptions{tower.qa_dim, tower.d_model, true, stored}));
+  language_model = register_module("language_model", DecoderLm(arch_.text, stored));
   InitializeHfParameters(*this);
+  std::vector<HfLinearImpl*> quantized;
+  for (const auto& m : modules(/*include_self=*/false)) {
+    auto* linear = dynamic_cast<HfLinearImpl*>(m.get());
+    if (linear != nullptr && linear->quantized()) {
+      TORCH_CHECK(linear->Adopt("weight", linear->weight.clone()).ok(), "quantizing a tower weight");
+      quantized.push_back(linear);
+    }
+  }
+  const int first_adapter = tower.lm_layers - tower.adapter_layers;
+  for (int i = first_adapter; tower.adapter_prompt_len > 0 && i < tower.lm_layers; ++i) {
+    language_model->layers[i]->as<DecoderLayerImpl>()->self_attn->AddAdapterPrompt(
+        tower.adapter_prompt_len);
+  }
   if (tower.lora_rank > 0) {
     for (const auto& layer : *language_model->layers) {
       auto* attn = layer->as<DecoderLayerImpl>()->self_attn.get();
@@ -217,6 +240,51 @@ Blip2TowerImpl::Blip2TowerImpl(const VisionConfig& vision, const TowerConfig& to
     }
   }
   for (auto& p : parameters()) p.set_requires_grad(true);
+  for (HfLinearImpl* linear : quantized) linear->weight.set_requires_grad(false);
+}
+
+Blip2Tower ConvertTowerPrecision(Blip2TowerImpl& src, Precision precision) {
+  torch::NoGradGuard no_grad;
+  TowerConfig c = src.config();
+  c.precision = precision;
+  Blip2Tower dst(src.vision(), c);
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> targets;
+  for (const auto& m : dst->named_modules("", /*include_self=*/false)) targets[m.key()] = m.value();
+  auto copy_own = [](const torch::nn::Module& from, torch::nn::Module& to) {
+    for (auto& p : to.named_parameters(/*recurse=*/false)) {
+      p.value().set_data(from.named_parameters(/*recurse=*/false)[p.key()].detach().clone());
+    }
+    for (auto& b : to.named_buffers(/*recurse=*/false)) {
+      b.value().set_data(from.named_buffers(/*recurse=*/false)[b.key()].detach().clone());
+    }
+  };
+  copy_own(src, *dst);
+  for (const auto& m : src.named_modules("", /*include_self=*/false)) {
+    torch::nn::Module& to = *targets.at(m.key());
+    auto* from_linear = dynamic_cast<HfLinearImpl*>(m.value().get());
+    if (from_linear == nullptr) {
+      copy_own(*m.value(), to);
+      continue;
+    }
+    auto& to_linear = dynamic_cast<HfLinearImpl&>(to);
+    TORCH_CHECK(to_linear.Adopt("weight", from_linear->EffectiveWeight().to(torch::kFloat).clone()).ok(),
+                "converting ", m.key());
+    if (from_linear->bias.defined()) to_linear.bias.set_data(from_linear->bias.detach().clone());
+    if (from_linear->has_lora()) {
+      to_linear.lora_a.set_data(from_linear->lora_a.detach().clone());
+      to_linear.lora_b.set_data(from_linear->lora_b.detach().clone());
+    }
+  }
+  dst->train(src.is_training());
+  return dst;
+}
+
+int64_t TowerLinearWeightBytes(Blip2TowerImpl& tower) {
+  int64_t total = 0;
+  for (const auto& m : tower.modules(/*include_self=*/false)) {
+    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get())) total += linear->WeightBytes();
+  }
+  return total;
 }
 
 Blip2TowerImpl::QueryPass Blip2TowerImpl::Queries(const torch::Tensor& visual_tokens,
@@ -418,6 +486,17 @@ absl::Status SaveBlip2FamilyFolder(const std::string& dir, Blip2VisionModelImpl&
         dir, ": the vocabulary has ", vocabulary.size(), " words; the tower holds 4 to ",
         t.vocab_size - 1, " (its last id is the image token)"));
   }
+  if (t.precision != Precision::kFp32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": a Hugging Face folder holds an fp32 tower, not ", PrecisionName(t.precision)));
+  }
+  for (const auto& p : tower.named_parameters()) {
+    if (absl::EndsWith(p.key(), ".adapter_gate") && p.value().abs().max().item<float>() != 0.0f) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": ", p.key(), " is not zero: the adapter prompts change what the tower computes, "
+          "and transformers' Blip2 has none"));
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
@@ -435,7 +514,7 @@ absl::Status SaveBlip2FamilyFolder(const std::string& dir, Blip2VisionModelImpl&
       }
     }
     for (const auto& p : tower.named_parameters()) {
-      if (IsLoraName(p.key())) continue;
+      if (IsAdaptationName(p.key())) continue;
       auto it = merged.find(p.key());
       torch::Tensor value = it != merged.end() ? it->second : p.value();
       tensors.emplace_back(HfName(p.key()), value.detach().to(torch::kFloat).contiguous());
@@ -533,10 +612,12 @@ absl::StatusOr<LoadedFamilyTower> LoadBlip2FamilyFolder(const std::string& dir,
     if (absl::Status s = LoadBlip2Vision(*folder, "vision_model.", *out.vit, torch::kCPU); !s.ok()) {
       return s;
     }
-    out.tower = Blip2Tower(vision, tower);
+    TowerConfig fp32 = tower;
+    fp32.precision = Precision::kFp32;
+    out.tower = Blip2Tower(vision, fp32);
     torch::NoGradGuard no_grad;
     for (auto& p : out.tower->named_parameters()) {
-      if (IsLoraName(p.key())) continue;
+      if (IsAdaptationName(p.key())) continue;
       const std::string name = HfName(p.key());
       absl::StatusOr<torch::Tensor> t = folder->Load(name, torch::kFloat);
       if (!t.ok()) return t.status();
@@ -548,6 +629,9 @@ absl::StatusOr<LoadedFamilyTower> LoadBlip2FamilyFolder(const std::string& dir,
       p.value().set_data(*t);
     }
     for (auto& p : out.vit->parameters()) p.set_requires_grad(true);
+    if (tower.precision != Precision::kFp32) {
+      out.tower = ConvertTowerPrecision(*out.tower, tower.precision);
+    }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(dir, ": loading the tower: ", e.what_without_backtrace()));
   }

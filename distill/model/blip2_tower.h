@@ -14,8 +14,14 @@
 // "query_tokens", "qformer.*", "language_projection.*", "language_model.*" (the decoder body
 // and "language_model.lm_head.*"; a Hugging Face folder stores the body under
 // "language_model.model."). LoRA ("lora_a", "lora_b") sits on the q and v projections of
-// the LM's attention and of every Q-Former attention; it is not part of the architecture:
-// SaveBlip2FamilyFolder folds it into the weights.
+// the LM's attention and of every Q-Former attention, and the gated adapter prompts
+// ("adapter_prompt", "adapter_gate", LLaMA-Adapter) in the top adapter_layers LM layers;
+// neither is part of the architecture: SaveBlip2FamilyFolder folds LoRA into the weights
+// and requires the adapter gates to be zero (pretraining must leave them untouched).
+//
+// Precision: the frozen linear weights (LM, projection, Q-Former) are stored as
+// TowerConfig::precision says (int8 per output channel, int4 in groups of int4_group,
+// quantized from the floats); everything computes in fp32 and the trainable set stays fp32.
 //
 // Sequence layout seen by the LM: [L projected queries][prompt, left-padded][answer]. Padding
 // takes no position (positions count real tokens, as transformers' generate numbers a
@@ -74,8 +80,11 @@ Blip2VisionModel MakeFamilyVit(const VisionConfig& vision);
 
 class Blip2TowerImpl : public torch::nn::Module {
  public:
-  // A freshly initialised tower (transformers' init; seed torch first), fp32, with LoRA
-  // when tower.lora_rank > 0.
+  // A freshly initialised tower (transformers' init; seed torch first), with LoRA when
+  // tower.lora_rank > 0 and adapter prompts when tower.adapter_prompt_len > 0, its frozen
+  // linear weights stored at tower.precision. Every parameter but a quantized weight's
+  // placeholder requires grad (pretraining trains the whole tower). Throws c10::Error on a
+  // config ValidateTower rejects or a d_vis other than the vision's.
   Blip2TowerImpl(const VisionConfig& vision, const TowerConfig& tower);
 
   // Teacher-forced pass. Dropout (config.dropout) is active only in train() mode.
@@ -102,6 +111,7 @@ class Blip2TowerImpl : public torch::nn::Module {
                                       double dropout_p);
 
   const TowerConfig& config() const { return config_; }
+  const VisionConfig& vision() const { return vision_; }
   const FamilyTowerArchitecture& architecture() const { return arch_; }
   int representation_layer() const { return config_.lm_layers / 2; }
 
@@ -120,10 +130,22 @@ class Blip2TowerImpl : public torch::nn::Module {
                     double dropout_p);
   double TrainDropout() const { return is_training() ? config_.dropout : 0.0; }
 
+  VisionConfig vision_;
   TowerConfig config_;
   FamilyTowerArchitecture arch_;
 };
 TORCH_MODULE(Blip2Tower);
+
+// A copy of `tower` whose frozen linear weights are stored at `precision` (the effective
+// weights quantized, or dequantized for fp32); every other tensor (LoRA, adapter prompts,
+// norms, biases, embeddings, query tokens) is copied unchanged, and so is the train/eval
+// mode. Converting an int8/int4 tower to fp32 gives a cloud mirror that computes with the
+// device's weights. Thread-compatible; no grad.
+Blip2Tower ConvertTowerPrecision(Blip2TowerImpl& tower, Precision precision);
+
+// Bytes held by the tower's frozen linear weights as stored (quantized values + scales, or
+// floats): what the precision saves.
+int64_t TowerLinearWeightBytes(Blip2TowerImpl& tower);
 
 // Writes a family tower as a Hugging Face model folder that transformers'
 // Blip2ForConditionalGeneration loads: config.json, model.safetensors (the ViT under
@@ -147,8 +169,9 @@ absl::Status WriteFamilyParityCases(const std::string& dir, Blip2VisionModelImpl
                                     const std::vector<std::vector<int64_t>>& prompts,
                                     const std::vector<std::string>& texts, int max_new_tokens);
 
-// A tower and its ViT from such a folder, with the adaptation settings of `tower`
-// (LoRA starts fresh). Errors name the folder's file and the tensor or field.
+// A tower and its ViT from such a folder, with the adaptation settings and precision of
+// `tower` (LoRA and adapter prompts start fresh). Errors name the folder's file and the
+// tensor or field.
 struct LoadedFamilyTower {
   Blip2VisionModel vit{nullptr};
   Blip2Tower tower{nullptr};

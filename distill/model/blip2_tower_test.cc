@@ -340,6 +340,71 @@ TEST(Blip2TowerTest, FolderErrorsNameTheTensor) {
   EXPECT_FALSE(SaveBlip2FamilyFolder(TempDir("big"), *f.vit, *f.model, f.vision, Vocabulary(40)).ok());
 }
 
+TEST(Blip2TowerTest, QuantizedTowersComputeWithTheirDequantizedWeights) {
+  TowerConfig t = TinyTower();
+  t.int4_group = 8;  // divides every width of the tiny tower
+  Fixture f(t);
+  MllmInput in;
+  in.visual_tokens = f.tokens;
+  in.text_ids = torch::tensor({{5, 6, 7}, {7, 6, 5}}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ref = f.model->Forward(in).logits;
+  int64_t bytes = TowerLinearWeightBytes(*f.model);
+  for (Precision p : {Precision::kInt8, Precision::kInt4}) {
+    Blip2Tower q = ConvertTowerPrecision(*f.model, p);
+    EXPECT_FALSE(q->is_training());
+    const torch::Tensor got = q->Forward(in).logits;
+    const float err = (got - ref).abs().max().item<float>() / ref.abs().max().item<float>();
+    // Random weights of this spread lose more to 4 bits than trained ones.
+    EXPECT_LT(err, p == Precision::kInt8 ? 0.03f : 0.4f) << PrecisionName(p);
+    // int8: a byte per weight + a scale per row, under 30 % of fp32; int4: half a byte + a
+    // scale per group of 8, less than int8.
+    EXPECT_LT(TowerLinearWeightBytes(*q), bytes * (p == Precision::kInt8 ? 0.3 : 0.95))
+        << PrecisionName(p);
+    bytes = TowerLinearWeightBytes(*q);
+    // The fp32 mirror computes exactly what the quantized tower computes.
+    Blip2Tower mirror = ConvertTowerPrecision(*q, Precision::kFp32);
+    EXPECT_TRUE(torch::allclose(mirror->Forward(in).logits, got, 1e-5, 1e-5));
+    // The trainable set (LoRA here) is carried over unchanged.
+    EXPECT_TRUE(torch::equal(
+        q->named_parameters()["language_model.layers.0.self_attn.q_proj.lora_a"],
+        f.model->named_parameters()["language_model.layers.0.self_attn.q_proj.lora_a"]));
+  }
+}
+
+TEST(Blip2TowerTest, AdapterPromptsStartInertAndBlockTheFolderOnceOpen) {
+  TowerConfig t = TinyTower(/*qa_layers=*/1);
+  t.adapter_prompt_len = 3;
+  t.adapter_layers = 1;
+  Fixture f(t);
+  auto params = f.model->named_parameters();
+  ASSERT_TRUE(params.contains("language_model.layers.1.self_attn.adapter_prompt"));
+  ASSERT_FALSE(params.contains("language_model.layers.0.self_attn.adapter_prompt"));
+  torch::Tensor gate = params["language_model.layers.1.self_attn.adapter_gate"];
+  MllmInput in;
+  in.visual_tokens = f.tokens;
+  in.text_ids = torch::tensor({{5, 6, 7}, {7, 6, 5}}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  gate.zero_();
+  const torch::Tensor closed = f.model->Forward(in).logits;
+  const std::string dir = TempDir("adapter");
+  ASSERT_TRUE(SaveBlip2FamilyFolder(dir, *f.vit, *f.model, f.vision, Vocabulary(20)).ok());
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadHfModel(dir, HfModelOptions{});
+  ASSERT_TRUE(hf.ok()) << hf.status();
+
+  gate.fill_(0.5);
+  EXPECT_FALSE(torch::allclose(f.model->Forward(in).logits, closed, 1e-3, 1e-3));
+  absl::Status open = SaveBlip2FamilyFolder(TempDir("adapter_open"), *f.vit, *f.model, f.vision,
+                                            Vocabulary(20));
+  EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
+
+  // Loaded back, the prompts are fresh (gate zero) and the tower computes the closed function.
+  absl::StatusOr<LoadedFamilyTower> back = LoadBlip2FamilyFolder(dir, f.vision, t);
+  ASSERT_TRUE(back.ok()) << back.status();
+  back->tower->eval();
+  EXPECT_TRUE(torch::allclose(back->tower->Forward(in).logits, closed, 1e-4, 1e-4));
+}
+
 TEST(Blip2TowerTest, WordLevelTokenizerKeepsIdsAndMarksSpecials) {
   nlohmann::json j = WordLevelTokenizerJson(Vocabulary(10), 16);
   EXPECT_EQ(j["model"]["type"], "WordLevel");

@@ -124,7 +124,10 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::strin
 }
 
 DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      hidden_(c.hidden_size) {
   auto linear = [&](int64_t in, int64_t out, bool bias) {
     return HfLinear(HfLinearOptions{in, out, bias, p});
   };
@@ -132,6 +135,14 @@ DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPreci
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+}
+
+void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
+  if (length <= 0 || adapter_prompt.defined()) return;
+  const auto options = q_proj->weight.options();
+  adapter_prompt = register_parameter(
+      "adapter_prompt", torch::randn({length, hidden_}, options.requires_grad(false)) * 0.02);
+  adapter_gate = register_parameter("adapter_gate", torch::zeros({heads_}, options));
 }
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -160,7 +171,23 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
   torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
   if (mask.defined()) scores = scores + mask;
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads_ * head_dim_});
+  torch::Tensor heads_out = torch::matmul(probs, v);  // [B, heads, T, head_dim]
+  if (adapter_prompt.defined()) {
+    torch::Tensor prompt = adapter_prompt.to(x.scalar_type()).unsqueeze(0);  // [1, P, H]
+    const int64_t p = prompt.size(1);
+    torch::Tensor pk = k_proj(prompt).view({1, p, kv_heads_, head_dim_}).transpose(1, 2);
+    torch::Tensor pv = v_proj(prompt).view({1, p, kv_heads_, head_dim_}).transpose(1, 2);
+    if (kv_heads_ != heads_) {
+      pk = pk.repeat_interleave(heads_ / kv_heads_, 1);
+      pv = pv.repeat_interleave(heads_ / kv_heads_, 1);
+    }
+    torch::Tensor pp = torch::softmax(torch::matmul(q, pk.transpose(2, 3)) * scaling, -1,
+                                      torch::kFloat)
+                           .to(q.scalar_type());
+    heads_out = heads_out +
+                adapter_gate.to(q.scalar_type()).view({1, heads_, 1, 1}) * torch::matmul(pp, pv);
+  }
+  torch::Tensor out = heads_out.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
   return o_proj(out);
 }
 

@@ -88,13 +88,21 @@ struct DecoderOutput {
 class DecoderAttentionImpl : public torch::nn::Module {
  public:
   DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p);
+  // LLaMA-Adapter (Zhang et al., 2023): registers "adapter_prompt" [length, hidden]
+  // (normal, std 0.02) and "adapter_gate" [heads] (zero). Every query then also attends, in
+  // a softmax of its own, to the prompt's keys and values (k_proj / v_proj of the prompt, no
+  // rotary position), scaled per head by the gate: with the gate at zero the layer computes
+  // exactly what it did. Not part of the architecture (a checkpoint has no such tensors):
+  // call after loading. length <= 0 does nothing.
+  void AddAdapterPrompt(int64_t length);
+  torch::Tensor adapter_prompt, adapter_gate;  // undefined until AddAdapterPrompt
   // x [B, T, H]; cos/sin [B, T, head_dim]; mask additive [B, 1, T, past + T] (0 / -inf-like).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
   HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
-  int64_t heads_, kv_heads_, head_dim_;
+  int64_t heads_, kv_heads_, head_dim_, hidden_;
 };
 TORCH_MODULE(DecoderAttention);
 
