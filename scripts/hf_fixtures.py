@@ -11,6 +11,12 @@ installed (the GPU machine; nothing is downloaded):
     python3 scripts/hf_fixtures.py --out tests/fixtures/hf
 Everything is seeded: a rerun with the same library versions writes the same files.
 Layout: tests/fixtures/hf/README.md (written by this script).
+
+Check mode: `python3 scripts/hf_fixtures.py --check_family DIR [DIR ...]` loads a folder that
+cdcca wrote for one of its own model families (Blip2ForConditionalGeneration, a WordLevel
+tokenizer.json) and compares transformers' greedy tokens and first-step logits with the
+answers cdcca recorded there (cdcca_expected.json, cdcca_pixels.safetensors); exits 1 on a
+difference. E.g. tests/fixtures/family/blip2_tower_tiny.
 """
 import argparse
 import copy
@@ -668,6 +674,37 @@ def build_blip2(out, name, instruct):
                  note=f"{prefix}, weights saved as float16, reference computed in float32 from them")
 
 
+def check_family(d):
+    """True if transformers answers as cdcca recorded in folder d (see the module doc)."""
+    with open(os.path.join(d, "cdcca_expected.json")) as f:
+        expected = json.load(f)
+    pixels = safetensors.torch.load_file(os.path.join(d, "cdcca_pixels.safetensors"))
+    model = reload_eager(transformers.Blip2ForConditionalGeneration, d)
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    ok = True
+    for i, case in enumerate(expected["cases"]):
+        ids = torch.tensor([case["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(pixel_values=pixels[f"case{i}"].unsqueeze(0), input_ids=ids,
+                                 attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=case["max_new_tokens"], do_sample=False, num_beams=1,
+                                 output_logits=True, return_dict_in_generate=True)
+        tokens = [int(l[0].argmax()) for l in out.logits]
+        first = out.logits[0][0].float()
+        ref = torch.tensor(case["first_logits"])
+        rel = float((first - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+        same = tokens == case["greedy_tokens"] and rel <= 1e-4
+        if "prompt" in case:
+            enc = tok(case["prompt"], add_special_tokens=False)["input_ids"]
+            if enc != case["prompt_ids"]:
+                print(f"{d} case {i}: tokenizer gives {enc}, cdcca used {case['prompt_ids']}")
+                same = False
+        print(f"{d} case {i}: transformers {tokens}, cdcca {case['greedy_tokens']}, "
+              f"first logits max rel diff {rel:.2e}: {'OK' if same else 'DIFFERENT'}")
+        ok = ok and same
+    return ok
+
+
 def write_readme(out):
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(
@@ -690,11 +727,19 @@ def write_readme(out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="fixture directory to write (tests/fixtures/hf)")
+    ap.add_argument("--check_family", nargs="+", metavar="DIR",
+                    help="instead: check cdcca family folders against transformers")
     ap.add_argument("--only", default="", help="comma list of parts: tokenizers,processors,models")
     ap.add_argument("--names", default="",
                     help="comma list: build only these model fixtures and processor variants")
     args = ap.parse_args()
+    if args.check_family:
+        print("transformers", transformers.__version__, "torch", torch.__version__)
+        results = [check_family(d) for d in args.check_family]
+        sys.exit(0 if all(results) else 1)
+    if not args.out:
+        ap.error("--out or --check_family is required")
     names = set(args.names.split(",")) if args.names else None
     parts = set(args.only.split(",")) if args.only else {"tokenizers", "processors", "models"}
     torch.set_num_threads(4)

@@ -124,7 +124,10 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::strin
 }
 
 DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      hidden_(c.hidden_size) {
   auto linear = [&](int64_t in, int64_t out, bool bias) {
     return HfLinear(HfLinearOptions{in, out, bias, p});
   };
@@ -132,6 +135,14 @@ DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPreci
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+}
+
+void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
+  if (length <= 0 || adapter_prompt.defined()) return;
+  const auto options = q_proj->weight.options();
+  adapter_prompt = register_parameter(
+      "adapter_prompt", torch::randn({length, hidden_}, options.requires_grad(false)) * 0.02);
+  adapter_gate = register_parameter("adapter_gate", torch::zeros({heads_}, options));
 }
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -160,7 +171,23 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
   torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
   if (mask.defined()) scores = scores + mask;
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads_ * head_dim_});
+  torch::Tensor heads_out = torch::matmul(probs, v);  // [B, heads, T, head_dim]
+  if (adapter_prompt.defined()) {
+    torch::Tensor prompt = adapter_prompt.to(x.scalar_type()).unsqueeze(0);  // [1, P, H]
+    const int64_t p = prompt.size(1);
+    torch::Tensor pk = k_proj(prompt).view({1, p, kv_heads_, head_dim_}).transpose(1, 2);
+    torch::Tensor pv = v_proj(prompt).view({1, p, kv_heads_, head_dim_}).transpose(1, 2);
+    if (kv_heads_ != heads_) {
+      pk = pk.repeat_interleave(heads_ / kv_heads_, 1);
+      pv = pv.repeat_interleave(heads_ / kv_heads_, 1);
+    }
+    torch::Tensor pp = torch::softmax(torch::matmul(q, pk.transpose(2, 3)) * scaling, -1,
+                                      torch::kFloat)
+                           .to(q.scalar_type());
+    heads_out = heads_out +
+                adapter_gate.to(q.scalar_type()).view({1, heads_, 1, 1}) * torch::matmul(pp, pv);
+  }
+  torch::Tensor out = heads_out.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
   return o_proj(out);
 }
 
@@ -188,9 +215,14 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
-                                        torch::Tensor* cache_k, torch::Tensor* cache_v) {
-  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
-  return h + mlp(post_attention_layernorm(h));
+                                        torch::Tensor* cache_k, torch::Tensor* cache_v,
+                                        double dropout_p) {
+  torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
+  if (dropout_p > 0.0) a = torch::dropout(a, dropout_p, /*train=*/true);
+  torch::Tensor h = x + a;
+  torch::Tensor f = mlp(post_attention_layernorm(h));
+  if (dropout_p > 0.0) f = torch::dropout(f, dropout_p, /*train=*/true);
+  return h + f;
 }
 
 DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision)
@@ -310,14 +342,17 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
     cache->keys.assign(layers->size(), torch::Tensor());
     cache->values.assign(layers->size(), torch::Tensor());
   }
+  DecoderOutput out;
   torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
+    if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
     h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask,
                                                 cache != nullptr ? &cache->keys[i] : nullptr,
-                                                cache != nullptr ? &cache->values[i] : nullptr);
+                                                cache != nullptr ? &cache->values[i] : nullptr,
+                                                options.dropout_p);
   }
+  if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
   h = norm(h);
-  DecoderOutput out;
   out.hidden = h;
   torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
   torch::Tensor logits = lm_head     ? lm_head(last)

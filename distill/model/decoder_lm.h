@@ -72,16 +72,31 @@ struct DecoderForwardOptions {
   // [B, T] int64 positions; undefined = from the attention mask (cumsum - 1, as
   // transformers' generate) or past + arange(T) without a mask.
   torch::Tensor position_ids;
+  // >= 0: DecoderOutput::captured receives the hidden state after this many layers (0 = the
+  // input embeddings, num_hidden_layers = before the final norm). Default: none.
+  int64_t capture_layer = -1;
+  // Dropout on the attention and MLP outputs before each residual add (training only; 0 =
+  // none, which is what transformers' Llama computes).
+  double dropout_p = 0.0;
 };
 
 struct DecoderOutput {
   torch::Tensor logits;  // [B, T or 1, V], fp32
   torch::Tensor hidden;  // [B, T, H] after the final norm
+  torch::Tensor captured;  // [B, T, H] see DecoderForwardOptions::capture_layer
 };
 
 class DecoderAttentionImpl : public torch::nn::Module {
  public:
   DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p);
+  // LLaMA-Adapter (Zhang et al., 2023): registers "adapter_prompt" [length, hidden]
+  // (normal, std 0.02) and "adapter_gate" [heads] (zero). Every query then also attends, in
+  // a softmax of its own, to the prompt's keys and values (k_proj / v_proj of the prompt, no
+  // rotary position), scaled per head by the gate: with the gate at zero the layer computes
+  // exactly what it did. Not part of the architecture (a checkpoint has no such tensors):
+  // call after loading. length <= 0 does nothing.
+  void AddAdapterPrompt(int64_t length);
+  torch::Tensor adapter_prompt, adapter_gate;  // undefined until AddAdapterPrompt
   // x [B, T, H]; cos/sin [B, T, head_dim]; mask additive [B, 1, T, past + T] (0 / -inf-like).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
@@ -94,7 +109,7 @@ class DecoderAttentionImpl : public torch::nn::Module {
   int64_t head_dim() const { return head_dim_; }
 
  private:
-  int64_t heads_, kv_heads_, head_dim_;
+  int64_t heads_, kv_heads_, head_dim_, hidden_;
 };
 TORCH_MODULE(DecoderAttention);
 
@@ -116,7 +131,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
+                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
+                        double dropout_p = 0.0);
   HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   DecoderAttention self_attn{nullptr};
   DecoderMlp mlp{nullptr};

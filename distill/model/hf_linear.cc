@@ -52,13 +52,34 @@ torch::Tensor HfLinearImpl::EffectiveWeight() const {
       .to(options_.precision.dtype);
 }
 
+void HfLinearImpl::AddLora(int64_t rank, double alpha) {
+  if (rank <= 0 || has_lora()) return;
+  const auto options = torch::TensorOptions().dtype(options_.precision.dtype).device(weight.device());
+  // A as torch's Linear default (kaiming-uniform-like scale), B zero: the product starts at 0.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options_.in_features));
+  lora_a = register_parameter("lora_a",
+                              torch::empty({rank, options_.in_features}, options).uniform_(-bound, bound));
+  lora_b = register_parameter("lora_b", torch::zeros({options_.out_features, rank}, options));
+  lora_scale_ = alpha / static_cast<double>(rank);
+}
+
+torch::Tensor HfLinearImpl::MergedWeight() const {
+  TORCH_CHECK(!quantized(), "MergedWeight needs an unquantized layer");
+  if (!has_lora()) return weight;
+  return weight + torch::matmul(lora_b, lora_a) * lora_scale_;
+}
+
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y;
   if (quantized() && q_.values.defined() && x.device().is_cpu() &&
       x.scalar_type() == torch::kFloat) {
-    return QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
-                           options_.precision.int4_group, bias);
+    y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
+                        options_.precision.int4_group, bias);
+  } else {
+    y = torch::linear(x, EffectiveWeight(), bias);
   }
-  return torch::linear(x, EffectiveWeight(), bias);
+  if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
+  return y;
 }
 
 int64_t HfLinearImpl::WeightBytes() const {
@@ -111,6 +132,36 @@ torch::Tensor Activation(const std::string& name, const torch::Tensor& x) {
   if (name == "quick_gelu") return x * torch::sigmoid(1.702 * x);
   if (name == "relu") return torch::relu(x);
   TORCH_CHECK(false, "unsupported activation ", name);
+}
+
+void InitializeHfParameters(torch::nn::Module& module, double std) {
+  torch::NoGradGuard no_grad;
+  // `module` itself may be under construction (not yet owned by a shared_ptr), so it is not
+  // taken from named_modules(include_self).
+  std::vector<torch::nn::Module*> all{&module};
+  for (const auto& m : module.modules(/*include_self=*/false)) all.push_back(m.get());
+  for (torch::nn::Module* mp : all) {
+    torch::nn::Module& m = *mp;
+    const bool norm = dynamic_cast<HfRmsNormImpl*>(&m) != nullptr ||
+                      dynamic_cast<HfLayerNormImpl*>(&m) != nullptr;
+    for (auto& p : m.named_parameters(/*recurse=*/false)) {
+      torch::Tensor& t = p.value();
+      // A placeholder is an expanded single element: a zero stride on a dimension > 1.
+      bool placeholder = false;
+      for (int64_t d = 0; d < t.dim(); ++d) placeholder |= t.stride(d) == 0 && t.size(d) > 1;
+      // (A one-element parameter cannot be told apart; initialising it again is harmless.)
+      if (!placeholder && t.numel() > 1) continue;
+      torch::Tensor fresh = torch::empty(t.sizes(), t.options());
+      if (p.key() == "bias") {
+        fresh.zero_();
+      } else if (norm) {
+        fresh.fill_(1.0);
+      } else {
+        fresh.normal_(0.0, std);
+      }
+      t.set_data(fresh);
+    }
+  }
 }
 
 int64_t ResidentBytes(torch::nn::Module& module) {

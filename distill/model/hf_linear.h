@@ -41,11 +41,22 @@ struct HfLinearOptions {
   HfPrecision precision;
 };
 
-// y = x W^T + b. Quantized weights on CPU with fp32 inputs run qmatmul.h's kernels on the
-// packed bytes; elsewhere (CUDA) they are dequantized per call into the compute dtype.
+// y = x W^T + b (+ the LoRA term once AddLora ran). Quantized weights on CPU with fp32
+// inputs run qmatmul.h's kernels on the packed bytes; elsewhere (CUDA) they are dequantized
+// per call into the compute dtype.
 class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
  public:
   explicit HfLinearImpl(const HfLinearOptions& options);
+
+  // Registers LoRA parameters "lora_a" [rank, in] (small random) and "lora_b" [out, rank]
+  // (zero, so the layer's function is unchanged) and adds (alpha / rank) (x A^T) B^T to
+  // forward from now on. Call after loading: they are not checkpoint tensors of the
+  // architecture (HfFolder::LoadInto would look for them). rank <= 0 does nothing.
+  void AddLora(int64_t rank, double alpha);
+  bool has_lora() const { return lora_a.defined(); }
+  // The float weight with the LoRA product folded in (what a checkpoint without LoRA must
+  // hold to compute the same function). Unquantized layers only.
+  torch::Tensor MergedWeight() const;
 
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -60,10 +71,13 @@ class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
 
   const HfLinearOptions& options() const { return options_; }
   torch::Tensor weight;
-  torch::Tensor bias;  // undefined without bias
+  torch::Tensor bias;    // undefined without bias
+  torch::Tensor lora_a;  // undefined until AddLora
+  torch::Tensor lora_b;
 
  private:
   HfLinearOptions options_;
+  double lora_scale_ = 0.0;
   QuantizedWeight q_;  // set once a quantized layer adopted its weight
 };
 TORCH_MODULE(HfLinear);
@@ -105,6 +119,13 @@ TORCH_MODULE(HfLayerNorm);
 // (tanh approximation), quick_gelu, relu. InvalidArgument naming `field` otherwise.
 absl::Status CheckActivation(const std::string& name, const std::string& field);
 torch::Tensor Activation(const std::string& name, const torch::Tensor& x);
+
+// Gives every placeholder parameter of `module` (hf_linear.h Placeholder) real storage,
+// initialised as transformers' _init_weights does for a fresh model: weights of norm layers
+// (HfRmsNorm, HfLayerNorm) 1, biases 0, everything else normal(0, std) from torch's
+// generator (seed it with torch::manual_seed). Parameters that already own storage (a
+// torch::nn::Conv2d's) are left alone. For building a model to train instead of loading one.
+void InitializeHfParameters(torch::nn::Module& module, double std = 0.02);
 
 // Bytes the module tree holds resident: parameters and buffers (each storage once) plus
 // quantized weights. Placeholders count one element.

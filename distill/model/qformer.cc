@@ -35,7 +35,9 @@ QFormerMultiHeadAttentionImpl::QFormerMultiHeadAttentionImpl(const QFormerConfig
 
 torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden,
                                                      const torch::Tensor& kv_source,
-                                                     const torch::Tensor& additive_mask) {
+                                                     const torch::Tensor& additive_mask,
+                                                     const torch::Tensor& allowed, double dropout_p,
+                                                     torch::Tensor* probs_out) {
   const int64_t b = hidden.size(0);
   const int64_t t = hidden.size(1);
   const int64_t s = kv_source.size(1);
@@ -49,7 +51,14 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
   torch::Tensor v = split(value->forward(kv_source), s);
   torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(head_dim));
   if (additive_mask.defined()) scores = scores + additive_mask;
+  if (allowed.defined()) {
+    scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+  }
   torch::Tensor probs = torch::softmax(scores, -1);
+  // Exactly 0 for a disallowed key, also in a row that allows none (softmax made it uniform).
+  if (allowed.defined()) probs = probs * allowed.to(probs.scalar_type());
+  if (probs_out != nullptr) *probs_out = probs;
+  if (dropout_p > 0.0) probs = torch::dropout(probs, dropout_p, /*train=*/true);
   return torch::matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
 }
 
@@ -74,8 +83,11 @@ QFormerAttentionImpl::QFormerAttentionImpl(const QFormerConfig& config, bool is_
 
 torch::Tensor QFormerAttentionImpl::forward(const torch::Tensor& hidden,
                                             const torch::Tensor& kv_source,
-                                            const torch::Tensor& additive_mask) {
-  return output->forward(attention->forward(hidden, kv_source, additive_mask), hidden);
+                                            const torch::Tensor& additive_mask,
+                                            const torch::Tensor& allowed, double dropout_p,
+                                            torch::Tensor* probs_out) {
+  return output->forward(
+      attention->forward(hidden, kv_source, additive_mask, allowed, dropout_p, probs_out), hidden);
 }
 
 QFormerIntermediateImpl::QFormerIntermediateImpl(const QFormerConfig& config,
@@ -112,7 +124,9 @@ QFormerLayerImpl::QFormerLayerImpl(const QFormerConfig& config, int64_t layer_in
 
 torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden,
                                         const torch::Tensor& self_mask,
-                                        const torch::Tensor& image, int64_t query_length) {
+                                        const torch::Tensor& image, int64_t query_length,
+                                        const torch::Tensor& image_allowed, double dropout_p,
+                                        torch::Tensor* cross_probs) {
   torch::Tensor attended = attention->forward(hidden, hidden, self_mask);
   if (query_length == 0) {
     // Text only (not used by the generation path, kept for completeness).
@@ -121,9 +135,12 @@ torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden,
   }
   torch::Tensor queries = attended.slice(1, 0, query_length);
   if (has_cross_attention()) {
-    queries = crossattention->forward(queries, image, /*additive_mask=*/{});
+    queries = crossattention->forward(queries, image, /*additive_mask=*/{}, image_allowed,
+                                      dropout_p, cross_probs);
   }
-  torch::Tensor out = output_query->forward(intermediate_query->forward(queries), queries);
+  torch::Tensor ff = intermediate_query->forward(queries);
+  if (dropout_p > 0.0) ff = torch::dropout(ff, dropout_p, /*train=*/true);
+  torch::Tensor out = output_query->forward(ff, queries);
   if (attended.size(1) > query_length) {
     TORCH_CHECK(has_text_feed_forward(),
                 "Q-Former got instruction tokens but its layers have no text feed-forward");
@@ -207,6 +224,35 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
   torch::Tensor image = image_embeds.to(hidden.scalar_type());
   for (const auto& layer : *encoder->layer) {
     hidden = layer->as<QFormerLayerImpl>()->forward(hidden, self_mask, image, query_length);
+  }
+  return hidden;
+}
+
+}  // namespace cdcca::model
+
+namespace cdcca::model {
+
+torch::Tensor QFormerModelImpl::ForwardQueries(const torch::Tensor& query_embeds,
+                                               const torch::Tensor& image_embeds,
+                                               const torch::Tensor& image_mask, double dropout_p,
+                                               std::vector<torch::Tensor>* cross_probs) {
+  TORCH_CHECK(!with_instruction(), "ForwardQueries needs the BLIP-2 layout");
+  const int64_t query_length = query_embeds.size(1);
+  torch::Tensor hidden = layernorm->forward(query_embeds.to(layernorm->weight.scalar_type()));
+  torch::Tensor image = image_embeds.to(hidden.scalar_type());
+  torch::Tensor allowed;
+  if (image_mask.defined()) {
+    TORCH_CHECK(image_mask.dim() == 2 && image_mask.size(0) == image.size(0) &&
+                    image_mask.size(1) == image.size(1),
+                "Q-Former image_mask must be [B, N]");
+    allowed = image_mask.to(torch::kBool).view({image.size(0), 1, 1, image.size(1)});
+  }
+  for (const auto& layer : *encoder->layer) {
+    auto* l = layer->as<QFormerLayerImpl>();
+    torch::Tensor probs;
+    hidden = l->forward(hidden, /*self_mask=*/{}, image, query_length, allowed, dropout_p,
+                        cross_probs != nullptr ? &probs : nullptr);
+    if (cross_probs != nullptr && probs.defined()) cross_probs->push_back(probs);
   }
   return hidden;
 }

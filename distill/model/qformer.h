@@ -24,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "distill/model/blip2_config.h"
 #include "distill/model/hf_linear.h"
@@ -36,8 +37,12 @@ class QFormerMultiHeadAttentionImpl : public torch::nn::Module {
                                 const HfPrecision& precision);
   // hidden [B, T, H]; keys/values from `kv_source` [B, S, H or encoder_hidden_size];
   // additive_mask [B, 1, 1, S] (0 = attend, large negative = masked) or undefined.
+  // allowed [B, 1, 1, S] bool (false = the key has weight exactly 0; a row with no allowed
+  // key gets all-zero weights) or undefined; dropout_p > 0 drops attention weights;
+  // probs_out (if non-null) receives the weights [B, heads, T, S] before dropout.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& kv_source,
-                        const torch::Tensor& additive_mask);
+                        const torch::Tensor& additive_mask, const torch::Tensor& allowed = {},
+                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr);
 
   HfLinear query{nullptr};
   HfLinear key{nullptr};
@@ -66,7 +71,8 @@ class QFormerAttentionImpl : public torch::nn::Module {
   QFormerAttentionImpl(const QFormerConfig& config, bool is_cross_attention,
                        const HfPrecision& precision);
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& kv_source,
-                        const torch::Tensor& additive_mask);
+                        const torch::Tensor& additive_mask, const torch::Tensor& allowed = {},
+                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr);
 
   QFormerMultiHeadAttention attention{nullptr};
   QFormerResidualOutput output{nullptr};
@@ -90,8 +96,12 @@ class QFormerLayerImpl : public torch::nn::Module {
   QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index,
                    const HfPrecision& precision);
   // hidden [B, Q + T, H] with the Q query positions first; image [B, N, E].
+  // image_allowed [B, 1, 1, N] bool or undefined, dropout_p and cross_probs as
+  // QFormerModelImpl::ForwardQueries (cross_probs is left alone without cross-attention).
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& self_mask,
-                        const torch::Tensor& image, int64_t query_length);
+                        const torch::Tensor& image, int64_t query_length,
+                        const torch::Tensor& image_allowed = {}, double dropout_p = 0.0,
+                        torch::Tensor* cross_probs = nullptr);
 
   bool has_cross_attention() const { return !crossattention.is_empty(); }
   bool has_text_feed_forward() const { return !intermediate.is_empty(); }
@@ -140,6 +150,16 @@ class QFormerModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
                         const torch::Tensor& instruction_ids = {},
                         const torch::Tensor& instruction_mask = {});
+
+  // BLIP-2 layout with the hooks training and uncertainty need (transformers' forward with
+  // an encoder_attention_mask, and dropout in train mode): image_mask [B, N] bool (true =
+  // present; a masked token has no effect on any output; undefined = all present);
+  // dropout_p on the cross-attention weights and the query feed-forward outputs; if
+  // cross_probs is non-null it receives, per cross-attending layer, the weights
+  // [B, heads, Q, N] before dropout. Returns the query outputs [B, Q, H].
+  torch::Tensor ForwardQueries(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
+                               const torch::Tensor& image_mask, double dropout_p,
+                               std::vector<torch::Tensor>* cross_probs);
 
   const QFormerConfig& config() const { return config_; }
   bool with_instruction() const { return !embeddings.is_empty(); }

@@ -57,7 +57,7 @@ std::shared_ptr<StaticState> MakeState(const DecoderLmImpl& lm, int64_t capacity
   }
   s->key_pos = torch::arange(capacity, longs);
   RopeCosSin(RopeInvFreq(c.rope, c.head_dim, capacity), s->key_pos.view({1, capacity}), dtype,
-             &s->cos, &s->sin);
+             &s->cos, &s->sin, c.rope.attention_factor);
   s->pad = torch::zeros({capacity}, longs.dtype(torch::kBool));
   s->mask = torch::zeros({1, 1, 1, capacity}, opts);
   s->token = torch::zeros({1, 1}, longs);
