@@ -53,12 +53,6 @@ if [ "$mode" = cpu ] || [ "$mode" = all ]; then
       --repeats 2 >"$cpu/cdcca_$p.json"
     cut -c1-600 "$cpu/cdcca_$p.json"
   done
-  # Threads against decode speed of the packed kernels (few-thread runs, for the record).
-  for t in 4 8; do
-    "$bench" --model "$work/$qwen" --device cpu --precision int8 --paths reference \
-      --repeats 1 --threads "$t" >"$cpu/cdcca_int8_threads$t.json"
-    cut -c1-600 "$cpu/cdcca_int8_threads$t.json"
-  done
   python3 scripts/hf_bench_shapes.py --cpu --load "$work/$qwen" --repeats 2 \
     --out "$cpu/transformers.json"
   python3 - "$cpu" "$out/hf_bench_cpu.json" <<'PY'
@@ -67,7 +61,6 @@ cpu, dst = sys.argv[1], sys.argv[2]
 r = json.load(open(os.path.join(cpu, "transformers.json")))
 read = lambda f: json.loads(open(os.path.join(cpu, f)).read().strip().splitlines()[-1])
 r["cdcca"] = {p: read(f"cdcca_{p}.json") for p in ["fp32", "int8", "int4"]}
-r["cdcca_int8_by_threads"] = {t: read(f"cdcca_int8_threads{t}.json") for t in ["4", "8"]}
 json.dump(r, open(dst, "w"), indent=1)
 PY
 fi
