@@ -71,8 +71,12 @@ torch::Tensor HfLinearImpl::MergedWeight() const {
 
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
+  // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
+  // group sizes (the small families use any divisor of the width) dequantize per call.
+  const bool kernel_group = options_.precision.weights != Precision::kInt4 ||
+                            options_.precision.int4_group % 32 == 0;
   if (quantized() && q_.values.defined() && x.device().is_cpu() &&
-      x.scalar_type() == torch::kFloat) {
+      x.scalar_type() == torch::kFloat && kernel_group) {
     y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
                         options_.precision.int4_group, bias);
   } else {
