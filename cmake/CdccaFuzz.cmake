@@ -110,7 +110,7 @@ function(cdcca_add_fuzzer name)
     get_filename_component(_abs ${f} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
     list(APPEND _args --seed ${_abs})
   endforeach()
-  add_test(NAME ${name}_fuzz COMMAND ${PROJECT_SOURCE_DIR}/cmake/run_fuzzer.sh ${_args})
+  add_test(NAME ${name}_fuzz COMMAND ${PROJECT_SOURCE_DIR}/scripts/run_fuzzer.sh ${_args})
   # Timeout: the run, plus seeds, startup and the final corpus pass.
   math(EXPR _timeout "${F_SECONDS} * 3 + 60")
   set_tests_properties(${name}_fuzz PROPERTIES LABELS unit TIMEOUT ${_timeout})
