@@ -40,10 +40,10 @@
 #include "datasets/shifts.h"
 #include "device/agent.h"
 #include "device/internal/durable_file.h"
+#include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
-#include "nlohmann/json.hpp"
 #ifdef CDCCA_DEVICE_HF
 #include "distill/model/hf_answerer.h"
 #endif
@@ -303,8 +303,10 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
     out = std::fopen(absl::GetFlag(FLAGS_output).c_str(), "a");
     if (out == nullptr) return Fail(absl::NotFoundError("cannot open --output"));
   }
-  std::fprintf(stderr, "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
-               "\"uplink\":false}\n", JsonString((*answerer)->model_type()).c_str());
+  std::fprintf(stderr,
+               "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
+               "\"uplink\":false}\n",
+               JsonString((*answerer)->model_type()).c_str());
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
   int64_t frame_index = 0;
   cdcca::datasets::Image image;
@@ -315,15 +317,16 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
     absl::StatusOr<std::string> prompt = cdcca::model::ApplyPromptTemplate(template_name, question);
     if (!prompt.ok()) return Fail(prompt.status());
     absl::StatusOr<cdcca::model::GenerateReply> reply = (*answerer)->AnswerRgb(
-        image.pixels.data(), image.width, image.height, name, *prompt, max_new);
+        image.pixels.data(), image.width, image.height, name, *prompt, max_new,
+        /*with_entropy=*/true);
     if (!reply.ok()) return Fail(reply.status());
     std::fprintf(out,
                  "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
                  "\"entropy\":%.4f,\"tokens\":%zu,\"uplinked\":false,\"latency_ms\":%.2f,"
                  "\"unix_ms\":%lld}\n",
                  static_cast<long long>(frame_index), JsonString(name).c_str(),
-                 JsonString(question).c_str(), JsonString(reply->text).c_str(),
-                 reply->mean_entropy, reply->tokens.size(), reply->seconds * 1000.0,
+                 JsonString(question).c_str(), JsonString(reply->text).c_str(), reply->mean_entropy,
+                 reply->tokens.size(), reply->seconds * 1000.0,
                  static_cast<long long>(absl::ToUnixMillis(absl::Now())));
     std::fflush(out);
     ++frame_index;

@@ -11,10 +11,9 @@
 #include <string>
 #include <utility>
 
-#include "nlohmann/json.hpp"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 

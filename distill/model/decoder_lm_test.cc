@@ -17,8 +17,8 @@
 namespace cdcca::model {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 TEST(RopeTest, DefaultAndLinearFollowTheFormula) {
   RopeConfig r;
@@ -60,9 +60,9 @@ TEST(RopeTest, Llama3ScalesLowFrequenciesAndBlendsTheMiddle) {
 }
 
 TEST(RopeTest, ParsesBothSpellingsAndRejectsUnknownTypes) {
-  json v4 = {{"rope_theta", 1000.0},
-             {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}};
-  json v5 = {{"rope_parameters", {{"rope_type", "linear"}, {"rope_theta", 1000.0}, {"factor", 2.0}}}};
+  json v4 = {{"rope_theta", 1000.0}, {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}};
+  json v5 = {
+      {"rope_parameters", {{"rope_type", "linear"}, {"rope_theta", 1000.0}, {"factor", 2.0}}}};
   ASSERT_OK_AND_ASSIGN(RopeConfig a, ParseRopeConfig(v4, "config.json"));
   ASSERT_OK_AND_ASSIGN(RopeConfig b, ParseRopeConfig(v5, "config.json"));
   EXPECT_EQ(a.type, "linear");
@@ -73,10 +73,10 @@ TEST(RopeTest, ParsesBothSpellingsAndRejectsUnknownTypes) {
   EXPECT_EQ(b.factor, 2.0);
   json longrope = {{"rope_scaling", {{"rope_type", "longrope"}, {"factor", 4.0}}}};
   EXPECT_THAT(ParseRopeConfig(longrope, "dir/config.json").status(),
-              testing::StatusIs(absl::StatusCode::kInvalidArgument,
-                                ::testing::AllOf(HasSubstr("dir/config.json"),
-                                                 HasSubstr("rope_scaling.rope_type"),
-                                                 HasSubstr("longrope"))));
+              testing::StatusIs(
+                  absl::StatusCode::kInvalidArgument,
+                  ::testing::AllOf(HasSubstr("dir/config.json"),
+                                   HasSubstr("rope_scaling.rope_type"), HasSubstr("longrope"))));
   json yarn_no_context = {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
   EXPECT_THAT(ParseRopeConfig(yarn_no_context, "c.json").status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
@@ -125,10 +125,18 @@ TEST(RopeTest, YarnBlendsByRotationCountAndScalesCosSin) {
 }
 
 json TinyConfig(int heads, int kv_heads) {
-  return {{"model_type", "llama"},   {"vocab_size", 50},        {"hidden_size", 32},
-          {"intermediate_size", 48}, {"num_hidden_layers", 2},  {"num_attention_heads", heads},
-          {"num_key_value_heads", kv_heads}, {"rms_norm_eps", 1e-5}, {"rope_theta", 100.0},
-          {"attention_bias", true},  {"tie_word_embeddings", false}, {"eos_token_id", 7}};
+  return {{"model_type", "llama"},
+          {"vocab_size", 50},
+          {"hidden_size", 32},
+          {"intermediate_size", 48},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", heads},
+          {"num_key_value_heads", kv_heads},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 100.0},
+          {"attention_bias", true},
+          {"tie_word_embeddings", false},
+          {"eos_token_id", 7}};
 }
 
 // Fills every parameter with seeded random values (the constructor leaves placeholders).
@@ -162,21 +170,24 @@ TEST(DecoderConfigTest, ReadsFieldsDefaultsAndRejectsUnknownTypes) {
   EXPECT_FALSE(c.mlp_bias);
   EXPECT_THAT(c.eos_token_ids, ::testing::ElementsAre(7));
   // A published LLaVA text_config lists only what differs from LlamaConfig's defaults.
-  ASSERT_OK_AND_ASSIGN(DecoderConfig sparse,
-                       ParseDecoderConfig(json{{"model_type", "llama"}, {"vocab_size", 32064}}, "c"));
+  ASSERT_OK_AND_ASSIGN(
+      DecoderConfig sparse,
+      ParseDecoderConfig(json{{"model_type", "llama"}, {"vocab_size", 32064}}, "c"));
   EXPECT_EQ(sparse.hidden_size, 4096);
   EXPECT_EQ(sparse.num_hidden_layers, 32);
   EXPECT_EQ(sparse.head_dim, 128);
-  ASSERT_OK_AND_ASSIGN(DecoderConfig qwen,
-                       ParseDecoderConfig(json{{"model_type", "qwen2"}, {"hidden_size", 64},
-                                               {"num_attention_heads", 4}, {"eos_token_id", {3, 4}}},
-                                          "c"));
+  ASSERT_OK_AND_ASSIGN(DecoderConfig qwen, ParseDecoderConfig(json{{"model_type", "qwen2"},
+                                                                   {"hidden_size", 64},
+                                                                   {"num_attention_heads", 4},
+                                                                   {"eos_token_id", {3, 4}}},
+                                                              "c"));
   EXPECT_TRUE(qwen.qkv_bias);
   EXPECT_FALSE(qwen.o_bias);
   EXPECT_THAT(qwen.eos_token_ids, ::testing::ElementsAre(3, 4));
-  EXPECT_THAT(ParseDecoderConfig(json{{"model_type", "gpt2"}}, "m/config.json").status(),
-              testing::StatusIs(absl::StatusCode::kInvalidArgument,
-                                ::testing::AllOf(HasSubstr("m/config.json"), HasSubstr("model_type"))));
+  EXPECT_THAT(
+      ParseDecoderConfig(json{{"model_type", "gpt2"}}, "m/config.json").status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                        ::testing::AllOf(HasSubstr("m/config.json"), HasSubstr("model_type"))));
 }
 
 TEST(DecoderLmTest, GqaEqualsMhaWithRepeatedKvHeads) {
@@ -189,8 +200,8 @@ TEST(DecoderLmTest, GqaEqualsMhaWithRepeatedKvHeads) {
   auto mha_params = mha->named_parameters();
   for (const auto& p : gqa->named_parameters()) {
     torch::Tensor v = p.value();
-    const bool kv = p.key().find("k_proj") != std::string::npos ||
-                    p.key().find("v_proj") != std::string::npos;
+    const bool kv =
+        p.key().find("k_proj") != std::string::npos || p.key().find("v_proj") != std::string::npos;
     if (kv) {
       // [kv_heads * d, ...] -> each kv head repeated for the 2 query heads that read it.
       torch::Tensor heads = v.reshape({2, 8, -1});
@@ -267,10 +278,9 @@ TEST(DecoderLmTest, StopsAtEosAndLoadsQuantizedFromAFolder) {
   ASSERT_EQ(free_run.tokens[0].size(), 8u);
   o.eos_token_ids = {free_run.tokens[0][2]};
   GreedyResult stopped = GreedyGenerateFromEmbeds(*fp, fp->EmbedTokens(ids), {}, o);
-  const auto first_eos = std::find(free_run.tokens[0].begin(), free_run.tokens[0].end(),
-                                   o.eos_token_ids[0]);
-  EXPECT_EQ(stopped.tokens[0],
-            std::vector<int64_t>(free_run.tokens[0].begin(), first_eos + 1));
+  const auto first_eos =
+      std::find(free_run.tokens[0].begin(), free_run.tokens[0].end(), o.eos_token_ids[0]);
+  EXPECT_EQ(stopped.tokens[0], std::vector<int64_t>(free_run.tokens[0].begin(), first_eos + 1));
 
   torch::Tensor a = fp->Forward(fp->EmbedTokens(ids), {}, nullptr).logits;
   torch::Tensor b = q8->Forward(q8->EmbedTokens(ids), {}, nullptr).logits;
@@ -301,8 +311,8 @@ TEST(DecoderLmTest, QuantizedKernelsEqualTheDequantizedFloatModel) {
     for (const auto& m : ref->modules()) {
       if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
         const int64_t in = linear->weight.size(1);
-        linear->weight.set_data(DequantizeWeight(QuantizeWeight(linear->weight, weights, group),
-                                                 weights, in, group));
+        linear->weight.set_data(
+            DequantizeWeight(QuantizeWeight(linear->weight, weights, group), weights, in, group));
       }
     }
     torch::Tensor a = ref->Forward(ref->EmbedTokens(ids), {}, nullptr).logits;

@@ -1,8 +1,5 @@
 #include "distill/model/generate_command.h"
 
-#include <torch/torch.h>
-
-#include <chrono>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -14,12 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_replace.h"
-#include "datasets/formats.h"
-#include "distill/model/hf_model.h"
-#include "distill/model/image_processor.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 // --model is defined by `cdcca tokenize` (distill/model/tokenizer/tokenize_command.cc).

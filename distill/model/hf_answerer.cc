@@ -23,9 +23,10 @@ struct PromptTemplate {
 // Conversation formats of the published checkpoints' model cards.
 constexpr PromptTemplate kTemplates[] = {
     {"llava", "USER: <image>\n{prompt} ASSISTANT:"},
-    {"vicuna", "A chat between a curious human and an artificial intelligence assistant. The "
-               "assistant gives helpful, detailed, and polite answers to the human's questions. "
-               "USER: <image>\n{prompt} ASSISTANT:"},
+    {"vicuna",
+     "A chat between a curious human and an artificial intelligence assistant. The "
+     "assistant gives helpful, detailed, and polite answers to the human's questions. "
+     "USER: <image>\n{prompt} ASSISTANT:"},
     {"chatml", "<|im_start|>user <image>\n{prompt}<|im_end|><|im_start|>assistant"},
 };
 
@@ -42,7 +43,8 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const std::string& prompt) {
+absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name,
+                                                const std::string& prompt) {
   if (name.empty()) return prompt;
   std::string known;
   for (const PromptTemplate& t : kTemplates) {
@@ -54,8 +56,8 @@ absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const s
 }
 
 absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& model_dir,
-                                                              const std::string& precision,
-                                                              const std::string& device_name) {
+                                                             const std::string& precision,
+                                                             const std::string& device_name) {
   absl::StatusOr<torch::Device> device = ParseDevice(device_name);
   if (!device.ok()) return device.status();
   HfModelOptions options;
@@ -101,7 +103,7 @@ std::string HfAnswerer::model_type() const { return model_->model_type(); }
 absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int width, int height,
                                                     const std::string& source,
                                                     const std::string& prompt,
-                                                    int64_t max_new_tokens) {
+                                                    int64_t max_new_tokens, bool with_entropy) {
   absl::StatusOr<PixelValues> pixels = PreprocessImage(*processor_, rgb, width, height);
   if (!pixels.ok()) {
     return absl::Status(pixels.status().code(),
@@ -116,10 +118,10 @@ absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int widt
   GenerateReply reply;
   reply.input_ids = model_->ExpandImageTokens(std::vector<int64_t>(ids->begin(), ids->end()));
   MultimodalInputs in;
-  in.pixel_values = torch::from_blob(pixels->data.data(),
-                                     {1, pixels->channels, pixels->height, pixels->width},
-                                     torch::kFloat)
-                        .clone();
+  in.pixel_values =
+      torch::from_blob(pixels->data.data(), {1, pixels->channels, pixels->height, pixels->width},
+                       torch::kFloat)
+          .clone();
   in.input_ids = torch::tensor(reply.input_ids, torch::kLong).unsqueeze(0);
   if (qformer_tokenizer_ != nullptr) {
     absl::StatusOr<std::vector<int32_t>> q = qformer_tokenizer_->Encode(prompt);
@@ -131,7 +133,7 @@ absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int widt
   GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = model_->eos_token_ids();
-  g.keep_step_logits = true;
+  g.keep_step_logits = with_entropy;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<GreedyResult> result = model_->Generate(in, g);
   if (!result.ok()) return result.status();

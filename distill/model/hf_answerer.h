@@ -24,9 +24,10 @@ struct GenerateReply {
   std::string text;                // decoded, special tokens skipped
   std::vector<float> first_logits;
   // Mean over the generated tokens (EOS included) of the entropy of the softmax each was
-  // chosen from, nats: UTS stage 1's score.
+  // chosen from, nats: UTS stage 1's score. Only with AnswerRgb's `with_entropy` (it keeps
+  // every step's logits, which rules out the fast CUDA decode path); 0 otherwise.
   double mean_entropy = 0;
-  double seconds = 0;              // load excluded
+  double seconds = 0;  // load excluded
 };
 
 class MultimodalModel;
@@ -45,10 +46,10 @@ class HfAnswerer {
   absl::StatusOr<GenerateReply> Answer(const std::string& image_path, const std::string& prompt,
                                        int64_t max_new_tokens);
   // The same for decoded RGB pixels (height x width x 3, row-major); `source` names the
-  // image in errors.
+  // image in errors. `with_entropy` fills GenerateReply::mean_entropy.
   absl::StatusOr<GenerateReply> AnswerRgb(const uint8_t* rgb, int width, int height,
                                           const std::string& source, const std::string& prompt,
-                                          int64_t max_new_tokens);
+                                          int64_t max_new_tokens, bool with_entropy = false);
   // config.json's model_type: "llava", "blip-2" or "instructblip".
   std::string model_type() const;
 

@@ -679,9 +679,9 @@ absl::StatusOr<std::vector<uint8_t>> TorchvisionResize(const uint8_t* src, int w
     case PilResample::kNearest:  // transformers maps NEAREST to nearest-exact
       return ResizeNearest(src, width, height, channels, out_width, out_height, /*exact=*/true);
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("the torchvision backend resize supports nearest, bilinear and bicubic, not ",
-                       PilResampleName(filter)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the torchvision backend resize supports nearest, bilinear and bicubic, not ",
+          PilResampleName(filter)));
   }
   return SeparableResize(src, width, height, channels, out_width, out_height, f,
                          FixedPoint::kTorchInt16);

@@ -12,8 +12,8 @@ namespace {
 
 using nlohmann::json;
 
-absl::StatusOr<double> NumberField(const json& obj, const std::string& key, const std::string& where,
-                                   const std::string& file) {
+absl::StatusOr<double> NumberField(const json& obj, const std::string& key,
+                                   const std::string& where, const std::string& file) {
   if (!obj.contains(key) || !obj[key].is_number()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": field ", where, ".", key, " missing or not a number"));
@@ -40,8 +40,8 @@ double YarnMscale(double scale, double mscale) {
 // yarn: factor (or max_position_embeddings / original_max_position_embeddings when absent),
 // the attention factor, beta_fast / beta_slow (a 0 or missing value takes the default, as
 // transformers' `or`), truncate.
-absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& where,
-                                     int64_t max_pos, const std::string& file, RopeConfig r) {
+absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& where, int64_t max_pos,
+                                     const std::string& file, RopeConfig r) {
   absl::StatusOr<double> orig = OptionalNumber(params, "original_max_position_embeddings",
                                                static_cast<double>(max_pos), where, file);
   if (!orig.ok()) return orig.status();
@@ -53,8 +53,8 @@ absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& wher
   }
   absl::StatusOr<double> factor = OptionalNumber(params, "factor", 0.0, where, file);
   if (!factor.ok()) return factor.status();
-  r.factor = *factor > 0 ? *factor
-                         : static_cast<double>(max_pos) / r.original_max_position_embeddings;
+  r.factor =
+      *factor > 0 ? *factor : static_cast<double>(max_pos) / r.original_max_position_embeddings;
   if (!(r.factor > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": field ", where, ".factor must be > 0 for yarn"));
@@ -68,8 +68,7 @@ absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& wher
   if (params.contains("truncate") && params["truncate"].is_boolean()) {
     r.truncate = params["truncate"].get<bool>();
   }
-  absl::StatusOr<double> attention =
-      OptionalNumber(params, "attention_factor", 0.0, where, file);
+  absl::StatusOr<double> attention = OptionalNumber(params, "attention_factor", 0.0, where, file);
   if (!attention.ok()) return attention.status();
   absl::StatusOr<double> mscale = OptionalNumber(params, "mscale", 0.0, where, file);
   if (!mscale.ok()) return mscale.status();
@@ -102,8 +101,7 @@ torch::Tensor YarnInvFreq(const RopeConfig& rope, int64_t dim, const torch::Tens
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // as transformers: no zero-width ramp
-  torch::Tensor ramp =
-      ((torch::arange(dim / 2, torch::kFloat) - low) / (high - low)).clamp(0, 1);
+  torch::Tensor ramp = ((torch::arange(dim / 2, torch::kFloat) - low) / (high - low)).clamp(0, 1);
   torch::Tensor extrapolation_weight = 1 - ramp;
   torch::Tensor extrapolated = 1.0 / pos_freqs;
   torch::Tensor interpolated = 1.0 / (rope.factor * pos_freqs);
@@ -164,8 +162,7 @@ absl::StatusOr<RopeConfig> ParseRopeConfig(const json& c, const std::string& fil
     r.high_freq_factor = *hi;
     r.original_max_position_embeddings = static_cast<int64_t>(*orig);
   } else if (r.type == "dynamic") {
-    r.original_max_position_embeddings =
-        params.value("original_max_position_embeddings", max_pos);
+    r.original_max_position_embeddings = params.value("original_max_position_embeddings", max_pos);
     if (r.original_max_position_embeddings <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(file, ": field max_position_embeddings missing (needed by dynamic rope)"));
@@ -195,10 +192,9 @@ torch::Tensor RopeInvFreq(const RopeConfig& rope, int64_t head_dim, int64_t seq_
   torch::Tensor wavelen = 2 * M_PI / inv_freq;
   // Long wavelengths (low frequencies) are divided by factor, short ones kept, and the band
   // in between interpolated smoothly.
-  torch::Tensor scaled =
-      torch::where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq);
-  torch::Tensor smooth = (old_len / wavelen - rope.low_freq_factor) /
-                         (rope.high_freq_factor - rope.low_freq_factor);
+  torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq);
+  torch::Tensor smooth =
+      (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
   torch::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
   torch::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
   return torch::where(medium, smoothed, scaled);

@@ -18,9 +18,9 @@
 namespace cdcca::model {
 
 struct RopeConfig {
-  std::string type = "default";  // default | linear | dynamic | llama3 | yarn
-  double theta = 10000.0;        // rope_theta
-  double factor = 1.0;           // linear, dynamic, llama3, yarn
+  std::string type = "default";   // default | linear | dynamic | llama3 | yarn
+  double theta = 10000.0;         // rope_theta
+  double factor = 1.0;            // linear, dynamic, llama3, yarn
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   // llama3 and yarn: the pre-training context; dynamic: the length past which the base grows
@@ -57,8 +57,7 @@ void RopeCosSin(const torch::Tensor& inv_freq, const torch::Tensor& positions,
 
 // x * cos + rotate_half(x) * sin for x [B, heads, T, head_dim], cos/sin [B, T, head_dim];
 // rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2]).
-torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
-                        const torch::Tensor& sin);
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 }  // namespace cdcca::model
 

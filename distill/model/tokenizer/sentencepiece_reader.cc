@@ -4,9 +4,9 @@
 #include <cstring>
 
 // tokenizer.model is a serialized sentencepiece.ModelProto (sentencepiece_model.proto):
-//   ModelProto     { repeated SentencePiece pieces = 1; trainer_spec = 2; normalizer_spec = 3; ... }
-//   SentencePiece  { string piece = 1; float score = 2; Type type = 3 [default NORMAL]; }
-//   Type           { NORMAL = 1; UNKNOWN = 2; CONTROL = 3; USER_DEFINED = 4; UNUSED = 5; BYTE = 6; }
+//   ModelProto     { repeated SentencePiece pieces = 1; trainer_spec = 2; normalizer_spec = 3; ...
+//   } SentencePiece  { string piece = 1; float score = 2; Type type = 3 [default NORMAL]; } Type {
+//   NORMAL = 1; UNKNOWN = 2; CONTROL = 3; USER_DEFINED = 4; UNUSED = 5; BYTE = 6; }
 // Only the pieces matter here, so they are read straight off the protobuf wire format.
 // libsentencepiece is not used: its shared library carries its own copy of protobuf's
 // runtime, and a process that also loads libprotobuf (LibTorch, gRPC) crashes at start-up
@@ -53,14 +53,18 @@ class WireReader {
     const char* d = nullptr;
     size_t n = 0;
     switch (wire_type) {
-      case 0: return Varint(&v);
+      case 0:
+        return Varint(&v);
       case 1:
         if (end_ - p_ < 8) return false;
         p_ += 8;
         return true;
-      case 2: return Bytes(&d, &n);
-      case 5: return Fixed32(&f);
-      default: return false;
+      case 2:
+        return Bytes(&d, &n);
+      case 5:
+        return Fixed32(&f);
+      default:
+        return false;
     }
   }
 
