@@ -14,7 +14,8 @@ mkdir -p "$work/seeds" "$work/corpus"
 while [ $# -gt 0 ]; do
   case "$1" in
     --gen) "$2" "$work/seeds"; shift 2 ;;
-    --seed) cp "$2" "$work/seeds/"; shift 2 ;;
+    # Numbered: seed files from different folders may share a name (config.json).
+    --seed) seeds=$((${seeds:-0} + 1)); cp "$2" "$work/seeds/${seeds}_$(basename "$2")"; shift 2 ;;
     *) echo "run_fuzzer.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -1,53 +1,22 @@
 #include "distill/model/blip2_config.h"
 
 #include <nlohmann/json.hpp>
-
 #include <string>
-#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "distill/model/hf_linear.h"
+#include "distill/model/hf_config.h"
 
 namespace cdcca::model {
 namespace {
 
-// Reads field `key` of `section` into *out if present and not null (else leaves the
-// default); a value of the wrong JSON type is an error naming the file and the dotted field.
-template <typename T>
-absl::Status ReadField(const nlohmann::json& section, const std::string& key,
-                       const std::string& where, const std::string& file, T* out) {
-  auto it = section.find(key);
-  if (it == section.end() || it->is_null()) return absl::OkStatus();
-  bool ok = false;
-  const char* kind = "";
-  if constexpr (std::is_same_v<T, bool>) {
-    ok = it->is_boolean();
-    kind = "true or false";
-  } else if constexpr (std::is_integral_v<T>) {
-    ok = it->is_number_integer();
-    kind = "an integer";
-  } else if constexpr (std::is_floating_point_v<T>) {
-    ok = it->is_number();
-    kind = "a number";
-  } else {
-    ok = it->is_string();
-    kind = "a string";
-  }
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be ", kind, ", got ", it->dump()));
-  }
-  *out = it->get<T>();
-  return absl::OkStatus();
-}
-
+// A size: positive and at most kMaxHfConfigSize (so products of two sizes fit in int64_t).
 absl::Status ReadPositive(const nlohmann::json& section, const std::string& key,
                           const std::string& where, const std::string& file, int64_t* out) {
-  if (absl::Status s = ReadField(section, key, where, file, out); !s.ok()) return s;
-  if (*out <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", where, key, " must be positive, got ", *out));
+  if (absl::Status s = ReadConfigField(section, key, where, file, out); !s.ok()) return s;
+  if (*out <= 0 || *out > kMaxHfConfigSize) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field ", where, key, " must be in 1..",
+                                                   kMaxHfConfigSize, ", got ", *out));
   }
   return absl::OkStatus();
 }
@@ -56,24 +25,12 @@ absl::Status ReadPositive(const nlohmann::json& section, const std::string& key,
 absl::Status ReadAct(const nlohmann::json& section, const std::string& key,
                      const std::string& where, const std::string& file, std::string* out) {
   std::string name = *out;
-  if (absl::Status s = ReadField(section, key, where, file, &name); !s.ok()) return s;
+  if (absl::Status s = ReadConfigField(section, key, where, file, &name); !s.ok()) return s;
   if (absl::Status s = CheckActivation(name, absl::StrCat(where, key)); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
   }
   *out = name;
   return absl::OkStatus();
-}
-
-// The sub-config `name` as an object; an absent or null one is empty (all defaults).
-absl::StatusOr<nlohmann::json> Section(const nlohmann::json& config, const std::string& name,
-                                       const std::string& file) {
-  auto it = config.find(name);
-  if (it == config.end() || it->is_null()) return nlohmann::json::object();
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field ", name, " must be an object"));
-  }
-  return *it;
 }
 
 #define CDCCA_RETURN_IF_ERROR_(expr)            \
@@ -94,9 +51,9 @@ absl::Status ParseVision(const nlohmann::json& v, const std::string& file,
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "num_channels", w, file, &out->num_channels));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "image_size", w, file, &out->image_size));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "patch_size", w, file, &out->patch_size));
-  CDCCA_RETURN_IF_ERROR_(ReadField(v, "layer_norm_eps", w, file, &out->layer_norm_eps));
+  CDCCA_RETURN_IF_ERROR_(ReadConfigField(v, "layer_norm_eps", w, file, &out->layer_norm_eps));
   CDCCA_RETURN_IF_ERROR_(ReadAct(v, "hidden_act", w, file, &out->hidden_act));
-  CDCCA_RETURN_IF_ERROR_(ReadField(v, "qkv_bias", w, file, &out->qkv_bias));
+  CDCCA_RETURN_IF_ERROR_(ReadConfigField(v, "qkv_bias", w, file, &out->qkv_bias));
   if (out->hidden_size % out->num_attention_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         file, ": field ", w, "hidden_size (", out->hidden_size,
@@ -119,14 +76,14 @@ absl::Status ParseQFormer(const nlohmann::json& q, const std::string& file, bool
       ReadPositive(q, "num_attention_heads", w, file, &out->num_attention_heads));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "intermediate_size", w, file, &out->intermediate_size));
   CDCCA_RETURN_IF_ERROR_(ReadAct(q, "hidden_act", w, file, &out->hidden_act));
-  CDCCA_RETURN_IF_ERROR_(ReadField(q, "layer_norm_eps", w, file, &out->layer_norm_eps));
+  CDCCA_RETURN_IF_ERROR_(ReadConfigField(q, "layer_norm_eps", w, file, &out->layer_norm_eps));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "cross_attention_frequency", w, file,
                                       &out->cross_attention_frequency));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "vocab_size", w, file, &out->vocab_size));
   CDCCA_RETURN_IF_ERROR_(
       ReadPositive(q, "max_position_embeddings", w, file, &out->max_position_embeddings));
   CDCCA_RETURN_IF_ERROR_(
-      ReadField(q, "use_qformer_text_input", w, file, &out->use_qformer_text_input));
+      ReadConfigField(q, "use_qformer_text_input", w, file, &out->use_qformer_text_input));
   if (instruct) out->use_qformer_text_input = true;
   if (out->hidden_size % out->num_attention_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -166,10 +123,10 @@ absl::StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config,
     return absl::InvalidArgumentError(absl::StrCat(
         file, ": field model_type ", type->dump(), " is not \"blip-2\" or \"instructblip\""));
   }
-  absl::StatusOr<nlohmann::json> vision = Section(config, "vision_config", file);
+  absl::StatusOr<nlohmann::json> vision = ConfigSection(config, "vision_config", file);
   if (!vision.ok()) return vision.status();
   CDCCA_RETURN_IF_ERROR_(ParseVision(*vision, file, &out.vision));
-  absl::StatusOr<nlohmann::json> qformer = Section(config, "qformer_config", file);
+  absl::StatusOr<nlohmann::json> qformer = ConfigSection(config, "qformer_config", file);
   if (!qformer.ok()) return qformer.status();
   CDCCA_RETURN_IF_ERROR_(ParseQFormer(*qformer, file, out.instruct, &out.qformer));
   // transformers overwrites the Q-Former's encoder_hidden_size with the ViT's width.
@@ -179,7 +136,7 @@ absl::StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config,
   // transformers 4.4x writes image_token_index; 5.x may spell it image_token_id.
   for (const char* key : {"image_token_index", "image_token_id"}) {
     int64_t id = -1;
-    CDCCA_RETURN_IF_ERROR_(ReadField(config, key, "", file, &id));
+    CDCCA_RETURN_IF_ERROR_(ReadConfigField(config, key, "", file, &id));
     if (id >= 0) {
       out.image_token_id = id;
       break;

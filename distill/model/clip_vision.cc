@@ -5,51 +5,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace cdcca::model {
-namespace {
-
-using nlohmann::json;
-
-int64_t IntField(const json& c, const char* key, int64_t fallback) {
-  return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : fallback;
-}
-
-}  // namespace
-
-absl::StatusOr<ClipVisionConfig> ParseClipVisionConfig(const json& c, const std::string& file) {
-  ClipVisionConfig v;
-  v.model_type = c.value("model_type", "");
-  if (v.model_type == "siglip_vision_model") {
-    v.patch_size = 16;
-    v.hidden_act = "gelu_pytorch_tanh";
-    v.layer_norm_eps = 1e-6;
-  } else if (v.model_type != "clip_vision_model") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": field vision_config.model_type = \"", v.model_type,
-                     "\" is not supported (clip_vision_model, siglip_vision_model)"));
-  }
-  v.hidden_size = IntField(c, "hidden_size", v.hidden_size);
-  v.intermediate_size = IntField(c, "intermediate_size", v.intermediate_size);
-  v.num_hidden_layers = IntField(c, "num_hidden_layers", v.num_hidden_layers);
-  v.num_attention_heads = IntField(c, "num_attention_heads", v.num_attention_heads);
-  v.num_channels = IntField(c, "num_channels", v.num_channels);
-  v.image_size = IntField(c, "image_size", v.image_size);
-  v.patch_size = IntField(c, "patch_size", v.patch_size);
-  v.hidden_act = c.value("hidden_act", v.hidden_act);
-  v.layer_norm_eps = c.value("layer_norm_eps", v.layer_norm_eps);
-  if (absl::Status s = CheckActivation(v.hidden_act, "vision_config.hidden_act"); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
-  }
-  if (v.hidden_size <= 0 || v.num_attention_heads <= 0 ||
-      v.hidden_size % v.num_attention_heads != 0 || v.patch_size <= 0 ||
-      v.image_size < v.patch_size || v.num_hidden_layers <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": vision_config sizes do not fit (hidden_size ", v.hidden_size,
-        ", num_attention_heads ", v.num_attention_heads, ", image_size ", v.image_size,
-        ", patch_size ", v.patch_size, ", num_hidden_layers ", v.num_hidden_layers, ")"));
-  }
-  return v;
-}
-
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipVisionConfig& c, const HfPrecision& p)
     : heads_(c.num_attention_heads), head_dim_(c.hidden_size / c.num_attention_heads),
       act_(c.hidden_act) {

@@ -17,32 +17,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "distill/model/hf_config.h"
 #include "distill/model/hf_linear.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
 
-struct ClipVisionConfig {
-  std::string model_type;  // clip_vision_model | siglip_vision_model
-  int64_t hidden_size = 768;
-  int64_t intermediate_size = 3072;
-  int64_t num_hidden_layers = 12;
-  int64_t num_attention_heads = 12;
-  int64_t num_channels = 3;
-  int64_t image_size = 224;
-  int64_t patch_size = 32;
-  std::string hidden_act = "quick_gelu";
-  double layer_norm_eps = 1e-5;
-  bool is_siglip() const { return model_type == "siglip_vision_model"; }
-  int64_t num_patches() const { return (image_size / patch_size) * (image_size / patch_size); }
-  // Tokens per image: patches, plus the class token for CLIP.
-  int64_t num_positions() const { return num_patches() + (is_siglip() ? 0 : 1); }
-};
-
-// Parses a LLaVA vision_config (or a standalone tower's config.json), filling omitted fields
-// with transformers' class defaults. InvalidArgument naming `file` and the field otherwise.
-absl::StatusOr<ClipVisionConfig> ParseClipVisionConfig(const nlohmann::json& c,
-                                                       const std::string& file);
+// ClipVisionConfig and ParseClipVisionConfig are in hf_config.h (torch-free).
 
 class ClipEncoderLayerImpl : public torch::nn::Module {
  public:

@@ -6,24 +6,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace cdcca::model {
-namespace {
-
-using nlohmann::json;
-
-// The class defaults of transformers' LlamaConfig / Qwen2Config, which fill every field a
-// config.json leaves out (published LLaVA text_configs list only what differs).
-struct DecoderDefaults {
-  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-      max_position_embeddings;
-};
-constexpr DecoderDefaults kLlamaDefaults{32000, 4096, 11008, 32, 32, 2048};
-constexpr DecoderDefaults kQwen2Defaults{151936, 4096, 22016, 32, 32, 32768};
-
-int64_t IntOr(const json& c, const char* key, int64_t fallback) {
-  return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : fallback;
-}
-
-}  // namespace
 
 double LowestValue(torch::ScalarType dtype) {
   switch (dtype) {
@@ -34,93 +16,6 @@ double LowestValue(torch::ScalarType dtype) {
     default:
       return static_cast<double>(std::numeric_limits<float>::lowest());
   }
-}
-
-absl::StatusOr<int64_t> ConfigInt(const json& c, const std::string& key, const std::string& file) {
-  if (!c.contains(key) || !c[key].is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": field ", key, " missing or not an integer"));
-  }
-  return c[key].get<int64_t>();
-}
-
-std::vector<int64_t> ConfigIdList(const json& c, const std::string& key) {
-  std::vector<int64_t> out;
-  if (!c.contains(key)) return out;
-  const json& v = c[key];
-  if (v.is_number_integer()) out.push_back(v.get<int64_t>());
-  if (v.is_array()) {
-    for (const json& x : v) {
-      if (x.is_number_integer()) out.push_back(x.get<int64_t>());
-    }
-  }
-  return out;
-}
-
-std::vector<int64_t> ReadEosTokenIds(const std::string& dir, const std::vector<int64_t>& fallback) {
-  absl::StatusOr<json> g = ReadJsonFile(dir + "/generation_config.json");
-  if (!g.ok() || !g->is_object() || !g->contains("eos_token_id")) return fallback;
-  std::vector<int64_t> ids = ConfigIdList(*g, "eos_token_id");
-  return ids.empty() ? fallback : ids;
-}
-
-absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::string& file) {
-  if (!c.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": text config is not an object"));
-  DecoderConfig d;
-  d.model_type = c.value("model_type", "");
-  const DecoderDefaults* defaults = nullptr;
-  if (d.model_type == "llama") {
-    defaults = &kLlamaDefaults;
-  } else if (d.model_type == "qwen2") {
-    defaults = &kQwen2Defaults;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": field model_type = \"", d.model_type,
-                                                   "\" is not a supported decoder (llama, qwen2)"));
-  }
-  d.vocab_size = IntOr(c, "vocab_size", defaults->vocab_size);
-  d.hidden_size = IntOr(c, "hidden_size", defaults->hidden_size);
-  d.intermediate_size = IntOr(c, "intermediate_size", defaults->intermediate_size);
-  d.num_hidden_layers = IntOr(c, "num_hidden_layers", defaults->num_hidden_layers);
-  d.num_attention_heads = IntOr(c, "num_attention_heads", defaults->num_attention_heads);
-  d.num_key_value_heads = IntOr(c, "num_key_value_heads", d.num_attention_heads);
-  d.max_position_embeddings = IntOr(c, "max_position_embeddings", defaults->max_position_embeddings);
-  if (d.num_attention_heads <= 0 || d.hidden_size <= 0 || d.vocab_size <= 0 ||
-      d.num_hidden_layers < 0 || d.intermediate_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": non-positive size in the decoder config"));
-  }
-  d.head_dim = IntOr(c, "head_dim", d.hidden_size / d.num_attention_heads);
-  if (d.num_key_value_heads <= 0 || d.num_attention_heads % d.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": field num_key_value_heads = ", d.num_key_value_heads,
-        " does not divide num_attention_heads = ", d.num_attention_heads));
-  }
-  if (d.head_dim <= 0 || d.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": field head_dim = ", d.head_dim,
-                                                   " must be even and positive"));
-  }
-  d.rms_norm_eps = c.value("rms_norm_eps", 1e-6);
-  const std::string act = c.value("hidden_act", "silu");
-  if (absl::Status s = CheckActivation(act, "hidden_act"); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
-  }
-  d.hidden_act = act;
-  absl::StatusOr<RopeConfig> rope = ParseRopeConfig(c, file);
-  if (!rope.ok()) return rope.status();
-  d.rope = *rope;
-  if (d.model_type == "qwen2") {
-    d.qkv_bias = true;
-    if (c.value("use_sliding_window", false)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file, ": field use_sliding_window = true is not supported"));
-    }
-  } else {
-    d.qkv_bias = d.o_bias = c.value("attention_bias", false);
-    d.mlp_bias = c.value("mlp_bias", false);
-  }
-  d.tie_word_embeddings = c.value("tie_word_embeddings", false);
-  d.eos_token_ids = ConfigIdList(c, "eos_token_id");
-  d.bos_token_id = IntOr(c, "bos_token_id", -1);
-  d.pad_token_id = IntOr(c, "pad_token_id", -1);
-  return d;
 }
 
 DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "distill/model/hf_config.h"
 #include "distill/model/hf_folder.h"
 #include "distill/model/hf_linear.h"
 #include "distill/model/rope.h"
@@ -28,33 +29,8 @@
 
 namespace cdcca::model {
 
-struct DecoderConfig {
-  std::string model_type;  // llama | qwen2
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_hidden_layers = 0;
-  int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;  // = num_attention_heads when the config omits it
-  int64_t head_dim = 0;             // config head_dim, else hidden_size / num_attention_heads
-  double rms_norm_eps = 1e-6;
-  std::string hidden_act = "silu";  // the gate activation
-  int64_t max_position_embeddings = 0;
-  RopeConfig rope;
-  bool qkv_bias = false;  // qwen2: true; llama: attention_bias
-  bool o_bias = false;    // llama: attention_bias
-  bool mlp_bias = false;  // llama: mlp_bias
-  bool tie_word_embeddings = false;
-  std::vector<int64_t> eos_token_ids;  // may be empty
-  int64_t bos_token_id = -1;           // -1 = none
-  int64_t pad_token_id = -1;           // -1 = none
-};
-
-// Parses a decoder config (a top-level config.json or a LLaVA text_config), with 4.x and
-// 5.x spellings. Errors are InvalidArgument naming `file_for_errors` and the field: unknown
-// model_type, unsupported hidden_act or rope scaling, sliding-window attention, bad sizes.
-absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& text_config,
-                                                 const std::string& file_for_errors);
+// DecoderConfig, ParseDecoderConfig, ReadEosTokenIds and the config field helpers
+// (config.json's side, torch-free) are in hf_config.h.
 
 // Per layer, keys and values [B, kv_heads, past, head_dim] of every position seen so far.
 struct DecoderKvCache {
@@ -182,18 +158,9 @@ class DecoderLmImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLm);
 
-// The eos ids a checkpoint stops at: generation_config.json's eos_token_id (int or list)
-// when the folder has one, else `fallback` (the config's).
-std::vector<int64_t> ReadEosTokenIds(const std::string& dir, const std::vector<int64_t>& fallback);
-
 // The most negative finite value of a float dtype: what masked attention scores get, as in
 // transformers.
 double LowestValue(torch::ScalarType dtype);
-
-// Helpers for config fields (errors name file and field).
-absl::StatusOr<int64_t> ConfigInt(const nlohmann::json& c, const std::string& key,
-                                  const std::string& file);
-std::vector<int64_t> ConfigIdList(const nlohmann::json& c, const std::string& key);
 
 }  // namespace cdcca::model
 

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "distill/model/hf_config.h"
 
 namespace cdcca::model {
 namespace {
@@ -60,23 +61,14 @@ std::string ShapeString(c10::IntArrayRef shape) {
 
 }  // namespace
 
-absl::StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad JSON: ", e.what()));
-  }
-}
-
 absl::StatusOr<HfFolder> HfFolder::Open(const std::string& dir) {
   HfFolder f;
   f.dir_ = dir;
   absl::StatusOr<json> config = ReadJsonFile(f.config_path());
   if (!config.ok()) return config.status();
-  if (!config->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(f.config_path(), ": not a JSON object"));
+  // An object whose model_type (read by IndexFile and the loaders) is a string, or absent.
+  if (absl::StatusOr<std::string> type = ConfigModelType(*config, f.config_path()); !type.ok()) {
+    return type.status();
   }
   f.config_ = *std::move(config);
 
@@ -86,31 +78,21 @@ absl::StatusOr<HfFolder> HfFolder::Open(const std::string& dir) {
   if (std::filesystem::exists(index, ec)) {
     absl::StatusOr<json> idx = ReadJsonFile(index);
     if (!idx.ok()) return idx.status();
-    if (!idx->contains("weight_map") || !(*idx)["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(index, ": field weight_map missing"));
-    }
+    absl::StatusOr<std::map<std::string, std::string>> weight_map =
+        ParseSafetensorsIndex(*idx, index);
+    if (!weight_map.ok()) return weight_map.status();
     std::set<std::string> shards;
-    for (const auto& item : (*idx)["weight_map"].items()) {
-      if (!item.value().is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index, ": weight_map[", item.key(), "] is not a file name"));
-      }
-      shards.insert(item.value().get<std::string>());
-    }
+    for (const auto& [name, shard] : *weight_map) shards.insert(shard);
     for (const std::string& shard : shards) {
-      if (absl::StrContains(shard, "/")) {
-        return absl::InvalidArgumentError(absl::StrCat(index, ": shard name ", shard));
-      }
       if (absl::Status s = f.IndexFile(dir + "/" + shard); !s.ok()) return s;
     }
     // Every tensor the index names must be in the shard it names.
     std::map<std::string, std::string> file_of;  // disk name -> file
     for (const auto& [name, e] : f.tensors_) file_of[e.disk_name] = e.file;
-    for (const auto& item : (*idx)["weight_map"].items()) {
-      auto it = file_of.find(item.key());
-      if (it == file_of.end() || it->second != dir + "/" + item.value().get<std::string>()) {
-        return absl::DataLossError(absl::StrCat(index, ": tensor ", item.key(), " is not in ",
-                                                item.value().get<std::string>()));
+    for (const auto& [name, shard] : *weight_map) {
+      auto it = file_of.find(name);
+      if (it == file_of.end() || it->second != dir + "/" + shard) {
+        return absl::DataLossError(absl::StrCat(index, ": tensor ", name, " is not in ", shard));
       }
     }
   } else if (std::filesystem::exists(single, ec)) {
@@ -146,7 +128,8 @@ absl::Status HfFolder::IndexFile(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": bad header JSON: ", e.what()));
   }
   if (!header.is_object()) return absl::DataLossError(absl::StrCat(path, ": header not an object"));
-  const std::string model_type = config_.value("model_type", "");
+  // Open() checked it: a string, absent or null ("").
+  const std::string model_type = ConfigModelType(config_, dir_).value_or("");
   const uint64_t data_start = 8 + n;
   for (const auto& item : header.items()) {
     if (item.key() == "__metadata__") continue;

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "distill/model/hf_json.h"
 #include "nlohmann/json.hpp"
 
 namespace torch::nn {
@@ -57,8 +58,10 @@ class HfFolder {
   enum class NameLayout { kTransformers5, kTransformers4 };
 
   // Reads <dir>/config.json and indexes the weights. Errors name the file: NotFound (no
-  // config.json / no weights), InvalidArgument (bad JSON, index naming a missing shard),
-  // DataLoss (truncated or malformed safetensors: names the file and tensor).
+  // config.json / no weights), InvalidArgument (bad JSON, a JSON file over hf_json.h's
+  // bounds, a model_type that is not a string, an index naming a missing shard or a file
+  // outside the folder), DataLoss (truncated or malformed safetensors: names the file and
+  // tensor).
   static absl::StatusOr<HfFolder> Open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
@@ -103,9 +106,6 @@ class HfFolder {
   NameLayout layout_ = NameLayout::kTransformers5;
   std::map<std::string, TensorEntry> tensors_;  // keyed by 5.x name
 };
-
-// Reads a JSON file; errors name the file.
-absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 
 }  // namespace cdcca::model
 

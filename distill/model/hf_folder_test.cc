@@ -104,6 +104,31 @@ TEST(HfFolderTest, MissingConfigOrWeightsIsNotFound) {
               testing::StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.safetensors")));
 }
 
+// Found while moving the JSON readers torch-free (hf_json.h, hf_config.h): a non-string
+// model_type threw nlohmann::type_error out of Open(), and a shard named ".." was opened.
+TEST(HfFolderTest, HostileConfigOrIndexIsInvalidArgumentNamingTheFile) {
+  testing::TempDir dir;
+  ASSERT_OK(WriteSafetensors(dir.file("model.safetensors"), {{"x", torch::ones({2})}}, {}));
+  for (const char* config : {R"({"model_type": 3})", R"({"model_type": ["llava"]})"}) {
+    WriteText(dir.file("config.json"), config);
+    EXPECT_THAT(
+        HfFolder::Open(dir.path()).status(),
+        testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                          ::testing::AllOf(HasSubstr("config.json"), HasSubstr("model_type"))));
+  }
+  WriteText(dir.file("config.json"), R"({"model_type": null})");
+  EXPECT_OK(HfFolder::Open(dir.path()).status());
+  WriteText(dir.file("config.json"), std::string(100, '[') + std::string(100, ']'));
+  EXPECT_THAT(HfFolder::Open(dir.path()).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("deeper than")));
+  WriteText(dir.file("config.json"), R"({"model_type": "llama"})");
+  WriteText(dir.file("model.safetensors.index.json"), R"({"weight_map": {"x": ".."}})");
+  EXPECT_THAT(HfFolder::Open(dir.path()).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::AllOf(HasSubstr("model.safetensors.index.json"),
+                                                 HasSubstr("weight_map[x]"))));
+}
+
 TEST(HfFolderTest, LoadIntoChecksShapesAndReportsUnused) {
   testing::TempDir dir;
   WriteText(dir.file("config.json"), R"({"model_type": "llama"})");

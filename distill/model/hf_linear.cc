@@ -119,16 +119,6 @@ torch::Tensor HfLayerNormImpl::forward(const torch::Tensor& x) {
   return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
 }
 
-absl::Status CheckActivation(const std::string& name, const std::string& field) {
-  static const std::set<std::string> kKnown = {"silu",       "swish", "gelu", "gelu_new",
-                                               "gelu_pytorch_tanh", "quick_gelu", "relu"};
-  if (kKnown.count(name) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("field ", field, " = \"", name, "\" is not a supported activation"));
-  }
-  return absl::OkStatus();
-}
-
 torch::Tensor Activation(const std::string& name, const torch::Tensor& x) {
   if (name == "silu" || name == "swish") return torch::silu(x);
   if (name == "gelu") return torch::gelu(x);

@@ -116,8 +116,7 @@ class HfLayerNormImpl : public torch::nn::Module {
 TORCH_MODULE(HfLayerNorm);
 
 // Activation by transformers' ACT2FN name: silu, gelu (erf), gelu_new / gelu_pytorch_tanh
-// (tanh approximation), quick_gelu, relu. InvalidArgument naming `field` otherwise.
-absl::Status CheckActivation(const std::string& name, const std::string& field);
+// (tanh approximation), quick_gelu, relu (the names hf_config.h's CheckActivation accepts).
 torch::Tensor Activation(const std::string& name, const torch::Tensor& x);
 
 // Gives every placeholder parameter of `module` (hf_linear.h Placeholder) real storage,

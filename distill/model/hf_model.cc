@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "distill/model/blip2.h"
+#include "distill/model/hf_config.h"
 #include "distill/model/llava.h"
 
 namespace cdcca::model {
@@ -55,7 +56,8 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& 
   if (!precision.ok()) return precision.status();
   absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
   if (!folder.ok()) return folder.status();
-  const std::string type = folder->config().value("model_type", "");
+  // HfFolder::Open checked it: a string, absent or null ("").
+  const std::string type = ConfigModelType(folder->config(), folder->config_path()).value_or("");
   for (const HfModelType& t : kHfModelTypes) {
     if (type != t.model_type) continue;
     absl::StatusOr<std::unique_ptr<MultimodalModel>> model =

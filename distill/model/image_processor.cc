@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "distill/model/hf_json.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -381,14 +382,13 @@ bool IsIgnoredField(const std::string& key) {
   return !key.empty() && (key[0] == '_' || kIgnored.count(key) > 0);
 }
 
-// Reads a JSON number that must be a positive integer.
+// Reads a pixel count: a JSON integer in 1..kMaxImageProcessorSide.
 absl::StatusOr<int> PositiveInt(const json& v, const std::string& where) {
-  if (v.is_number_integer() && v.get<int64_t>() > 0 &&
-      v.get<int64_t>() <= std::numeric_limits<int>::max()) {
+  if (v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= kMaxImageProcessorSide) {
     return static_cast<int>(v.get<int64_t>());
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(where, ": expected a positive integer, got ", v.dump()));
+  return absl::InvalidArgumentError(absl::StrCat(where, ": expected a positive integer up to ",
+                                                 kMaxImageProcessorSide, ", got ", v.dump()));
 }
 
 absl::StatusOr<bool> Bool(const json& v, const std::string& where) {
@@ -628,14 +628,6 @@ absl::StatusOr<ImageProcessorConfig> ParseSettings(const json& s, const std::str
   return c;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 absl::string_view PilResampleName(PilResample filter) {
@@ -754,12 +746,11 @@ absl::StatusOr<std::pair<int, int>> ResizeOutputSize(const ResizeSpec& spec, int
 
 absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(absl::string_view json_text,
                                                                absl::string_view file_name) {
-  json root = json::parse(json_text.begin(), json_text.end(), nullptr,
-                          /*allow_exceptions=*/false);
   const std::string name(file_name);
-  if (root.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON"));
-  }
+  // Size and nesting bounded (hf_json.h) before anything is built from the text.
+  absl::StatusOr<json> parsed = ParseHfJson(json_text, name);
+  if (!parsed.ok()) return parsed.status();
+  const json& root = *parsed;
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected a JSON object"));
   }
@@ -775,18 +766,16 @@ absl::StatusOr<ImageProcessorConfig> LoadImageProcessorConfig(const std::string&
   const std::string processor = (dir / "processor_config.json").string();
   const std::string preprocessor = (dir / "preprocessor_config.json").string();
   if (std::filesystem::exists(processor)) {
-    absl::StatusOr<std::string> text = ReadFile(processor);
+    absl::StatusOr<std::string> text = ReadHfJsonText(processor);
     if (!text.ok()) return text.status();
-    json root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (root.is_discarded()) {
-      return absl::InvalidArgumentError(absl::StrCat(processor, ": not valid JSON"));
-    }
-    if (root.is_object() && root.contains("image_processor")) {
+    absl::StatusOr<json> root = ParseHfJson(*text, processor);
+    if (!root.ok()) return root.status();
+    if (root->is_object() && root->contains("image_processor")) {
       return ParseImageProcessorConfig(*text, processor);
     }
   }
   if (std::filesystem::exists(preprocessor)) {
-    absl::StatusOr<std::string> text = ReadFile(preprocessor);
+    absl::StatusOr<std::string> text = ReadHfJsonText(preprocessor);
     if (!text.ok()) return text.status();
     return ParseImageProcessorConfig(*text, preprocessor);
   }

@@ -93,6 +93,11 @@ struct ResizeSpec {
 // and round-half-even. InvalidArgument when the spec is empty or the result is < 1 pixel.
 absl::StatusOr<std::pair<int, int>> ResizeOutputSize(const ResizeSpec& spec, int height, int width);
 
+// The largest pixel size a setting may give (size, crop_size, pad_size entries): 8192.
+// Published processors use at most ~1.5k; the bound keeps one preprocessed image (8-bit
+// resize output and float pixel_values) under 1 GiB whatever the file says.
+inline constexpr int kMaxImageProcessorSide = 8192;
+
 // Settings of one image processor, with the defaults of its class filled in for fields the
 // file leaves out.
 struct ImageProcessorConfig {
@@ -135,7 +140,8 @@ struct ImageProcessorConfig {
 // whose value is not null or false is InvalidArgument naming the file and the field, since
 // it may change pixels in a way this code does not reproduce. A JSON null for a boolean
 // means false (transformers tests the attribute's truth); for other fields, the class
-// default.
+// default. Size, nesting (hf_json.h) and every pixel size (kMaxImageProcessorSide) are
+// bounded: an error, not an allocation.
 absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(absl::string_view json_text,
                                                                absl::string_view file_name);
 

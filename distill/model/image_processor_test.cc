@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -513,6 +514,29 @@ TEST(ImageProcessorConfigTest, ErrorsNameTheFileAndField) {
                   "processor_config.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("processor_config.json: image_processor.crop_size.height")));
+}
+
+// A pixel size up to INT_MAX was accepted, so one image's resize output could be asked for
+// terabytes; nesting was unbounded. Both are now rejected while parsing.
+TEST(ImageProcessorConfigTest, PixelSizesAndNestingAreBounded) {
+  for (const char* field : {"size", "crop_size", "pad_size"}) {
+    const std::string text =
+        absl::StrCat(R"({"image_processor_type": "CLIPImageProcessor", "do_center_crop": true, )",
+                     R"("crop_size": 8, ")", field, R"(": {"height": 100000, "width": 8}})");
+    EXPECT_THAT(ParseImageProcessorConfig(text, "p.json"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("p.json"), HasSubstr(field), HasSubstr("8192"))))
+        << field;
+  }
+  ASSERT_OK_AND_ASSIGN(
+      ImageProcessorConfig largest,
+      ParseImageProcessorConfig(
+          R"({"image_processor_type": "CLIPImageProcessor", "size": {"height": 8192, "width": 8192}})",
+          "p.json"));
+  EXPECT_EQ(largest.size.height, kMaxImageProcessorSide);
+  EXPECT_THAT(ParseImageProcessorConfig(std::string(1000, '[') + std::string(1000, ']'), "p.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("p.json"), HasSubstr("deeper than"))));
 }
 
 TEST(ImageProcessorConfigTest, LoadsFromAModelFolder) {

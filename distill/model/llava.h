@@ -19,28 +19,13 @@
 #include "absl/status/statusor.h"
 #include "distill/model/clip_vision.h"
 #include "distill/model/decoder_lm.h"
+#include "distill/model/hf_config.h"
 #include "distill/model/hf_model.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
 
-struct LlavaConfig {
-  ClipVisionConfig vision;
-  DecoderConfig text;
-  std::vector<int64_t> vision_feature_layers{-2};  // indices into the tower's hidden states
-  std::string vision_feature_select_strategy = "default";  // default | full
-  std::string projector_hidden_act = "gelu";
-  bool multimodal_projector_bias = true;
-  int64_t image_token_id = 32000;
-  // Image tokens per image: the tower's positions (patches + class token for CLIP), minus the
-  // class token under `default`. Equals what LlavaProcessor inserts for a consistent
-  // processor config (num_additional_image_tokens = 1 for CLIP, 0 for SigLIP).
-  int64_t NumImageTokens() const;
-};
-
-// Parses a LLaVA config.json (4.x image_token_index or 5.x image_token_id; text_config /
-// vision_config nested). InvalidArgument naming `file` and the field.
-absl::StatusOr<LlavaConfig> ParseLlavaConfig(const nlohmann::json& c, const std::string& file);
+// LlavaConfig and ParseLlavaConfig are in hf_config.h (torch-free).
 
 class LlavaImpl : public torch::nn::Module {
  public:

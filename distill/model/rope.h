@@ -12,37 +12,11 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
+#include "distill/model/hf_config.h"
 
 namespace cdcca::model {
 
-struct RopeConfig {
-  std::string type = "default";   // default | linear | dynamic | llama3 | yarn
-  double theta = 10000.0;         // rope_theta
-  double factor = 1.0;            // linear, dynamic, llama3, yarn
-  double low_freq_factor = 1.0;   // llama3
-  double high_freq_factor = 4.0;  // llama3
-  // llama3 and yarn: the pre-training context; dynamic: the length past which the base grows
-  // (original_max_position_embeddings if given, else max_position_embeddings).
-  int64_t original_max_position_embeddings = 0;
-  // yarn: the rotation counts bounding the ramp between interpolated and extrapolated
-  // dimensions, whether those bounds are rounded outwards to whole dimensions, and the
-  // factor cos and sin are multiplied by (attention_factor, or derived from factor and
-  // mscale / mscale_all_dim as transformers does). 1 for every other type.
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  bool truncate = true;
-  double attention_factor = 1.0;
-};
-
-// Reads rope settings from a decoder config: transformers 5.x `rope_parameters`
-// ({rope_type, rope_theta, factor, ...}) or 4.x `rope_theta` + `rope_scaling` ({type or
-// rope_type, factor, ...} or null). InvalidArgument naming `file` and the field for an
-// unsupported type (longrope, ...), a partial_rotary_factor other than 1, or a missing
-// required field.
-absl::StatusOr<RopeConfig> ParseRopeConfig(const nlohmann::json& text_config,
-                                           const std::string& file);
+// RopeConfig and ParseRopeConfig (the config.json fields) are in hf_config.h.
 
 // fp32 [head_dim / 2] inverse frequencies. `seq_len` (max position + 1 of the current
 // forward) only matters for `dynamic`.
