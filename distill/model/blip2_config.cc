@@ -33,15 +33,14 @@ absl::Status ReadAct(const nlohmann::json& section, const std::string& key,
   return absl::OkStatus();
 }
 
-#define CDCCA_RETURN_IF_ERROR_(expr)            \
-  do {                                          \
-    if (absl::Status _s = (expr); !_s.ok()) {   \
-      return _s;                                \
-    }                                           \
+#define CDCCA_RETURN_IF_ERROR_(expr)          \
+  do {                                        \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                              \
+    }                                         \
   } while (0)
 
-absl::Status ParseVision(const nlohmann::json& v, const std::string& file,
-                         Blip2VisionConfig* out) {
+absl::Status ParseVision(const nlohmann::json& v, const std::string& file, Blip2VisionConfig* out) {
   const std::string w = "vision_config.";
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "hidden_size", w, file, &out->hidden_size));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(v, "intermediate_size", w, file, &out->intermediate_size));
@@ -77,8 +76,8 @@ absl::Status ParseQFormer(const nlohmann::json& q, const std::string& file, bool
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "intermediate_size", w, file, &out->intermediate_size));
   CDCCA_RETURN_IF_ERROR_(ReadAct(q, "hidden_act", w, file, &out->hidden_act));
   CDCCA_RETURN_IF_ERROR_(ReadConfigField(q, "layer_norm_eps", w, file, &out->layer_norm_eps));
-  CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "cross_attention_frequency", w, file,
-                                      &out->cross_attention_frequency));
+  CDCCA_RETURN_IF_ERROR_(
+      ReadPositive(q, "cross_attention_frequency", w, file, &out->cross_attention_frequency));
   CDCCA_RETURN_IF_ERROR_(ReadPositive(q, "vocab_size", w, file, &out->vocab_size));
   CDCCA_RETURN_IF_ERROR_(
       ReadPositive(q, "max_position_embeddings", w, file, &out->max_position_embeddings));
@@ -92,9 +91,9 @@ absl::Status ParseQFormer(const nlohmann::json& q, const std::string& file, bool
   }
   auto pe = q.find("position_embedding_type");
   if (pe != q.end() && !pe->is_null() && *pe != "absolute") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": field ", w, "position_embedding_type ", pe->dump(),
-        " is not supported (only \"absolute\")"));
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field ", w, "position_embedding_type ",
+                                                   pe->dump(),
+                                                   " is not supported (only \"absolute\")"));
   }
   return absl::OkStatus();
 }
@@ -120,8 +119,8 @@ absl::StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config,
   if (*type == "instructblip") {
     out.instruct = true;
   } else if (*type != "blip-2") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": field model_type ", type->dump(), " is not \"blip-2\" or \"instructblip\""));
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field model_type ", type->dump(),
+                                                   " is not \"blip-2\" or \"instructblip\""));
   }
   absl::StatusOr<nlohmann::json> vision = ConfigSection(config, "vision_config", file);
   if (!vision.ok()) return vision.status();
@@ -131,8 +130,7 @@ absl::StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config,
   CDCCA_RETURN_IF_ERROR_(ParseQFormer(*qformer, file, out.instruct, &out.qformer));
   // transformers overwrites the Q-Former's encoder_hidden_size with the ViT's width.
   out.qformer.encoder_hidden_size = out.vision.hidden_size;
-  CDCCA_RETURN_IF_ERROR_(
-      ReadPositive(config, "num_query_tokens", "", file, &out.num_query_tokens));
+  CDCCA_RETURN_IF_ERROR_(ReadPositive(config, "num_query_tokens", "", file, &out.num_query_tokens));
   // transformers 4.4x writes image_token_index; 5.x may spell it image_token_id.
   for (const char* key : {"image_token_index", "image_token_id"}) {
     int64_t id = -1;

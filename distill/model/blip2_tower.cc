@@ -34,8 +34,7 @@ torch::Tensor AllValid(const torch::Tensor& valid, const torch::Tensor& ids) {
 
 // [ones(B, L), valid] as the LM's 0/1 attention mask.
 torch::Tensor PrefixedMask(const torch::Tensor& valid, int64_t l) {
-  return torch::cat({torch::ones({valid.size(0), l}, valid.options()), valid}, 1)
-      .to(torch::kLong);
+  return torch::cat({torch::ones({valid.size(0), l}, valid.options()), valid}, 1).to(torch::kLong);
 }
 
 // The Hugging Face folder name of a tower parameter: the decoder body lives under
@@ -217,7 +216,8 @@ Blip2TowerImpl::Blip2TowerImpl(const VisionConfig& vision, const TowerConfig& to
   for (const auto& m : modules(/*include_self=*/false)) {
     auto* linear = dynamic_cast<HfLinearImpl*>(m.get());
     if (linear != nullptr && linear->quantized()) {
-      TORCH_CHECK(linear->Adopt("weight", linear->weight.clone()).ok(), "quantizing a tower weight");
+      TORCH_CHECK(linear->Adopt("weight", linear->weight.clone()).ok(),
+                  "quantizing a tower weight");
       quantized.push_back(linear);
     }
   }
@@ -267,8 +267,9 @@ Blip2Tower ConvertTowerPrecision(Blip2TowerImpl& src, Precision precision) {
       continue;
     }
     auto& to_linear = dynamic_cast<HfLinearImpl&>(to);
-    TORCH_CHECK(to_linear.Adopt("weight", from_linear->EffectiveWeight().to(torch::kFloat).clone()).ok(),
-                "converting ", m.key());
+    TORCH_CHECK(
+        to_linear.Adopt("weight", from_linear->EffectiveWeight().to(torch::kFloat).clone()).ok(),
+        "converting ", m.key());
     if (from_linear->bias.defined()) to_linear.bias.set_data(from_linear->bias.detach().clone());
     if (from_linear->has_lora()) {
       to_linear.lora_a.set_data(from_linear->lora_a.detach().clone());
@@ -290,8 +291,9 @@ int64_t TowerLinearWeightBytes(Blip2TowerImpl& tower) {
 Blip2TowerImpl::QueryPass Blip2TowerImpl::Queries(const torch::Tensor& visual_tokens,
                                                   const torch::Tensor& visual_mask,
                                                   double dropout_p) {
-  TORCH_CHECK(visual_tokens.dim() == 3 && visual_tokens.size(2) == arch_.blip2.qformer.encoder_hidden_size,
-              "Blip2Tower expects visual tokens [B, N, ", arch_.blip2.qformer.encoder_hidden_size, "]");
+  TORCH_CHECK(
+      visual_tokens.dim() == 3 && visual_tokens.size(2) == arch_.blip2.qformer.encoder_hidden_size,
+      "Blip2Tower expects visual tokens [B, N, ", arch_.blip2.qformer.encoder_hidden_size, "]");
   const int64_t b = visual_tokens.size(0);
   std::vector<torch::Tensor> probs;
   QueryPass q;
@@ -351,9 +353,9 @@ std::vector<MllmOutput> Blip2TowerImpl::ForwardGroups(const torch::Tensor& visua
     DecoderForwardOptions o;
     o.capture_layer = representation_layer();
     o.dropout_p = p;
-    DecoderOutput d = language_model->Forward(language_model->EmbedTokens(g.text_ids),
-                                              PrefixedMask(AllValid(g.text_valid, g.text_ids), l),
-                                              &cache, o);
+    DecoderOutput d =
+        language_model->Forward(language_model->EmbedTokens(g.text_ids),
+                                PrefixedMask(AllValid(g.text_valid, g.text_ids), l), &cache, o);
     MllmOutput out;
     out.logits = g.logit_count < 0 ? d.logits : d.logits.narrow(1, g.logit_first, g.logit_count);
     out.representation = d.captured;
@@ -392,8 +394,9 @@ GenerateResult Blip2TowerImpl::Generate(const torch::Tensor& visual_tokens,
     done = done | (next == eos_id);
     if (step + 1 == max_new_tokens || done.all().item<bool>()) break;
     mask = torch::cat({mask, torch::ones({b, 1}, mask.options())}, 1);
-    logits = language_model->Forward(language_model->EmbedTokens(next.unsqueeze(1)), mask, &cache, o)
-                 .logits.select(1, 0);
+    logits =
+        language_model->Forward(language_model->EmbedTokens(next.unsqueeze(1)), mask, &cache, o)
+            .logits.select(1, 0);
   }
   GenerateResult r;
   r.tokens = torch::stack(tokens, 1);
@@ -487,14 +490,15 @@ absl::Status SaveBlip2FamilyFolder(const std::string& dir, Blip2VisionModelImpl&
         t.vocab_size - 1, " (its last id is the image token)"));
   }
   if (t.precision != Precision::kFp32) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": a Hugging Face folder holds an fp32 tower, not ", PrecisionName(t.precision)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": a Hugging Face folder holds an fp32 tower, not ", PrecisionName(t.precision)));
   }
   for (const auto& p : tower.named_parameters()) {
     if (absl::EndsWith(p.key(), ".adapter_gate") && p.value().abs().max().item<float>() != 0.0f) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, ": ", p.key(), " is not zero: the adapter prompts change what the tower computes, "
-          "and transformers' Blip2 has none"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": ", p.key(),
+                       " is not zero: the adapter prompts change what the tower computes, "
+                       "and transformers' Blip2 has none"));
     }
   }
   std::error_code ec;
@@ -524,9 +528,12 @@ absl::Status SaveBlip2FamilyFolder(const std::string& dir, Blip2VisionModelImpl&
       return s;
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir, ": saving the tower: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(dir, ": saving the tower: ", e.what_without_backtrace()));
   }
-  const json specials = {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"unk_token", "<unk>"},
+  const json specials = {{"bos_token", "<bos>"},
+                         {"eos_token", "<eos>"},
+                         {"unk_token", "<unk>"},
                          {"pad_token", "<pad>"}};
   json tokenizer_config = specials;
   tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast";
@@ -592,13 +599,14 @@ absl::Status WriteFamilyParityCases(const std::string& dir, Blip2VisionModelImpl
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(dir, ": generating: ", e.what_without_backtrace()));
   }
-  if (absl::Status s = WriteSafetensors(dir + "/cdcca_pixels.safetensors", pixels, {{"format", "pt"}});
+  if (absl::Status s =
+          WriteSafetensors(dir + "/cdcca_pixels.safetensors", pixels, {{"format", "pt"}});
       !s.ok()) {
     return s;
   }
-  return WriteJson(dir + "/cdcca_expected.json",
-                   {{"note", "greedy answers of cdcca's Blip2Tower (fp32) on this folder"},
-                    {"cases", cases}});
+  return WriteJson(
+      dir + "/cdcca_expected.json",
+      {{"note", "greedy answers of cdcca's Blip2Tower (fp32) on this folder"}, {"cases", cases}});
 }
 
 absl::StatusOr<LoadedFamilyTower> LoadBlip2FamilyFolder(const std::string& dir,
@@ -609,7 +617,8 @@ absl::StatusOr<LoadedFamilyTower> LoadBlip2FamilyFolder(const std::string& dir,
   LoadedFamilyTower out;
   try {
     out.vit = MakeFamilyVit(vision);
-    if (absl::Status s = LoadBlip2Vision(*folder, "vision_model.", *out.vit, torch::kCPU); !s.ok()) {
+    if (absl::Status s = LoadBlip2Vision(*folder, "vision_model.", *out.vit, torch::kCPU);
+        !s.ok()) {
       return s;
     }
     TowerConfig fp32 = tower;
@@ -633,7 +642,8 @@ absl::StatusOr<LoadedFamilyTower> LoadBlip2FamilyFolder(const std::string& dir,
       out.tower = ConvertTowerPrecision(*out.tower, tower.precision);
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir, ": loading the tower: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(dir, ": loading the tower: ", e.what_without_backtrace()));
   }
   return out;
 }

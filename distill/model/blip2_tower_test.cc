@@ -103,13 +103,13 @@ TEST(Blip2TowerTest, NamesAreTransformersAndLoraSitsOnQueryAndValue) {
   Fixture f;
   std::set<std::string> names;
   for (const auto& p : f.model->named_parameters()) names.insert(p.key());
-  for (const char* n : {"query_tokens", "qformer.layernorm.weight",
-                        "qformer.encoder.layer.1.crossattention.attention.key.weight",
-                        "qformer.encoder.layer.0.output_query.LayerNorm.bias",
-                        "qformer.encoder.layer.0.attention.attention.query.lora_b",
-                        "language_projection.weight", "language_model.embed_tokens.weight",
-                        "language_model.layers.1.self_attn.v_proj.lora_a",
-                        "language_model.norm.weight", "language_model.lm_head.weight"}) {
+  for (const char* n :
+       {"query_tokens", "qformer.layernorm.weight",
+        "qformer.encoder.layer.1.crossattention.attention.key.weight",
+        "qformer.encoder.layer.0.output_query.LayerNorm.bias",
+        "qformer.encoder.layer.0.attention.attention.query.lora_b", "language_projection.weight",
+        "language_model.embed_tokens.weight", "language_model.layers.1.self_attn.v_proj.lora_a",
+        "language_model.norm.weight", "language_model.lm_head.weight"}) {
     EXPECT_EQ(names.count(n), 1u) << n;
   }
   EXPECT_EQ(names.count("language_model.layers.0.self_attn.k_proj.lora_a"), 0u);
@@ -222,9 +222,9 @@ TEST(Blip2TowerTest, HuggingFaceFolderAnswersWithTheSameTokens) {
   Fixture f;
   const std::string dir = TempDir("folder");
   ASSERT_TRUE(SaveBlip2FamilyFolder(dir, *f.vit, *f.model, f.vision, Vocabulary(20)).ok());
-  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json",
-                           "tokenizer_config.json", "preprocessor_config.json",
-                           "generation_config.json"}) {
+  for (const char* file :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "preprocessor_config.json", "generation_config.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }
   absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
@@ -288,8 +288,8 @@ TEST(Blip2TowerTest, CommittedFamilyFolderAnswersAsRecorded) {
     Fixture f;
     std::filesystem::remove_all(dir);
     ASSERT_TRUE(SaveBlip2FamilyFolder(dir, *f.vit, *f.model, f.vision, Vocabulary(20)).ok());
-    ASSERT_TRUE(WriteFamilyParityCases(dir, *f.vit, *f.model, f.pixels, {{5, 6, 7, 4}, {6, 7, 5, 4}},
-                                       {"a is it?", "is it a?"}, 6)
+    ASSERT_TRUE(WriteFamilyParityCases(dir, *f.vit, *f.model, f.pixels,
+                                       {{5, 6, 7, 4}, {6, 7, 5, 4}}, {"a is it?", "is it a?"}, 6)
                     .ok());
   }
   std::ifstream in(dir + "/cdcca_expected.json");
@@ -311,7 +311,8 @@ TEST(Blip2TowerTest, CommittedFamilyFolderAnswersAsRecorded) {
     torch::Tensor pv = pixels->tensors[i].second.unsqueeze(0);
     MultimodalInputs mi;
     mi.pixel_values = pv;
-    mi.input_ids = torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
+    mi.input_ids =
+        torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
     GreedyOptions o;
     o.max_new_tokens = c["max_new_tokens"].get<int64_t>();
     o.eos_token_ids = (*hf)->eos_token_ids();
@@ -337,7 +338,8 @@ TEST(Blip2TowerTest, FolderErrorsNameTheTensor) {
   ASSERT_FALSE(back.ok());
   EXPECT_NE(std::string(back.status().message()).find("mlp.gate_proj.weight"), std::string::npos)
       << back.status();
-  EXPECT_FALSE(SaveBlip2FamilyFolder(TempDir("big"), *f.vit, *f.model, f.vision, Vocabulary(40)).ok());
+  EXPECT_FALSE(
+      SaveBlip2FamilyFolder(TempDir("big"), *f.vit, *f.model, f.vision, Vocabulary(40)).ok());
 }
 
 TEST(Blip2TowerTest, QuantizedTowersComputeWithTheirDequantizedWeights) {
@@ -394,8 +396,8 @@ TEST(Blip2TowerTest, AdapterPromptsStartInertAndBlockTheFolderOnceOpen) {
 
   gate.fill_(0.5);
   EXPECT_FALSE(torch::allclose(f.model->Forward(in).logits, closed, 1e-3, 1e-3));
-  absl::Status open = SaveBlip2FamilyFolder(TempDir("adapter_open"), *f.vit, *f.model, f.vision,
-                                            Vocabulary(20));
+  absl::Status open =
+      SaveBlip2FamilyFolder(TempDir("adapter_open"), *f.vit, *f.model, f.vision, Vocabulary(20));
   EXPECT_EQ(open.code(), absl::StatusCode::kFailedPrecondition) << open;
 
   // Loaded back, the prompts are fresh (gate zero) and the tower computes the closed function.

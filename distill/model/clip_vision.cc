@@ -6,20 +6,25 @@
 
 namespace cdcca::model {
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipVisionConfig& c, const HfPrecision& p)
-    : heads_(c.num_attention_heads), head_dim_(c.hidden_size / c.num_attention_heads),
+    : heads_(c.num_attention_heads),
+      head_dim_(c.hidden_size / c.num_attention_heads),
       act_(c.hidden_act) {
-  auto linear = [&](int64_t in, int64_t out) { return HfLinear(HfLinearOptions{in, out, true, p}); };
+  auto linear = [&](int64_t in, int64_t out) {
+    return HfLinear(HfLinearOptions{in, out, true, p});
+  };
   self_attn_ = register_module("self_attn", std::make_shared<Attention>());
   self_attn_->q_proj = self_attn_->register_module("q_proj", linear(c.hidden_size, c.hidden_size));
   self_attn_->k_proj = self_attn_->register_module("k_proj", linear(c.hidden_size, c.hidden_size));
   self_attn_->v_proj = self_attn_->register_module("v_proj", linear(c.hidden_size, c.hidden_size));
   self_attn_->out_proj =
       self_attn_->register_module("out_proj", linear(c.hidden_size, c.hidden_size));
-  layer_norm1_ = register_module("layer_norm1", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+  layer_norm1_ =
+      register_module("layer_norm1", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
   mlp_ = register_module("mlp", std::make_shared<Mlp>());
   mlp_->fc1 = mlp_->register_module("fc1", linear(c.hidden_size, c.intermediate_size));
   mlp_->fc2 = mlp_->register_module("fc2", linear(c.intermediate_size, c.hidden_size));
-  layer_norm2_ = register_module("layer_norm2", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+  layer_norm2_ =
+      register_module("layer_norm2", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
 }
 
 torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
@@ -40,7 +45,8 @@ torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
   return r + mlp_->fc2(Activation(act_, mlp_->fc1(layer_norm2_(r))));
 }
 
-ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config, const HfPrecision& precision)
+ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config,
+                                         const HfPrecision& precision)
     : config_(config), precision_(precision) {
   const auto dtype = precision.dtype;
   const int64_t h = config.hidden_size;
@@ -57,7 +63,8 @@ ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config, const H
         e.patch_embedding->register_parameter("bias", Placeholder({h}, dtype), false);
   } else {
     e.class_embedding = e.register_parameter("class_embedding", Placeholder({h}, dtype), false);
-    vm.pre_layrnorm = vm.register_module("pre_layrnorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
+    vm.pre_layrnorm =
+        vm.register_module("pre_layrnorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
   }
   e.position_embedding =
       e.register_module("position_embedding", HfEmbedding(config.num_positions(), h, dtype));
@@ -66,7 +73,8 @@ ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config, const H
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     vm.encoder->layers->push_back(ClipEncoderLayer(config, precision));
   }
-  vm.post_layernorm = vm.register_module("post_layernorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
+  vm.post_layernorm =
+      vm.register_module("post_layernorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
 }
 
 std::vector<torch::Tensor> ClipVisionTowerImpl::HiddenStates(const torch::Tensor& pixel_values,
@@ -77,8 +85,8 @@ std::vector<torch::Tensor> ClipVisionTowerImpl::HiddenStates(const torch::Tensor
   if (last_layer < 0) last_layer += n + 1;
   TORCH_CHECK(last_layer >= 0 && last_layer <= n, "vision feature layer out of range");
   torch::Tensor x = pixel_values.to(e.patch_embedding->weight.scalar_type());
-  torch::Tensor patches = torch::conv2d(x, e.patch_embedding->weight, e.patch_embedding->bias,
-                                        config_.patch_size);
+  torch::Tensor patches =
+      torch::conv2d(x, e.patch_embedding->weight, e.patch_embedding->bias, config_.patch_size);
   patches = patches.flatten(2).transpose(1, 2);  // [B, patches, H]
   if (!config_.is_siglip()) {
     torch::Tensor cls = e.class_embedding.view({1, 1, -1}).expand({patches.size(0), 1, -1});

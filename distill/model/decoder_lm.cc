@@ -76,9 +76,9 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
       pk = pk.repeat_interleave(heads_ / kv_heads_, 1);
       pv = pv.repeat_interleave(heads_ / kv_heads_, 1);
     }
-    torch::Tensor pp = torch::softmax(torch::matmul(q, pk.transpose(2, 3)) * scaling, -1,
-                                      torch::kFloat)
-                           .to(q.scalar_type());
+    torch::Tensor pp =
+        torch::softmax(torch::matmul(q, pk.transpose(2, 3)) * scaling, -1, torch::kFloat)
+            .to(q.scalar_type());
     heads_out = heads_out +
                 adapter_gate.to(q.scalar_type()).view({1, heads_, 1, 1}) * torch::matmul(pp, pv);
   }
@@ -103,8 +103,8 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
   input_layernorm =
       register_module("input_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
   self_attn = register_module("self_attn", DecoderAttention(c, p));
-  post_attention_layernorm = register_module(
-      "post_attention_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
   mlp = register_module("mlp", DecoderMlp(c, p));
 }
 
@@ -128,7 +128,8 @@ DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& pre
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers->push_back(DecoderLayer(config, precision));
   }
-  norm = register_module("norm", HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
+  norm =
+      register_module("norm", HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head",
@@ -140,15 +141,16 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
                                  const std::string& lm_head_prefix, torch::Device device) {
   HfLoadIntoOptions o;
   o.device = device;
-  if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok()) return s;
+  if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok())
+    return s;
   if (absl::Status s = folder.LoadInto(*layers, body_prefix + "layers.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*norm, body_prefix + "norm.", o); !s.ok()) return s;
   if (lm_head) {
     if (absl::Status s = folder.LoadInto(*lm_head, lm_head_prefix, o); !s.ok()) return s;
   } else if (precision_.weights != Precision::kFp32 && device.is_cpu() && !tied_head) {
     tied_head = register_module(
-        "tied_head", HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false,
-                                              precision_}));
+        "tied_head",
+        HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false, precision_}));
     if (absl::Status s = tied_head->Adopt("weight", embed_tokens->weight); !s.ok()) return s;
   }
   FuseProjections();
@@ -204,9 +206,8 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   const int64_t total = past + t;
   const torch::Device device = inputs_embeds.device();
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
-  torch::Tensor keep = attention_mask.defined()
-                           ? attention_mask.to(device, torch::kLong)
-                           : torch::ones({b, total}, long_opts);
+  torch::Tensor keep = attention_mask.defined() ? attention_mask.to(device, torch::kLong)
+                                                : torch::ones({b, total}, long_opts);
   TORCH_CHECK(keep.size(0) == b && keep.size(1) == total, "attention_mask must be [B, past + T]");
   torch::Tensor positions = options.position_ids;
   if (!positions.defined()) {
@@ -241,10 +242,9 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
     if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
-    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask,
-                                                cache != nullptr ? &cache->keys[i] : nullptr,
-                                                cache != nullptr ? &cache->values[i] : nullptr,
-                                                options.dropout_p);
+    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(
+        h, cos, sin, mask, cache != nullptr ? &cache->keys[i] : nullptr,
+        cache != nullptr ? &cache->values[i] : nullptr, options.dropout_p);
   }
   if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
   h = norm(h);
