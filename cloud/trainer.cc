@@ -92,8 +92,8 @@ struct PerDeviceStrategy::Impl {
   DeviceRegistry* registry = nullptr;
 
   // Constant after Create: the shared frozen parts.
-  model::Mllm teacher{nullptr};
-  model::Mllm student_base{nullptr};  // fp32 with the devices' dequantized base
+  model::Blip2Tower teacher{nullptr};
+  model::Blip2Tower student_base{nullptr};  // fp32 with the devices' dequantized base
   compress::NamedTensors base_trainable;
   uint64_t base_digest = 0;
   uint64_t fingerprint = 0;
@@ -275,7 +275,7 @@ struct PerDeviceStrategy::Impl {
 
     try {
       // The job's own student: the shared base plus this device's mirror.
-      absl::StatusOr<model::Mllm> work = distill::CopyMllm(student_base, train_device);
+      absl::StatusOr<model::Blip2Tower> work = distill::CopyMllm(student_base, train_device);
       if (!work.ok()) return work.status();
       {
         torch::NoGradGuard no_grad;
@@ -425,7 +425,7 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
     if (!family.ok()) return family.status();
     impl->fingerprint = model::BaseFingerprint(family->student);
     // The mirror computes with the device's base exactly: its dequantized weights.
-    absl::StatusOr<model::Mllm> mirror =
+    absl::StatusOr<model::Blip2Tower> mirror =
         model::ConvertPrecision(family->student, model::Precision::kFp32);
     if (!mirror.ok()) return mirror.status();
     impl->student_base = *mirror;

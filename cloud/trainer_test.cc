@@ -11,6 +11,7 @@
 
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
+#include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "gmock/gmock.h"
@@ -31,13 +32,14 @@ class TrainerTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(family_, model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) +
                                                           "/configs/models/tiny.json"));
     model::VisionEncoder encoder(family_.vision);
-    model::Mllm teacher(family_.teacher), student(family_.student);
+    model::Blip2Tower teacher(family_.teacher), student(family_.student);
     {
       torch::NoGradGuard no_grad;
       for (auto& p : teacher->parameters()) p.mul_(2.0);
     }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family_, encoder, teacher, student, ""));
+    ASSERT_OK(model::SaveFamily(checkpoint_, family_, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
     OpenStores();
   }
 

@@ -124,16 +124,44 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view json) {
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("tokenizer JSON: not a JSON object");
   }
-  if (!j.contains("format") || j["format"] != kFormat) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer JSON: field 'format' must be \"", kFormat, "\""));
-  }
-  if (!j.contains("tokens") || !j["tokens"].is_array()) {
-    return absl::InvalidArgumentError("tokenizer JSON: field 'tokens' must be an array");
+  nlohmann::json listed = nlohmann::json::array();
+  if (j.contains("model") && !j.contains("format")) {
+    // A Hugging Face tokenizer.json with a WordLevel model (a family's model folder): the
+    // words by id, up to the first "<unused_N>" or "<image>" entry.
+    const nlohmann::json& m = j["model"];
+    if (!m.is_object() || !m.contains("type") || m["type"] != "WordLevel" || !m.contains("vocab") ||
+        !m["vocab"].is_object()) {
+      return absl::InvalidArgumentError(
+          "tokenizer JSON: a Hugging Face tokenizer.json must have a WordLevel model with a vocab");
+    }
+    const size_t n = m["vocab"].size();
+    std::vector<const std::string*> by_id(n, nullptr);
+    for (const auto& item : m["vocab"].items()) {
+      if (!item.value().is_number_integer() || item.value().get<int64_t>() < 0 ||
+          item.value().get<int64_t>() >= static_cast<int64_t>(n) ||
+          by_id[item.value().get<size_t>()] != nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokenizer JSON: model.vocab[\"", item.key(), "\"] is not a distinct id in 0-", n - 1));
+      }
+      by_id[item.value().get<size_t>()] = &item.key();
+    }
+    for (const std::string* w : by_id) {
+      if (w->rfind("<unused_", 0) == 0 || *w == "<image>") break;
+      listed.push_back(*w);
+    }
+  } else {
+    if (!j.contains("format") || j["format"] != kFormat) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer JSON: field 'format' must be \"", kFormat, "\""));
+    }
+    if (!j.contains("tokens") || !j["tokens"].is_array()) {
+      return absl::InvalidArgumentError("tokenizer JSON: field 'tokens' must be an array");
+    }
+    listed = j["tokens"];
   }
   std::vector<std::string> tokens;
   std::set<std::string> seen;
-  for (const nlohmann::json& t : j["tokens"]) {
+  for (const nlohmann::json& t : listed) {
     if (!t.is_string()) {
       return absl::InvalidArgumentError("tokenizer JSON: field 'tokens' holds a non-string");
     }

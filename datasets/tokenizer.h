@@ -3,7 +3,9 @@
 // Ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>, then the words of the vocabulary in the order it
 // was built with (SceneLanguage(): sorted, so ids are stable across runs and machines).
 // Saved and loaded as JSON {"format": "cdcca-word-tokenizer", "version": 1,
-// "tokens": [...]} with tokens[i] the word of id i. Immutable after construction, so
+// "tokens": [...]} with tokens[i] the word of id i; also loaded from the Hugging Face
+// tokenizer.json (WordLevel) of a family's model folder (model::WordLevelTokenizerJson), whose
+// words by id end at the first "<unused_N>" or "<image>". Immutable after construction, so
 // const methods are thread-safe.
 #ifndef CDCCA_DATASETS_TOKENIZER_H_
 #define CDCCA_DATASETS_TOKENIZER_H_

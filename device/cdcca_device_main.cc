@@ -249,16 +249,16 @@ class FrameSource {
 };
 
 // A folder as published on the Hugging Face Hub (config.json's model_type is an architecture
-// HfAnswerer loads), rather than a cdcca family (encoder.safetensors + student.safetensors).
+// HfAnswerer loads), rather than a cdcca family (whose config.json, a BLIP-2 one, also holds
+// the family in cdcca.family).
 bool IsHubFolder(const std::string& dir) {
-  if (std::filesystem::exists(dir + "/encoder.safetensors") ||
-      std::filesystem::exists(dir + "/student.safetensors")) {
-    return false;
-  }
   std::ifstream in(dir + "/config.json");
   if (!in) return false;
   nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
+    return false;
+  }
+  if (config.contains("cdcca") && config["cdcca"].is_object() && config["cdcca"].contains("family")) {
     return false;
   }
   const std::string type = config["model_type"].get<std::string>();

@@ -26,7 +26,7 @@ struct InferenceRuntime::Impl {
   RuntimeOptions options;
   datasets::Tokenizer tokenizer = datasets::Tokenizer::SceneLanguage();
   model::VisionEncoder encoder{nullptr};
-  model::Mllm student{nullptr};
+  model::Blip2Tower student{nullptr};
   model::TokenProbe probe{nullptr};  // null when the checkpoint has no probe.safetensors
   int image_size = 64;
 

@@ -56,7 +56,7 @@ std::vector<bool> Stage1(const std::vector<compress::UplinkSample>& samples, flo
 }
 
 // Copies an adapted trainable state (model::TrainableParameters order) into `model`.
-absl::Status LoadTrainable(model::Mllm& target, const model::NamedTensors& state) {
+absl::Status LoadTrainable(model::Blip2Tower& target, const model::NamedTensors& state) {
   model::NamedTensors live = model::TrainableParameters(*target);
   if (live.size() != state.size()) {
     return absl::InternalError("adapted state does not match the student's trainable set");
@@ -73,7 +73,7 @@ absl::Status LoadTrainable(model::Mllm& target, const model::NamedTensors& state
 
 // DA of the teacher's greedy answers on an arm's uplink (every sample, or the first 1000),
 // seeing only the kept tokens: the quality of the pseudo-labels that arm trains on.
-double TeacherUplinkAccuracy(model::Mllm& teacher,
+double TeacherUplinkAccuracy(model::Blip2Tower& teacher,
                              const std::vector<compress::UplinkSample>& uplink,
                              const std::vector<const ds::VqaItem*>& items, const ds::Tokenizer& tok,
                              const model::TowerConfig& config, int max_answer_tokens,
@@ -261,7 +261,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
     (*probe)->to(device);
   }
   // The cloud's mirror of the device student: its dequantized base, the same trainable set.
-  absl::StatusOr<model::Mllm> mirror =
+  absl::StatusOr<model::Blip2Tower> mirror =
       model::ConvertPrecision(family->student, model::Precision::kFp32);
   if (!mirror.ok()) return mirror.status();
   absl::StatusOr<ds::Tokenizer> loaded_tok =
@@ -290,10 +290,10 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
   try {
     model::VisionEncoder encoder = family->encoder;
     encoder->to(device);
-    model::Mllm student = family->student;  // the device's model (its stored precision)
+    model::Blip2Tower student = family->student;  // the device's model (its stored precision)
     student->to(device);
     student->eval();
-    model::Mllm teacher = family->teacher;
+    model::Blip2Tower teacher = family->teacher;
     teacher->to(device);
     teacher->eval();
 
@@ -442,7 +442,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
         DistillLearner learner(teacher, learners[li]);
         absl::StatusOr<JobResult> result = learner.Run(*uplink, nullptr, *mirror, job);
         if (!result.ok()) return result.status();
-        absl::StatusOr<model::Mllm> adapted = CopyMllm(student, device);
+        absl::StatusOr<model::Blip2Tower> adapted = CopyMllm(student, device);
         if (!adapted.ok()) return adapted.status();
         if (absl::Status st = LoadTrainable(*adapted, result->trainable); !st.ok()) return st;
         model::EvalResult r =

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/config.h"
 #include "tests/testing/status_matchers.h"
@@ -116,10 +117,11 @@ TEST(RunAdaptEvalTest, RunsEndToEndOnTinyModels) {
       model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
   torch::manual_seed(4);
   model::VisionEncoder encoder(family.vision);
-  model::Mllm teacher(family.teacher), student(family.student);
+  model::Blip2Tower teacher(family.teacher), student(family.student);
   const std::string dir = ::testing::TempDir() + "/adapt_eval_tiny";
   std::filesystem::remove_all(dir);
-  ASSERT_OK(model::SaveFamily(dir, family, encoder, teacher, student, ""));
+  ASSERT_OK(model::SaveFamily(dir, family, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
 
   AdaptEvalOptions o;
   o.checkpoint_dir = dir;
@@ -155,8 +157,9 @@ TEST(RunAdaptEvalTest, RunsEndToEndOnTinyModels) {
   EXPECT_EQ(report.rows[0].arm, "all");
   EXPECT_EQ(report.rows[0].learner, "pl");
   EXPECT_DOUBLE_EQ(report.rows[0].tokens_kept, 1.0);
-  EXPECT_DOUBLE_EQ(report.rows[2].tokens_kept, 0.5);  // uts-50, pl
-  EXPECT_DOUBLE_EQ(report.rows[4].tokens_kept, 0.5);  // random-50, pl
+  // Half of the tiny family's 65 visual tokens (class + 8 x 8 patches), rounded up.
+  EXPECT_DOUBLE_EQ(report.rows[2].tokens_kept, 33.0 / 65.0);  // uts-50, pl
+  EXPECT_DOUBLE_EQ(report.rows[4].tokens_kept, 33.0 / 65.0);  // random-50, pl
   // AKD's job carries its alignment terms; PL's only cross-entropy.
   EXPECT_EQ(report.rows[0].terms.size(), 2u);  // total, ce
   EXPECT_EQ(report.rows[1].terms.size(), 4u);  // total, ce, query, repr

@@ -163,7 +163,7 @@ absl::StatusOr<DistillSettings> LoadDistillSettings(const std::string& path) {
   return ParseDistillSettings(buffer.str());
 }
 
-DistillLearner::DistillLearner(model::Mllm teacher, DistillConfig config)
+DistillLearner::DistillLearner(model::Blip2Tower teacher, DistillConfig config)
     : teacher_(std::move(teacher)), config_(std::move(config)) {}
 
 bool DistillLearner::UsesFeatures() const {
@@ -178,7 +178,7 @@ std::vector<torch::Tensor> DistillLearner::ExtraParameters() {
   return out;
 }
 
-absl::Status DistillLearner::Prepare(const SamplePool& pool, model::Mllm& student,
+absl::Status DistillLearner::Prepare(const SamplePool& pool, model::Blip2Tower& student,
                                      const JobOptions& options) {
   const model::TowerConfig& t = teacher_->config();
   const model::TowerConfig& s = student->config();
@@ -239,7 +239,7 @@ absl::Status DistillLearner::Prepare(const SamplePool& pool, model::Mllm& studen
   return absl::OkStatus();
 }
 
-void DistillLearner::FitProjections(const SamplePool& pool, model::Mllm& student,
+void DistillLearner::FitProjections(const SamplePool& pool, model::Blip2Tower& student,
                                     const JobOptions& options) {
   torch::NoGradGuard no_grad;
   const bool was_training = student->is_training();
@@ -295,7 +295,7 @@ torch::Tensor DistillLearner::FeatureTerm(const torch::Tensor& teacher,
 }
 
 Learner::Terms DistillLearner::Loss(const SamplePool& pool, const std::vector<int64_t>& batch,
-                                    model::Mllm& student, const JobOptions& options) {
+                                    model::Blip2Tower& student, const JobOptions& options) {
   const torch::Device d = pool.visual_tokens.device();
   std::vector<std::vector<int64_t>> prompts, answers;
   for (int64_t i : batch) {

@@ -73,7 +73,7 @@ absl::StatusOr<DistillSettings> LoadDistillSettings(const std::string& path);
 class DistillLearner : public Learner {
  public:
   // `teacher` is shared, used read-only under NoGradGuard and put in eval() mode.
-  DistillLearner(model::Mllm teacher, DistillConfig config);
+  DistillLearner(model::Blip2Tower teacher, DistillConfig config);
 
   std::string name() const override { return config_.name; }
   bool uses_teacher() const override { return true; }
@@ -84,19 +84,19 @@ class DistillLearner : public Learner {
   torch::nn::Linear psi() const { return psi_; }
 
  protected:
-  absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+  absl::Status Prepare(const SamplePool& pool, model::Blip2Tower& student,
                        const JobOptions& options) override;
   std::vector<torch::Tensor> ExtraParameters() override;
-  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Mllm& student,
+  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Blip2Tower& student,
              const JobOptions& options) override;
 
  private:
   bool UsesFeatures() const;
   torch::Tensor FeatureTerm(const torch::Tensor& teacher, const torch::Tensor& student,
                             const torch::Tensor& mask) const;
-  void FitProjections(const SamplePool& pool, model::Mllm& student, const JobOptions& options);
+  void FitProjections(const SamplePool& pool, model::Blip2Tower& student, const JobOptions& options);
 
-  model::Mllm teacher_;
+  model::Blip2Tower teacher_;
   DistillConfig config_;
   torch::nn::Linear phi_{nullptr};
   torch::nn::Linear psi_{nullptr};

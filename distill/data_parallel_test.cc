@@ -44,8 +44,8 @@ void ExpectTwoRanksMatchOne(const MakeReducer& make, bool ranks_bit_identical) {
       model::FamilyConfig f,
       model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
   torch::manual_seed(3);
-  model::Mllm teacher(f.teacher);
-  model::Mllm student(f.student);
+  model::Blip2Tower teacher(f.teacher);
+  model::Blip2Tower student(f.student);
   const auto samples = Samples(f, 8);
   JobOptions o;
   o.max_steps = 4;

@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   torch::manual_seed(0);
-  cdcca::model::Mllm teacher(family->teacher);
-  cdcca::model::Mllm student(family->student);
+  cdcca::model::Blip2Tower teacher(family->teacher);
+  cdcca::model::Blip2Tower student(family->student);
   const bool cuda = absl::GetFlag(FLAGS_cuda) && torch::cuda::is_available();
   if (cuda) teacher->to(torch::kCUDA);
 

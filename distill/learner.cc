@@ -78,9 +78,9 @@ torch::Device ModuleDevice(const torch::nn::Module& module) {
   return torch::kCPU;
 }
 
-absl::StatusOr<model::Mllm> CopyMllm(model::Mllm& source, torch::Device device) {
+absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device) {
   try {
-    model::Mllm copy(source->config());
+    model::Blip2Tower copy(source->config());
     copy->to(ModuleDevice(*source));
     absl::Status st = model::LoadModuleState(*copy, model::ModuleState(*source));
     if (!st.ok()) return st;
@@ -91,12 +91,12 @@ absl::StatusOr<model::Mllm> CopyMllm(model::Mllm& source, torch::Device device) 
   }
 }
 
-model::NamedTensors Learner::TrainedParameters(model::Mllm& student) {
+model::NamedTensors Learner::TrainedParameters(model::Blip2Tower& student) {
   return model::TrainableParameters(*student);
 }
 
 absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>& samples,
-                                       ReplayBuffer* replay, model::Mllm& student,
+                                       ReplayBuffer* replay, model::Blip2Tower& student,
                                        const JobOptions& options) {
   if (absl::Status st = CheckOptions(options); !st.ok()) return st;
   if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
@@ -128,12 +128,12 @@ absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>
     if (!built.ok()) return built.status();
     SamplePool pool = *std::move(built);
 
-    model::Mllm work = student;
+    model::Blip2Tower work = student;
     torch::Device device = ModuleDevice(*student);
     if (!options.train_in_place) {
       device = options.use_cuda && torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0)
                                                                : torch::Device(torch::kCPU);
-      absl::StatusOr<model::Mllm> copy = CopyMllm(student, device);
+      absl::StatusOr<model::Blip2Tower> copy = CopyMllm(student, device);
       if (!copy.ok()) return copy.status();
       work = *copy;
     }
@@ -234,7 +234,7 @@ absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>
   return result;
 }
 
-absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Mllm teacher) {
+absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Blip2Tower teacher) {
   if (name == "tent") return std::unique_ptr<Learner>(new TentLearner());
   if (name == "cotta") return std::unique_ptr<Learner>(new CottaLearner(CottaConfig{}));
   absl::StatusOr<DistillConfig> config = PresetDistillConfig(name);

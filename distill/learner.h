@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "compress/uplink_codec.h"
-#include "distill/model/mllm.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/trainable.h"
 #include "distill/replay_buffer.h"
 #include "distill/sample_batch.h"
@@ -110,33 +110,33 @@ class Learner {
   // TENT's norms) and the learner's own parameters get gradients. Errors: INVALID_ARGUMENT
   // for bad options or samples that do not fit the student; INTERNAL for a LibTorch error.
   absl::StatusOr<JobResult> Run(const std::vector<compress::UplinkSample>& samples,
-                                ReplayBuffer* replay, model::Mllm& student,
+                                ReplayBuffer* replay, model::Blip2Tower& student,
                                 const JobOptions& options);
 
  protected:
   using Terms = std::vector<std::pair<std::string, torch::Tensor>>;
 
   // The student parameters this learner trains. Default: the whole trainable set.
-  virtual model::NamedTensors TrainedParameters(model::Mllm& student);
+  virtual model::NamedTensors TrainedParameters(model::Blip2Tower& student);
   // Once per job before training; `pool` is on the job's device.
-  virtual absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+  virtual absl::Status Prepare(const SamplePool& pool, model::Blip2Tower& student,
                                const JobOptions& options) = 0;
   // Parameters owned by the learner that train alongside (AKD's phi and psi).
   virtual std::vector<torch::Tensor> ExtraParameters() { return {}; }
   // Loss terms of one batch (indices into the pool); the first is the total to minimise.
   virtual Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch,
-                     model::Mllm& student, const JobOptions& options) = 0;
+                     model::Blip2Tower& student, const JobOptions& options) = 0;
   // After each optimizer step (CoTTA's EMA update and stochastic restore).
-  virtual void AfterStep(model::Mllm& student, const JobOptions& options) {}
+  virtual void AfterStep(model::Blip2Tower& student, const JobOptions& options) {}
 };
 
 // Makes a learner by name with default settings ("tent", "cotta"), or with `teacher` for
 // the cloud learners ("akd", "pl", "pkd", "cwd"; see distill/akd.h for their configs).
 // INVALID_ARGUMENT for an unknown name or a cloud learner without a teacher.
-absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Mllm teacher);
+absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Blip2Tower teacher);
 
 // A deep copy of `source` (parameters and buffers) on `device`.
-absl::StatusOr<model::Mllm> CopyMllm(model::Mllm& source, torch::Device device);
+absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device);
 
 // The device of a module's first parameter (CPU if it has none).
 torch::Device ModuleDevice(const torch::nn::Module& module);

@@ -28,8 +28,8 @@ class LearnerTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(family_, model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) +
                                                           "/configs/models/tiny.json"));
     torch::manual_seed(1);
-    teacher_ = model::Mllm(family_.teacher);
-    student_ = model::Mllm(family_.student);
+    teacher_ = model::Blip2Tower(family_.teacher);
+    student_ = model::Blip2Tower(family_.student);
     // Random weights give near-uniform logits; sharpen the teacher so its pseudo-labels
     // differ between samples and the student has something to learn.
     torch::NoGradGuard no_grad;
@@ -72,8 +72,8 @@ class LearnerTest : public ::testing::Test {
   }
 
   model::FamilyConfig family_;
-  model::Mllm teacher_{nullptr};
-  model::Mllm student_{nullptr};
+  model::Blip2Tower teacher_{nullptr};
+  model::Blip2Tower student_{nullptr};
   std::vector<compress::UplinkSample> samples_;
 };
 
@@ -215,7 +215,7 @@ TEST_F(LearnerTest, EveryCloudBaselineRunsAndLearns) {
     EXPECT_EQ(r.stats.terms.size(), name == "pl" ? 2u : 4u) << name;
     EXPECT_LT(r.stats.terms[0].last, r.stats.terms[0].first) << name;
   }
-  EXPECT_FALSE(MakeLearner("akd", model::Mllm(nullptr)).ok());
+  EXPECT_FALSE(MakeLearner("akd", model::Blip2Tower(nullptr)).ok());
   EXPECT_FALSE(MakeLearner("nonsense", teacher_).ok());
 }
 

@@ -33,7 +33,7 @@ struct SamplePool {
 absl::StatusOr<SamplePool> BuildSamplePool(
     const std::vector<const compress::UplinkSample*>& samples, int64_t num_tokens, int64_t d_vis);
 
-// Text of a batch laid out as the Mllm wants it: [prompt, left-padded][answer, right-padded].
+// Text of a batch laid out as the Blip2Tower wants it: [prompt, left-padded][answer, right-padded].
 struct TextBatch {
   torch::Tensor text_ids;    // [B, T] int64 (pad_id at padding)
   torch::Tensor text_valid;  // [B, T] bool

@@ -25,8 +25,8 @@ build="${CDCCA_BUILD_DIR:-$root/build}"
 cd "$root"
 
 models="$root/models/small"
-if [ ! -f "$models/student.safetensors" ] || [ ! -f "$models/teacher.safetensors" ] ||
-   [ ! -f "$models/encoder.safetensors" ]; then
+if [ ! -f "$models/model.safetensors" ] || [ ! -f "$models/teacher/model.safetensors" ] ||
+   [ ! -f "$models/config.json" ]; then
   echo "== pretraining the small models into $models (once; resumable)"
   "$build/sim/cdcca" pretrain --config "$root/configs/models/small.json" --out "$models"
 fi

@@ -308,7 +308,7 @@ struct Device {
   std::unique_ptr<device::CloudClient> client;
   std::unique_ptr<device::DeviceAgent> agent;
   // Device-side adaptation (tent, cotta).
-  model::Mllm student{nullptr};
+  model::Blip2Tower student{nullptr};
   std::unique_ptr<distill::Learner> learner;
 };
 
@@ -554,7 +554,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       auto family = model::LoadFamily(e.checkpoint, *model::ParsePrecision(e.precision));
       if (!family.ok()) return family.status();
       d.student = family->student;
-      auto learner = distill::MakeLearner(plan->learner, model::Mllm(nullptr));
+      auto learner = distill::MakeLearner(plan->learner, model::Blip2Tower(nullptr));
       if (!learner.ok()) return learner.status();
       d.learner = std::move(*learner);
     }

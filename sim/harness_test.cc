@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,8 +43,9 @@ class HarnessTest : public ::testing::Test {
         model::FamilyConfig family,
         model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
     model::VisionEncoder encoder(family.vision);
-    model::Mllm teacher(family.teacher), student(family.student);
-    ASSERT_OK(model::SaveFamily(dir_.path() + "/model", family, encoder, teacher, student, ""));
+    model::Blip2Tower teacher(family.teacher), student(family.student);
+    ASSERT_OK(model::SaveFamily(dir_.path() + "/model", family, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
   }
 
   Experiment TinyExperiment(std::vector<std::string> methods) const {

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "cloud/trainer.h"
 #include "compress/hash64.h"
+#include "datasets/tokenizer.h"
 #include "device/agent.h"
 #include "distill/model/checkpoint.h"
 #include "gtest/gtest.h"
@@ -32,13 +33,14 @@ class AgentLoopTest : public ::testing::Test {
         model::FamilyConfig family,
         model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
     model::VisionEncoder encoder(family.vision);
-    model::Mllm teacher(family.teacher), student(family.student);
+    model::Blip2Tower teacher(family.teacher), student(family.student);
     {
       torch::NoGradGuard no_grad;
       for (auto& p : teacher->parameters()) p.mul_(2.0);
     }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, ""));
+    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
 
     testing::CloudFixtureOptions fo;
     fo.data_dir = dir_.path() + "/cloud";

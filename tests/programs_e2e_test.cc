@@ -26,6 +26,7 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "datasets/test_images.h"
+#include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -120,13 +121,14 @@ class ProgramsTest : public ::testing::Test {
         model::FamilyConfig family,
         model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
     model::VisionEncoder encoder(family.vision);
-    model::Mllm teacher(family.teacher), student(family.student);
+    model::Blip2Tower teacher(family.teacher), student(family.student);
     {
       torch::NoGradGuard no_grad;
       for (auto& p : teacher->parameters()) p.mul_(2.0);
     }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, ""));
+    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
 
     // Shifted scenes: synthetic glyphs on the scene generator, a different shift per image.
     images_ = dir_.path() + "/images";

@@ -6,11 +6,11 @@
 
 namespace cdcca::distill {
 
-absl::Status CottaLearner::Prepare(const SamplePool& pool, model::Mllm& student,
+absl::Status CottaLearner::Prepare(const SamplePool& pool, model::Blip2Tower& student,
                                    const JobOptions&) {
   const torch::Device d = pool.visual_tokens.device();
   if (ema_.is_empty()) {
-    absl::StatusOr<model::Mllm> copy = CopyMllm(student, d);
+    absl::StatusOr<model::Blip2Tower> copy = CopyMllm(student, d);
     if (!copy.ok()) return copy.status();
     ema_ = *copy;
     torch::NoGradGuard no_grad;
@@ -26,7 +26,7 @@ absl::Status CottaLearner::Prepare(const SamplePool& pool, model::Mllm& student,
 }
 
 Learner::Terms CottaLearner::Loss(const SamplePool& pool, const std::vector<int64_t>& batch,
-                                  model::Mllm& student, const JobOptions& options) {
+                                  model::Blip2Tower& student, const JobOptions& options) {
   const torch::Device d = pool.visual_tokens.device();
   torch::Tensor vis = SelectRows(pool.visual_tokens, batch);
   torch::Tensor mask = SelectRows(pool.visual_mask, batch);
@@ -68,7 +68,7 @@ Learner::Terms CottaLearner::Loss(const SamplePool& pool, const std::vector<int6
   return {{"total", loss}, {"soft_ce", loss.detach()}, {"confidence", confidence.mean()}};
 }
 
-void CottaLearner::AfterStep(model::Mllm& student, const JobOptions&) {
+void CottaLearner::AfterStep(model::Blip2Tower& student, const JobOptions&) {
   torch::NoGradGuard no_grad;
   model::NamedTensors student_set = model::TrainableParameters(*student);
   model::NamedTensors teacher_set = model::TrainableParameters(*ema_);

@@ -39,18 +39,18 @@ class CottaLearner : public Learner {
   bool uses_teacher() const override { return false; }
 
   // The EMA teacher (null before the first job).
-  model::Mllm ema_teacher() const { return ema_; }
+  model::Blip2Tower ema_teacher() const { return ema_; }
 
  protected:
-  absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+  absl::Status Prepare(const SamplePool& pool, model::Blip2Tower& student,
                        const JobOptions& options) override;
-  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Mllm& student,
+  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Blip2Tower& student,
              const JobOptions& options) override;
-  void AfterStep(model::Mllm& student, const JobOptions& options) override;
+  void AfterStep(model::Blip2Tower& student, const JobOptions& options) override;
 
  private:
   CottaConfig config_;
-  model::Mllm ema_{nullptr};
+  model::Blip2Tower ema_{nullptr};
   model::NamedTensors source_;  // the trainable set before any adaptation
 };
 

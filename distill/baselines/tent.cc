@@ -13,7 +13,7 @@ bool IsNormParameterName(const std::string& name) {
   return parts.size() >= 2 && absl::EndsWith(parts[parts.size() - 2], "norm");
 }
 
-model::NamedTensors TentLearner::TrainedParameters(model::Mllm& student) {
+model::NamedTensors TentLearner::TrainedParameters(model::Blip2Tower& student) {
   model::NamedTensors out;
   for (auto& [name, p] : model::TrainableParameters(*student)) {
     if (IsNormParameterName(name)) out.emplace_back(name, p);
@@ -21,12 +21,12 @@ model::NamedTensors TentLearner::TrainedParameters(model::Mllm& student) {
   return out;
 }
 
-absl::Status TentLearner::Prepare(const SamplePool&, model::Mllm&, const JobOptions&) {
+absl::Status TentLearner::Prepare(const SamplePool&, model::Blip2Tower&, const JobOptions&) {
   return absl::OkStatus();
 }
 
 Learner::Terms TentLearner::Loss(const SamplePool& pool, const std::vector<int64_t>& batch,
-                                 model::Mllm& student, const JobOptions& options) {
+                                 model::Blip2Tower& student, const JobOptions& options) {
   const torch::Device d = pool.visual_tokens.device();
   torch::Tensor vis = SelectRows(pool.visual_tokens, batch);
   torch::Tensor mask = SelectRows(pool.visual_mask, batch);

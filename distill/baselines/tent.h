@@ -22,10 +22,10 @@ class TentLearner : public Learner {
   bool uses_teacher() const override { return false; }
 
  protected:
-  model::NamedTensors TrainedParameters(model::Mllm& student) override;
-  absl::Status Prepare(const SamplePool& pool, model::Mllm& student,
+  model::NamedTensors TrainedParameters(model::Blip2Tower& student) override;
+  absl::Status Prepare(const SamplePool& pool, model::Blip2Tower& student,
                        const JobOptions& options) override;
-  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Mllm& student,
+  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Blip2Tower& student,
              const JobOptions& options) override;
 };
 

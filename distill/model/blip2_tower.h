@@ -50,10 +50,9 @@
 
 namespace cdcca::model {
 
-// The ViT of a family: image_size input, d_vis wide, patches of image_size / GridSide()
-// pixels (so its patch tokens cover the family's token grid, plus a class token first),
-// 2 layers, 4 heads (1 if 4 does not divide d_vis), MLP 2 x d_vis, gelu, eps 1e-6, no qkv
-// bias (a trainable fused bias would not be transformers' q_bias / v_bias split).
+// The ViT of a family as VisionConfig sizes it (image_size, patch_size, d_vis, layers, heads,
+// mlp_hidden), gelu, eps 1e-6, no qkv bias (a trainable fused bias would not be
+// transformers' q_bias / v_bias split).
 Blip2VisionConfig FamilyVitConfig(const VisionConfig& vision);
 
 // A tower's architecture: Blip2Config (ViT, Q-Former with cross-attention in every layer,
@@ -74,7 +73,8 @@ nlohmann::json FamilyHfConfigJson(const VisionConfig& vision, const TowerConfig&
 // preprocessor_config.json (rescale 1/255, mean 0.5, std 0.25) makes of 8-bit pixels.
 torch::Tensor FamilyPixelValues(const torch::Tensor& images01);
 
-// The shared vision encoder, freshly initialised (seed torch first). eval() it once frozen.
+// The shared vision encoder, freshly initialised (seed torch first; transformers' init, but
+// the position embedding starts as a 2-D sinusoid over the patch grid). eval() it once frozen.
 // Its output (last hidden state, [B, 1 + grid^2, d_vis]) is a tower's visual tokens.
 Blip2VisionModel MakeFamilyVit(const VisionConfig& vision);
 
@@ -86,6 +86,8 @@ class Blip2TowerImpl : public torch::nn::Module {
   // placeholder requires grad (pretraining trains the whole tower). Throws c10::Error on a
   // config ValidateTower rejects or a d_vis other than the vision's.
   Blip2TowerImpl(const VisionConfig& vision, const TowerConfig& tower);
+  // The same with tower.vision (as ParseFamilyConfig fills it).
+  explicit Blip2TowerImpl(const TowerConfig& tower) : Blip2TowerImpl(tower.vision, tower) {}
 
   // Teacher-forced pass. Dropout (config.dropout) is active only in train() mode.
   MllmOutput Forward(const MllmInput& input);
@@ -135,6 +137,10 @@ class Blip2TowerImpl : public torch::nn::Module {
   FamilyTowerArchitecture arch_;
 };
 TORCH_MODULE(Blip2Tower);
+
+// Mean over generated tokens of the entropy (nats) of each step's softmax, counting tokens
+// up to and including EOS (lengths + 1, capped at n). [B] float.
+torch::Tensor MeanTokenEntropy(const GenerateResult& result);
 
 // A copy of `tower` whose frozen linear weights are stored at `precision` (the effective
 // weights quantized, or dequantized for fp32); every other tensor (LoRA, adapter prompts,

@@ -21,8 +21,11 @@ namespace {
 VisionConfig TinyVision() {
   VisionConfig v;
   v.image_size = 16;
-  v.channels = {8, 8};  // a 4 x 4 token grid: patches of 4 pixels
+  v.patch_size = 4;  // a 4 x 4 token grid
   v.d_vis = 16;
+  v.layers = 2;
+  v.heads = 4;
+  v.mlp_hidden = 32;
   return v;
 }
 
@@ -44,6 +47,7 @@ TowerConfig TinyTower(int qa_layers = 2, int lora_rank = 2) {
   t.vocab_size = 40;
   t.d_vis = 16;
   t.num_visual_tokens = 17;  // (16 / 4)^2 patches + the class token
+  t.vision = TinyVision();
   return t;
 }
 

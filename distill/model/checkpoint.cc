@@ -1,8 +1,12 @@
 #include "distill/model/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <tuple>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "distill/model/layers.h"
+#include "distill/model/hf_linear.h"
 #include "distill/model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -23,13 +27,13 @@ std::string ShapeString(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes().vec(), ", "), "]");
 }
 
-// Every AdaptedLinear in `module`, by its name prefix.
-std::vector<std::pair<std::string, std::shared_ptr<AdaptedLinearImpl>>> AdaptedLinears(
-    const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, std::shared_ptr<AdaptedLinearImpl>>> out;
+// Every HfLinear in `module`, by its name prefix.
+std::vector<std::pair<std::string, HfLinearImpl*>> Linears(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, HfLinearImpl*>> out;
   for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-    auto lin = std::dynamic_pointer_cast<AdaptedLinearImpl>(item.value());
-    if (lin) out.emplace_back(item.key(), std::move(lin));
+    if (auto* lin = dynamic_cast<HfLinearImpl*>(item.value().get())) {
+      out.emplace_back(item.key(), lin);
+    }
   }
   return out;
 }
@@ -107,6 +111,9 @@ absl::Status WriteTextAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// Seed of the adaptation parameters (LoRA, adapter prompts) a family starts from.
+constexpr uint64_t kAdaptationSeed = 0x63646363;  // "cdcc"
+
 template <typename F>
 auto CatchTorch(const std::string& what, F&& f) -> decltype(f()) {
   try {
@@ -129,55 +136,35 @@ absl::Status LoadModuleState(torch::nn::Module& module, const NamedTensors& stat
   return CatchTorch("LoadModuleState", [&] { return LoadStateExcept(module, state, {}); });
 }
 
-NamedTensors DequantizedState(const Mllm& model) {
-  std::unordered_map<std::string, torch::Tensor> base;  // "<prefix>.qweight" -> fp32 weight
-  for (const auto& [prefix, lin] : AdaptedLinears(*model)) {
-    if (lin->options().precision != Precision::kFp32) {
-      base.emplace(prefix + ".qweight", lin->BaseWeight().detach());
-    }
+NamedTensors DequantizedState(const Blip2Tower& model) {
+  torch::NoGradGuard no_grad;
+  std::unordered_map<std::string, torch::Tensor> base;  // "<prefix>.weight" -> fp32 weight
+  for (const auto& [prefix, lin] : Linears(*model)) {
+    if (lin->quantized()) base.emplace(prefix + ".weight", lin->EffectiveWeight().to(torch::kFloat));
   }
   NamedTensors out;
   for (auto& [name, t] : ModuleState(*model)) {
     auto it = base.find(name);
-    if (it != base.end()) {
-      out.emplace_back(name.substr(0, name.size() - 8) + ".weight", it->second);
-    } else if (name.size() > 7 && name.compare(name.size() - 7, 7, ".qscale") == 0) {
-      continue;
-    } else {
-      out.emplace_back(name, t);
-    }
+    out.emplace_back(name, it != base.end() ? it->second : t);
   }
   return out;
 }
 
-absl::StatusOr<Mllm> ConvertPrecision(const Mllm& model, Precision precision) {
-  return CatchTorch("ConvertPrecision", [&]() -> absl::StatusOr<Mllm> {
+absl::StatusOr<Blip2Tower> ConvertPrecision(const Blip2Tower& model, Precision precision) {
+  return CatchTorch("ConvertPrecision", [&]() -> absl::StatusOr<Blip2Tower> {
     torch::NoGradGuard no_grad;
-    TowerConfig c = model->config();
-    c.precision = precision;
-    Mllm dst(c);
-    NamedTensors state = DequantizedState(model);
-    std::unordered_map<std::string, torch::Tensor> by_name(state.begin(), state.end());
-    std::set<std::string> skip;
-    for (const auto& [prefix, lin] : AdaptedLinears(*dst)) {
-      auto it = by_name.find(prefix + ".weight");
-      if (it == by_name.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("missing tensor ", prefix, ".weight"));
-      }
-      lin->SetBaseWeight(it->second.to(torch::kCPU));
-      skip.insert(prefix + ".weight");
-      skip.insert(prefix + ".qweight");
-      skip.insert(prefix + ".qscale");
-    }
-    if (absl::Status s = LoadStateExcept(*dst, state, skip); !s.ok()) return s;
     const auto params = model->parameters();
-    if (!params.empty()) dst->to(params.front().device());
+    if (!params.empty() && !params.front().device().is_cpu()) {
+      return absl::FailedPreconditionError("ConvertPrecision: the tower must be on the CPU");
+    }
+    // Modules are const only in name here: conversion reads the source.
+    Blip2Tower dst = ConvertTowerPrecision(*model.ptr(), precision);
     dst->train(model->is_training());
     return dst;
   });
 }
 
-uint64_t BaseFingerprint(const Mllm& model) {
+uint64_t BaseFingerprint(const Blip2Tower& model) {
   NamedTensors state = DequantizedState(model);
   std::sort(state.begin(), state.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -198,28 +185,20 @@ std::string FingerprintHex(uint64_t fingerprint) {
   return buf;
 }
 
-int64_t LinearBaseBytes(const Mllm& model) {
-  int64_t n = 0;
-  for (const auto& [prefix, lin] : AdaptedLinears(*model)) n += lin->BaseBytes();
-  return n;
-}
+int64_t LinearBaseBytes(const Blip2Tower& model) { return TowerLinearWeightBytes(*model.ptr()); }
 
-void SetDequantCache(Mllm& model, bool on) {
-  for (const auto& [prefix, lin] : AdaptedLinears(*model)) lin->set_cache_dequantized(on);
-}
-
-absl::Status SaveMllm(const std::string& path, const Mllm& model, const std::string& role) {
-  return CatchTorch("SaveMllm", [&] {
+absl::Status SaveTower(const std::string& path, const Blip2Tower& model, const std::string& role) {
+  return CatchTorch("SaveTower", [&] {
     std::map<std::string, std::string> meta{
-        {"format", "cdcca-mllm-v1"},
+        {"format", "cdcca-tower-v1"},
         {"role", role},
         {"tower_config", TowerConfigToJson(model->config())},
         {"fingerprint", FingerprintHex(BaseFingerprint(model))}};
-    return WriteSafetensors(path, ModuleState(*model), meta);
+    return WriteSafetensors(path, DequantizedState(model), meta);
   });
 }
 
-absl::StatusOr<Mllm> LoadMllm(const std::string& path) {
+absl::StatusOr<Blip2Tower> LoadTower(const std::string& path) {
   absl::StatusOr<SafetensorsContents> file = ReadSafetensors(path);
   if (!file.ok()) return file.status();
   auto it = file->metadata.find("tower_config");
@@ -227,11 +206,19 @@ absl::StatusOr<Mllm> LoadMllm(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no tower_config in metadata"));
   }
   absl::StatusOr<TowerConfig> config = ParseTowerConfig(it->second);
-  if (!config.ok()) return config.status();
-  return CatchTorch("LoadMllm", [&]() -> absl::StatusOr<Mllm> {
-    Mllm model(*config);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": tower_config: ", config.status().message()));
+  }
+  return CatchTorch("LoadTower", [&]() -> absl::StatusOr<Blip2Tower> {
+    TowerConfig fp32 = *config;
+    fp32.precision = Precision::kFp32;
+    Blip2Tower model(fp32);
     if (absl::Status s = LoadStateExcept(*model, file->tensors, {}); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+    }
+    if (config->precision != Precision::kFp32) {
+      model = ConvertTowerPrecision(*model, config->precision);
     }
     auto fp = file->metadata.find("fingerprint");
     if (fp != file->metadata.end() && fp->second != FingerprintHex(BaseFingerprint(model))) {
@@ -243,10 +230,10 @@ absl::StatusOr<Mllm> LoadMllm(const std::string& path) {
   });
 }
 
-absl::StatusOr<Mllm> LoadMllm(const std::string& path, Precision precision) {
-  absl::StatusOr<Mllm> model = LoadMllm(path);
+absl::StatusOr<Blip2Tower> LoadTower(const std::string& path, Precision precision) {
+  absl::StatusOr<Blip2Tower> model = LoadTower(path);
   if (!model.ok() || (*model)->config().precision == precision) return model;
-  absl::StatusOr<Mllm> converted = ConvertPrecision(*model, precision);
+  absl::StatusOr<Blip2Tower> converted = ConvertPrecision(*model, precision);
   if (converted.ok()) (*converted)->eval();
   return converted;
 }
@@ -278,35 +265,95 @@ absl::StatusOr<VisionEncoder> LoadVisionEncoder(const std::string& path) {
   });
 }
 
-absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
-                        const VisionEncoder& encoder, const Mllm& teacher, const Mllm& student,
-                        const std::string& extra_json) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  if (absl::Status s = SaveVisionEncoder(dir + "/encoder.safetensors", encoder); !s.ok()) return s;
-  if (absl::Status s = SaveMllm(dir + "/teacher.safetensors", teacher, "teacher"); !s.ok())
-    return s;
-  if (absl::Status s = SaveMllm(dir + "/student.safetensors", student, "student"); !s.ok())
-    return s;
+namespace {
+
+// While alive, torch's default CPU generator is seeded with kAdaptationSeed; the caller's
+// random stream is restored afterwards. What LoadFamily builds (fresh LoRA and adapter
+// prompts, the encoder's placeholder init) is then the same on every machine.
+class FixedSeedScope {
+ public:
+  FixedSeedScope() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+    gen_.set_current_seed(kAdaptationSeed);
+  }
+  ~FixedSeedScope() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
+  FixedSeedScope(const FixedSeedScope&) = delete;
+  FixedSeedScope& operator=(const FixedSeedScope&) = delete;
+
+ private:
+  at::Generator gen_;
+  torch::Tensor saved_;
+};
+
+absl::StatusOr<LoadedFamilyTower> LoadFamilyTower(const std::string& dir, const VisionConfig& vision,
+                                                  const TowerConfig& tower) {
+  FixedSeedScope seeded;
+  return LoadBlip2FamilyFolder(dir, vision, tower);
+}
+
+json FamilyJson(const FamilyConfig& config, const VisionConfig& vision, const TowerConfig& teacher,
+                const TowerConfig& student) {
   json j;
   j["name"] = config.name;
   j["vocabulary"] = config.vocabulary;
   j["vocab_size"] = config.vocab_size;
-  j["vision"] = json::parse(VisionConfigToJson(encoder->config()));
-  j["teacher"] = json::parse(TowerConfigToJson(teacher->config()));
-  j["student"] = json::parse(TowerConfigToJson(student->config()));
+  j["vision"] = json::parse(VisionConfigToJson(vision));
+  j["teacher"] = json::parse(TowerConfigToJson(teacher));
+  j["student"] = json::parse(TowerConfigToJson(student));
   if (!config.pretrain_json.empty()) j["pretrain"] = json::parse(config.pretrain_json);
-  j["fingerprints"] = {{"teacher", FingerprintHex(BaseFingerprint(teacher))},
-                       {"student", FingerprintHex(BaseFingerprint(student))}};
+  return j;
+}
+
+}  // namespace
+
+absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
+                        const VisionEncoder& encoder, const Blip2Tower& teacher,
+                        const Blip2Tower& student, const std::string& extra_json,
+                        const std::vector<std::string>& vocabulary) {
+  json family = FamilyJson(config, encoder->config(), teacher->config(), student->config());
   if (!extra_json.empty()) {
     try {
-      j["training"] = json::parse(extra_json);
+      family["training"] = json::parse(extra_json);
     } catch (const json::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat("extra_json: ", e.what()));
     }
   }
-  return WriteTextAtomically(dir + "/config.json", j.dump(2) + "\n");
+  return CatchTorch("SaveFamily", [&]() -> absl::Status {
+    Blip2VisionModelImpl& vit = *encoder.ptr()->vision_model.ptr();
+    const std::string teacher_dir = dir + "/teacher";
+    if (absl::Status s = SaveBlip2FamilyFolder(teacher_dir, vit, *teacher.ptr(), encoder->config(), vocabulary);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = SaveBlip2FamilyFolder(dir, vit, *student.ptr(), encoder->config(), vocabulary);
+        !s.ok()) {
+      return s;
+    }
+    // The fingerprints of what LoadFamily will build (LoRA folded into the weights).
+    json fingerprints;
+    for (const auto& [role, folder, tower] :
+         {std::tuple<std::string, std::string, TowerConfig>{"teacher", teacher_dir, teacher->config()},
+          std::tuple<std::string, std::string, TowerConfig>{"student", dir, student->config()}}) {
+      absl::StatusOr<LoadedFamilyTower> loaded = LoadFamilyTower(folder, encoder->config(), tower);
+      if (!loaded.ok()) return loaded.status();
+      fingerprints[role] = FingerprintHex(BaseFingerprint(loaded->tower));
+    }
+    family["fingerprints"] = fingerprints;
+    json student_config = FamilyHfConfigJson(encoder->config(), student->config());
+    student_config["cdcca"]["role"] = "student";
+    student_config["cdcca"]["family"] = family;
+    json teacher_config = FamilyHfConfigJson(encoder->config(), teacher->config());
+    teacher_config["cdcca"]["role"] = "teacher";
+    if (absl::Status s = WriteTextAtomically(teacher_dir + "/config.json", teacher_config.dump(2) + "\n");
+        !s.ok()) {
+      return s;
+    }
+    return WriteTextAtomically(dir + "/config.json", student_config.dump(2) + "\n");
+  });
 }
 
 absl::StatusOr<FamilyCheckpoint> LoadFamily(const std::string& dir, Precision student_precision) {
@@ -314,34 +361,46 @@ absl::StatusOr<FamilyCheckpoint> LoadFamily(const std::string& dir, Precision st
   if (!text.ok()) return text.status();
   FamilyCheckpoint out;
   absl::StatusOr<FamilyConfig> config = ParseFamilyConfig(*text);
-  if (!config.ok()) return config.status();
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(dir, "/config.json: ", config.status().message()));
+  }
   out.config = *config;
-  json j = json::parse(*text);
-  absl::StatusOr<VisionEncoder> enc = LoadVisionEncoder(dir + "/encoder.safetensors");
-  if (!enc.ok()) return enc.status();
-  out.encoder = *enc;
-  absl::StatusOr<Mllm> teacher = LoadMllm(dir + "/teacher.safetensors");
+  const json fingerprints = json::parse(*text)["cdcca"]["family"].value("fingerprints", json::object());
+  absl::StatusOr<LoadedFamilyTower> teacher =
+      LoadFamilyTower(dir + "/teacher", config->vision, config->teacher);
   if (!teacher.ok()) return teacher.status();
-  absl::StatusOr<Mllm> student = LoadMllm(dir + "/student.safetensors");
+  absl::StatusOr<LoadedFamilyTower> student =
+      LoadFamilyTower(dir, config->vision, config->student);
   if (!student.ok()) return student.status();
-  for (const auto& [role, m] : {std::pair<std::string, Mllm>{"teacher", *teacher},
-                                std::pair<std::string, Mllm>{"student", *student}}) {
-    if (j.contains("fingerprints") && j["fingerprints"].contains(role) &&
-        j["fingerprints"][role].get<std::string>() != FingerprintHex(BaseFingerprint(m))) {
-      return absl::DataLossError(
-          absl::StrCat(dir, ": ", role, " does not match the fingerprint in config.json"));
+  return CatchTorch("LoadFamily", [&]() -> absl::StatusOr<FamilyCheckpoint> {
+    for (const auto& [role, m] :
+         {std::pair<std::string, Blip2Tower>{"teacher", teacher->tower},
+          std::pair<std::string, Blip2Tower>{"student", student->tower}}) {
+      if (fingerprints.contains(role) && fingerprints[role].is_string() &&
+          fingerprints[role].get<std::string>() != FingerprintHex(BaseFingerprint(m))) {
+        return absl::DataLossError(
+            absl::StrCat(dir, ": the ", role, " does not match its fingerprint in config.json"));
+      }
     }
-  }
-  out.teacher = *teacher;
-  out.student = *student;
-  if ((*student)->config().precision != student_precision) {
-    absl::StatusOr<Mllm> converted = ConvertPrecision(*student, student_precision);
-    if (!converted.ok()) return converted.status();
-    out.student = *converted;
+    {
+      FixedSeedScope seeded;
+      out.encoder = VisionEncoder(config->vision);
+    }
+    out.encoder->vision_model = student->vit;
+    out.encoder->replace_module("vision_model", student->vit);
+    SetAllTrainable(*out.encoder, false);
+    out.encoder->eval();
+    out.teacher = teacher->tower;
+    out.teacher->eval();
+    out.student = student->tower;
+    if (config->student.precision != student_precision) {
+      out.student = ConvertTowerPrecision(*out.student, student_precision);
+    }
     out.student->eval();
-  }
-  out.config.student.precision = student_precision;
-  return out;
+    out.config.student.precision = student_precision;
+    return out;
+  });
 }
 
 }  // namespace cdcca::model

@@ -1,6 +1,10 @@
-// Checkpoints of the MLLM family: one safetensors file per part (vision encoder, teacher,
-// student) whose __metadata__ holds the part's config, plus a config.json in the
-// checkpoint directory (architecture, sizes, vocabulary, precision, fingerprints).
+// Checkpoints of the MLLM family. A family is a folder that is also the student's Hugging
+// Face BLIP-2 model folder (SaveBlip2FamilyFolder: config.json, model.safetensors with the
+// shared ViT, tokenizer.json, preprocessor_config.json, ...), with the teacher's folder in
+// teacher/; the student's config.json holds the family (sizes, vocabulary, pretraining
+// record, fingerprints) in its "cdcca" object. Pretraining's stage files (a tower or the
+// encoder in one safetensors file whose __metadata__ holds its config) use SaveTower /
+// SaveVisionEncoder.
 //
 // The fingerprint of a tower is a 64-bit FNV-1a hash over the names, shapes and fp32 bytes
 // of its frozen base (every parameter and buffer outside the trainable set, with quantized
@@ -17,11 +21,12 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "distill/model/config.h"
-#include "distill/model/mllm.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/trainable.h"
 #include "distill/model/vision_encoder.h"
 
@@ -35,47 +40,49 @@ NamedTensors ModuleState(const torch::nn::Module& module);
 absl::Status LoadModuleState(torch::nn::Module& module, const NamedTensors& state);
 
 // The fp32 state an equivalent fp32 model would have: quantized layers contribute
-// "<layer>.weight" = their dequantized weight instead of "qweight"/"qscale". This is what
-// the cloud mirror loads, so it computes with exactly the device's weights.
-NamedTensors DequantizedState(const Mllm& model);
+// "<layer>.weight" = their dequantized weight instead of the placeholder they register. This
+// is what the cloud mirror computes with, so it computes with exactly the device's weights.
+NamedTensors DequantizedState(const Blip2Tower& model);
 
 // A copy of `model` whose frozen base is stored at `precision` (quantizing, or
 // dequantizing for fp32). The trainable set is copied unchanged. Converting an int8/int4
 // model to fp32 yields the cloud mirror; converting that mirror back to the same precision
 // reproduces the device's stored base exactly.
-absl::StatusOr<Mllm> ConvertPrecision(const Mllm& model, Precision precision);
+absl::StatusOr<Blip2Tower> ConvertPrecision(const Blip2Tower& model, Precision precision);
 
-uint64_t BaseFingerprint(const Mllm& model);
+uint64_t BaseFingerprint(const Blip2Tower& model);
 std::string FingerprintHex(uint64_t fingerprint);  // 16 lowercase hex digits
 
 // Storage of the frozen linear bases (bytes), as stored (quantized or fp32).
-int64_t LinearBaseBytes(const Mllm& model);
-// Turns the per-layer dequantized-weight cache on or off (see AdaptedLinear).
-void SetDequantCache(Mllm& model, bool on);
+int64_t LinearBaseBytes(const Blip2Tower& model);
 
-// One tower in one file; `role` ("teacher", "student", ...) goes into the metadata.
-absl::Status SaveMllm(const std::string& path, const Mllm& model, const std::string& role);
-// Loads a tower file. Its stored precision is kept unless `precision` says otherwise (then
-// the loaded model is converted with ConvertPrecision).
-absl::StatusOr<Mllm> LoadMllm(const std::string& path);
-absl::StatusOr<Mllm> LoadMllm(const std::string& path, Precision precision);
+// One tower in one file (its DequantizedState); `role` ("teacher", "student", ...) and the
+// tower config go into the metadata.
+absl::Status SaveTower(const std::string& path, const Blip2Tower& model, const std::string& role);
+// Loads a tower file at its stored precision, or at `precision` when given.
+absl::StatusOr<Blip2Tower> LoadTower(const std::string& path);
+absl::StatusOr<Blip2Tower> LoadTower(const std::string& path, Precision precision);
 
 absl::Status SaveVisionEncoder(const std::string& path, const VisionEncoder& encoder);
 absl::StatusOr<VisionEncoder> LoadVisionEncoder(const std::string& path);
 
-// A whole family in directory `dir`: encoder.safetensors, teacher.safetensors,
-// student.safetensors and config.json. `extra` (JSON object text, or "") is stored under
-// "training" in config.json (pretraining puts its record there).
+// A whole family in directory `dir` (see the top of this file). `vocabulary` lists the words
+// by id (datasets::Tokenizer's tokens; it becomes tokenizer.json). `extra_json` (JSON object
+// text, or "") is stored under "training" in the family (pretraining puts its record there).
+// fp32 towers whose adapter gates are zero (SaveBlip2FamilyFolder's conditions); their LoRA
+// is folded into the weights, and loading starts LoRA and adapter prompts afresh, the same
+// way on every machine (a fixed seed), so a device and its cloud mirror start equal.
 struct FamilyCheckpoint {
   FamilyConfig config;
   VisionEncoder encoder{nullptr};
-  Mllm teacher{nullptr};
-  Mllm student{nullptr};
+  Blip2Tower teacher{nullptr};
+  Blip2Tower student{nullptr};
 };
 absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
-                        const VisionEncoder& encoder, const Mllm& teacher, const Mllm& student,
-                        const std::string& extra_json);
-// Loads and checks each tower's fingerprint against config.json (DataLoss on mismatch). The
+                        const VisionEncoder& encoder, const Blip2Tower& teacher, const Blip2Tower& student,
+                        const std::string& extra_json,
+                        const std::vector<std::string>& vocabulary);
+// Loads and checks each tower's fingerprint against the family (DataLoss on mismatch). The
 // student is converted to `student_precision`. The encoder is put in eval() mode.
 absl::StatusOr<FamilyCheckpoint> LoadFamily(const std::string& dir, Precision student_precision);
 

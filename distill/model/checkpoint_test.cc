@@ -106,21 +106,21 @@ class CheckpointTest : public ::testing::Test {
   FamilyConfig family_;
 };
 
-TEST_F(CheckpointTest, MllmRoundTripsExactlyAtEveryPrecision) {
-  const std::string dir = TempDir("mllm");
-  Mllm fp32(family_.student);
+TEST_F(CheckpointTest, TowerRoundTripsExactlyAtEveryPrecision) {
+  const std::string dir = TempDir("tower");
+  Blip2Tower fp32(family_.student);
   {
     torch::NoGradGuard g;  // non-trivial trainable values, as after adaptation
     for (auto& [n, t] : TrainableParameters(*fp32)) t.normal_();
   }
   for (Precision p : {Precision::kFp32, Precision::kInt8, Precision::kInt4}) {
-    ASSERT_OK_AND_ASSIGN(Mllm m, ConvertPrecision(fp32, p));
+    ASSERT_OK_AND_ASSIGN(Blip2Tower m, ConvertPrecision(fp32, p));
     const std::string path = dir + "/m.safetensors";
-    ASSERT_OK(SaveMllm(path, m, "student"));
-    ASSERT_OK_AND_ASSIGN(Mllm back, LoadMllm(path));
+    ASSERT_OK(SaveTower(path, m, "student"));
+    ASSERT_OK_AND_ASSIGN(Blip2Tower back, LoadTower(path));
     EXPECT_EQ(back->config().precision, p);
-    NamedTensors a = ModuleState(*m);
-    NamedTensors b = ModuleState(*back);
+    NamedTensors a = DequantizedState(m);
+    NamedTensors b = DequantizedState(back);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].first, b[i].first);
@@ -128,15 +128,15 @@ TEST_F(CheckpointTest, MllmRoundTripsExactlyAtEveryPrecision) {
     }
     EXPECT_EQ(BaseFingerprint(back), BaseFingerprint(m));
     // Loading at another precision converts.
-    ASSERT_OK_AND_ASSIGN(Mllm as_int8, LoadMllm(path, Precision::kInt8));
+    ASSERT_OK_AND_ASSIGN(Blip2Tower as_int8, LoadTower(path, Precision::kInt8));
     EXPECT_EQ(as_int8->config().precision, Precision::kInt8);
   }
 }
 
 TEST_F(CheckpointTest, MissingMisshapedOrExtraTensorIsNamed) {
-  Mllm m(family_.student);
+  Blip2Tower m(family_.student);
   NamedTensors state = ModuleState(*m);
-  Mllm target(family_.student);
+  Blip2Tower target(family_.student);
 
   NamedTensors missing(state.begin() + 1, state.end());
   EXPECT_THAT(LoadModuleState(*target, missing),
@@ -157,10 +157,10 @@ TEST_F(CheckpointTest, MissingMisshapedOrExtraTensorIsNamed) {
   const std::string dir = TempDir("strict");
   ASSERT_OK(WriteSafetensors(dir + "/m.safetensors", missing,
                              {{"tower_config", TowerConfigToJson(family_.student)}}));
-  EXPECT_THAT(LoadMllm(dir + "/m.safetensors"),
+  EXPECT_THAT(LoadTower(dir + "/m.safetensors"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(state.front().first)));
   // A failed load leaves the target untouched.
-  Mllm fresh(family_.student);
+  Blip2Tower fresh(family_.student);
   NamedTensors before = ModuleState(*fresh);
   NamedTensors half = state;
   half.back().second = torch::zeros({1, 1, 1});
@@ -174,14 +174,20 @@ TEST_F(CheckpointTest, MissingMisshapedOrExtraTensorIsNamed) {
 TEST_F(CheckpointTest, FamilyRoundTripAndFingerprintCheck) {
   const std::string dir = TempDir("family");
   VisionEncoder enc(family_.vision);
-  Mllm teacher(family_.teacher);
-  Mllm student(family_.student);
-  {
-    torch::NoGradGuard g;  // BatchNorm running stats are part of the state
-    enc->train();
-    enc->forward(torch::rand({4, 3, 64, 64}));
+  Blip2Tower teacher(family_.teacher);
+  Blip2Tower student(family_.student);
+  const std::vector<std::string> words = {"<pad>", "<bos>", "<eos>", "<unk>", "a", "shirt"};
+  ASSERT_OK(SaveFamily(dir, family_, enc, teacher, student, R"({"steps": 3})", words));
+  // The folder is the student's Hugging Face BLIP-2 folder; the teacher's is teacher/.
+  for (const char* file : {"/config.json", "/model.safetensors", "/tokenizer.json",
+                           "/preprocessor_config.json", "/teacher/config.json",
+                           "/teacher/model.safetensors"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + file)) << file;
   }
-  ASSERT_OK(SaveFamily(dir, family_, enc, teacher, student, R"({"steps": 3})"));
+  ASSERT_OK_AND_ASSIGN(FamilyConfig config, LoadFamilyConfig(dir + "/config.json"));
+  EXPECT_EQ(config.name, "tiny");
+  EXPECT_EQ(config.student.num_queries, family_.student.num_queries);
+
   ASSERT_OK_AND_ASSIGN(FamilyCheckpoint ck, LoadFamily(dir, Precision::kInt4));
   EXPECT_EQ(ck.config.name, "tiny");
   EXPECT_EQ(ck.student->config().precision, Precision::kInt4);
@@ -194,8 +200,22 @@ TEST_F(CheckpointTest, FamilyRoundTripAndFingerprintCheck) {
     EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
   }
   EXPECT_EQ(BaseFingerprint(ck.teacher), BaseFingerprint(teacher));
+  // Fresh LoRA and adapter prompts are the same on every load (a device and its cloud mirror
+  // start equal), and loading leaves the caller's random stream alone.
+  torch::manual_seed(5);
+  const torch::Tensor expected_draw = torch::rand({4});
+  torch::manual_seed(5);
+  ASSERT_OK_AND_ASSIGN(FamilyCheckpoint again, LoadFamily(dir, Precision::kFp32));
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected_draw));
+  const NamedTensors t1 = TrainableParameters(*ck.student), t2 = TrainableParameters(*again.student);
+  ASSERT_EQ(t1.size(), t2.size());
+  for (size_t i = 0; i < t1.size(); ++i) {
+    EXPECT_TRUE(torch::equal(t1[i].second, t2[i].second)) << t1[i].first;
+  }
   // A frozen weight changed behind config.json's back is detected.
-  ASSERT_OK(SaveMllm(dir + "/teacher.safetensors", Mllm(family_.teacher), "teacher"));
+  Blip2Tower other(family_.teacher);
+  ASSERT_OK(SaveBlip2FamilyFolder(dir + "/teacher", *enc->vision_model, *other, family_.vision,
+                                  words));
   EXPECT_THAT(LoadFamily(dir, Precision::kFp32),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("teacher")));
 }

@@ -105,8 +105,11 @@ absl::Status ReadVision(const json& j, VisionConfig* c) {
   if (!j.is_object()) return absl::InvalidArgumentError("vision must be an object");
   ObjectReader r(j, "vision");
   r.Get("image_size", &c->image_size);
-  r.Get("channels", &c->channels);
+  r.Get("patch_size", &c->patch_size);
   r.Get("d_vis", &c->d_vis);
+  r.Get("layers", &c->layers);
+  r.Get("heads", &c->heads);
+  r.Get("mlp_hidden", &c->mlp_hidden);
   return r.Finish();
 }
 
@@ -135,7 +138,11 @@ absl::Status ReadTower(const json& j, const std::string& where, TowerConfig* c) 
   r.Get("vocab_size", &c->vocab_size);
   r.Get("d_vis", &c->d_vis);
   r.Get("num_visual_tokens", &c->num_visual_tokens);
+  r.Skip("vision");
   if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (j.contains("vision")) {
+    if (absl::Status s = ReadVision(j["vision"], &c->vision); !s.ok()) return s;
+  }
   if (!precision.empty()) {
     absl::StatusOr<Precision> p = ParsePrecision(precision);
     if (!p.ok()) return p.status();
@@ -144,8 +151,14 @@ absl::Status ReadTower(const json& j, const std::string& where, TowerConfig* c) 
   return absl::OkStatus();
 }
 
+json VisionToJson(const VisionConfig& c) {
+  return json{{"image_size", c.image_size}, {"patch_size", c.patch_size}, {"d_vis", c.d_vis},
+              {"layers", c.layers},         {"heads", c.heads},           {"mlp_hidden", c.mlp_hidden}};
+}
+
 json TowerToJson(const TowerConfig& c) {
-  return json{{"num_queries", c.num_queries},
+  return json{{"vision", VisionToJson(c.vision)},
+              {"num_queries", c.num_queries},
               {"qa_dim", c.qa_dim},
               {"qa_heads", c.qa_heads},
               {"qa_layers", c.qa_layers},
@@ -198,25 +211,28 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
       absl::StrCat("precision must be fp32, int8 or int4, not '", name, "'"));
 }
 
-int VisionConfig::GridSide() const { return image_size >> static_cast<int>(channels.size()); }
-int VisionConfig::NumTokens() const { return GridSide() * GridSide(); }
+int VisionConfig::GridSide() const { return patch_size > 0 ? image_size / patch_size : 0; }
+int VisionConfig::NumPatches() const { return GridSide() * GridSide(); }
+int VisionConfig::NumTokens() const { return 1 + NumPatches(); }
 
 absl::Status ValidateVision(const VisionConfig& v) {
   auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
-  // Bounded so that GridSide() and NumTokens() cannot overflow or shift too far.
+  // Bounded so that GridSide() and NumTokens() cannot overflow.
   if (v.image_size <= 0 || v.image_size > kMaxImageSize) {
     return bad(absl::StrCat("vision.image_size must be in 1-", kMaxImageSize));
   }
-  if (v.channels.empty() || v.channels.size() > kMaxVisionStages) {
-    return bad(absl::StrCat("vision.channels must list 1-", kMaxVisionStages, " widths"));
+  if (v.patch_size <= 0 || v.patch_size > v.image_size || v.image_size % v.patch_size != 0) {
+    return bad("vision.patch_size must divide vision.image_size");
   }
-  for (int c : v.channels) {
-    if (c <= 0) return bad("vision.channels must be positive");
+  if (v.NumTokens() > kMaxVisionTokens) {
+    return bad(absl::StrCat("vision: more than ", kMaxVisionTokens,
+                            " tokens (image_size / patch_size too large)"));
   }
-  if (v.image_size % (1 << v.channels.size()) != 0) {
-    return bad("vision.image_size must be divisible by 2^len(channels)");
+  if (v.d_vis <= 0 || v.mlp_hidden <= 0) return bad("vision.d_vis and mlp_hidden must be positive");
+  if (v.heads <= 0 || v.d_vis % v.heads != 0) return bad("vision.heads must divide vision.d_vis");
+  if (v.layers <= 0 || v.layers > kMaxVisionLayers) {
+    return bad(absl::StrCat("vision.layers must be in 1-", kMaxVisionLayers));
   }
-  if (v.d_vis <= 0) return bad("vision.d_vis must be positive");
   return absl::OkStatus();
 }
 
@@ -232,6 +248,9 @@ absl::Status ValidateTower(const TowerConfig& c) {
   }
   if (c.vocab_size <= 0) return bad("vocab_size must be positive");
   if (c.d_vis <= 0 || c.num_visual_tokens <= 0) return bad("d_vis/num_visual_tokens unset");
+  if (c.d_vis != c.vision.d_vis || c.num_visual_tokens != c.vision.NumTokens()) {
+    return bad("d_vis/num_visual_tokens disagree with the tower's vision config");
+  }
   if (c.max_positions <= c.num_queries) return bad("max_positions must exceed num_queries");
   if (c.lora_rank < 0 || c.adapter_prompt_len < 0 || c.adapter_layers < 0 ||
       c.adapter_layers > c.lm_layers) {
@@ -245,8 +264,20 @@ absl::Status ValidateTower(const TowerConfig& c) {
 absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text) {
   absl::StatusOr<json> parsed = ParseJson(json_text);
   if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
-  if (!j.is_object()) return absl::InvalidArgumentError("family config must be an object");
+  if (!parsed->is_object()) return absl::InvalidArgumentError("family config must be an object");
+  // A family checkpoint's config.json is the student's Hugging Face config; the family sits
+  // in its "cdcca" object (one level: the family itself has no model_type).
+  const json* obj = &*parsed;
+  if (obj->contains("model_type")) {
+    const auto c = obj->find("cdcca");
+    if (c == obj->end() || !c->is_object() || !c->contains("family") ||
+        !c->at("family").is_object()) {
+      return absl::InvalidArgumentError(
+          "a Hugging Face config.json without a cdcca.family object is not a family checkpoint");
+    }
+    obj = &c->at("family");
+  }
+  const json& j = *obj;
   FamilyConfig f;
   ObjectReader r(j, "config");
   r.Get("name", &f.name);
@@ -274,6 +305,7 @@ absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text) {
     t->vocab_size = f.vocab_size;
     t->d_vis = f.vision.d_vis;
     t->num_visual_tokens = f.vision.NumTokens();
+    t->vision = f.vision;
     if (absl::Status s = ValidateTower(*t); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(t == &f.teacher ? "teacher: " : "student: ", s.message()));
@@ -300,12 +332,13 @@ absl::StatusOr<TowerConfig> ParseTowerConfig(absl::string_view json_text) {
   if (!parsed.ok()) return parsed.status();
   TowerConfig c;
   if (absl::Status s = ReadTower(*parsed, "tower", &c); !s.ok()) return s;
+  if (absl::Status s = ValidateVision(c.vision); !s.ok()) return s;
   if (absl::Status s = ValidateTower(c); !s.ok()) return s;
   return c;
 }
 
 std::string VisionConfigToJson(const VisionConfig& c) {
-  return json{{"image_size", c.image_size}, {"channels", c.channels}, {"d_vis", c.d_vis}}.dump();
+  return VisionToJson(c).dump();
 }
 
 absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text) {

@@ -25,16 +25,23 @@ enum class Precision {
 absl::string_view PrecisionName(Precision p);  // "fp32", "int8", "int4"
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 
+// The shared vision encoder: a BLIP-2 ViT (blip2_vision.h) over image_size x image_size RGB
+// in patches of patch_size pixels; its output tokens are the class token, then the patches
+// in row-major order.
 struct VisionConfig {
-  int image_size = 64;                    // square RGB input, pixels
-  std::vector<int> channels{32, 64, 96};  // one stride-2 3x3 conv each
-  int d_vis = 128;                        // width of a visual token
-  // Derived: grid side = image_size / 2^channels.size(); tokens = grid * grid.
+  int image_size = 64;  // square RGB input, pixels
+  int patch_size = 8;   // square patches, image_size divisible by it
+  int d_vis = 128;      // width of a visual token
+  int layers = 2;       // transformer layers
+  int heads = 4;        // attention heads (divide d_vis)
+  int mlp_hidden = 256; // MLP width
+  // Derived: grid side = image_size / patch_size; tokens = 1 (class) + grid * grid.
   int GridSide() const;
+  int NumPatches() const;
   int NumTokens() const;
 };
 
-// One MLLM above the shared vision encoder: query adapter + decoder LM.
+// One MLLM above the shared vision encoder: Q-Former ("query adapter", qa_*) + decoder LM.
 struct TowerConfig {
   // Query adapter (Q-Former-like).
   int num_queries = 16;  // L learnable queries = length of the LM's visual prefix
@@ -59,6 +66,7 @@ struct TowerConfig {
   Precision precision = Precision::kFp32;
   int int4_group = 128;
   // Copied from the family so a tower is self-describing.
+  VisionConfig vision;
   int vocab_size = 0;
   int d_vis = 0;
   int num_visual_tokens = 0;
@@ -92,10 +100,12 @@ absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text);
 absl::Status ValidateTower(const TowerConfig& c);
 
 // Bounds of a vision config, so that its derived sizes cannot overflow: image_size in
-// 1-kMaxImageSize, 1-kMaxVisionStages positive channel widths, image_size divisible by
-// 2^len(channels), d_vis positive. ParseFamilyConfig and ParseVisionConfig apply it.
+// 1-kMaxImageSize, patch_size in 1-image_size dividing it, at most kMaxVisionTokens tokens,
+// heads dividing d_vis, layers in 1-kMaxVisionLayers, widths positive. ParseFamilyConfig and
+// ParseVisionConfig apply it.
 inline constexpr int kMaxImageSize = 8192;
-inline constexpr int kMaxVisionStages = 12;
+inline constexpr int kMaxVisionTokens = 1 << 16;
+inline constexpr int kMaxVisionLayers = 64;
 absl::Status ValidateVision(const VisionConfig& v);
 
 }  // namespace cdcca::model

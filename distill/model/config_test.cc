@@ -58,27 +58,40 @@ TEST(ConfigTest, NumbersOutsideTheFieldsTypeAreInvalid) {
   }
 }
 
-// Regression: 2^len(channels) and image_size >> len(channels) shifted past int's width for
-// 32+ channels, and grid side squared overflowed for huge images.
+// Regression: the derived grid and token count must not overflow for huge images, and a
+// patch size that does not divide the image, or heads that do not divide the width, are
+// errors naming the field.
 TEST(ConfigTest, VisionSizesAreBounded) {
   json j = Tiny();
-  j["vision"]["channels"] = json::array();
-  for (int i = 0; i < 40; ++i) j["vision"]["channels"].push_back(8);
-  EXPECT_THAT(ParseFamilyConfig(j.dump()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.channels")));
-  j = Tiny();
   j["vision"]["image_size"] = 1 << 30;
-  j["vision"]["channels"] = {8};
   EXPECT_THAT(ParseFamilyConfig(j.dump()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.image_size")));
+  j = Tiny();
+  j["vision"]["image_size"] = 8192;
+  j["vision"]["patch_size"] = 1;  // 2^26 tokens
+  EXPECT_THAT(ParseFamilyConfig(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+  j = Tiny();
+  j["vision"]["patch_size"] = 7;
+  EXPECT_THAT(ParseFamilyConfig(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.patch_size")));
+  j = Tiny();
+  j["vision"]["heads"] = 3;
+  EXPECT_THAT(ParseFamilyConfig(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.heads")));
+  j = Tiny();
+  j["vision"]["channels"] = {8, 8};  // the old CNN's key is unknown now
+  EXPECT_THAT(ParseFamilyConfig(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.channels")));
   // The vision config stored in checkpoint metadata gets the same checks.
-  EXPECT_THAT(ParseVisionConfig(R"({"image_size": 64, "channels": [], "d_vis": 8})"),
+  EXPECT_THAT(ParseVisionConfig(R"({"image_size": 64, "patch_size": 0, "d_vis": 8})"),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(ParseVisionConfig(R"({"image_size": 64, "channels": [-8], "d_vis": 8})"),
+  EXPECT_THAT(ParseVisionConfig(R"({"image_size": 64, "patch_size": 8, "d_vis": -8})"),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  ASSERT_OK_AND_ASSIGN(VisionConfig v,
-                       ParseVisionConfig(R"({"image_size": 64, "channels": [8, 8], "d_vis": 8})"));
-  EXPECT_EQ(v.NumTokens(), 256);
+  ASSERT_OK_AND_ASSIGN(VisionConfig v, ParseVisionConfig(R"({"image_size": 64, "patch_size": 4,
+      "d_vis": 8, "layers": 1, "heads": 2, "mlp_hidden": 16})"));
+  EXPECT_EQ(v.GridSide(), 16);
+  EXPECT_EQ(v.NumTokens(), 257);  // the class token and 16 x 16 patches
 }
 
 }  // namespace

@@ -325,5 +325,43 @@ TEST(DecoderLmTest, QuantizedKernelsEqualTheDequantizedFloatModel) {
   }
 }
 
+// Module::to moves a quantized layer's packed weight with the parameters and keeps its
+// placeholder one element (an expanded tensor's to() would allocate the full weight);
+// on a machine with CUDA the moved model computes the CPU logits.
+TEST(DecoderLmTest, QuantizedModelFollowsToWithoutAFullWeight) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, HfPrecision{});
+  Randomize(*lm, 8);
+  testing::TempDir dir;
+  ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
+  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+  HfPrecision p;
+  p.weights = Precision::kInt4;
+  p.int4_group = 32;
+  DecoderLm q(c, p);
+  ASSERT_OK(q->Load(folder, "model.", "lm_head.", torch::kCPU));
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = torch::tensor({{3, 1, 4, 1, 5}}, torch::kLong);
+  torch::Tensor before = q->Forward(q->EmbedTokens(ids), {}, nullptr).logits;
+  q->to(torch::kCPU, torch::kFloat);
+  q->to(torch::kCPU);
+  int checked = 0;
+  for (const auto& m : q->modules()) {
+    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
+      EXPECT_EQ(linear->weight.storage().nbytes(), static_cast<size_t>(linear->weight.element_size()));
+      EXPECT_EQ(linear->weight.sizes(), torch::IntArrayRef({linear->options().out_features,
+                                                            linear->options().in_features}));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_TRUE(torch::equal(q->Forward(q->EmbedTokens(ids), {}, nullptr).logits, before));
+  if (!torch::cuda::is_available()) return;
+  q->to(torch::kCUDA);
+  torch::Tensor on_cuda =
+      q->Forward(q->EmbedTokens(ids.to(torch::kCUDA)), {}, nullptr).logits.to(torch::kCPU);
+  EXPECT_LT(((on_cuda - before).abs().max() / before.abs().max()).item<float>(), 1e-4);
+}
+
 }  // namespace
 }  // namespace cdcca::model

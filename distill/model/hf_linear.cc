@@ -8,8 +8,8 @@
 
 namespace cdcca::model {
 
-torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype) {
-  return torch::zeros({1}, torch::dtype(dtype)).expand(shape);
+torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype, torch::Device device) {
+  return torch::zeros({1}, torch::dtype(dtype).device(device)).expand(shape);
 }
 
 HfLinearImpl::HfLinearImpl(const HfLinearOptions& options) : options_(options) {
@@ -41,8 +41,36 @@ absl::Status HfLinearImpl::Adopt(const std::string& local_name, torch::Tensor te
   q_.values = q.values.to(device);
   q_.scales = q.scales.to(device);
   // The float weight is dropped: the placeholder stays registered for its shape only.
-  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(device));
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, device));
   return absl::OkStatus();
+}
+
+template <typename Move>
+void HfLinearImpl::MoveHeld(Move move) {
+  if (!quantized() || !q_.values.defined()) {
+    move();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> shape = weight.sizes().vec();
+  // to() of an expanded tensor would allocate the full [out, in] weight on the target.
+  weight.set_data(torch::zeros({1}, weight.options()));
+  move();
+  weight.set_data(weight.expand(shape));
+  q_.values = q_.values.to(weight.device());
+  q_.scales = q_.scales.to(weight.device());
+}
+
+void HfLinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(device, dtype, non_blocking); });
+}
+
+void HfLinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(dtype, non_blocking); });
+}
+
+void HfLinearImpl::to(torch::Device device, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(device, non_blocking); });
 }
 
 torch::Tensor HfLinearImpl::EffectiveWeight() const {

@@ -32,7 +32,8 @@ struct HfPrecision {
 
 // A zero-stride tensor of `shape` (one element of storage), standing for a parameter until
 // the checkpoint fills it.
-torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype);
+torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype,
+                          torch::Device device = torch::kCPU);
 
 struct HfLinearOptions {
   int64_t in_features = 0;
@@ -70,6 +71,13 @@ class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
   int64_t WeightBytes() const;
 
   const HfLinearOptions& options() const { return options_; }
+
+  // Module::to moves registered tensors only: these also move the packed weight of a
+  // quantized layer, whose "weight" placeholder stays one element wherever it goes.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   torch::Tensor weight;
   torch::Tensor bias;    // undefined without bias
   torch::Tensor lora_a;  // undefined until AddLora
@@ -79,6 +87,11 @@ class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
   HfLinearOptions options_;
   double lora_scale_ = 0.0;
   QuantizedWeight q_;  // set once a quantized layer adopted its weight
+
+  // Runs `move` (a Module::to) with the placeholder shrunk to its one element, then moves
+  // the packed weight to where the parameters went.
+  template <typename Move>
+  void MoveHeld(Move move);
 };
 TORCH_MODULE(HfLinear);
 

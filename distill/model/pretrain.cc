@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "datasets/domain.h"
@@ -236,7 +237,7 @@ class CellHeadsImpl : public torch::nn::Module {
     cls_ = register_module("cls", torch::nn::Linear(256, ds::kNumClasses + 1));
     color_ = register_module("color", torch::nn::Linear(256, ds::kNumColors));
   }
-  // tokens [B, g*g, d] -> (class logits [B, 4, 11], colour logits [B, 4, 8])
+  // patch tokens [B, g*g, d] -> (class logits [B, 4, 11], colour logits [B, 4, 8])
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& tokens) {
     const int64_t b = tokens.size(0), d = tokens.size(2), h = grid_ / 2;
     torch::Tensor x =
@@ -395,7 +396,7 @@ std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& 
   return starts;
 }
 
-EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
+EvalResult ScoreAnswers(Blip2Tower& model, const torch::Tensor& tokens,
                         const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
                         int max_answer_tokens, torch::Device device) {
   torch::NoGradGuard no_grad;
@@ -432,7 +433,7 @@ EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
   return r;
 }
 
-CaptionEval ScoreCaptionsOf(Mllm& model, const torch::Tensor& tokens,
+CaptionEval ScoreCaptionsOf(Blip2Tower& model, const torch::Tensor& tokens,
                             const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
                             int max_tokens, torch::Device device) {
   torch::NoGradGuard no_grad;
@@ -524,7 +525,7 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
     std::vector<ds::Sample> batch =
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
     torch::Tensor images = ImagesToTensor(batch).to(device);
-    auto [cls, color] = heads->forward(enc->forward(images));
+    auto [cls, color] = heads->forward(enc->forward(images).narrow(1, 1, enc->config().NumPatches()));
     auto [cls_t, color_t] = CellTargets(batch);
     cls_t = cls_t.to(device);
     color_t = color_t.to(device);
@@ -561,10 +562,9 @@ absl::Status TrainProbe(const PretrainSchedule& sched, const ds::ImageSet& train
   if (!gen.ok()) return gen.status();
   const int64_t scenes = 2048;
   std::vector<ds::Sample> samples = Generate(*gen, 0, scenes, /*image_only=*/true);
-  torch::Tensor tokens = EncodeAll(enc, samples, device);  // [S, N, d]
-  const int64_t n = tokens.size(1), d = tokens.size(2);
-  int64_t grid = 1;
-  while (grid * grid < n) ++grid;
+  // [S, grid^2, d]: the patch tokens (the probe scores the class token from their map).
+  torch::Tensor tokens = EncodeAll(enc, samples, device).narrow(1, 1, enc->config().NumPatches());
+  const int64_t d = tokens.size(2), grid = enc->config().GridSide();
   torch::Tensor x = tokens.reshape({-1, d});
   torch::Tensor y = TokenProbeTargets(CellTargets(samples).first, grid).reshape(-1).to(device);
   torch::manual_seed(sched.seed + 5);
@@ -612,11 +612,20 @@ torch::Tensor RandomTokenMask(int64_t scenes, int64_t tokens, double p) {
 absl::Status TrainTower(const std::string& name, const StageSchedule& s,
                         const PretrainSchedule& sched, const PretrainOptions& opt,
                         const ds::SampleGenerator& gen, const ds::Tokenizer& tok,
-                        VisionEncoder& enc, Mllm& model, const torch::Tensor& token_cache,
+                        VisionEncoder& enc, Blip2Tower& model, const torch::Tensor& token_cache,
                         const std::vector<ds::Sample>* cache_samples, double token_mask_p,
                         torch::Device device, StepBudget* budget, json* record) {
+  // The whole tower but the gated adapter prompts: they belong to adaptation, and a family's
+  // Hugging Face folder (which has none) needs their gates still zero.
   SetAllTrainable(*model, true);
-  std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> params;
+  for (auto& p : model->named_parameters()) {
+    if (absl::EndsWith(p.key(), ".adapter_prompt") || absl::EndsWith(p.key(), ".adapter_gate")) {
+      p.value().set_requires_grad(false);
+    } else {
+      params.push_back(p.value());
+    }
+  }
   QueryHeads heads{nullptr};
   if (s.query_aux > 0) {
     heads = QueryHeads(model->config().num_queries, model->config().qa_dim);
@@ -831,7 +840,12 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     torch::manual_seed(sched.seed);
     VisionEncoder enc(family->vision);
     enc->to(device);
-    const std::string enc_path = opt.out_dir + "/encoder.safetensors";
+    // Each finished stage is kept in stages/ (resuming, student_variants.sh); the family
+    // folder itself does not need them.
+    const std::string stage_dir = opt.out_dir + "/stages";
+    std::filesystem::create_directories(stage_dir, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", stage_dir));
+    const std::string enc_path = stage_dir + "/encoder.safetensors";
     if (record.contains("vision") && std::filesystem::exists(enc_path)) {
       absl::StatusOr<VisionEncoder> loaded = LoadVisionEncoder(enc_path);
       if (!loaded.ok()) return loaded.status();
@@ -867,7 +881,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
 
     SetThreads(TowerThreads(opt.threads, device));
     // After each tower stage: its source-test VQA accuracy and/or captioning scores.
-    auto score_tower = [&](const std::string& name, Mllm& m) {
+    auto score_tower = [&](const std::string& name, Blip2Tower& m) {
       json& rec = record[name];
       if (sched.questions) {
         EvalResult r =
@@ -896,11 +910,11 @@ absl::Status Pretrain(const PretrainOptions& opt) {
         MakeGenerator(&*train, teacher_domain, sched.seed * 31 + 2);
     if (!tgen.ok()) return tgen.status();
     torch::manual_seed(sched.seed + 2);
-    Mllm teacher(family->teacher);
+    Blip2Tower teacher(family->teacher);
     teacher->to(device);
-    const std::string teacher_path = opt.out_dir + "/teacher.safetensors";
+    const std::string teacher_path = stage_dir + "/teacher.safetensors";
     if (record.contains("teacher") && std::filesystem::exists(teacher_path)) {
-      absl::StatusOr<Mllm> loaded = LoadMllm(teacher_path);
+      absl::StatusOr<Blip2Tower> loaded = LoadTower(teacher_path);
       if (!loaded.ok()) return loaded.status();
       teacher = *loaded;
       teacher->to(device);
@@ -913,17 +927,17 @@ absl::Status Pretrain(const PretrainOptions& opt) {
         return s;
       }
       score_tower("teacher", teacher);
-      if (absl::Status s = SaveMllm(teacher_path, teacher, "teacher"); !s.ok()) return s;
+      if (absl::Status s = SaveTower(teacher_path, teacher, "teacher"); !s.ok()) return s;
       save_record();
     }
 
     // Stage 3: the student on the narrow source domain, from cached encoder tokens.
     torch::manual_seed(sched.seed + 3);
-    Mllm student(family->student);
+    Blip2Tower student(family->student);
     student->to(device);
-    const std::string student_path = opt.out_dir + "/student.safetensors";
+    const std::string student_path = stage_dir + "/student.safetensors";
     if (record.contains("student") && std::filesystem::exists(student_path)) {
-      absl::StatusOr<Mllm> loaded = LoadMllm(student_path);
+      absl::StatusOr<Blip2Tower> loaded = LoadTower(student_path);
       if (!loaded.ok()) return loaded.status();
       student = *loaded;
       student->to(device);
@@ -948,7 +962,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
       }
       record["student"]["cache_seconds"] = cache_seconds;
       score_tower("student", student);
-      if (absl::Status s = SaveMllm(student_path, student, "student"); !s.ok()) return s;
+      if (absl::Status s = SaveTower(student_path, student, "student"); !s.ok()) return s;
       save_record();
     }
 
@@ -960,10 +974,32 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     enc->to(torch::kCPU);
     teacher->to(torch::kCPU);
     student->to(torch::kCPU);
-    if (absl::Status s = tok.Save(opt.out_dir + "/tokenizer.json"); !s.ok()) return s;
-    if (absl::Status s = SaveFamily(opt.out_dir, *family, enc, teacher, student, record.dump());
+    if (absl::Status s =
+            SaveFamily(opt.out_dir, *family, enc, teacher, student, record.dump(), tok.tokens());
         !s.ok()) {
       return s;
+    }
+    // What the student answers on two source-test scenes, for transformers to compare
+    // (python3 scripts/hf_fixtures.py --check_family DIR).
+    {
+      const size_t k = std::min<size_t>(2, eval_samples.size());
+      std::vector<ds::Sample> some(eval_samples.begin(), eval_samples.begin() + k);
+      std::vector<std::vector<int64_t>> prompts;
+      std::vector<std::string> texts;
+      for (const ds::Sample& smp : some) {
+        const std::string q =
+            smp.questions.empty() ? std::string(ds::CaptionPrompt()) : smp.questions.front().question;
+        const std::vector<int> ids = tok.Encode(q, /*add_bos=*/true);
+        prompts.emplace_back(ids.begin(), ids.end());
+        texts.push_back("<bos> " + q);
+      }
+      torch::NoGradGuard no_grad;
+      if (absl::Status s = WriteFamilyParityCases(opt.out_dir, *enc->vision_model, *student,
+                                                  FamilyPixelValues(ImagesToTensor(some)), prompts,
+                                                  texts, sched.max_answer_tokens + 1);
+          !s.ok()) {
+        return s;
+      }
     }
     std::fprintf(stderr, "cdcca pretrain: wrote %s in %.1fs\n", opt.out_dir.c_str(), Seconds(t0));
   } catch (const std::exception& e) {
@@ -980,7 +1016,7 @@ struct EvalModels {
   torch::Device device = torch::kCPU;
   ds::ImageSet test;  // the Fashion-MNIST test split the scenes are drawn from
   VisionEncoder encoder{nullptr};
-  std::vector<std::pair<std::string, Mllm>> models;
+  std::vector<std::pair<std::string, Blip2Tower>> models;
 };
 
 // Everything model-eval's tables share: device and threads, the test split, the models.
@@ -998,7 +1034,7 @@ absl::StatusOr<EvalModels> LoadEvalModels(const AccuracyOptions& opt) {
   out.models.emplace_back("teacher fp32", ck->teacher);
   out.models.emplace_back("student fp32", ck->student);
   for (Precision p : {Precision::kInt8, Precision::kInt4}) {
-    absl::StatusOr<Mllm> q = ConvertPrecision(ck->student, p);
+    absl::StatusOr<Blip2Tower> q = ConvertPrecision(ck->student, p);
     if (!q.ok()) return q.status();
     out.models.emplace_back(absl::StrCat("student ", PrecisionName(p)), *q);
   }
@@ -1074,7 +1110,7 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
     if (!loaded.ok()) return loaded.status();
     const torch::Device device = loaded->device;
     const ds::ImageSet* test = &loaded->test;
-    std::vector<std::pair<std::string, Mllm>>& models = loaded->models;
+    std::vector<std::pair<std::string, Blip2Tower>>& models = loaded->models;
     VisionEncoder& encoder = loaded->encoder;
     struct Row {
       std::string name;

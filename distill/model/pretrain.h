@@ -1,13 +1,14 @@
 // Pretraining of the MLLM family on the scene benchmark (datasets/), in three stages:
-//   1. vision: the shared encoder on the student's SOURCE domain, supervised per grid cell
+//   1. vision: the shared encoder (a BLIP-2 ViT, vision_encoder.h) on the student's SOURCE
+//      domain, its patch tokens supervised per grid cell
 //      on the scene ground truth (item class or empty, item colour); then frozen (eval()).
 //      Then the token probe (UTS stage 2's score, token_probe.h) on its frozen tokens.
-//   2. teacher: query adapter + LM on the teacher's broader domain (all classes and
+//   2. teacher: Q-Former + LM (a BLIP-2 tower, blip2_tower.h) on the teacher's broader domain (all classes and
 //      phrasings, teacher-seen corruptions, random visual-token dropping) above the frozen
 //      encoder.
-//   3. student: query adapter + LM on the narrow source domain, from a cache of the frozen
+//   3. student: Q-Former + LM on the narrow source domain, from a cache of the frozen
 //      encoder's tokens.
-// Each stage checkpoints into the output directory so an interrupted run resumes where it
+// Each stage checkpoints into the output directory (stages/, resume_*) so an interrupted run resumes where it
 // stopped; data are index-addressed and every step reseeds, so a resumed run follows the
 // same sample order. Runs on CUDA when available, else on all CPU cores.
 #ifndef CDCCA_DISTILL_MODEL_PRETRAIN_H_
@@ -66,8 +67,9 @@ struct PretrainOptions {
   int stop_after_steps = 0;
 };
 
-// Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily) with
-// a training record in config.json. Progress goes to stderr.
+// Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily: the
+// student's Hugging Face folder, teacher/ and probe.safetensors) with a training record in
+// its config.json. stages/ keeps the stage files (not part of the model). Progress goes to stderr.
 absl::Status Pretrain(const PretrainOptions& options);
 
 // How a training step pads its questions: lengths[i] = (prompt tokens, answer tokens) of

@@ -12,7 +12,7 @@
 
 #include "distill/model/checkpoint.h"
 #include "distill/model/config.h"
-#include "distill/model/mllm.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/vision_encoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -138,9 +138,9 @@ TEST(FamilyConfigsTest, EveryShippedFamilyBuildsWithATeacherLargerThanItsStudent
     const torch::Tensor tokens =
         enc->forward(torch::rand({1, 3, f->vision.image_size, f->vision.image_size}));
     EXPECT_EQ(tokens.sizes(), (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
-    Mllm teacher(f->teacher), student(f->student);
+    Blip2Tower teacher(f->teacher), student(f->student);
     EXPECT_GT(ParameterCount(*teacher), ParameterCount(*student));
-    for (Mllm* m : {&teacher, &student}) {
+    for (Blip2Tower* m : {&teacher, &student}) {
       (*m)->eval();
       const torch::Tensor text = torch::randint(1, f->vocab_size, {1, 5}, torch::kLong);
       MllmOutput out = (*m)->Forward({tokens, torch::Tensor(), text, torch::Tensor()});
@@ -241,7 +241,7 @@ TEST(PretrainTest, CaptionsNeedRoomForTheLongestCaption) {
   absl::Status s = Pretrain(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("max_positions is 32"));
-  EXPECT_FALSE(std::filesystem::exists(o.out_dir + "/encoder.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir + "/stages/encoder.safetensors"));
 }
 
 // A run stopped mid-stage (stop_after_steps) and continued writes the same weights as an

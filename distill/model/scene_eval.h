@@ -13,7 +13,7 @@
 
 #include "datasets/domain.h"
 #include "datasets/tokenizer.h"
-#include "distill/model/mllm.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/vision_encoder.h"
 
 namespace cdcca::model {
@@ -27,7 +27,7 @@ struct EvalResult {
 // DA accuracy of `model`'s greedy answers (at most max_answer_tokens) to every question of
 // `samples`, given their visual tokens [S, N, d_vis] on `device` (all tokens present).
 // Puts `model` in eval() mode.
-EvalResult ScoreAnswers(Mllm& model, const torch::Tensor& tokens,
+EvalResult ScoreAnswers(Blip2Tower& model, const torch::Tensor& tokens,
                         const std::vector<datasets::Sample>& samples,
                         const datasets::Tokenizer& tok, int max_answer_tokens,
                         torch::Device device);
@@ -42,7 +42,7 @@ struct CaptionEval {
 
 // Greedy captions (prompt datasets::CaptionPrompt(), at most max_tokens tokens) of every
 // sample, scored with the COCO caption metrics. Puts `model` in eval() mode.
-CaptionEval ScoreCaptionsOf(Mllm& model, const torch::Tensor& tokens,
+CaptionEval ScoreCaptionsOf(Blip2Tower& model, const torch::Tensor& tokens,
                             const std::vector<datasets::Sample>& samples,
                             const datasets::Tokenizer& tok, int max_tokens, torch::Device device);
 

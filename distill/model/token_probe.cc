@@ -27,18 +27,21 @@ torch::Tensor TokenProbeImpl::Uncertainty(const torch::Tensor& tokens, int passe
   torch::NoGradGuard no_grad;
   TORCH_CHECK(tokens.dim() == 3 && tokens.size(2) == d_vis_, "tokens must be [B, N, d_vis]");
   TORCH_CHECK(passes >= 1, "passes must be positive");
-  const int64_t b = tokens.size(0), n = tokens.size(1);
+  const int64_t b = tokens.size(0), n = tokens.size(1) - 1;  // patches after the class token
   int64_t grid = 1;
   while (grid * grid < n) ++grid;
-  TORCH_CHECK(grid * grid == n, "token count must be a square grid");
-  torch::Tensor rep = tokens.unsqueeze(0).expand({passes, b, n, d_vis_});
-  torch::Tensor p = torch::softmax(forward(rep, dropout_p), -1).mean(0);  // [B, N, C]
-  torch::Tensor h = -(p * torch::log(p.clamp_min(1e-12))).sum(-1);        // [B, N]
+  TORCH_CHECK(n >= 1 && grid * grid == n, "tokens must be a class token and a square grid");
+  torch::Tensor patches = tokens.narrow(1, 1, n);
+  torch::Tensor rep = patches.unsqueeze(0).expand({passes, b, n, d_vis_});
+  torch::Tensor p = torch::softmax(forward(rep, dropout_p), -1).mean(0);  // [B, n, C]
+  torch::Tensor h = -(p * torch::log(p.clamp_min(1e-12))).sum(-1);        // [B, n]
   // 3x3 mean over the grid, edges averaging only the positions they have.
   torch::Tensor map = h.view({b, 1, grid, grid});
   torch::Tensor sum = torch::avg_pool2d(map, 3, 1, 1, false, false);
   torch::Tensor cnt = torch::avg_pool2d(torch::ones_like(map), 3, 1, 1, false, false);
-  return (sum / cnt).view({b, n});
+  torch::Tensor grid_scores = (sum / cnt).view({b, n});
+  // The class token summarises the whole image: the mean of the map.
+  return torch::cat({grid_scores.mean(1, /*keepdim=*/true), grid_scores}, 1);
 }
 
 torch::Tensor TokenProbeTargets(const torch::Tensor& cell_labels, int64_t grid) {

@@ -33,8 +33,9 @@ class TokenProbeImpl : public torch::nn::Module {
   // hidden layer when p > 0 (training uses 0.1, the device its UTS dropout_p).
   torch::Tensor forward(const torch::Tensor& tokens, double dropout_p = 0.0);
 
-  // Stage-2 score: tokens [B, N, d_vis] with N = grid * grid -> [B, N]. M passes with
-  // dropout_p as one batched forward, entropy (nats) of the mean softmax, 3x3 grid mean.
+  // Stage-2 score: tokens [B, N, d_vis] with N = 1 + grid * grid (the class token, then the
+  // patches) -> [B, N]. M passes with dropout_p as one batched forward over the patches,
+  // entropy (nats) of the mean softmax, 3x3 grid mean; the class token gets the map's mean.
   // No gradients.
   torch::Tensor Uncertainty(const torch::Tensor& tokens, int passes, double dropout_p);
 

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "distill/model/mllm.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/token_probe.h"
 
 namespace cdcca::model {

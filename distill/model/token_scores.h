@@ -1,5 +1,5 @@
 // UTS stage-2 scores per visual token (paper Eq. 3), computed from the student's M
-// stochastic passes (MllmImpl::StochasticPasses). One definition shared by the device
+// stochastic passes (Blip2TowerImpl::StochasticPasses). One definition shared by the device
 // runtime (device/inference_runtime.cc) and the offline adaptation experiment
 // (distill/adapt_eval.h), so the experiment selects tokens exactly as a device does.
 //

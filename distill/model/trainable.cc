@@ -9,7 +9,7 @@ namespace cdcca::model {
 bool IsTrainableName(const std::string& name) {
   std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
   const absl::string_view leaf = parts.back();
-  if (leaf == "bias" || leaf == "queries" || leaf == "query_tokens" || leaf == "lora_a" ||
+  if (leaf == "bias" || leaf == "query_tokens" || leaf == "lora_a" ||
       leaf == "lora_b" || leaf == "adapter_prompt" || leaf == "adapter_gate") {
     return true;
   }

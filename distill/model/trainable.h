@@ -1,7 +1,7 @@
 // The trainable set for adaptation: the one place that says which parameters of an MLLM
 // change after pretraining. Members (by name): norm weights and biases (LayerNorm/RMSNorm
 // modules, i.e. a module whose name contains "norm" in any case), every "bias", the query
-// tokens ("qa.queries", or "query_tokens" in the BLIP-2 towers), LoRA
+// tokens ("query_tokens" of the BLIP-2 towers), LoRA
 // "lora_a"/"lora_b", and the gated adapter prompts "adapter_prompt"/"adapter_gate".
 // Everything else (the base linear weights, embeddings, the vision encoder) is frozen.
 //
