@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
 #include "cloud/internal/file_io.h"
@@ -176,8 +176,7 @@ struct PerDeviceStrategy::Impl {
                    static_cast<unsigned long long>(durable));
       MirrorFile clamped = *f;
       clamped.consumed = durable;
-      if (absl::Status s =
-              internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(clamped));
+      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(clamped));
           !s.ok()) {
         return s;
       }

@@ -140,8 +140,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view json) {
       if (!item.value().is_number_integer() || item.value().get<int64_t>() < 0 ||
           item.value().get<int64_t>() >= static_cast<int64_t>(n) ||
           by_id[item.value().get<size_t>()] != nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer JSON: model.vocab[\"", item.key(), "\"] is not a distinct id in 0-", n - 1));
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer JSON: model.vocab[\"", item.key(),
+                                                       "\"] is not a distinct id in 0-", n - 1));
       }
       by_id[item.value().get<size_t>()] = &item.key();
     }

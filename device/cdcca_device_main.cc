@@ -258,7 +258,8 @@ bool IsHubFolder(const std::string& dir) {
   if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
     return false;
   }
-  if (config.contains("cdcca") && config["cdcca"].is_object() && config["cdcca"].contains("family")) {
+  if (config.contains("cdcca") && config["cdcca"].is_object() &&
+      config["cdcca"].contains("family")) {
     return false;
   }
   const std::string type = config["model_type"].get<std::string>();

@@ -121,7 +121,7 @@ TEST(RunAdaptEvalTest, RunsEndToEndOnTinyModels) {
   const std::string dir = ::testing::TempDir() + "/adapt_eval_tiny";
   std::filesystem::remove_all(dir);
   ASSERT_OK(model::SaveFamily(dir, family, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+                              datasets::Tokenizer::SceneLanguage().tokens()));
 
   AdaptEvalOptions o;
   o.checkpoint_dir = dir;

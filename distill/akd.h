@@ -94,7 +94,8 @@ class DistillLearner : public Learner {
   bool UsesFeatures() const;
   torch::Tensor FeatureTerm(const torch::Tensor& teacher, const torch::Tensor& student,
                             const torch::Tensor& mask) const;
-  void FitProjections(const SamplePool& pool, model::Blip2Tower& student, const JobOptions& options);
+  void FitProjections(const SamplePool& pool, model::Blip2Tower& student,
+                      const JobOptions& options);
 
   model::Blip2Tower teacher_;
   DistillConfig config_;

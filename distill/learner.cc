@@ -234,7 +234,8 @@ absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>
   return result;
 }
 
-absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Blip2Tower teacher) {
+absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name,
+                                                     model::Blip2Tower teacher) {
   if (name == "tent") return std::unique_ptr<Learner>(new TentLearner());
   if (name == "cotta") return std::unique_ptr<Learner>(new CottaLearner(CottaConfig{}));
   absl::StatusOr<DistillConfig> config = PresetDistillConfig(name);

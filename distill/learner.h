@@ -133,7 +133,8 @@ class Learner {
 // Makes a learner by name with default settings ("tent", "cotta"), or with `teacher` for
 // the cloud learners ("akd", "pl", "pkd", "cwd"; see distill/akd.h for their configs).
 // INVALID_ARGUMENT for an unknown name or a cloud learner without a teacher.
-absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name, model::Blip2Tower teacher);
+absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name,
+                                                     model::Blip2Tower teacher);
 
 // A deep copy of `source` (parameters and buffers) on `device`.
 absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device);

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
-#include <tuple>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -140,7 +140,8 @@ NamedTensors DequantizedState(const Blip2Tower& model) {
   torch::NoGradGuard no_grad;
   std::unordered_map<std::string, torch::Tensor> base;  // "<prefix>.weight" -> fp32 weight
   for (const auto& [prefix, lin] : Linears(*model)) {
-    if (lin->quantized()) base.emplace(prefix + ".weight", lin->EffectiveWeight().to(torch::kFloat));
+    if (lin->quantized())
+      base.emplace(prefix + ".weight", lin->EffectiveWeight().to(torch::kFloat));
   }
   NamedTensors out;
   for (auto& [name, t] : ModuleState(*model)) {
@@ -289,7 +290,8 @@ class FixedSeedScope {
   torch::Tensor saved_;
 };
 
-absl::StatusOr<LoadedFamilyTower> LoadFamilyTower(const std::string& dir, const VisionConfig& vision,
+absl::StatusOr<LoadedFamilyTower> LoadFamilyTower(const std::string& dir,
+                                                  const VisionConfig& vision,
                                                   const TowerConfig& tower) {
   FixedSeedScope seeded;
   return LoadBlip2FamilyFolder(dir, vision, tower);
@@ -325,18 +327,21 @@ absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
   return CatchTorch("SaveFamily", [&]() -> absl::Status {
     Blip2VisionModelImpl& vit = *encoder.ptr()->vision_model.ptr();
     const std::string teacher_dir = dir + "/teacher";
-    if (absl::Status s = SaveBlip2FamilyFolder(teacher_dir, vit, *teacher.ptr(), encoder->config(), vocabulary);
+    if (absl::Status s =
+            SaveBlip2FamilyFolder(teacher_dir, vit, *teacher.ptr(), encoder->config(), vocabulary);
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = SaveBlip2FamilyFolder(dir, vit, *student.ptr(), encoder->config(), vocabulary);
+    if (absl::Status s =
+            SaveBlip2FamilyFolder(dir, vit, *student.ptr(), encoder->config(), vocabulary);
         !s.ok()) {
       return s;
     }
     // The fingerprints of what LoadFamily will build (LoRA folded into the weights).
     json fingerprints;
     for (const auto& [role, folder, tower] :
-         {std::tuple<std::string, std::string, TowerConfig>{"teacher", teacher_dir, teacher->config()},
+         {std::tuple<std::string, std::string, TowerConfig>{"teacher", teacher_dir,
+                                                            teacher->config()},
           std::tuple<std::string, std::string, TowerConfig>{"student", dir, student->config()}}) {
       absl::StatusOr<LoadedFamilyTower> loaded = LoadFamilyTower(folder, encoder->config(), tower);
       if (!loaded.ok()) return loaded.status();
@@ -348,7 +353,8 @@ absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
     student_config["cdcca"]["family"] = family;
     json teacher_config = FamilyHfConfigJson(encoder->config(), teacher->config());
     teacher_config["cdcca"]["role"] = "teacher";
-    if (absl::Status s = WriteTextAtomically(teacher_dir + "/config.json", teacher_config.dump(2) + "\n");
+    if (absl::Status s =
+            WriteTextAtomically(teacher_dir + "/config.json", teacher_config.dump(2) + "\n");
         !s.ok()) {
       return s;
     }
@@ -366,17 +372,16 @@ absl::StatusOr<FamilyCheckpoint> LoadFamily(const std::string& dir, Precision st
                         absl::StrCat(dir, "/config.json: ", config.status().message()));
   }
   out.config = *config;
-  const json fingerprints = json::parse(*text)["cdcca"]["family"].value("fingerprints", json::object());
+  const json fingerprints =
+      json::parse(*text)["cdcca"]["family"].value("fingerprints", json::object());
   absl::StatusOr<LoadedFamilyTower> teacher =
       LoadFamilyTower(dir + "/teacher", config->vision, config->teacher);
   if (!teacher.ok()) return teacher.status();
-  absl::StatusOr<LoadedFamilyTower> student =
-      LoadFamilyTower(dir, config->vision, config->student);
+  absl::StatusOr<LoadedFamilyTower> student = LoadFamilyTower(dir, config->vision, config->student);
   if (!student.ok()) return student.status();
   return CatchTorch("LoadFamily", [&]() -> absl::StatusOr<FamilyCheckpoint> {
-    for (const auto& [role, m] :
-         {std::pair<std::string, Blip2Tower>{"teacher", teacher->tower},
-          std::pair<std::string, Blip2Tower>{"student", student->tower}}) {
+    for (const auto& [role, m] : {std::pair<std::string, Blip2Tower>{"teacher", teacher->tower},
+                                  std::pair<std::string, Blip2Tower>{"student", student->tower}}) {
       if (fingerprints.contains(role) && fingerprints[role].is_string() &&
           fingerprints[role].get<std::string>() != FingerprintHex(BaseFingerprint(m))) {
         return absl::DataLossError(

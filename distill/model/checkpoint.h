@@ -25,8 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "distill/model/config.h"
 #include "distill/model/blip2_tower.h"
+#include "distill/model/config.h"
 #include "distill/model/trainable.h"
 #include "distill/model/vision_encoder.h"
 
@@ -79,8 +79,8 @@ struct FamilyCheckpoint {
   Blip2Tower student{nullptr};
 };
 absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
-                        const VisionEncoder& encoder, const Blip2Tower& teacher, const Blip2Tower& student,
-                        const std::string& extra_json,
+                        const VisionEncoder& encoder, const Blip2Tower& teacher,
+                        const Blip2Tower& student, const std::string& extra_json,
                         const std::vector<std::string>& vocabulary);
 // Loads and checks each tower's fingerprint against the family (DataLoss on mismatch). The
 // student is converted to `student_precision`. The encoder is put in eval() mode.

@@ -179,9 +179,9 @@ TEST_F(CheckpointTest, FamilyRoundTripAndFingerprintCheck) {
   const std::vector<std::string> words = {"<pad>", "<bos>", "<eos>", "<unk>", "a", "shirt"};
   ASSERT_OK(SaveFamily(dir, family_, enc, teacher, student, R"({"steps": 3})", words));
   // The folder is the student's Hugging Face BLIP-2 folder; the teacher's is teacher/.
-  for (const char* file : {"/config.json", "/model.safetensors", "/tokenizer.json",
-                           "/preprocessor_config.json", "/teacher/config.json",
-                           "/teacher/model.safetensors"}) {
+  for (const char* file :
+       {"/config.json", "/model.safetensors", "/tokenizer.json", "/preprocessor_config.json",
+        "/teacher/config.json", "/teacher/model.safetensors"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + file)) << file;
   }
   ASSERT_OK_AND_ASSIGN(FamilyConfig config, LoadFamilyConfig(dir + "/config.json"));
@@ -207,15 +207,16 @@ TEST_F(CheckpointTest, FamilyRoundTripAndFingerprintCheck) {
   torch::manual_seed(5);
   ASSERT_OK_AND_ASSIGN(FamilyCheckpoint again, LoadFamily(dir, Precision::kFp32));
   EXPECT_TRUE(torch::equal(torch::rand({4}), expected_draw));
-  const NamedTensors t1 = TrainableParameters(*ck.student), t2 = TrainableParameters(*again.student);
+  const NamedTensors t1 = TrainableParameters(*ck.student),
+                     t2 = TrainableParameters(*again.student);
   ASSERT_EQ(t1.size(), t2.size());
   for (size_t i = 0; i < t1.size(); ++i) {
     EXPECT_TRUE(torch::equal(t1[i].second, t2[i].second)) << t1[i].first;
   }
   // A frozen weight changed behind config.json's back is detected.
   Blip2Tower other(family_.teacher);
-  ASSERT_OK(SaveBlip2FamilyFolder(dir + "/teacher", *enc->vision_model, *other, family_.vision,
-                                  words));
+  ASSERT_OK(
+      SaveBlip2FamilyFolder(dir + "/teacher", *enc->vision_model, *other, family_.vision, words));
   EXPECT_THAT(LoadFamily(dir, Precision::kFp32),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("teacher")));
 }

@@ -152,8 +152,9 @@ absl::Status ReadTower(const json& j, const std::string& where, TowerConfig* c) 
 }
 
 json VisionToJson(const VisionConfig& c) {
-  return json{{"image_size", c.image_size}, {"patch_size", c.patch_size}, {"d_vis", c.d_vis},
-              {"layers", c.layers},         {"heads", c.heads},           {"mlp_hidden", c.mlp_hidden}};
+  return json{{"image_size", c.image_size}, {"patch_size", c.patch_size},
+              {"d_vis", c.d_vis},           {"layers", c.layers},
+              {"heads", c.heads},           {"mlp_hidden", c.mlp_hidden}};
 }
 
 json TowerToJson(const TowerConfig& c) {
@@ -337,9 +338,7 @@ absl::StatusOr<TowerConfig> ParseTowerConfig(absl::string_view json_text) {
   return c;
 }
 
-std::string VisionConfigToJson(const VisionConfig& c) {
-  return VisionToJson(c).dump();
-}
+std::string VisionConfigToJson(const VisionConfig& c) { return VisionToJson(c).dump(); }
 
 absl::StatusOr<VisionConfig> ParseVisionConfig(absl::string_view json_text) {
   absl::StatusOr<json> parsed = ParseJson(json_text);

@@ -29,12 +29,12 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 // in patches of patch_size pixels; its output tokens are the class token, then the patches
 // in row-major order.
 struct VisionConfig {
-  int image_size = 64;  // square RGB input, pixels
-  int patch_size = 8;   // square patches, image_size divisible by it
-  int d_vis = 128;      // width of a visual token
-  int layers = 2;       // transformer layers
-  int heads = 4;        // attention heads (divide d_vis)
-  int mlp_hidden = 256; // MLP width
+  int image_size = 64;   // square RGB input, pixels
+  int patch_size = 8;    // square patches, image_size divisible by it
+  int d_vis = 128;       // width of a visual token
+  int layers = 2;        // transformer layers
+  int heads = 4;         // attention heads (divide d_vis)
+  int mlp_hidden = 256;  // MLP width
   // Derived: grid side = image_size / patch_size; tokens = 1 (class) + grid * grid.
   int GridSide() const;
   int NumPatches() const;

@@ -15,8 +15,8 @@ namespace cdcca::model {
 namespace {
 
 using ::cdcca::testing::StatusIs;
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 json Tiny() {
   std::ifstream in(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json");
@@ -45,8 +45,8 @@ TEST(ConfigTest, NumbersOutsideTheFieldsTypeAreInvalid) {
     const char* tower;
     const char* key;
     json value;
-  } cases[] = {{"student", "d_model", 1e300},        {"teacher", "lm_layers", -1e300},
-               {"student", "lora_alpha", 1e300},     {"student", "dropout", 1e39},
+  } cases[] = {{"student", "d_model", 1e300},         {"teacher", "lm_layers", -1e300},
+               {"student", "lora_alpha", 1e300},      {"student", "dropout", 1e39},
                {"student", "ffn_hidden", 4294967360}, {"teacher", "qa_dim", 32.5},
                {"student", "num_queries", "4"}};
   for (const auto& c : cases) {

@@ -348,7 +348,8 @@ TEST(DecoderLmTest, QuantizedModelFollowsToWithoutAFullWeight) {
   int checked = 0;
   for (const auto& m : q->modules()) {
     if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
-      EXPECT_EQ(linear->weight.storage().nbytes(), static_cast<size_t>(linear->weight.element_size()));
+      EXPECT_EQ(linear->weight.storage().nbytes(),
+                static_cast<size_t>(linear->weight.element_size()));
       EXPECT_EQ(linear->weight.sizes(), torch::IntArrayRef({linear->options().out_features,
                                                             linear->options().in_features}));
       ++checked;

@@ -36,8 +36,8 @@ absl::Status HfLinearImpl::Adopt(const std::string& local_name, torch::Tensor te
     return absl::OkStatus();
   }
   const torch::Device device = tensor.device();
-  QuantizedWeight q =
-      QuantizeWeight(tensor.to(torch::kFloat), options_.precision.weights, options_.precision.int4_group);
+  QuantizedWeight q = QuantizeWeight(tensor.to(torch::kFloat), options_.precision.weights,
+                                     options_.precision.int4_group);
   q_.values = q.values.to(device);
   q_.scales = q.scales.to(device);
   // The float weight is dropped: the placeholder stays registered for its shape only.
@@ -82,11 +82,12 @@ torch::Tensor HfLinearImpl::EffectiveWeight() const {
 
 void HfLinearImpl::AddLora(int64_t rank, double alpha) {
   if (rank <= 0 || has_lora()) return;
-  const auto options = torch::TensorOptions().dtype(options_.precision.dtype).device(weight.device());
+  const auto options =
+      torch::TensorOptions().dtype(options_.precision.dtype).device(weight.device());
   // A as torch's Linear default (kaiming-uniform-like scale), B zero: the product starts at 0.
   const double bound = 1.0 / std::sqrt(static_cast<double>(options_.in_features));
-  lora_a = register_parameter("lora_a",
-                              torch::empty({rank, options_.in_features}, options).uniform_(-bound, bound));
+  lora_a = register_parameter(
+      "lora_a", torch::empty({rank, options_.in_features}, options).uniform_(-bound, bound));
   lora_b = register_parameter("lora_b", torch::zeros({options_.out_features, rank}, options));
   lora_scale_ = alpha / static_cast<double>(rank);
 }
@@ -101,8 +102,8 @@ torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
   // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
   // group sizes (the small families use any divisor of the width) dequantize per call.
-  const bool kernel_group = options_.precision.weights != Precision::kInt4 ||
-                            options_.precision.int4_group % 32 == 0;
+  const bool kernel_group =
+      options_.precision.weights != Precision::kInt4 || options_.precision.int4_group % 32 == 0;
   if (quantized() && q_.values.defined() && x.device().is_cpu() &&
       x.scalar_type() == torch::kFloat && kernel_group) {
     y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,

@@ -1,5 +1,6 @@
 // model_bench: student answer latency and tokens/s on CPU (batch 1, greedy, KV cache) for
-// fp32 / int8 / int4 bases (int8/int4 held packed, hf_linear.h), plus resident memory. Each configuration runs in its own forked process so its RSS is its own.
+// fp32 / int8 / int4 bases (int8/int4 held packed, hf_linear.h), plus resident memory. Each
+// configuration runs in its own forked process so its RSS is its own.
 //
 //   model_bench --config configs/models/small.json            # random weights
 //   model_bench --checkpoint models/small                     # trained weights
@@ -18,9 +19,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "distill/model/blip2_tower.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/config.h"
-#include "distill/model/blip2_tower.h"
 #include "distill/model/vision_encoder.h"
 
 ABSL_FLAG(std::string, config, "configs/models/small.json", "family config (random weights)");
@@ -105,8 +106,8 @@ int RunOne(Precision precision) {
   for (double v : enc_ms) enc += v / iters;
   const double gen = mean - enc;
   std::printf("%-5s %9.2f %9.2f %9.2f %9.2f %10.1f %10.1f %9.1f %9.1f\n",
-              std::string(PrecisionName(precision)).c_str(), mean,
-              ms[ms.size() / 2], ms[ms.size() * 9 / 10], enc, tokens / (gen / 1000.0),
+              std::string(PrecisionName(precision)).c_str(), mean, ms[ms.size() / 2],
+              ms[ms.size() * 9 / 10], enc, tokens / (gen / 1000.0),
               LinearBaseBytes(student) / 1024.0, (StatusKb("VmRSS") - rss_start) / 1024.0,
               StatusKb("VmRSS") / 1024.0);
   return 0;
@@ -121,8 +122,8 @@ int main(int argc, char** argv) {
   std::printf(
       "student answer latency, batch 1, greedy, %d prompt + %d answer tokens, %d thread(s)\n",
       absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_tokens), absl::GetFlag(FLAGS_threads));
-  std::printf("%-5s %9s %9s %9s %9s %10s %10s %9s %9s\n", "base", "mean_ms",
-              "p50_ms", "p90_ms", "enc_ms", "tok/s_gen", "base_KiB", "dRSS_MiB", "RSS_MiB");
+  std::printf("%-5s %9s %9s %9s %9s %10s %10s %9s %9s\n", "base", "mean_ms", "p50_ms", "p90_ms",
+              "enc_ms", "tok/s_gen", "base_KiB", "dRSS_MiB", "RSS_MiB");
   std::fflush(stdout);
   const Precision runs[] = {Precision::kFp32, Precision::kInt8, Precision::kInt4};
   int rc = 0;

@@ -5,9 +5,9 @@
 
 #include <string>
 
+#include "distill/model/blip2_tower.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/config.h"
-#include "distill/model/blip2_tower.h"
 #include "distill/model/quantize.h"
 #include "distill/model/threads.h"
 #include "distill/model/trainable.h"

@@ -525,7 +525,8 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
     std::vector<ds::Sample> batch =
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
     torch::Tensor images = ImagesToTensor(batch).to(device);
-    auto [cls, color] = heads->forward(enc->forward(images).narrow(1, 1, enc->config().NumPatches()));
+    auto [cls, color] =
+        heads->forward(enc->forward(images).narrow(1, 1, enc->config().NumPatches()));
     auto [cls_t, color_t] = CellTargets(batch);
     cls_t = cls_t.to(device);
     color_t = color_t.to(device);
@@ -987,8 +988,8 @@ absl::Status Pretrain(const PretrainOptions& opt) {
       std::vector<std::vector<int64_t>> prompts;
       std::vector<std::string> texts;
       for (const ds::Sample& smp : some) {
-        const std::string q =
-            smp.questions.empty() ? std::string(ds::CaptionPrompt()) : smp.questions.front().question;
+        const std::string q = smp.questions.empty() ? std::string(ds::CaptionPrompt())
+                                                    : smp.questions.front().question;
         const std::vector<int> ids = tok.Encode(q, /*add_bos=*/true);
         prompts.emplace_back(ids.begin(), ids.end());
         texts.push_back("<bos> " + q);

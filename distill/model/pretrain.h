@@ -3,14 +3,15 @@
 //      domain, its patch tokens supervised per grid cell
 //      on the scene ground truth (item class or empty, item colour); then frozen (eval()).
 //      Then the token probe (UTS stage 2's score, token_probe.h) on its frozen tokens.
-//   2. teacher: Q-Former + LM (a BLIP-2 tower, blip2_tower.h) on the teacher's broader domain (all classes and
+//   2. teacher: Q-Former + LM (a BLIP-2 tower, blip2_tower.h) on the teacher's broader domain (all
+//   classes and
 //      phrasings, teacher-seen corruptions, random visual-token dropping) above the frozen
 //      encoder.
 //   3. student: Q-Former + LM on the narrow source domain, from a cache of the frozen
 //      encoder's tokens.
-// Each stage checkpoints into the output directory (stages/, resume_*) so an interrupted run resumes where it
-// stopped; data are index-addressed and every step reseeds, so a resumed run follows the
-// same sample order. Runs on CUDA when available, else on all CPU cores.
+// Each stage checkpoints into the output directory (stages/, resume_*) so an interrupted run
+// resumes where it stopped; data are index-addressed and every step reseeds, so a resumed run
+// follows the same sample order. Runs on CUDA when available, else on all CPU cores.
 #ifndef CDCCA_DISTILL_MODEL_PRETRAIN_H_
 #define CDCCA_DISTILL_MODEL_PRETRAIN_H_
 

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "distill/model/blip2_tower.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/config.h"
-#include "distill/model/blip2_tower.h"
 #include "distill/model/vision_encoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -9,13 +9,14 @@ namespace cdcca::model {
 bool IsTrainableName(const std::string& name) {
   std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
   const absl::string_view leaf = parts.back();
-  if (leaf == "bias" || leaf == "query_tokens" || leaf == "lora_a" ||
-      leaf == "lora_b" || leaf == "adapter_prompt" || leaf == "adapter_gate") {
+  if (leaf == "bias" || leaf == "query_tokens" || leaf == "lora_a" || leaf == "lora_b" ||
+      leaf == "adapter_prompt" || leaf == "adapter_gate") {
     return true;
   }
   // Norm modules: "ffn_norm", "post_attention_layernorm", the Q-Former's "LayerNorm", the
   // ViT's "layer_norm1".
-  return parts.size() >= 2 && absl::StrContains(absl::AsciiStrToLower(parts[parts.size() - 2]), "norm");
+  return parts.size() >= 2 &&
+         absl::StrContains(absl::AsciiStrToLower(parts[parts.size() - 2]), "norm");
 }
 
 NamedTensors TrainableParameters(const torch::nn::Module& model) {
