@@ -108,15 +108,34 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
   mlp = register_module("mlp", DecoderMlp(c, p));
 }
 
+namespace {
+
+// Inverted dropout of a residual branch. On the CPU the mask comes from uniform floats: Debian's
+// LibTorch 1.13 draws torch::dropout's mask with bernoulli_, which costs about 1.5x as much
+// ([2240, 160], forward + backward: 5.2 against 3.5 ms on the 2-core machine). Other devices
+// keep torch::dropout.
+torch::Tensor ResidualDropout(const torch::Tensor& x, double p) {
+  if (p <= 0.0) return x;
+  if (!x.device().is_cpu()) return torch::dropout(x, p, /*train=*/true);
+  torch::Tensor keep;
+  {
+    torch::NoGradGuard no_grad;
+    keep = (torch::rand_like(x) >= p).to(x.scalar_type()).mul_(1.0 / (1.0 - p));
+  }
+  return x * keep;
+}
+
+}  // namespace
+
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
                                         torch::Tensor* cache_k, torch::Tensor* cache_v,
                                         double dropout_p) {
   torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
-  if (dropout_p > 0.0) a = torch::dropout(a, dropout_p, /*train=*/true);
+  a = ResidualDropout(a, dropout_p);
   torch::Tensor h = x + a;
   torch::Tensor f = mlp(post_attention_layernorm(h));
-  if (dropout_p > 0.0) f = torch::dropout(f, dropout_p, /*train=*/true);
+  f = ResidualDropout(f, dropout_p);
   return h + f;
 }
 
