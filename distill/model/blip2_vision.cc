@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "distill/model/batched_matmul.h"
+
 namespace cdcca::model {
 
 torch::Tensor Blip2QkvBiasFromParts(const torch::Tensor& q_bias, const torch::Tensor& v_bias) {
@@ -62,9 +64,9 @@ torch::Tensor Blip2VisionAttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor q = mixed[0];
   torch::Tensor k = mixed[1];
   torch::Tensor v = mixed[2];
-  torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(head_dim)));
+  torch::Tensor scores = BatchedMatmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(head_dim)));
   torch::Tensor probs = torch::softmax(scores, -1);
-  torch::Tensor context = torch::matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
+  torch::Tensor context = BatchedMatmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
   return projection->forward(context);
 }
 

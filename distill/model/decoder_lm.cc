@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "distill/model/batched_matmul.h"
 
 namespace cdcca::model {
 
@@ -63,10 +64,10 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
     v = v.repeat_interleave(heads_ / kv_heads_, 1);
   }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
+  torch::Tensor scores = BatchedMatmul(q, k.transpose(2, 3)) * scaling;
   if (mask.defined()) scores = scores + mask;
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor heads_out = torch::matmul(probs, v);  // [B, heads, T, head_dim]
+  torch::Tensor heads_out = BatchedMatmul(probs, v);  // [B, heads, T, head_dim]
   if (adapter_prompt.defined()) {
     torch::Tensor prompt = adapter_prompt.to(x.scalar_type()).unsqueeze(0);  // [1, P, H]
     const int64_t p = prompt.size(1);

@@ -44,7 +44,10 @@ torch::Device PickDevice(bool force_cpu) {
 
 int AllCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
-void SetThreads(int threads) { torch::set_num_threads(threads > 0 ? threads : AllCores()); }
+void SetThreads(int threads) {
+  torch::set_num_threads(threads > 0 ? threads : AllCores());
+  FlushDenormals();
+}
 
 // Intra-op threads of the tower stages: on the CPU the automatic count of threads.h (their
 // time is in matrix products, which the BLAS threads itself). The convolutional vision

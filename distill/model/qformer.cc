@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "distill/model/batched_matmul.h"
 
 namespace cdcca::model {
 namespace {
@@ -49,7 +50,7 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
   torch::Tensor q = split(query->forward(hidden), t);
   torch::Tensor k = split(key->forward(kv_source), s);
   torch::Tensor v = split(value->forward(kv_source), s);
-  torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(head_dim));
+  torch::Tensor scores = BatchedMatmul(q, k.transpose(-1, -2)) / std::sqrt(double(head_dim));
   if (additive_mask.defined()) scores = scores + additive_mask;
   if (allowed.defined()) {
     scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
@@ -59,7 +60,7 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
   if (allowed.defined()) probs = probs * allowed.to(probs.scalar_type());
   if (probs_out != nullptr) *probs_out = probs;
   if (dropout_p > 0.0) probs = torch::dropout(probs, dropout_p, /*train=*/true);
-  return torch::matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
+  return BatchedMatmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
 }
 
 QFormerResidualOutputImpl::QFormerResidualOutputImpl(int64_t in_features, int64_t hidden,

@@ -14,8 +14,15 @@ namespace cdcca::model {
 int IntraOpThreads(int requested);
 
 // Sets LibTorch's (process-wide) intra-op thread count to IntraOpThreads(requested) and
-// returns it.
+// returns it. Also flushes denormals on the calling thread (FlushDenormals).
 int SetIntraOpThreads(int requested);
+
+// Makes the calling thread's CPU arithmetic flush denormal floats to zero (FTZ/DAZ) where the
+// processor supports it; returns whether it does. Training the project's towers produces
+// denormals (tiny gradients and attention weights); without this the 2-core machine spent
+// ~40 % of each teacher step on them (0.40 against 0.25 s a step in the full schedule). Values
+// below 1.2e-38 are far under anything the models compute with, so results do not change.
+bool FlushDenormals();
 
 }  // namespace cdcca::model
 
