@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "distill/model/simd.h"
+
 namespace cdcca::model {
 namespace {
 
@@ -27,13 +29,7 @@ void DotRowsScalar(const float* x, const float* y, float* out, int64_t m, int64_
   }
 }
 
-__attribute__((target("avx2,fma"))) float Sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
+#ifdef CDCCA_SIMD_X86
 // As DotRowsScalar, four rows of y at a time against one row of x.
 __attribute__((target("avx2,fma"))) void DotRowsAvx2(const float* x, const float* y, float* out,
                                                      int64_t m, int64_t p, int64_t k) {
@@ -56,7 +52,8 @@ __attribute__((target("avx2,fma"))) void DotRowsAvx2(const float* x, const float
         a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(y2 + t), a2);
         a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(y3 + t), a3);
       }
-      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      float s0 = HorizontalSum(a0), s1 = HorizontalSum(a1), s2 = HorizontalSum(a2),
+            s3 = HorizontalSum(a3);
       for (int64_t t = k8; t < k; ++t) {
         s0 += xi[t] * y0[t];
         s1 += xi[t] * y1[t];
@@ -74,12 +71,14 @@ __attribute__((target("avx2,fma"))) void DotRowsAvx2(const float* x, const float
       for (int64_t t = 0; t < k8; t += 8) {
         a = _mm256_fmadd_ps(_mm256_loadu_ps(xi + t), _mm256_loadu_ps(yj + t), a);
       }
-      float s = Sum8(a);
+      float s = HorizontalSum(a);
       for (int64_t t = k8; t < k; ++t) s += xi[t] * yj[t];
       oi[j] = s;
     }
   }
 }
+
+#endif  // CDCCA_SIMD_X86
 
 // out[n] = x[n] y[n]^T for x [..., M, K] and y [..., P, K] (same leading dimensions):
 // [..., M, P], contiguous.
@@ -93,15 +92,16 @@ torch::Tensor DotRows(const torch::Tensor& x_in, const torch::Tensor& y_in) {
   const float* xp = x.data_ptr<float>();
   const float* yp = y.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * p * k));
   at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (avx2) {
+#ifdef CDCCA_SIMD_X86
+      if (HaveAvx2()) {
         DotRowsAvx2(xp + i * m * k, yp + i * p * k, op + i * m * p, m, p, k);
-      } else {
-        DotRowsScalar(xp + i * m * k, yp + i * p * k, op + i * m * p, m, p, k);
+        continue;
       }
+#endif
+      DotRowsScalar(xp + i * m * k, yp + i * p * k, op + i * m * p, m, p, k);
     }
   });
   return out;

@@ -7,10 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CDCCA_QMATMUL_X86 1
-#include <immintrin.h>
-#endif
+#include "distill/model/simd.h"
 
 namespace cdcca::model {
 namespace {
@@ -64,14 +61,7 @@ float DotInt4Portable(const float* xd, const float* xsum, const uint8_t* w, cons
   return total;
 }
 
-#ifdef CDCCA_QMATMUL_X86
-__attribute__((target("avx2,fma"))) float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
+#ifdef CDCCA_SIMD_X86
 // 8 int8 values as 8 floats.
 __attribute__((target("avx2,fma"))) inline __m256 Widen(const int8_t* p) {
   return _mm256_cvtepi32_ps(
@@ -125,14 +115,10 @@ __attribute__((target("avx2,fma"))) float DotInt4Avx2(const float* xd, const flo
   return HorizontalSum(total) - 8.0f * correction;
 }
 
-bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return have;
-}
 #endif
 
 float DotInt8(const float* x, const int8_t* w, int64_t n) {
-#ifdef CDCCA_QMATMUL_X86
+#ifdef CDCCA_SIMD_X86
   if (HaveAvx2()) return DotInt8Avx2(x, w, n);
 #endif
   return DotInt8Portable(x, w, n);
@@ -140,7 +126,7 @@ float DotInt8(const float* x, const int8_t* w, int64_t n) {
 
 float DotInt4(const float* xd, const float* xsum, const uint8_t* w, const float* scales,
               int64_t groups, int64_t group) {
-#ifdef CDCCA_QMATMUL_X86
+#ifdef CDCCA_SIMD_X86
   if (HaveAvx2()) return DotInt4Avx2(xd, xsum, w, scales, groups, group);
 #endif
   return DotInt4Portable(xd, xsum, w, scales, groups, group);
@@ -216,9 +202,8 @@ void DequantizeRows(const QuantizedWeight& q, Precision precision, int64_t in, i
 
 }  // namespace
 
-torch::Tensor QuantizedLinear(const torch::Tensor& x, const QuantizedWeight& q,
-                              Precision precision, int64_t in_features, int64_t group,
-                              const torch::Tensor& bias) {
+torch::Tensor QuantizedLinear(const torch::Tensor& x, const QuantizedWeight& q, Precision precision,
+                              int64_t in_features, int64_t group, const torch::Tensor& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat,
               "QuantizedLinear: fp32 CPU input expected");
   TORCH_CHECK(x.size(-1) == in_features, "QuantizedLinear: input has ", x.size(-1),
@@ -246,8 +231,8 @@ torch::Tensor QuantizedLinear(const torch::Tensor& x, const QuantizedWeight& q,
     // One scratch block per calling thread, kept: a fresh one per call would be mapped and
     // zeroed by the kernel every time.
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(std::max<int64_t>(block * in_features,
-                                                         static_cast<int64_t>(scratch.size()))));
+    scratch.resize(static_cast<size_t>(
+        std::max<int64_t>(block * in_features, static_cast<int64_t>(scratch.size()))));
     for (int64_t r0 = 0; r0 < out; r0 += block) {
       const int64_t n = std::min(block, out - r0);
       torch::Tensor w = torch::from_blob(scratch.data(), {n, in_features}, torch::kFloat);
