@@ -17,10 +17,10 @@ Blip2VisionEmbeddingsImpl::Blip2VisionEmbeddingsImpl(const Blip2VisionConfig& co
       register_parameter("class_embedding", Placeholder({1, 1, config.hidden_size}, dtype));
   patch_embedding = register_module(
       "patch_embedding",
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(config.num_channels, config.hidden_size,
-                                                 config.patch_size)
-                            .stride(config.patch_size)
-                            .bias(true)));
+      torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(config.num_channels, config.hidden_size, config.patch_size)
+              .stride(config.patch_size)
+              .bias(true)));
   patch_embedding->to(dtype);
   position_embedding = register_parameter(
       "position_embedding", Placeholder({1, config.NumPositions(), config.hidden_size}, dtype));
@@ -60,11 +60,13 @@ torch::Tensor Blip2VisionAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t h = x.size(2);
   const int64_t head_dim = h / heads_;
   // [B, T, 3H] -> [3, B, heads, T, head_dim]
-  torch::Tensor mixed = qkv->forward(x).reshape({b, t, 3, heads_, head_dim}).permute({2, 0, 3, 1, 4});
+  torch::Tensor mixed =
+      qkv->forward(x).reshape({b, t, 3, heads_, head_dim}).permute({2, 0, 3, 1, 4});
   torch::Tensor q = mixed[0];
   torch::Tensor k = mixed[1];
   torch::Tensor v = mixed[2];
-  torch::Tensor scores = BatchedMatmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(head_dim)));
+  torch::Tensor scores =
+      BatchedMatmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(head_dim)));
   torch::Tensor probs = torch::softmax(scores, -1);
   torch::Tensor context = BatchedMatmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
   return projection->forward(context);
@@ -73,10 +75,10 @@ torch::Tensor Blip2VisionAttentionImpl::forward(const torch::Tensor& x) {
 Blip2VisionMlpImpl::Blip2VisionMlpImpl(const Blip2VisionConfig& config,
                                        const HfPrecision& precision)
     : act_(config.hidden_act) {
-  fc1 = register_module(
-      "fc1", MakeLinear(config.hidden_size, config.intermediate_size, true, precision));
-  fc2 = register_module(
-      "fc2", MakeLinear(config.intermediate_size, config.hidden_size, true, precision));
+  fc1 = register_module("fc1",
+                        MakeLinear(config.hidden_size, config.intermediate_size, true, precision));
+  fc2 = register_module("fc2",
+                        MakeLinear(config.intermediate_size, config.hidden_size, true, precision));
 }
 
 torch::Tensor Blip2VisionMlpImpl::forward(const torch::Tensor& x) {

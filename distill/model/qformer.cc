@@ -94,8 +94,8 @@ torch::Tensor QFormerAttentionImpl::forward(const torch::Tensor& hidden,
 QFormerIntermediateImpl::QFormerIntermediateImpl(const QFormerConfig& config,
                                                  const HfPrecision& precision)
     : act_(config.hidden_act) {
-  dense = register_module("dense",
-                          MakeLinear(config.hidden_size, config.intermediate_size, precision));
+  dense =
+      register_module("dense", MakeLinear(config.hidden_size, config.intermediate_size, precision));
 }
 
 torch::Tensor QFormerIntermediateImpl::forward(const torch::Tensor& x) {
@@ -104,8 +104,8 @@ torch::Tensor QFormerIntermediateImpl::forward(const torch::Tensor& x) {
 
 QFormerLayerImpl::QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index,
                                    const HfPrecision& precision) {
-  attention = register_module(
-      "attention", QFormerAttention(config, /*is_cross_attention=*/false, precision));
+  attention = register_module("attention",
+                              QFormerAttention(config, /*is_cross_attention=*/false, precision));
   if (layer_index % config.cross_attention_frequency == 0) {
     crossattention = register_module(
         "crossattention", QFormerAttention(config, /*is_cross_attention=*/true, precision));
@@ -118,13 +118,12 @@ QFormerLayerImpl::QFormerLayerImpl(const QFormerConfig& config, int64_t layer_in
   }
   intermediate_query =
       register_module("intermediate_query", QFormerIntermediate(config, precision));
-  output_query = register_module(
-      "output_query", QFormerResidualOutput(config.intermediate_size, config.hidden_size,
-                                            config.layer_norm_eps, precision));
+  output_query = register_module("output_query",
+                                 QFormerResidualOutput(config.intermediate_size, config.hidden_size,
+                                                       config.layer_norm_eps, precision));
 }
 
-torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden,
-                                        const torch::Tensor& self_mask,
+torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& self_mask,
                                         const torch::Tensor& image, int64_t query_length,
                                         const torch::Tensor& image_allowed, double dropout_p,
                                         torch::Tensor* cross_probs) {
@@ -164,8 +163,8 @@ QFormerEmbeddingsImpl::QFormerEmbeddingsImpl(const QFormerConfig& config) {
   position_embeddings = register_module(
       "position_embeddings",
       HfEmbedding(config.max_position_embeddings, config.hidden_size, torch::kFloat));
-  layernorm = register_module("layernorm",
-                              MakeLayerNorm(config.hidden_size, config.layer_norm_eps));
+  layernorm =
+      register_module("layernorm", MakeLayerNorm(config.hidden_size, config.layer_norm_eps));
 }
 
 torch::Tensor QFormerEmbeddingsImpl::forward(const torch::Tensor& query_embeds,
@@ -174,12 +173,11 @@ torch::Tensor QFormerEmbeddingsImpl::forward(const torch::Tensor& query_embeds,
   if (input_ids.defined() && input_ids.size(1) > 0) {
     const int64_t t = input_ids.size(1);
     TORCH_CHECK(t <= position_embeddings->weight.size(0), "Q-Former instruction has ", t,
-                " tokens, more than max_position_embeddings ",
-                position_embeddings->weight.size(0));
+                " tokens, more than max_position_embeddings ", position_embeddings->weight.size(0));
     torch::Tensor positions =
         torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-    torch::Tensor text = word_embeddings->forward(input_ids) +
-                         position_embeddings->forward(positions).unsqueeze(0);
+    torch::Tensor text =
+        word_embeddings->forward(input_ids) + position_embeddings->forward(positions).unsqueeze(0);
     embeddings = torch::cat({query_embeds.to(text.scalar_type()), text}, 1);
   }
   return layernorm->forward(embeddings.to(layernorm->weight.scalar_type()));
@@ -192,8 +190,8 @@ QFormerModelImpl::QFormerModelImpl(const QFormerConfig& config, bool with_instru
     config_.use_qformer_text_input = true;
     embeddings = register_module("embeddings", QFormerEmbeddings(config_));
   } else {
-    layernorm = register_module("layernorm",
-                                MakeLayerNorm(config.hidden_size, config.layer_norm_eps));
+    layernorm =
+        register_module("layernorm", MakeLayerNorm(config.hidden_size, config.layer_norm_eps));
   }
   encoder = register_module("encoder", QFormerEncoder(config_, precision));
 }
@@ -213,10 +211,11 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
   // fully masked and -inf gives the same softmax as transformers' finfo.min.
   torch::Tensor self_mask;
   if (has_text && instruction_mask.defined()) {
-    torch::Tensor keep = torch::cat(
-        {torch::ones({hidden.size(0), query_length}, instruction_mask.options()),
-         instruction_mask},
-        1).to(torch::kBool);
+    torch::Tensor keep =
+        torch::cat({torch::ones({hidden.size(0), query_length}, instruction_mask.options()),
+                    instruction_mask},
+                   1)
+            .to(torch::kBool);
     self_mask = torch::zeros(keep.sizes(), hidden.options())
                     .masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity())
                     .unsqueeze(1)
