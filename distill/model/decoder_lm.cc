@@ -1,5 +1,6 @@
 #include "distill/model/decoder_lm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -17,6 +18,72 @@ double LowestValue(torch::ScalarType dtype) {
     default:
       return static_cast<double>(std::numeric_limits<float>::lowest());
   }
+}
+
+namespace {
+
+// Positions a cache buffer is allocated in multiples of.
+constexpr int64_t kCacheBlock = 256;
+
+// Whether `view` is the first `length` positions of `buffer` and `buffer` can take `add`'s
+// positions after them.
+bool ExtendsInPlace(const torch::Tensor& buffer, const torch::Tensor& view, const torch::Tensor& add,
+                    int64_t length) {
+  if (!buffer.defined() || buffer.size(2) < length + add.size(2) ||
+      buffer.size(0) != add.size(0) || buffer.size(1) != add.size(1) ||
+      buffer.size(3) != add.size(3) || buffer.scalar_type() != add.scalar_type() ||
+      buffer.device() != add.device()) {
+    return false;
+  }
+  return length == 0 || (view.data_ptr() == buffer.data_ptr() && view.strides() == buffer.strides() &&
+                         view.size(2) == length);
+}
+
+}  // namespace
+
+void DecoderKvCache::Append(size_t layer, const torch::Tensor& k, const torch::Tensor& v) {
+  if (keys.size() <= layer) {
+    keys.resize(layer + 1);
+    values.resize(layer + 1);
+  }
+  if (key_buffers.size() < keys.size()) {
+    key_buffers.resize(keys.size());
+    value_buffers.resize(keys.size());
+  }
+  torch::Tensor& kc = keys[layer];
+  torch::Tensor& vc = values[layer];
+  const int64_t past = kc.defined() ? kc.size(2) : 0;
+  const int64_t total = past + k.size(2);
+  // Autograd needs the concatenation (a write into a buffer would not be differentiable).
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (k.requires_grad() || v.requires_grad() ||
+                     (kc.defined() && (kc.requires_grad() || vc.requires_grad())));
+  if (grad) {
+    kc = past > 0 ? torch::cat({kc, k}, 2) : k;
+    vc = past > 0 ? torch::cat({vc, v}, 2) : v;
+    key_buffers[layer] = torch::Tensor();
+    value_buffers[layer] = torch::Tensor();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor& kb = key_buffers[layer];
+  torch::Tensor& vb = value_buffers[layer];
+  if (!ExtendsInPlace(kb, kc, k, past) || !ExtendsInPlace(vb, vc, v, past)) {
+    const int64_t grown = std::max(total, past + past / 2);
+    const int64_t capacity = (grown + kCacheBlock - 1) / kCacheBlock * kCacheBlock;
+    torch::Tensor nk = torch::empty({k.size(0), k.size(1), capacity, k.size(3)}, k.options());
+    torch::Tensor nv = torch::empty({v.size(0), v.size(1), capacity, v.size(3)}, v.options());
+    if (past > 0) {
+      nk.narrow(2, 0, past).copy_(kc);
+      nv.narrow(2, 0, past).copy_(vc);
+    }
+    kb = nk;
+    vb = nv;
+  }
+  kb.narrow(2, past, k.size(2)).copy_(k);
+  vb.narrow(2, past, v.size(2)).copy_(v);
+  kc = kb.narrow(2, 0, total);
+  vc = vb.narrow(2, 0, total);
 }
 
 DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)
@@ -43,31 +110,41 @@ void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                             const torch::Tensor& sin, const torch::Tensor& mask,
-                                            torch::Tensor* cache_k, torch::Tensor* cache_v) {
+                                            DecoderKvCache* cache, size_t layer) {
   const int64_t b = x.size(0), t = x.size(1);
-  torch::Tensor q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-  torch::Tensor k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-  torch::Tensor v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor q, k, v;
+  if (packed_qkv.Serves(x)) {
+    torch::Tensor qkv = packed_qkv.forward(x);  // [B, T, (heads + 2 kv_heads) head_dim]
+    const int64_t nq = heads_ * head_dim_, nkv = kv_heads_ * head_dim_;
+    q = qkv.narrow(-1, 0, nq).view({b, t, heads_, head_dim_}).transpose(1, 2);
+    k = qkv.narrow(-1, nq, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    v = qkv.narrow(-1, nq + nkv, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  } else {
+    q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
+    k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  }
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
-  if (cache_k != nullptr) {
-    if (cache_k->defined()) {
-      k = torch::cat({*cache_k, k}, 2);
-      v = torch::cat({*cache_v, v}, 2);
-    }
-    *cache_k = k;
-    *cache_v = v;
+  if (cache != nullptr) {
+    cache->Append(layer, k, v);
+    k = cache->keys[layer];
+    v = cache->values[layer];
   }
-  // Grouped-query attention: query head h reads kv head h / (heads / kv_heads).
-  if (kv_heads_ != heads_) {
-    k = k.repeat_interleave(heads_ / kv_heads_, 1);
-    v = v.repeat_interleave(heads_ / kv_heads_, 1);
-  }
+  const int64_t total = k.size(2);
+  // Grouped-query attention: query head h reads kv head h / group. The group's query heads
+  // are stacked as rows of one product with their kv head, so keys and values are read in
+  // place, never repeated per query head.
+  const int64_t group = heads_ / kv_heads_;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  torch::Tensor scores = BatchedMatmul(q, k.transpose(2, 3)) * scaling;
+  torch::Tensor scores =
+      BatchedMatmul(q.reshape({b, kv_heads_, group * t, head_dim_}), k.transpose(2, 3))
+          .view({b, heads_, t, total}) *
+      scaling;
   if (mask.defined()) scores = scores + mask;
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor heads_out = BatchedMatmul(probs, v);  // [B, heads, T, head_dim]
+  torch::Tensor heads_out = BatchedMatmul(probs.view({b, kv_heads_, group * t, total}), v)
+                                .view({b, heads_, t, head_dim_});  // [B, heads, T, head_dim]
   if (adapter_prompt.defined()) {
     torch::Tensor prompt = adapter_prompt.to(x.scalar_type()).unsqueeze(0);  // [1, P, H]
     const int64_t p = prompt.size(1);
@@ -97,6 +174,11 @@ DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p) : a
 }
 
 torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
+  if (packed_gate_up.Serves(x)) {
+    torch::Tensor gu = packed_gate_up.forward(x);  // [..., 2 intermediate]
+    const int64_t inter = gu.size(-1) / 2;
+    return down_proj(Activation(act_, gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter));
+  }
   return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
 }
 
@@ -130,9 +212,8 @@ torch::Tensor ResidualDropout(const torch::Tensor& x, double p) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
-                                        torch::Tensor* cache_k, torch::Tensor* cache_v,
-                                        double dropout_p) {
-  torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache_k, cache_v);
+                                        DecoderKvCache* cache, size_t layer, double dropout_p) {
+  torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache, layer);
   a = ResidualDropout(a, dropout_p);
   torch::Tensor h = x + a;
   torch::Tensor f = mlp(post_attention_layernorm(h));
@@ -167,11 +248,21 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
   if (absl::Status s = folder.LoadInto(*norm, body_prefix + "norm.", o); !s.ok()) return s;
   if (lm_head) {
     if (absl::Status s = folder.LoadInto(*lm_head, lm_head_prefix, o); !s.ok()) return s;
-  } else if (precision_.weights != Precision::kFp32 && device.is_cpu() && !tied_head) {
-    tied_head = register_module(
-        "tied_head",
-        HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false, precision_}));
-    if (absl::Status s = tied_head->Adopt("weight", embed_tokens->weight); !s.ok()) return s;
+  }
+  if (precision_.weights != Precision::kFp32) {
+    // The embedding's rows packed as a linear weight [vocab, hidden] would be: the lookup
+    // dequantizes the rows it gathers and a tied head multiplies with the same bytes.
+    embed_tokens->Quantize(precision_.weights, precision_.int4_group);
+    if (!lm_head) {
+      if (!tied_head) {
+        tied_head = register_module(
+            "tied_head", HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false,
+                                                  precision_}));
+      }
+      if (absl::Status s = tied_head->AdoptQuantized(embed_tokens->quantized_weight()); !s.ok()) {
+        return s;
+      }
+    }
   }
   FuseProjections();
   return absl::OkStatus();
@@ -202,7 +293,20 @@ void FuseLinears(const std::vector<HfLinear>& parts, torch::Tensor* weight, torc
 
 void DecoderLmImpl::FuseProjections() {
   torch::NoGradGuard no_grad;
-  if (precision_.weights != Precision::kFp32) return;
+  if (precision_.weights != Precision::kFp32) {
+    for (size_t i = 0; i < layers->size(); ++i) {
+      auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
+      DecoderAttentionImpl& attn = *layer->self_attn;
+      if (!attn.packed_qkv.Intact()) {
+        attn.packed_qkv.Fuse({attn.q_proj, attn.k_proj, attn.v_proj});
+      }
+      DecoderMlpImpl& mlp = *layer->mlp;
+      if (!mlp.packed_gate_up.Intact()) {
+        mlp.packed_gate_up.Fuse({mlp.gate_proj, mlp.up_proj});
+      }
+    }
+    return;
+  }
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
     DecoderAttentionImpl& attn = *layer->self_attn;
@@ -255,6 +359,7 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
           .unsqueeze(1);
 
   if (cache != nullptr && cache->keys.size() != layers->size()) {
+    cache->Clear();
     cache->keys.assign(layers->size(), torch::Tensor());
     cache->values.assign(layers->size(), torch::Tensor());
   }
@@ -262,9 +367,8 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
     if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
-    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(
-        h, cos, sin, mask, cache != nullptr ? &cache->keys[i] : nullptr,
-        cache != nullptr ? &cache->values[i] : nullptr, options.dropout_p);
+    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask, cache, i,
+                                                        options.dropout_p);
   }
   if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
   h = norm(h);

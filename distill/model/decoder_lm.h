@@ -33,13 +33,25 @@ namespace cdcca::model {
 // (config.json's side, torch-free) are in hf_config.h.
 
 // Per layer, keys and values [B, kv_heads, past, head_dim] of every position seen so far.
+// Without autograd (NoGradGuard, or nothing that needs a gradient) they are views of buffers
+// with room for more positions, so a decode step writes its keys in place instead of copying
+// the whole cache; the buffers grow by half when full. Copies of a cache share its buffers:
+// extend only one of them (or Clear the others).
 struct DecoderKvCache {
   std::vector<torch::Tensor> keys, values;
+  // [B, kv_heads, capacity, head_dim] storage that keys[i] / values[i] view (undefined where
+  // a layer's cache was concatenated or set from elsewhere).
+  std::vector<torch::Tensor> key_buffers, value_buffers;
   int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
   void Clear() {
     keys.clear();
     values.clear();
+    key_buffers.clear();
+    value_buffers.clear();
   }
+  // Appends k, v [B, kv_heads, T, head_dim] to layer `layer`'s keys and values. Keys set
+  // from elsewhere (keys[i] not a view of key_buffers[i]) are copied into a fresh buffer.
+  void Append(size_t layer, const torch::Tensor& k, const torch::Tensor& v);
 };
 
 struct DecoderForwardOptions {
@@ -74,12 +86,16 @@ class DecoderAttentionImpl : public torch::nn::Module {
   void AddAdapterPrompt(int64_t length);
   torch::Tensor adapter_prompt, adapter_gate;  // undefined until AddAdapterPrompt
   // x [B, T, H]; cos/sin [B, T, head_dim]; mask additive [B, 1, T, past + T] (0 / -inf-like).
+  // cache: the layer's keys and values are appended to cache->keys[layer] / values[layer]
+  // and attended to (nullptr = none).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v);
+                        const torch::Tensor& mask, DecoderKvCache* cache, size_t layer);
   HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // [q; k; v] weights (and biases) in one tensor once DecoderLmImpl::FuseProjections ran;
   // q/k/v_proj's weights are then views of it. Undefined before or for quantized weights.
   torch::Tensor qkv_weight, qkv_bias;
+  // Quantized weights on CPU: q/k/v's packed weights as one product, after FuseProjections.
+  HfFusedLinear packed_qkv;
   int64_t heads() const { return heads_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -96,6 +112,7 @@ class DecoderMlpImpl : public torch::nn::Module {
   HfLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   // [gate; up] in one tensor after FuseProjections (see DecoderAttentionImpl::qkv_weight).
   torch::Tensor gate_up_weight, gate_up_bias;
+  HfFusedLinear packed_gate_up;  // as DecoderAttentionImpl::packed_qkv
   const std::string& act() const { return act_; }
 
  private:
@@ -107,7 +124,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, torch::Tensor* cache_k, torch::Tensor* cache_v,
+                        const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         double dropout_p = 0.0);
   HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   DecoderAttention self_attn{nullptr};
@@ -120,7 +137,9 @@ class DecoderLmImpl : public torch::nn::Module {
   DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision);
 
   // Fills the weights: body tensors under `body_prefix` ("model."), the head under
-  // `lm_head_prefix` ("lm_head."; ignored when tied). Errors as HfFolder::LoadInto.
+  // `lm_head_prefix` ("lm_head."; ignored when tied). Errors as HfFolder::LoadInto. With
+  // int8/int4 weights the token embedding is packed too (HfEmbeddingImpl::Quantize; a tied
+  // head shares its rows) and no float embedding matrix stays resident.
   absl::Status Load(const HfFolder& folder, const std::string& body_prefix,
                     const std::string& lm_head_prefix, torch::Device device);
 
@@ -136,8 +155,9 @@ class DecoderLmImpl : public torch::nn::Module {
 
   // Concatenates each layer's q/k/v and gate/up weights (and biases) into one tensor and
   // makes the separate weights views of it: the same values and memory, one matrix product
-  // instead of three (two) where a caller wants it (static_decode.h). Load() calls it; a
-  // no-op for quantized weights and when already fused.
+  // instead of three (two) where a caller wants it (float: static_decode.h; packed weights on
+  // CPU: packed_qkv / packed_gate_up, which Forward uses). Load() calls it; a no-op when
+  // already fused.
   void FuseProjections();
 
   // State kept between generations by static_decode.cc (buffers, captured graph).
@@ -147,8 +167,8 @@ class DecoderLmImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   HfRmsNorm norm{nullptr};
   HfLinear lm_head{nullptr};  // null when tied
-  // Tied embeddings with quantized weights on CPU: the head's own quantized copy of the
-  // embedding matrix (registered as "tied_head" after Load), so the largest matrix product
+  // Tied embeddings with quantized weights: the LM head over the embedding's packed rows
+  // (shared, not copied; registered as "tied_head" after Load), so the largest matrix product
   // of a step runs on packed weights too. Null otherwise.
   HfLinear tied_head{nullptr};
 

@@ -124,7 +124,7 @@ TEST(RopeTest, YarnBlendsByRotationCountAndScalesCosSin) {
   EXPECT_EQ(a.attention_factor, 1.5);
 }
 
-json TinyConfig(int heads, int kv_heads) {
+json TinyConfig(int heads, int kv_heads, bool tied = false) {
   return {{"model_type", "llama"},
           {"vocab_size", 50},
           {"hidden_size", 32},
@@ -135,7 +135,7 @@ json TinyConfig(int heads, int kv_heads) {
           {"rms_norm_eps", 1e-5},
           {"rope_theta", 100.0},
           {"attention_bias", true},
-          {"tie_word_embeddings", false},
+          {"tie_word_embeddings", tied},
           {"eos_token_id", 7}};
 }
 
@@ -287,42 +287,183 @@ TEST(DecoderLmTest, StopsAtEosAndLoadsQuantizedFromAFolder) {
   EXPECT_LT((a - b).abs().max().item<float>(), 0.05 * a.abs().max().item<float>());
 }
 
+// A float model holding what `weights` / `group` make of `folder`'s weights: every linear
+// weight and the token embedding replaced by their dequantized quantization.
+DecoderLm DequantizedFloatModel(const DecoderConfig& c, const HfFolder& folder, Precision weights,
+                                int64_t group) {
+  DecoderLm ref(c, HfPrecision{});
+  EXPECT_OK(ref->Load(folder, "model.", "lm_head.", torch::kCPU));
+  torch::NoGradGuard no_grad;
+  auto roundtrip = [&](const torch::Tensor& w) {
+    return DequantizeWeight(QuantizeWeight(w, weights, group), weights, w.size(1), group);
+  };
+  for (const auto& m : ref->modules()) {
+    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
+      linear->weight.set_data(roundtrip(linear->weight));
+    }
+  }
+  ref->embed_tokens->weight.set_data(roundtrip(ref->embed_tokens->weight));
+  return ref;
+}
+
 // The packed int8/int4 kernels (qmatmul.h) compute what the quantized weights stand for: a
 // float model holding the dequantized weights gives the same logits (within 1e-4 of the
-// largest) and greedy tokens, through prefill (block-dequantized GEMM) and decode (packed).
+// largest) and greedy tokens, through prefill (block-dequantized GEMM) and decode (packed,
+// with the fused q/k/v and gate/up products), tied or untied, the embedding lookup reading
+// the packed rows.
 TEST(DecoderLmTest, QuantizedKernelsEqualTheDequantizedFloatModel) {
+  for (const bool tied : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2, tied), "c"));
+    DecoderLm lm(c, HfPrecision{});
+    Randomize(*lm, 7);
+    testing::TempDir dir;
+    ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2, tied), dir));
+    ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+    torch::NoGradGuard no_grad;
+    torch::Tensor ids = torch::tensor({{3, 1, 4, 1, 5, 9, 2, 6}}, torch::kLong);
+    for (const auto& [weights, group] : {std::make_pair(Precision::kInt8, int64_t{128}),
+                                         std::make_pair(Precision::kInt4, int64_t{32})}) {
+      HfPrecision p;
+      p.weights = weights;
+      p.int4_group = group;
+      DecoderLm q(c, p);
+      ASSERT_OK(q->Load(folder, "model.", "lm_head.", torch::kCPU));
+      DecoderLm ref = DequantizedFloatModel(c, folder, weights, group);
+      EXPECT_TRUE(torch::equal(q->EmbedTokens(ids), ref->EmbedTokens(ids))) << tied;
+      torch::Tensor a = ref->Forward(ref->EmbedTokens(ids), {}, nullptr).logits;
+      torch::Tensor b = q->Forward(q->EmbedTokens(ids), {}, nullptr).logits;
+      EXPECT_LT(((a - b).abs().max() / a.abs().max()).item<float>(), 1e-4) << tied;
+      GreedyOptions o;
+      o.max_new_tokens = 12;
+      EXPECT_EQ(GreedyGenerateFromEmbeds(*q, q->EmbedTokens(ids), {}, o).tokens,
+                GreedyGenerateFromEmbeds(*ref, ref->EmbedTokens(ids), {}, o).tokens)
+          << tied;
+    }
+  }
+}
+
+// With int8/int4 weights no float embedding matrix stays resident: the lookup reads the
+// packed rows, and a tied head multiplies with those same bytes (no second copy).
+TEST(DecoderLmTest, QuantizedModelsHoldNoFloatEmbedding) {
+  for (const bool tied : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2, tied), "c"));
+    DecoderLm lm(c, HfPrecision{});
+    Randomize(*lm, 8);
+    testing::TempDir dir;
+    ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2, tied), dir));
+    ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+    DecoderLm fp(c, HfPrecision{});
+    ASSERT_OK(fp->Load(folder, "model.", "lm_head.", torch::kCPU));
+    EXPECT_EQ(fp->embed_tokens->weight.storage().nbytes(), 50 * 32 * sizeof(float));
+    for (const Precision weights : {Precision::kInt8, Precision::kInt4}) {
+      HfPrecision p;
+      p.weights = weights;
+      p.int4_group = 32;
+      DecoderLm q(c, p);
+      ASSERT_OK(q->Load(folder, "model.", "lm_head.", torch::kCPU));
+      ASSERT_TRUE(q->embed_tokens->quantized());
+      // The registered weight is a one-element placeholder.
+      EXPECT_LE(q->embed_tokens->weight.storage().nbytes(), sizeof(float));
+      EXPECT_EQ(q->embed_tokens->weight.sizes(), fp->embed_tokens->weight.sizes());
+      const QuantizedWeight& rows = q->embed_tokens->quantized_weight();
+      if (tied) {
+        ASSERT_TRUE(q->tied_head);
+        EXPECT_EQ(q->tied_head->quantized_weight().values.data_ptr(), rows.values.data_ptr());
+      } else {
+        EXPECT_FALSE(q->tied_head);
+      }
+      // The packed rows are counted once, shared or not.
+      EXPECT_EQ(ResidentBytes(*q->embed_tokens), QuantizedBytes(rows) + int64_t{sizeof(float)});
+      int64_t parts = 0;
+      for (const auto& child : q->named_children()) {
+        if (child.key() != "tied_head") parts += ResidentBytes(*child.value());
+      }
+      EXPECT_EQ(ResidentBytes(*q), parts + (tied ? int64_t{sizeof(float)} : 0));
+      torch::NoGradGuard no_grad;
+      torch::Tensor ids = torch::tensor({{0, 49, 7}, {7, 7, 1}}, torch::kLong);
+      torch::Tensor want =
+          DequantizeWeight(rows, weights, 32, 32).index_select(0, ids.reshape({-1})).view({2, 3, 32});
+      EXPECT_TRUE(torch::equal(q->EmbedTokens(ids), want));
+      EXPECT_LT((q->EmbedTokens(ids) - fp->EmbedTokens(ids)).abs().max().item<float>(),
+                0.1 * fp->embed_tokens->weight.abs().max().item<float>());
+    }
+  }
+}
+
+// The fused q/k/v and gate/up products compute exactly what the separate packed layers do,
+// hold no extra bytes, and step aside when a layer is given another weight.
+TEST(DecoderLmTest, FusedPackedProjectionsEqualTheSeparateLayers) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
   DecoderLm lm(c, HfPrecision{});
-  Randomize(*lm, 7);
+  Randomize(*lm, 9);
   testing::TempDir dir;
   ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
   ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+  HfPrecision p;
+  p.weights = Precision::kInt4;
+  p.int4_group = 32;
+  DecoderLm q(c, p);
+  ASSERT_OK(q->Load(folder, "model.", "lm_head.", torch::kCPU));
   torch::NoGradGuard no_grad;
-  torch::Tensor ids = torch::tensor({{3, 1, 4, 1, 5, 9, 2, 6}}, torch::kLong);
-  for (const auto& [weights, group] : {std::make_pair(Precision::kInt8, int64_t{128}),
-                                       std::make_pair(Precision::kInt4, int64_t{32})}) {
-    HfPrecision p;
-    p.weights = weights;
-    p.int4_group = group;
-    DecoderLm q(c, p);
-    ASSERT_OK(q->Load(folder, "model.", "lm_head.", torch::kCPU));
-    DecoderLm ref(c, HfPrecision{});
-    ASSERT_OK(ref->Load(folder, "model.", "lm_head.", torch::kCPU));
-    for (const auto& m : ref->modules()) {
-      if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
-        const int64_t in = linear->weight.size(1);
-        linear->weight.set_data(
-            DequantizeWeight(QuantizeWeight(linear->weight, weights, group), weights, in, group));
-      }
+  auto* layer = q->layers->ptr(1)->as<DecoderLayerImpl>();
+  DecoderAttentionImpl& attn = *layer->self_attn;
+  torch::Tensor x = torch::randn({1, 3, 32});
+  ASSERT_TRUE(attn.packed_qkv.Serves(x));
+  ASSERT_TRUE(layer->mlp->packed_gate_up.Serves(x));
+  EXPECT_TRUE(torch::equal(attn.packed_qkv.forward(x),
+                           torch::cat({attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)}, -1)));
+  EXPECT_TRUE(torch::equal(layer->mlp->packed_gate_up.forward(x),
+                           torch::cat({layer->mlp->gate_proj(x), layer->mlp->up_proj(x)}, -1)));
+  // The parts are views of the fused bytes: fusing twice changes nothing, counts once.
+  const int64_t resident = ResidentBytes(*q);
+  q->FuseProjections();
+  EXPECT_EQ(ResidentBytes(*q), resident);
+  EXPECT_FALSE(attn.packed_qkv.Serves(x.to(torch::kDouble)));
+  // A part adopting a new weight leaves the fused product stale: it no longer serves, and
+  // the layer computes with its new weight.
+  torch::Tensor w = torch::randn({16, 32});
+  ASSERT_OK(attn.k_proj->Adopt("weight", w));
+  EXPECT_FALSE(attn.packed_qkv.Serves(x));
+  torch::Tensor full = q->Forward(x, {}, nullptr).logits;
+  q->FuseProjections();
+  EXPECT_TRUE(attn.packed_qkv.Serves(x));
+  EXPECT_TRUE(torch::allclose(q->Forward(x, {}, nullptr).logits, full, 1e-5, 1e-5));
+}
+
+// Without autograd a decode step writes its keys into the cache's buffer in place (no copy
+// of the whole cache per step); with it the cache concatenates, so gradients flow.
+TEST(DecoderLmTest, KvCacheGrowsInPlaceWithoutAutograd) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, HfPrecision{});
+  Randomize(*lm, 10);
+  torch::Tensor ids = torch::tensor({{3, 8, 1, 44, 20, 6}}, torch::kLong);
+  {
+    torch::NoGradGuard no_grad;
+    DecoderKvCache cache;
+    lm->Forward(lm->EmbedTokens(ids.narrow(1, 0, 3)), {}, &cache);
+    const void* storage = cache.keys[1].data_ptr();
+    for (int t = 3; t < 6; ++t) lm->Forward(lm->EmbedTokens(ids.narrow(1, t, 1)), {}, &cache);
+    EXPECT_EQ(cache.length(), 6);
+    EXPECT_EQ(cache.keys[1].data_ptr(), storage);
+    // A cache whose keys were set from elsewhere (a batch row selected) is copied first.
+    DecoderKvCache picked;
+    for (size_t i = 0; i < cache.keys.size(); ++i) {
+      picked.keys.push_back(cache.keys[i].index_select(0, torch::tensor({0})));
+      picked.values.push_back(cache.values[i].index_select(0, torch::tensor({0})));
     }
-    torch::Tensor a = ref->Forward(ref->EmbedTokens(ids), {}, nullptr).logits;
-    torch::Tensor b = q->Forward(q->EmbedTokens(ids), {}, nullptr).logits;
-    EXPECT_LT(((a - b).abs().max() / a.abs().max()).item<float>(), 1e-4);
-    GreedyOptions o;
-    o.max_new_tokens = 12;
-    EXPECT_EQ(GreedyGenerateFromEmbeds(*q, q->EmbedTokens(ids), {}, o).tokens,
-              GreedyGenerateFromEmbeds(*ref, ref->EmbedTokens(ids), {}, o).tokens);
+    torch::Tensor next = torch::tensor({{9}}, torch::kLong);
+    torch::Tensor a = lm->Forward(lm->EmbedTokens(next), {}, &picked).logits;
+    torch::Tensor b = lm->Forward(lm->EmbedTokens(next), {}, &cache).logits;
+    EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-6));
   }
+  lm->embed_tokens->weight.set_requires_grad(true);
+  DecoderKvCache cache;
+  lm->Forward(lm->EmbedTokens(ids.narrow(1, 0, 3)), {}, &cache);
+  torch::Tensor logits = lm->Forward(lm->EmbedTokens(ids.narrow(1, 3, 1)), {}, &cache).logits;
+  EXPECT_FALSE(cache.key_buffers[0].defined());
+  logits.sum().backward();
+  EXPECT_GT(lm->embed_tokens->weight.grad().index_select(0, torch::tensor({3})).abs().sum().item<float>(),
+            0.0f);
 }
 
 // Module::to moves a quantized layer's packed weight with the parameters and keeps its

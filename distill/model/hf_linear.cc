@@ -73,6 +73,38 @@ void HfLinearImpl::to(torch::Device device, bool non_blocking) {
   MoveHeld([&] { torch::nn::Module::to(device, non_blocking); });
 }
 
+absl::Status HfLinearImpl::AdoptQuantized(const QuantizedWeight& q) {
+  const int64_t groups_wanted =
+      (options_.in_features + options_.precision.int4_group - 1) / options_.precision.int4_group;
+  const bool int8 = options_.precision.weights == Precision::kInt8;
+  const bool shaped =
+      q.values.defined() && q.scales.defined() && q.values.dim() == 2 &&
+      q.values.size(0) == options_.out_features &&
+      (int8 ? q.values.scalar_type() == torch::kChar && q.values.size(1) == options_.in_features &&
+                  q.scales.dim() == 1
+            : q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
+                  q.scales.size(1) == groups_wanted &&
+                  q.values.size(1) == groups_wanted * options_.precision.int4_group / 2) &&
+      q.scales.size(0) == options_.out_features;
+  if (!quantized() || !shaped) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linear layer [", options_.out_features, ", ", options_.in_features,
+        "] cannot adopt this packed weight (precision or shape differs)"));
+  }
+  q_ = q;
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(q.values.device()));
+  return absl::OkStatus();
+}
+
+bool HfLinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
+  // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
+  // group sizes (the small families use any divisor of the width) dequantize per call.
+  const bool kernel_group = options_.precision.weights != Precision::kInt4 ||
+                            options_.precision.int4_group % 32 == 0;
+  return quantized() && q_.values.defined() && q_.values.device().is_cpu() && x.device().is_cpu() &&
+         x.scalar_type() == torch::kFloat && kernel_group;
+}
+
 torch::Tensor HfLinearImpl::EffectiveWeight() const {
   if (!quantized() || !q_.values.defined()) return weight;
   return DequantizeWeight(q_, options_.precision.weights, options_.in_features,
@@ -100,12 +132,7 @@ torch::Tensor HfLinearImpl::MergedWeight() const {
 
 torch::Tensor HfLinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
-  // group sizes (the small families use any divisor of the width) dequantize per call.
-  const bool kernel_group =
-      options_.precision.weights != Precision::kInt4 || options_.precision.int4_group % 32 == 0;
-  if (quantized() && q_.values.defined() && x.device().is_cpu() &&
-      x.scalar_type() == torch::kFloat && kernel_group) {
+  if (UsesPackedKernel(x)) {
     y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
                         options_.precision.int4_group, bias);
   } else {
@@ -120,12 +147,97 @@ int64_t HfLinearImpl::WeightBytes() const {
   return weight.numel() * weight.element_size();
 }
 
-HfEmbeddingImpl::HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype) {
+bool HfFusedLinear::Fuse(const std::vector<HfLinear>& parts) {
+  torch::NoGradGuard no_grad;
+  if (parts.size() < 2) return false;
+  const HfLinearOptions& first = parts[0]->options();
+  for (const HfLinear& p : parts) {
+    const HfLinearOptions& o = p->options();
+    if (!p->quantized() || !p->quantized_weight().values.defined() ||
+        !p->quantized_weight().values.device().is_cpu() || p->has_lora() ||
+        o.in_features != first.in_features || o.precision.weights != first.precision.weights ||
+        o.precision.int4_group != first.precision.int4_group || o.bias != first.bias) {
+      return false;
+    }
+  }
+  std::vector<torch::Tensor> values, scales, biases;
+  for (const HfLinear& p : parts) {
+    values.push_back(p->quantized_weight().values);
+    scales.push_back(p->quantized_weight().scales);
+    if (p->bias.defined()) biases.push_back(p->bias.detach());
+  }
+  QuantizedWeight fused{torch::cat(values, 0), torch::cat(scales, 0)};
+  torch::Tensor bias = biases.empty() ? torch::Tensor() : torch::cat(biases, 0);
+  int64_t offset = 0;
+  views_.clear();
+  for (HfLinear p : parts) {  // a copy of the holder: the layers are changed
+    const int64_t n = p->options().out_features;
+    QuantizedWeight view{fused.values.narrow(0, offset, n), fused.scales.narrow(0, offset, n)};
+    TORCH_CHECK(p->AdoptQuantized(view).ok(), "HfFusedLinear: a part refused its slice");
+    if (bias.defined()) p->bias.set_data(bias.narrow(0, offset, n));
+    views_.push_back({view.values.data_ptr(), view.scales.data_ptr(),
+                      bias.defined() ? p->bias.data_ptr() : nullptr});
+    offset += n;
+  }
+  parts_ = parts;
+  q_ = std::move(fused);
+  bias_ = std::move(bias);
+  return true;
+}
+
+bool HfFusedLinear::Intact() const {
+  if (parts_.empty()) return false;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const HfLinearImpl& p = *parts_[i];
+    const QuantizedWeight& w = p.quantized_weight();
+    if (!w.values.defined() || w.values.data_ptr() != views_[i].values ||
+        w.scales.data_ptr() != views_[i].scales ||
+        (bias_.defined() && p.bias.data_ptr() != views_[i].bias)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool HfFusedLinear::Serves(const torch::Tensor& x) const {
+  if (!Intact() || !parts_[0]->UsesPackedKernel(x)) return false;
+  const bool grad = torch::GradMode::is_enabled();
+  for (const HfLinear& p : parts_) {
+    if (p->has_lora() || (grad && bias_.defined() && p->bias.requires_grad())) return false;
+  }
+  return true;
+}
+
+torch::Tensor HfFusedLinear::forward(const torch::Tensor& x) const {
+  const HfLinearOptions& o = parts_[0]->options();
+  return QuantizedLinear(x, q_, o.precision.weights, o.in_features, o.precision.int4_group, bias_);
+}
+
+HfEmbeddingImpl::HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype) : dtype_(dtype) {
   weight = register_parameter("weight", Placeholder({num, dim}, dtype), /*requires_grad=*/false);
 }
 
+void HfEmbeddingImpl::Quantize(Precision precision, int64_t group) {
+  torch::NoGradGuard no_grad;
+  if (precision == Precision::kFp32) return;
+  const torch::Device device = weight.device();
+  QuantizedWeight q = QuantizeWeight(weight.to(torch::kFloat), precision, group);
+  q_.values = q.values.to(device);
+  q_.scales = q.scales.to(device);
+  precision_ = precision;
+  group_ = group;
+  weight.set_data(Placeholder(weight.sizes(), dtype_).to(device));
+}
+
 torch::Tensor HfEmbeddingImpl::forward(const torch::Tensor& ids) {
-  return torch::embedding(weight, ids);
+  if (!quantized()) return torch::embedding(weight, ids);
+  // Only the gathered rows are dequantized: the same values DequantizeWeight gives for the
+  // whole matrix.
+  torch::Tensor flat = ids.reshape({-1}).to(q_.values.device(), torch::kLong);
+  QuantizedWeight rows{q_.values.index_select(0, flat), q_.scales.index_select(0, flat)};
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(weight.size(1));
+  return DequantizeWeight(rows, precision_, weight.size(1), group_).to(dtype_).view(shape);
 }
 
 HfRmsNormImpl::HfRmsNormImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
@@ -199,9 +311,15 @@ int64_t ResidentBytes(torch::nn::Module& module) {
   for (const auto& p : module.parameters()) count(p);
   for (const auto& b : module.buffers()) count(b);
   for (const auto& m : module.modules()) {
-    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get());
-        linear != nullptr && linear->quantized()) {
-      total += linear->WeightBytes();
+    const QuantizedWeight* q = nullptr;
+    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
+      q = &linear->quantized_weight();
+    } else if (auto* embedding = dynamic_cast<HfEmbeddingImpl*>(m.get()); embedding != nullptr) {
+      q = &embedding->quantized_weight();
+    }
+    if (q != nullptr) {
+      count(q->values);
+      count(q->scales);
     }
   }
   return total;

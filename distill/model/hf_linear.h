@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "distill/model/config.h"
 #include "distill/model/hf_folder.h"
@@ -63,6 +64,15 @@ class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
 
   // Takes "weight" (quantizing it when the precision says so) and "bias".
   absl::Status Adopt(const std::string& local_name, torch::Tensor tensor) override;
+  // Takes an already packed weight of this layer's shape and precision (as QuantizeWeight
+  // makes it), sharing its tensors: e.g. the embedding's rows for a tied LM head. The float
+  // weight is dropped as in Adopt. InvalidArgument for an unquantized layer or other shapes.
+  absl::Status AdoptQuantized(const QuantizedWeight& q);
+  // The packed weight (undefined tensors before a quantized layer adopted its weight).
+  const QuantizedWeight& quantized_weight() const { return q_; }
+  // Whether forward(x) runs qmatmul.h's packed kernels: a quantized CPU weight, fp32 CPU
+  // input, int8 or int4 groups of a multiple of 32.
+  bool UsesPackedKernel(const torch::Tensor& x) const;
 
   bool quantized() const { return options_.precision.weights != Precision::kFp32; }
   // The effective weight [out, in] in the compute dtype.
@@ -95,12 +105,61 @@ class HfLinearImpl : public torch::nn::Module, public HfTensorSink {
 };
 TORCH_MODULE(HfLinear);
 
-// Token embedding: "weight" [vocab, hidden].
+// Quantized HfLinear layers that read the same input (q/k/v, gate/up), computed by one
+// packed product on CPU: one pass and one parallel region instead of one per layer. Fuse
+// concatenates their packed weights (and biases) along the output channels and makes each
+// layer's weight (and bias) a view of the concatenation, so the bytes are held once and the
+// layers keep working on their own. Not a module (the layers own the parameters); not
+// thread-safe for Fuse, concurrent forwards are fine.
+class HfFusedLinear {
+ public:
+  // Fuses `parts`: quantized layers of one precision, group and in_features whose packed
+  // weights are on the CPU. Returns false and changes nothing when they do not qualify.
+  bool Fuse(const std::vector<HfLinear>& parts);
+  // Fused, and each part's weight and bias still the views Fuse made (a later Adopt, e.g. a
+  // second load, gives a part its own again).
+  bool Intact() const;
+  // Whether forward(x) stands for the parts: Intact, no LoRA, no bias that needs a gradient,
+  // and the packed kernel applies to x (HfLinearImpl::UsesPackedKernel).
+  bool Serves(const torch::Tensor& x) const;
+  // [..., sum of the parts' out_features]: the parts' outputs side by side.
+  torch::Tensor forward(const torch::Tensor& x) const;
+
+ private:
+  // Where each part's slices start: a part whose weight or bias no longer points there was
+  // given another one after Fuse.
+  struct PartViews {
+    const void* values;
+    const void* scales;
+    const void* bias;  // nullptr without bias
+  };
+  std::vector<HfLinear> parts_;
+  std::vector<PartViews> views_;
+  QuantizedWeight q_;
+  torch::Tensor bias_;  // undefined when the parts have none
+};
+
+// Token embedding: "weight" [vocab, hidden]. After Quantize the rows are held packed (int8
+// per row, int4 in groups: the format of an HfLinear weight [vocab, hidden], so a tied LM
+// head shares them) and a lookup dequantizes only the rows it gathers.
 class HfEmbeddingImpl : public torch::nn::Module {
  public:
   HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype);
-  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor forward(const torch::Tensor& ids);  // [...] -> [..., dim] in the dtype
+  // Packs the loaded weight (precision int8 or int4; `group` for int4) and drops the float
+  // matrix: "weight" stays registered as a placeholder for its shape. For frozen embeddings
+  // only (nothing trains packed rows). A no-op for fp32.
+  void Quantize(Precision precision, int64_t group);
+  bool quantized() const { return q_.values.defined(); }
+  const QuantizedWeight& quantized_weight() const { return q_; }
+  Precision precision() const { return precision_; }
   torch::Tensor weight;
+
+ private:
+  torch::ScalarType dtype_;
+  Precision precision_ = Precision::kFp32;
+  int64_t group_ = 0;
+  QuantizedWeight q_;  // set by Quantize
 };
 TORCH_MODULE(HfEmbedding);
 
@@ -139,8 +198,9 @@ torch::Tensor Activation(const std::string& name, const torch::Tensor& x);
 // torch::nn::Conv2d's) are left alone. For building a model to train instead of loading one.
 void InitializeHfParameters(torch::nn::Module& module, double std = 0.02);
 
-// Bytes the module tree holds resident: parameters and buffers (each storage once) plus
-// quantized weights. Placeholders count one element.
+// Bytes the module tree holds resident: parameters, buffers and packed weights (of HfLinear
+// and HfEmbedding), each storage once (fused and shared packed weights count once).
+// Placeholders count one element.
 int64_t ResidentBytes(torch::nn::Module& module);
 
 }  // namespace cdcca::model
