@@ -37,6 +37,9 @@ TEST(BatchedMatmulTest, EqualsMatmulForAttentionShapes) {
   ExpectSameAsMatmul(torch::randn({7, 3, 5}), torch::randn({7, 5, 3}));
   ExpectSameAsMatmul(torch::randn({2, 1, 1}), torch::randn({2, 1, 9}));
   ExpectSameAsMatmul(torch::randn({4, 9, 17}), torch::randn({4, 17, 13}));
+  // Gradients wider than one 64-column pass (K = 100 for a's, P = 128 for b's), a masked tail.
+  ExpectSameAsMatmul(torch::randn({3, 7, 100}), torch::randn({3, 100, 128}));
+  ExpectSameAsMatmul(torch::randn({2, 128, 65}), torch::randn({2, 65, 71}));
 }
 
 TEST(BatchedMatmulTest, TakesStridedInputs) {
