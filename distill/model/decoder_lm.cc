@@ -27,16 +27,15 @@ constexpr int64_t kCacheBlock = 256;
 
 // Whether `view` is the first `length` positions of `buffer` and `buffer` can take `add`'s
 // positions after them.
-bool ExtendsInPlace(const torch::Tensor& buffer, const torch::Tensor& view, const torch::Tensor& add,
-                    int64_t length) {
-  if (!buffer.defined() || buffer.size(2) < length + add.size(2) ||
-      buffer.size(0) != add.size(0) || buffer.size(1) != add.size(1) ||
-      buffer.size(3) != add.size(3) || buffer.scalar_type() != add.scalar_type() ||
-      buffer.device() != add.device()) {
+bool ExtendsInPlace(const torch::Tensor& buffer, const torch::Tensor& view,
+                    const torch::Tensor& add, int64_t length) {
+  if (!buffer.defined() || buffer.size(2) < length + add.size(2) || buffer.size(0) != add.size(0) ||
+      buffer.size(1) != add.size(1) || buffer.size(3) != add.size(3) ||
+      buffer.scalar_type() != add.scalar_type() || buffer.device() != add.device()) {
     return false;
   }
-  return length == 0 || (view.data_ptr() == buffer.data_ptr() && view.strides() == buffer.strides() &&
-                         view.size(2) == length);
+  return length == 0 || (view.data_ptr() == buffer.data_ptr() &&
+                         view.strides() == buffer.strides() && view.size(2) == length);
 }
 
 }  // namespace
@@ -256,8 +255,8 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
     if (!lm_head) {
       if (!tied_head) {
         tied_head = register_module(
-            "tied_head", HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false,
-                                                  precision_}));
+            "tied_head",
+            HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false, precision_}));
       }
       if (absl::Status s = tied_head->AdoptQuantized(embed_tokens->quantized_weight()); !s.ok()) {
         return s;

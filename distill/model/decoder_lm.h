@@ -69,8 +69,8 @@ struct DecoderForwardOptions {
 };
 
 struct DecoderOutput {
-  torch::Tensor logits;  // [B, T or 1, V], fp32
-  torch::Tensor hidden;  // [B, T, H] after the final norm
+  torch::Tensor logits;    // [B, T or 1, V], fp32
+  torch::Tensor hidden;    // [B, T, H] after the final norm
   torch::Tensor captured;  // [B, T, H] see DecoderForwardOptions::capture_layer
 };
 

@@ -381,8 +381,9 @@ TEST(DecoderLmTest, QuantizedModelsHoldNoFloatEmbedding) {
       EXPECT_EQ(ResidentBytes(*q), parts + (tied ? int64_t{sizeof(float)} : 0));
       torch::NoGradGuard no_grad;
       torch::Tensor ids = torch::tensor({{0, 49, 7}, {7, 7, 1}}, torch::kLong);
-      torch::Tensor want =
-          DequantizeWeight(rows, weights, 32, 32).index_select(0, ids.reshape({-1})).view({2, 3, 32});
+      torch::Tensor want = DequantizeWeight(rows, weights, 32, 32)
+                               .index_select(0, ids.reshape({-1}))
+                               .view({2, 3, 32});
       EXPECT_TRUE(torch::equal(q->EmbedTokens(ids), want));
       EXPECT_LT((q->EmbedTokens(ids) - fp->EmbedTokens(ids)).abs().max().item<float>(),
                 0.1 * fp->embed_tokens->weight.abs().max().item<float>());
@@ -462,8 +463,9 @@ TEST(DecoderLmTest, KvCacheGrowsInPlaceWithoutAutograd) {
   torch::Tensor logits = lm->Forward(lm->EmbedTokens(ids.narrow(1, 3, 1)), {}, &cache).logits;
   EXPECT_FALSE(cache.key_buffers[0].defined());
   logits.sum().backward();
-  EXPECT_GT(lm->embed_tokens->weight.grad().index_select(0, torch::tensor({3})).abs().sum().item<float>(),
-            0.0f);
+  EXPECT_GT(
+      lm->embed_tokens->weight.grad().index_select(0, torch::tensor({3})).abs().sum().item<float>(),
+      0.0f);
 }
 
 // Module::to moves a quantized layer's packed weight with the parameters and keeps its

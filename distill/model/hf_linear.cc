@@ -87,9 +87,9 @@ absl::Status HfLinearImpl::AdoptQuantized(const QuantizedWeight& q) {
                   q.values.size(1) == groups_wanted * options_.precision.int4_group / 2) &&
       q.scales.size(0) == options_.out_features;
   if (!quantized() || !shaped) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "linear layer [", options_.out_features, ", ", options_.in_features,
-        "] cannot adopt this packed weight (precision or shape differs)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear layer [", options_.out_features, ", ", options_.in_features,
+                     "] cannot adopt this packed weight (precision or shape differs)"));
   }
   q_ = q;
   weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(q.values.device()));
@@ -99,8 +99,8 @@ absl::Status HfLinearImpl::AdoptQuantized(const QuantizedWeight& q) {
 bool HfLinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
   // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
   // group sizes (the small families use any divisor of the width) dequantize per call.
-  const bool kernel_group = options_.precision.weights != Precision::kInt4 ||
-                            options_.precision.int4_group % 32 == 0;
+  const bool kernel_group =
+      options_.precision.weights != Precision::kInt4 || options_.precision.int4_group % 32 == 0;
   return quantized() && q_.values.defined() && q_.values.device().is_cpu() && x.device().is_cpu() &&
          x.scalar_type() == torch::kFloat && kernel_group;
 }
@@ -213,7 +213,8 @@ torch::Tensor HfFusedLinear::forward(const torch::Tensor& x) const {
   return QuantizedLinear(x, q_, o.precision.weights, o.in_features, o.precision.int4_group, bias_);
 }
 
-HfEmbeddingImpl::HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype) : dtype_(dtype) {
+HfEmbeddingImpl::HfEmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype)
+    : dtype_(dtype) {
   weight = register_parameter("weight", Placeholder({num, dim}, dtype), /*requires_grad=*/false);
 }
 
