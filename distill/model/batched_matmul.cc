@@ -77,37 +77,52 @@ __attribute__((target("avx2,fma"))) void DotRowsAvx2(const float* x, const float
   }
 }
 
+// out[i, c0 : c0 + width] = sum_t x[i, t] y[t, c0 : c0 + width] for one pair (x [m, k],
+// y [k, p], out [m, p], rows contiguous), width <= 8 * kBlocks, eight columns a vector, the
+// last block masked. kBlocks is a compile-time constant so the accumulators stay in registers.
+template <int kBlocks>
+__attribute__((target("avx2,fma"))) inline void AxpyColumnsAvx2(const float* x, const float* y,
+                                                                float* out, int64_t m, int64_t p,
+                                                                int64_t k, int64_t c0,
+                                                                __m256i tail) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    __m256 acc[kBlocks];
+    for (int v = 0; v < kBlocks; ++v) acc[v] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < k; ++t) {
+      const __m256 xv = _mm256_broadcast_ss(xi + t);
+      const float* yt = y + t * p + c0;
+      for (int v = 0; v + 1 < kBlocks; ++v) {
+        acc[v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(yt + 8 * v), acc[v]);
+      }
+      acc[kBlocks - 1] =
+          _mm256_fmadd_ps(xv, _mm256_maskload_ps(yt + 8 * (kBlocks - 1), tail), acc[kBlocks - 1]);
+    }
+    float* oi = out + i * p + c0;
+    for (int v = 0; v + 1 < kBlocks; ++v) _mm256_storeu_ps(oi + 8 * v, acc[v]);
+    _mm256_maskstore_ps(oi + 8 * (kBlocks - 1), tail, acc[kBlocks - 1]);
+  }
+}
+
 // out[i, :] = sum_t x[i, t] y[t, :] for one pair: x [m, k], y [k, p], out [m, p], rows
-// contiguous. Eight columns of out at a time, the last block masked: the form the gradients
-// need, whose inner dimension (the query or key count) is short.
+// contiguous. Up to 64 columns of out a pass: the form the gradients need, whose inner
+// dimension (the query or key count) is short.
 __attribute__((target("avx2,fma"))) void AxpyRowsAvx2(const float* x, const float* y, float* out,
                                                       int64_t m, int64_t p, int64_t k) {
-  constexpr int64_t kBlocks = 8;  // accumulators per pass: 64 columns
   alignas(32) int32_t lanes[8];
   for (int l = 0; l < 8; ++l) lanes[l] = l;
   const __m256i lane = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-  for (int64_t c0 = 0; c0 < p; c0 += 8 * kBlocks) {
-    const int64_t width = std::min<int64_t>(8 * kBlocks, p - c0);
+  for (int64_t c0 = 0; c0 < p; c0 += 64) {
+    const int64_t width = std::min<int64_t>(64, p - c0);
     const int64_t blocks = (width + 7) / 8;
     const __m256i tail =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - 8 * (blocks - 1))), lane);
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = x + i * k;
-      __m256 acc[kBlocks];
-      for (int64_t v = 0; v < blocks; ++v) acc[v] = _mm256_setzero_ps();
-      for (int64_t t = 0; t < k; ++t) {
-        const __m256 xv = _mm256_broadcast_ss(xi + t);
-        const float* yt = y + t * p + c0;
-        for (int64_t v = 0; v + 1 < blocks; ++v) {
-          acc[v] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(yt + 8 * v), acc[v]);
-        }
-        acc[blocks - 1] =
-            _mm256_fmadd_ps(xv, _mm256_maskload_ps(yt + 8 * (blocks - 1), tail), acc[blocks - 1]);
-      }
-      float* oi = out + i * p + c0;
-      for (int64_t v = 0; v + 1 < blocks; ++v) _mm256_storeu_ps(oi + 8 * v, acc[v]);
-      _mm256_maskstore_ps(oi + 8 * (blocks - 1), tail, acc[blocks - 1]);
-    }
+    using Columns =
+        void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, __m256i);
+    static constexpr Columns kColumns[8] = {
+        AxpyColumnsAvx2<1>, AxpyColumnsAvx2<2>, AxpyColumnsAvx2<3>, AxpyColumnsAvx2<4>,
+        AxpyColumnsAvx2<5>, AxpyColumnsAvx2<6>, AxpyColumnsAvx2<7>, AxpyColumnsAvx2<8>};
+    kColumns[blocks - 1](x, y, out, m, p, k, c0, tail);
   }
 }
 

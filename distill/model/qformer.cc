@@ -5,6 +5,7 @@
 #include <string>
 
 #include "distill/model/batched_matmul.h"
+#include "distill/model/fused_ops.h"
 
 namespace cdcca::model {
 namespace {
@@ -59,7 +60,7 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
   // Exactly 0 for a disallowed key, also in a row that allows none (softmax made it uniform).
   if (allowed.defined()) probs = probs * allowed.to(probs.scalar_type());
   if (probs_out != nullptr) *probs_out = probs;
-  if (dropout_p > 0.0) probs = torch::dropout(probs, dropout_p, /*train=*/true);
+  if (dropout_p > 0.0) probs = TrainingDropout(probs, dropout_p);
   return BatchedMatmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
 }
 
@@ -139,7 +140,7 @@ torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden, const torch
                                       dropout_p, cross_probs);
   }
   torch::Tensor ff = intermediate_query->forward(queries);
-  if (dropout_p > 0.0) ff = torch::dropout(ff, dropout_p, /*train=*/true);
+  if (dropout_p > 0.0) ff = TrainingDropout(ff, dropout_p);
   torch::Tensor out = output_query->forward(ff, queries);
   if (attended.size(1) > query_length) {
     TORCH_CHECK(has_text_feed_forward(),

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "distill/model/fused_ops.h"
+
 namespace cdcca::model {
 namespace {
 
@@ -79,10 +81,7 @@ void RopeCosSin(const torch::Tensor& inv_freq, const torch::Tensor& positions,
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  torch::Tensor rotated =
-      torch::cat({-x.narrow(-1, half, x.size(-1) - half), x.narrow(-1, 0, half)}, -1);
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+  return RotaryEmbedding(x, cos, sin);
 }
 
 }  // namespace cdcca::model

@@ -24,6 +24,16 @@ int SetIntraOpThreads(int requested);
 // below 1.2e-38 are far under anything the models compute with, so results do not change.
 bool FlushDenormals();
 
+// Makes glibc's malloc keep freed memory for reuse instead of handing it back to the system:
+// blocks under 32 MiB come from the heap, and the heap is not trimmed. A training step frees
+// and reallocates tensors of a few MiB hundreds of times; by default glibc serves them from
+// fresh pages (mmap, or heap it trimmed at the last free), each of which faults on first
+// touch. On the 2-core machine that is ~560,000 faults in a 50 s pretraining run, half of them
+// gone with this, and element-wise ops on [2000, 432] up to 10x faster. Resident memory then
+// stays at its peak, so only training calls this, not the inference paths whose memory is
+// measured. Process-wide, idempotent; returns whether it applied (glibc only).
+bool KeepFreedMemory();
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_DISTILL_MODEL_THREADS_H_
