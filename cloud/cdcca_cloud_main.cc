@@ -64,9 +64,12 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, student_precision, "int8",
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
-ABSL_FLAG(std::string, learner, "akd", "cloud learner: akd, pl, pkd or cwd");
+ABSL_FLAG(std::string, learner, "",
+          "cloud learner: akd, pl, pkd or cwd (empty = --distill_config's, else akd)");
 ABSL_FLAG(std::string, distill_config, "",
-          "distill settings JSON (configs/distill/akd.json layout); empty = the learner's preset");
+          "distill settings JSON (configs/distill/akd.json layout); empty = the learner's "
+          "preset. With --learner too, that learner trains with these settings and only its "
+          "own feature term (baselines on equal terms)");
 ABSL_FLAG(int, max_steps, 0, "training steps per job (0 = from --distill_config, default 200)");
 ABSL_FLAG(double, time_budget_s, 0, "wall-clock bound of one job's training loop, s (0 = none)");
 ABSL_FLAG(int, batch_size, 0, "samples per training step (0 = from --distill_config, default 16)");

@@ -403,8 +403,15 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
         distill::LoadDistillSettings(options.distill_config);
     if (!s.ok()) return s.status();
     impl->settings = *std::move(s);
+    if (!options.learner.empty()) {
+      absl::StatusOr<distill::DistillConfig> c =
+          distill::WithFeatureTermOf(options.learner, impl->settings.learner);
+      if (!c.ok()) return c.status();
+      impl->settings.learner = *std::move(c);
+    }
   } else {
-    absl::StatusOr<distill::DistillConfig> c = distill::PresetDistillConfig(options.learner);
+    absl::StatusOr<distill::DistillConfig> c =
+        distill::PresetDistillConfig(options.learner.empty() ? "akd" : options.learner);
     if (!c.ok()) return c.status();
     impl->settings.learner = *std::move(c);
   }

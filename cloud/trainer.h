@@ -122,10 +122,12 @@ struct PerDeviceStrategyOptions {
   std::string student_precision = "int8";
   // Where the per-device state files live; created if missing.
   std::string state_dir;
-  // Cloud learner: "akd", "pl", "pkd" or "cwd".
-  std::string learner = "akd";
+  // Cloud learner: "akd", "pl", "pkd" or "cwd"; "" = distill_config's, else "akd".
+  std::string learner;
   // Optional distill settings JSON (configs/distill/akd.json layout); "" = the learner's
-  // preset. Its "job" section sets the job options below unless they are overridden.
+  // preset. Its "job" section sets the job options below unless they are overridden. With
+  // both, the learner trains with these settings and only its own feature term
+  // (distill::WithFeatureTermOf): baselines on equal terms with AKD.
   std::string distill_config;
   // Job bounds; 0 keeps the value of distill_config (or distill::JobOptions' default).
   int max_steps = 0;

@@ -127,6 +127,15 @@ absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name) {
   return c;
 }
 
+absl::StatusOr<DistillConfig> WithFeatureTermOf(const std::string& name, DistillConfig shared) {
+  absl::StatusOr<DistillConfig> preset = PresetDistillConfig(name);
+  if (!preset.ok()) return preset.status();
+  shared.name = name;
+  shared.feature_loss = preset->feature_loss;
+  if (shared.feature_loss == FeatureLoss::kNone) shared.l_query = shared.l_repr = 0.0;
+  return shared;
+}
+
 absl::StatusOr<DistillSettings> ParseDistillSettings(absl::string_view json) {
   Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {

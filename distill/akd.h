@@ -60,6 +60,13 @@ struct DistillConfig {
 // "akd", "pl", "pkd", "cwd" with the weights of configs/distill/akd.json's defaults.
 absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name);
 
+// `shared` with the feature term of learner `name` ("akd" MSE, "pkd" Pearson, "cwd"
+// channel-wise, "pl" none: its l_query and l_repr become 0) and that name; every other
+// setting (CE and KL weights, temperature, feature weights, normalization, ridge start) is
+// shared's. This is how baselines are compared on equal terms: the same settings, only the
+// thing under test differs.
+absl::StatusOr<DistillConfig> WithFeatureTermOf(const std::string& name, DistillConfig shared);
+
 // Reads a config: {"learner": {...DistillConfig fields..., "feature_loss": "mse"|"none"|
 // "pearson"|"channel_wise"}, "job": {...JobOptions fields...}}. Either section may be absent
 // (defaults: PresetDistillConfig(name) / JobOptions{}); unknown keys are INVALID_ARGUMENT.

@@ -306,5 +306,32 @@ TEST(DistillSettingsTest, ParsesTheShippedConfigAndRejectsTypos) {
   EXPECT_FALSE(ParseDistillSettings(R"({"job": {"steps": 1}})").ok());
 }
 
+// Baselines on equal terms: each keeps every setting of the shared config (the shipped one
+// has the logit KL) and changes only its feature term.
+TEST(DistillSettingsTest, BaselinesShareEverythingButTheFeatureTerm) {
+  ASSERT_OK_AND_ASSIGN(DistillSettings shared, LoadDistillSettings(std::string(CDCCA_SOURCE_DIR) +
+                                                                   "/configs/distill/akd.json"));
+  ASSERT_GT(shared.learner.l_kl, 0.0);
+  const std::map<std::string, FeatureLoss> terms = {{"akd", FeatureLoss::kMse},
+                                                    {"pkd", FeatureLoss::kPearson},
+                                                    {"cwd", FeatureLoss::kChannelWise},
+                                                    {"pl", FeatureLoss::kNone}};
+  for (const auto& [name, term] : terms) {
+    SCOPED_TRACE(name);
+    ASSERT_OK_AND_ASSIGN(DistillConfig c, WithFeatureTermOf(name, shared.learner));
+    EXPECT_EQ(c.name, name);
+    EXPECT_EQ(c.feature_loss, term);
+    EXPECT_EQ(c.l_ce, shared.learner.l_ce);
+    EXPECT_EQ(c.l_kl, shared.learner.l_kl);
+    EXPECT_EQ(c.temperature, shared.learner.temperature);
+    EXPECT_EQ(c.repr_answer_only, shared.learner.repr_answer_only);
+    EXPECT_EQ(c.ridge_init, shared.learner.ridge_init);
+    const bool features = term != FeatureLoss::kNone;
+    EXPECT_EQ(c.l_query, features ? shared.learner.l_query : 0.0);
+    EXPECT_EQ(c.l_repr, features ? shared.learner.l_repr : 0.0);
+  }
+  EXPECT_FALSE(WithFeatureTermOf("kd", shared.learner).ok());
+}
+
 }  // namespace
 }  // namespace cdcca::distill

@@ -98,7 +98,8 @@ struct Experiment {
   JobSettings job;
   LinkSettings link;
   double downlink_bits_per_param = 2.0;
-  // Settings of the AKD-family learners (configs/distill layout); "" = the learner preset.
+  // Distill settings every cloud method trains with (configs/distill layout); each method
+  // changes only its feature term (distill::WithFeatureTermOf). "" = each learner's preset.
   std::string distill_config = "configs/distill/akd.json";
   int threads = 0;  // LibTorch intra-op threads; 0 = automatic (1; distill/model/threads.h)
 

@@ -361,7 +361,9 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.student_precision = e.precision;
   po.state_dir = dir + "/mirrors";
   po.learner = plan.learner;
-  if (plan.learner == "akd" && fs::exists(e.distill_config)) po.distill_config = e.distill_config;
+  // Every cloud method trains with the experiment's distill settings (CE, KL, replay, steps,
+  // learning rate) and differs from AKD only in its feature term.
+  if (fs::exists(e.distill_config)) po.distill_config = e.distill_config;
   po.max_steps = e.job.max_steps;
   po.batch_size = e.job.batch_size;
   po.max_answer_tokens = e.AnswerTokens();
