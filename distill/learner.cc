@@ -80,11 +80,9 @@ torch::Device ModuleDevice(const torch::nn::Module& module) {
 
 absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device) {
   try {
-    model::Blip2Tower copy(source->config());
-    copy->to(ModuleDevice(*source));
-    absl::Status st = model::LoadModuleState(*copy, model::ModuleState(*source));
-    if (!st.ok()) return st;
-    copy->to(device);
+    absl::StatusOr<model::Blip2Tower> copy = model::CopyTower(source);
+    if (!copy.ok()) return copy.status();
+    (*copy)->to(device);
     return copy;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("copying the model: ", e.what_without_backtrace()));

@@ -136,7 +136,8 @@ class Learner {
 absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name,
                                                      model::Blip2Tower teacher);
 
-// A deep copy of `source` (parameters and buffers) on `device`.
+// A copy of `source` on `device` with parameters and buffers of its own (model::CopyTower;
+// the packed weights of a quantized base are shared: nothing writes them).
 absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device);
 
 // The device of a module's first parameter (CPU if it has none).

@@ -269,6 +269,32 @@ TEST_F(LearnerTest, CottaChangesTheTrainableSetAndKeepsAnEmaTeacher) {
   EXPECT_GT(ema_moved, 0);
 }
 
+// The device's student is int8 or int4: its quantized layers hold packed weights and only a
+// placeholder "weight". A copy (CoTTA's EMA teacher, the non-in-place jobs) must keep them.
+TEST_F(LearnerTest, CopiesOfAQuantizedStudentComputeTheSameAndTrainOnTheirOwn) {
+  for (model::Precision precision : {model::Precision::kInt8, model::Precision::kInt4}) {
+    ASSERT_OK_AND_ASSIGN(model::Blip2Tower quantized, model::ConvertPrecision(student_, precision));
+    ASSERT_OK_AND_ASSIGN(model::Blip2Tower copy, CopyMllm(quantized, torch::kCPU));
+    EXPECT_EQ(model::BaseFingerprint(copy), model::BaseFingerprint(quantized));
+    EXPECT_EQ(model::LinearBaseBytes(copy), model::LinearBaseBytes(quantized));
+    auto before = Snapshot(*quantized);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, t] : model::TrainableParameters(*copy)) t.add_(1.0);
+    }
+    for (const auto& [name, t] : model::TrainableParameters(*quantized)) {
+      EXPECT_TRUE(torch::equal(t, before[name])) << name;
+    }
+    CottaConfig c;
+    c.confidence_threshold = 1.1;
+    CottaLearner cotta(c);
+    JobOptions o = Options(2);
+    o.train_in_place = true;
+    ASSERT_OK(cotta.Run(samples_, nullptr, quantized, o).status());
+    EXPECT_EQ(model::BaseFingerprint(cotta.ema_teacher()), model::BaseFingerprint(quantized));
+  }
+}
+
 TEST_F(LearnerTest, ReplayedSamplesJoinTheJob) {
   ReplayBuffer replay(32, 3);
   replay.Add(MakeSamples(20, 77));

@@ -165,6 +165,29 @@ absl::StatusOr<Blip2Tower> ConvertPrecision(const Blip2Tower& model, Precision p
   });
 }
 
+absl::StatusOr<Blip2Tower> CopyTower(const Blip2Tower& model) {
+  return CatchTorch("CopyTower", [&]() -> absl::StatusOr<Blip2Tower> {
+    Blip2Tower copy(model->config());
+    const auto params = model->parameters();
+    if (!params.empty()) copy->to(params.front().device());
+    // A quantized layer's "weight" is a one-element placeholder: the layer adopts the
+    // source's packed weight instead, and the state copy skips the placeholder.
+    std::map<std::string, HfLinearImpl*> sources;
+    for (const auto& [name, lin] : Linears(*model)) sources.emplace(name, lin);
+    std::set<std::string> packed;
+    for (const auto& [name, lin] : Linears(*copy)) {
+      if (!lin->quantized()) continue;
+      if (absl::Status s = lin->AdoptQuantized(sources.at(name)->quantized_weight()); !s.ok()) {
+        return absl::InternalError(absl::StrCat("copying ", name, ": ", s.message()));
+      }
+      packed.insert(name + ".weight");
+    }
+    if (absl::Status s = LoadStateExcept(*copy, ModuleState(*model), packed); !s.ok()) return s;
+    copy->train(model->is_training());
+    return copy;
+  });
+}
+
 uint64_t BaseFingerprint(const Blip2Tower& model) {
   NamedTensors state = DequantizedState(model);
   std::sort(state.begin(), state.end(),

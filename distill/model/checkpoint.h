@@ -50,6 +50,11 @@ NamedTensors DequantizedState(const Blip2Tower& model);
 // reproduces the device's stored base exactly.
 absl::StatusOr<Blip2Tower> ConvertPrecision(const Blip2Tower& model, Precision precision);
 
+// An exact copy of `model` (same precision, device and training mode) whose parameters and
+// buffers are its own; the packed weights of quantized layers, which nothing trains or
+// writes, are shared rather than copied (a quantized layer holds no float weight to copy).
+absl::StatusOr<Blip2Tower> CopyTower(const Blip2Tower& model);
+
 uint64_t BaseFingerprint(const Blip2Tower& model);
 std::string FingerprintHex(uint64_t fingerprint);  // 16 lowercase hex digits
 
