@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -234,10 +235,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     const float* gp = gate.data_ptr<float>();
     const float* up_p = up.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    auto kernel = SiluMulForwardScalar;
-#ifdef CDCCA_SIMD_X86
-    if (HaveAvx2()) kernel = SiluMulForwardAvx2;
-#endif
+    const auto kernel = CDCCA_PICK_KERNEL(SiluMulForwardScalar, SiluMulForwardAvx2);
     at::parallel_for(0, gate.numel(), 32768,
                      [&](int64_t b, int64_t e) { kernel(gp, up_p, op, b, e); });
     ctx->save_for_backward({gate, up});
@@ -255,10 +253,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     const float* up_p = up.data_ptr<float>();
     float* ggp = g_gate.data_ptr<float>();
     float* gup = g_up.data_ptr<float>();
-    auto kernel = SiluMulBackwardScalar;
-#ifdef CDCCA_SIMD_X86
-    if (HaveAvx2()) kernel = SiluMulBackwardAvx2;
-#endif
+    const auto kernel = CDCCA_PICK_KERNEL(SiluMulBackwardScalar, SiluMulBackwardAvx2);
     at::parallel_for(0, gate.numel(), 32768,
                      [&](int64_t b, int64_t e) { kernel(gop, gp, up_p, ggp, gup, b, e); });
     return {g_gate, g_up};
@@ -391,10 +386,7 @@ struct DropoutDraw {
 void DropoutApply(const torch::Tensor& x, torch::Tensor& out, const DropoutDraw& d) {
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  auto range = DropoutRangeScalar;
-#ifdef CDCCA_SIMD_X86
-  if (HaveAvx2()) range = DropoutRangeAvx2;
-#endif
+  const auto range = CDCCA_PICK_KERNEL(DropoutRangeScalar, DropoutRangeAvx2);
   // Each 2^32-element block of the tensor draws with its own key.
   constexpr int64_t kBlock = int64_t{1} << 32;
   at::parallel_for(0, x.numel(), 32768, [&](int64_t b, int64_t e) {

@@ -18,6 +18,10 @@ inline bool HaveAvx2() {
   return have;
 }
 
+// The AVX2 kernel where this processor runs it, else the portable one. Off x86 only the
+// portable kernel exists, and the macro never names the other.
+#define CDCCA_PICK_KERNEL(portable, avx2) (::cdcca::model::HaveAvx2() ? (avx2) : (portable))
+
 // The sum of v's eight lanes.
 __attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -25,6 +29,8 @@ __attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
+#else
+#define CDCCA_PICK_KERNEL(portable, avx2) (portable)
 #endif
 
 }  // namespace cdcca::model
