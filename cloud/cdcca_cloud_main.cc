@@ -216,8 +216,8 @@ int main(int argc, char** argv) {
   if (!updates.ok()) return Fail(updates.status());
 
   // Per-batch bounds of the ingest check (the codec's own limits: 4096 samples, 64 MiB).
-  const uint32_t max_batch_samples = static_cast<uint32_t>(
-      std::clamp<int64_t>(absl::GetFlag(FLAGS_max_batch_samples), 1, 4096));
+  const uint32_t max_batch_samples =
+      static_cast<uint32_t>(std::clamp<int64_t>(absl::GetFlag(FLAGS_max_batch_samples), 1, 4096));
   const uint64_t max_batch_decoded_bytes =
       static_cast<uint64_t>(std::clamp<int64_t>(absl::GetFlag(FLAGS_max_batch_decoded_mib), 1, 64))
       << 20;
@@ -243,8 +243,7 @@ int main(int argc, char** argv) {
     so.max_samples_per_job =
         static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_job_samples)));
     so.max_decoded_bytes_per_job =
-        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_job_decoded_mib)))
-        << 20;
+        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_job_decoded_mib))) << 20;
     so.max_samples_per_batch = max_batch_samples;
     so.max_decoded_bytes_per_batch = max_batch_decoded_bytes;
     so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
@@ -361,14 +360,14 @@ int main(int argc, char** argv) {
     status_thread = std::thread([&] {
       const absl::Time started = absl::Now();
       do {
-        nlohmann::json s = {{"status", "SERVING"},
-                            {"uptime_s", absl::ToInt64Seconds(absl::Now() - started)},
-                            {"registered_devices", (*registry)->size()},
-                            {"stored_batches", (*samples)->Stats().records},
-                            {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
-                            {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
-                            {"sample_log_truncated_tail_bytes",
-                             (*samples)->Stats().truncated_tail_bytes}};
+        nlohmann::json s = {
+            {"status", "SERVING"},
+            {"uptime_s", absl::ToInt64Seconds(absl::Now() - started)},
+            {"registered_devices", (*registry)->size()},
+            {"stored_batches", (*samples)->Stats().records},
+            {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
+            {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
+            {"sample_log_truncated_tail_bytes", (*samples)->Stats().truncated_tail_bytes}};
         if (scheduler != nullptr) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();
