@@ -312,6 +312,8 @@ int main(int argc, char** argv) {
   }
   CloudServiceOptions service_options;
   service_options.expected_fingerprint = fingerprint;
+  service_options.expected_vision_fingerprint =
+      strategy != nullptr ? strategy->VisionFingerprint() : 0;
   // Ingest checks batches against the model (transport only: any shape, the same bounds).
   if (strategy != nullptr) {
     service_options.sample_spec = strategy->Spec();
@@ -343,6 +345,8 @@ int main(int argc, char** argv) {
        {"data_dir", data_dir},
        {"trainer", strategy != nullptr},
        {"fingerprint", absl::StrFormat("%016x", fingerprint)},
+       {"vision_fingerprint",
+        absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
        {"tls", !absl::GetFlag(FLAGS_insecure)}});
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     if (absl::Status s = internal::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),

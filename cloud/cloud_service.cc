@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "grpcpp/support/byte_buffer.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "proto/wire.h"
 
 namespace cdcca::cloud {
@@ -22,18 +22,17 @@ absl::Status ValidateCapabilities(const v1::Capabilities& caps) {
   }
   for (uint32_t bits : caps.delta_bit_widths()) {
     if (bits != 0 && bits != 1 && bits != 2 && bits != 3 && bits != 4 && bits != 8) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("capabilities.delta_bit_widths holds ", bits,
-                       "; supported widths are 0, 1, 2, 3, 4 and 8"));
+      return absl::InvalidArgumentError(absl::StrCat("capabilities.delta_bit_widths holds ", bits,
+                                                     "; supported widths are 0, 1, 2, 3, 4 and 8"));
     }
   }
   if (caps.update_byte_budget() > kMaxByteBudget) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "capabilities.update_byte_budget ", caps.update_byte_budget(), " exceeds 1 GiB"));
+    return absl::InvalidArgumentError(absl::StrCat("capabilities.update_byte_budget ",
+                                                   caps.update_byte_budget(), " exceeds 1 GiB"));
   }
   if (caps.max_chunk_bytes() > wire::kMaxChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("capabilities.max_chunk_bytes ",
-                                                   caps.max_chunk_bytes(), " exceeds 1 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("capabilities.max_chunk_bytes ", caps.max_chunk_bytes(), " exceeds 1 MiB"));
   }
   if (caps.max_chunk_bytes() != 0 && caps.max_chunk_bytes() < 1024) {
     return absl::InvalidArgumentError("capabilities.max_chunk_bytes must be at least 1024");
@@ -45,7 +44,8 @@ absl::Status ValidateCapabilities(const v1::Capabilities& caps) {
 }
 
 absl::Status ValidateBatch(const v1::UplinkBatch& batch) {
-  if (batch.sequence() == 0) return absl::InvalidArgumentError("uplink sequence numbers start at 1");
+  if (batch.sequence() == 0)
+    return absl::InvalidArgumentError("uplink sequence numbers start at 1");
   if (batch.sample_count() == 0 || batch.sample_count() > wire::kMaxSamplesPerBatch) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has sample_count ",
                                                    batch.sample_count(), "; allowed 1-",
@@ -60,8 +60,8 @@ absl::Status ValidateBatch(const v1::UplinkBatch& batch) {
                                                    " bytes; the limit is 1 MiB"));
   }
   if (batch.codec_version() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(),
-                                                   " has no codec_version"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch ", batch.sequence(), " has no codec_version"));
   }
   return absl::OkStatus();
 }
@@ -97,8 +97,8 @@ absl::StatusOr<std::string> CloudService::Authenticate(grpc::CallbackServerConte
   absl::StatusOr<std::string> device = auth_->Authenticate(authorization);
   if (!device.ok()) return device.status();
   if (!claimed.empty() && claimed != *device) {
-    return absl::PermissionDeniedError(absl::StrCat("the token belongs to device ", *device,
-                                                    ", not to ", claimed));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the token belongs to device ", *device, ", not to ", claimed));
   }
   // Mutual TLS: the certificate must be the device's own, so a leaked token is useless
   // without that device's key, and one device's key cannot carry another's token.
@@ -143,6 +143,21 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
     bad = absl::InvalidArgumentError("agent_version exceeds 128 bytes");
   }
   if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (bad.ok() && options_.expected_vision_fingerprint != 0 &&
+      request->vision_fingerprint() != options_.expected_vision_fingerprint) {
+    bad = absl::FailedPreconditionError(
+        request->vision_fingerprint() == 0
+            ? absl::StrFormat(
+                  "device %s did not report its vision tower's fingerprint; the teacher's tower "
+                  "is %016x and the tokens a device uplinks must come from it",
+                  request->device_id(), options_.expected_vision_fingerprint)
+            : absl::StrFormat(
+                  "device %s runs vision tower %016x, but the teacher reads tokens of tower "
+                  "%016x: a teacher-student pair must share one vision tower (run a student of "
+                  "the teacher's family)",
+                  request->device_id(), request->vision_fingerprint(),
+                  options_.expected_vision_fingerprint));
+  }
   if (bad.ok() && options_.expected_fingerprint != 0 &&
       request->model_fingerprint() != options_.expected_fingerprint) {
     bad = absl::FailedPreconditionError(absl::StrFormat(
@@ -197,8 +212,8 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
     }
     v1::UplinkBatch batch;
     if (!Parse(message_, &batch)) {
-      Finish(wire::ToGrpcStatus(absl::InvalidArgumentError(
-          "uplink message does not parse as a cdcca.v1.UplinkBatch")));
+      Finish(wire::ToGrpcStatus(
+          absl::InvalidArgumentError("uplink message does not parse as a cdcca.v1.UplinkBatch")));
       return;
     }
     message_.Clear();
@@ -207,9 +222,8 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
       return;
     }
     // Decoding a batch costs milliseconds: do it off the reaction thread.
-    service_->io_pool_.Schedule([this, batch = std::move(batch)]() mutable {
-      CheckAndStore(std::move(batch));
-    });
+    service_->io_pool_.Schedule(
+        [this, batch = std::move(batch)]() mutable { CheckAndStore(std::move(batch)); });
   }
 
   void OnDone() override { delete this; }
@@ -301,7 +315,9 @@ class CloudService::PayloadWriter : public grpc::ServerWriteReactor<v1::PayloadC
   }
 
   PayloadWriter(StoredUpdate update, uint64_t offset, uint32_t chunk_bytes, uint64_t cut_after)
-      : update_(std::move(update)), offset_(offset), chunk_bytes_(chunk_bytes),
+      : update_(std::move(update)),
+        offset_(offset),
+        chunk_bytes_(chunk_bytes),
         cut_after_(cut_after) {
     v1::PayloadInfo* info = chunk_.mutable_info();
     info->set_available(true);
@@ -369,10 +385,10 @@ grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchUpdate(
   }
   if (!update.ok()) return new PayloadWriter(update.status());
   if (request->new_version() != 0 && request->new_version() != update->new_version) {
-    return new PayloadWriter(absl::AbortedError(absl::StrCat(
-        "resume asked for version ", request->new_version(), " but the update on top of ",
-        request->base_version(), " is now version ", update->new_version,
-        "; restart from offset 0")));
+    return new PayloadWriter(absl::AbortedError(
+        absl::StrCat("resume asked for version ", request->new_version(),
+                     " but the update on top of ", request->base_version(), " is now version ",
+                     update->new_version, "; restart from offset 0")));
   }
   if (request->offset() > update->payload->size()) {
     return new PayloadWriter(absl::InvalidArgumentError(
@@ -422,9 +438,9 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
     if (expected.ok()) {
       in_sync = *expected == request->state_digest();
       if (!in_sync) {
-        SetError(absl::DataLossError(absl::StrCat(
-                     "state digest ", request->state_digest(), " of version ", request->version(),
-                     " differs from the cloud mirror's ", *expected)),
+        SetError(absl::DataLossError(absl::StrCat("state digest ", request->state_digest(),
+                                                  " of version ", request->version(),
+                                                  " differs from the cloud mirror's ", *expected)),
                  reply->mutable_error());
       }
     } else if (request->version() == 0 && updates_->LatestVersion(id) == 0) {
@@ -438,7 +454,8 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
       reply->set_resync_required(true);
       reply->set_snapshot_version(snapshot.ok() ? snapshot->new_version : 0);
     }
-    absl::Status s = registry_->SetApplied(id, request->version(), request->state_digest(), in_sync);
+    absl::Status s =
+        registry_->SetApplied(id, request->version(), request->state_digest(), in_sync);
     if (!s.ok()) {
       reactor->Finish(wire::ToGrpcStatus(s));
       return;
@@ -457,8 +474,7 @@ grpc::ServerUnaryReactor* CloudService::Health(grpc::CallbackServerContext* ctx,
   const SampleStoreStats stats = samples_->Stats();
   reply->set_status(v1::HealthReply::SERVING);
   reply->set_server_version(CDCCA_VERSION);
-  reply->set_uptime_seconds(
-      static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
+  reply->set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
   reply->set_registered_devices(static_cast<uint32_t>(registry_->size()));
   reply->set_stored_batches(stats.records);
   reply->set_stored_bytes(stats.bytes);

@@ -48,6 +48,8 @@ struct CloudServiceOptions {
   SampleSpec sample_spec;
   // Fingerprint of the student base devices must run; 0 = accept any.
   uint64_t expected_fingerprint = 0;
+  // The teacher's vision tower: Register refuses a device whose tower differs (0 = no check).
+  uint64_t expected_vision_fingerprint = 0;
   // Downlink chunk size when the device asks for none. Default: 1 MiB (the maximum).
   uint32_t default_chunk_bytes = 1u << 20;
   // Threads for registry writes. Default: 2.
@@ -67,7 +69,8 @@ struct CloudServiceOptions {
 // Uplink is served raw (its messages arrive as bytes and are parsed here), so a message that
 // does not parse ends the stream with INVALID_ARGUMENT instead of looking like the client's
 // end of stream.
-class CloudService final : public v1::Cloud::WithRawCallbackMethod_Uplink<v1::Cloud::CallbackService> {
+class CloudService final
+    : public v1::Cloud::WithRawCallbackMethod_Uplink<v1::Cloud::CallbackService> {
  public:
   CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
                DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,

@@ -97,6 +97,7 @@ struct PerDeviceStrategy::Impl {
   compress::NamedTensors base_trainable;
   uint64_t base_digest = 0;
   uint64_t fingerprint = 0;
+  uint64_t vision_fingerprint = 0;
   SampleSpec spec;  // what a sample must be for this model
   distill::DistillSettings settings;
   torch::Device train_device{torch::kCPU};
@@ -430,6 +431,7 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
         model::LoadFamily(options.checkpoint_dir, *precision);
     if (!family.ok()) return family.status();
     impl->fingerprint = model::BaseFingerprint(family->student);
+    impl->vision_fingerprint = model::ModuleFingerprint(*family->encoder);
     // The mirror computes with the device's base exactly: its dequantized weights.
     absl::StatusOr<model::Blip2Tower> mirror =
         model::ConvertPrecision(family->student, model::Precision::kFp32);
@@ -526,6 +528,7 @@ absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& de
 
 uint64_t PerDeviceStrategy::BaseDigest() const { return impl_->base_digest; }
 uint64_t PerDeviceStrategy::BaseFingerprint() const { return impl_->fingerprint; }
+uint64_t PerDeviceStrategy::VisionFingerprint() const { return impl_->vision_fingerprint; }
 SampleSpec PerDeviceStrategy::Spec() const { return impl_->spec; }
 
 // ---- JobScheduler ---------------------------------------------------------------------------

@@ -185,6 +185,8 @@ class PerDeviceStrategy final : public TrainerStrategy {
   uint64_t BaseDigest() const;
   // Fingerprint of the frozen student base devices must run (for CloudServiceOptions).
   uint64_t BaseFingerprint() const;
+  // The teacher's vision tower (the family's encoder), which reads the devices' tokens.
+  uint64_t VisionFingerprint() const;
   // What an uplinked batch must be for this model (for CloudServiceOptions::sample_spec).
   SampleSpec Spec() const;
 

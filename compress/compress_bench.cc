@@ -1,5 +1,8 @@
 // compress_bench: DWC throughput and rate/error on a realistic synthetic trainable set.
-//   build-*/compress/compress_bench [--reps N]
+//   build-*/compress/compress_bench [--reps N] [--layout small|llava-7b]
+// --layout small (default): the `small` student's set. llava-7b: the paper's set on a
+// LLaVA-1.5-7B-shaped student (issue 21): LoRA rank 8 on q and v of 32 layers of 4096, both
+// RMSNorms of every layer and the final one, and the projector's two biases.
 // Prints encode MB/s, decode+apply MB/s against memcpy of the same fp32 bytes, and a table
 // of bits/parameter vs relative reconstruction error for DWC at several budgets and for
 // uniform 8-, 4- and 2-bit and BitDelta-style 1-bit (sign + one scale per tensor).
@@ -62,9 +65,30 @@ void AddLayout(std::vector<std::pair<std::string, std::vector<int64_t>>>* l) {
   l->push_back({"lm.final_norm.weight", {d}});
 }
 
-Set MakeSet(bool zero) {
+// The LLaVA-1.5-7B student's trainable set on Hugging Face names.
+void AddLlava7bLayout(std::vector<std::pair<std::string, std::vector<int64_t>>>* l) {
+  const int64_t d = 4096, r = 8;
+  for (int i = 0; i < 32; ++i) {
+    const std::string p = "model.language_model.layers." + std::to_string(i) + ".";
+    l->push_back({p + "input_layernorm.weight", {d}});
+    l->push_back({p + "post_attention_layernorm.weight", {d}});
+    for (const char* m : {"self_attn.q_proj", "self_attn.v_proj"}) {
+      l->push_back({p + m + ".lora_A.weight", {r, d}});
+      l->push_back({p + m + ".lora_B.weight", {d, r}});
+    }
+  }
+  l->push_back({"model.language_model.norm.weight", {d}});
+  l->push_back({"model.multi_modal_projector.linear_1.bias", {d}});
+  l->push_back({"model.multi_modal_projector.linear_2.bias", {d}});
+}
+
+Set MakeSet(bool zero, const std::string& layout_name) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> layout;
-  AddLayout(&layout);
+  if (layout_name == "llava-7b") {
+    AddLlava7bLayout(&layout);
+  } else {
+    AddLayout(&layout);
+  }
   Set s;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -109,10 +133,11 @@ double MedianSeconds(int reps, F f) {
   return t[t.size() / 2];
 }
 
-int Run(int reps) {
-  const Set mirror = MakeSet(true);
-  const Set fresh = MakeSet(false);  // mirror = 0, so fresh holds the delta itself
+int Run(int reps, const std::string& layout) {
+  const Set mirror = MakeSet(true, layout);
+  const Set fresh = MakeSet(false, layout);  // mirror = 0, so fresh holds the delta itself
   const double mb = 4.0 * static_cast<double>(mirror.params) / 1e6;
+  std::printf("layout %s\n", layout.c_str());
   std::printf("trainable set: %zu tensors, %llu params, %.2f MB fp32\n\n", mirror.views.size(),
               static_cast<unsigned long long>(mirror.params), mb);
 
@@ -123,7 +148,7 @@ int Run(int reps) {
     DeltaEncoder e(def);
     payload = *e.Encode(fresh.views, mirror.views, 0, 1);
   });
-  Set live = MakeSet(true);
+  Set live = MakeSet(true, layout);
   const double dec = MedianSeconds(reps, [&] {
     if (!ApplyUpdateToViews(payload.bytes, 0, live.views).ok()) std::abort();
   });
@@ -188,8 +213,14 @@ int Run(int reps) {
 
 int main(int argc, char** argv) {
   int reps = 7;
+  std::string layout = "small";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--layout") == 0) layout = argv[i + 1];
   }
-  return cdcca::compress::Run(reps);
+  if (layout != "small" && layout != "llava-7b") {
+    std::fprintf(stderr, "--layout must be small or llava-7b\n");
+    return 1;
+  }
+  return cdcca::compress::Run(reps, layout);
 }

@@ -131,9 +131,57 @@ float HalfToFloat(uint16_t h) {
 }
 
 uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision) {
-  return precision == FeaturePrecision::kFp16 ? uint64_t{kept} * dim * 2
-                                              : uint64_t{kept} * (4 + uint64_t{dim});
+  switch (precision) {
+    case FeaturePrecision::kFp16:
+      return uint64_t{kept} * dim * 2;
+    case FeaturePrecision::kInt8:
+      return uint64_t{kept} * (4 + uint64_t{dim});
+    case FeaturePrecision::kInt4:
+      return uint64_t{kept} * (4 + (uint64_t{dim} + 1) / 2);
+  }
+  return 0;
 }
+
+const char* FeaturePrecisionName(FeaturePrecision precision) {
+  switch (precision) {
+    case FeaturePrecision::kFp16:
+      return "fp16";
+    case FeaturePrecision::kInt8:
+      return "int8";
+    case FeaturePrecision::kInt4:
+      return "int4";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<FeaturePrecision> ParseFeaturePrecision(absl::string_view name) {
+  for (FeaturePrecision p :
+       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+    if (name == FeaturePrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("feature precision \"", name, "\" is not one of fp16, int8, int4"));
+}
+
+namespace {
+
+bool KnownPrecision(FeaturePrecision p) {
+  return p == FeaturePrecision::kFp16 || p == FeaturePrecision::kInt8 ||
+         p == FeaturePrecision::kInt4;
+}
+
+// A row's scale for `levels` quantization steps each side of zero. max|x| / levels
+// underflows to 0 when max|x| is a tiny subnormal: x / 0 would be NaN or inf, and casting
+// that to an integer is undefined. Such a row is zero at that precision.
+float RowScale(const float* row, size_t dim, float levels) {
+  float max_abs = 0;
+  for (size_t c = 0; c < dim; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
+  float scale = max_abs / levels;
+  if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
+  return scale;
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& samples,
                                               FeaturePrecision precision,
@@ -143,9 +191,7 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
     return absl::InvalidArgumentError(absl::StrCat("uplink batch holds ", samples.size(),
                                                    " samples; the limit is ", limits.max_samples));
   }
-  if (precision != FeaturePrecision::kFp16 && precision != FeaturePrecision::kInt8) {
-    return absl::InvalidArgumentError("unknown feature precision");
-  }
+  if (!KnownPrecision(precision)) return absl::InvalidArgumentError("unknown feature precision");
   std::string body;
   for (size_t i = 0; i < samples.size(); ++i) {
     const UplinkSample& s = samples[i];
@@ -166,17 +212,22 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
       const float* row = s.features.data() + r * dim;
       if (precision == FeaturePrecision::kFp16) {
         for (size_t c = 0; c < dim; ++c) Put<uint16_t>(body, FloatToHalf(row[c]));
-      } else {
-        float max_abs = 0;
-        for (size_t c = 0; c < dim; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
-        // max|x| / 127 underflows to 0 when max|x| is a tiny subnormal: x / 0 would be NaN or
-        // inf, and casting that to int8 is undefined. Such a row is zero to int8 precision.
-        float scale = max_abs / 127.0f;
-        if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
+      } else if (precision == FeaturePrecision::kInt8) {
+        const float scale = RowScale(row, dim, 127.0f);
         Put<float>(body, scale);
         for (size_t c = 0; c < dim; ++c) {
           const float q = std::nearbyint(row[c] / scale);
           Put<int8_t>(body, static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
+        }
+      } else {
+        const float scale = RowScale(row, dim, 7.0f);
+        Put<float>(body, scale);
+        auto code = [&](size_t c) {
+          return static_cast<uint8_t>(std::clamp(std::nearbyint(row[c] / scale), -7.0f, 7.0f) + 8);
+        };
+        for (size_t c = 0; c < dim; c += 2) {
+          const uint8_t high = c + 1 < dim ? code(c + 1) : 0;
+          Put<uint8_t>(body, static_cast<uint8_t>(code(c) | (high << 4)));
         }
       }
     }
@@ -228,7 +279,7 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
         "uplink payload version ", version, " is not supported (expected ", kUplinkVersion, ")"));
   }
   const auto precision = static_cast<FeaturePrecision>(precision_raw);
-  if (precision != FeaturePrecision::kFp16 && precision != FeaturePrecision::kInt8) {
+  if (!KnownPrecision(precision)) {
     return absl::InvalidArgumentError("uplink payload has an unknown feature precision");
   }
   if (count == 0 || count > limits.max_samples) {
@@ -299,13 +350,22 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
           f.Get(&h);
           out[c] = HalfToFloat(h);
         }
-      } else {
+      } else if (precision == FeaturePrecision::kInt8) {
         float scale = 0;
         f.Get(&scale);
         for (size_t c = 0; c < dim; ++c) {
           int8_t q = 0;
           f.Get(&q);
           out[c] = scale * static_cast<float>(q);
+        }
+      } else {
+        float scale = 0;
+        f.Get(&scale);
+        for (size_t c = 0; c < dim; c += 2) {
+          uint8_t b = 0;
+          f.Get(&b);
+          out[c] = scale * static_cast<float>((b & 0xF) - 8);
+          if (c + 1 < dim) out[c + 1] = scale * static_cast<float>((b >> 4) - 8);
         }
       }
     }

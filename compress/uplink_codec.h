@@ -11,7 +11,10 @@
 //   u16 prompt length | prompt x u32 token id | u16 answer length | answer x u32 token id |
 //   features of the kept tokens, row by row:
 //     fp16: kept x dim x u16 (IEEE half);
-//     int8: kept x (f32 scale + dim x i8), value = scale * q, scale = max|x| / 127.
+//     int8: kept x (f32 scale + dim x i8), value = scale * q, scale = max|x| / 127;
+//     int4: kept x (f32 scale + ceil(dim / 2) bytes), two 4-bit codes a byte (low nibble
+//       first; the last high nibble of an odd dim is 0), value = scale * (code - 8),
+//       scale = max|x| / 7.
 // Pixels never appear: the cloud runs the same frozen vision encoder, so visual tokens are
 // its input.
 #ifndef CDCCA_COMPRESS_UPLINK_CODEC_H_
@@ -26,7 +29,12 @@
 
 namespace cdcca::compress {
 
-enum class FeaturePrecision : uint16_t { kFp16 = 1, kInt8 = 2 };
+enum class FeaturePrecision : uint16_t { kFp16 = 1, kInt8 = 2, kInt4 = 3 };
+
+// "fp16", "int8", "int4".
+const char* FeaturePrecisionName(FeaturePrecision precision);
+// The precision a name stands for; INVALID_ARGUMENT listing the names for any other.
+absl::StatusOr<FeaturePrecision> ParseFeaturePrecision(absl::string_view name);
 
 // One kept sample. `features` holds kept_indices.size() x feature_dim floats, row-major.
 struct UplinkSample {

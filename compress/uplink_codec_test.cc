@@ -87,13 +87,54 @@ TEST(UplinkCodecTest, Int8RoundTripErrorIsBoundedByHalfAStepPerToken) {
             FeatureBytes(40, 48, FeaturePrecision::kFp16) * 6 / 10);
 }
 
+// int4: 4-bit codes with a per-token scale, an odd feature width (the last byte's high
+// nibble unused), error within half a step of max|x| / 7, and about a quarter of fp16.
+TEST(UplinkCodecTest, Int4RoundTripErrorIsBoundedByHalfAStepPerToken) {
+  std::vector<UplinkSample> in = {MakeSample(3, 20, 33), MakeSample(4, 5, 33)};
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch(in, FeaturePrecision::kInt4));
+  ASSERT_OK_AND_ASSIGN(std::vector<UplinkSample> out, DecodeUplinkBatch(payload));
+  ASSERT_EQ(out.size(), 2u);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const UplinkSample& s = in[i];
+    EXPECT_EQ(out[i].kept_indices, s.kept_indices);
+    ASSERT_EQ(out[i].features.size(), s.features.size());
+    for (size_t row = 0; row < s.kept_indices.size(); ++row) {
+      float max_abs = 0;
+      for (size_t c = 0; c < s.feature_dim; ++c) {
+        max_abs = std::max(max_abs, std::fabs(s.features[row * s.feature_dim + c]));
+      }
+      const float step = max_abs / 7;
+      float worst = 0;
+      for (size_t c = 0; c < s.feature_dim; ++c) {
+        const size_t j = row * s.feature_dim + c;
+        worst = std::max(worst, std::fabs(out[i].features[j] - s.features[j]));
+      }
+      EXPECT_LE(worst, step / 2 + 1e-5f);
+      EXPECT_GT(worst, 0.0f);  // 4 bits do lose something on normal values
+    }
+  }
+  EXPECT_EQ(FeatureBytes(20, 33, FeaturePrecision::kInt4), 20u * (4 + 17));
+  EXPECT_LT(FeatureBytes(40, 1024, FeaturePrecision::kInt4),
+            FeatureBytes(40, 1024, FeaturePrecision::kFp16) * 26 / 100);
+}
+
+TEST(UplinkCodecTest, PrecisionNamesRoundTrip) {
+  for (FeaturePrecision p :
+       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+    ASSERT_OK_AND_ASSIGN(FeaturePrecision back, ParseFeaturePrecision(FeaturePrecisionName(p)));
+    EXPECT_EQ(back, p);
+  }
+  EXPECT_THAT(ParseFeaturePrecision("int2"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp16, int8, int4")));
+}
+
 // Regression (issue 20, attack finding 6): an int8 row whose largest value is a tiny
 // subnormal made max|x| / 127 underflow to a zero scale; x / 0 (NaN or inf) was then cast
 // to int8, which is undefined behaviour, and a zero scale was written to the payload.
 TEST(UplinkCodecTest, Int8RowOfTinySubnormalsGetsAPositiveScale) {
   UplinkSample s = MakeSample(7, 2, 4);
   s.features = {1e-44f, -5e-45f, 0.0f, 3e-45f,  // max|x| / 127 == 0 in float
-                0.0f, 0.0f, 0.0f, 0.0f};
+                0.0f,   0.0f,    0.0f, 0.0f};
   ASSERT_EQ(1e-44f / 127.0f, 0.0f) << "the test needs a max|x| whose scale underflows";
   ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({s}, FeaturePrecision::kInt8));
   // The body: 26 bytes of sample header, the kept indices, prompt, answer, then each row

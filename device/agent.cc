@@ -241,6 +241,7 @@ absl::Status DeviceAgent::FlushLocked() {
 absl::Status DeviceAgent::RegisterWithCloud() {
   v1::RegisterRequest request;
   request.set_model_fingerprint(runtime_->BaseFingerprint());
+  request.set_vision_fingerprint(runtime_->VisionFingerprint());
   request.set_model_version(runtime_->version());
   request.set_agent_version("cdcca-device/1");
   v1::Capabilities* caps = request.mutable_capabilities();
@@ -248,6 +249,7 @@ absl::Status DeviceAgent::RegisterWithCloud() {
   caps->set_update_byte_budget(options_.update_byte_budget);
   caps->add_feature_precisions(v1::FEATURE_PRECISION_FP16);
   caps->add_feature_precisions(v1::FEATURE_PRECISION_INT8);
+  caps->add_feature_precisions(v1::FEATURE_PRECISION_INT4);
   absl::StatusOr<v1::RegisterReply> reply = client_->Register(request);
   if (!reply.ok()) return reply.status();
   UtsOptions merged = options_.uts;

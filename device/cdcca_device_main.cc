@@ -100,6 +100,10 @@ ABSL_FLAG(double, uts_keep_fraction, 0.25,
 ABSL_FLAG(double, uts_token_ratio, 0.5,
           "local default: fraction of visual tokens UTS stage 2 keeps");
 ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 2");
+ABSL_FLAG(double, uts_dropout, 0.1,
+          "Hugging Face folders: rate at which UTS stage 2 drops visual tokens in each pass");
+ABSL_FLAG(std::string, uplink_precision, "fp16",
+          "Hugging Face folders: precision of the kept visual tokens (fp16 | int8 | int4)");
 ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
 ABSL_FLAG(double, linger_s, 0,
           "after the input ends, keep the link up this long (or until the uplink queue is "
@@ -266,9 +270,46 @@ bool IsHubFolder(const std::string& dir) {
   return type == "llava" || type == "blip-2" || type == "instructblip";
 }
 
-// cdcca-device on a Hub folder: answers every frame (greedy, as `cdcca generate`) with the
-// mean answer-token entropy, offline: UTS, uplink and updates need the collaborative loop,
-// which runs on cdcca families.
+#ifdef CDCCA_DEVICE_HF
+// One kept frame as the uplink codec encodes it: the `kept` visual tokens, the prompt's and
+// the answer's token ids.
+absl::StatusOr<std::string> EncodeHubSample(const cdcca::model::GenerateReply& reply,
+                                            const cdcca::model::VisualTokenReply& stage2,
+                                            const std::vector<uint16_t>& kept,
+                                            cdcca::compress::FeaturePrecision precision,
+                                            int64_t frame_index) {
+  cdcca::compress::UplinkSample sample;
+  sample.sample_id = static_cast<uint64_t>(frame_index);
+  sample.entropy = static_cast<float>(reply.mean_entropy);
+  sample.grid_tokens = static_cast<uint32_t>(stage2.tokens);
+  sample.feature_dim = static_cast<uint32_t>(stage2.dim);
+  sample.kept_indices = kept;
+  for (uint16_t i : sample.kept_indices) {
+    const float* row = stage2.features.data() + static_cast<size_t>(i) * stage2.dim;
+    sample.features.insert(sample.features.end(), row, row + stage2.dim);
+  }
+  const cdcca::compress::UplinkLimits limits;
+  for (int64_t id : reply.prompt_ids) {
+    if (sample.prompt_tokens.size() < limits.max_prompt_tokens) {
+      sample.prompt_tokens.push_back(static_cast<uint32_t>(id));
+    }
+  }
+  for (int64_t id : reply.tokens) {
+    if (sample.answer_tokens.size() < limits.max_answer_tokens) {
+      sample.answer_tokens.push_back(static_cast<uint32_t>(id));
+    }
+  }
+  return cdcca::compress::EncodeUplinkBatch({sample}, precision, limits);
+}
+#endif
+
+// cdcca-device on a Hub folder: answers every frame (greedy, as `cdcca generate`) and runs
+// UTS on it, offline: stage 1 on the mean answer-token entropy (running quantile,
+// --uts_keep_fraction), stage 2 on the frames it keeps (the MC-dropout attention variance of
+// the visual tokens, hf_model.h; --uts_mc_passes, --uts_dropout, --uts_token_ratio), and the
+// kept tokens encoded as the uplink codec would send them (--uplink_precision), with their
+// size in the answer line. Sending and updates need the collaborative loop, which runs on
+// cdcca families.
 int RunHubFolder(const std::vector<std::string>& prompts) {
 #ifndef CDCCA_DEVICE_HF
   (void)prompts;
@@ -296,6 +337,31 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       !t.ok()) {
     return Fail(t.status());
   }
+  cdcca::device::UtsOptions uts;
+  uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
+  uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
+  uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
+  if (!(uts.keep_fraction >= 0 && uts.keep_fraction <= 1)) {
+    return Fail(absl::InvalidArgumentError("--uts_keep_fraction must be in [0, 1]"));
+  }
+  if (!(uts.token_ratio > 0 && uts.token_ratio <= 1)) {
+    return Fail(absl::InvalidArgumentError("--uts_token_ratio must be in (0, 1]"));
+  }
+  if (uts.mc_passes < 1 || uts.mc_passes > 256) {
+    return Fail(absl::InvalidArgumentError("--uts_mc_passes must be in 1-256"));
+  }
+  if (!(uts.dropout_p > 0 && uts.dropout_p < 1)) {
+    return Fail(absl::InvalidArgumentError("--uts_dropout must be in (0, 1)"));
+  }
+  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision =
+      cdcca::compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
+  if (!uplink_precision.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--uplink_precision: ", uplink_precision.status().message())));
+  }
+  uts.precision = *uplink_precision;
+  cdcca::device::EntropyGate gate(uts);
   absl::StatusOr<std::unique_ptr<FrameSource>> source =
       FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
   if (!source.ok()) return Fail(source.status());
@@ -321,13 +387,30 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
         image.pixels.data(), image.width, image.height, name, *prompt, max_new,
         /*with_entropy=*/true);
     if (!reply.ok()) return Fail(reply.status());
+    std::string uts_fields = ",\"uts_kept\":false";
+    if (gate.Keep(static_cast<float>(reply->mean_entropy))) {
+      absl::StatusOr<cdcca::model::VisualTokenReply> stage2 = (*answerer)->VisualTokenVarianceRgb(
+          image.pixels.data(), image.width, image.height, name, *prompt, uts.mc_passes,
+          uts.dropout_p, static_cast<uint64_t>(frame_index));
+      if (!stage2.ok()) return Fail(stage2.status());
+      const std::vector<uint16_t> kept =
+          cdcca::device::SelectTokens(stage2->variance, {}, uts.token_ratio, uts.variance_beta);
+      absl::StatusOr<std::string> payload =
+          EncodeHubSample(*reply, *stage2, kept, uts.precision, frame_index);
+      if (!payload.ok()) return Fail(payload.status());
+      uts_fields = absl::StrFormat(
+          ",\"uts_kept\":true,\"tokens_kept\":%zu,\"tokens_total\":%lld,\"uplink_bytes\":%zu,"
+          "\"stage2_ms\":%.2f",
+          kept.size(), static_cast<long long>(stage2->tokens), payload->size(),
+          stage2->seconds * 1000.0);
+    }
     std::fprintf(out,
                  "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
-                 "\"entropy\":%.4f,\"tokens\":%zu,\"uplinked\":false,\"latency_ms\":%.2f,"
+                 "\"entropy\":%.4f,\"tokens\":%zu,\"uplinked\":false%s,\"latency_ms\":%.2f,"
                  "\"unix_ms\":%lld}\n",
                  static_cast<long long>(frame_index), JsonString(name).c_str(),
                  JsonString(question).c_str(), JsonString(reply->text).c_str(), reply->mean_entropy,
-                 reply->tokens.size(), reply->seconds * 1000.0,
+                 reply->tokens.size(), uts_fields.c_str(), reply->seconds * 1000.0,
                  static_cast<long long>(absl::ToUnixMillis(absl::Now())));
     std::fflush(out);
     ++frame_index;

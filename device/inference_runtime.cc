@@ -269,6 +269,10 @@ uint64_t InferenceRuntime::StateDigest() const {
   return compress::StateDigest(impl_->trainable);
 }
 
+uint64_t InferenceRuntime::VisionFingerprint() const {
+  return model::ModuleFingerprint(*impl_->encoder);
+}
+
 uint64_t InferenceRuntime::BaseFingerprint() const {
   return model::BaseFingerprint(impl_->student);
 }

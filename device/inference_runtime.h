@@ -97,8 +97,9 @@ class InferenceRuntime {
   absl::Status LoadTrainableState(absl::string_view bytes, uint64_t version);
 
   uint64_t version() const;
-  uint64_t StateDigest() const;      // compress::StateDigest of the trainable set
-  uint64_t BaseFingerprint() const;  // of the frozen base, for Register
+  uint64_t StateDigest() const;        // compress::StateDigest of the trainable set
+  uint64_t BaseFingerprint() const;    // of the frozen base, for Register
+  uint64_t VisionFingerprint() const;  // of the vision encoder, for Register
   int64_t TrainableParameters() const;
   int64_t BaseBytes() const;  // stored size of the frozen linear weights
 

@@ -20,6 +20,8 @@ absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* option
     o.precision = compress::FeaturePrecision::kFp16;
   } else if (cloud.feature_precision() == v1::FEATURE_PRECISION_INT8) {
     o.precision = compress::FeaturePrecision::kInt8;
+  } else if (cloud.feature_precision() == v1::FEATURE_PRECISION_INT4) {
+    o.precision = compress::FeaturePrecision::kInt4;
   }
   if (!(o.entropy_alpha >= 0) || !std::isfinite(o.entropy_alpha)) {
     return absl::InvalidArgumentError("UTS entropy_alpha must be a finite value >= 0");

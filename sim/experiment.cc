@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compress/uplink_codec.h"
 #include "datasets/language.h"
 #include "datasets/shifts.h"
 #include "distill/model/token_score_kind.h"
@@ -166,8 +167,8 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                                 "token_ratio", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(
         Check(e.uts.mc_passes >= 1 && e.uts.mc_passes <= 64, where, "mc_passes", "must be 1-64"));
-    CDCCA_RETURN_IF_ERROR(Check(e.uts.precision == "fp16" || e.uts.precision == "int8", where,
-                                "precision", "must be fp16 or int8"));
+    CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), where,
+                                "precision", "must be fp16, int8 or int4"));
   }
   if (auto it = j.find("job"); it != j.end()) {
     const std::string where = w + ": job";

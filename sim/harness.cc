@@ -63,8 +63,9 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
   p.uts.token_ratio = e.uts.token_ratio;
   p.uts.mc_passes = e.uts.mc_passes;
   p.uts.dropout_p = e.uts.dropout_p;
-  p.uts.precision = e.uts.precision == "int8" ? compress::FeaturePrecision::kInt8
-                                              : compress::FeaturePrecision::kFp16;
+  // Validated when the experiment was read.
+  p.uts.precision =
+      compress::ParseFeaturePrecision(e.uts.precision).value_or(compress::FeaturePrecision::kFp16);
   // Validated when the experiment was read (Experiment's uts.score).
   p.uts.score = device::ParseTokenScore(e.uts.score).value_or(device::UtsOptions().score);
   if (e.uts.keep_fraction >= 1) {  // keep every sample: a fixed threshold below any entropy
@@ -394,6 +395,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   });
   cloud::CloudServiceOptions svc;
   svc.expected_fingerprint = c.strategy->BaseFingerprint();
+  svc.expected_vision_fingerprint = c.strategy->VisionFingerprint();
   c.service = std::make_unique<cloud::CloudService>(
       svc, c.auth.get(), c.registry.get(), c.samples.get(), c.updates.get(), c.scheduler.get());
   cloud::ServerOptions server;

@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cloud/sample_store.h"
@@ -28,6 +29,7 @@
 #include "datasets/test_images.h"
 #include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
@@ -41,6 +43,7 @@ namespace cdcca {
 namespace {
 
 using ::cdcca::testing::TempDir;
+using ::testing::HasSubstr;
 
 // A child process with stdout and stderr in files.
 class Child {
@@ -300,6 +303,39 @@ TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
   }
   nlohmann::json cs = ReadJson(dir_.path() + "/cloud-status.json");
   EXPECT_GE(cs.value("jobs_done", 0ull), 2u) << cs.dump();
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+// Issue 21: the teacher reads the tokens a device uplinks, so a device whose vision tower is
+// not the teacher's is refused at Register, with both towers named, and sends nothing.
+TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
+  ASSERT_OK_AND_ASSIGN(model::FamilyCheckpoint family,
+                       model::LoadFamily(checkpoint_, model::Precision::kFp32));
+  torch::manual_seed(12);
+  model::VisionEncoder other(family.config.vision);
+  const std::string other_dir = dir_.path() + "/family-other-tower";
+  ASSERT_OK(model::SaveFamily(other_dir, family.config, other, family.teacher, family.student, "",
+                              datasets::Tokenizer::SceneLanguage().tokens()));
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  const std::string cloud_dir = checkpoint_;
+  checkpoint_ = other_dir;
+  std::unique_ptr<Child> device = StartDevice("dev-a");
+  checkpoint_ = cloud_dir;
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  std::string log;
+  while (absl::Now() < deadline && !absl::StrContains(log, "but the teacher reads tokens")) {
+    absl::SleepFor(absl::Milliseconds(300));
+    log = ReadText(DeviceDir("dev-a") + "/device.log");
+  }
+  EXPECT_THAT(log, HasSubstr("runs vision tower " +
+                             model::FingerprintHex(model::ModuleFingerprint(*other))));
+  EXPECT_THAT(log, HasSubstr("tokens of tower " +
+                             model::FingerprintHex(model::ModuleFingerprint(*family.encoder))));
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  EXPECT_EQ(DeviceStatus("dev-a").value("acked", 0ull), 0u);
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }

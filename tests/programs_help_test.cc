@@ -78,7 +78,7 @@ TEST(ProgramsHelpTest, CdccaSubcommandHelp) {
   const Outcome r = RunProgram(std::string(CDCCA_BINARY) + " eval --help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("usage: cdcca eval"));
-  EXPECT_THAT(r.output, HasSubstr("--annotations"));  // a flag `cdcca eval` reads
+  EXPECT_THAT(r.output, HasSubstr("--annotations"));    // a flag `cdcca eval` reads
   EXPECT_THAT(r.output, Not(HasSubstr("--flagfile")));  // absl's own flags are left out
   const Outcome help = RunProgram(std::string(CDCCA_BINARY) + " help");
   EXPECT_EQ(help.exit_code, 0);
@@ -126,6 +126,26 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndRefusesCloud) {
   EXPECT_EQ(a["uplinked"], false);
   EXPECT_GT(a["entropy"].get<double>(), 0.0);
   EXPECT_FALSE(std::getline(answers, line));  // one frame, one answer
+  // UTS (issue 21): the first frame of an empty running-quantile window passes stage 1;
+  // stage 2 keeps half of the 5 x 5 image tokens, encoded at fp16 by default.
+  EXPECT_EQ(a["uts_kept"], true) << line;
+  EXPECT_EQ(a["tokens_total"], 25);
+  EXPECT_GE(a["tokens_kept"].get<int>(), 12);
+  EXPECT_LE(a["tokens_kept"].get<int>(), 13);
+  const int64_t fp16_bytes = a["uplink_bytes"].get<int64_t>();
+  EXPECT_GT(fp16_bytes, 12 * 32);  // at least the kept tokens' 32 channels, zstd or not
+  const Outcome int4 =
+      RunProgram(base + " --uplink_precision=int4 --output=" + (dir / "int4.jsonl").string());
+  ASSERT_EQ(int4.exit_code, 0) << int4.output;
+  std::ifstream int4_answers(dir / "int4.jsonl");
+  ASSERT_TRUE(std::getline(int4_answers, line));
+  EXPECT_LT(nlohmann::json::parse(line)["uplink_bytes"].get<int64_t>(), fp16_bytes);
+  for (const std::string flag : {"--uts_dropout=1.5", "--uts_mc_passes=0", "--uts_token_ratio=0",
+                                 "--uplink_precision=int2"}) {
+    const Outcome refused = RunProgram(base + " " + flag + " --output=/dev/null");
+    EXPECT_NE(refused.exit_code, 0) << flag;
+    EXPECT_THAT(refused.output, HasSubstr(flag.substr(2, flag.find('=') - 2))) << flag;
+  }
 
   const Outcome cloud = RunProgram(base + " --cloud=127.0.0.1:1 --output=/dev/null");
   EXPECT_NE(cloud.exit_code, 0);

@@ -3,12 +3,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "compress/uplink_codec.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/sync_stream.h"
-#include "compress/uplink_codec.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "tests/testing/status_matchers.h"
@@ -24,6 +24,7 @@ using ::cdcca::testing::CloudFixtureOptions;
 using ::cdcca::testing::MakeBatch;
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 CloudFixtureOptions Insecure(const TempDir& dir, int devices = 3) {
@@ -42,9 +43,10 @@ device::CloudClientOptions FastRetries() {
   return o;
 }
 
-v1::RegisterRequest Registration(uint64_t fingerprint = 0xF1F1) {
+v1::RegisterRequest Registration(uint64_t fingerprint = 0xF1F1, uint64_t vision = 0xE1E1) {
   v1::RegisterRequest r;
   r.set_model_fingerprint(fingerprint);
+  r.set_vision_fingerprint(vision);
   r.mutable_capabilities()->add_delta_bit_widths(2);
   r.mutable_capabilities()->add_delta_bit_widths(4);
   r.mutable_capabilities()->set_update_byte_budget(1 << 20);
@@ -82,8 +84,7 @@ TEST(TransportE2eTest, ConcurrentDevicesUplinkAndEverythingAckedSurvivesRestart)
   ASSERT_OK(cloud.Restart());
   for (int d = 0; d < kDevices; ++d) {
     EXPECT_EQ(acked[d], static_cast<uint64_t>(kStreams * kPerStream));
-    ASSERT_OK_AND_ASSIGN(auto records,
-                         cloud.samples()->Read(absl::StrCat("dev-", d), 1, 1000));
+    ASSERT_OK_AND_ASSIGN(auto records, cloud.samples()->Read(absl::StrCat("dev-", d), 1, 1000));
     ASSERT_EQ(records.size(), acked[d]);
     for (const auto& r : records) {
       EXPECT_EQ(r.batch().payload(), MakeBatch(d, r.batch().sequence()).payload());
@@ -155,8 +156,8 @@ TEST(TransportE2eTest, FetchUpdateCutMidStreamResumesAndVerifies) {
   ASSERT_OK_AND_ASSIGN(device::FetchedPayload none, client->FetchUpdate(1));
   EXPECT_FALSE(none.info.available());
   // Unknown base: resync.
-  EXPECT_THAT(client->FetchUpdate(9), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                               HasSubstr("snapshot")));
+  EXPECT_THAT(client->FetchUpdate(9),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("snapshot")));
 }
 
 TEST(TransportE2eTest, SnapshotAndReportAppliedDetectMismatch) {
@@ -215,8 +216,8 @@ TEST(TransportE2eTest, DeviceCannotTouchAnotherDevicesData) {
   device::CloudClientOptions impostor;
   impostor.token = cloud.token(0);
   auto client = cloud.Client(1, impostor);
-  EXPECT_THAT(client->FetchUpdate(0), StatusIs(absl::StatusCode::kPermissionDenied,
-                                               HasSubstr("belongs to device dev-0")));
+  EXPECT_THAT(client->FetchUpdate(0),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to device dev-0")));
   EXPECT_THAT(client->FetchSnapshot(0), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(client->Register(Registration()), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(client->ReportApplied(1, 1), StatusIs(absl::StatusCode::kPermissionDenied));
@@ -224,6 +225,28 @@ TEST(TransportE2eTest, DeviceCannotTouchAnotherDevicesData) {
   ASSERT_OK(client->Uplink({MakeBatch(0, 1)}));
   EXPECT_EQ(cloud.samples()->HighestDurable("dev-1"), 0u);
   EXPECT_EQ(cloud.samples()->HighestDurable("dev-0"), 1u);
+}
+
+// A device whose vision tower is not the teacher's (issue 21): the teacher could not read
+// its tokens. Refused with both fingerprints named; a device that reports none is refused too.
+TEST(TransportE2eTest, RegisterRefusesADeviceWhoseVisionTowerIsNotTheTeachers) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.service.expected_fingerprint = 0xF1F1;
+  options.service.expected_vision_fingerprint = 0xE1E1;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  EXPECT_THAT(client->Register(Registration(0xF1F1, 0xBEEF)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("vision tower 000000000000beef"),
+                             HasSubstr("tokens of tower 000000000000e1e1"))));
+  EXPECT_THAT(client->Register(Registration(0xF1F1, 0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("did not report its vision tower")));
+  // Nothing was recorded for the refused device: the right tower registers from scratch.
+  ASSERT_OK_AND_ASSIGN(v1::RegisterReply ok, client->Register(Registration()));
+  EXPECT_EQ(ok.next_uplink_sequence(), 1u);
 }
 
 TEST(TransportE2eTest, InvalidRegistrationsAreRejectedWithActionableCodes) {
@@ -249,8 +272,8 @@ TEST(TransportE2eTest, InvalidRegistrationsAreRejectedWithActionableCodes) {
 // Raw bytes through a generic stub: what a broken or hostile client could send.
 grpc::Status RawUnary(int port, const std::string& method, const std::string& bytes,
                       const std::string& token) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer " + token);
@@ -261,13 +284,12 @@ grpc::Status RawUnary(int port, const std::string& method, const std::string& by
   std::condition_variable cv;
   bool done = false;
   grpc::Status result;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   result = std::move(s);
-                   done = true;
-                   cv.notify_one();
-                 });
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = std::move(s);
+    done = true;
+    cv.notify_one();
+  });
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return done; });
   return result;
@@ -280,8 +302,8 @@ TEST(TransportE2eTest, OversizedTruncatedAndGarbageMessagesAreRejectedAndServerL
   const std::string method = "/cdcca.v1.Cloud/Register";
   // Garbage: not a protobuf at all. gRPC itself refuses a request that does not parse, before
   // any handler runs (gRPC 1.51 answers UNIMPLEMENTED, newer versions INTERNAL).
-  const auto refused_by_grpc = ::testing::AnyOf(grpc::StatusCode::UNIMPLEMENTED,
-                                                grpc::StatusCode::INTERNAL);
+  const auto refused_by_grpc =
+      ::testing::AnyOf(grpc::StatusCode::UNIMPLEMENTED, grpc::StatusCode::INTERNAL);
   grpc::Status garbage = RawUnary(cloud.port(), method, "\xff\xff\xff\xff\xff\x0f", cloud.token(0));
   EXPECT_THAT(garbage.error_code(), refused_by_grpc) << garbage.error_message();
   // Truncated: a valid request cut in the middle of a field.
@@ -382,8 +404,7 @@ TEST(TransportE2eTest, MutualTlsCertificateMustStandForTheTokensDevice) {
   auto impostor = cloud.Client(1, with_cert("client", cloud.token(1)));
   EXPECT_THAT(impostor->Register(Registration()),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("dev-0")));
-  EXPECT_THAT(impostor->Uplink({MakeBatch(1, 1)}),
-              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(impostor->Uplink({MakeBatch(1, 1)}), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(impostor->FetchUpdate(0), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(impostor->ReportApplied(0, 0), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_EQ(cloud.samples()->HighestDurable("dev-1"), 0u);
@@ -424,9 +445,9 @@ v1::UplinkBatch Encoded(uint64_t seq, const std::vector<compress::UplinkSample>&
   b.set_codec_version(1);
   compress::UplinkLimits roomy;
   roomy.max_body_bytes = 1ull << 30;
-  b.set_payload(std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16,
-                                                      roomy))
-                    .value());
+  b.set_payload(
+      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16, roomy))
+          .value());
   return b;
 }
 

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   using cdcca::compress::FeaturePrecision;
   using cdcca::compress::UplinkSample;
   int written = 0;
-  for (FeaturePrecision p : {FeaturePrecision::kFp16, FeaturePrecision::kInt8}) {
+  for (FeaturePrecision p :
+       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
     for (int count : {1, 3}) {
       std::vector<UplinkSample> samples;
       for (int i = 0; i < count; ++i) {

@@ -9,15 +9,16 @@ namespace cdcca::model {
 namespace {
 
 // The first of `candidates` for which `<candidate><probe>` is in the folder.
-absl::StatusOr<std::string> Probe(const HfFolder& folder, std::initializer_list<const char*> candidates,
+absl::StatusOr<std::string> Probe(const HfFolder& folder,
+                                  std::initializer_list<const char*> candidates,
                                   const std::string& probe, const std::string& what) {
   for (const char* c : candidates) {
     if (folder.Has(std::string(c) + probe)) return std::string(c);
   }
   std::string tried;
   for (const char* c : candidates) absl::StrAppend(&tried, tried.empty() ? "" : ", ", c, probe);
-  return absl::NotFoundError(absl::StrCat(folder.dir(), ": no ", what, " weights (looked for ",
-                                          tried, ")"));
+  return absl::NotFoundError(
+      absl::StrCat(folder.dir(), ": no ", what, " weights (looked for ", tried, ")"));
 }
 
 HfPrecision Fp32Compute(HfPrecision p) {
@@ -36,8 +37,8 @@ absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
   s = Probe(folder, {"", "model."}, "query_tokens", "query_tokens");
   if (!s.ok()) return s.status();
   p.query_tokens = *s + "query_tokens";
-  s = Probe(folder, {"qformer.", "model.qformer."}, "encoder.layer.0.attention.attention.query.weight",
-            "Q-Former");
+  s = Probe(folder, {"qformer.", "model.qformer."},
+            "encoder.layer.0.attention.attention.query.weight", "Q-Former");
   if (!s.ok()) return s.status();
   p.qformer = *s;
   s = Probe(folder, {"language_projection.", "model.language_projection."}, "weight",
@@ -59,11 +60,13 @@ absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
   HfLoadIntoOptions options;
   options.device = device;
   const std::string first = prefix + "encoder.layers.0.self_attn.";
-  if (!vision.config().qkv_bias || folder.Has(first + "qkv.bias") || !folder.Has(first + "q_bias")) {
+  if (!vision.config().qkv_bias || folder.Has(first + "qkv.bias") ||
+      !folder.Has(first + "q_bias")) {
     return folder.LoadInto(vision, prefix, options);
   }
   // Separate q_bias / v_bias: everything but the fused qkv layers loads by name.
-  if (absl::Status s = folder.LoadInto(*vision.embeddings, prefix + "embeddings.", options); !s.ok()) {
+  if (absl::Status s = folder.LoadInto(*vision.embeddings, prefix + "embeddings.", options);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = folder.LoadInto(*vision.post_layernorm, prefix + "post_layernorm.", options);
@@ -93,9 +96,10 @@ absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
          std::vector<std::tuple<std::string, torch::Tensor, std::vector<int64_t>>>{
              {"qkv.weight", *w, {3 * h, h}}, {"q_bias", *q, {h}}, {"v_bias", *v, {h}}}) {
       if (t.sizes().vec() != shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            folder.FileOf(lp + "self_attn." + name), ": tensor ", lp, "self_attn.", name,
-            " has shape ", c10::str(t.sizes()), ", the model needs ", c10::str(c10::IntArrayRef(shape))));
+        return absl::InvalidArgumentError(
+            absl::StrCat(folder.FileOf(lp + "self_attn." + name), ": tensor ", lp, "self_attn.",
+                         name, " has shape ", c10::str(t.sizes()), ", the model needs ",
+                         c10::str(c10::IntArrayRef(shape))));
       }
     }
     if (absl::Status s = qkv.Adopt("weight", *w); !s.ok()) return s;
@@ -110,8 +114,10 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2
     : config_(config), precision_(precision) {
   vision_model = register_module("vision_model", Blip2VisionModel(config.vision, precision));
   query_tokens = register_parameter(
-      "query_tokens", Placeholder({1, config.num_query_tokens, config.qformer.hidden_size}, torch::kFloat));
-  qformer = register_module("qformer", QFormerModel(config.qformer, config.instruct, Fp32Compute(precision)));
+      "query_tokens",
+      Placeholder({1, config.num_query_tokens, config.qformer.hidden_size}, torch::kFloat));
+  qformer = register_module("qformer",
+                            QFormerModel(config.qformer, config.instruct, Fp32Compute(precision)));
   HfLinearOptions proj;
   proj.in_features = config.qformer.hidden_size;
   proj.out_features = text.hidden_size;
@@ -137,7 +143,8 @@ Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPr
   try {
     model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *text, precision);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(folder.dir(), ": building the model: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": building the model: ", e.what_without_backtrace()));
   }
   if (absl::Status s = model->Load(folder, device); !s.ok()) return s;
   model->eval();
@@ -150,13 +157,14 @@ absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, tor
   try {
     HfLoadIntoOptions options;
     options.device = device;
-    if (absl::Status s = LoadBlip2Vision(folder, p->vision, *vision_model, device); !s.ok()) return s;
+    if (absl::Status s = LoadBlip2Vision(folder, p->vision, *vision_model, device); !s.ok())
+      return s;
     absl::StatusOr<torch::Tensor> q = folder.Load(p->query_tokens, torch::kFloat, device);
     if (!q.ok()) return q.status();
     if (q->sizes() != query_tokens.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          folder.FileOf(p->query_tokens), ": tensor ", p->query_tokens, " has shape ",
-          c10::str(q->sizes()), ", the model needs ", c10::str(query_tokens.sizes())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder.FileOf(p->query_tokens), ": tensor ", p->query_tokens, " has shape ",
+                       c10::str(q->sizes()), ", the model needs ", c10::str(query_tokens.sizes())));
     }
     {
       torch::NoGradGuard no_grad;
@@ -168,7 +176,8 @@ absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, tor
     }
     return language_model->Load(folder, p->lm_body, p->lm_head, device);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(folder.dir(), ": loading: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": loading: ", e.what_without_backtrace()));
   }
 }
 
@@ -177,27 +186,27 @@ torch::Tensor Blip2ForConditionalGenerationImpl::ImageQueries(
     const torch::Tensor& qformer_attention_mask) {
   torch::Tensor image = vision_model->forward(pixel_values);
   torch::Tensor queries = query_tokens.expand({image.size(0), -1, -1});
-  torch::Tensor out = qformer->forward(queries, image.to(torch::kFloat), qformer_input_ids,
-                                       qformer_attention_mask);
+  torch::Tensor out =
+      qformer->forward(queries, image.to(torch::kFloat), qformer_input_ids, qformer_attention_mask);
   out = out.slice(1, 0, config_.num_query_tokens);
   return language_projection->forward(out.to(precision_.dtype));
 }
 
-absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Blip2ForConditionalGenerationImpl::InputsEmbeds(
-    const Blip2Inputs& in) {
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>>
+Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
   if (config_.instruct != in.qformer_input_ids.defined()) {
-    return absl::InvalidArgumentError(config_.instruct
-                                          ? "InstructBLIP needs qformer_input_ids"
-                                          : "BLIP-2 takes no qformer_input_ids");
+    return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                       : "BLIP-2 takes no qformer_input_ids");
   }
   const int64_t size = config_.vision.image_size;
   if (in.pixel_values.dim() != 4 || in.pixel_values.size(1) != config_.vision.num_channels ||
       in.pixel_values.size(2) != size || in.pixel_values.size(3) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pixel_values must be [B, ", config_.vision.num_channels, ", ", size, ", ", size, "], got ",
-        c10::str(in.pixel_values.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pixel_values must be [B, ", config_.vision.num_channels, ", ", size, ", ",
+                     size, "], got ", c10::str(in.pixel_values.sizes())));
   }
-  torch::Tensor queries = ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
+  torch::Tensor queries =
+      ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
   torch::Tensor text = language_model->EmbedTokens(in.input_ids);
   absl::StatusOr<torch::Tensor> merged =
       MergeBlip2Queries(text, in.input_ids, queries, config_.image_token_id);
@@ -232,6 +241,49 @@ absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
   }
 }
 
+absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticVisualTokens(
+    const Blip2Inputs& in, const VisualTokenPassOptions& options) {
+  if (config_.instruct != in.qformer_input_ids.defined()) {
+    return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                       : "BLIP-2 takes no qformer_input_ids");
+  }
+  const int64_t size = config_.vision.image_size;
+  if (in.pixel_values.dim() != 4 || in.pixel_values.size(0) != 1 ||
+      in.pixel_values.size(1) != config_.vision.num_channels || in.pixel_values.size(2) != size ||
+      in.pixel_values.size(3) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UTS stage 2 takes pixel_values [1, ", config_.vision.num_channels, ", ", size,
+                     ", ", size, "], got ", c10::str(in.pixel_values.sizes())));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor image = vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
+    absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, image.size(1));
+    if (!masks.ok()) return masks.status();
+    const int64_t m = masks->size(0);
+    torch::Tensor qids, qmask;
+    if (in.qformer_input_ids.defined()) {
+      qids = in.qformer_input_ids.expand({m, -1});
+      qmask = in.qformer_attention_mask.defined() ? in.qformer_attention_mask.expand({m, -1})
+                                                  : torch::ones_like(qids);
+    }
+    std::vector<torch::Tensor> probs;  // per cross-attending layer [M, heads, Q, N]
+    qformer->ForwardMasked(query_tokens.expand({m, -1, -1}), image.expand({m, -1, -1}), qids, qmask,
+                           masks->to(image.device()), &probs);
+    if (probs.empty()) return absl::InternalError("the Q-Former has no cross-attention layer");
+    torch::Tensor mass = torch::zeros({m, image.size(1)}, image.options());
+    for (const torch::Tensor& p : probs) mass = mass + p.to(torch::kFloat).mean(1).mean(1);
+    VisualTokenPasses out;
+    out.tokens = image[0].cpu();
+    out.present = *masks;
+    out.mass = (mass / static_cast<double>(probs.size())).cpu();
+    out.variance = PassVariance(out.mass);
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 UTS stage 2: ", e.what_without_backtrace()));
+  }
+}
+
 std::vector<int64_t> Blip2ForConditionalGenerationImpl::ExpandInputIds(
     const std::vector<int64_t>& prompt_ids) const {
   return ExpandBlip2InputIds(prompt_ids, config_.num_query_tokens, config_.image_token_id);
@@ -256,8 +308,7 @@ class Blip2MultimodalModel : public MultimodalModel {
   absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
                                         const GreedyOptions& options) override {
     Blip2Inputs in{inputs.pixel_values.to(device_), inputs.input_ids.to(device_),
-                   inputs.attention_mask, inputs.qformer_input_ids,
-                   inputs.qformer_attention_mask};
+                   inputs.attention_mask, inputs.qformer_input_ids, inputs.qformer_attention_mask};
     if (in.attention_mask.defined()) in.attention_mask = in.attention_mask.to(device_);
     if (in.qformer_input_ids.defined()) in.qformer_input_ids = in.qformer_input_ids.to(device_);
     if (in.qformer_attention_mask.defined()) {
@@ -269,15 +320,31 @@ class Blip2MultimodalModel : public MultimodalModel {
       // The tokenized prompt alone: add the processor's image tokens.
       const int64_t q = model_->config().num_query_tokens;
       in.input_ids = torch::cat(
-          {torch::full({in.input_ids.size(0), q}, *image, in.input_ids.options()), in.input_ids}, 1);
+          {torch::full({in.input_ids.size(0), q}, *image, in.input_ids.options()), in.input_ids},
+          1);
       if (in.attention_mask.defined()) {
-        in.attention_mask = torch::cat(
-            {torch::ones({in.attention_mask.size(0), q}, in.attention_mask.options()),
-             in.attention_mask},
-            1);
+        in.attention_mask =
+            torch::cat({torch::ones({in.attention_mask.size(0), q}, in.attention_mask.options()),
+                        in.attention_mask},
+                       1);
       }
     }
     return model_->Generate(in, options);
+  }
+
+  absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& inputs, const VisualTokenPassOptions& options) override {
+    Blip2Inputs in;
+    in.pixel_values =
+        inputs.pixel_values.defined() ? inputs.pixel_values.to(device_) : torch::Tensor();
+    if (!in.pixel_values.defined()) return absl::InvalidArgumentError("pixel_values missing");
+    if (inputs.qformer_input_ids.defined()) {
+      in.qformer_input_ids = inputs.qformer_input_ids.to(device_);
+    }
+    if (inputs.qformer_attention_mask.defined()) {
+      in.qformer_attention_mask = inputs.qformer_attention_mask.to(device_);
+    }
+    return model_->StochasticVisualTokens(in, options);
   }
 
   std::vector<int64_t> eos_token_ids() const override { return eos_; }

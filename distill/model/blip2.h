@@ -40,12 +40,12 @@ namespace cdcca::model {
 
 // Where each part's tensors are in a folder (found by probing for a known tensor).
 struct Blip2Prefixes {
-  std::string vision;         // "vision_model."
-  std::string query_tokens;   // "query_tokens" (a full tensor name)
-  std::string qformer;        // "qformer."
-  std::string projection;     // "language_projection."
-  std::string lm_body;        // "language_model.model." or "model.language_model."
-  std::string lm_head;        // "language_model.lm_head." or "lm_head."
+  std::string vision;        // "vision_model."
+  std::string query_tokens;  // "query_tokens" (a full tensor name)
+  std::string qformer;       // "qformer."
+  std::string projection;    // "language_projection."
+  std::string lm_body;       // "language_model.model." or "model.language_model."
+  std::string lm_head;       // "language_model.lm_head." or "lm_head."
 };
 absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder);
 
@@ -59,7 +59,7 @@ struct Blip2Inputs {
   // LM input ids [B, T] int64, already expanded (ExpandBlip2InputIds) for checkpoints with
   // an image token; without one, the prompt's ids (the queries are prepended).
   torch::Tensor input_ids;
-  torch::Tensor attention_mask;    // [B, T] 1 = token, 0 = left padding; undefined = all ones
+  torch::Tensor attention_mask;          // [B, T] 1 = token, 0 = left padding; undefined = all ones
   torch::Tensor qformer_input_ids;       // InstructBLIP: [B, Tq] int64 (undefined for BLIP-2)
   torch::Tensor qformer_attention_mask;  // InstructBLIP: [B, Tq]; undefined = all ones
 };
@@ -92,6 +92,12 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // Greedy answer (GreedyGenerateFromEmbeds over the merged embeddings). Torch errors are
   // returned as Internal.
   absl::StatusOr<GreedyResult> Generate(const Blip2Inputs& in, const GreedyOptions& options);
+
+  // UTS stage 2 (hf_model.h, VisualTokenPassOptions) for one image: the absent tokens are
+  // masked out of the Q-Former's cross-attention keys. InvalidArgument for a batch other than
+  // one or inputs InputsEmbeds refuses; torch errors as Internal.
+  absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(const Blip2Inputs& in,
+                                                           const VisualTokenPassOptions& options);
 
   // The LM input ids for a tokenized prompt (image tokens prepended when the config has an
   // image token id).

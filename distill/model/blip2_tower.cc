@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "distill/model/blip2.h"
 #include "distill/model/hf_folder.h"
+#include "distill/model/hf_model.h"
 #include "distill/model/safetensors.h"
 
 namespace cdcca::model {
@@ -19,13 +20,6 @@ namespace {
 using nlohmann::json;
 
 constexpr int64_t kBos = 1, kEos = 2, kPad = 0;  // the scene vocabulary's specials
-
-// Population variance over dim 0, shifted by the first pass so that identical passes give
-// exactly zero (a plain mean can round differently from the values it averages).
-torch::Tensor PassVariance(const torch::Tensor& x) {
-  torch::Tensor d = x - x.select(0, 0).unsqueeze(0);
-  return (d.pow(2).mean(0) - d.mean(0).pow(2)).clamp_min(0.0);
-}
 
 torch::Tensor AllValid(const torch::Tensor& valid, const torch::Tensor& ids) {
   return valid.defined()

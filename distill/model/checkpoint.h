@@ -56,6 +56,9 @@ absl::StatusOr<Blip2Tower> ConvertPrecision(const Blip2Tower& model, Precision p
 absl::StatusOr<Blip2Tower> CopyTower(const Blip2Tower& model);
 
 uint64_t BaseFingerprint(const Blip2Tower& model);
+// FNV-1a over every parameter and buffer of `module` (names sorted, shapes, fp32 values): the
+// vision tower's identity that Register compares between a device and its cloud's teacher.
+uint64_t ModuleFingerprint(const torch::nn::Module& module);
 std::string FingerprintHex(uint64_t fingerprint);  // 16 lowercase hex digits
 
 // Storage of the frozen linear bases (bytes), as stored (quantized or fp32).

@@ -110,7 +110,8 @@ void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                             const torch::Tensor& sin, const torch::Tensor& mask,
-                                            DecoderKvCache* cache, size_t layer) {
+                                            DecoderKvCache* cache, size_t layer,
+                                            torch::Tensor* last_query_probs) {
   const int64_t b = x.size(0), t = x.size(1);
   torch::Tensor q, k, v;
   if (packed_qkv.Serves(x)) {
@@ -142,7 +143,9 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
           .view({b, heads_, t, total}) *
       scaling;
   if (mask.defined()) scores = scores + mask;
-  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat);
+  if (last_query_probs != nullptr) *last_query_probs = probs.select(2, t - 1);
+  probs = probs.to(q.scalar_type());
   torch::Tensor heads_out = BatchedMatmul(probs.view({b, kv_heads_, group * t, total}), v)
                                 .view({b, heads_, t, head_dim_});  // [B, heads, T, head_dim]
   if (adapter_prompt.defined()) {
@@ -194,8 +197,10 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
-                                        DecoderKvCache* cache, size_t layer, double dropout_p) {
-  torch::Tensor a = self_attn(input_layernorm(x), cos, sin, mask, cache, layer);
+                                        DecoderKvCache* cache, size_t layer, double dropout_p,
+                                        torch::Tensor* last_query_probs) {
+  torch::Tensor a =
+      self_attn->forward(input_layernorm(x), cos, sin, mask, cache, layer, last_query_probs);
   a = TrainingDropout(a, dropout_p);
   torch::Tensor h = x + a;
   torch::Tensor f = mlp(post_attention_layernorm(h));
@@ -349,8 +354,11 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
     if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
-    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(h, cos, sin, mask, cache, i,
-                                                        options.dropout_p);
+    torch::Tensor probs;
+    h = layers->ptr(i)->as<DecoderLayerImpl>()->forward(
+        h, cos, sin, mask, cache, i, options.dropout_p,
+        options.last_query_attention != nullptr ? &probs : nullptr);
+    if (options.last_query_attention != nullptr) options.last_query_attention->push_back(probs);
   }
   if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
   h = norm(h);

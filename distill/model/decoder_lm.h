@@ -66,6 +66,9 @@ struct DecoderForwardOptions {
   // Dropout on the attention and MLP outputs before each residual add (training only; 0 =
   // none, which is what transformers' Llama computes).
   double dropout_p = 0.0;
+  // Non-null: receives, per layer, the last position's attention weights [B, heads, past + T]
+  // (fp32, masked keys at 0): what UTS stage 2 reads on LLaVA (hf_model.h).
+  std::vector<torch::Tensor>* last_query_attention = nullptr;
 };
 
 struct DecoderOutput {
@@ -87,9 +90,11 @@ class DecoderAttentionImpl : public torch::nn::Module {
   torch::Tensor adapter_prompt, adapter_gate;  // undefined until AddAdapterPrompt
   // x [B, T, H]; cos/sin [B, T, head_dim]; mask additive [B, 1, T, past + T] (0 / -inf-like).
   // cache: the layer's keys and values are appended to cache->keys[layer] / values[layer]
-  // and attended to (nullptr = none).
+  // and attended to (nullptr = none). last_query_probs (non-null): the last position's
+  // attention weights [B, heads, past + T] in fp32.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, DecoderKvCache* cache, size_t layer);
+                        const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
+                        torch::Tensor* last_query_probs = nullptr);
   HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // [q; k; v] weights (and biases) in one tensor once DecoderLmImpl::FuseProjections ran;
   // q/k/v_proj's weights are then views of it. Undefined before or for quantized weights.
@@ -125,7 +130,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
-                        double dropout_p = 0.0);
+                        double dropout_p = 0.0, torch::Tensor* last_query_probs = nullptr);
   HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   DecoderAttention self_attn{nullptr};
   DecoderMlp mlp{nullptr};

@@ -100,10 +100,9 @@ absl::StatusOr<GenerateReply> HfAnswerer::Answer(const std::string& image_path,
 
 std::string HfAnswerer::model_type() const { return model_->model_type(); }
 
-absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int width, int height,
-                                                    const std::string& source,
-                                                    const std::string& prompt,
-                                                    int64_t max_new_tokens, bool with_entropy) {
+absl::Status HfAnswerer::Prepare(const uint8_t* rgb, int width, int height,
+                                 const std::string& source, const std::string& prompt,
+                                 MultimodalInputs* in, GenerateReply* ids_out) {
   absl::StatusOr<PixelValues> pixels = PreprocessImage(*processor_, rgb, width, height);
   if (!pixels.ok()) {
     return absl::Status(pixels.status().code(),
@@ -114,21 +113,55 @@ absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int widt
   // processors of transformers 5 lay out input_ids.
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt);
   if (!ids.ok()) return ids.status();
-
-  GenerateReply reply;
-  reply.input_ids = model_->ExpandImageTokens(std::vector<int64_t>(ids->begin(), ids->end()));
-  MultimodalInputs in;
-  in.pixel_values =
+  ids_out->prompt_ids.assign(ids->begin(), ids->end());
+  ids_out->input_ids = model_->ExpandImageTokens(ids_out->prompt_ids);
+  in->pixel_values =
       torch::from_blob(pixels->data.data(), {1, pixels->channels, pixels->height, pixels->width},
                        torch::kFloat)
           .clone();
-  in.input_ids = torch::tensor(reply.input_ids, torch::kLong).unsqueeze(0);
+  in->input_ids = torch::tensor(ids_out->input_ids, torch::kLong).unsqueeze(0);
   if (qformer_tokenizer_ != nullptr) {
     absl::StatusOr<std::vector<int32_t>> q = qformer_tokenizer_->Encode(prompt);
     if (!q.ok()) return q.status();
-    in.qformer_input_ids =
+    in->qformer_input_ids =
         torch::tensor(std::vector<int64_t>(q->begin(), q->end()), torch::kLong).unsqueeze(0);
-    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+    in->qformer_attention_mask = torch::ones_like(in->qformer_input_ids);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VisualTokenReply> HfAnswerer::VisualTokenVarianceRgb(
+    const uint8_t* rgb, int width, int height, const std::string& source, const std::string& prompt,
+    int passes, double dropout_p, uint64_t seed) {
+  MultimodalInputs in;
+  GenerateReply ids;
+  if (absl::Status s = Prepare(rgb, width, height, source, prompt, &in, &ids); !s.ok()) return s;
+  VisualTokenPassOptions o;
+  o.passes = passes;
+  o.dropout_p = dropout_p;
+  o.seed = seed;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<VisualTokenPasses> passes_out = model_->StochasticVisualTokens(in, o);
+  if (!passes_out.ok()) return passes_out.status();
+  VisualTokenReply reply;
+  reply.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  torch::Tensor tokens = passes_out->tokens.contiguous();
+  reply.tokens = tokens.size(0);
+  reply.dim = tokens.size(1);
+  reply.features.assign(tokens.data_ptr<float>(), tokens.data_ptr<float>() + tokens.numel());
+  torch::Tensor variance = passes_out->variance.to(torch::kFloat).contiguous();
+  reply.variance.assign(variance.data_ptr<float>(), variance.data_ptr<float>() + variance.numel());
+  return reply;
+}
+
+absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int width, int height,
+                                                    const std::string& source,
+                                                    const std::string& prompt,
+                                                    int64_t max_new_tokens, bool with_entropy) {
+  GenerateReply reply;
+  MultimodalInputs in;
+  if (absl::Status s = Prepare(rgb, width, height, source, prompt, &in, &reply); !s.ok()) {
+    return s;
   }
   GreedyOptions g;
   g.max_new_tokens = max_new_tokens;

@@ -19,9 +19,10 @@ class Tokenizer;
 namespace cdcca::model {
 
 struct GenerateReply {
-  std::vector<int64_t> input_ids;  // LM input after image-token expansion
-  std::vector<int64_t> tokens;     // generated ids (eos included when produced)
-  std::string text;                // decoded, special tokens skipped
+  std::vector<int64_t> prompt_ids;  // the tokenized prompt, before image-token expansion
+  std::vector<int64_t> input_ids;   // LM input after image-token expansion
+  std::vector<int64_t> tokens;      // generated ids (eos included when produced)
+  std::string text;                 // decoded, special tokens skipped
   std::vector<float> first_logits;
   // Mean over the generated tokens (EOS included) of the entropy of the softmax each was
   // chosen from, nats: UTS stage 1's score. Only with AnswerRgb's `with_entropy` (it keeps
@@ -30,8 +31,18 @@ struct GenerateReply {
   double seconds = 0;  // load excluded
 };
 
+// UTS stage 2 on one frame (MultimodalModel::StochasticVisualTokens, hf_model.h).
+struct VisualTokenReply {
+  int64_t tokens = 0;           // N visual tokens
+  int64_t dim = 0;              // D per token
+  std::vector<float> features;  // N x D row-major: the tokens a device uplinks
+  std::vector<float> variance;  // N: Eq. 3 over the passes, higher = keep first
+  double seconds = 0;
+};
+
 class MultimodalModel;
 struct ImageProcessorConfig;
+struct MultimodalInputs;
 
 // A loaded folder ready to answer: model, tokenizer and image processor settings.
 // Not thread-safe.
@@ -50,11 +61,21 @@ class HfAnswerer {
   absl::StatusOr<GenerateReply> AnswerRgb(const uint8_t* rgb, int width, int height,
                                           const std::string& source, const std::string& prompt,
                                           int64_t max_new_tokens, bool with_entropy = false);
+  // UTS stage 2 for the same frame and prompt as AnswerRgb: `passes` MC-dropout passes with
+  // each visual token absent at rate `dropout_p`, masks drawn from `seed`.
+  absl::StatusOr<VisualTokenReply> VisualTokenVarianceRgb(const uint8_t* rgb, int width, int height,
+                                                          const std::string& source,
+                                                          const std::string& prompt, int passes,
+                                                          double dropout_p, uint64_t seed);
   // config.json's model_type: "llava", "blip-2" or "instructblip".
   std::string model_type() const;
 
  private:
   HfAnswerer() = default;
+  // The processor's inputs for one frame and prompt; `ids` receives the prompt's ids and
+  // the LM's (GenerateReply's prompt_ids and input_ids).
+  absl::Status Prepare(const uint8_t* rgb, int width, int height, const std::string& source,
+                       const std::string& prompt, MultimodalInputs* in, GenerateReply* ids);
   std::unique_ptr<MultimodalModel> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.

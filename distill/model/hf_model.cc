@@ -5,6 +5,8 @@
 #include <malloc.h>
 #endif
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "distill/model/blip2.h"
 #include "distill/model/hf_config.h"
@@ -51,7 +53,7 @@ absl::StatusOr<HfPrecision> ResolveHfPrecision(const HfModelOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& dir,
-                                                              const HfModelOptions& options) {
+                                                             const HfModelOptions& options) {
   absl::StatusOr<HfPrecision> precision = ResolveHfPrecision(options);
   if (!precision.ok()) return precision.status();
   absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
@@ -70,9 +72,42 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& 
     return model;
   }
   std::string known;
-  for (const HfModelType& t : kHfModelTypes) absl::StrAppend(&known, known.empty() ? "" : ", ", t.model_type);
+  for (const HfModelType& t : kHfModelTypes)
+    absl::StrAppend(&known, known.empty() ? "" : ", ", t.model_type);
   return absl::InvalidArgumentError(absl::StrCat(folder->config_path(), ": field model_type = \"",
                                                  type, "\" is not supported (", known, ")"));
+}
+
+absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n) {
+  if (options.present.defined()) {
+    const torch::Tensor& p = options.present;
+    if (p.dim() != 2 || p.size(1) != n || p.size(0) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("present masks must be [M, ", n, "], got ", c10::str(p.sizes())));
+    }
+    return p.to(torch::kCPU, torch::kBool);
+  }
+  if (options.passes < 1 || options.passes > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MC-dropout passes must be in 1-256, got ", options.passes));
+  }
+  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MC-dropout rate must be in [0, 1), got ", options.dropout_p));
+  }
+  std::mt19937_64 rng(options.seed);
+  std::bernoulli_distribution keep(1.0 - options.dropout_p);
+  torch::Tensor present = torch::empty({options.passes, n}, torch::kBool);
+  bool* out = present.data_ptr<bool>();
+  for (int64_t i = 0; i < present.numel(); ++i) out[i] = keep(rng);
+  return present;
+}
+
+torch::Tensor PassVariance(const torch::Tensor& x) {
+  // Shifted by the first pass so that identical passes give exactly zero (a plain mean can
+  // round differently from the values it averages).
+  torch::Tensor d = x - x.select(0, 0).unsqueeze(0);
+  return (d.pow(2).mean(0) - d.mean(0).pow(2)).clamp_min(0.0);
 }
 
 }  // namespace cdcca::model

@@ -41,6 +41,44 @@ struct MultimodalInputs {
   torch::Tensor qformer_input_ids, qformer_attention_mask;
 };
 
+// UTS stage 2 on a Hugging Face model (paper Sec. 3.2, Eq. 3): M stochastic passes over one
+// image and prompt, run as one batch. MC dropout acts on the encoded visual tokens: in pass m
+// each token is present with probability 1 - dropout_p. BLIP-2 / InstructBLIP mask the
+// absent tokens out of the Q-Former's cross-attention keys; LLaVA takes them out of the LM
+// input (their positions masked and the rest renumbered, which is what deleting them
+// computes). F_m(i), the quantity whose variance over the passes is token i's score, is the
+// attention mass token i receives in pass m (0 when absent): on BLIP-2 the Q-Former's
+// cross-attention averaged over cross-attending layers, heads and queries; on LLaVA the last
+// prompt position's self-attention (what the first answer token is predicted from) averaged
+// over layers and heads. Nothing is trained for it, so it works on any checkpoint.
+struct VisualTokenPassOptions {
+  int passes = 8;          // M, 1-256
+  double dropout_p = 0.1;  // in [0, 1)
+  uint64_t seed = 0;       // the draw of the masks (std::mt19937_64, token-major per pass)
+  // [M, N] bool masks to use instead of drawing (true = present); then passes and dropout_p
+  // are not read. For reference checks.
+  torch::Tensor present;
+};
+
+struct VisualTokenPasses {
+  // [N, D] fp32: the vision tower's output tokens the model consumes (BLIP-2: the ViT's last
+  // hidden state after its layer norm; LLaVA: the selected layer(s) before the projector).
+  // What a device uplinks, and what a teacher with the same tower reads.
+  torch::Tensor tokens;
+  torch::Tensor present;   // [M, N] bool
+  torch::Tensor mass;      // [M, N] fp32: F_m per pass
+  torch::Tensor variance;  // [N] fp32: Eq. 3, (1/M) sum_m (F_m - mean)^2
+};
+
+// The present-token masks a pass options set stands for: options.present when defined, else
+// M x N Bernoulli(1 - dropout_p) draws from std::mt19937_64(seed), pass by pass, token by token.
+// InvalidArgument for passes outside 1-256, dropout_p outside [0, 1), or masks not [M, N].
+absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n);
+
+// Eq. 3 over the passes: the population variance over dim 0 ([M, ...] -> [...]); identical
+// passes give exactly zero.
+torch::Tensor PassVariance(const torch::Tensor& x);
+
 class MultimodalModel {
  public:
   virtual ~MultimodalModel() = default;
@@ -55,6 +93,10 @@ class MultimodalModel {
   // token count); errors from the tensor library become Internal.
   virtual absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
                                                 const GreedyOptions& options) = 0;
+  // UTS stage 2 (VisualTokenPassOptions) for a batch of one image and prompt (the same inputs
+  // Generate takes). InvalidArgument as Generate, or for a batch other than one.
+  virtual absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& inputs, const VisualTokenPassOptions& options) = 0;
   // The ids generation stops at (generation_config.json, else config.json).
   virtual std::vector<int64_t> eos_token_ids() const = 0;
   // Bytes of weights held (quantized weights at their packed size).
@@ -65,7 +107,7 @@ class MultimodalModel {
 // Opens `dir` and builds the model config.json names (model_type llava; blip-2 and
 // instructblip where registered). Errors name the file and the field or tensor.
 absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& dir,
-                                                              const HfModelOptions& options);
+                                                             const HfModelOptions& options);
 
 // One architecture's loader, for the dispatch table in hf_model.cc.
 using HfModelLoader = absl::StatusOr<std::unique_ptr<MultimodalModel>> (*)(

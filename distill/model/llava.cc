@@ -6,9 +6,11 @@
 namespace cdcca::model {
 LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : config_(config) {
   model_ = register_module("model", std::make_shared<Body>());
-  vision_tower_ = model_->register_module("vision_tower", ClipVisionTower(config.vision, precision));
+  vision_tower_ =
+      model_->register_module("vision_tower", ClipVisionTower(config.vision, precision));
   projector_ = model_->register_module("multi_modal_projector", std::make_shared<Projector>());
-  const int64_t in = config.vision.hidden_size * static_cast<int64_t>(config.vision_feature_layers.size());
+  const int64_t in =
+      config.vision.hidden_size * static_cast<int64_t>(config.vision_feature_layers.size());
   const int64_t out = config.text.hidden_size;
   const bool bias = config.multimodal_projector_bias;
   projector_->linear_1 =
@@ -29,6 +31,10 @@ absl::Status LlavaImpl::Load(const HfFolder& folder, torch::Device device) {
 }
 
 torch::Tensor LlavaImpl::ImageFeatures(const torch::Tensor& pixel_values) {
+  return Project(SelectedFeatures(pixel_values));
+}
+
+torch::Tensor LlavaImpl::SelectedFeatures(const torch::Tensor& pixel_values) {
   const int64_t n = config_.vision.num_hidden_layers;
   int64_t deepest = 0;
   for (int64_t layer : config_.vision_feature_layers) {
@@ -41,7 +47,10 @@ torch::Tensor LlavaImpl::ImageFeatures(const torch::Tensor& pixel_values) {
     if (config_.vision_feature_select_strategy == "default") h = h.narrow(1, 1, h.size(1) - 1);
     picked.push_back(h);
   }
-  torch::Tensor selected = picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+  return picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+}
+
+torch::Tensor LlavaImpl::Project(const torch::Tensor& selected) {
   torch::Tensor h = projector_->linear_1(selected);
   return projector_->linear_2(Activation(config_.projector_hidden_act, h));
 }
@@ -68,7 +77,9 @@ namespace {
 class LlavaModel : public MultimodalModel {
  public:
   LlavaModel(Llava llava, std::string image_token, std::vector<int64_t> eos, torch::Device device)
-      : llava_(std::move(llava)), image_token_(std::move(image_token)), eos_(std::move(eos)),
+      : llava_(std::move(llava)),
+        image_token_(std::move(image_token)),
+        eos_(std::move(eos)),
         device_(device) {}
 
   std::string model_type() const override { return "llava"; }
@@ -77,6 +88,22 @@ class LlavaModel : public MultimodalModel {
     std::string repeated;
     for (int64_t i = 0; i < llava_->config().NumImageTokens(); ++i) repeated += image_token_;
     return absl::StrReplaceAll(prompt, {{image_token_, repeated}});
+  }
+
+  // InvalidArgument unless pixel_values fit the tower and input_ids are [B, T].
+  absl::Status CheckInputs(const MultimodalInputs& in) const {
+    const ClipVisionConfig& v = llava_->config().vision;
+    const torch::Tensor& px = in.pixel_values;
+    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
+        px.size(2) != v.image_size || px.size(3) != v.image_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ", v.image_size,
+          "], got ", px.defined() ? c10::str(px.sizes()) : std::string("none")));
+    }
+    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(1) < 1) {
+      return absl::InvalidArgumentError("input_ids must be [B, T]");
+    }
+    return absl::OkStatus();
   }
 
   std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const override {
@@ -94,17 +121,8 @@ class LlavaModel : public MultimodalModel {
 
   absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& in,
                                         const GreedyOptions& options) override {
-    const ClipVisionConfig& v = llava_->config().vision;
+    if (absl::Status s = CheckInputs(in); !s.ok()) return s;
     const torch::Tensor& px = in.pixel_values;
-    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
-        px.size(2) != v.image_size || px.size(3) != v.image_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ", v.image_size,
-          "], got ", px.defined() ? c10::str(px.sizes()) : std::string("none")));
-    }
-    if (!in.input_ids.defined() || in.input_ids.dim() != 2) {
-      return absl::InvalidArgumentError("input_ids must be [B, T]");
-    }
     try {
       torch::NoGradGuard no_grad;
       llava_->eval();
@@ -116,6 +134,56 @@ class LlavaModel : public MultimodalModel {
                                       options);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("llava generate: ", e.what_without_backtrace()));
+    }
+  }
+
+  // UTS stage 2: absent image tokens leave the LM input (masked keys, positions renumbered
+  // by DecoderLmImpl::Forward from the mask); F_m is the last prompt position's attention.
+  absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& in, const VisualTokenPassOptions& options) override {
+    if (absl::Status s = CheckInputs(in); !s.ok()) return s;
+    if (in.pixel_values.size(0) != 1 || in.input_ids.size(0) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "UTS stage 2 takes one image and prompt, got pixel_values ",
+          c10::str(in.pixel_values.sizes()), " and input_ids ", c10::str(in.input_ids.sizes())));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      torch::Tensor selected = llava_->SelectedFeatures(in.pixel_values.to(device_));
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      absl::StatusOr<torch::Tensor> embeds =
+          llava_->MergeEmbeddings(ids, llava_->Project(selected));
+      if (!embeds.ok()) return embeds.status();
+      const int64_t n = selected.size(1), t = ids.size(1);
+      if (ids[0][t - 1].item<int64_t>() == llava_->config().image_token_id) {
+        return absl::InvalidArgumentError(
+            "UTS stage 2 reads the attention of the prompt's last position, which is an image "
+            "token here: end the prompt with text (e.g. the template's \"ASSISTANT:\")");
+      }
+      absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, n);
+      if (!masks.ok()) return masks.status();
+      const int64_t m = masks->size(0);
+      torch::Tensor image_pos = (ids[0] == llava_->config().image_token_id).nonzero().squeeze(1);
+      torch::Tensor keep = in.attention_mask.defined()
+                               ? in.attention_mask.to(device_, torch::kLong).expand({m, t}).clone()
+                               : torch::ones({m, t}, ids.options());
+      keep.index_put_({torch::indexing::Slice(), image_pos}, masks->to(device_, torch::kLong));
+      std::vector<torch::Tensor> probs;  // per layer [M, heads, T]
+      DecoderForwardOptions o;
+      o.last_logits_only = true;
+      o.last_query_attention = &probs;
+      llava_->language_model().Forward(embeds->expand({m, -1, -1}), keep, nullptr, o);
+      torch::Tensor mass = torch::zeros({m, t}, torch::TensorOptions().device(device_));
+      for (const torch::Tensor& p : probs) mass = mass + p.mean(1);
+      VisualTokenPasses out;
+      out.tokens = selected[0].to(torch::kCPU, torch::kFloat);
+      out.present = *masks;
+      out.mass = (mass.index_select(1, image_pos) / static_cast<double>(probs.size())).cpu();
+      out.variance = PassVariance(out.mass);
+      return out;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava UTS stage 2: ", e.what_without_backtrace()));
     }
   }
 

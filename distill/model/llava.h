@@ -35,6 +35,10 @@ class LlavaImpl : public torch::nn::Module {
 
   // pixel_values [B, C, S, S] -> projected features [B, NumImageTokens(), text hidden].
   torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
+  // Its two halves: the vision tower's selected hidden states [B, NumImageTokens(),
+  // vision hidden x layers] (what a device uplinks), and the projector over them.
+  torch::Tensor SelectedFeatures(const torch::Tensor& pixel_values);
+  torch::Tensor Project(const torch::Tensor& selected);
   // Token embeddings with the image-token positions replaced by `features` in order.
   // InvalidArgument when the counts differ.
   absl::StatusOr<torch::Tensor> MergeEmbeddings(const torch::Tensor& input_ids,

@@ -184,6 +184,19 @@ torch::Tensor QFormerEmbeddingsImpl::forward(const torch::Tensor& query_embeds,
   return layernorm->forward(embeddings.to(layernorm->weight.scalar_type()));
 }
 
+namespace {
+
+// image_mask [B, N] as the cross-attention's key mask [B, 1, 1, N] (undefined stays so).
+torch::Tensor ImageAllowed(const torch::Tensor& image_mask, const torch::Tensor& image) {
+  if (!image_mask.defined()) return {};
+  TORCH_CHECK(image_mask.dim() == 2 && image_mask.size(0) == image.size(0) &&
+                  image_mask.size(1) == image.size(1),
+              "Q-Former image_mask must be [B, N]");
+  return image_mask.to(image.device(), torch::kBool).view({image.size(0), 1, 1, image.size(1)});
+}
+
+}  // namespace
+
 QFormerModelImpl::QFormerModelImpl(const QFormerConfig& config, bool with_instruction,
                                    const HfPrecision& precision)
     : config_(config) {
@@ -201,6 +214,15 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
                                         const torch::Tensor& image_embeds,
                                         const torch::Tensor& instruction_ids,
                                         const torch::Tensor& instruction_mask) {
+  return ForwardMasked(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, nullptr);
+}
+
+torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
+                                              const torch::Tensor& image_embeds,
+                                              const torch::Tensor& instruction_ids,
+                                              const torch::Tensor& instruction_mask,
+                                              const torch::Tensor& image_mask,
+                                              std::vector<torch::Tensor>* cross_probs) {
   const int64_t query_length = query_embeds.size(1);
   const bool has_text = instruction_ids.defined() && instruction_ids.size(1) > 0;
   TORCH_CHECK(!has_text || with_instruction(),
@@ -223,8 +245,13 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
                     .unsqueeze(2);
   }
   torch::Tensor image = image_embeds.to(hidden.scalar_type());
+  torch::Tensor allowed = ImageAllowed(image_mask, image);
   for (const auto& layer : *encoder->layer) {
-    hidden = layer->as<QFormerLayerImpl>()->forward(hidden, self_mask, image, query_length);
+    torch::Tensor probs;
+    hidden = layer->as<QFormerLayerImpl>()->forward(hidden, self_mask, image, query_length, allowed,
+                                                    /*dropout_p=*/0.0,
+                                                    cross_probs != nullptr ? &probs : nullptr);
+    if (cross_probs != nullptr && probs.defined()) cross_probs->push_back(probs);
   }
   return hidden;
 }
@@ -241,13 +268,7 @@ torch::Tensor QFormerModelImpl::ForwardQueries(const torch::Tensor& query_embeds
   const int64_t query_length = query_embeds.size(1);
   torch::Tensor hidden = layernorm->forward(query_embeds.to(layernorm->weight.scalar_type()));
   torch::Tensor image = image_embeds.to(hidden.scalar_type());
-  torch::Tensor allowed;
-  if (image_mask.defined()) {
-    TORCH_CHECK(image_mask.dim() == 2 && image_mask.size(0) == image.size(0) &&
-                    image_mask.size(1) == image.size(1),
-                "Q-Former image_mask must be [B, N]");
-    allowed = image_mask.to(torch::kBool).view({image.size(0), 1, 1, image.size(1)});
-  }
+  torch::Tensor allowed = ImageAllowed(image_mask, image);
   for (const auto& layer : *encoder->layer) {
     auto* l = layer->as<QFormerLayerImpl>();
     torch::Tensor probs;

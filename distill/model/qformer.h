@@ -93,8 +93,7 @@ TORCH_MODULE(QFormerIntermediate);
 
 class QFormerLayerImpl : public torch::nn::Module {
  public:
-  QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index,
-                   const HfPrecision& precision);
+  QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index, const HfPrecision& precision);
   // hidden [B, Q + T, H] with the Q query positions first; image [B, N, E].
   // image_allowed [B, 1, 1, N] bool or undefined, dropout_p and cross_probs as
   // QFormerModelImpl::ForwardQueries (cross_probs is left alone without cross-attention).
@@ -107,7 +106,7 @@ class QFormerLayerImpl : public torch::nn::Module {
   bool has_text_feed_forward() const { return !intermediate.is_empty(); }
 
   QFormerAttention attention{nullptr};
-  QFormerAttention crossattention{nullptr};  // null unless layer_index % frequency == 0
+  QFormerAttention crossattention{nullptr};   // null unless layer_index % frequency == 0
   QFormerIntermediate intermediate{nullptr};  // null unless use_qformer_text_input
   QFormerResidualOutput output{nullptr};
   QFormerIntermediate intermediate_query{nullptr};
@@ -150,6 +149,15 @@ class QFormerModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
                         const torch::Tensor& instruction_ids = {},
                         const torch::Tensor& instruction_mask = {});
+  // forward() with an encoder key mask, in either layout: image_mask [B, N] bool (true =
+  // present; a masked token has no effect on any output; undefined = all present); if
+  // cross_probs is non-null it receives, per cross-attending layer, the weights
+  // [B, heads, Q, N] (queries only). What UTS stage 2 runs on BLIP-2 / InstructBLIP folders.
+  torch::Tensor ForwardMasked(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
+                              const torch::Tensor& instruction_ids,
+                              const torch::Tensor& instruction_mask,
+                              const torch::Tensor& image_mask,
+                              std::vector<torch::Tensor>* cross_probs);
 
   // BLIP-2 layout with the hooks training and uncertainty need (transformers' forward with
   // an encoder_attention_mask, and dropout in train mode): image_mask [B, N] bool (true =
@@ -164,8 +172,8 @@ class QFormerModelImpl : public torch::nn::Module {
   const QFormerConfig& config() const { return config_; }
   bool with_instruction() const { return !embeddings.is_empty(); }
 
-  HfLayerNorm layernorm{nullptr};  // BLIP-2 only
-  QFormerEmbeddings embeddings{nullptr};    // InstructBLIP only
+  HfLayerNorm layernorm{nullptr};         // BLIP-2 only
+  QFormerEmbeddings embeddings{nullptr};  // InstructBLIP only
   QFormerEncoder encoder{nullptr};
 
  private:
