@@ -92,6 +92,8 @@ void InitRandom(torch::nn::Module& m, uint64_t seed) {
   for (auto& p : m.named_parameters()) {
     const std::string& name = p.key();
     torch::Tensor& v = p.value();
+    // The tower is built with placeholders for Load() to replace: give each its own storage.
+    v.set_data(torch::empty(v.sizes(), v.options().dtype(torch::kFloat)));
     const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
     if (bias) {
       v.zero_();
