@@ -8,6 +8,10 @@
 //
 //   hf_bench --model DIR [--device cuda|cpu] [--precision bf16|fp32|int8|int4]
 //            [--new_tokens 64] [--repeats 3] [--paths static,reference] [--threads N]
+//            [--uts_passes 4,8,16]
+// --uts_passes adds "uts_stage2": per M, the median time of MultimodalModel::
+// StochasticVisualTokens (M passes as one batch, dropout 0.1), the visual tokens it scores,
+// and the peak GPU memory of those calls.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "distill/model/hf_model.h"
 #include "distill/model/safetensors.h"
@@ -39,6 +44,9 @@ ABSL_FLAG(int, repeats, 3, "timed runs per measurement (after one warm-up)");
 ABSL_FLAG(std::string, paths, "static,reference",
           "decode loops to time: static (the default on CUDA), reference");
 ABSL_FLAG(int, threads, 0, "torch intra-op threads (0 = LibTorch's default)");
+ABSL_FLAG(std::string, uts_passes, "",
+          "comma list of M: also time UTS stage 2 (M MC-dropout passes over the visual tokens, "
+          "one batch, p = 0.1) against one answer's time to first token");
 
 namespace cdcca::model {
 namespace {
@@ -169,6 +177,33 @@ int Run() {
     row["static_reference_common_prefix"] = same;
   }
   if (!produced.empty()) row["tokens"] = produced.begin()->second;
+  for (absl::string_view piece :
+       absl::StrSplit(absl::GetFlag(FLAGS_uts_passes), ',', absl::SkipEmpty())) {
+    int passes = 0;
+    if (!absl::SimpleAtoi(piece, &passes)) {
+      std::cerr << "hf_bench: --uts_passes: '" << piece << "' is not a number\n";
+      return 1;
+    }
+    VisualTokenPassOptions o;
+    o.passes = passes;
+    std::vector<double> times;
+    int64_t tokens = 0;
+    for (int i = 0; i < repeats + 1; ++i) {
+      o.seed = static_cast<uint64_t>(i);
+      if (device.is_cuda()) torch::cuda::synchronize();
+      const auto start = Clock::now();
+      absl::StatusOr<VisualTokenPasses> p = (*model)->StochasticVisualTokens(in, o);
+      if (device.is_cuda()) torch::cuda::synchronize();
+      if (!p.ok()) {
+        std::cerr << "hf_bench: " << p.status() << "\n";
+        return 1;
+      }
+      tokens = p->variance.size(0);
+      if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    row["uts_stage2"][std::string(piece)] = {{"ms", Median(times) * 1e3},
+                                              {"visual_tokens", tokens}};
+  }
   row["peak_gpu_allocated_bytes"] = PeakGpuBytes(device);
   row["rss_bytes"] = ProcStatusBytes("VmRSS");
   row["peak_rss_bytes"] = ProcStatusBytes("VmHWM");
