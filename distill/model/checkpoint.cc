@@ -427,6 +427,16 @@ absl::StatusOr<FamilyCheckpoint> LoadFamily(const std::string& dir, Precision st
             absl::StrCat(dir, ": the ", role, " does not match its fingerprint in config.json"));
       }
     }
+    // A pair shares one vision tower: the teacher reads the tokens of the student's (which
+    // the devices run and uplink from), so the two folders must hold the same ViT.
+    const uint64_t teacher_vit = ModuleFingerprint(*teacher->vit);
+    const uint64_t student_vit = ModuleFingerprint(*student->vit);
+    if (teacher_vit != student_vit) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": the teacher's vision tower (", dir, "/teacher, fingerprint ",
+          FingerprintHex(teacher_vit), ") is not the student's (", FingerprintHex(student_vit),
+          "): a teacher-student pair must share one vision tower"));
+    }
     {
       FixedSeedScope seeded;
       out.encoder = VisionEncoder(config->vision);

@@ -16,6 +16,7 @@ namespace cdcca::model {
 namespace {
 
 using ::cdcca::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
@@ -219,6 +220,15 @@ TEST_F(CheckpointTest, FamilyRoundTripAndFingerprintCheck) {
       SaveBlip2FamilyFolder(dir + "/teacher", *enc->vision_model, *other, family_.vision, words));
   EXPECT_THAT(LoadFamily(dir, Precision::kFp32),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("teacher")));
+  // The right teacher next to another vision tower: not a pair (issue 21).
+  torch::manual_seed(99);
+  VisionEncoder other_encoder(family_.vision);
+  ASSERT_OK(SaveBlip2FamilyFolder(dir + "/teacher", *other_encoder->vision_model, *teacher,
+                                  family_.vision, words));
+  EXPECT_THAT(LoadFamily(dir, Precision::kFp32),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("the teacher's vision tower"),
+                             HasSubstr(FingerprintHex(ModuleFingerprint(*enc->vision_model))))));
 }
 
 }  // namespace
