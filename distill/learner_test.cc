@@ -277,6 +277,14 @@ TEST_F(LearnerTest, CopiesOfAQuantizedStudentComputeTheSameAndTrainOnTheirOwn) {
     ASSERT_OK_AND_ASSIGN(model::Blip2Tower copy, CopyMllm(quantized, torch::kCPU));
     EXPECT_EQ(model::BaseFingerprint(copy), model::BaseFingerprint(quantized));
     EXPECT_EQ(model::LinearBaseBytes(copy), model::LinearBaseBytes(quantized));
+    // The trainable sets line up name by name (CoTTA's EMA pairs them by position).
+    const model::NamedTensors copy_set = model::TrainableParameters(*copy);
+    const model::NamedTensors source_set = model::TrainableParameters(*quantized);
+    ASSERT_EQ(copy_set.size(), source_set.size());
+    for (size_t k = 0; k < copy_set.size(); ++k) {
+      EXPECT_EQ(copy_set[k].first, source_set[k].first);
+      EXPECT_TRUE(torch::equal(copy_set[k].second, source_set[k].second)) << copy_set[k].first;
+    }
     auto before = Snapshot(*quantized);
     {
       torch::NoGradGuard no_grad;
