@@ -90,8 +90,8 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
   return absl::OkStatus();
 }
 
-// Solves min_W |[X 1] W - Y|^2 + lambda |W|^2 and writes W into `linear` (weight [out, in],
-// bias [out]). The bias column is not penalised much: lambda is scaled to X's energy.
+}  // namespace
+
 void RidgeFit(const torch::Tensor& x, const torch::Tensor& y, double lambda,
               torch::nn::Linear& linear) {
   torch::NoGradGuard no_grad;
@@ -107,7 +107,6 @@ void RidgeFit(const torch::Tensor& x, const torch::Tensor& y, double lambda,
   linear->bias.copy_(w.select(0, in).to(torch::kFloat));
 }
 
-}  // namespace
 
 absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name) {
   DistillConfig c;
@@ -287,20 +286,25 @@ void DistillLearner::FitProjections(const SamplePool& pool, model::Blip2Tower& s
   student->train(was_training);
 }
 
-torch::Tensor DistillLearner::FeatureTerm(const torch::Tensor& teacher,
-                                          const torch::Tensor& student,
-                                          const torch::Tensor& mask) const {
-  switch (config_.feature_loss) {
+torch::Tensor FeatureDistance(const DistillConfig& config, const torch::Tensor& teacher,
+                              const torch::Tensor& student, const torch::Tensor& mask) {
+  switch (config.feature_loss) {
     case FeatureLoss::kMse:
-      return FeatureMse(teacher, student, mask, config_.normalize);
+      return FeatureMse(teacher, student, mask, config.normalize);
     case FeatureLoss::kPearson:
       return PearsonDistance(teacher, student, mask);
     case FeatureLoss::kChannelWise:
-      return ChannelWiseDivergence(teacher, student, mask, config_.cwd_tau);
+      return ChannelWiseDivergence(teacher, student, mask, config.cwd_tau);
     case FeatureLoss::kNone:
       break;
   }
   return torch::zeros({}, teacher.options());
+}
+
+torch::Tensor DistillLearner::FeatureTerm(const torch::Tensor& teacher,
+                                          const torch::Tensor& student,
+                                          const torch::Tensor& mask) const {
+  return FeatureDistance(config_, teacher, student, mask);
 }
 
 Learner::Terms DistillLearner::Loss(const SamplePool& pool, const std::vector<int64_t>& batch,

@@ -77,6 +77,16 @@ struct DistillSettings {
 absl::StatusOr<DistillSettings> ParseDistillSettings(absl::string_view json);
 absl::StatusOr<DistillSettings> LoadDistillSettings(const std::string& path);
 
+// D(teacher, student) of config's feature term over mask positions (losses.h); 0 for kNone.
+torch::Tensor FeatureDistance(const DistillConfig& config, const torch::Tensor& teacher,
+                              const torch::Tensor& student, const torch::Tensor& mask);
+
+// Solves min_W |[X 1] W - Y|^2 + lambda |W|^2 for x [rows, in], y [rows, out] and writes W into
+// `linear` (weight [out, in], bias [out]): phi/psi's start. lambda is scaled to X's energy, so
+// the bias column is barely penalised.
+void RidgeFit(const torch::Tensor& x, const torch::Tensor& y, double lambda,
+              torch::nn::Linear& linear);
+
 class DistillLearner : public Learner {
  public:
   // `teacher` is shared, used read-only under NoGradGuard and put in eval() mode.

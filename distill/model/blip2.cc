@@ -192,19 +192,27 @@ torch::Tensor Blip2ForConditionalGenerationImpl::ImageQueries(
   return language_projection->forward(out.to(precision_.dtype));
 }
 
-absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>>
-Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
+absl::Status Blip2ForConditionalGenerationImpl::CheckImageInputs(const Blip2Inputs& in,
+                                                                 bool one_image) const {
   if (config_.instruct != in.qformer_input_ids.defined()) {
     return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
                                                        : "BLIP-2 takes no qformer_input_ids");
   }
   const int64_t size = config_.vision.image_size;
-  if (in.pixel_values.dim() != 4 || in.pixel_values.size(1) != config_.vision.num_channels ||
-      in.pixel_values.size(2) != size || in.pixel_values.size(3) != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pixel_values must be [B, ", config_.vision.num_channels, ", ", size, ", ",
-                     size, "], got ", c10::str(in.pixel_values.sizes())));
+  const torch::Tensor& px = in.pixel_values;
+  if (!px.defined() || px.dim() != 4 || (one_image && px.size(0) != 1) ||
+      px.size(1) != config_.vision.num_channels || px.size(2) != size || px.size(3) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        one_image ? "UTS stage 2 takes pixel_values [1, " : "pixel_values must be [B, ",
+        config_.vision.num_channels, ", ", size, ", ", size, "], got ",
+        px.defined() ? c10::str(px.sizes()) : std::string("none")));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>>
+Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
+  if (absl::Status s = CheckImageInputs(in, /*one_image=*/false); !s.ok()) return s;
   torch::Tensor queries =
       ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
   torch::Tensor text = language_model->EmbedTokens(in.input_ids);
@@ -243,18 +251,7 @@ absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
 
 absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticVisualTokens(
     const Blip2Inputs& in, const VisualTokenPassOptions& options) {
-  if (config_.instruct != in.qformer_input_ids.defined()) {
-    return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
-                                                       : "BLIP-2 takes no qformer_input_ids");
-  }
-  const int64_t size = config_.vision.image_size;
-  if (in.pixel_values.dim() != 4 || in.pixel_values.size(0) != 1 ||
-      in.pixel_values.size(1) != config_.vision.num_channels || in.pixel_values.size(2) != size ||
-      in.pixel_values.size(3) != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("UTS stage 2 takes pixel_values [1, ", config_.vision.num_channels, ", ", size,
-                     ", ", size, "], got ", c10::str(in.pixel_values.sizes())));
-  }
+  if (absl::Status s = CheckImageInputs(in, /*one_image=*/true); !s.ok()) return s;
   try {
     torch::NoGradGuard no_grad;
     torch::Tensor image = vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
@@ -294,8 +291,11 @@ namespace {
 class Blip2MultimodalModel : public MultimodalModel {
  public:
   Blip2MultimodalModel(std::shared_ptr<Blip2ForConditionalGenerationImpl> model,
-                       std::vector<int64_t> eos, torch::Device device)
-      : model_(std::move(model)), eos_(std::move(eos)), device_(device) {}
+                       std::vector<int64_t> eos, torch::Device device, Blip2Prefixes prefixes)
+      : model_(std::move(model)),
+        eos_(std::move(eos)),
+        device_(device),
+        prefixes_(std::move(prefixes)) {}
 
   std::string model_type() const override {
     return model_->config().instruct ? "instructblip" : "blip-2";
@@ -335,9 +335,7 @@ class Blip2MultimodalModel : public MultimodalModel {
   absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
       const MultimodalInputs& inputs, const VisualTokenPassOptions& options) override {
     Blip2Inputs in;
-    in.pixel_values =
-        inputs.pixel_values.defined() ? inputs.pixel_values.to(device_) : torch::Tensor();
-    if (!in.pixel_values.defined()) return absl::InvalidArgumentError("pixel_values missing");
+    if (inputs.pixel_values.defined()) in.pixel_values = inputs.pixel_values.to(device_);
     if (inputs.qformer_input_ids.defined()) {
       in.qformer_input_ids = inputs.qformer_input_ids.to(device_);
     }
@@ -351,10 +349,129 @@ class Blip2MultimodalModel : public MultimodalModel {
   int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*model_); }
   torch::Device device() const override { return device_; }
 
+  absl::Status AddAdapters(const AdapterOptions& options) override {
+    return AddDecoderLora(*model_->language_model, options);
+  }
+
+  // Module names -> the checkpoint's: the LM body and the query tokens sit where the folder
+  // had them (FindBlip2Prefixes).
+  NamedTensors TrainableParameters() override {
+    const Blip2Prefixes& p = prefixes_;
+    return SelectHfTrainable(
+        *model_, "language_model.", [](const std::string& name) { return name == "query_tokens"; },
+        [&p](const std::string& name) {
+          if (name == "query_tokens") return p.query_tokens;
+          return p.lm_body + name.substr(std::string("language_model.").size());
+        });
+  }
+
+  int64_t RepresentationLayer() const override {
+    return model_->language_model->config().num_hidden_layers / 2;
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+  absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      DecoderForwardOptions o;
+      o.capture_layer = RepresentationLayer();
+      DecoderOutput out = model_->language_model->Forward(m->embeds, m->mask, nullptr, o);
+      const int64_t t = in.input_ids.size(1), offset = m->embeds.size(1) - t;
+      TokenForward f;
+      f.logits = out.logits.narrow(1, offset, t).to(torch::kFloat);
+      f.representation = out.captured.narrow(1, offset, t).to(torch::kFloat);
+      f.queries = m->queries;
+      f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},
+                                      f.queries.options().dtype(torch::kBool));
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+    }
+  }
+
+  absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
+                                                  const GreedyOptions& options) override {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      GreedyOptions o = options;
+      o.decode_path = GreedyOptions::DecodePath::kReference;
+      return GreedyGenerateFromEmbeds(*model_->language_model, m->embeds, m->mask, o);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
+    }
+  }
+
  private:
+  struct Merged {
+    torch::Tensor embeds;   // [B, T' (= T, or Q + T without an image token id), H]
+    torch::Tensor mask;     // [B, T'] int64
+    torch::Tensor queries;  // [B, Q, H_qformer] fp32: the Q-Former's query outputs
+  };
+
+  // The Q-Former over the kept tokens (dropped ones masked out of its cross-attention keys),
+  // projected into the LM input as InputsEmbeds places an image's queries.
+  absl::StatusOr<Merged> Merge(const TokenInputs& in) {
+    const Blip2Config& c = model_->config();
+    const torch::Tensor& v = in.visual_tokens;
+    if (!v.defined() || v.dim() != 3 || v.size(2) != c.vision.hidden_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("visual_tokens must be [B, N, ", c.vision.hidden_size, "], got ",
+                       v.defined() ? c10::str(v.sizes()) : std::string("none")));
+    }
+    const int64_t b = v.size(0), n = v.size(1);
+    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(0) != b) {
+      return absl::InvalidArgumentError(absl::StrCat("input_ids must be [", b, ", T]"));
+    }
+    if (in.visual_present.defined() &&
+        (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
+         in.visual_present.size(1) != n)) {
+      return absl::InvalidArgumentError(absl::StrCat("visual_present must be [", b, ", ", n,
+                                                     "], got ", c10::str(in.visual_present.sizes())));
+    }
+    if (c.instruct != in.qformer_input_ids.defined()) {
+      return absl::InvalidArgumentError(c.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                   : "BLIP-2 takes no qformer_input_ids");
+    }
+    try {
+      Merged m;
+      torch::Tensor image = v.to(device_, torch::kFloat);
+      torch::Tensor qids, qmask;
+      if (in.qformer_input_ids.defined()) {
+        qids = in.qformer_input_ids.to(device_, torch::kLong);
+        qmask = in.qformer_attention_mask.defined()
+                    ? in.qformer_attention_mask.to(device_, torch::kLong)
+                    : torch::ones_like(qids);
+      }
+      torch::Tensor present;
+      if (in.visual_present.defined()) present = in.visual_present.to(device_, torch::kBool);
+      torch::Tensor out = model_->qformer->ForwardMasked(model_->query_tokens.expand({b, -1, -1}),
+                                                         image, qids, qmask, present, nullptr);
+      m.queries = out.slice(1, 0, c.num_query_tokens).to(torch::kFloat);
+      torch::Tensor projected =
+          model_->language_projection->forward(m.queries.to(model_->precision().dtype));
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      absl::StatusOr<torch::Tensor> merged = MergeBlip2Queries(
+          model_->language_model->EmbedTokens(ids), ids, projected, c.image_token_id);
+      if (!merged.ok()) return merged.status();
+      m.embeds = *merged;
+      m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong)
+                                           : torch::ones_like(ids);
+      if (!c.image_token_id.has_value()) {
+        m.mask = torch::cat({torch::ones({b, c.num_query_tokens}, m.mask.options()), m.mask}, 1);
+      }
+      return m;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 inputs: ", e.what_without_backtrace()));
+    }
+  }
+
   std::shared_ptr<Blip2ForConditionalGenerationImpl> model_;
   std::vector<int64_t> eos_;
   torch::Device device_;
+  Blip2Prefixes prefixes_;
 };
 
 }  // namespace
@@ -365,10 +482,12 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& 
   absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> model =
       Blip2ForConditionalGenerationImpl::FromFolder(folder, precision, device);
   if (!model.ok()) return model.status();
+  absl::StatusOr<Blip2Prefixes> prefixes = FindBlip2Prefixes(folder);
+  if (!prefixes.ok()) return prefixes.status();
   std::vector<int64_t> eos =
       ReadEosTokenIds(folder.dir(), (*model)->language_model->config().eos_token_ids);
-  return std::unique_ptr<MultimodalModel>(
-      std::make_unique<Blip2MultimodalModel>(std::move(*model), std::move(eos), device));
+  return std::unique_ptr<MultimodalModel>(std::make_unique<Blip2MultimodalModel>(
+      std::move(*model), std::move(eos), device, *std::move(prefixes)));
 }
 
 }  // namespace cdcca::model

@@ -113,6 +113,10 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   DecoderLm language_model{nullptr};
 
  private:
+  // InvalidArgument unless the instruction ids fit the layout and pixel_values are
+  // [B (1 when one_image), C, S, S] for the tower.
+  absl::Status CheckImageInputs(const Blip2Inputs& in, bool one_image) const;
+
   Blip2Config config_;
   HfPrecision precision_;
 };

@@ -188,13 +188,14 @@ absl::StatusOr<Blip2Tower> CopyTower(const Blip2Tower& model) {
   });
 }
 
-uint64_t BaseFingerprint(const Blip2Tower& model) {
-  NamedTensors state = DequantizedState(model);
+namespace {
+
+// FNV-1a 64 over `state` sorted by name: each name, shape and fp32 value bytes.
+uint64_t StateFingerprint(NamedTensors state) {
   std::sort(state.begin(), state.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   uint64_t h = 14695981039346656037ULL;
   for (const auto& [name, t] : state) {
-    if (IsTrainableName(name)) continue;
     h = Fnv1a(h, name.data(), name.size() + 1);
     for (int64_t s : t.sizes()) h = Fnv1a(h, &s, sizeof(s));
     torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
@@ -203,20 +204,18 @@ uint64_t BaseFingerprint(const Blip2Tower& model) {
   return h;
 }
 
-uint64_t ModuleFingerprint(const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& p : module.named_parameters()) state.emplace_back(p.key(), p.value());
-  for (const auto& b : module.named_buffers()) state.emplace_back(b.key(), b.value());
-  std::sort(state.begin(), state.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  uint64_t h = 14695981039346656037ULL;
-  for (const auto& [name, t] : state) {
-    h = Fnv1a(h, name.data(), name.size() + 1);
-    for (int64_t s : t.sizes()) h = Fnv1a(h, &s, sizeof(s));
-    torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    h = Fnv1a(h, c.data_ptr(), c.numel() * sizeof(float));
+}  // namespace
+
+uint64_t BaseFingerprint(const Blip2Tower& model) {
+  NamedTensors frozen;
+  for (auto& [name, t] : DequantizedState(model)) {
+    if (!IsTrainableName(name)) frozen.emplace_back(name, t);
   }
-  return h;
+  return StateFingerprint(std::move(frozen));
+}
+
+uint64_t ModuleFingerprint(const torch::nn::Module& module) {
+  return StateFingerprint(ModuleState(module));
 }
 
 std::string FingerprintHex(uint64_t fingerprint) {

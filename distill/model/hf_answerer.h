@@ -70,6 +70,13 @@ class HfAnswerer {
   // config.json's model_type: "llava", "blip-2" or "instructblip".
   std::string model_type() const;
 
+  // The parts, for the cloud's training job (distill/hf_akd.h), which feeds uplinked tokens
+  // rather than frames. Owned by the answerer; valid while it lives.
+  MultimodalModel& model() { return *model_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // InstructBLIP's Q-Former tokenizer, else null.
+  const tokenizer::Tokenizer* qformer_tokenizer() const { return qformer_tokenizer_.get(); }
+
  private:
   HfAnswerer() = default;
   // The processor's inputs for one frame and prompt; `ids` receives the prompt's ids and

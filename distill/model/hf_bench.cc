@@ -202,7 +202,7 @@ int Run() {
       if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     row["uts_stage2"][std::string(piece)] = {{"ms", Median(times) * 1e3},
-                                              {"visual_tokens", tokens}};
+                                             {"visual_tokens", tokens}};
   }
   row["peak_gpu_allocated_bytes"] = PeakGpuBytes(device);
   row["rss_bytes"] = ProcStatusBytes("VmRSS");

@@ -103,8 +103,11 @@ bool HfLinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
   // group sizes (the small families use any divisor of the width) dequantize per call.
   const bool kernel_group =
       options_.precision.weights != Precision::kInt4 || options_.precision.int4_group % 32 == 0;
+  // The kernels have no backward: a training pass whose input needs a gradient (LoRA below
+  // this layer) multiplies with the dequantized weight, which autograd differentiates.
+  const bool needs_grad = torch::GradMode::is_enabled() && x.requires_grad();
   return quantized() && q_.values.defined() && q_.values.device().is_cpu() && x.device().is_cpu() &&
-         x.scalar_type() == torch::kFloat && kernel_group;
+         x.scalar_type() == torch::kFloat && kernel_group && !needs_grad;
 }
 
 torch::Tensor HfLinearImpl::EffectiveWeight() const {

@@ -5,10 +5,16 @@
 #include <malloc.h>
 #endif
 
+#include <cmath>
 #include <random>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "distill/model/blip2.h"
+#include "distill/model/decoder_lm.h"
 #include "distill/model/hf_config.h"
 #include "distill/model/llava.h"
 
@@ -108,6 +114,67 @@ torch::Tensor PassVariance(const torch::Tensor& x) {
   // round differently from the values it averages).
   torch::Tensor d = x - x.select(0, 0).unsqueeze(0);
   return (d.pow(2).mean(0) - d.mean(0).pow(2)).clamp_min(0.0);
+}
+
+NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,
+                               const std::function<bool(const std::string&)>& extra,
+                               const std::function<std::string(const std::string&)>& rename) {
+  NamedTensors out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    bool take = extra(name);
+    if (!take && absl::StartsWith(name, lm_prefix)) {
+      std::vector<std::string> parts = absl::StrSplit(name, '.');
+      const std::string& leaf = parts.back();
+      const std::string owner = parts.size() >= 2 ? parts[parts.size() - 2] : "";
+      // Embeddings and the head have no bias or norm in the Llama family; the rule still
+      // names them out so a checkpoint with an lm_head bias keeps it frozen.
+      const bool head = absl::StrContains(name, "lm_head") || absl::StrContains(name, "embed");
+      take = !head && (leaf == "lora_a" || leaf == "lora_b" || leaf == "bias" ||
+                       absl::StrContains(owner, "norm"));
+    }
+    if (take) out.emplace_back(rename(name), item.value());
+  }
+  return out;
+}
+
+absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
+  if (options.lora_rank <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA rank must be > 0, got ", options.lora_rank));
+  }
+  if (!(options.lora_alpha > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA alpha must be > 0, got ", options.lora_alpha));
+  }
+  for (const auto& layer : *lm.layers) {
+    const auto* l = layer->as<DecoderLayerImpl>();
+    if (l->self_attn->q_proj->has_lora()) {
+      return absl::InvalidArgumentError("the model already has LoRA adapters");
+    }
+  }
+  // A is drawn on the CPU from a generator of its own, whatever device the model is on, so a
+  // device and its mirror start equal and nobody else's random stream moves.
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+  torch::NoGradGuard no_grad;
+  auto add = [&](HfLinear& linear) {
+    linear->AddLora(options.lora_rank, options.lora_alpha);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(linear->options().in_features));
+    torch::Tensor a = torch::empty(linear->lora_a.sizes(), torch::kFloat);
+    a.uniform_(-bound, bound, gen);
+    linear->lora_a.copy_(a);
+  };
+  for (const auto& layer : *lm.layers) {
+    auto* l = layer->as<DecoderLayerImpl>();
+    add(l->self_attn->q_proj);
+    add(l->self_attn->v_proj);
+    if (options.lora_mlp) {
+      add(l->mlp->gate_proj);
+      add(l->mlp->up_proj);
+      add(l->mlp->down_proj);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cdcca::model

@@ -9,6 +9,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "distill/model/generation.h"
 #include "distill/model/hf_folder.h"
 #include "distill/model/hf_linear.h"
+#include "distill/model/trainable.h"
 
 namespace cdcca::model {
 
@@ -79,6 +81,43 @@ absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& opt
 // passes give exactly zero.
 torch::Tensor PassVariance(const torch::Tensor& x);
 
+// The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
+// v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and
+// linear biases, and the Q-Former's query_tokens (BLIP-2, InstructBLIP) or the projector's
+// biases (LLaVA). The vision tower, the Q-Former's own weights, embeddings and the LM head
+// stay frozen.
+struct AdapterOptions {
+  int64_t lora_rank = 8;     // > 0
+  double lora_alpha = 16.0;  // the LoRA product is scaled by alpha / rank
+  bool lora_mlp = false;     // LoRA on the MLP's three projections too
+  // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
+  // start equal. LibTorch's process-wide generator is saved and restored around the draw.
+  uint64_t seed = 0;
+};
+
+// One training forward on uplinked visual tokens: what the cloud's AKD job feeds a teacher or
+// a student mirror. Rows are left-padded: the image positions and prompt, then the answer.
+struct TokenInputs {
+  torch::Tensor visual_tokens;   // [B, N, D] float: VisualTokenPasses::tokens of each image
+  torch::Tensor visual_present;  // [B, N] bool (true = kept by UTS); undefined = all kept
+  // [B, T] int64: the LM ids as Generate takes them (the image placeholder expanded,
+  // ExpandImageTokens) followed by the answer.
+  torch::Tensor input_ids;
+  torch::Tensor attention_mask;  // [B, T] 1 = token, 0 = padding; undefined = all tokens
+  // InstructBLIP only: the instruction in the Q-Former's tokenizer [B, Tq] (and its mask).
+  torch::Tensor qformer_input_ids, qformer_attention_mask;
+};
+
+struct TokenForward {
+  torch::Tensor logits;  // [B, T, V] fp32: logits[:, t] predicts input_ids[:, t + 1]
+  // Q, the alignment hook of the visual side: BLIP-2's Q-Former outputs [B, Q, H_qformer];
+  // LLaVA's projected image tokens [B, N, H_lm]. fp32.
+  torch::Tensor queries;
+  torch::Tensor queries_present;  // [B, Q or N] bool: rows that stand for kept tokens
+  // R, the LM's hidden state after RepresentationLayer() layers [B, T, H_lm], fp32.
+  torch::Tensor representation;
+};
+
 class MultimodalModel {
  public:
   virtual ~MultimodalModel() = default;
@@ -102,7 +141,40 @@ class MultimodalModel {
   // Bytes of weights held (quantized weights at their packed size).
   virtual int64_t ResidentBytes() = 0;
   virtual torch::Device device() const = 0;
+
+  // ---- Training on uplinked visual tokens (issue 21) ----
+
+  // Adds LoRA (AdapterOptions) once; InvalidArgument for a rank <= 0 or a second call.
+  virtual absl::Status AddAdapters(const AdapterOptions& options) = 0;
+  // The trainable set (AdapterOptions) under the checkpoint's tensor names (LoRA as
+  // "<linear>.lora_a" [r, in] and "<linear>.lora_b" [out, r]), in a fixed order; the tensors
+  // alias the model. Empty LoRA part before AddAdapters.
+  virtual NamedTensors TrainableParameters() = 0;
+  // The forward pass behind the AKD losses, differentiable in the trainable set when grad
+  // mode is on. Absent visual tokens are masked out as UTS stage 2 does (Q-Former keys;
+  // LLaVA's image positions). InvalidArgument for inputs that do not fit the model; torch
+  // errors as Internal.
+  virtual absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& inputs) = 0;
+  // Greedy answers from visual tokens (input_ids: the expanded prompt only), no gradients.
+  virtual absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& inputs,
+                                                          const GreedyOptions& options) = 0;
+  // The layer R is taken after: half the LM's layers.
+  virtual int64_t RepresentationLayer() const = 0;
+  // The whole model as a module (train/eval, parameters, digest).
+  virtual torch::nn::Module& module() = 0;
 };
+
+// Selects `model`'s trainable set (AdapterOptions) by name: parameters whose name starts with
+// `lm_prefix` and are a LoRA factor, a norm module's parameter or a leaf "bias", plus those
+// `extra` accepts. `rename` maps a module name to the checkpoint's. Used by the loaders.
+NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,
+                               const std::function<bool(const std::string&)>& extra,
+                               const std::function<std::string(const std::string&)>& rename);
+
+// LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
+// options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.
+class DecoderLmImpl;
+absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
 
 // Opens `dir` and builds the model config.json names (model_type llava; blip-2 and
 // instructblip where registered). Errors name the file and the field or tensor.

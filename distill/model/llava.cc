@@ -1,5 +1,6 @@
 #include "distill/model/llava.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
@@ -191,7 +192,114 @@ class LlavaModel : public MultimodalModel {
   int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*llava_); }
   torch::Device device() const override { return device_; }
 
+  absl::Status AddAdapters(const AdapterOptions& options) override {
+    return AddDecoderLora(llava_->language_model(), options);
+  }
+
+  // The module tree is the checkpoint's (llava.h), so names need no mapping.
+  NamedTensors TrainableParameters() override {
+    return SelectHfTrainable(
+        *llava_, "model.language_model.",
+        [](const std::string& name) {
+          return absl::StartsWith(name, "model.multi_modal_projector.") &&
+                 absl::EndsWith(name, ".bias");
+        },
+        [](const std::string& name) { return name; });
+  }
+
+  int64_t RepresentationLayer() const override {
+    return llava_->config().text.num_hidden_layers / 2;
+  }
+  torch::nn::Module& module() override { return *llava_; }
+
+  absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      DecoderForwardOptions o;
+      o.capture_layer = RepresentationLayer();
+      DecoderOutput out = llava_->language_model().Forward(m->embeds, m->mask, nullptr, o);
+      TokenForward f;
+      f.logits = out.logits.to(torch::kFloat);
+      f.representation = out.captured.to(torch::kFloat);
+      f.queries = m->projected.to(torch::kFloat);
+      f.queries_present = m->present;
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava forward: ", e.what_without_backtrace()));
+    }
+  }
+
+  absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
+                                                  const GreedyOptions& options) override {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      // The static loop numbers positions for left padding only; dropped image tokens leave
+      // holes in the mask, which the reference loop numbers from the mask.
+      GreedyOptions o = options;
+      o.decode_path = GreedyOptions::DecodePath::kReference;
+      return GreedyGenerateFromEmbeds(llava_->language_model(), m->embeds, m->mask, o);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava generate: ", e.what_without_backtrace()));
+    }
+  }
+
  private:
+  struct Merged {
+    torch::Tensor embeds;     // [B, T, H]
+    torch::Tensor mask;       // [B, T] int64, dropped image tokens 0
+    torch::Tensor projected;  // [B, N, H]
+    torch::Tensor present;    // [B, N] bool
+  };
+
+  // The LM input for TokenInputs: projected tokens over the image positions, and the dropped
+  // ones taken out of the attention mask (positions renumbered from it, as UTS stage 2 does).
+  absl::StatusOr<Merged> Merge(const TokenInputs& in) {
+    const LlavaConfig& c = llava_->config();
+    const int64_t n = c.NumImageTokens();
+    const int64_t d = c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size());
+    const torch::Tensor& v = in.visual_tokens;
+    if (!v.defined() || v.dim() != 3 || v.size(1) != n || v.size(2) != d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("visual_tokens must be [B, ", n, ", ", d, "], got ",
+                       v.defined() ? c10::str(v.sizes()) : std::string("none")));
+    }
+    const int64_t b = v.size(0);
+    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(0) != b) {
+      return absl::InvalidArgumentError(absl::StrCat("input_ids must be [", b, ", T]"));
+    }
+    if (in.visual_present.defined() &&
+        (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
+         in.visual_present.size(1) != n)) {
+      return absl::InvalidArgumentError(absl::StrCat("visual_present must be [", b, ", ", n,
+                                                     "], got ", c10::str(in.visual_present.sizes())));
+    }
+    try {
+      Merged m;
+      const torch::ScalarType dtype = llava_->language_model().precision().dtype;
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      m.projected = llava_->Project(v.to(device_, dtype));
+      absl::StatusOr<torch::Tensor> embeds = llava_->MergeEmbeddings(ids, m.projected);
+      if (!embeds.ok()) return embeds.status();
+      if ((ids == c.image_token_id).sum(1).ne(n).any().item<bool>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("every row of input_ids must hold ", n, " image tokens"));
+      }
+      m.embeds = *embeds;
+      m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong).clone()
+                                           : torch::ones_like(ids);
+      m.present = in.visual_present.defined() ? in.visual_present.to(device_, torch::kBool)
+                                              : torch::ones({b, n}, ids.options().dtype(torch::kBool));
+      // Row-major image positions take the row's present flags in order.
+      m.mask.masked_scatter_(ids == c.image_token_id, m.present.to(torch::kLong));
+      return m;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava inputs: ", e.what_without_backtrace()));
+    }
+  }
+
   Llava llava_;
   std::string image_token_;
   std::vector<int64_t> eos_;

@@ -214,7 +214,7 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
                                         const torch::Tensor& image_embeds,
                                         const torch::Tensor& instruction_ids,
                                         const torch::Tensor& instruction_mask) {
-  return ForwardMasked(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, nullptr);
+  return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, 0.0, nullptr);
 }
 
 torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
@@ -223,6 +223,24 @@ torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
                                               const torch::Tensor& instruction_mask,
                                               const torch::Tensor& image_mask,
                                               std::vector<torch::Tensor>* cross_probs) {
+  return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, image_mask, 0.0,
+             cross_probs);
+}
+
+torch::Tensor QFormerModelImpl::ForwardQueries(const torch::Tensor& query_embeds,
+                                               const torch::Tensor& image_embeds,
+                                               const torch::Tensor& image_mask, double dropout_p,
+                                               std::vector<torch::Tensor>* cross_probs) {
+  TORCH_CHECK(!with_instruction(), "ForwardQueries needs the BLIP-2 layout");
+  return Run(query_embeds, image_embeds, {}, {}, image_mask, dropout_p, cross_probs);
+}
+
+torch::Tensor QFormerModelImpl::Run(const torch::Tensor& query_embeds,
+                                    const torch::Tensor& image_embeds,
+                                    const torch::Tensor& instruction_ids,
+                                    const torch::Tensor& instruction_mask,
+                                    const torch::Tensor& image_mask, double dropout_p,
+                                    std::vector<torch::Tensor>* cross_probs) {
   const int64_t query_length = query_embeds.size(1);
   const bool has_text = instruction_ids.defined() && instruction_ids.size(1) > 0;
   TORCH_CHECK(!has_text || with_instruction(),
@@ -249,31 +267,8 @@ torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
   for (const auto& layer : *encoder->layer) {
     torch::Tensor probs;
     hidden = layer->as<QFormerLayerImpl>()->forward(hidden, self_mask, image, query_length, allowed,
-                                                    /*dropout_p=*/0.0,
+                                                    dropout_p,
                                                     cross_probs != nullptr ? &probs : nullptr);
-    if (cross_probs != nullptr && probs.defined()) cross_probs->push_back(probs);
-  }
-  return hidden;
-}
-
-}  // namespace cdcca::model
-
-namespace cdcca::model {
-
-torch::Tensor QFormerModelImpl::ForwardQueries(const torch::Tensor& query_embeds,
-                                               const torch::Tensor& image_embeds,
-                                               const torch::Tensor& image_mask, double dropout_p,
-                                               std::vector<torch::Tensor>* cross_probs) {
-  TORCH_CHECK(!with_instruction(), "ForwardQueries needs the BLIP-2 layout");
-  const int64_t query_length = query_embeds.size(1);
-  torch::Tensor hidden = layernorm->forward(query_embeds.to(layernorm->weight.scalar_type()));
-  torch::Tensor image = image_embeds.to(hidden.scalar_type());
-  torch::Tensor allowed = ImageAllowed(image_mask, image);
-  for (const auto& layer : *encoder->layer) {
-    auto* l = layer->as<QFormerLayerImpl>();
-    torch::Tensor probs;
-    hidden = l->forward(hidden, /*self_mask=*/{}, image, query_length, allowed, dropout_p,
-                        cross_probs != nullptr ? &probs : nullptr);
     if (cross_probs != nullptr && probs.defined()) cross_probs->push_back(probs);
   }
   return hidden;

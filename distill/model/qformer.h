@@ -177,6 +177,13 @@ class QFormerModelImpl : public torch::nn::Module {
   QFormerEncoder encoder{nullptr};
 
  private:
+  // What forward, ForwardMasked and ForwardQueries run: embeddings (or BLIP-2's layernorm),
+  // the instruction's self-attention mask, the image key mask, then every layer.
+  torch::Tensor Run(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
+                    const torch::Tensor& instruction_ids, const torch::Tensor& instruction_mask,
+                    const torch::Tensor& image_mask, double dropout_p,
+                    std::vector<torch::Tensor>* cross_probs);
+
   QFormerConfig config_;
 };
 TORCH_MODULE(QFormerModel);

@@ -181,6 +181,15 @@ bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_em
       !first->mlp->gate_up_weight.defined()) {
     return false;
   }
+  // The static step multiplies with the fused q/k/v and gate/up weights, which hold no LoRA.
+  for (const auto& layer : *lm.layers) {
+    const auto* l = layer->as<DecoderLayerImpl>();
+    if (l->self_attn->q_proj->has_lora() || l->self_attn->k_proj->has_lora() ||
+        l->self_attn->v_proj->has_lora() || l->mlp->gate_proj->has_lora() ||
+        l->mlp->up_proj->has_lora()) {
+      return false;
+    }
+  }
   return true;
 }
 

@@ -22,7 +22,7 @@
 namespace cdcca::model {
 
 // Whether StaticGreedyGenerate can serve this call: batch 1, float (unquantized, fused)
-// weights, no per-step logits kept, a RoPE type whose table does not depend on the sequence
+// weights without LoRA, no per-step logits kept, a RoPE type whose table does not depend on the sequence
 // length (not `dynamic`). Reads nothing from the device.
 bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_embeds,
                          const GreedyOptions& options);

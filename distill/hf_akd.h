@@ -1,0 +1,105 @@
+// AKD on Hugging Face teacher-student pairs (issue 21): the cloud's job when teacher and
+// student are Hub folders (BLIP-2, InstructBLIP, LLaVA) rather than a cdcca family.
+//
+// The pair shares the vision tower, so the tokens a device uplinks (the tower's output,
+// hf_model.h VisualTokenPasses::tokens, with the tokens UTS dropped marked absent) are what
+// both models read. Their language models may differ in size and tokenizer: a sample's
+// prompt travels as text, each side applies its own prompt template and tokenizer, and the
+// teacher's greedy answer (the pseudo-label) is decoded to text and tokenized again by the
+// student's tokenizer. Per job, once: the teacher answers every sample on the kept tokens and,
+// teacher-forced on its answer, gives Q_t (Q-Former outputs / projected image tokens), R_t
+// (the LM hidden state at RepresentationLayer() over the answer) and, with the KL term, its
+// answer logits. Each step the student, teacher-forced on the pseudo-label, minimises
+//   l_ce CE + l_query D(Q_t, phi(Q_s)) + l_repr D(R_t, psi(R_s)) + l_kl T^2 KL
+// with D the configured feature term (distill/akd.h: MSE of layer-normed features for AKD,
+// Pearson for PKD, channel-wise divergence for CWD, none for PL), phi and psi cloud-only linear
+// maps from the student's widths to the teacher's (ridge-fitted at the first job, then kept).
+//
+// With identical tokenizers (same file bytes) the answer is the same token sequence on both
+// sides: R is aligned per answer position and the KL term is available. With different
+// tokenizers R is the mean over the answer positions and the KL term is left out whatever its
+// weight, and the job says so (HfJobResult::notes).
+//
+// Thread-safety: one Run at a time per distiller; it trains the student in place.
+#ifndef CDCCA_DISTILL_HF_AKD_H_
+#define CDCCA_DISTILL_HF_AKD_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "distill/akd.h"
+#include "distill/learner.h"
+#include "distill/model/hf_model.h"
+
+namespace cdcca::distill {
+
+// One side of the pair: a loaded model and its text codec. The codec is a pair of functions
+// so this module needs no tokenizer library (the GPU build has none); programs bind
+// tokenizer::Tokenizer's Encode / Decode (distill/hf_pair.h).
+struct HfPairSide {
+  model::MultimodalModel* model = nullptr;  // not owned
+  // Ids of a text; `special` adds the tokenizer's special tokens (BOS).
+  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& text, bool special)>
+      encode;
+  // Text of ids, special tokens skipped.
+  std::function<std::string(const std::vector<int64_t>& ids)> decode;
+  // InstructBLIP: the Q-Former tokenizer's ids of the prompt (with specials); else empty.
+  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& text)> qformer_encode;
+  // Applied to a sample's prompt before tokenizing ({prompt} -> the text); "" = as it is.
+  // A template holds the image placeholder where the model needs one (LLaVA's "<image>").
+  std::function<absl::StatusOr<std::string>(const std::string& prompt)> format_prompt;
+  // Identifies the tokenizer (e.g. a hash of tokenizer.json's bytes): equal ids = identical.
+  std::string tokenizer_id;
+};
+
+// One uplinked sample as the job reads it.
+struct HfSample {
+  torch::Tensor tokens;   // [N, D] float: the tower's output tokens (dropped ones: any value)
+  torch::Tensor present;  // [N] bool, true = kept by UTS; undefined = all kept
+  std::string prompt;     // the user's question, before any template
+};
+
+struct HfJobResult {
+  // The student's trainable set after the job (TrainableParameters order), fp32 CPU clones.
+  model::NamedTensors trainable;
+  JobStats stats;
+  bool kl_used = false;
+  std::vector<std::string> pseudo_labels;  // the teacher's answer per sample
+  // What the job log should say beyond the numbers, e.g. why the KL term was left out.
+  std::vector<std::string> notes;
+};
+
+class HfPairDistiller {
+ public:
+  // `config`: the learner (feature term and weights); `options`: steps, batch size, lr,
+  // weight decay, seed, max_answer_tokens. The student's adapters must exist
+  // (MultimodalModel::AddAdapters). InvalidArgument for a side without model or codec, or a
+  // student without a trainable set.
+  static absl::StatusOr<std::unique_ptr<HfPairDistiller>> Create(HfPairSide teacher,
+                                                                 HfPairSide student,
+                                                                 const DistillConfig& config,
+                                                                 const JobOptions& options);
+  ~HfPairDistiller();
+
+  // Trains the student's trainable set in place on `samples` (at least one); phi and psi
+  // persist to the next job. InvalidArgument for samples that do not fit either model;
+  // Internal for a LibTorch error (the student may then hold a partly trained state: callers
+  // that must keep it restore it from their mirror).
+  absl::StatusOr<HfJobResult> Run(const std::vector<HfSample>& samples);
+
+  // Whether the two tokenizers are identical (the KL term and per-position R apply).
+  bool same_tokenizer() const;
+
+ private:
+  struct State;
+  explicit HfPairDistiller(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_HF_AKD_H_

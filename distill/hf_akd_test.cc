@@ -1,0 +1,386 @@
+// AKD on Hugging Face pairs (distill/hf_akd.h) on the tiny random checkpoints under
+// tests/fixtures/hf/models/:
+// - the training forward: on all tokens it gives the logits the generation path gives
+//   (whose parity with transformers the parity tests hold); a dropped token has no effect;
+// - the trainable set: the paper's members under the checkpoint's names, LoRA drawn from the
+//   seed alone, nothing else changes in a job;
+// - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
+//   why it does not, an int8 student trains on the CPU.
+#include "distill/hf_akd.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "distill/model/hf_model.h"
+#include "distill/model/safetensors.h"
+#include "distill/model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::distill {
+namespace {
+
+using model::MultimodalModel;
+
+std::string FixtureDir(const std::string& variant) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A loaded folder and its text codec.
+struct Side {
+  std::unique_ptr<MultimodalModel> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer, qformer;
+  HfPairSide side;
+};
+
+std::unique_ptr<Side> LoadSide(const std::string& variant, const std::string& precision = "fp32") {
+  const std::string dir = FixtureDir(variant);
+  auto s = std::make_unique<Side>();
+  model::HfModelOptions o;
+  o.precision = precision;
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = model::LoadHfModel(dir, o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return nullptr;
+  s->model = *std::move(m);
+  s->tokenizer = *tokenizer::Tokenizer::FromFolder(dir);
+  if (variant.rfind("instructblip", 0) == 0) {
+    s->qformer = *tokenizer::Tokenizer::FromFolder(dir + "/qformer_tokenizer");
+  }
+  Side* raw = s.get();
+  s->side.model = raw->model.get();
+  s->side.encode = [raw](const std::string& text,
+                         bool special) -> absl::StatusOr<std::vector<int64_t>> {
+    absl::StatusOr<std::vector<int32_t>> ids = raw->tokenizer->Encode(text, special);
+    if (!ids.ok()) return ids.status();
+    return std::vector<int64_t>(ids->begin(), ids->end());
+  };
+  s->side.decode = [raw](const std::vector<int64_t>& ids) {
+    return raw->tokenizer->Decode(std::vector<int32_t>(ids.begin(), ids.end()), true);
+  };
+  if (s->qformer) {
+    s->side.qformer_encode = [raw](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
+      absl::StatusOr<std::vector<int32_t>> ids = raw->qformer->Encode(text, true);
+      if (!ids.ok()) return ids.status();
+      return std::vector<int64_t>(ids->begin(), ids->end());
+    };
+  }
+  s->side.tokenizer_id = FileBytes(dir + "/tokenizer.json");
+  return s;
+}
+
+// The first fixture case's prompt and its tower tokens (from the model's own tower).
+struct Case {
+  std::string prompt;
+  model::MultimodalInputs inputs;
+  torch::Tensor tokens;  // [N, D]
+};
+
+Case FirstCase(const std::string& variant, MultimodalModel& m) {
+  const std::string dir = FixtureDir(variant);
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json c = nlohmann::json::parse(in)["cases"][0];
+  Case out;
+  out.prompt = c["prompt"].get<std::string>();
+  absl::StatusOr<model::SafetensorsContents> pixels =
+      model::ReadSafetensors(dir + "/expected_pixels.safetensors");
+  EXPECT_TRUE(pixels.ok()) << pixels.status();
+  for (const auto& [name, t] : pixels->tensors) {
+    if (name == "case0") out.inputs.pixel_values = t.unsqueeze(0);
+  }
+  out.inputs.input_ids =
+      torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
+  if (c.contains("qformer_input_ids")) {
+    out.inputs.qformer_input_ids =
+        torch::tensor(c["qformer_input_ids"].get<std::vector<int64_t>>(), torch::kLong)
+            .unsqueeze(0);
+    out.inputs.qformer_attention_mask = torch::ones_like(out.inputs.qformer_input_ids);
+  }
+  model::VisualTokenPassOptions o;
+  o.passes = 1;
+  o.dropout_p = 0.0;
+  absl::StatusOr<model::VisualTokenPasses> p = m.StochasticVisualTokens(out.inputs, o);
+  EXPECT_TRUE(p.ok()) << p.status();
+  out.tokens = p->tokens;
+  return out;
+}
+
+model::TokenInputs TokenInputsOf(const Case& c) {
+  model::TokenInputs in;
+  in.visual_tokens = c.tokens.unsqueeze(0);
+  in.input_ids = c.inputs.input_ids;
+  in.qformer_input_ids = c.inputs.qformer_input_ids;
+  in.qformer_attention_mask = c.inputs.qformer_attention_mask;
+  return in;
+}
+
+class HfTokenForwardTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfTokenForwardTest, AllTokensGiveTheGenerationPathsLogits) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  model::GreedyOptions g;
+  g.max_new_tokens = 1;
+  ASSERT_OK_AND_ASSIGN(model::GreedyResult gen, s->model->Generate(c.inputs, g));
+  torch::NoGradGuard no_grad;
+  ASSERT_OK_AND_ASSIGN(model::TokenForward f, s->model->ForwardTokens(TokenInputsOf(c)));
+  const int64_t t = c.inputs.input_ids.size(1);
+  ASSERT_EQ(f.logits.size(1), t);
+  EXPECT_TRUE(torch::allclose(f.logits[0][t - 1], gen.first_logits[0], 1e-4, 1e-4));
+  EXPECT_EQ(f.representation.size(1), t);
+  EXPECT_EQ(f.queries.size(0), 1);
+  EXPECT_TRUE(f.queries_present.all().item<bool>());
+}
+
+TEST_P(HfTokenForwardTest, ADroppedTokenHasNoEffect) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  torch::NoGradGuard no_grad;
+  model::TokenInputs in = TokenInputsOf(c);
+  const int64_t n = c.tokens.size(0);
+  in.visual_present = torch::ones({1, n}, torch::kBool);
+  in.visual_present[0][1] = false;
+  in.visual_present[0][n - 1] = false;
+  ASSERT_OK_AND_ASSIGN(model::TokenForward a, s->model->ForwardTokens(in));
+  in.visual_tokens = in.visual_tokens.clone();
+  in.visual_tokens[0][1].fill_(7.0);
+  in.visual_tokens[0][n - 1].normal_();
+  ASSERT_OK_AND_ASSIGN(model::TokenForward b, s->model->ForwardTokens(in));
+  // The last position reads the image through attention only: it must not see the change.
+  const int64_t t = in.input_ids.size(1);
+  EXPECT_TRUE(torch::equal(a.logits[0][t - 1], b.logits[0][t - 1]));
+  // And a kept token does change it.
+  in.visual_tokens[0][0].fill_(7.0);
+  ASSERT_OK_AND_ASSIGN(model::TokenForward d, s->model->ForwardTokens(in));
+  EXPECT_FALSE(torch::equal(a.logits[0][t - 1], d.logits[0][t - 1]));
+}
+
+TEST_P(HfTokenForwardTest, TrainableSetIsThePapersUnderCheckpointNames) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  model::AdapterOptions a;
+  a.lora_rank = 4;
+  a.seed = 11;
+  ASSERT_OK(s->model->AddAdapters(a));
+  EXPECT_FALSE(s->model->AddAdapters(a).ok());
+  model::NamedTensors set = s->model->TrainableParameters();
+  const bool llava = GetParam().rfind("llava", 0) == 0;
+  int lora = 0, norms = 0, visual = 0;
+  for (const auto& [name, t] : set) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(name.find("vision"), std::string::npos);
+    EXPECT_EQ(name.find("embed"), std::string::npos);
+    EXPECT_EQ(name.find("qformer."), std::string::npos);
+    if (name.find(".lora_") != std::string::npos) {
+      ++lora;
+      EXPECT_TRUE(name.find("q_proj") != std::string::npos ||
+                  name.find("v_proj") != std::string::npos);
+    }
+    if (name.find("norm") != std::string::npos) ++norms;
+    if (name == "query_tokens" || name.find("multi_modal_projector") != std::string::npos) {
+      ++visual;
+    }
+    // The name is the checkpoint's: transformers' LM layers sit under language_model.
+    if (name != "query_tokens" && name.find("multi_modal_projector") == std::string::npos) {
+      EXPECT_NE(name.find("language_model."), std::string::npos);
+    }
+  }
+  EXPECT_EQ(lora, 2 * 2 * 2);    // 2 layers x q, v x A, B
+  EXPECT_EQ(norms, 2 * 2 + 1);   // two per layer and the final norm
+  EXPECT_EQ(visual, llava ? 2 : 1);
+  // The same seed draws the same LoRA in another load.
+  std::unique_ptr<Side> again = LoadSide(GetParam());
+  ASSERT_OK(again->model->AddAdapters(a));
+  model::NamedTensors set2 = again->model->TrainableParameters();
+  ASSERT_EQ(set.size(), set2.size());
+  for (size_t i = 0; i < set.size(); ++i) {
+    EXPECT_EQ(set[i].first, set2[i].first);
+    EXPECT_TRUE(torch::equal(set[i].second, set2[i].second)) << set[i].first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfTokenForwardTest,
+                         ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
+                                           "instructblip_llama"));
+
+// A job of `steps` on the first case with a few token masks.
+struct JobRun {
+  absl::StatusOr<HfJobResult> result;
+  model::NamedTensors before, frozen_before, frozen_after;
+};
+
+std::vector<HfSample> Samples(const Case& c, int count) {
+  std::vector<HfSample> out;
+  torch::manual_seed(3);
+  for (int i = 0; i < count; ++i) {
+    HfSample s;
+    s.tokens = c.tokens + 0.05 * torch::randn_like(c.tokens);
+    s.present = torch::rand({c.tokens.size(0)}) > 0.3;
+    s.prompt = c.prompt;
+    out.push_back(s);
+  }
+  return out;
+}
+
+model::NamedTensors Frozen(torch::nn::Module& m, const model::NamedTensors& trainable) {
+  std::set<const void*> train;
+  for (const auto& [n, t] : trainable) train.insert(t.data_ptr());
+  model::NamedTensors out;
+  for (const auto& p : m.named_parameters()) {
+    if (p.value().numel() > 1 && !train.count(p.value().data_ptr())) {
+      out.emplace_back(p.key(), p.value().detach().clone());
+    }
+  }
+  return out;
+}
+
+class HfPairJobTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
+  std::unique_ptr<Side> teacher = LoadSide(GetParam());
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(teacher, nullptr);
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  // The student's norms and LoRA move away from the teacher first, so there is a gap to close.
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student->model->TrainableParameters()) {
+      if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 25;
+  o.batch_size = 4;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(teacher->side, student->side, config, o));
+  EXPECT_TRUE(job->same_tokenizer());
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  model::NamedTensors frozen =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 6)));
+  EXPECT_TRUE(r.kl_used);
+  EXPECT_TRUE(r.notes.empty());
+  ASSERT_EQ(r.pseudo_labels.size(), 6u);
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("kl") && terms.count("query") && terms.count("repr") && terms.count("ce"));
+  EXPECT_LT(terms["ce"].last, terms["ce"].first);
+  EXPECT_LT(terms["kl"].last, terms["kl"].first);
+  EXPECT_EQ(r.stats.steps, 25);
+  // The trainable set moved (every member that gets a gradient), nothing else did.
+  ASSERT_EQ(r.trainable.size(), before.size());
+  int moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(r.trainable[i].first, before[i].first);
+    moved += !torch::equal(r.trainable[i].second, before[i].second.to(torch::kFloat));
+  }
+  EXPECT_GT(moved, static_cast<int>(before.size()) / 2);
+  model::NamedTensors after =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  ASSERT_EQ(after.size(), frozen.size());
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, frozen[i].second)) << frozen[i].first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfPairJobTest,
+                         ::testing::Values("llava_clip_llama", "blip2_llama",
+                                           "instructblip_llama"));
+
+TEST(HfPairJobTest, DifferentTokenizersTrainWithoutTheKlAndSaySo) {
+  // Same tower shapes, different tokenizers (vocabularies of 857 and 700).
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama_gqa_rope");
+  ASSERT_NE(teacher, nullptr);
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(teacher->side, student->side, config, o));
+  EXPECT_FALSE(job->same_tokenizer());
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 3)));
+  EXPECT_FALSE(r.kl_used);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("tokenizers differ"), std::string::npos) << r.notes[0];
+  for (const LossTerm& t : r.stats.terms) {
+    EXPECT_NE(t.name, "kl");
+    EXPECT_TRUE(std::isfinite(t.last)) << t.name;
+  }
+}
+
+TEST(HfPairJobTest, AnInt8StudentTrainsOnTheCpu) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_siglip_qwen2");
+  std::unique_ptr<Side> student = LoadSide("llava_siglip_qwen2", "int8");
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_siglip_qwen2", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pkd"));
+  JobOptions o;
+  o.max_steps = 3;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(teacher->side, student->side, config, o));
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 2)));
+  int lora_moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].first.find("q_proj.lora_b") != std::string::npos) {
+      lora_moved += !torch::equal(r.trainable[i].second, before[i].second);
+    }
+  }
+  // LoRA B of the first layer gets its gradient through the second layer's packed weights.
+  EXPECT_EQ(lora_moved, 2);
+}
+
+TEST(HfPairJobTest, RefusesMissingCodecsAndBadOptions) {
+  std::unique_ptr<Side> s = LoadSide("llava_clip_llama");
+  ASSERT_OK(s->model->AddAdapters({}));
+  HfPairSide broken = s->side;
+  broken.decode = nullptr;
+  DistillConfig config;
+  EXPECT_EQ(HfPairDistiller::Create(s->side, broken, config, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  JobOptions o;
+  o.max_steps = 0;
+  EXPECT_EQ(HfPairDistiller::Create(s->side, s->side, config, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(s->side, s->side, config, {}));
+  EXPECT_EQ(job->Run({}).status().code(), absl::StatusCode::kInvalidArgument);
+  HfSample wrong;
+  wrong.tokens = torch::zeros({3, 5});
+  wrong.prompt = "USER: <image>\nhi ASSISTANT:";
+  absl::Status st = job->Run({wrong}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("sample 0"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace cdcca::distill
