@@ -19,6 +19,9 @@
 #ifdef CDCCA_HAVE_HF_COMMANDS
 #include "distill/model/generate_command.h"
 #endif
+#ifdef CDCCA_HAVE_HF_ADAPT
+#include "distill/hf_adapt_command.h"
+#endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"
 #endif
@@ -69,6 +72,14 @@ const Command kCommands[] = {
      cdcca::model::GenerateCommand},
     {"answer", "answer a VQAv2/A-OKVQA file: --model DIR --questions F --images DIR --out F",
      cdcca::model::AnswerCommand},
+#endif
+#ifdef CDCCA_HAVE_HF_ADAPT
+    {"hf-adapt",
+     "one CD-CCA round on a Hugging Face pair: --teacher DIR --student_base DIR --images DIR "
+     "--prompt T --out STATE",
+     cdcca::distill::HfAdaptCommand},
+    {"export-adapter", "an adapted state as a PEFT LoRA adapter: --state STATE --out DIR",
+     cdcca::distill::ExportAdapterCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

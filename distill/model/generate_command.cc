@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "distill/model/hf_adapter_state.h"
+#include "distill/model/hf_answerer.h"
 #include "nlohmann/json.hpp"
 
 // --model is defined by `cdcca tokenize` (distill/model/tokenizer/tokenize_command.cc).
@@ -30,6 +32,8 @@ ABSL_DECLARE_FLAG(std::string, questions);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_FLAG(std::string, images, "", "answer: the folder of the question file's images");
 ABSL_FLAG(int64_t, limit, 0, "answer: answer at most this many questions (0 = all)");
+ABSL_FLAG(std::string, adapter_state, "",
+          "generate: apply this adapted state (cdcca hf-adapt --out DIR) to --model first");
 ABSL_FLAG(std::string, template, "",
           "generate/answer: prompt template (llava, vicuna, chatml); empty = prompt as given");
 
@@ -41,6 +45,13 @@ absl::StatusOr<GenerateReply> RunGenerate(const GenerateRequest& request) {
   absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
       HfAnswerer::Load(request.model_dir, request.precision, request.device);
   if (!answerer.ok()) return answerer.status();
+  if (!request.adapter_state.empty()) {
+    absl::StatusOr<HfAdapterState> state = LoadHfAdapterState(request.adapter_state);
+    if (!state.ok()) return state.status();
+    if (absl::Status s = ApplyHfAdapterState(*state, (*answerer)->model()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(request.adapter_state, ": ", s.message()));
+    }
+  }
   return (*answerer)->Answer(request.image_path, *prompt, request.max_new_tokens);
 }
 
@@ -57,6 +68,7 @@ int GenerateCommand(const std::vector<std::string>& args) {
   r.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   r.precision = absl::GetFlag(FLAGS_precision).empty() ? "fp32" : absl::GetFlag(FLAGS_precision);
   r.device = absl::GetFlag(FLAGS_device);
+  r.adapter_state = absl::GetFlag(FLAGS_adapter_state);
   if (r.model_dir.empty() || r.image_path.empty()) {
     std::fprintf(stderr, "generate: --model DIR and --image FILE are required\n");
     return 2;

@@ -30,6 +30,9 @@ struct GenerateRequest {
   int64_t max_new_tokens = 32;
   std::string precision = "fp32";
   std::string device = "cpu";
+  // An adapted state (hf_adapter_state.h, `cdcca hf-adapt --out`) to apply to the model
+  // first; "" = the folder's weights as they are.
+  std::string adapter_state;
 };
 
 // Loads model, tokenizer and image processor from the folder and answers. Errors name the

@@ -1,0 +1,284 @@
+#include "distill/hf_adapt_command.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "compress/hash64.h"
+#include "datasets/formats.h"
+#include "distill/model/hf_adapter_state.h"
+#include "distill/model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, teacher, "", "hf-adapt: the teacher's Hugging Face folder");
+ABSL_FLAG(std::string, student_base, "",
+          "hf-adapt: the student's Hugging Face folder (the device's model, before adaptation)");
+ABSL_FLAG(std::string, teacher_template, "",
+          "hf-adapt: the teacher's prompt template (llava, vicuna, chatml); empty = --template");
+ABSL_FLAG(std::string, teacher_precision, "",
+          "hf-adapt: fp32 | bf16 | fp16 | int8 | int4; empty = bf16 on cuda, fp32 on cpu");
+ABSL_FLAG(std::string, learner, "akd", "hf-adapt: akd | pl | pkd | cwd (the feature term)");
+ABSL_FLAG(std::string, learner_config, "",
+          "hf-adapt: distill settings JSON (configs/distill/akd.json layout): every learner "
+          "trains with its settings and only its own feature term; empty = the learner's preset");
+ABSL_FLAG(int, steps, 0, "hf-adapt: training steps (0 = the settings', default 200)");
+ABSL_FLAG(int, batch, 0, "hf-adapt: batch size (0 = the settings', default 16)");
+ABSL_FLAG(double, lr, 0, "hf-adapt: learning rate (0 = the settings', default 1e-3)");
+ABSL_FLAG(int, answer_tokens, 16, "hf-adapt: longest pseudo-label the teacher generates");
+ABSL_FLAG(int64_t, lora_rank, 8, "hf-adapt: LoRA rank on the LM's q and v");
+ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)");
+ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
+ABSL_FLAG(double, keep_ratio, 0.5, "hf-adapt: share of visual tokens UTS stage 2 keeps, (0, 1]");
+ABSL_FLAG(int, uts_passes, 8, "hf-adapt: UTS stage 2's MC-dropout passes M");
+ABSL_FLAG(double, uts_dropout, 0.1, "hf-adapt: UTS stage 2's token dropout rate");
+ABSL_FLAG(uint64_t, job_seed, 0, "hf-adapt: seed of the batches and the dropout masks");
+ABSL_FLAG(std::string, state, "", "export-adapter: the adapted state folder (hf-adapt --out)");
+
+// Shared with `cdcca generate` / `answer` (distill/model/generate_command.cc) and `cdcca eval`.
+ABSL_DECLARE_FLAG(std::string, images);
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(std::string, template);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, out);
+
+namespace cdcca::distill {
+namespace {
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<int64_t> Widen(const std::vector<int32_t>& ids) {
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+// --images: a folder (its .png/.jpg/.jpeg/.bmp files in name order) or a comma list of files.
+absl::StatusOr<std::vector<std::string>> ImageList(const std::string& spec) {
+  std::vector<std::string> out;
+  if (std::filesystem::is_directory(spec)) {
+    for (const auto& e : std::filesystem::directory_iterator(spec)) {
+      std::string ext = e.path().extension().string();
+      std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+      if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") {
+        out.push_back(e.path().string());
+      }
+    }
+    std::sort(out.begin(), out.end());
+  } else {
+    for (absl::string_view p : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+      out.emplace_back(p);
+    }
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--images ", spec, ": no image files"));
+  }
+  return out;
+}
+
+int Fail(const char* command, const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", command, std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
+                      const std::string& template_name) {
+  HfPairSide side;
+  side.model = &answerer.model();
+  const tokenizer::Tokenizer* tok = &answerer.tokenizer();
+  side.encode = [tok](const std::string& text,
+                      bool special) -> absl::StatusOr<std::vector<int64_t>> {
+    absl::StatusOr<std::vector<int32_t>> ids = tok->Encode(text, special);
+    if (!ids.ok()) return ids.status();
+    return Widen(*ids);
+  };
+  side.decode = [tok](const std::vector<int64_t>& ids) {
+    return tok->Decode(std::vector<int32_t>(ids.begin(), ids.end()), /*skip_special_tokens=*/true);
+  };
+  if (const tokenizer::Tokenizer* q = answerer.qformer_tokenizer(); q != nullptr) {
+    side.qformer_encode = [q](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
+      absl::StatusOr<std::vector<int32_t>> ids = q->Encode(text, true);
+      if (!ids.ok()) return ids.status();
+      return Widen(*ids);
+    };
+  }
+  side.format_prompt = [template_name](const std::string& prompt) {
+    return model::ApplyPromptTemplate(template_name, prompt);
+  };
+  std::string bytes = FileBytes(dir + "/tokenizer.json");
+  if (bytes.empty()) bytes = FileBytes(dir + "/tokenizer.model");
+  if (!bytes.empty()) {
+    side.tokenizer_id = absl::StrFormat("%016x", compress::Hash64(bytes.data(), bytes.size()));
+  }
+  return side;
+}
+
+int HfAdaptCommand(const std::vector<std::string>& args) {
+  constexpr char kName[] = "hf-adapt";
+  if (!args.empty()) {
+    std::fprintf(stderr, "%s: unexpected argument %s\n", kName, args[0].c_str());
+    return 2;
+  }
+  const std::string teacher_dir = absl::GetFlag(FLAGS_teacher);
+  const std::string student_dir = absl::GetFlag(FLAGS_student_base);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  if (teacher_dir.empty() || student_dir.empty() || out.empty() || prompt.empty() ||
+      absl::GetFlag(FLAGS_images).empty()) {
+    std::fprintf(stderr,
+                 "%s: --teacher DIR --student_base DIR --images DIR|FILES --prompt TEXT --out DIR "
+                 "are required\n",
+                 kName);
+    return 2;
+  }
+  const double keep = absl::GetFlag(FLAGS_keep_ratio);
+  if (!(keep > 0 && keep <= 1)) {
+    std::fprintf(stderr, "%s: --keep_ratio must be in (0, 1], got %g\n", kName, keep);
+    return 2;
+  }
+  absl::StatusOr<std::vector<std::string>> images = ImageList(absl::GetFlag(FLAGS_images));
+  if (!images.ok()) return Fail(kName, images.status());
+
+  // The learner's settings: a settings file, else the preset; flags override the job bounds.
+  DistillSettings settings;
+  const std::string learner = absl::GetFlag(FLAGS_learner);
+  if (!absl::GetFlag(FLAGS_learner_config).empty()) {
+    absl::StatusOr<DistillSettings> s = LoadDistillSettings(absl::GetFlag(FLAGS_learner_config));
+    if (!s.ok()) return Fail(kName, s.status());
+    settings = *s;
+    absl::StatusOr<DistillConfig> c = WithFeatureTermOf(learner, settings.learner);
+    if (!c.ok()) return Fail(kName, c.status());
+    settings.learner = *c;
+  } else {
+    absl::StatusOr<DistillConfig> c = PresetDistillConfig(learner);
+    if (!c.ok()) return Fail(kName, c.status());
+    settings.learner = *c;
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) settings.job.max_steps = absl::GetFlag(FLAGS_steps);
+  if (absl::GetFlag(FLAGS_batch) > 0) settings.job.batch_size = absl::GetFlag(FLAGS_batch);
+  if (absl::GetFlag(FLAGS_lr) > 0) settings.job.lr = absl::GetFlag(FLAGS_lr);
+  settings.job.max_answer_tokens = absl::GetFlag(FLAGS_answer_tokens);
+  settings.job.seed = absl::GetFlag(FLAGS_job_seed);
+
+  const std::string device = absl::GetFlag(FLAGS_device);
+  std::string teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
+  if (teacher_precision.empty()) teacher_precision = device == "cuda" ? "bf16" : "fp32";
+  std::string student_precision = absl::GetFlag(FLAGS_precision);
+  if (student_precision.empty()) student_precision = "int8";
+  absl::StatusOr<std::unique_ptr<model::HfAnswerer>> teacher =
+      model::HfAnswerer::Load(teacher_dir, teacher_precision, device);
+  if (!teacher.ok()) return Fail(kName, teacher.status());
+  absl::StatusOr<std::unique_ptr<model::HfAnswerer>> student =
+      model::HfAnswerer::Load(student_dir, student_precision, device);
+  if (!student.ok()) return Fail(kName, student.status());
+  model::AdapterOptions adapters;
+  adapters.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
+
+  const std::string student_template = absl::GetFlag(FLAGS_template);
+  std::string teacher_template = absl::GetFlag(FLAGS_teacher_template);
+  if (teacher_template.empty()) teacher_template = student_template;
+  absl::StatusOr<std::string> device_prompt =
+      model::ApplyPromptTemplate(student_template, prompt);
+  if (!device_prompt.ok()) return Fail(kName, device_prompt.status());
+
+  // The device's side: answer, then UTS stage 2 keeps the top tokens by variance.
+  std::vector<HfSample> samples;
+  for (size_t i = 0; i < images->size(); ++i) {
+    const std::string& path = (*images)[i];
+    absl::StatusOr<datasets::Image> image = datasets::LoadImageRgb(path);
+    if (!image.ok()) return Fail(kName, image.status());
+    absl::StatusOr<model::GenerateReply> answer = (*student)->AnswerRgb(
+        image->pixels.data(), image->width, image->height, path, *device_prompt,
+        settings.job.max_answer_tokens, /*with_entropy=*/true);
+    if (!answer.ok()) return Fail(kName, answer.status());
+    absl::StatusOr<model::VisualTokenReply> uts = (*student)->VisualTokenVarianceRgb(
+        image->pixels.data(), image->width, image->height, path, *device_prompt,
+        absl::GetFlag(FLAGS_uts_passes), absl::GetFlag(FLAGS_uts_dropout),
+        settings.job.seed + i);
+    if (!uts.ok()) return Fail(kName, uts.status());
+    HfSample s;
+    s.tokens = torch::from_blob(uts->features.data(), {uts->tokens, uts->dim}, torch::kFloat).clone();
+    torch::Tensor variance = torch::from_blob(uts->variance.data(), {uts->tokens}, torch::kFloat);
+    const int64_t kept = std::max<int64_t>(1, static_cast<int64_t>(keep * uts->tokens + 0.5));
+    s.present = torch::zeros({uts->tokens}, torch::kBool);
+    s.present.index_fill_(0, std::get<1>(variance.topk(kept)), true);
+    s.prompt = prompt;
+    samples.push_back(s);
+    nlohmann::json line = {{"event", "frame"},          {"image", path},
+                           {"answer", answer->text},    {"entropy", answer->mean_entropy},
+                           {"visual_tokens", uts->tokens}, {"kept", kept}};
+    std::fprintf(stderr, "%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+
+  // The cloud's side.
+  absl::StatusOr<std::unique_ptr<HfPairDistiller>> job = HfPairDistiller::Create(
+      PairSideOf(**teacher, teacher_dir, teacher_template),
+      PairSideOf(**student, student_dir, student_template), settings.learner, settings.job);
+  if (!job.ok()) return Fail(kName, job.status());
+  absl::StatusOr<HfJobResult> result = (*job)->Run(samples);
+  if (!result.ok()) return Fail(kName, result.status());
+  nlohmann::json terms = nlohmann::json::object();
+  for (const LossTerm& t : result->stats.terms) {
+    terms[t.name] = {{"first", t.first}, {"last", t.last}, {"mean", t.mean}};
+  }
+  nlohmann::json log = {{"event", "job"},
+                        {"learner", settings.learner.name},
+                        {"samples", samples.size()},
+                        {"steps", result->stats.steps},
+                        {"samples_per_second", result->stats.samples_per_second},
+                        {"prepare_seconds", result->stats.prepare_seconds},
+                        {"train_seconds", result->stats.train_seconds},
+                        {"kl", result->kl_used},
+                        {"same_tokenizer", (*job)->same_tokenizer()},
+                        {"terms", terms},
+                        {"notes", result->notes},
+                        {"pseudo_labels", result->pseudo_labels},
+                        {"device", result->stats.device}};
+  std::fprintf(stderr, "%s\n", log.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+
+  model::HfAdapterState state;
+  state.base_model = std::filesystem::absolute(student_dir).string();
+  state.precision = student_precision;
+  state.adapters = adapters;
+  state.trainable = result->trainable;
+  state.info = log;
+  state.info["teacher"] = std::filesystem::absolute(teacher_dir).string();
+  if (absl::Status s = model::SaveHfAdapterState(state, out); !s.ok()) return Fail(kName, s);
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+int ExportAdapterCommand(const std::vector<std::string>& args) {
+  constexpr char kName[] = "export-adapter";
+  if (!args.empty()) {
+    std::fprintf(stderr, "%s: unexpected argument %s\n", kName, args[0].c_str());
+    return 2;
+  }
+  const std::string state_dir = absl::GetFlag(FLAGS_state);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (state_dir.empty() || out.empty()) {
+    std::fprintf(stderr, "%s: --state DIR and --out DIR are required\n", kName);
+    return 2;
+  }
+  absl::StatusOr<model::HfAdapterState> state = model::LoadHfAdapterState(state_dir);
+  if (!state.ok()) return Fail(kName, state.status());
+  if (absl::Status s = model::ExportPeftAdapter(*state, out); !s.ok()) return Fail(kName, s);
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace cdcca::distill

@@ -1,0 +1,38 @@
+// `cdcca hf-adapt` and `cdcca export-adapter` (issue 21): one CD-CCA round on a Hugging Face
+// teacher-student pair, offline, and the PEFT export of its result.
+//
+//   cdcca hf-adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE
+//     The device's side on each frame: the student (at --precision, the device's) answers and
+//     runs UTS stage 2 (--uts_passes MC-dropout passes, the top --keep_ratio tokens by
+//     variance are kept); then the cloud's side: an AKD job (distill/hf_akd.h, --learner,
+//     --learner_config, --steps) trains the student's adapters (--lora_rank, --lora_alpha)
+//     on the kept tokens, and the adapted state is written to STATE
+//     (model/hf_adapter_state.h). One JSON line per frame and one for the job on stderr.
+//   cdcca export-adapter --state STATE --out DIR
+//     The state as a PEFT LoRA adapter plus non_lora.safetensors.
+//
+// `cdcca generate --model DIR --adapter_state STATE` answers with the adapted student.
+#ifndef CDCCA_DISTILL_HF_ADAPT_COMMAND_H_
+#define CDCCA_DISTILL_HF_ADAPT_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+#include "distill/hf_akd.h"
+#include "distill/model/hf_answerer.h"
+
+namespace cdcca::distill {
+
+// A loaded folder as one side of a pair: its model, its tokenizer as the text codec (the
+// tokenizer's identity is a hash of tokenizer.json, else tokenizer.model), and the named
+// prompt template (model::ApplyPromptTemplate; "" = the prompt as given). The answerer must
+// outlive the side.
+HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
+                      const std::string& template_name);
+
+int HfAdaptCommand(const std::vector<std::string>& args);
+int ExportAdapterCommand(const std::vector<std::string>& args);
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_HF_ADAPT_COMMAND_H_

@@ -1,0 +1,222 @@
+#include "distill/model/hf_adapter_state.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "distill/model/hf_json.h"
+#include "distill/model/safetensors.h"
+
+namespace cdcca::model {
+namespace {
+
+constexpr char kStateJson[] = "adapter_state.json";
+constexpr char kStateTensors[] = "adapter_state.safetensors";
+constexpr char kFormat[] = "cdcca-hf-adapter-state";
+
+// Writes `bytes` to path through a temporary file and a rename.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status MakeDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return absl::EndsWith(s, suffix);
+}
+
+}  // namespace
+
+absl::Status SaveHfAdapterState(const HfAdapterState& state, const std::string& dir) {
+  if (absl::Status s = MakeDir(dir); !s.ok()) return s;
+  nlohmann::json j = {{"format", kFormat},
+                      {"version", 1},
+                      {"base_model", state.base_model},
+                      {"precision", state.precision},
+                      {"lora_rank", state.adapters.lora_rank},
+                      {"lora_alpha", state.adapters.lora_alpha},
+                      {"lora_mlp", state.adapters.lora_mlp},
+                      {"seed", state.adapters.seed},
+                      {"tensors", state.trainable.size()}};
+  if (!state.info.is_null()) j["info"] = state.info;
+  NamedTensors cpu;
+  for (const auto& [name, t] : state.trainable) {
+    cpu.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous());
+  }
+  absl::StatusOr<std::string> bytes = EncodeSafetensors(cpu, {{"format", kFormat}});
+  if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = WriteFileAtomically(dir + "/" + kStateTensors, *bytes); !s.ok()) return s;
+  return WriteFileAtomically(dir + "/" + kStateJson, j.dump(2) + "\n");
+}
+
+absl::StatusOr<HfAdapterState> LoadHfAdapterState(const std::string& dir) {
+  const std::string path = dir + "/" + kStateJson;
+  if (!std::filesystem::exists(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no adapter state here (write one with "
+                                                  "`cdcca hf-adapt --out DIR`)"));
+  }
+  absl::StatusOr<nlohmann::json> j = ReadJsonFile(path);
+  if (!j.ok()) return j.status();
+  HfAdapterState state;
+  try {
+    if (!j->is_object() || j->value("format", "") != kFormat) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": field format is not \"", kFormat, "\""));
+    }
+    if (j->value("version", 0) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": field version is not 1"));
+    }
+    state.base_model = j->at("base_model").get<std::string>();
+    state.precision = j->at("precision").get<std::string>();
+    state.adapters.lora_rank = j->at("lora_rank").get<int64_t>();
+    state.adapters.lora_alpha = j->at("lora_alpha").get<double>();
+    state.adapters.lora_mlp = j->at("lora_mlp").get<bool>();
+    state.adapters.seed = j->at("seed").get<uint64_t>();
+    if (j->contains("info")) state.info = (*j)["info"];
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  absl::StatusOr<SafetensorsContents> tensors = ReadSafetensors(dir + "/" + kStateTensors);
+  if (!tensors.ok()) return tensors.status();
+  for (auto& [name, t] : tensors->tensors) {
+    if (t.scalar_type() != torch::kFloat) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/", kStateTensors, ": tensor ", name, " is not float32"));
+    }
+    state.trainable.emplace_back(name, t);
+  }
+  return state;
+}
+
+absl::Status ApplyHfAdapterState(const HfAdapterState& state, MultimodalModel& model) {
+  if (absl::Status s = model.AddAdapters(state.adapters); !s.ok()) return s;
+  NamedTensors live = model.TrainableParameters();
+  std::map<std::string, torch::Tensor> by_name(live.begin(), live.end());
+  std::set<std::string> seen;
+  // Check everything before writing anything.
+  for (const auto& [name, t] : state.trainable) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter state tensor ", name, " is not in the model's trainable set"));
+    }
+    if (it->second.sizes() != t.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter state tensor ", name, " has shape ", c10::str(t.sizes()),
+                       ", the model's is ", c10::str(it->second.sizes())));
+    }
+    seen.insert(name);
+  }
+  for (const auto& [name, t] : live) {
+    if (!seen.count(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model's trainable tensor ", name, " is missing from the state"));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : state.trainable) by_name[name].copy_(t);
+  return absl::OkStatus();
+}
+
+absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& out_dir) {
+  NamedTensors lora, rest;
+  std::set<std::string> targets;
+  std::map<std::string, int> factors;  // module -> A and B seen
+  for (const auto& [name, t] : state.trainable) {
+    const bool a = EndsWith(name, ".lora_a"), b = EndsWith(name, ".lora_b");
+    if (!a && !b) {
+      rest.emplace_back(name, t);
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
+    factors[module] += a ? 1 : 2;
+    targets.insert(module.substr(module.rfind('.') + 1));
+    lora.emplace_back(absl::StrCat("base_model.model.", module, a ? ".lora_A" : ".lora_B",
+                                   ".weight"),
+                      t);
+  }
+  for (const auto& [module, seen] : factors) {
+    if (seen != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoRA of ", module, " lacks its ", seen == 1 ? "B" : "A", " factor"));
+    }
+  }
+  if (absl::Status s = MakeDir(out_dir); !s.ok()) return s;
+  nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", nullptr},
+      {"base_model_name_or_path", state.base_model},
+      {"r", state.adapters.lora_rank},
+      {"lora_alpha", state.adapters.lora_alpha},
+      {"lora_dropout", 0.0},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", nullptr},
+      // Names of the adapted linears, restricted to the language model (the Q-Former and the
+      // vision tower also have q/v-like names in some architectures).
+      {"target_modules", absl::StrCat(".*language_model.*\\.(",
+                                      [&] {
+                                        std::string alt;
+                                        for (const std::string& t : targets) {
+                                          absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
+                                        }
+                                        return alt;
+                                      }(),
+                                      ")")}};
+  if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::string> lora_bytes = EncodeSafetensors(lora, {{"format", "pt"}});
+  if (!lora_bytes.ok()) return lora_bytes.status();
+  if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_model.safetensors", *lora_bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::string> rest_bytes = EncodeSafetensors(rest, {{"format", "pt"}});
+  if (!rest_bytes.ok()) return rest_bytes.status();
+  if (absl::Status s = WriteFileAtomically(out_dir + "/non_lora.safetensors", *rest_bytes);
+      !s.ok()) {
+    return s;
+  }
+  const std::string readme = absl::StrCat(
+      "# cdcca adapter export\n\n"
+      "The adapted student of `", state.base_model,
+      "`: a PEFT LoRA adapter (LoRA on the language model's ", targets.size(),
+      " projection kinds) plus the other adapted tensors (norms, biases",
+      ", query tokens or projector biases) in `non_lora.safetensors`.\n\n"
+      "```python\n"
+      "import safetensors.torch, transformers, peft\n"
+      "model = transformers.AutoModelForImageTextToText.from_pretrained(BASE)\n"
+      "model.load_state_dict(safetensors.torch.load_file(\"non_lora.safetensors\"), "
+      "strict=False)\n"
+      "model = peft.PeftModel.from_pretrained(model, THIS_FOLDER)\n"
+      "```\n");
+  return WriteFileAtomically(out_dir + "/README.md", readme);
+}
+
+}  // namespace cdcca::model
