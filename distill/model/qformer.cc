@@ -248,6 +248,9 @@ torch::Tensor QFormerModelImpl::Run(const torch::Tensor& query_embeds,
   torch::Tensor hidden = with_instruction()
                              ? embeddings->forward(query_embeds, instruction_ids)
                              : layernorm->forward(query_embeds.to(layernorm->weight.scalar_type()));
+  // transformers' Q-Former drops out its embedding output (after the layer norm) too: with
+  // one cross-attending layer this is what makes MC-dropout passes attend differently.
+  if (dropout_p > 0.0) hidden = TrainingDropout(hidden, dropout_p);
   // Self-attention mask over [queries ; instruction]: queries always attend, so no row is
   // fully masked and -inf gives the same softmax as transformers' finfo.min.
   torch::Tensor self_mask;

@@ -162,7 +162,8 @@ class QFormerModelImpl : public torch::nn::Module {
   // BLIP-2 layout with the hooks training and uncertainty need (transformers' forward with
   // an encoder_attention_mask, and dropout in train mode): image_mask [B, N] bool (true =
   // present; a masked token has no effect on any output; undefined = all present);
-  // dropout_p on the cross-attention weights and the query feed-forward outputs; if
+  // dropout_p on the embedding output, the cross-attention weights and the query
+  // feed-forward outputs; if
   // cross_probs is non-null it receives, per cross-attending layer, the weights
   // [B, heads, Q, N] before dropout. Returns the query outputs [B, Q, H].
   torch::Tensor ForwardQueries(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
