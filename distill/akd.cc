@@ -107,7 +107,6 @@ void RidgeFit(const torch::Tensor& x, const torch::Tensor& y, double lambda,
   linear->bias.copy_(w.select(0, in).to(torch::kFloat));
 }
 
-
 absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name) {
   DistillConfig c;
   c.name = name;

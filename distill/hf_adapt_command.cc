@@ -191,8 +191,7 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   const std::string student_template = absl::GetFlag(FLAGS_template);
   std::string teacher_template = absl::GetFlag(FLAGS_teacher_template);
   if (teacher_template.empty()) teacher_template = student_template;
-  absl::StatusOr<std::string> device_prompt =
-      model::ApplyPromptTemplate(student_template, prompt);
+  absl::StatusOr<std::string> device_prompt = model::ApplyPromptTemplate(student_template, prompt);
   if (!device_prompt.ok()) return Fail(kName, device_prompt.status());
 
   // The device's side: answer, then UTS stage 2 keeps the top tokens by variance.
@@ -207,21 +206,25 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
     if (!answer.ok()) return Fail(kName, answer.status());
     absl::StatusOr<model::VisualTokenReply> uts = (*student)->VisualTokenVarianceRgb(
         image->pixels.data(), image->width, image->height, path, *device_prompt,
-        absl::GetFlag(FLAGS_uts_passes), absl::GetFlag(FLAGS_uts_dropout),
-        settings.job.seed + i);
+        absl::GetFlag(FLAGS_uts_passes), absl::GetFlag(FLAGS_uts_dropout), settings.job.seed + i);
     if (!uts.ok()) return Fail(kName, uts.status());
     HfSample s;
-    s.tokens = torch::from_blob(uts->features.data(), {uts->tokens, uts->dim}, torch::kFloat).clone();
+    s.tokens =
+        torch::from_blob(uts->features.data(), {uts->tokens, uts->dim}, torch::kFloat).clone();
     torch::Tensor variance = torch::from_blob(uts->variance.data(), {uts->tokens}, torch::kFloat);
     const int64_t kept = std::max<int64_t>(1, static_cast<int64_t>(keep * uts->tokens + 0.5));
     s.present = torch::zeros({uts->tokens}, torch::kBool);
     s.present.index_fill_(0, std::get<1>(variance.topk(kept)), true);
     s.prompt = prompt;
     samples.push_back(s);
-    nlohmann::json line = {{"event", "frame"},          {"image", path},
-                           {"answer", answer->text},    {"entropy", answer->mean_entropy},
-                           {"visual_tokens", uts->tokens}, {"kept", kept}};
-    std::fprintf(stderr, "%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    nlohmann::json line = {{"event", "frame"},
+                           {"image", path},
+                           {"answer", answer->text},
+                           {"entropy", answer->mean_entropy},
+                           {"visual_tokens", uts->tokens},
+                           {"kept", kept}};
+    std::fprintf(stderr, "%s\n",
+                 line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
 
   // The cloud's side.
@@ -248,7 +251,8 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                         {"notes", result->notes},
                         {"pseudo_labels", result->pseudo_labels},
                         {"device", result->stats.device}};
-  std::fprintf(stderr, "%s\n", log.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fprintf(stderr, "%s\n",
+               log.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 
   model::HfAdapterState state;
   state.base_model = std::filesystem::absolute(student_dir).string();

@@ -19,22 +19,22 @@ using Clock = std::chrono::steady_clock;
 
 // What the job keeps per sample: the student's text and the teacher's targets.
 struct PreparedSample {
-  torch::Tensor tokens;    // [1, N, D] on the job device
-  torch::Tensor present;   // [1, N] bool
-  std::vector<int64_t> student_prompt;   // expanded LM ids
-  std::vector<int64_t> student_answer;   // pseudo-label ids + eos
-  std::vector<int64_t> student_qformer;  // InstructBLIP students
-  torch::Tensor teacher_queries;         // [L, Hq_t]
-  torch::Tensor teacher_queries_present; // [L] bool
-  torch::Tensor teacher_repr;            // [P, H_t] (P = answer length, or 1 when pooled)
-  torch::Tensor teacher_logits;          // [P, V] when the KL term runs
+  torch::Tensor tokens;                   // [1, N, D] on the job device
+  torch::Tensor present;                  // [1, N] bool
+  std::vector<int64_t> student_prompt;    // expanded LM ids
+  std::vector<int64_t> student_answer;    // pseudo-label ids + eos
+  std::vector<int64_t> student_qformer;   // InstructBLIP students
+  torch::Tensor teacher_queries;          // [L, Hq_t]
+  torch::Tensor teacher_queries_present;  // [L] bool
+  torch::Tensor teacher_repr;             // [P, H_t] (P = answer length, or 1 when pooled)
+  torch::Tensor teacher_logits;           // [P, V] when the KL term runs
 };
 
 // A left-padded batch of prompt + answer rows.
 struct Batch {
   model::TokenInputs inputs;
-  torch::Tensor targets;       // [B, T] int64: the next token where it is an answer token, else -1
-  torch::Tensor answer_mask;   // [B, T] bool: positions holding answer tokens
+  torch::Tensor targets;      // [B, T] int64: the next token where it is an answer token, else -1
+  torch::Tensor answer_mask;  // [B, T] bool: positions holding answer tokens
   std::vector<int64_t> answer_lengths;
 };
 
@@ -121,8 +121,7 @@ struct HfPairDistiller::State {
     if (!gen.ok()) return gen.status();
     std::vector<int64_t> answer = gen->tokens[0];
     const std::vector<int64_t>& t_eos = g.eos_token_ids;
-    while (!answer.empty() &&
-           std::find(t_eos.begin(), t_eos.end(), answer.back()) != t_eos.end()) {
+    while (!answer.empty() && std::find(t_eos.begin(), t_eos.end(), answer.back()) != t_eos.end()) {
       answer.pop_back();
     }
     *label = std::string(absl::StripAsciiWhitespace(teacher.decode(answer)));
@@ -300,10 +299,9 @@ absl::StatusOr<std::unique_ptr<HfPairDistiller>> HfPairDistiller::Create(
   }
   if (options.max_steps <= 0 || options.batch_size <= 0 || !(options.lr > 0) ||
       options.max_answer_tokens <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_steps, batch_size, lr and max_answer_tokens must be > 0 (got ",
-                     options.max_steps, ", ", options.batch_size, ", ", options.lr, ", ",
-                     options.max_answer_tokens, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_steps, batch_size, lr and max_answer_tokens must be > 0 (got ", options.max_steps,
+        ", ", options.batch_size, ", ", options.lr, ", ", options.max_answer_tokens, ")"));
   }
   if (student.model->TrainableParameters().empty()) {
     return absl::InvalidArgumentError("the student has no trainable set");
@@ -340,7 +338,8 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
     for (size_t i = 0; i < samples.size(); ++i) {
       const HfSample& x = samples[i];
       if (!x.tokens.defined() || x.tokens.dim() != 2 ||
-          (x.present.defined() && (x.present.dim() != 1 || x.present.size(0) != x.tokens.size(0)))) {
+          (x.present.defined() &&
+           (x.present.dim() != 1 || x.present.size(0) != x.tokens.size(0)))) {
         return absl::InvalidArgumentError(
             absl::StrCat("sample ", i, ": tokens must be [N, D] and present [N]"));
       }
@@ -465,7 +464,8 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : trainable) {
     t.set_requires_grad(false);
-    result.trainable.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
+    result.trainable.emplace_back(name,
+                                  t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
   }
   ++s.jobs;
   return result;

@@ -43,8 +43,7 @@ namespace cdcca::distill {
 struct HfPairSide {
   model::MultimodalModel* model = nullptr;  // not owned
   // Ids of a text; `special` adds the tokenizer's special tokens (BOS).
-  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& text, bool special)>
-      encode;
+  std::function<absl::StatusOr<std::vector<int64_t>>(const std::string& text, bool special)> encode;
   // Text of ids, special tokens skipped.
   std::function<std::string(const std::vector<int64_t>& ids)> decode;
   // InstructBLIP: the Q-Former tokenizer's ids of the prompt (with specials); else empty.

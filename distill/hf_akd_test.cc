@@ -68,7 +68,8 @@ std::unique_ptr<Side> LoadSide(const std::string& variant, const std::string& pr
     return raw->tokenizer->Decode(std::vector<int32_t>(ids.begin(), ids.end()), true);
   };
   if (s->qformer) {
-    s->side.qformer_encode = [raw](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
+    s->side.qformer_encode =
+        [raw](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
       absl::StatusOr<std::vector<int32_t>> ids = raw->qformer->Encode(text, true);
       if (!ids.ok()) return ids.status();
       return std::vector<int64_t>(ids->begin(), ids->end());
@@ -196,8 +197,8 @@ TEST_P(HfTokenForwardTest, TrainableSetIsThePapersUnderCheckpointNames) {
       EXPECT_NE(name.find("language_model."), std::string::npos);
     }
   }
-  EXPECT_EQ(lora, 2 * 2 * 2);    // 2 layers x q, v x A, B
-  EXPECT_EQ(norms, 2 * 2 + 1);   // two per layer and the final norm
+  EXPECT_EQ(lora, 2 * 2 * 2);   // 2 layers x q, v x A, B
+  EXPECT_EQ(norms, 2 * 2 + 1);  // two per layer and the final norm
   EXPECT_EQ(visual, llava ? 2 : 1);
   // The same seed draws the same LoRA in another load.
   std::unique_ptr<Side> again = LoadSide(GetParam());
@@ -282,7 +283,8 @@ TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
   ASSERT_EQ(r.pseudo_labels.size(), 6u);
   std::map<std::string, LossTerm> terms;
   for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
-  ASSERT_TRUE(terms.count("kl") && terms.count("query") && terms.count("repr") && terms.count("ce"));
+  ASSERT_TRUE(terms.count("kl") && terms.count("query") && terms.count("repr") &&
+              terms.count("ce"));
   EXPECT_LT(terms["ce"].last, terms["ce"].first);
   EXPECT_LT(terms["kl"].last, terms["kl"].first);
   EXPECT_EQ(r.stats.steps, 25);

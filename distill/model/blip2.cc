@@ -428,8 +428,8 @@ class Blip2MultimodalModel : public MultimodalModel {
     if (in.visual_present.defined() &&
         (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
          in.visual_present.size(1) != n)) {
-      return absl::InvalidArgumentError(absl::StrCat("visual_present must be [", b, ", ", n,
-                                                     "], got ", c10::str(in.visual_present.sizes())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "visual_present must be [", b, ", ", n, "], got ", c10::str(in.visual_present.sizes())));
     }
     if (c.instruct != in.qformer_input_ids.defined()) {
       return absl::InvalidArgumentError(c.instruct ? "InstructBLIP needs qformer_input_ids"

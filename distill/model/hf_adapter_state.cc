@@ -41,9 +41,7 @@ absl::Status MakeDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return absl::EndsWith(s, suffix);
-}
+bool EndsWith(const std::string& s, const std::string& suffix) { return absl::EndsWith(s, suffix); }
 
 }  // namespace
 
@@ -72,8 +70,9 @@ absl::Status SaveHfAdapterState(const HfAdapterState& state, const std::string& 
 absl::StatusOr<HfAdapterState> LoadHfAdapterState(const std::string& dir) {
   const std::string path = dir + "/" + kStateJson;
   if (!std::filesystem::exists(path)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no adapter state here (write one with "
-                                                  "`cdcca hf-adapt --out DIR`)"));
+    return absl::NotFoundError(absl::StrCat(path,
+                                            ": no adapter state here (write one with "
+                                            "`cdcca hf-adapt --out DIR`)"));
   }
   absl::StatusOr<nlohmann::json> j = ReadJsonFile(path);
   if (!j.ok()) return j.status();
@@ -121,9 +120,9 @@ absl::Status ApplyHfAdapterState(const HfAdapterState& state, MultimodalModel& m
           absl::StrCat("adapter state tensor ", name, " is not in the model's trainable set"));
     }
     if (it->second.sizes() != t.sizes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("adapter state tensor ", name, " has shape ", c10::str(t.sizes()),
-                       ", the model's is ", c10::str(it->second.sizes())));
+      return absl::InvalidArgumentError(absl::StrCat("adapter state tensor ", name, " has shape ",
+                                                     c10::str(t.sizes()), ", the model's is ",
+                                                     c10::str(it->second.sizes())));
     }
     seen.insert(name);
   }
@@ -151,9 +150,8 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
     const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
     factors[module] += a ? 1 : 2;
     targets.insert(module.substr(module.rfind('.') + 1));
-    lora.emplace_back(absl::StrCat("base_model.model.", module, a ? ".lora_A" : ".lora_B",
-                                   ".weight"),
-                      t);
+    lora.emplace_back(
+        absl::StrCat("base_model.model.", module, a ? ".lora_A" : ".lora_B", ".weight"), t);
   }
   for (const auto& [module, seen] : factors) {
     if (seen != 3) {
@@ -178,15 +176,16 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
       {"modules_to_save", nullptr},
       // Names of the adapted linears, restricted to the language model (the Q-Former and the
       // vision tower also have q/v-like names in some architectures).
-      {"target_modules", absl::StrCat(".*language_model.*\\.(",
-                                      [&] {
-                                        std::string alt;
-                                        for (const std::string& t : targets) {
-                                          absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
-                                        }
-                                        return alt;
-                                      }(),
-                                      ")")}};
+      {"target_modules", absl::StrCat(
+                             ".*language_model.*\\.(",
+                             [&] {
+                               std::string alt;
+                               for (const std::string& t : targets) {
+                                 absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
+                               }
+                               return alt;
+                             }(),
+                             ")")}};
   if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
       !s.ok()) {
     return s;
@@ -205,8 +204,8 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
   }
   const std::string readme = absl::StrCat(
       "# cdcca adapter export\n\n"
-      "The adapted student of `", state.base_model,
-      "`: a PEFT LoRA adapter (LoRA on the language model's ", targets.size(),
+      "The adapted student of `",
+      state.base_model, "`: a PEFT LoRA adapter (LoRA on the language model's ", targets.size(),
       " projection kinds) plus the other adapted tensors (norms, biases",
       ", query tokens or projector biases) in `non_lora.safetensors`.\n\n"
       "```python\n"

@@ -130,7 +130,8 @@ TEST(HfAdapterStateTest, ExportUsesPeftNamesAndKeepsTheRestApart) {
     HfAdapterState s = StateOf(*trained, variant);
     const std::string out = TempDir("export_" + variant);
     ASSERT_OK(ExportPeftAdapter(s, out));
-    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora, ReadSafetensors(out + "/adapter_model.safetensors"));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
     ASSERT_OK_AND_ASSIGN(SafetensorsContents rest, ReadSafetensors(out + "/non_lora.safetensors"));
     EXPECT_EQ(lora.tensors.size() + rest.tensors.size(), s.trainable.size());
     EXPECT_EQ(lora.tensors.size(), 8u);  // 2 layers x q, v x A, B

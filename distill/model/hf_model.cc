@@ -5,13 +5,13 @@
 #include <malloc.h>
 #endif
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 #include <random>
 
-#include <ATen/CPUGeneratorImpl.h>
-
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "distill/model/blip2.h"
 #include "distill/model/decoder_lm.h"

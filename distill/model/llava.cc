@@ -273,8 +273,8 @@ class LlavaModel : public MultimodalModel {
     if (in.visual_present.defined() &&
         (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
          in.visual_present.size(1) != n)) {
-      return absl::InvalidArgumentError(absl::StrCat("visual_present must be [", b, ", ", n,
-                                                     "], got ", c10::str(in.visual_present.sizes())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "visual_present must be [", b, ", ", n, "], got ", c10::str(in.visual_present.sizes())));
     }
     try {
       Merged m;
@@ -290,8 +290,9 @@ class LlavaModel : public MultimodalModel {
       m.embeds = *embeds;
       m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong).clone()
                                            : torch::ones_like(ids);
-      m.present = in.visual_present.defined() ? in.visual_present.to(device_, torch::kBool)
-                                              : torch::ones({b, n}, ids.options().dtype(torch::kBool));
+      m.present = in.visual_present.defined()
+                      ? in.visual_present.to(device_, torch::kBool)
+                      : torch::ones({b, n}, ids.options().dtype(torch::kBool));
       // Row-major image positions take the row's present flags in order.
       m.mask.masked_scatter_(ids == c.image_token_id, m.present.to(torch::kLong));
       return m;

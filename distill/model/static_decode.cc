@@ -1,12 +1,12 @@
 #include "distill/model/static_decode.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <vector>
-
-#include <torch/version.h>
 
 #if CDCCA_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
@@ -92,7 +92,8 @@ torch::Tensor RmsNorm(HfRmsNormImpl& norm, double eps, const torch::Tensor& x) {
 }
 
 // residual + linear(x) in one kernel where the layer has no bias and float weights.
-torch::Tensor AddLinear(const torch::Tensor& residual, HfLinearImpl& linear, const torch::Tensor& x) {
+torch::Tensor AddLinear(const torch::Tensor& residual, HfLinearImpl& linear,
+                        const torch::Tensor& x) {
   if (linear.bias.defined() || ExactOps()) return residual + linear.forward(x);
   const int64_t out = linear.weight.size(0);
   return torch::addmm(residual.view({-1, out}), x.view({-1, x.size(-1)}), linear.weight.t())
@@ -104,24 +105,24 @@ torch::Tensor AddLinear(const torch::Tensor& residual, HfLinearImpl& linear, con
 void RunStep(DecoderLmImpl& lm, StaticState& s) {
   const DecoderConfig& c = lm.config();
   const double eps = c.rms_norm_eps;
-  torch::Tensor x = lm.EmbedTokens(s.token);  // [1, 1, H]
+  torch::Tensor x = lm.EmbedTokens(s.token);              // [1, 1, H]
   torch::Tensor cos = s.cos.index_select(1, s.rope_pos);  // [1, 1, head_dim]
   torch::Tensor sin = s.sin.index_select(1, s.rope_pos);
   s.mask.zero_();
-  s.mask.view({s.capacity}).masked_fill_(s.key_pos.gt(s.pos).logical_or_(s.pad),
-                                         LowestValue(s.dtype));
+  s.mask.view({s.capacity})
+      .masked_fill_(s.key_pos.gt(s.pos).logical_or_(s.pad), LowestValue(s.dtype));
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (size_t i = 0; i < lm.layers->size(); ++i) {
     auto* layer = lm.layers->ptr(i)->as<DecoderLayerImpl>();
     DecoderAttentionImpl& attn = *layer->self_attn;
     const int64_t heads = attn.heads(), kv = attn.kv_heads(), d = attn.head_dim();
-    torch::Tensor qkv = torch::linear(RmsNorm(*layer->input_layernorm, eps, x), attn.qkv_weight,
-                                      attn.qkv_bias);
+    torch::Tensor qkv =
+        torch::linear(RmsNorm(*layer->input_layernorm, eps, x), attn.qkv_weight, attn.qkv_bias);
     // RoPE on the query and key heads together (the same rotation per head).
     torch::Tensor qk = ApplyRope(
         qkv.narrow(-1, 0, (heads + kv) * d).view({1, 1, heads + kv, d}).transpose(1, 2), cos, sin);
-    torch::Tensor q = qk.narrow(1, 0, heads);            // [1, heads, 1, d]
-    torch::Tensor k = qk.narrow(1, heads, kv);           // [1, kv, 1, d]
+    torch::Tensor q = qk.narrow(1, 0, heads);   // [1, heads, 1, d]
+    torch::Tensor k = qk.narrow(1, heads, kv);  // [1, kv, 1, d]
     torch::Tensor v = qkv.narrow(-1, (heads + kv) * d, kv * d).view({1, 1, kv, d}).transpose(1, 2);
     s.keys[i].index_copy_(2, s.pos, k);
     s.values[i].index_copy_(2, s.pos, v);
@@ -194,8 +195,8 @@ bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_em
 }
 
 GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs_embeds,
-                                  const torch::Tensor& attention_mask,
-                                  const GreedyOptions& options, bool use_graph) {
+                                  const torch::Tensor& attention_mask, const GreedyOptions& options,
+                                  bool use_graph) {
   torch::NoGradGuard no_grad;
   GreedyResult r;
   const int64_t n = options.max_new_tokens;
