@@ -392,16 +392,10 @@ class Blip2MultimodalModel : public MultimodalModel {
 
   absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
                                                   const GreedyOptions& options) override {
-    torch::NoGradGuard no_grad;
     absl::StatusOr<Merged> m = Merge(in);
     if (!m.ok()) return m.status();
-    try {
-      GreedyOptions o = options;
-      o.decode_path = GreedyOptions::DecodePath::kReference;
-      return GreedyGenerateFromEmbeds(*model_->language_model, m->embeds, m->mask, o);
-    } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
-    }
+    return GreedyFromTokenEmbeds(*model_->language_model, m->embeds, m->mask, options,
+                                 "BLIP-2 generate");
   }
 
  private:
@@ -422,15 +416,7 @@ class Blip2MultimodalModel : public MultimodalModel {
                        v.defined() ? c10::str(v.sizes()) : std::string("none")));
     }
     const int64_t b = v.size(0), n = v.size(1);
-    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(0) != b) {
-      return absl::InvalidArgumentError(absl::StrCat("input_ids must be [", b, ", T]"));
-    }
-    if (in.visual_present.defined() &&
-        (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
-         in.visual_present.size(1) != n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "visual_present must be [", b, ", ", n, "], got ", c10::str(in.visual_present.sizes())));
-    }
+    if (absl::Status s = CheckTokenInputs(in, b, n); !s.ok()) return s;
     if (c.instruct != in.qformer_input_ids.defined()) {
       return absl::InvalidArgumentError(c.instruct ? "InstructBLIP needs qformer_input_ids"
                                                    : "BLIP-2 takes no qformer_input_ids");

@@ -138,6 +138,33 @@ NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string
   return out;
 }
 
+absl::Status CheckTokenInputs(const TokenInputs& in, int64_t b, int64_t n) {
+  if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(0) != b) {
+    return absl::InvalidArgumentError(absl::StrCat("input_ids must be [", b, ", T]"));
+  }
+  if (in.visual_present.defined() &&
+      (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
+       in.visual_present.size(1) != n)) {
+    return absl::InvalidArgumentError(absl::StrCat("visual_present must be [", b, ", ", n,
+                                                   "], got ", c10::str(in.visual_present.sizes())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torch::Tensor& embeds,
+                                                   const torch::Tensor& mask,
+                                                   const GreedyOptions& options,
+                                                   const std::string& what) {
+  torch::NoGradGuard no_grad;
+  try {
+    GreedyOptions o = options;
+    o.decode_path = GreedyOptions::DecodePath::kReference;
+    return GreedyGenerateFromEmbeds(lm, embeds, mask, o);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  }
+}
+
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
   if (options.lora_rank <= 0) {
     return absl::InvalidArgumentError(

@@ -171,9 +171,21 @@ NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string
                                const std::function<bool(const std::string&)>& extra,
                                const std::function<std::string(const std::string&)>& rename);
 
+// InvalidArgument unless inputs.input_ids is [b, T] and inputs.visual_present (when defined)
+// is [b, n]. For ForwardTokens implementations.
+absl::Status CheckTokenInputs(const TokenInputs& inputs, int64_t b, int64_t n);
+
+// GenerateFromTokens' decoding from merged embeddings, without gradients: the reference loop
+// (dropped image tokens leave holes in the mask, which it numbers positions from; the static
+// loop assumes left padding). Torch errors as Internal naming `what`.
+class DecoderLmImpl;
+absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torch::Tensor& embeds,
+                                                   const torch::Tensor& mask,
+                                                   const GreedyOptions& options,
+                                                   const std::string& what);
+
 // LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
 // options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.
-class DecoderLmImpl;
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
 
 // Opens `dir` and builds the model config.json names (model_type llava; blip-2 and

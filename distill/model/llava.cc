@@ -235,15 +235,8 @@ class LlavaModel : public MultimodalModel {
     torch::NoGradGuard no_grad;
     absl::StatusOr<Merged> m = Merge(in);
     if (!m.ok()) return m.status();
-    try {
-      // The static loop numbers positions for left padding only; dropped image tokens leave
-      // holes in the mask, which the reference loop numbers from the mask.
-      GreedyOptions o = options;
-      o.decode_path = GreedyOptions::DecodePath::kReference;
-      return GreedyGenerateFromEmbeds(llava_->language_model(), m->embeds, m->mask, o);
-    } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("llava generate: ", e.what_without_backtrace()));
-    }
+    return GreedyFromTokenEmbeds(llava_->language_model(), m->embeds, m->mask, options,
+                                 "llava generate");
   }
 
  private:
@@ -267,15 +260,7 @@ class LlavaModel : public MultimodalModel {
                        v.defined() ? c10::str(v.sizes()) : std::string("none")));
     }
     const int64_t b = v.size(0);
-    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(0) != b) {
-      return absl::InvalidArgumentError(absl::StrCat("input_ids must be [", b, ", T]"));
-    }
-    if (in.visual_present.defined() &&
-        (in.visual_present.dim() != 2 || in.visual_present.size(0) != b ||
-         in.visual_present.size(1) != n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "visual_present must be [", b, ", ", n, "], got ", c10::str(in.visual_present.sizes())));
-    }
+    if (absl::Status s = CheckTokenInputs(in, b, n); !s.ok()) return s;
     try {
       Merged m;
       const torch::ScalarType dtype = llava_->language_model().precision().dtype;

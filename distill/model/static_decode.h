@@ -22,8 +22,8 @@
 namespace cdcca::model {
 
 // Whether StaticGreedyGenerate can serve this call: batch 1, float (unquantized, fused)
-// weights without LoRA, no per-step logits kept, a RoPE type whose table does not depend on the sequence
-// length (not `dynamic`). Reads nothing from the device.
+// weights without LoRA, no per-step logits kept, a RoPE type whose table does not depend on the
+// sequence length (not `dynamic`). Reads nothing from the device.
 bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_embeds,
                          const GreedyOptions& options);
 
@@ -32,8 +32,8 @@ bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_em
 // StaticDecodeApplies. `use_graph`: capture the step as a CUDA graph when the build and the
 // device allow (ignored elsewhere; the environment variable CDCCA_NO_CUDA_GRAPH turns it off).
 GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs_embeds,
-                                  const torch::Tensor& attention_mask,
-                                  const GreedyOptions& options, bool use_graph = true);
+                                  const torch::Tensor& attention_mask, const GreedyOptions& options,
+                                  bool use_graph = true);
 
 // Whether this build of cdcca can capture CUDA graphs.
 bool CudaGraphsCompiledIn();
