@@ -452,14 +452,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
   result.stats.current_samples = static_cast<int64_t>(samples.size());
   result.stats.device = s.device.str();
   for (const std::string& name : names) {
-    const std::vector<double>& h = history[name];
-    LossTerm term;
-    term.name = name;
-    term.first = h.front();
-    const size_t tail = std::min<size_t>(10, h.size());
-    for (size_t i = h.size() - tail; i < h.size(); ++i) term.last += h[i] / tail;
-    for (double v : h) term.mean += v / h.size();
-    result.stats.terms.push_back(term);
+    result.stats.terms.push_back(SummarizeLossTerm(name, history[name]));
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : trainable) {

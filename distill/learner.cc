@@ -73,6 +73,18 @@ class EpochSampler {
 
 }  // namespace
 
+LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step) {
+  LossTerm term;
+  term.name = name;
+  term.first = per_step.front();
+  const size_t tail = std::min<size_t>(10, per_step.size());
+  for (size_t i = per_step.size() - tail; i < per_step.size(); ++i) {
+    term.last += per_step[i] / tail;
+  }
+  for (double v : per_step) term.mean += v / per_step.size();
+  return term;
+}
+
 torch::Device ModuleDevice(const torch::nn::Module& module) {
   for (const auto& p : module.parameters()) return p.device();
   return torch::kCPU;
@@ -209,14 +221,7 @@ absl::StatusOr<JobResult> Learner::Run(const std::vector<compress::UplinkSample>
     stats.samples_per_second =
         stats.train_seconds > 0 ? stats.samples_seen / stats.train_seconds : 0.0;
     for (size_t k = 0; k < names.size(); ++k) {
-      const std::vector<double>& h = history[k];
-      LossTerm term;
-      term.name = k == 0 ? "total" : names[k];
-      term.first = h.front();
-      const size_t tail = std::min<size_t>(10, h.size());
-      for (size_t i = h.size() - tail; i < h.size(); ++i) term.last += h[i] / tail;
-      for (double v : h) term.mean += v / h.size();
-      stats.terms.push_back(term);
+      stats.terms.push_back(SummarizeLossTerm(k == 0 ? "total" : names[k], history[k]));
     }
 
     torch::NoGradGuard no_grad;

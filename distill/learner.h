@@ -75,6 +75,9 @@ struct LossTerm {
   double mean = 0;
 };
 
+// A term's LossTerm from its per-step values (at least one).
+LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step);
+
 struct JobStats {
   int steps = 0;
   int64_t samples_seen = 0;     // summed batch sizes (this rank)

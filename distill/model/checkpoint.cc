@@ -97,20 +97,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return ss.str();
 }
 
-absl::Status WriteTextAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    out << text;
-    if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp));
-  }
-  return absl::OkStatus();
-}
-
 // Seed of the adaptation parameters (LoRA, adapter prompts) a family starts from.
 constexpr uint64_t kAdaptationSeed = 0x63646363;  // "cdcc"
 
@@ -392,11 +378,11 @@ absl::Status SaveFamily(const std::string& dir, const FamilyConfig& config,
     json teacher_config = FamilyHfConfigJson(encoder->config(), teacher->config());
     teacher_config["cdcca"]["role"] = "teacher";
     if (absl::Status s =
-            WriteTextAtomically(teacher_dir + "/config.json", teacher_config.dump(2) + "\n");
+            WriteFileAtomically(teacher_dir + "/config.json", teacher_config.dump(2) + "\n");
         !s.ok()) {
       return s;
     }
-    return WriteTextAtomically(dir + "/config.json", student_config.dump(2) + "\n");
+    return WriteFileAtomically(dir + "/config.json", student_config.dump(2) + "\n");
   });
 }
 

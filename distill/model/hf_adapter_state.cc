@@ -19,29 +19,12 @@ constexpr char kStateJson[] = "adapter_state.json";
 constexpr char kStateTensors[] = "adapter_state.safetensors";
 constexpr char kFormat[] = "cdcca-hf-adapter-state";
 
-// Writes `bytes` to path through a temporary file and a rename.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
 absl::Status MakeDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   return absl::OkStatus();
 }
-
-bool EndsWith(const std::string& s, const std::string& suffix) { return absl::EndsWith(s, suffix); }
 
 }  // namespace
 
@@ -61,9 +44,10 @@ absl::Status SaveHfAdapterState(const HfAdapterState& state, const std::string& 
   for (const auto& [name, t] : state.trainable) {
     cpu.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous());
   }
-  absl::StatusOr<std::string> bytes = EncodeSafetensors(cpu, {{"format", kFormat}});
-  if (!bytes.ok()) return bytes.status();
-  if (absl::Status s = WriteFileAtomically(dir + "/" + kStateTensors, *bytes); !s.ok()) return s;
+  if (absl::Status s = WriteSafetensors(dir + "/" + kStateTensors, cpu, {{"format", kFormat}});
+      !s.ok()) {
+    return s;
+  }
   return WriteFileAtomically(dir + "/" + kStateJson, j.dump(2) + "\n");
 }
 
@@ -142,7 +126,7 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
   std::set<std::string> targets;
   std::map<std::string, int> factors;  // module -> A and B seen
   for (const auto& [name, t] : state.trainable) {
-    const bool a = EndsWith(name, ".lora_a"), b = EndsWith(name, ".lora_b");
+    const bool a = absl::EndsWith(name, ".lora_a"), b = absl::EndsWith(name, ".lora_b");
     if (!a && !b) {
       rest.emplace_back(name, t);
       continue;
@@ -190,17 +174,12 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::string> lora_bytes = EncodeSafetensors(lora, {{"format", "pt"}});
-  if (!lora_bytes.ok()) return lora_bytes.status();
-  if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_model.safetensors", *lora_bytes);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::string> rest_bytes = EncodeSafetensors(rest, {{"format", "pt"}});
-  if (!rest_bytes.ok()) return rest_bytes.status();
-  if (absl::Status s = WriteFileAtomically(out_dir + "/non_lora.safetensors", *rest_bytes);
-      !s.ok()) {
-    return s;
+  for (const auto& [file, tensors] : {std::make_pair("adapter_model.safetensors", &lora),
+                                      std::make_pair("non_lora.safetensors", &rest)}) {
+    if (absl::Status s = WriteSafetensors(out_dir + "/" + file, *tensors, {{"format", "pt"}});
+        !s.ok()) {
+      return s;
+    }
   }
   const std::string readme = absl::StrCat(
       "# cdcca adapter export\n\n"

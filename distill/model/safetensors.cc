@@ -22,11 +22,11 @@ struct DtypePair {
   SafetensorsDtype file;
 };
 constexpr DtypePair kDtypes[] = {
-    {torch::kDouble, SafetensorsDtype::kF64},    {torch::kFloat, SafetensorsDtype::kF32},
-    {torch::kHalf, SafetensorsDtype::kF16},      {torch::kBFloat16, SafetensorsDtype::kBF16},
-    {torch::kLong, SafetensorsDtype::kI64},      {torch::kInt, SafetensorsDtype::kI32},
-    {torch::kShort, SafetensorsDtype::kI16},     {torch::kChar, SafetensorsDtype::kI8},
-    {torch::kByte, SafetensorsDtype::kU8},       {torch::kBool, SafetensorsDtype::kBool},
+    {torch::kDouble, SafetensorsDtype::kF64}, {torch::kFloat, SafetensorsDtype::kF32},
+    {torch::kHalf, SafetensorsDtype::kF16},   {torch::kBFloat16, SafetensorsDtype::kBF16},
+    {torch::kLong, SafetensorsDtype::kI64},   {torch::kInt, SafetensorsDtype::kI32},
+    {torch::kShort, SafetensorsDtype::kI16},  {torch::kChar, SafetensorsDtype::kI8},
+    {torch::kByte, SafetensorsDtype::kU8},    {torch::kBool, SafetensorsDtype::kBool},
 };
 
 // The file name of a torch dtype; nullptr for one the format does not carry here.
@@ -98,16 +98,12 @@ absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes) {
   return out;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  absl::StatusOr<std::string> bytes = EncodeSafetensors(tensors, metadata);
-  if (!bytes.ok()) return bytes.status();
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.flush();
     if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
   }
@@ -115,6 +111,14 @@ absl::Status WriteSafetensors(const std::string& path,
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<std::string> bytes = EncodeSafetensors(tensors, metadata);
+  if (!bytes.ok()) return bytes.status();
+  return WriteFileAtomically(path, *bytes);
 }
 
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {

@@ -40,6 +40,11 @@ absl::StatusOr<std::string> EncodeSafetensors(
 // before any tensor is allocated; the tensors then take exactly the file's data bytes.
 absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes);
 
+// Writes `bytes` to `path` through `path`.tmp and a rename, so a reader never sees a partly
+// written file. Unavailable naming the file when a write or the rename fails.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+
+// EncodeSafetensors, written with WriteFileAtomically.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata);
