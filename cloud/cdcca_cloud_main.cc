@@ -61,6 +61,24 @@ ABSL_FLAG(std::string, expected_fingerprint, "",
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "model family directory: teacher, student base, encoder and config.json (as written "
           "by `cdcca pretrain`); empty = transport only, no training");
+ABSL_FLAG(std::string, teacher, "",
+          "a Hugging Face pair instead of --checkpoint_dir: the teacher's folder (LLaVA, BLIP-2 "
+          "or InstructBLIP), which must share its vision tower with --student_base");
+ABSL_FLAG(std::string, student_base, "",
+          "a Hugging Face pair: the student's folder, the model devices run before adaptation");
+ABSL_FLAG(std::string, teacher_template, "auto",
+          "a Hugging Face pair: the teacher's prompt template (auto: llava for LLaVA, none for "
+          "BLIP-2; none; llava; vicuna; chatml)");
+ABSL_FLAG(std::string, student_template, "auto",
+          "a Hugging Face pair: the student's prompt template, as the devices' --hf_template");
+ABSL_FLAG(std::string, teacher_precision, "",
+          "a Hugging Face pair: the teacher's precision (fp32, bf16, fp16, int8, int4; empty = "
+          "bf16 on cuda, fp32 on cpu)");
+ABSL_FLAG(int64_t, lora_rank, 8,
+          "a Hugging Face pair: LoRA rank on the LM's q and v (the devices' --lora_rank)");
+ABSL_FLAG(double, lora_alpha, 16.0, "a Hugging Face pair: LoRA alpha (the devices' --lora_alpha)");
+ABSL_FLAG(bool, lora_mlp, false,
+          "a Hugging Face pair: LoRA on the LM's MLP too (the devices' --lora_mlp)");
 ABSL_FLAG(std::string, student_precision, "int8",
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
@@ -225,9 +243,24 @@ int main(int argc, char** argv) {
   // The trainer (absent in transport-only mode).
   std::unique_ptr<PerDeviceStrategy> strategy;
   std::unique_ptr<JobScheduler> scheduler;
-  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+  const bool hub_pair =
+      !absl::GetFlag(FLAGS_teacher).empty() || !absl::GetFlag(FLAGS_student_base).empty();
+  if (hub_pair &&
+      (absl::GetFlag(FLAGS_teacher).empty() || absl::GetFlag(FLAGS_student_base).empty())) {
+    return Fail(absl::InvalidArgumentError(
+        "a Hugging Face pair needs both --teacher DIR and --student_base DIR"));
+  }
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty() || hub_pair) {
     PerDeviceStrategyOptions so;
     so.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    so.teacher_dir = absl::GetFlag(FLAGS_teacher);
+    so.student_base_dir = absl::GetFlag(FLAGS_student_base);
+    so.teacher_template = absl::GetFlag(FLAGS_teacher_template);
+    so.student_template = absl::GetFlag(FLAGS_student_template);
+    so.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
+    so.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+    so.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+    so.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
     so.student_precision = absl::GetFlag(FLAGS_student_precision);
     so.state_dir = data_dir + "/trainer";
     so.learner = absl::GetFlag(FLAGS_learner);
@@ -285,7 +318,8 @@ int main(int argc, char** argv) {
            {"bits_per_param", r->bits_per_param},
            {"relative_error", r->relative_error},
            {"budget_raised_to", r->budget_raised_to},
-           {"train_device", r->train_device}});
+           {"train_device", r->train_device},
+           {"notes", r->notes}});
     });
   }
 

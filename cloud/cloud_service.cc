@@ -162,7 +162,8 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
       request->model_fingerprint() != options_.expected_fingerprint) {
     bad = absl::FailedPreconditionError(absl::StrFormat(
         "model fingerprint %016x does not match the cloud's student base %016x: install the "
-        "base model the cloud serves",
+        "base model the cloud serves, at its precision (and, for a Hugging Face folder, with "
+        "its adapters: --lora_rank, --lora_alpha, --lora_mlp)",
         request->model_fingerprint(), options_.expected_fingerprint));
   }
   if (!bad.ok()) {

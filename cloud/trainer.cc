@@ -15,6 +15,7 @@
 #include "cloud/device_registry.h"
 #include "cloud/internal/file_io.h"
 #include "cloud/internal/mirror_file.h"
+#include "cloud/internal/mirror_trainer.h"
 #include "compress/delta_encoder.h"
 #include "compress/hash64.h"
 #include "compress/named_tensors.h"
@@ -68,7 +69,6 @@ struct PerDeviceStrategy::Impl {
     uint64_t jobs = 0;
     compress::NamedTensors mirror;  // fp32 CPU; equals the device's state at `version`
     compress::DeltaEncoder encoder;
-    std::unique_ptr<distill::Learner> learner;
     std::unique_ptr<distill::ReplayBuffer> replay;
     bool loaded = false;
     // A copy of the fields above for State(), which must not wait for a running job.
@@ -91,16 +91,9 @@ struct PerDeviceStrategy::Impl {
   UpdateStore* updates = nullptr;
   DeviceRegistry* registry = nullptr;
 
-  // Constant after Create: the shared frozen parts.
-  model::Blip2Tower teacher{nullptr};
-  model::Blip2Tower student_base{nullptr};  // fp32 with the devices' dequantized base
-  compress::NamedTensors base_trainable;
+  // Constant after Create: the frozen models and what they train.
+  std::unique_ptr<internal::MirrorTrainer> trainer;
   uint64_t base_digest = 0;
-  uint64_t fingerprint = 0;
-  uint64_t vision_fingerprint = 0;
-  SampleSpec spec;  // what a sample must be for this model
-  distill::DistillSettings settings;
-  torch::Device train_device{torch::kCPU};
 
   mutable absl::Mutex mu;  // guards the map (not the devices' contents)
   std::unordered_map<std::string, std::unique_ptr<Device>> devices ABSL_GUARDED_BY(mu);
@@ -143,7 +136,7 @@ struct PerDeviceStrategy::Impl {
                                                        compress::Hash64(id.data(), id.size()));
     absl::StatusOr<std::string> bytes = internal::ReadFile(StatePath(id));
     if (absl::IsNotFound(bytes.status())) {
-      d.mirror = CloneTensors(base_trainable);
+      d.mirror = CloneTensors(trainer->base_trainable());
       d.version = 0;
       d.consumed = 0;
       d.digest = base_digest;
@@ -219,7 +212,8 @@ struct PerDeviceStrategy::Impl {
     uint64_t decoded_bytes = 0;
     for (const store::v1::SampleRecord& r : *records) {
       const uint64_t seq = r.batch().sequence();
-      absl::StatusOr<CheckedBatch> checked = DecodeCheckedPayload(r.batch().payload(), spec);
+      absl::StatusOr<CheckedBatch> checked =
+          DecodeCheckedPayload(r.batch().payload(), trainer->spec());
       if (!checked.ok()) {
         // Ingest checks every batch against the model, but a log written by an older
         // version may hold one that does not fit: skip it (the cursor moves past it) and
@@ -274,35 +268,14 @@ struct PerDeviceStrategy::Impl {
     report.samples = static_cast<int64_t>(batch_samples.size());
 
     try {
-      // The job's own student: the shared base plus this device's mirror.
-      absl::StatusOr<model::Blip2Tower> work = distill::CopyMllm(student_base, train_device);
-      if (!work.ok()) return work.status();
-      {
-        torch::NoGradGuard no_grad;
-        std::unordered_map<std::string, const torch::Tensor*> by_name;
-        for (const auto& [name, t] : d.mirror) by_name[name] = &t;
-        for (auto& [name, p] : model::TrainableParameters(**work)) {
-          auto it = by_name.find(name);
-          if (it == by_name.end()) {
-            return absl::InternalError(absl::StrCat("mirror lacks trainable tensor ", name));
-          }
-          p.copy_(*it->second);
-        }
-      }
-      if (d.learner == nullptr) {
-        d.learner = std::make_unique<distill::DistillLearner>(teacher, settings.learner);
-      }
-      distill::JobOptions job = settings.job;
-      job.train_in_place = true;
-      job.use_cuda = train_device.is_cuda();
-      job.seed = settings.job.seed ^ (d.version * 0x9e3779b97f4a7c15ull);
-      absl::StatusOr<distill::JobResult> result =
-          d.learner->Run(batch_samples, d.replay.get(), *work, job);
+      absl::StatusOr<internal::MirrorJob> result =
+          trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
       if (!result.ok()) return result.status();
       report.replay_samples = result->stats.replay_samples;
       report.steps = result->stats.steps;
       report.train_seconds = result->stats.train_seconds;
       report.train_device = result->stats.device;
+      report.notes = result->notes;
       if (!result->stats.terms.empty()) {
         report.loss_first = result->stats.terms.front().first;
         report.loss_last = result->stats.terms.front().last;
@@ -399,79 +372,18 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   impl->registry = registry;
   if (absl::Status s = internal::MakeDirs(options.state_dir); !s.ok()) return s;
 
-  if (!options.distill_config.empty()) {
-    absl::StatusOr<distill::DistillSettings> s =
-        distill::LoadDistillSettings(options.distill_config);
-    if (!s.ok()) return s.status();
-    impl->settings = *std::move(s);
-    if (!options.learner.empty()) {
-      absl::StatusOr<distill::DistillConfig> c =
-          distill::WithFeatureTermOf(options.learner, impl->settings.learner);
-      if (!c.ok()) return c.status();
-      impl->settings.learner = *std::move(c);
-    }
-  } else {
-    absl::StatusOr<distill::DistillConfig> c =
-        distill::PresetDistillConfig(options.learner.empty() ? "akd" : options.learner);
-    if (!c.ok()) return c.status();
-    impl->settings.learner = *std::move(c);
+  const bool hub = !options.teacher_dir.empty() || !options.student_base_dir.empty();
+  if (hub && !options.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "give either a family (checkpoint_dir) or a Hugging Face pair (teacher_dir and "
+        "student_base_dir), not both");
   }
-  if (options.max_steps > 0) impl->settings.job.max_steps = options.max_steps;
-  if (options.time_budget_s > 0) impl->settings.job.time_budget_s = options.time_budget_s;
-  if (options.batch_size > 0) impl->settings.job.batch_size = options.batch_size;
-  if (options.max_answer_tokens > 0) {
-    impl->settings.job.max_answer_tokens = options.max_answer_tokens;
-  }
-  if (options.torch_threads > 0) impl->settings.job.num_threads = options.torch_threads;
-
-  absl::StatusOr<model::Precision> precision = model::ParsePrecision(options.student_precision);
-  if (!precision.ok()) return precision.status();
-  try {
-    absl::StatusOr<model::FamilyCheckpoint> family =
-        model::LoadFamily(options.checkpoint_dir, *precision);
-    if (!family.ok()) return family.status();
-    impl->fingerprint = model::BaseFingerprint(family->student);
-    impl->vision_fingerprint = model::ModuleFingerprint(*family->encoder);
-    // The mirror computes with the device's base exactly: its dequantized weights.
-    absl::StatusOr<model::Blip2Tower> mirror =
-        model::ConvertPrecision(family->student, model::Precision::kFp32);
-    if (!mirror.ok()) return mirror.status();
-    impl->student_base = *mirror;
-    impl->student_base->eval();
-    impl->teacher = family->teacher;
-    impl->teacher->eval();
-    if (options.train_device == "cuda" && torch::cuda::is_available()) {
-      impl->train_device = torch::Device(torch::kCUDA, 0);
-      impl->teacher->to(impl->train_device);
-    }
-    for (const auto& [name, t] : model::TrainableParameters(*family->student)) {
-      impl->base_trainable.emplace_back(name, t.detach().to(torch::kFloat).contiguous().clone());
-    }
-    impl->base_digest = compress::StateDigest(impl->base_trainable);
-    const model::FamilyConfig& config = family->config;
-    int text_budget = 1 << 30;
-    for (const model::TowerConfig* tower : {&config.teacher, &config.student}) {
-      text_budget = std::min(text_budget, tower->max_positions - tower->num_queries);
-    }
-    SampleSpec& spec = impl->spec;
-    // What the learner's sample pool takes (distill/sample_batch.h): the student tower's
-    // visual token count and width, which the family copies from its vision config.
-    const model::TowerConfig& student = config.student;
-    spec.grid_tokens = static_cast<uint32_t>(
-        student.num_visual_tokens > 0 ? student.num_visual_tokens : config.vision.NumTokens());
-    spec.feature_dim =
-        static_cast<uint32_t>(student.d_vis > 0 ? student.d_vis : config.vision.d_vis);
-    spec.vocab_size = static_cast<uint32_t>(std::max(0, config.vocab_size));
-    // A prompt leaves room for the longest answer the teacher generates as a label.
-    spec.max_answer_tokens = static_cast<uint32_t>(std::clamp(text_budget, 1, 128));
-    spec.max_prompt_tokens = static_cast<uint32_t>(
-        std::clamp(text_budget - impl->settings.job.max_answer_tokens, 1, 512));
-    spec.max_samples_per_batch = options.max_samples_per_batch;
-    spec.max_decoded_bytes_per_batch = options.max_decoded_bytes_per_batch;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("loading ", options.checkpoint_dir, ": ", e.what_without_backtrace()));
-  }
+  absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =
+      hub ? internal::CreateHubMirrorTrainer(options)
+          : internal::CreateFamilyMirrorTrainer(options);
+  if (!trainer.ok()) return trainer.status();
+  impl->trainer = *std::move(trainer);
+  impl->base_digest = compress::StateDigest(impl->trainer->base_trainable());
   return std::unique_ptr<PerDeviceStrategy>(new PerDeviceStrategy(std::move(impl)));
 }
 
@@ -527,9 +439,11 @@ absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& de
 }
 
 uint64_t PerDeviceStrategy::BaseDigest() const { return impl_->base_digest; }
-uint64_t PerDeviceStrategy::BaseFingerprint() const { return impl_->fingerprint; }
-uint64_t PerDeviceStrategy::VisionFingerprint() const { return impl_->vision_fingerprint; }
-SampleSpec PerDeviceStrategy::Spec() const { return impl_->spec; }
+uint64_t PerDeviceStrategy::BaseFingerprint() const { return impl_->trainer->base_fingerprint(); }
+uint64_t PerDeviceStrategy::VisionFingerprint() const {
+  return impl_->trainer->vision_fingerprint();
+}
+SampleSpec PerDeviceStrategy::Spec() const { return impl_->trainer->spec(); }
 
 // ---- JobScheduler ---------------------------------------------------------------------------
 

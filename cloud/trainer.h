@@ -79,6 +79,9 @@ struct JobReport {
   // job used this byte budget instead.
   uint64_t budget_raised_to = 0;
   std::string train_device;  // "cpu" or "cuda:0"
+  // What the job log says beyond the numbers (e.g. a Hugging Face pair with different
+  // tokenizers trains without the logit KL, and says so).
+  std::vector<std::string> notes;
   // Set by JobScheduler: real time from the trigger firing to the job's start (waiting for
   // a free worker).
   double queue_seconds = 0;
@@ -117,6 +120,21 @@ struct PerDeviceStrategyOptions {
   // Family directory (encoder/teacher/student safetensors + config.json), as written by
   // `cdcca pretrain` or model::SaveFamily.
   std::string checkpoint_dir;
+  // Or a Hugging Face pair (issue 21) instead of a family: the teacher's folder and the
+  // student's (the devices' model before adaptation), LLaVA, BLIP-2 or InstructBLIP, sharing
+  // the vision tower. The mirror loads the student at student_precision with the devices'
+  // adapters (LoRA on the LM's q/v; lora_mlp adds the MLP; AdapterOptions seed 0). Prompts are
+  // put in each side's template ("auto": llava's for LLaVA, none for the BLIP-2 family;
+  // "none"; or a name `cdcca generate --template` knows). The teacher runs at
+  // teacher_precision ("" = bf16 on CUDA, fp32 on the CPU).
+  std::string teacher_dir;
+  std::string student_base_dir;
+  std::string teacher_template = "auto";
+  std::string student_template = "auto";
+  std::string teacher_precision;
+  int64_t lora_rank = 8;
+  double lora_alpha = 16.0;
+  bool lora_mlp = false;
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
   // computes with exactly that base, dequantized. Default: "int8" (the device default).
   std::string student_precision = "int8";

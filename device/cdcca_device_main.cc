@@ -40,6 +40,7 @@
 #include "datasets/shifts.h"
 #include "device/agent.h"
 #include "device/internal/durable_file.h"
+#include "device/internal/hub_student.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
@@ -69,7 +70,13 @@ ABSL_FLAG(std::string, precision, "int8",
 ABSL_FLAG(std::string, hf_template, "auto",
           "Hugging Face folders: prompt template around each question (llava, vicuna, chatml, "
           "none; auto = llava for LLaVA, none for BLIP-2 / InstructBLIP)");
-ABSL_FLAG(int, max_new_tokens, 32, "Hugging Face folders: longest answer, in tokens");
+ABSL_FLAG(int, max_new_tokens, 32,
+          "Hugging Face folders: longest answer, in tokens (at most 64 with --cloud)");
+ABSL_FLAG(int64_t, lora_rank, 8,
+          "Hugging Face folders with --cloud: LoRA rank on the LM's q and v (the cloud's "
+          "--lora_rank; Register refuses a mismatch)");
+ABSL_FLAG(double, lora_alpha, 16.0, "Hugging Face folders with --cloud: LoRA alpha");
+ABSL_FLAG(bool, lora_mlp, false, "Hugging Face folders with --cloud: LoRA on the LM's MLP too");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -252,24 +259,6 @@ class FrameSource {
   int severity_ = 3;
 };
 
-// A folder as published on the Hugging Face Hub (config.json's model_type is an architecture
-// HfAnswerer loads), rather than a cdcca family (whose config.json, a BLIP-2 one, also holds
-// the family in cdcca.family).
-bool IsHubFolder(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  if (!in) return false;
-  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
-    return false;
-  }
-  if (config.contains("cdcca") && config["cdcca"].is_object() &&
-      config["cdcca"].contains("family")) {
-    return false;
-  }
-  const std::string type = config["model_type"].get<std::string>();
-  return type == "llava" || type == "blip-2" || type == "instructblip";
-}
-
 #ifdef CDCCA_DEVICE_HF
 // One kept frame as the uplink codec encodes it: the `kept` visual tokens, the prompt's and
 // the answer's token ids.
@@ -308,8 +297,8 @@ absl::StatusOr<std::string> EncodeHubSample(const cdcca::model::GenerateReply& r
 // --uts_keep_fraction), stage 2 on the frames it keeps (the MC-dropout attention variance of
 // the visual tokens, hf_model.h; --uts_mc_passes, --uts_dropout, --uts_token_ratio), and the
 // kept tokens encoded as the uplink codec would send them (--uplink_precision), with their
-// size in the answer line. Sending and updates need the collaborative loop, which runs on
-// cdcca families.
+// size in the answer line. With --cloud the folder runs the collaborative loop instead (the
+// agent path below; device/internal/hub_student.h).
 int RunHubFolder(const std::vector<std::string>& prompts) {
 #ifndef CDCCA_DEVICE_HF
   (void)prompts;
@@ -317,11 +306,6 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       "this cdcca-device was built without Hugging Face support (PCRE2/ICU tokenizers "
       "missing at configure time)"));
 #else
-  if (!absl::GetFlag(FLAGS_cloud).empty()) {
-    return Fail(absl::FailedPreconditionError(
-        "--cloud: a Hugging Face folder runs offline (answers only); uplink and updates need a "
-        "cdcca family checkpoint (cdcca pretrain --out DIR)"));
-  }
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 1 || max_new > 1024) {
     return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-1024"));
@@ -451,7 +435,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
   }
-  const bool hub_folder = IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir));
+  const bool hub_folder = internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir));
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty() && !hub_folder) {
     return Fail(absl::InvalidArgumentError("--state_dir is required"));
@@ -468,12 +452,28 @@ int main(int argc, char** argv) {
   } else {
     prompts.push_back(absl::GetFlag(FLAGS_prompt));
   }
-  if (hub_folder) return RunHubFolder(prompts);
+  // A Hub folder without a cloud answers offline (and reports what UTS would uplink); with
+  // one, it runs the collaborative loop as a family does.
+  if (hub_folder && absl::GetFlag(FLAGS_cloud).empty()) return RunHubFolder(prompts);
+  if (hub_folder && state_dir.empty()) {
+    return Fail(absl::InvalidArgumentError("--state_dir is required with --cloud"));
+  }
 
   RuntimeOptions runtime_options;
   runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   runtime_options.precision = absl::GetFlag(FLAGS_precision);
   runtime_options.threads = absl::GetFlag(FLAGS_threads);
+  if (hub_folder) {
+    const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
+    if (max_new < 1 || max_new > 64) {
+      return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-64 with --cloud"));
+    }
+    runtime_options.max_answer_tokens = max_new;
+    runtime_options.hub_template = absl::GetFlag(FLAGS_hf_template);
+    runtime_options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+    runtime_options.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+    runtime_options.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  }
   absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
       InferenceRuntime::Load(runtime_options);
   if (!runtime.ok()) return Fail(runtime.status());
@@ -507,6 +507,7 @@ int main(int argc, char** argv) {
   ao.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   ao.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   ao.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  ao.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
   ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
   ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
   ao.bandwidth_bytes_per_s =

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <thread>
@@ -13,12 +14,14 @@
 #include "absl/synchronization/mutex.h"
 #include "compress/named_tensors.h"
 #include "datasets/tokenizer.h"
+#include "device/internal/hub_student.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "distill/model/threads.h"
 #include "distill/model/token_probe.h"
 #include "distill/model/token_scores.h"
 #include "distill/model/trainable.h"
+#include "nlohmann/json.hpp"
 
 namespace cdcca::device {
 
@@ -29,6 +32,9 @@ struct InferenceRuntime::Impl {
   model::Blip2Tower student{nullptr};
   model::TokenProbe probe{nullptr};  // null when the checkpoint has no probe.safetensors
   int image_size = 64;
+  // A Hugging Face folder's student instead of the family's encoder and student.
+  std::unique_ptr<internal::HubStudent> hub;
+  uint64_t hub_draws ABSL_GUARDED_BY(mu) = 0;  // unseeded stage-2 draws so far
 
   // Guards the student's trainable tensors and `version`: readers answer, writers apply.
   mutable absl::Mutex mu;
@@ -64,6 +70,34 @@ torch::Tensor ImagesToTensor(const std::vector<Frame>& frames, int size) {
 
 }  // namespace
 
+namespace internal {
+
+bool IsHubFolder(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  if (!in) return false;
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
+    return false;
+  }
+  if (config.contains("cdcca") && config["cdcca"].is_object() &&
+      config["cdcca"].contains("family")) {
+    return false;
+  }
+  const std::string type = config["model_type"].get<std::string>();
+  return type == "llava" || type == "blip-2" || type == "instructblip";
+}
+
+#ifndef CDCCA_RUNTIME_HF
+absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options) {
+  return absl::UnimplementedError(absl::StrCat(
+      options.checkpoint_dir,
+      " is a Hugging Face folder, and this build has no Hugging Face tokenizers (PCRE2/ICU "
+      "missing at configure time)"));
+}
+#endif
+
+}  // namespace internal
+
 InferenceRuntime::InferenceRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 InferenceRuntime::~InferenceRuntime() = default;
 
@@ -75,6 +109,16 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
     return absl::InvalidArgumentError("max_answer_tokens must be in 1-64");
   }
   model::SetIntraOpThreads(options.threads);
+  if (internal::IsHubFolder(options.checkpoint_dir)) {
+    absl::StatusOr<std::unique_ptr<internal::HubStudent>> hub = internal::LoadHubStudent(options);
+    if (!hub.ok()) return hub.status();
+    auto impl = std::make_unique<Impl>();
+    impl->options = options;
+    impl->hub = *std::move(hub);
+    absl::MutexLock lock(&impl->mu);
+    impl->trainable = impl->hub->Trainable();
+    return std::unique_ptr<InferenceRuntime>(new InferenceRuntime(std::move(impl)));
+  }
   absl::StatusOr<model::FamilyCheckpoint> family =
       model::LoadFamily(options.checkpoint_dir, *precision);
   if (!family.ok()) return family.status();
@@ -115,6 +159,21 @@ absl::StatusOr<std::vector<AnswerResult>> InferenceRuntime::Answer(
     if (frames[i].image.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("frame ", i, " has no image"));
     }
+  }
+  if (impl_->hub != nullptr) {
+    // One frame at a time; the model is not thread-safe, so answers exclude each other (and
+    // updates).
+    std::vector<AnswerResult> out;
+    for (const Frame& f : frames) {
+      absl::MutexLock lock(&impl_->mu);
+      absl::StatusOr<AnswerResult> r = CatchTorch("answer", [&]() -> absl::StatusOr<AnswerResult> {
+        torch::NoGradGuard no_grad;
+        return impl_->hub->Answer(f);
+      });
+      if (!r.ok()) return r.status();
+      out.push_back(*std::move(r));
+    }
+    return out;
   }
   return CatchTorch("answer", [&]() -> absl::StatusOr<std::vector<AnswerResult>> {
     torch::NoGradGuard no_grad;
@@ -179,6 +238,22 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     return absl::InvalidArgumentError("visual tokens do not hold tokens x dim values");
   }
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
+  if (impl_->hub != nullptr) {
+    if (EffectiveScore(score) != TokenScore::kAttentionVariance) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "token score ", model::TokenScoreName(score),
+          ": a Hugging Face folder scores visual tokens by attention_variance (Eq. 3) only"));
+    }
+    if (!(dropout_p > 0 && dropout_p < 1)) {
+      return absl::InvalidArgumentError("dropout_p must be in (0, 1) on a Hugging Face folder");
+    }
+    absl::MutexLock lock(&impl_->mu);
+    const uint64_t draw = seed.has_value() ? *seed : impl_->hub_draws++;
+    return CatchTorch("token scores", [&]() -> absl::StatusOr<std::vector<float>> {
+      torch::NoGradGuard no_grad;
+      return impl_->hub->Scores(visual, passes, dropout_p, draw);
+    });
+  }
   // Seeded calls hold this for their whole draw (TokenScores' `seed`).
   static absl::Mutex seeded_draws(absl::kConstInit);
   std::optional<absl::MutexLock> seeded;
@@ -211,6 +286,9 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
 }
 
 TokenScore InferenceRuntime::EffectiveScore(TokenScore score) const {
+  if (impl_->hub != nullptr && score == TokenScore::kVarianceProbe) {
+    return TokenScore::kAttentionVariance;
+  }
   if (score == TokenScore::kVarianceProbe && !has_probe()) return TokenScore::kAttentionVariance;
   return score;
 }
@@ -270,10 +348,12 @@ uint64_t InferenceRuntime::StateDigest() const {
 }
 
 uint64_t InferenceRuntime::VisionFingerprint() const {
+  if (impl_->hub != nullptr) return impl_->hub->VisionFingerprint();
   return model::ModuleFingerprint(*impl_->encoder);
 }
 
 uint64_t InferenceRuntime::BaseFingerprint() const {
+  if (impl_->hub != nullptr) return impl_->hub->BaseFingerprint();
   return model::BaseFingerprint(impl_->student);
 }
 
@@ -284,6 +364,12 @@ int64_t InferenceRuntime::TrainableParameters() const {
   return n;
 }
 
-int64_t InferenceRuntime::BaseBytes() const { return model::LinearBaseBytes(impl_->student); }
+int64_t InferenceRuntime::BaseBytes() const {
+  if (impl_->hub != nullptr) {
+    absl::MutexLock lock(&impl_->mu);
+    return impl_->hub->BaseBytes();
+  }
+  return model::LinearBaseBytes(impl_->student);
+}
 
 }  // namespace cdcca::device

@@ -34,6 +34,15 @@ struct RuntimeOptions {
   // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
   // every core; distill/model/threads.h).
   int threads = 0;
+  // A Hugging Face folder (LLaVA, BLIP-2, InstructBLIP) as checkpoint_dir: the prompt
+  // template a question is put in ("auto": llava's for LLaVA, none for the BLIP-2 family;
+  // "none"; or a name cdcca generate --template knows), and the adapters the cloud trains
+  // (LoRA on the LM's q/v, rank and alpha; MLP too with lora_mlp). They must be the cloud's:
+  // the base fingerprint Register compares covers them.
+  std::string hub_template = "auto";
+  int64_t lora_rank = 8;
+  double lora_alpha = 16.0;
+  bool lora_mlp = false;
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.
@@ -48,6 +57,9 @@ struct VisualTokens {
   int tokens = 0;
   int dim = 0;
   std::vector<float> values;
+  // Hugging Face folders: the frame the tokens came from, which UTS stage 2 reads again
+  // (its passes run from the pixels). Null for cdcca families.
+  std::shared_ptr<const Frame> source;
 };
 
 struct AnswerResult {
@@ -61,8 +73,9 @@ struct AnswerResult {
 
 class InferenceRuntime {
  public:
-  // Loads the encoder and the student. INVALID_ARGUMENT for a bad precision; the loader's
-  // errors (NOT_FOUND, DATA_LOSS naming the file or tensor) otherwise.
+  // Loads the encoder and the student (a cdcca family, or a Hugging Face folder with its
+  // adapters). INVALID_ARGUMENT for a bad precision; the loader's errors (NOT_FOUND,
+  // DATA_LOSS naming the file or tensor) otherwise.
   static absl::StatusOr<std::unique_ptr<InferenceRuntime>> Load(const RuntimeOptions& options);
   ~InferenceRuntime();
 

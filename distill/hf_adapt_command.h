@@ -18,17 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "distill/hf_akd.h"
-#include "distill/model/hf_answerer.h"
+#include "distill/hf_pair_side.h"
 
 namespace cdcca::distill {
-
-// A loaded folder as one side of a pair: its model, its tokenizer as the text codec (the
-// tokenizer's identity is a hash of tokenizer.json, else tokenizer.model), and the named
-// prompt template (model::ApplyPromptTemplate; "" = the prompt as given). The answerer must
-// outlive the side.
-HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
-                      const std::string& template_name);
 
 int HfAdaptCommand(const std::vector<std::string>& args);
 int ExportAdapterCommand(const std::vector<std::string>& args);

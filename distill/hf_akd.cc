@@ -323,10 +323,13 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
   if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
   HfJobResult result;
   result.kl_used = s.use_kl;
-  if (s.config.l_kl > 0 && !s.use_kl) {
+  if (!s.same_tokenizer) {
+    // Said whatever the KL weight: a pair with different tokenizers never gets the term.
     result.notes.push_back(absl::StrCat(
         "kl_off: the teacher's and the student's tokenizers differ, so the logit KL (weight ",
-        s.config.l_kl, ") is left out and R is aligned on the answer mean"));
+        s.config.l_kl,
+        ") is left out, pseudo-labels are re-tokenized by the student and R is "
+        "aligned on the answer mean"));
   }
   const Clock::time_point prepare_start = Clock::now();
   std::vector<PreparedSample> pool(samples.size());

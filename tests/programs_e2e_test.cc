@@ -34,86 +34,18 @@
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
+#include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
-
-extern char** environ;
 
 namespace cdcca {
 namespace {
 
+using ::cdcca::testing::Child;
+using ::cdcca::testing::ReadJson;
+using ::cdcca::testing::ReadText;
 using ::cdcca::testing::TempDir;
 using ::testing::HasSubstr;
-
-// A child process with stdout and stderr in files.
-class Child {
- public:
-  Child(std::vector<std::string> args, const std::string& log, const std::string& fault = "") {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string(*e).rfind("CDCCA_TEST_FAULT=", 0) != 0) env_strings.push_back(*e);
-    }
-    if (!fault.empty()) env_strings.push_back("CDCCA_TEST_FAULT=" + fault);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Child() { Kill(); }
-
-  bool running() const { return pid_ > 0; }
-
-  void Signal(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    Wait(absl::Seconds(30));
-  }
-  // The exit code (128 + signal if killed), or -1 if still running after `timeout`.
-  int Wait(absl::Duration timeout) {
-    if (pid_ <= 0) return exit_code_;
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      int status = 0;
-      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return exit_code_;
-      }
-      if (absl::Now() >= deadline) return -1;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  int exit_code_ = -1;
-};
-
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  return j.is_discarded() ? nlohmann::json::object() : j;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class ProgramsTest : public ::testing::Test {
  protected:

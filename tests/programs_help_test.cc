@@ -93,8 +93,8 @@ TEST(ProgramsHelpTest, CdccaSubcommandHelp) {
 #ifdef CDCCA_DEVICE_BINARY
 // cdcca-device pointed at a Hugging Face LLaVA folder answers each frame offline with the
 // greedy answer transformers gives for the same image and prompt (the fixture's reference),
-// and refuses --cloud with the reason instead of starting a sync it cannot do.
-TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndRefusesCloud) {
+// offline and in the agent loop of --cloud.
+TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   const std::string fixture =
       std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
   std::ifstream expected_file(fixture + "/expected.json");
@@ -147,9 +147,19 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndRefusesCloud) {
     EXPECT_THAT(refused.output, HasSubstr(flag.substr(2, flag.find('=') - 2))) << flag;
   }
 
-  const Outcome cloud = RunProgram(base + " --cloud=127.0.0.1:1 --output=/dev/null");
-  EXPECT_NE(cloud.exit_code, 0);
-  EXPECT_THAT(cloud.output, HasSubstr("runs offline"));
+  // With --cloud (issue 21) the folder runs the agent loop: it needs a state directory, and
+  // while the cloud is away it keeps answering, through the tower's tokens (what the cloud's
+  // mirror computes), with transformers' answer.
+  const Outcome no_state = RunProgram(base + " --cloud=127.0.0.1:1 --output=/dev/null");
+  EXPECT_NE(no_state.exit_code, 0);
+  EXPECT_THAT(no_state.output, HasSubstr("--state_dir"));
+  const Outcome linked = RunProgram(
+      base + " --cloud=127.0.0.1:1 --insecure --device_id=dev-a --token=t --max_attempts=1 " +
+      "--state_dir=" + (dir / "state").string() + " --output=" + (dir / "linked.jsonl").string());
+  ASSERT_EQ(linked.exit_code, 0) << linked.output;
+  std::ifstream linked_answers(dir / "linked.jsonl");
+  ASSERT_TRUE(std::getline(linked_answers, line)) << linked.output;
+  EXPECT_EQ(nlohmann::json::parse(line)["answer"], expected["text"]) << line;
   const Outcome bad = RunProgram(base + " --hf_template=nope --output=/dev/null");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("nope"));

@@ -390,6 +390,28 @@ class Blip2MultimodalModel : public MultimodalModel {
     }
   }
 
+  std::pair<int64_t, int64_t> VisualTokenShape() const override {
+    const Blip2Config& c = model_->config();
+    return {c.vision.NumPositions(), c.vision.hidden_size};
+  }
+
+  absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& inputs) override {
+    const Blip2VisionConfig& v = model_->config().vision;
+    const torch::Tensor& px = inputs.pixel_values;
+    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
+        px.size(2) != v.image_size || px.size(3) != v.image_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ",
+                       v.image_size, "], got ", px.defined() ? c10::str(px.sizes()) : "none"));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      return model_->vision_model->forward(px.to(device_)).to(torch::kCPU, torch::kFloat);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 vision tower: ", e.what_without_backtrace()));
+    }
+  }
+
   absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
                                                   const GreedyOptions& options) override {
     absl::StatusOr<Merged> m = Merge(in);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -195,6 +196,65 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
       "model = peft.PeftModel.from_pretrained(model, THIS_FOLDER)\n"
       "```\n");
   return WriteFileAtomically(out_dir + "/README.md", readme);
+}
+
+namespace {
+
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir) {
+  constexpr uint64_t kWindow = 64 << 10;
+  constexpr uint64_t kWindows = 256;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || absl::EndsWith(name, ".safetensors")) files.push_back(name);
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  uint64_t h = 14695981039346656037ULL;
+  std::vector<char> buf(kWindow);
+  for (const std::string& name : files) {
+    const std::string path = dir + "/" + name;
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+    const uint64_t size = static_cast<uint64_t>(in.tellg());
+    h = Fnv(h, name.c_str(), name.size() + 1);
+    h = Fnv(h, &size, sizeof(size));
+    const uint64_t step = std::max<uint64_t>(kWindow, size / kWindows);
+    for (uint64_t off = 0; off < size; off += step) {
+      const uint64_t n = std::min<uint64_t>(kWindow, size - off);
+      in.seekg(static_cast<std::streamoff>(off));
+      if (!in.read(buf.data(), static_cast<std::streamsize>(n))) {
+        return absl::DataLossError(absl::StrCat("reading ", path, " at ", off));
+      }
+      h = Fnv(h, buf.data(), n);
+    }
+  }
+  return h;
+}
+
+uint64_t HubBaseFingerprint(uint64_t folder_fingerprint, const std::string& precision,
+                            const AdapterOptions& adapters, uint64_t initial_trainable_digest) {
+  uint64_t h = 14695981039346656037ULL;
+  h = Fnv(h, &folder_fingerprint, sizeof(folder_fingerprint));
+  h = Fnv(h, precision.c_str(), precision.size() + 1);
+  h = Fnv(h, &adapters.lora_rank, sizeof(adapters.lora_rank));
+  h = Fnv(h, &adapters.lora_alpha, sizeof(adapters.lora_alpha));
+  const uint8_t mlp = adapters.lora_mlp ? 1 : 0;
+  h = Fnv(h, &mlp, 1);
+  h = Fnv(h, &adapters.seed, sizeof(adapters.seed));
+  return Fnv(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }
 
 }  // namespace cdcca::model

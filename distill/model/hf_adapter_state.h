@@ -51,6 +51,18 @@ absl::Status ApplyHfAdapterState(const HfAdapterState& state, MultimodalModel& m
 // for a state whose LoRA factors do not pair up.
 absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& out_dir);
 
+// The identity of a folder's weights without reading them whole: FNV-1a 64 over config.json
+// and, per weight file (names sorted), its name, its size and 256 evenly spaced 64 KiB
+// windows of its bytes. NotFound / Internal naming the file.
+absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir);
+
+// What a device running a Hugging Face student reports as its base at Register and its cloud
+// mirror expects (issue 21): the folder's fingerprint, the precision its frozen base runs at,
+// the adapter options and the digest of the trainable set as the adapters start
+// (compress::StateDigest), so a device whose adapters differ from the cloud's is refused.
+uint64_t HubBaseFingerprint(uint64_t folder_fingerprint, const std::string& precision,
+                            const AdapterOptions& adapters, uint64_t initial_trainable_digest);
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_DISTILL_MODEL_HF_ADAPTER_STATE_H_

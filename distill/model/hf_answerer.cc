@@ -171,22 +171,63 @@ absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgb(const uint8_t* rgb, int widt
   absl::StatusOr<GreedyResult> result = model_->Generate(in, g);
   if (!result.ok()) return result.status();
   reply.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  reply.tokens = result->tokens.empty() ? std::vector<int64_t>{} : result->tokens[0];
-  const std::vector<int32_t> tokens32(reply.tokens.begin(), reply.tokens.end());
-  reply.text = tokenizer_->Decode(tokens32, /*skip_special_tokens=*/true);
-  if (result->first_logits.defined()) {
-    torch::Tensor f = result->first_logits[0].contiguous();
-    reply.first_logits.assign(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+  Finish(*result, &reply);
+  return reply;
+}
+
+absl::StatusOr<GenerateReply> HfAnswerer::AnswerRgbFromTokens(const uint8_t* rgb, int width,
+                                                              int height, const std::string& source,
+                                                              const std::string& prompt,
+                                                              int64_t max_new_tokens,
+                                                              VisualTokenReply* visual) {
+  GenerateReply reply;
+  MultimodalInputs in;
+  if (absl::Status s = Prepare(rgb, width, height, source, prompt, &in, &reply); !s.ok()) {
+    return s;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<torch::Tensor> tokens = model_->EncodeImages(in);
+  if (!tokens.ok()) return tokens.status();
+  TokenInputs t;
+  t.visual_tokens = *tokens;
+  t.input_ids = in.input_ids;
+  t.qformer_input_ids = in.qformer_input_ids;
+  t.qformer_attention_mask = in.qformer_attention_mask;
+  GreedyOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.eos_token_ids = model_->eos_token_ids();
+  g.keep_step_logits = true;
+  absl::StatusOr<GreedyResult> result = model_->GenerateFromTokens(t, g);
+  if (!result.ok()) return result.status();
+  reply.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Finish(*result, &reply);
+  if (visual != nullptr) {
+    torch::Tensor v = tokens->select(0, 0).contiguous();
+    visual->tokens = v.size(0);
+    visual->dim = v.size(1);
+    visual->features.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    visual->variance.clear();
+    visual->seconds = 0;
+  }
+  return reply;
+}
+
+void HfAnswerer::Finish(const GreedyResult& result, GenerateReply* reply) const {
+  reply->tokens = result.tokens.empty() ? std::vector<int64_t>{} : result.tokens[0];
+  const std::vector<int32_t> tokens32(reply->tokens.begin(), reply->tokens.end());
+  reply->text = tokenizer_->Decode(tokens32, /*skip_special_tokens=*/true);
+  if (result.first_logits.defined()) {
+    torch::Tensor f = result.first_logits[0].contiguous();
+    reply->first_logits.assign(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
   }
   // step_logits[i] is what token i was chosen from; one per generated token.
   double entropy_sum = 0;
-  const size_t steps = std::min(result->step_logits.size(), reply.tokens.size());
+  const size_t steps = std::min(result.step_logits.size(), reply->tokens.size());
   for (size_t i = 0; i < steps; ++i) {
-    torch::Tensor logp = torch::log_softmax(result->step_logits[i][0].to(torch::kDouble), -1);
+    torch::Tensor logp = torch::log_softmax(result.step_logits[i][0].to(torch::kDouble), -1);
     entropy_sum -= (logp.exp() * logp).sum().item<double>();
   }
-  reply.mean_entropy = steps > 0 ? entropy_sum / static_cast<double>(steps) : 0.0;
-  return reply;
+  reply->mean_entropy = steps > 0 ? entropy_sum / static_cast<double>(steps) : 0.0;
 }
 
 }  // namespace cdcca::model

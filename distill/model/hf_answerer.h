@@ -41,6 +41,7 @@ struct VisualTokenReply {
 };
 
 class MultimodalModel;
+struct GreedyResult;
 struct ImageProcessorConfig;
 struct MultimodalInputs;
 
@@ -61,6 +62,15 @@ class HfAnswerer {
   absl::StatusOr<GenerateReply> AnswerRgb(const uint8_t* rgb, int width, int height,
                                           const std::string& source, const std::string& prompt,
                                           int64_t max_new_tokens, bool with_entropy = false);
+  // AnswerRgb (with the entropy) through the vision tower's tokens: MultimodalModel::
+  // EncodeImages, then GenerateFromTokens, which is what a cloud mirror computes from the
+  // same tokens. `visual` receives the tokens (features N x D; no variance): what a device
+  // uplinks.
+  absl::StatusOr<GenerateReply> AnswerRgbFromTokens(const uint8_t* rgb, int width, int height,
+                                                    const std::string& source,
+                                                    const std::string& prompt,
+                                                    int64_t max_new_tokens,
+                                                    VisualTokenReply* visual);
   // UTS stage 2 for the same frame and prompt as AnswerRgb: `passes` MC-dropout passes with
   // each visual token absent at rate `dropout_p`, masks drawn from `seed`.
   absl::StatusOr<VisualTokenReply> VisualTokenVarianceRgb(const uint8_t* rgb, int width, int height,
@@ -83,6 +93,8 @@ class HfAnswerer {
   // the LM's (GenerateReply's prompt_ids and input_ids).
   absl::Status Prepare(const uint8_t* rgb, int width, int height, const std::string& source,
                        const std::string& prompt, MultimodalInputs* in, GenerateReply* ids);
+  // Fills `reply`'s tokens, text, first logits and (from step logits) mean entropy.
+  void Finish(const GreedyResult& result, GenerateReply* reply) const;
   std::unique_ptr<MultimodalModel> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.

@@ -7,7 +7,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -82,6 +84,67 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& 
     absl::StrAppend(&known, known.empty() ? "" : ", ", t.model_type);
   return absl::InvalidArgumentError(absl::StrCat(folder->config_path(), ": field model_type = \"",
                                                  type, "\" is not supported (", known, ")"));
+}
+
+absl::StatusOr<uint64_t> HfVisionFingerprint(const std::string& dir) {
+  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  if (!folder.ok()) return folder.status();
+  const std::string type = ConfigModelType(folder->config(), folder->config_path()).value_or("");
+  // The tower's canonical prefixes (hf_folder.h) per architecture.
+  std::vector<std::string> prefixes;
+  if (type == "llava") {
+    prefixes = {"model.vision_tower."};
+  } else if (type == "blip-2" || type == "instructblip") {
+    prefixes = {"vision_model.", "model.vision_model."};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(folder->config_path(), ": field model_type = \"",
+                                                   type, "\" has no vision tower known"));
+  }
+  // FNV-1a 64 over (name below the prefix, shape, fp32 values), names sorted.
+  uint64_t h = 14695981039346656037ULL;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 1099511628211ULL;
+    }
+  };
+  std::vector<std::pair<std::string, std::string>> names;  // (local, canonical)
+  for (const std::string& name : folder->Names()) {
+    for (const std::string& prefix : prefixes) {
+      if (absl::StartsWith(name, prefix)) {
+        names.emplace_back(name.substr(prefix.size()), name);
+        break;
+      }
+    }
+  }
+  if (names.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no vision tower tensors (", prefixes[0], "*)"));
+  }
+  std::sort(names.begin(), names.end());
+  try {
+    for (const auto& [local, canonical] : names) {
+      mix(local.c_str(), local.size() + 1);
+      absl::StatusOr<torch::Tensor> t = folder->Load(canonical, torch::kFloat);
+      if (!t.ok()) return t.status();
+      for (int64_t s : t->sizes()) mix(&s, sizeof(s));
+      torch::Tensor c = t->to(torch::kFloat).contiguous();
+      mix(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(dir, ": vision fingerprint: ", e.what_without_backtrace()));
+  }
+  if (type == "llava") {
+    // Which hidden states are the tokens is part of what the teacher reads.
+    const nlohmann::json& c = folder->config();
+    for (const char* key : {"vision_feature_layer", "vision_feature_select_strategy"}) {
+      const std::string v = c.contains(key) ? c[key].dump() : std::string("null");
+      mix(key, std::strlen(key) + 1);
+      mix(v.c_str(), v.size() + 1);
+    }
+  }
+  return h;
 }
 
 absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n) {

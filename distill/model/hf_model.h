@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -144,6 +145,14 @@ class MultimodalModel {
 
   // ---- Training on uplinked visual tokens (issue 21) ----
 
+  // The vision tower's output per image, {N, D}: VisualTokenPasses::tokens' shape, what a
+  // device uplinks and TokenInputs::visual_tokens holds.
+  virtual std::pair<int64_t, int64_t> VisualTokenShape() const = 0;
+  // The vision tower's output for the processor's pixels [B, N, D] fp32 on the CPU (no
+  // gradients): the tokens GenerateFromTokens and ForwardTokens take. InvalidArgument for
+  // pixels that do not fit the tower.
+  virtual absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& inputs) = 0;
+
   // Adds LoRA (AdapterOptions) once; InvalidArgument for a rank <= 0 or a second call.
   virtual absl::Status AddAdapters(const AdapterOptions& options) = 0;
   // The trainable set (AdapterOptions) under the checkpoint's tensor names (LoRA as
@@ -187,6 +196,13 @@ absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torc
 // LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
 // options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
+
+// The identity of a folder's vision tower, which Register compares between a device and its
+// cloud's teacher (issue 21): a hash over the tower's tensors as stored (names below the
+// tower's prefix, shapes, fp32 values) and, for LLaVA, the feature layers and select strategy
+// that decide which of its hidden states are the tokens. Independent of the precision a model
+// is loaded at. Errors as LoadHfModel's.
+absl::StatusOr<uint64_t> HfVisionFingerprint(const std::string& dir);
 
 // Opens `dir` and builds the model config.json names (model_type llava; blip-2 and
 // instructblip where registered). Errors name the file and the field or tensor.

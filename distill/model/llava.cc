@@ -230,6 +230,25 @@ class LlavaModel : public MultimodalModel {
     }
   }
 
+  std::pair<int64_t, int64_t> VisualTokenShape() const override {
+    const LlavaConfig& c = llava_->config();
+    return {c.NumImageTokens(),
+            c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size())};
+  }
+
+  absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& in) override {
+    MultimodalInputs checked = in;
+    if (!checked.input_ids.defined()) checked.input_ids = torch::zeros({1, 1}, torch::kLong);
+    if (absl::Status s = CheckInputs(checked); !s.ok()) return s;
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      return llava_->SelectedFeatures(in.pixel_values.to(device_)).to(torch::kCPU, torch::kFloat);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava vision tower: ", e.what_without_backtrace()));
+    }
+  }
+
   absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
                                                   const GreedyOptions& options) override {
     torch::NoGradGuard no_grad;

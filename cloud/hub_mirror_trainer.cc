@@ -1,0 +1,234 @@
+// HubMirrorTrainer (cloud/internal/mirror_trainer.h): AKD on a Hugging Face teacher-student
+// pair (distill/hf_akd.h), one HfPairDistiller per device over one shared teacher and student.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cloud/internal/mirror_trainer.h"
+#include "compress/named_tensors.h"
+#include "distill/hf_akd.h"
+#include "distill/hf_pair_side.h"
+#include "distill/model/hf_adapter_state.h"
+#include "distill/model/hf_answerer.h"
+#include "distill/model/hf_model.h"
+#include "distill/model/tokenizer/tokenizer.h"
+
+namespace cdcca::cloud::internal {
+namespace {
+
+// The default answer bound of a pseudo-label on a Hub pair (free text, subword tokens).
+constexpr int kHubAnswerTokens = 16;
+
+std::string ResolveTemplate(const std::string& name, const model::HfAnswerer& side) {
+  if (name == "auto") return side.model_type() == "llava" ? "llava" : "";
+  if (name == "none") return "";
+  return name;
+}
+
+compress::NamedTensors Fp32Clones(model::MultimodalModel& model) {
+  compress::NamedTensors out;
+  for (auto& [name, t] : model.TrainableParameters()) {
+    out.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
+  }
+  return out;
+}
+
+class HubMirrorTrainer final : public MirrorTrainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MirrorTrainer>> Create(
+      const PerDeviceStrategyOptions& options) {
+    if (options.teacher_dir.empty() || options.student_base_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "a Hugging Face pair needs both the teacher's and the student's folder");
+    }
+    auto t = std::unique_ptr<HubMirrorTrainer>(new HubMirrorTrainer());
+    absl::StatusOr<distill::DistillSettings> settings = JobSettings(options);
+    if (!settings.ok()) return settings.status();
+    t->settings_ = *std::move(settings);
+    if (options.max_answer_tokens <= 0 && options.distill_config.empty()) {
+      t->settings_.job.max_answer_tokens = kHubAnswerTokens;
+    }
+    const bool cuda = options.train_device == "cuda" && torch::cuda::is_available();
+    const std::string device = cuda ? "cuda" : "cpu";
+    std::string teacher_precision = options.teacher_precision;
+    if (teacher_precision.empty()) teacher_precision = cuda ? "bf16" : "fp32";
+    t->adapters_.lora_rank = options.lora_rank;
+    t->adapters_.lora_alpha = options.lora_alpha;
+    t->adapters_.lora_mlp = options.lora_mlp;
+    try {
+      // The teacher's tower must be the devices' (Register compares these).
+      absl::StatusOr<uint64_t> teacher_vision = model::HfVisionFingerprint(options.teacher_dir);
+      if (!teacher_vision.ok()) return teacher_vision.status();
+      absl::StatusOr<uint64_t> student_vision =
+          model::HfVisionFingerprint(options.student_base_dir);
+      if (!student_vision.ok()) return student_vision.status();
+      if (*teacher_vision != *student_vision) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the teacher ", options.teacher_dir, " and the student ",
+                         options.student_base_dir, " have different vision towers (fingerprints ",
+                         absl::Hex(*teacher_vision, absl::kZeroPad16), " and ",
+                         absl::Hex(*student_vision, absl::kZeroPad16),
+                         "): a pair must share the tower, whose tokens the devices uplink"));
+      }
+      t->vision_fingerprint_ = *teacher_vision;
+      absl::StatusOr<std::unique_ptr<model::HfAnswerer>> teacher =
+          model::HfAnswerer::Load(options.teacher_dir, teacher_precision, device);
+      if (!teacher.ok()) return teacher.status();
+      t->teacher_ = *std::move(teacher);
+      absl::StatusOr<std::unique_ptr<model::HfAnswerer>> student =
+          model::HfAnswerer::Load(options.student_base_dir, options.student_precision, device);
+      if (!student.ok()) return student.status();
+      t->student_ = *std::move(student);
+      if (absl::Status s = t->student_->model().AddAdapters(t->adapters_); !s.ok()) return s;
+      if (!cuda) {
+        t->base_trainable_ = Fp32Clones(t->student_->model());
+      } else {
+        // The devices run on the CPU in fp32: their version 0 is a CPU load's trainable set,
+        // not the CUDA copy's (bf16) rounding of it.
+        absl::StatusOr<std::unique_ptr<model::HfAnswerer>> cpu =
+            model::HfAnswerer::Load(options.student_base_dir, "int4", "cpu");
+        if (!cpu.ok()) return cpu.status();
+        if (absl::Status s = (*cpu)->model().AddAdapters(t->adapters_); !s.ok()) return s;
+        t->base_trainable_ = Fp32Clones((*cpu)->model());
+      }
+      absl::StatusOr<uint64_t> folder = model::HfFolderFingerprint(options.student_base_dir);
+      if (!folder.ok()) return folder.status();
+      t->fingerprint_ = model::HubBaseFingerprint(*folder, options.student_precision, t->adapters_,
+                                                  compress::StateDigest(t->base_trainable_));
+      t->teacher_side_ =
+          distill::PairSideOf(*t->teacher_, options.teacher_dir,
+                              ResolveTemplate(options.teacher_template, *t->teacher_));
+      t->student_side_ =
+          distill::PairSideOf(*t->student_, options.student_base_dir,
+                              ResolveTemplate(options.student_template, *t->student_));
+      for (const distill::HfPairSide* side : {&t->teacher_side_, &t->student_side_}) {
+        if (absl::StatusOr<std::string> p = side->format_prompt("q"); !p.ok()) return p.status();
+      }
+      const auto [n, d] = t->student_->model().VisualTokenShape();
+      SampleSpec& spec = t->spec_;
+      spec.grid_tokens = static_cast<uint32_t>(n);
+      spec.feature_dim = static_cast<uint32_t>(d);
+      spec.vocab_size = static_cast<uint32_t>(t->student_->tokenizer().VocabSize());
+      spec.max_answer_tokens = 128;
+      spec.max_prompt_tokens = 512;
+      spec.max_samples_per_batch = options.max_samples_per_batch;
+      spec.max_decoded_bytes_per_batch = options.max_decoded_bytes_per_batch;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("loading the pair ", options.teacher_dir, " / ",
+                                              options.student_base_dir, ": ",
+                                              e.what_without_backtrace()));
+    }
+    return std::unique_ptr<MirrorTrainer>(std::move(t));
+  }
+
+  const compress::NamedTensors& base_trainable() const override { return base_trainable_; }
+  uint64_t base_fingerprint() const override { return fingerprint_; }
+  uint64_t vision_fingerprint() const override { return vision_fingerprint_; }
+  const SampleSpec& spec() const override { return spec_; }
+
+  absl::StatusOr<MirrorJob> Train(const std::string& device_id,
+                                  const compress::NamedTensors& mirror,
+                                  const std::vector<compress::UplinkSample>& samples,
+                                  distill::ReplayBuffer* replay, uint64_t version) override {
+    // One student model serves every device: one job at a time.
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<distill::HfPairDistiller>& distiller = distillers_[device_id];
+    if (distiller == nullptr) {
+      absl::StatusOr<std::unique_ptr<distill::HfPairDistiller>> created =
+          distill::HfPairDistiller::Create(teacher_side_, student_side_, settings_.learner,
+                                           settings_.job);
+      if (!created.ok()) return created.status();
+      distiller = *std::move(created);
+    }
+    // This round's samples, then the replayed ones at the job's replay share.
+    std::vector<const compress::UplinkSample*> chosen;
+    for (const compress::UplinkSample& s : samples) chosen.push_back(&s);
+    const double f = settings_.job.replay_fraction;
+    if (replay != nullptr && replay->size() > 0 && f > 0 && f < 1) {
+      const auto want = static_cast<size_t>(std::ceil(samples.size() * f / (1.0 - f)));
+      for (const compress::UplinkSample* s : replay->Draw(want)) chosen.push_back(s);
+    }
+    std::vector<distill::HfSample> job;
+    job.reserve(chosen.size());
+    for (const compress::UplinkSample* s : chosen) {
+      distill::HfSample h;
+      h.tokens = torch::zeros({s->grid_tokens, s->feature_dim}, torch::kFloat);
+      h.present = torch::zeros({s->grid_tokens}, torch::kBool);
+      for (size_t k = 0; k < s->kept_indices.size(); ++k) {
+        const int64_t row = s->kept_indices[k];
+        h.tokens[row].copy_(
+            torch::from_blob(const_cast<float*>(s->features.data() + k * s->feature_dim),
+                             {static_cast<int64_t>(s->feature_dim)}, torch::kFloat));
+        h.present[row] = true;
+      }
+      h.prompt = student_side_.decode(
+          std::vector<int64_t>(s->prompt_tokens.begin(), s->prompt_tokens.end()));
+      job.push_back(std::move(h));
+    }
+    // The student starts from this device's mirror (in the student's own dtype; the update is
+    // what training changed, added to the fp32 mirror).
+    compress::NamedTensors before;
+    {
+      torch::NoGradGuard no_grad;
+      std::unordered_map<std::string, const torch::Tensor*> by_name;
+      for (const auto& [name, t] : mirror) by_name[name] = &t;
+      for (auto& [name, p] : student_->model().TrainableParameters()) {
+        auto it = by_name.find(name);
+        if (it == by_name.end()) {
+          return absl::InternalError(absl::StrCat("mirror lacks trainable tensor ", name));
+        }
+        p.copy_(*it->second);
+        before.emplace_back(name, p.detach().to(torch::kCPU, torch::kFloat).clone());
+      }
+    }
+    (void)version;
+    absl::StatusOr<distill::HfJobResult> result = distiller->Run(job);
+    if (!result.ok()) return result.status();
+    MirrorJob out;
+    out.stats = std::move(result->stats);
+    out.stats.current_samples = static_cast<int64_t>(samples.size());
+    out.stats.replay_samples = static_cast<int64_t>(chosen.size() - samples.size());
+    out.notes = std::move(result->notes);
+    std::unordered_map<std::string, const torch::Tensor*> trained;
+    for (const auto& [name, t] : result->trainable) trained[name] = &t;
+    for (size_t i = 0; i < mirror.size(); ++i) {
+      const std::string& name = mirror[i].first;
+      auto it = trained.find(name);
+      if (it == trained.end()) {
+        return absl::InternalError(absl::StrCat("the job lost trainable tensor ", name));
+      }
+      out.trainable.emplace_back(
+          name,
+          (mirror[i].second + (it->second->to(torch::kFloat) - before[i].second)).contiguous());
+    }
+    return out;
+  }
+
+ private:
+  HubMirrorTrainer() = default;
+
+  distill::DistillSettings settings_;
+  model::AdapterOptions adapters_;
+  std::unique_ptr<model::HfAnswerer> teacher_, student_;
+  distill::HfPairSide teacher_side_, student_side_;
+  compress::NamedTensors base_trainable_;
+  uint64_t fingerprint_ = 0;
+  uint64_t vision_fingerprint_ = 0;
+  SampleSpec spec_;
+  absl::Mutex mu_;
+  std::unordered_map<std::string, std::unique_ptr<distill::HfPairDistiller>> distillers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateHubMirrorTrainer(
+    const PerDeviceStrategyOptions& options) {
+  return HubMirrorTrainer::Create(options);
+}
+
+}  // namespace cdcca::cloud::internal

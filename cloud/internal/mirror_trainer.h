@@ -1,0 +1,68 @@
+// The model half of PerDeviceStrategy (cloud/trainer.h): what a job trains and how. The
+// strategy owns the per-device bookkeeping (state files, cursor, encoder, replay buffer,
+// publishing); a MirrorTrainer owns the frozen models and trains one device's mirror.
+//
+//   FamilyMirrorTrainer  a cdcca family (checkpoint_dir): model::Blip2Tower teacher and
+//                        student base, distill::DistillLearner per device.
+//   HubMirrorTrainer     a Hugging Face pair (teacher_dir, student_base_dir; issue 21): the
+//                        student loaded at the devices' precision with the adapters they
+//                        run, distill::HfPairDistiller per device. Jobs run one at a time (one
+//                        student model is shared).
+//
+// Thread-safety: Train may run concurrently for different devices, never twice for one.
+#ifndef CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
+#define CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cloud/trainer.h"
+#include "cloud/uplink_check.h"
+#include "compress/named_tensors.h"
+#include "compress/uplink_codec.h"
+#include "distill/akd.h"
+#include "distill/learner.h"
+#include "distill/replay_buffer.h"
+
+namespace cdcca::cloud::internal {
+
+struct MirrorJob {
+  compress::NamedTensors trainable;  // the trained set, fp32 CPU, base_trainable()'s order
+  distill::JobStats stats;
+  std::vector<std::string> notes;  // what the job log says beyond the numbers
+};
+
+class MirrorTrainer {
+ public:
+  virtual ~MirrorTrainer() = default;
+  // The pretrained student's trainable set (fp32 CPU): every device's version 0.
+  virtual const compress::NamedTensors& base_trainable() const = 0;
+  // What Register compares: the student base devices must run, and the teacher's tower.
+  virtual uint64_t base_fingerprint() const = 0;
+  virtual uint64_t vision_fingerprint() const = 0;
+  // What an uplinked batch must be for this model.
+  virtual const SampleSpec& spec() const = 0;
+  // Trains the student with `mirror` as its trainable set on `samples` (and replayed ones
+  // from `replay`); `version` is the mirror's (it varies the job's seed). The learner state
+  // that persists between a device's jobs (phi, psi) is kept per `device_id`.
+  virtual absl::StatusOr<MirrorJob> Train(const std::string& device_id,
+                                          const compress::NamedTensors& mirror,
+                                          const std::vector<compress::UplinkSample>& samples,
+                                          distill::ReplayBuffer* replay, uint64_t version) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateFamilyMirrorTrainer(
+    const PerDeviceStrategyOptions& options);
+// Unimplemented where the build has no Hugging Face tokenizers.
+absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateHubMirrorTrainer(
+    const PerDeviceStrategyOptions& options);
+
+// The job settings the options stand for: distill_config (or the learner's preset) with the
+// learner's feature term, and the option overrides of the job bounds.
+absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOptions& options);
+
+}  // namespace cdcca::cloud::internal
+
+#endif  // CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_

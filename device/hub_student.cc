@@ -1,0 +1,133 @@
+// The Hugging Face student of the device runtime (device/internal/hub_student.h).
+#include "device/internal/hub_student.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "compress/named_tensors.h"
+#include "datasets/image.h"
+#include "distill/model/hf_adapter_state.h"
+#include "distill/model/hf_answerer.h"
+#include "distill/model/hf_model.h"
+#include "distill/model/threads.h"
+#include "distill/model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::device::internal {
+namespace {
+
+class HubStudentImpl final : public HubStudent {
+ public:
+  HubStudentImpl(std::unique_ptr<model::HfAnswerer> answerer, std::string template_name,
+                 int max_new_tokens)
+      : answerer_(std::move(answerer)),
+        template_(std::move(template_name)),
+        max_new_tokens_(max_new_tokens) {}
+
+  absl::Status Init(const RuntimeOptions& options) {
+    model::AdapterOptions adapters;
+    adapters.lora_rank = options.lora_rank;
+    adapters.lora_alpha = options.lora_alpha;
+    adapters.lora_mlp = options.lora_mlp;
+    if (absl::Status s = answerer_->model().AddAdapters(adapters); !s.ok()) return s;
+    answerer_->model().module().eval();
+    absl::StatusOr<uint64_t> folder = model::HfFolderFingerprint(options.checkpoint_dir);
+    if (!folder.ok()) return folder.status();
+    absl::StatusOr<uint64_t> vision = model::HfVisionFingerprint(options.checkpoint_dir);
+    if (!vision.ok()) return vision.status();
+    vision_fingerprint_ = *vision;
+    base_fingerprint_ = model::HubBaseFingerprint(*folder, options.precision, adapters,
+                                                  compress::StateDigest(Trainable()));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<AnswerResult> Answer(const Frame& frame) override {
+    absl::StatusOr<std::string> prompt = model::ApplyPromptTemplate(template_, frame.question);
+    if (!prompt.ok()) return prompt.status();
+    model::VisualTokenReply visual;
+    absl::StatusOr<model::GenerateReply> reply = answerer_->AnswerRgbFromTokens(
+        frame.image.pixels.data(), frame.image.width, frame.image.height, "frame", *prompt,
+        max_new_tokens_, &visual);
+    if (!reply.ok()) return reply.status();
+    AnswerResult r;
+    r.text = reply->text;
+    absl::StatusOr<std::vector<int32_t>> question =
+        answerer_->tokenizer().Encode(frame.question, /*add_special_tokens=*/false);
+    if (!question.ok()) return question.status();
+    r.prompt_ids.assign(question->begin(), question->end());
+    const std::vector<int64_t> eos = answerer_->model().eos_token_ids();
+    for (int64_t id : reply->tokens) {
+      if (std::find(eos.begin(), eos.end(), id) != eos.end()) break;
+      r.answer_ids.push_back(static_cast<uint32_t>(id));
+    }
+    r.entropy = static_cast<float>(reply->mean_entropy);
+    r.latency_ms = reply->seconds * 1000.0;
+    r.visual.tokens = static_cast<int>(visual.tokens);
+    r.visual.dim = static_cast<int>(visual.dim);
+    r.visual.values = std::move(visual.features);
+    r.visual.source = std::make_shared<const Frame>(frame);
+    return r;
+  }
+
+  absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes, float dropout_p,
+                                            uint64_t seed) override {
+    if (visual.source == nullptr) {
+      return absl::InvalidArgumentError(
+          "UTS stage 2 on a Hugging Face folder needs the frame the tokens came from");
+    }
+    const Frame& frame = *visual.source;
+    absl::StatusOr<std::string> prompt = model::ApplyPromptTemplate(template_, frame.question);
+    if (!prompt.ok()) return prompt.status();
+    absl::StatusOr<model::VisualTokenReply> reply = answerer_->VisualTokenVarianceRgb(
+        frame.image.pixels.data(), frame.image.width, frame.image.height, "frame", *prompt, passes,
+        dropout_p, seed);
+    if (!reply.ok()) return reply.status();
+    return std::move(reply->variance);
+  }
+
+  compress::NamedTensors Trainable() override {
+    compress::NamedTensors out;
+    for (auto& [name, t] : answerer_->model().TrainableParameters()) out.emplace_back(name, t);
+    return out;
+  }
+  uint64_t BaseFingerprint() const override { return base_fingerprint_; }
+  uint64_t VisionFingerprint() const override { return vision_fingerprint_; }
+  int64_t BaseBytes() override { return answerer_->model().ResidentBytes(); }
+
+ private:
+  std::unique_ptr<model::HfAnswerer> answerer_;
+  std::string template_;
+  int max_new_tokens_;
+  uint64_t base_fingerprint_ = 0;
+  uint64_t vision_fingerprint_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options) {
+  try {
+    absl::StatusOr<std::unique_ptr<model::HfAnswerer>> answerer =
+        model::HfAnswerer::Load(options.checkpoint_dir, options.precision, "cpu");
+    if (!answerer.ok()) return answerer.status();
+    std::string template_name = options.hub_template;
+    if (template_name == "auto") {
+      template_name = (*answerer)->model_type() == "llava" ? "llava" : "";
+    }
+    if (template_name == "none") template_name = "";
+    if (absl::StatusOr<std::string> t = model::ApplyPromptTemplate(template_name, "q"); !t.ok()) {
+      return t.status();
+    }
+    auto student = std::make_unique<HubStudentImpl>(*std::move(answerer), template_name,
+                                                    options.max_answer_tokens);
+    if (absl::Status s = student->Init(options); !s.ok()) return s;
+    return std::unique_ptr<HubStudent>(std::move(student));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("loading ", options.checkpoint_dir, ": ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace cdcca::device::internal

@@ -1,0 +1,55 @@
+// The device's student when --checkpoint_dir is a Hugging Face folder (LLaVA, BLIP-2,
+// InstructBLIP; issue 21): what InferenceRuntime delegates to instead of a cdcca family.
+//
+// Answers go through the vision tower's tokens (HfAnswerer::AnswerRgbFromTokens), the same
+// computation the cloud mirror runs on uplinked tokens; UTS stage 2 is the MC-dropout variance
+// of the visual tokens (hf_model.h VisualTokenPasses, paper Eq. 3). The trainable set is the
+// paper's (hf_model.h AdapterOptions) under the checkpoint's names, aliasing the model, so a
+// DWC update adds to the live weights.
+//
+// Not thread-safe: InferenceRuntime serialises every call under its lock.
+#ifndef CDCCA_DEVICE_INTERNAL_HUB_STUDENT_H_
+#define CDCCA_DEVICE_INTERNAL_HUB_STUDENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compress/named_tensors.h"
+#include "device/inference_runtime.h"
+
+namespace cdcca::device::internal {
+
+class HubStudent {
+ public:
+  virtual ~HubStudent() = default;
+  // One frame's answer: text, the question's ids (no special tokens: the cloud decodes them
+  // with the student's tokenizer and applies each side's template), the answer's ids (up to
+  // EOS), the mean answer-token entropy and the tower's tokens.
+  virtual absl::StatusOr<AnswerResult> Answer(const Frame& frame) = 0;
+  // Stage 2 for the frame `visual` came from: the per-token variance over `passes` passes.
+  virtual absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes,
+                                                    float dropout_p, uint64_t seed) = 0;
+  // The trainable set (aliases the model's tensors).
+  virtual compress::NamedTensors Trainable() = 0;
+  virtual uint64_t BaseFingerprint() const = 0;
+  virtual uint64_t VisionFingerprint() const = 0;
+  virtual int64_t BaseBytes() = 0;
+};
+
+// Loads options.checkpoint_dir at options.precision on the CPU and adds the adapters
+// (options.lora_*, seed 0, as the cloud's mirror does). Unimplemented where the build has no
+// Hugging Face tokenizers.
+absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options);
+
+// Whether `dir` is a folder as published on the Hub (config.json's model_type is llava,
+// blip-2 or instructblip and it is not a cdcca family, whose config.json also holds
+// cdcca.family).
+bool IsHubFolder(const std::string& dir);
+
+}  // namespace cdcca::device::internal
+
+#endif  // CDCCA_DEVICE_INTERNAL_HUB_STUDENT_H_

@@ -1,0 +1,23 @@
+// One side of a Hugging Face teacher-student pair (distill/hf_akd.h HfPairSide) bound to a
+// loaded folder: what `cdcca hf-adapt` and the cloud's jobs on Hub pairs build their sides
+// from.
+#ifndef CDCCA_DISTILL_HF_PAIR_SIDE_H_
+#define CDCCA_DISTILL_HF_PAIR_SIDE_H_
+
+#include <string>
+
+#include "distill/hf_akd.h"
+#include "distill/model/hf_answerer.h"
+
+namespace cdcca::distill {
+
+// A loaded folder as one side of a pair: its model, its tokenizer as the text codec (the
+// tokenizer's identity is a hash of tokenizer.json, else tokenizer.model), and the named
+// prompt template (model::ApplyPromptTemplate; "" = the prompt as given). The answerer must
+// outlive the side.
+HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
+                      const std::string& template_name);
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_HF_PAIR_SIDE_H_

@@ -1,0 +1,233 @@
+// The collaborative loop on Hugging Face pairs (issue 21), end to end: a real `cdcca-cloud
+// --teacher DIR --student_base DIR` and a real `cdcca-device --checkpoint_dir DIR --cloud`
+// on loopback, with the tiny random checkpoints of tests/fixtures/hf/models/.
+//   1. Per family (LLaVA CLIP+Llama, LLaVA SigLIP+Qwen2, BLIP-2, InstructBLIP): frames are
+//      answered, uplinked, a job trains, the device applies the update in place, and its
+//      state digest equals the cloud's mirror.
+//   2. A device whose vision tower is not the teacher's is refused at Register, naming both.
+//   3. A pair whose tower differs is refused when the cloud starts.
+//   4. A pair with different tokenizers trains without the logit KL and the job log says so.
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cloud/update_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/child_process.h"
+#include "tests/testing/temp_dir.h"
+
+namespace cdcca {
+namespace {
+
+using ::cdcca::testing::Child;
+using ::cdcca::testing::ReadJson;
+using ::cdcca::testing::ReadText;
+using ::cdcca::testing::TempDir;
+using ::testing::HasSubstr;
+
+std::string Fixture(const std::string& name) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + name;
+}
+
+class HubProgramsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ofstream(dir_.path() + "/tokens") << "dev-a token-aaaaaaaaaaaaaaaa\n";
+    cloud_data_ = dir_.path() + "/cloud";
+  }
+
+  std::unique_ptr<Child> StartCloud(const std::string& teacher, const std::string& student,
+                                    std::vector<std::string> extra = {}) {
+    const std::string port_file = dir_.path() + "/port";
+    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
+                                     "--data_dir=" + cloud_data_,
+                                     "--tokens=" + dir_.path() + "/tokens",
+                                     "--insecure",
+                                     "--listen=127.0.0.1:0",
+                                     "--port_file=" + port_file,
+                                     "--teacher=" + teacher,
+                                     "--student_base=" + student,
+                                     "--trigger_samples=2",
+                                     "--trigger_interval_s=2",
+                                     "--max_steps=4",
+                                     "--batch_size=2",
+                                     "--torch_threads=1",
+                                     "--uts_keep_fraction=0.6",
+                                     "--uts_mc_passes=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log");
+    for (int i = 0; i < 1200 && port_ == 0 && child->Wait(absl::ZeroDuration()) == -1; ++i) {
+      std::ifstream in(port_file);
+      int port = 0;
+      if (in >> port && port > 0) port_ = port;
+      if (port_ == 0) absl::SleepFor(absl::Milliseconds(50));
+    }
+    return child;
+  }
+
+  std::string DeviceDir() const { return dir_.path() + "/dev-a"; }
+
+  std::unique_ptr<Child> StartDevice(const std::string& folder) {
+    std::filesystem::create_directories(DeviceDir());
+    std::vector<std::string> args = {
+        CDCCA_DEVICE_BINARY,
+        absl::StrCat("--cloud=127.0.0.1:", port_),
+        "--insecure",
+        "--device_id=dev-a",
+        "--token=token-aaaaaaaaaaaaaaaa",
+        "--checkpoint_dir=" + folder,
+        "--threads=1",
+        "--state_dir=" + DeviceDir() + "/state",
+        "--input=" + std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/images",
+        "--loop",
+        "--fps=6",
+        "--max_new_tokens=6",
+        "--output=" + DeviceDir() + "/answers.jsonl",
+        "--uplink_batch_samples=2",
+        "--uplink_max_age_s=1",
+        "--poll_ms=300",
+        "--max_attempts=2",
+        "--status_file=" + DeviceDir() + "/status.json"};
+    return std::make_unique<Child>(args, DeviceDir() + "/device.log");
+  }
+
+  nlohmann::json DeviceStatus() { return ReadJson(DeviceDir() + "/status.json"); }
+
+  bool WaitInSync(uint64_t version, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      nlohmann::json s = DeviceStatus();
+      if (s.value("version", 0ull) >= version && s.value("in_sync", false)) return true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
+  }
+
+  std::string CloudDigest(uint64_t version) {
+    auto store = cloud::UpdateStore::Open({cloud_data_ + "/updates", 16});
+    if (!store.ok()) return "no store";
+    auto digest = (*store)->DigestOf("dev-a", version);
+    if (!digest.ok()) return digest.status().ToString();
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(*digest));
+    return hex;
+  }
+
+  // The cloud's job events.
+  std::vector<nlohmann::json> Jobs() {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_.path() + "/cloud.log");
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("event", "") == "job") out.push_back(j);
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  std::string cloud_data_;
+  int port_ = 0;
+};
+
+class HubRoundTest : public HubProgramsTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(HubRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
+  const std::string folder = Fixture(GetParam());
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder);
+  ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
+      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+  absl::SleepFor(absl::Seconds(1));
+  device->Signal(SIGTERM);
+  ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
+  nlohmann::json s = DeviceStatus();
+  const uint64_t version = s.value("version", 0ull);
+  EXPECT_GE(version, 1u);
+  EXPECT_EQ(s.value("digest", std::string()), CloudDigest(version)) << s.dump();
+  EXPECT_GT(s.value("acked", 0ull), 0u);
+  EXPECT_GE(s.value("updates_applied", 0ull) + s.value("resyncs", 0ull), 1u);
+  // Answers came from the base and from the update, without a restart.
+  std::ifstream in(DeviceDir() + "/answers.jsonl");
+  std::set<uint64_t> versions;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) versions.insert(j.value("model_version", 0ull));
+  }
+  EXPECT_TRUE(versions.count(0)) << "no answer before the update";
+  EXPECT_GE(*versions.rbegin(), 1u) << "no answer after the update";
+  // A job trained on the uplinked tokens: same tokenizer on both sides, so no KL note.
+  std::vector<nlohmann::json> jobs = Jobs();
+  ASSERT_FALSE(jobs.empty());
+  EXPECT_GT(jobs[0].value("samples", 0), 0);
+  EXPECT_GT(jobs[0].value("steps", 0), 0);
+  EXPECT_TRUE(jobs[0]["notes"].empty()) << jobs[0].dump();
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HubRoundTest,
+                         ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
+                                           "instructblip_llama"));
+
+TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
+  const std::string folder = Fixture("llava_clip_llama");
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(Fixture("llava_siglip_qwen2"));
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  std::string log;
+  while (absl::Now() < deadline && !absl::StrContains(log, "but the teacher reads tokens")) {
+    absl::SleepFor(absl::Milliseconds(300));
+    log = ReadText(DeviceDir() + "/device.log");
+  }
+  EXPECT_THAT(log, HasSubstr("runs vision tower"));
+  EXPECT_THAT(log, HasSubstr("a teacher-student pair must share one vision tower"));
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  EXPECT_EQ(DeviceStatus().value("acked", 0ull), 0u);
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+TEST_F(HubProgramsTest, PairWithDifferentTowersIsRefusedAtStart) {
+  std::unique_ptr<Child> cloud =
+      StartCloud(Fixture("llava_clip_llama"), Fixture("llava_siglip_qwen2"));
+  EXPECT_EQ(cloud->Wait(absl::Minutes(2)), 1);
+  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"), HasSubstr("different vision towers"));
+}
+
+TEST_F(HubProgramsTest, DifferentTokenizersTrainWithoutKlAndSaySo) {
+  // The student: the teacher's folder with tokenizer.json written out again (same vocabulary,
+  // other bytes), which counts as another tokenizer.
+  const std::string teacher = Fixture("llava_clip_llama");
+  const std::string student = dir_.path() + "/student";
+  std::filesystem::copy(teacher, student, std::filesystem::copy_options::recursive);
+  nlohmann::json tok = ReadJson(teacher + "/tokenizer.json");
+  ASSERT_FALSE(tok.empty());
+  std::ofstream(student + "/tokenizer.json", std::ios::trunc) << tok.dump(1);
+  std::unique_ptr<Child> cloud = StartCloud(
+      teacher, student,
+      {"--distill_config=" + std::string(CDCCA_SOURCE_DIR) + "/configs/distill/akd.json"});
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(student);
+  ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
+      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  std::vector<nlohmann::json> jobs = Jobs();
+  ASSERT_FALSE(jobs.empty());
+  ASSERT_EQ(jobs[0]["notes"].size(), 1u) << jobs[0].dump();
+  EXPECT_THAT(jobs[0]["notes"][0].get<std::string>(), HasSubstr("kl_off"));
+  EXPECT_THAT(jobs[0]["notes"][0].get<std::string>(), HasSubstr("weight 0.5"));
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+}  // namespace
+}  // namespace cdcca
