@@ -144,6 +144,11 @@ class FamilyMirrorTrainer final : public MirrorTrainer {
     return out;
   }
 
+  void Forget(const std::string& device_id) override {
+    absl::MutexLock lock(&mu_);
+    learners_.erase(device_id);
+  }
+
  private:
   FamilyMirrorTrainer() = default;
 

@@ -114,7 +114,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
       spec.feature_dim = static_cast<uint32_t>(d);
       spec.vocab_size = static_cast<uint32_t>(t->student_->tokenizer().VocabSize());
       spec.max_answer_tokens = 128;
-      spec.max_prompt_tokens = 512;
+      // The question alone (no template); InstructBLIP's Q-Former reads it with absolute
+      // positions, so a bound well inside those keeps every stored batch trainable.
+      spec.max_prompt_tokens = 256;
       spec.max_samples_per_batch = options.max_samples_per_batch;
       spec.max_decoded_bytes_per_batch = options.max_decoded_bytes_per_batch;
     } catch (const c10::Error& e) {
@@ -206,6 +208,11 @@ class HubMirrorTrainer final : public MirrorTrainer {
           (mirror[i].second + (it->second->to(torch::kFloat) - before[i].second)).contiguous());
     }
     return out;
+  }
+
+  void Forget(const std::string& device_id) override {
+    absl::MutexLock lock(&mu_);
+    distillers_.erase(device_id);
   }
 
  private:

@@ -196,6 +196,33 @@ struct PerDeviceStrategy::Impl {
     return absl::OkStatus();
   }
 
+  // Moves the device's cursor to `last_sequence` durably without a new version: for batches
+  // that give nothing to train on. Caller holds d.mu.
+  absl::Status SkipTo(const std::string& id, Device& d, uint64_t last_sequence) {
+    MirrorFile f;
+    absl::StatusOr<std::string> file = internal::ReadFile(StatePath(id));
+    if (file.ok()) {
+      absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
+      if (old.ok()) f = *std::move(old);
+    }
+    if (!file.ok() || f.mirror.empty()) {
+      absl::StatusOr<std::string> m = model::EncodeSafetensors(d.mirror, {});
+      if (!m.ok()) return m.status();
+      f.mirror = *std::move(m);
+      f.residual = d.encoder.SerializeState();
+      f.version = d.version;
+      f.digest = d.digest;
+    }
+    f.consumed = last_sequence;
+    if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+        !s.ok()) {
+      return s;
+    }
+    d.consumed = last_sequence;
+    d.PublishInfo();
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<JobReport> RunJob(const std::string& id, Device& d) {
     if (absl::Status s = Load(id, d); !s.ok()) return s;
     absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
@@ -240,28 +267,7 @@ struct PerDeviceStrategy::Impl {
       report.last_sequence = seq;
     }
     if (batch_samples.empty()) {
-      // Nothing usable: just move the cursor, durably.
-      MirrorFile f;
-      absl::StatusOr<std::string> file = internal::ReadFile(StatePath(id));
-      if (file.ok()) {
-        absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
-        if (old.ok()) f = *std::move(old);
-      }
-      if (!file.ok() || f.mirror.empty()) {
-        absl::StatusOr<std::string> m = model::EncodeSafetensors(d.mirror, {});
-        if (!m.ok()) return m.status();
-        f.mirror = *std::move(m);
-        f.residual = d.encoder.SerializeState();
-        f.version = d.version;
-        f.digest = d.digest;
-      }
-      f.consumed = report.last_sequence;
-      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
-          !s.ok()) {
-        return s;
-      }
-      d.consumed = report.last_sequence;
-      d.PublishInfo();
+      if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
       return absl::NotFoundError(absl::StrCat("no decodable samples in batches ",
                                               report.first_sequence, "-", report.last_sequence));
     }
@@ -271,6 +277,24 @@ struct PerDeviceStrategy::Impl {
       absl::StatusOr<internal::MirrorJob> result =
           trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
       if (!result.ok()) return result.status();
+      // Uplinked features are finite (the codec checks) but may be large enough to overflow
+      // training: a non-finite result must never become an update. The batches are passed
+      // over (a retry would fail the same way) and the mirror stays.
+      for (const auto& [name, t] : result->trainable) {
+        if (torch::isfinite(t).all().item<bool>()) continue;
+        std::fprintf(stderr,
+                     "{\"event\":\"job_non_finite\",\"device_id\":\"%s\",\"tensor\":\"%s\","
+                     "\"batches\":[%llu,%llu]}\n",
+                     id.c_str(), name.c_str(),
+                     static_cast<unsigned long long>(report.first_sequence),
+                     static_cast<unsigned long long>(report.last_sequence));
+        trainer->Forget(id);  // phi/psi may have been fitted to the same features
+        if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+        return absl::DataLossError(absl::StrCat("the job on batches ", report.first_sequence, "-",
+                                                report.last_sequence, " of ", id, " trained ", name,
+                                                " to a non-finite value; "
+                                                "batches passed over, mirror unchanged"));
+      }
       report.replay_samples = result->stats.replay_samples;
       report.steps = result->stats.steps;
       report.train_seconds = result->stats.train_seconds;

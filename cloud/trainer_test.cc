@@ -73,7 +73,8 @@ class TrainerTest : public ::testing::Test {
 
   // Appends one batch of `n` random samples as uplink sequence `sequence`; `grid` 0 = the
   // model's token grid.
-  void Uplink(const std::string& device, uint64_t sequence, int n, int grid = 0) {
+  void Uplink(const std::string& device, uint64_t sequence, int n, int grid = 0, float scale = 1.0f,
+              compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16) {
     std::mt19937_64 rng(sequence * 7 + device.size());
     std::normal_distribution<float> normal;
     const int tokens = grid != 0 ? grid : family_.vision.NumTokens(), dim = family_.vision.d_vis;
@@ -84,12 +85,13 @@ class TrainerTest : public ::testing::Test {
       s.grid_tokens = tokens;
       s.feature_dim = dim;
       for (int k = 0; k < tokens; k += 2) s.kept_indices.push_back(k);
-      for (size_t k = 0; k < s.kept_indices.size() * dim; ++k) s.features.push_back(normal(rng));
+      for (size_t k = 0; k < s.kept_indices.size() * dim; ++k) {
+        s.features.push_back(scale * normal(rng));
+      }
       s.prompt_tokens = {1, static_cast<uint32_t>(4 + rng() % 60), 7};
       s.answer_tokens = {5, 2};
     }
-    ASSERT_OK_AND_ASSIGN(std::string payload,
-                         compress::EncodeUplinkBatch(batch, compress::FeaturePrecision::kFp16));
+    ASSERT_OK_AND_ASSIGN(std::string payload, compress::EncodeUplinkBatch(batch, precision));
     v1::UplinkBatch b;
     b.set_sequence(sequence);
     b.set_sample_count(n);
@@ -241,6 +243,25 @@ TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsSkippedNotFatal) {
   EXPECT_EQ(report.last_sequence, 2u);
   EXPECT_EQ(report.samples, 3);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+}
+
+// Features are finite on the wire, but an int8 payload's scale lets them be huge: a job they
+// overflow never becomes an update, and the device's next batches still train.
+TEST_F(TrainerTest, HugeFeaturesNeverBecomeANonFiniteUpdate) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 3, 0, 1e37f, compress::FeaturePrecision::kInt8);
+  const uint64_t base = strategy_->BaseDigest();
+  // They overflow this model's training: the job is refused and the mirror stays.
+  absl::StatusOr<JobReport> first = strategy_->RunJob("dev-a");
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kDataLoss) << first.status();
+  EXPECT_EQ(strategy_->State("dev-a").state_digest, base);
+  EXPECT_EQ(strategy_->State("dev-a").version, 0u);
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 1u);
+  Uplink("dev-a", 2, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+  // The next batch trains normally (the learner's fitted projections were dropped too).
+  EXPECT_EQ(second.first_sequence, 2u);
+  EXPECT_EQ(second.new_version, 1u);
 }
 
 TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {

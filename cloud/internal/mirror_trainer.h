@@ -51,6 +51,9 @@ class MirrorTrainer {
                                           const compress::NamedTensors& mirror,
                                           const std::vector<compress::UplinkSample>& samples,
                                           distill::ReplayBuffer* replay, uint64_t version) = 0;
+  // Drops what persists between `device_id`'s jobs (after a job that went non-finite, whose
+  // learner state may be too); its next job starts it afresh.
+  virtual void Forget(const std::string& device_id) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateFamilyMirrorTrainer(
