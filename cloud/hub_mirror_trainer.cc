@@ -23,12 +23,6 @@ namespace {
 // The default answer bound of a pseudo-label on a Hub pair (free text, subword tokens).
 constexpr int kHubAnswerTokens = 16;
 
-std::string ResolveTemplate(const std::string& name, const model::HfAnswerer& side) {
-  if (name == "auto") return side.model_type() == "llava" ? "llava" : "";
-  if (name == "none") return "";
-  return name;
-}
-
 compress::NamedTensors Fp32Clones(model::MultimodalModel& model) {
   compress::NamedTensors out;
   for (auto& [name, t] : model.TrainableParameters()) {
@@ -99,15 +93,15 @@ class HubMirrorTrainer final : public MirrorTrainer {
       if (!folder.ok()) return folder.status();
       t->fingerprint_ = model::HubBaseFingerprint(*folder, options.student_precision, t->adapters_,
                                                   compress::StateDigest(t->base_trainable_));
-      t->teacher_side_ =
-          distill::PairSideOf(*t->teacher_, options.teacher_dir,
-                              ResolveTemplate(options.teacher_template, *t->teacher_));
+      absl::StatusOr<std::string> teacher_template =
+          model::ResolvePromptTemplate(options.teacher_template, t->teacher_->model_type());
+      if (!teacher_template.ok()) return teacher_template.status();
+      absl::StatusOr<std::string> student_template =
+          model::ResolvePromptTemplate(options.student_template, t->student_->model_type());
+      if (!student_template.ok()) return student_template.status();
+      t->teacher_side_ = distill::PairSideOf(*t->teacher_, options.teacher_dir, *teacher_template);
       t->student_side_ =
-          distill::PairSideOf(*t->student_, options.student_base_dir,
-                              ResolveTemplate(options.student_template, *t->student_));
-      for (const distill::HfPairSide* side : {&t->teacher_side_, &t->student_side_}) {
-        if (absl::StatusOr<std::string> p = side->format_prompt("q"); !p.ok()) return p.status();
-      }
+          distill::PairSideOf(*t->student_, options.student_base_dir, *student_template);
       const auto [n, d] = t->student_->model().VisualTokenShape();
       SampleSpec& spec = t->spec_;
       spec.grid_tokens = static_cast<uint32_t>(n);
@@ -173,20 +167,10 @@ class HubMirrorTrainer final : public MirrorTrainer {
     }
     // The student starts from this device's mirror (in the student's own dtype; the update is
     // what training changed, added to the fp32 mirror).
-    compress::NamedTensors before;
-    {
-      torch::NoGradGuard no_grad;
-      std::unordered_map<std::string, const torch::Tensor*> by_name;
-      for (const auto& [name, t] : mirror) by_name[name] = &t;
-      for (auto& [name, p] : student_->model().TrainableParameters()) {
-        auto it = by_name.find(name);
-        if (it == by_name.end()) {
-          return absl::InternalError(absl::StrCat("mirror lacks trainable tensor ", name));
-        }
-        p.copy_(*it->second);
-        before.emplace_back(name, p.detach().to(torch::kCPU, torch::kFloat).clone());
-      }
+    if (absl::Status s = CopyMirrorInto(mirror, student_->model().TrainableParameters()); !s.ok()) {
+      return s;
     }
+    const compress::NamedTensors before = Fp32Clones(student_->model());
     (void)version;
     absl::StatusOr<distill::HfJobResult> result = distiller->Run(job);
     if (!result.ok()) return result.status();

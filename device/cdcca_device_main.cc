@@ -314,13 +314,10 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       cdcca::model::HfAnswerer::Load(absl::GetFlag(FLAGS_checkpoint_dir),
                                      absl::GetFlag(FLAGS_precision), "cpu");
   if (!answerer.ok()) return Fail(answerer.status());
-  std::string template_name = absl::GetFlag(FLAGS_hf_template);
-  if (template_name == "auto") template_name = (*answerer)->model_type() == "llava" ? "llava" : "";
-  if (template_name == "none") template_name = "";
-  if (absl::StatusOr<std::string> t = cdcca::model::ApplyPromptTemplate(template_name, "q");
-      !t.ok()) {
-    return Fail(t.status());
-  }
+  absl::StatusOr<std::string> resolved = cdcca::model::ResolvePromptTemplate(
+      absl::GetFlag(FLAGS_hf_template), (*answerer)->model_type());
+  if (!resolved.ok()) return Fail(resolved.status());
+  const std::string template_name = *resolved;
   cdcca::device::UtsOptions uts;
   uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));

@@ -112,15 +112,10 @@ absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions&
     absl::StatusOr<std::unique_ptr<model::HfAnswerer>> answerer =
         model::HfAnswerer::Load(options.checkpoint_dir, options.precision, "cpu");
     if (!answerer.ok()) return answerer.status();
-    std::string template_name = options.hub_template;
-    if (template_name == "auto") {
-      template_name = (*answerer)->model_type() == "llava" ? "llava" : "";
-    }
-    if (template_name == "none") template_name = "";
-    if (absl::StatusOr<std::string> t = model::ApplyPromptTemplate(template_name, "q"); !t.ok()) {
-      return t.status();
-    }
-    auto student = std::make_unique<HubStudentImpl>(*std::move(answerer), template_name,
+    absl::StatusOr<std::string> template_name =
+        model::ResolvePromptTemplate(options.hub_template, (*answerer)->model_type());
+    if (!template_name.ok()) return template_name.status();
+    auto student = std::make_unique<HubStudentImpl>(*std::move(answerer), *template_name,
                                                     options.max_answer_tokens);
     if (absl::Status s = student->Init(options); !s.ok()) return s;
     return std::unique_ptr<HubStudent>(std::move(student));

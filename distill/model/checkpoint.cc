@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "distill/model/fnv.h"
 #include "distill/model/hf_linear.h"
 #include "distill/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -78,15 +79,6 @@ absl::Status LoadStateExcept(torch::nn::Module& module, const NamedTensors& stat
     targets.at(name).copy_(src);
   }
   return absl::OkStatus();
-}
-
-uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
 }
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
@@ -180,7 +172,7 @@ namespace {
 uint64_t StateFingerprint(NamedTensors state) {
   std::sort(state.begin(), state.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  uint64_t h = 14695981039346656037ULL;
+  uint64_t h = kFnvOffset;
   for (const auto& [name, t] : state) {
     h = Fnv1a(h, name.data(), name.size() + 1);
     for (int64_t s : t.sizes()) h = Fnv1a(h, &s, sizeof(s));

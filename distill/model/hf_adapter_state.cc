@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "distill/model/fnv.h"
 #include "distill/model/hf_json.h"
 #include "distill/model/safetensors.h"
 
@@ -198,19 +199,6 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
   return WriteFileAtomically(out_dir + "/README.md", readme);
 }
 
-namespace {
-
-uint64_t Fnv(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-}  // namespace
-
 absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir) {
   constexpr uint64_t kWindow = 64 << 10;
   constexpr uint64_t kWindows = 256;
@@ -222,15 +210,15 @@ absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir) {
   }
   if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
   std::sort(files.begin(), files.end());
-  uint64_t h = 14695981039346656037ULL;
+  uint64_t h = kFnvOffset;
   std::vector<char> buf(kWindow);
   for (const std::string& name : files) {
     const std::string path = dir + "/" + name;
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
     const uint64_t size = static_cast<uint64_t>(in.tellg());
-    h = Fnv(h, name.c_str(), name.size() + 1);
-    h = Fnv(h, &size, sizeof(size));
+    h = Fnv1a(h, name.c_str(), name.size() + 1);
+    h = Fnv1a(h, &size, sizeof(size));
     const uint64_t step = std::max<uint64_t>(kWindow, size / kWindows);
     for (uint64_t off = 0; off < size; off += step) {
       const uint64_t n = std::min<uint64_t>(kWindow, size - off);
@@ -238,7 +226,7 @@ absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir) {
       if (!in.read(buf.data(), static_cast<std::streamsize>(n))) {
         return absl::DataLossError(absl::StrCat("reading ", path, " at ", off));
       }
-      h = Fnv(h, buf.data(), n);
+      h = Fnv1a(h, buf.data(), n);
     }
   }
   return h;
@@ -246,15 +234,15 @@ absl::StatusOr<uint64_t> HfFolderFingerprint(const std::string& dir) {
 
 uint64_t HubBaseFingerprint(uint64_t folder_fingerprint, const std::string& precision,
                             const AdapterOptions& adapters, uint64_t initial_trainable_digest) {
-  uint64_t h = 14695981039346656037ULL;
-  h = Fnv(h, &folder_fingerprint, sizeof(folder_fingerprint));
-  h = Fnv(h, precision.c_str(), precision.size() + 1);
-  h = Fnv(h, &adapters.lora_rank, sizeof(adapters.lora_rank));
-  h = Fnv(h, &adapters.lora_alpha, sizeof(adapters.lora_alpha));
+  uint64_t h = kFnvOffset;
+  h = Fnv1a(h, &folder_fingerprint, sizeof(folder_fingerprint));
+  h = Fnv1a(h, precision.c_str(), precision.size() + 1);
+  h = Fnv1a(h, &adapters.lora_rank, sizeof(adapters.lora_rank));
+  h = Fnv1a(h, &adapters.lora_alpha, sizeof(adapters.lora_alpha));
   const uint8_t mlp = adapters.lora_mlp ? 1 : 0;
-  h = Fnv(h, &mlp, 1);
-  h = Fnv(h, &adapters.seed, sizeof(adapters.seed));
-  return Fnv(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
+  h = Fnv1a(h, &mlp, 1);
+  h = Fnv1a(h, &adapters.seed, sizeof(adapters.seed));
+  return Fnv1a(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }
 
 }  // namespace cdcca::model

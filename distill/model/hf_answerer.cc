@@ -55,6 +55,17 @@ absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name,
       absl::StrCat("--template ", name, ": unknown (known: ", known, ")"));
 }
 
+absl::StatusOr<std::string> ResolvePromptTemplate(const std::string& name,
+                                                  const std::string& model_type) {
+  std::string resolved = name;
+  if (name == "auto") resolved = model_type == "llava" ? "llava" : "";
+  if (name == "none") resolved = "";
+  if (absl::StatusOr<std::string> t = ApplyPromptTemplate(resolved, "q"); !t.ok()) {
+    return t.status();
+  }
+  return resolved;
+}
+
 absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& model_dir,
                                                              const std::string& precision,
                                                              const std::string& device_name) {

@@ -106,6 +106,12 @@ class HfAnswerer {
 // name (the message lists the known ones).
 absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const std::string& prompt);
 
+// The template a program's template flag names for a model of `model_type`: "auto" is llava's
+// for LLaVA and none for the BLIP-2 family, "none" is none (""), any other name must be one
+// ApplyPromptTemplate knows (InvalidArgument listing them otherwise).
+absl::StatusOr<std::string> ResolvePromptTemplate(const std::string& name,
+                                                  const std::string& model_type);
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_DISTILL_MODEL_HF_ANSWERER_H_

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "distill/model/blip2.h"
 #include "distill/model/decoder_lm.h"
+#include "distill/model/fnv.h"
 #include "distill/model/hf_config.h"
 #include "distill/model/llava.h"
 
@@ -101,14 +102,8 @@ absl::StatusOr<uint64_t> HfVisionFingerprint(const std::string& dir) {
                                                    type, "\" has no vision tower known"));
   }
   // FNV-1a 64 over (name below the prefix, shape, fp32 values), names sorted.
-  uint64_t h = 14695981039346656037ULL;
-  auto mix = [&h](const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 1099511628211ULL;
-    }
-  };
+  uint64_t h = kFnvOffset;
+  auto mix = [&h](const void* data, size_t n) { h = Fnv1a(h, data, n); };
   std::vector<std::pair<std::string, std::string>> names;  // (local, canonical)
   for (const std::string& name : folder->Names()) {
     for (const std::string& prefix : prefixes) {
