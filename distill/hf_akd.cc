@@ -406,7 +406,11 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
       absl::StatusOr<model::TokenForward> f = student.ForwardTokens(batch.inputs);
       if (!f.ok()) return f.status();
       std::vector<std::pair<std::string, torch::Tensor>> terms;
-      torch::Tensor ce = TokenCrossEntropy(f->logits, batch.targets);
+      // CE and KL read the answer's predictor positions alone (row-major, as the teacher's
+      // answer logits are stacked): the same means as over the whole masked [B, T, V].
+      const torch::Tensor predictors = batch.targets >= 0;
+      const torch::Tensor logits = f->logits.index({predictors});  // [K, V]
+      torch::Tensor ce = TokenCrossEntropy(logits, batch.targets.index({predictors}));
       torch::Tensor total = s.config.l_ce * ce;
       terms.emplace_back("ce", ce);
       if (s.UsesFeatures() && s.config.l_query > 0) {
@@ -424,13 +428,10 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
         terms.emplace_back("repr", rep);
       }
       if (s.use_kl) {
-        torch::Tensor tl = torch::zeros_like(f->logits);
-        const int64_t width = f->logits.size(1);
-        for (size_t r = 0; r < rows.size(); ++r) {
-          const torch::Tensor& l = pool[rows[r]].teacher_logits;
-          tl[r].narrow(0, width - l.size(0) - 1, l.size(0)).copy_(l);
-        }
-        torch::Tensor kl = TemperatureKl(tl, f->logits, batch.targets >= 0, s.config.temperature);
+        std::vector<torch::Tensor> teacher_logits;
+        for (int64_t r : rows) teacher_logits.push_back(pool[r].teacher_logits);
+        torch::Tensor kl = TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(),
+                                         s.config.temperature);
         total = total + s.config.l_kl * kl;
         terms.emplace_back("kl", kl);
       }

@@ -1,7 +1,10 @@
 #include "distill/model/decoder_lm.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +103,68 @@ DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPreci
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
 }
 
+namespace {
+
+// A CUDA pass with autograd on (training) attends through LibTorch's fused kernel, which keeps
+// no [B, heads, T, T] probabilities for the backward pass: at 16 rows of 650 tokens a 7B LM's
+// eager attention would hold about 27 GB of fp32 probabilities until the backward. Inference
+// and CPU keep the eager product, which the transformers-parity tests pin.
+// CDCCA_EAGER_ATTENTION=1 forces the eager product everywhere (to compare).
+bool FusedTrainingAttention(const torch::Tensor& q, const torch::Tensor* last_query_probs) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  static const bool eager = std::getenv("CDCCA_EAGER_ATTENTION") != nullptr;
+  return !eager && q.is_cuda() && torch::GradMode::is_enabled() && last_query_probs == nullptr;
+#else
+  (void)q;
+  (void)last_query_probs;
+  return false;
+#endif
+}
+
+torch::Tensor FusedAttention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
+                             const torch::Tensor& mask, int64_t group, double scaling) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
+  return at::scaled_dot_product_attention(
+      q, k, v,
+      mask.defined() ? c10::optional<torch::Tensor>(mask.to(q.scalar_type())) : c10::nullopt,
+      /*dropout_p=*/0.0, /*is_causal=*/false, scaling);
+#else
+  (void)q;
+  (void)mask;
+  (void)group;
+  (void)scaling;
+  TORCH_CHECK(false, "fused attention needs LibTorch 2.1+");
+  return k;
+#endif
+}
+
+// softmax(q k^T * scaling + mask) v, softmax in fp32, as transformers' eager attention.
+// Grouped-query attention: query head h reads kv head h / group. The group's query heads
+// are stacked as rows of one product with their kv head, so keys and values are read in
+// place, never repeated per query head.
+torch::Tensor EagerAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& mask, int64_t group, double scaling,
+                             torch::Tensor* last_query_probs) {
+  const int64_t b = q.size(0), heads = q.size(1), t = q.size(2), head_dim = q.size(3);
+  const int64_t kv_heads = k.size(1), total = k.size(2);
+  torch::Tensor scores =
+      BatchedMatmul(q.reshape({b, kv_heads, group * t, head_dim}), k.transpose(2, 3))
+          .view({b, heads, t, total}) *
+      scaling;
+  if (mask.defined()) scores = scores + mask;
+  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat);
+  if (last_query_probs != nullptr) *last_query_probs = probs.select(2, t - 1);
+  probs = probs.to(q.scalar_type());
+  return BatchedMatmul(probs.view({b, kv_heads, group * t, total}), v)
+      .view({b, heads, t, head_dim});  // [B, heads, T, head_dim]
+}
+
+}  // namespace
+
 void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
   if (length <= 0 || adapter_prompt.defined()) return;
   const auto options = q_proj->weight.options();
@@ -132,22 +197,14 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
     k = cache->keys[layer];
     v = cache->values[layer];
   }
-  const int64_t total = k.size(2);
-  // Grouped-query attention: query head h reads kv head h / group. The group's query heads
-  // are stacked as rows of one product with their kv head, so keys and values are read in
-  // place, never repeated per query head.
   const int64_t group = heads_ / kv_heads_;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  torch::Tensor scores =
-      BatchedMatmul(q.reshape({b, kv_heads_, group * t, head_dim_}), k.transpose(2, 3))
-          .view({b, heads_, t, total}) *
-      scaling;
-  if (mask.defined()) scores = scores + mask;
-  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat);
-  if (last_query_probs != nullptr) *last_query_probs = probs.select(2, t - 1);
-  probs = probs.to(q.scalar_type());
-  torch::Tensor heads_out = BatchedMatmul(probs.view({b, kv_heads_, group * t, total}), v)
-                                .view({b, heads_, t, head_dim_});  // [B, heads, T, head_dim]
+  torch::Tensor heads_out;
+  if (FusedTrainingAttention(q, last_query_probs)) {
+    heads_out = FusedAttention(q, k, v, mask, group, scaling);
+  } else {
+    heads_out = EagerAttention(q, k, v, mask, group, scaling, last_query_probs);
+  }
   if (adapter_prompt.defined()) {
     torch::Tensor prompt = adapter_prompt.to(x.scalar_type()).unsqueeze(0);  // [1, P, H]
     const int64_t p = prompt.size(1);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/hf_akd_bench.cc) against the
+# transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
+# inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
+# from scripts/gpu_deps.sh carried:
+#   scripts/hf_akd_gpu.sh build        builds hf_akd_bench (core-only, PyTorch's LibTorch)
+#   scripts/hf_akd_gpu.sh tiny  DIR    the whole comparison on a tiny random pair (seconds)
+#   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
+#                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
+#                                      batch 16, 200 steps, 64 uplinked samples
+# DIR receives the folders, inputs.safetensors, cdcca.json, reference.json (one JSON line
+# each, peak memory per process from nvidia-smi added as "peak_process_gpu_bytes") and logs.
+set -euo pipefail
+mode=${1:?build, tiny or full}
+export PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+bench=build-gpu/distill/hf_akd_bench
+
+if [ "$mode" = build ]; then
+  start=$(date +%s)
+  export CDCCA_GPU_TARGETS=hf_akd_bench
+  (source distill/model/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
+  grep -E "error|Error" build-gpu-akd.log | head -20 || true
+  echo "build: $(($(date +%s) - start)) s"
+  test -x "$bench"
+  exit 0
+fi
+
+dir=${2:?DIR}
+mkdir -p "$dir"
+if [ "$mode" = tiny ]; then
+  shapes=(--teacher tiny-teacher --student tiny-student --samples 8 --prompt_tokens 12)
+  job=(--steps 20 --batch 4 --answer_tokens 8 --lora_rank 8 --lora_alpha 16)
+else
+  shapes=(--teacher llava-1.5-13b --student llava-1.5-7b --samples 64 --prompt_tokens 40)
+  job=(--steps 200 --batch 16 --answer_tokens 32 --lora_rank 8 --lora_alpha 16)
+fi
+[ -f "$dir/inputs.safetensors" ] || python3 scripts/hf_akd_reference.py make --out "$dir" "${shapes[@]}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# Runs "$@" while nvidia-smi samples the GPU's used memory every 100 ms; appends the peak (the
+# process alone: the GPU is idle before) to the program's JSON line in $out.
+measure() {
+  local out=$1
+  shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$out.mem" &
+  local smi=$!
+  local rc=0
+  "$@" >"$out.stdout" 2>"$out.log" || rc=$?
+  kill $smi || true
+  tail -5 "$out.log"
+  python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+lines = [l for l in open(out + ".stdout").read().splitlines() if l.startswith("{")]
+mem = [int(x) for x in open(out + ".mem").read().split() if x.strip().isdigit()]
+row = json.loads(lines[-1]) if lines else {"error": "no result"}
+row["peak_process_gpu_bytes"] = max(mem, default=0) * 1024 * 1024
+json.dump(row, open(out, "w"), indent=1)
+print(json.dumps(row))
+PY
+  return $rc
+}
+
+measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student "$dir/student" \
+  --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 "${job[@]}" || true
+measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
+  --student "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true

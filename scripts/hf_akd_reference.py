@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""One AKD job on a LLaVA teacher-student pair as a PyTorch + transformers + peft loop: the
+reference that cdcca's hf_akd_bench (distill/hf_akd_bench.cc) is timed against (issue 21).
+
+  make: random-weight LLaVA folders at published shapes (speed does not depend on weight
+        values, and nothing can be downloaded), the student's vision tower copied into the
+        teacher (a pair shares its tower), and the job's inputs: the student tower's output
+        tokens of random frames ("tokens" [S, N, D], what devices uplink) and each sample's
+        prompt ids ("prompt_ids" [S, P]: BOS, the image token, random text).
+  run:  the job, the same losses as distill/hf_akd.cc on the same inputs:
+          - per sample, once: the teacher's greedy answer (at most --answer_tokens, then EOS),
+            and teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
+            num_layers / 2 layers at the answer positions) and the answer's logits;
+          - phi, psi: fp32 linear maps student width -> teacher width, ridge-fitted (lambda
+            relative to the mean diagonal of X^T X) on the student's features over the pool;
+          - each step, a batch of --batch samples (reshuffled each epoch), teacher-forced on the
+            teacher's answer: l_ce CE + l_query MSE(LN Q_t, LN phi(Q_s)) + l_repr MSE(LN R_t,
+            LN psi(R_s)) + l_kl T^2 KL(teacher || student at temperature T), CE and KL over the
+            answer's predictor positions; AdamW on LoRA q/v + LM norms + projector biases +
+            phi + psi; weights from configs/distill/akd.json.
+        The student is the same folder in bf16 (peft LoRA adapters in bf16 too): the GPU
+        machine has no bitsandbytes, so transformers cannot hold an int4 base.
+Both print one JSON line with the same keys.
+
+  python3 scripts/hf_akd_reference.py make --out DIR [--teacher llava-1.5-13b]
+      [--student llava-1.5-7b] [--samples 64] [--prompt_tokens 40]
+  python3 scripts/hf_akd_reference.py run --teacher DIR --student DIR --inputs FILE
+      [--steps 200] [--batch 16] [--answer_tokens 32] [--lora_rank 8] [--lora_alpha 16]
+"""
+import argparse
+import json
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+# LLaVA-1.5 (llava-hf): CLIP ViT-L/14-336, feature layer -2 without CLS (576 tokens), Vicuna.
+CLIP_L_336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                  image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu")
+SHAPES = {
+    "llava-1.5-13b": dict(vision=CLIP_L_336,
+                          text=dict(vocab_size=32064, hidden_size=5120, intermediate_size=13824,
+                                    num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
+                                    max_position_embeddings=4096)),
+    "llava-1.5-7b": dict(vision=CLIP_L_336,
+                         text=dict(vocab_size=32064, hidden_size=4096, intermediate_size=11008,
+                                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                                   max_position_embeddings=4096)),
+    # A smoke test of the whole comparison in seconds.
+    "tiny-teacher": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, image_size=56, patch_size=14, projection_dim=32,
+                                     hidden_act="quick_gelu"),
+                         text=dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)),
+    "tiny-student": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, image_size=56, patch_size=14, projection_dim=32,
+                                     hidden_act="quick_gelu"),
+                         text=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)),
+}
+
+
+def llava_config(name):
+    s = SHAPES[name]
+    text = transformers.LlamaConfig(**s["text"])
+    return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**s["vision"]), text_config=text,
+                                    image_token_index=32000 if text.vocab_size > 32000 else text.vocab_size - 1,
+                                    vision_feature_layer=-2, vision_feature_select_strategy="default")
+
+
+def make(args):
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    os.makedirs(args.out, exist_ok=True)
+    scfg = llava_config(args.student)
+    with torch.device(dev):
+        student = transformers.LlavaForConditionalGeneration._from_config(scfg, dtype=torch.bfloat16).eval()
+    t0 = time.perf_counter()
+    student.save_pretrained(os.path.join(args.out, "student"))
+    print(f"student {args.student} saved in {time.perf_counter() - t0:.0f} s", flush=True)
+    # The inputs: the student tower's tokens of random frames, and random prompts.
+    g = torch.Generator().manual_seed(1)
+    size = scfg.vision_config.image_size
+    tokens = []
+    with torch.no_grad():
+        for i in range(0, args.samples, 16):
+            n = min(16, args.samples - i)
+            pixels = torch.randn(n, 3, size, size, generator=g).to(dev, torch.bfloat16)
+            out = student.model.vision_tower(pixels, output_hidden_states=True)
+            tokens.append(out.hidden_states[-2][:, 1:].float().cpu())
+    tokens = torch.cat(tokens)
+    vocab = scfg.text_config.vocab_size
+    text = torch.randint(10, min(vocab, 32000) - 1, (args.samples, args.prompt_tokens - 2), generator=g)
+    bos = torch.full((args.samples, 1), scfg.text_config.bos_token_id or 1)
+    image = torch.full((args.samples, 1), scfg.image_token_index)
+    prompt_ids = torch.cat([bos, image, text], 1)
+    from safetensors.torch import save_file
+    save_file({"tokens": tokens.contiguous(), "prompt_ids": prompt_ids.contiguous()},
+              os.path.join(args.out, "inputs.safetensors"))
+    tower = {k: v.clone() for k, v in student.model.vision_tower.state_dict().items()}
+    del student
+    torch.cuda.empty_cache()
+    tcfg = llava_config(args.teacher)
+    with torch.device(dev):
+        teacher = transformers.LlavaForConditionalGeneration._from_config(tcfg, dtype=torch.bfloat16).eval()
+    teacher.model.vision_tower.load_state_dict(tower)
+    t0 = time.perf_counter()
+    teacher.save_pretrained(os.path.join(args.out, "teacher"))
+    print(f"teacher {args.teacher} saved in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The job.
+
+
+def layer_norm(x):
+    return F.layer_norm(x, (x.shape[-1],), eps=1e-5)
+
+
+def feature_mse(teacher, student, mask):
+    """distill/losses.cc FeatureMse with normalize: masked mean over positions of the per-position
+    mean squared difference of the layer-normed features."""
+    per = (layer_norm(teacher) - layer_norm(student)).pow(2).mean(-1)
+    w = mask.float()
+    return (per * w).sum() / w.sum().clamp_min(1.0)
+
+
+def ridge_fit(x, y, lam, linear):
+    """distill/akd.cc RidgeFit, in float64."""
+    xd, yd = x.double(), y.double()
+    xa = torch.cat([xd, torch.ones(xd.shape[0], 1, dtype=xd.dtype, device=xd.device)], 1)
+    gram = xa.t() @ xa
+    gram = gram + torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device) * (lam * gram.diagonal().mean())
+    w = torch.linalg.solve(gram, xa.t() @ yd)
+    with torch.no_grad():
+        linear.weight.copy_(w[:-1].t().float())
+        linear.bias.copy_(w[-1].float())
+
+
+class Side:
+    """A LLaVA model fed the uplinked tower tokens in place of its own tower."""
+
+    def __init__(self, model):
+        self.model = model
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.llava = inner.model
+        self.image_token = inner.config.image_token_index
+        self.dtype = next(self.llava.language_model.parameters()).dtype
+        self.capture = inner.config.text_config.num_hidden_layers // 2
+
+    def expand(self, ids, n):
+        out = []
+        for i in ids:
+            out.extend([i] * n if i == self.image_token else [i])
+        return out
+
+    def forward(self, ids, mask, positions, tokens, hidden=True):
+        """logits [B, T, V], R [B, T, H] (or None), Q [B, N, H] fp32."""
+        projected = self.llava.multi_modal_projector(tokens.to(self.dtype))
+        embeds = self.llava.get_input_embeddings()(ids)
+        slots = (ids == self.image_token).unsqueeze(-1).expand_as(embeds)
+        embeds = embeds.masked_scatter(slots, projected.to(embeds.dtype))
+        out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                         output_hidden_states=hidden, use_cache=False)
+        r = out.hidden_states[self.capture] if hidden else None
+        return out.logits, r, projected.float()
+
+
+def greedy(side, ids, tokens, max_new, eos):
+    """The teacher's answer: greedy, KV-cached, stops after EOS."""
+    dev = tokens.device
+    projected = side.llava.multi_modal_projector(tokens.to(side.dtype))
+    t = torch.tensor([ids], device=dev)
+    embeds = side.llava.get_input_embeddings()(t)
+    embeds = embeds.masked_scatter((t == side.image_token).unsqueeze(-1).expand_as(embeds), projected)
+    out = side.model(inputs_embeds=embeds, use_cache=True)
+    answer = []
+    for _ in range(max_new):
+        nxt = int(out.logits[0, -1].argmax())
+        answer.append(nxt)
+        if nxt in eos:
+            break
+        out = side.model(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=out.past_key_values,
+                         use_cache=True)
+    return answer
+
+
+def run(args):
+    dev = torch.device("cuda")
+    cfg = json.load(open(args.config))
+    learner = cfg["learner"]
+    torch.manual_seed(args.seed)
+    t_load = time.perf_counter()
+    cls = transformers.LlavaForConditionalGeneration
+    teacher = cls.from_pretrained(args.teacher, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                  device_map={"": 0}).eval()
+    student = cls.from_pretrained(args.student, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                  device_map={"": 0})
+    import peft
+    lora = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                           target_modules=r".*language_model.*\.(q_proj|v_proj)")
+    student = peft.get_peft_model(student, lora, autocast_adapter_dtype=False)
+    # cdcca's trainable set beyond LoRA: the LM's norms and the projector's biases.
+    for name, p in student.named_parameters():
+        if ("language_model" in name and "norm" in name) or ("multi_modal_projector" in name and name.endswith("bias")):
+            p.requires_grad_(True)
+    student.eval()  # dropout off, as cdcca trains (student_dropout false)
+    torch.cuda.synchronize()
+    load_seconds = time.perf_counter() - t_load
+    from safetensors.torch import load_file
+    inputs = load_file(args.inputs)
+    tokens, prompt_ids = inputs["tokens"], inputs["prompt_ids"]
+    T, S = Side(teacher), Side(student)
+    eos = [teacher.config.text_config.eos_token_id or 2]
+    n_image = tokens.shape[1]
+
+    # Preparation: the teacher's answers and targets, then the ridge fit.
+    torch.cuda.synchronize()
+    t_job = time.perf_counter()
+    pool = []
+    with torch.no_grad():
+        for i in range(tokens.shape[0]):
+            tok = tokens[i:i + 1].to(dev)
+            prompt = T.expand(prompt_ids[i].tolist(), n_image)
+            answer = greedy(T, prompt, tok, args.answer_tokens, eos)
+            while answer and answer[-1] in eos:
+                answer.pop()
+            answer.append(eos[0])
+            full = torch.tensor([prompt + answer], device=dev)
+            p, a = len(prompt), len(answer)
+            logits, r, q = T.forward(full, torch.ones_like(full), None, tok)
+            pool.append(dict(tokens=tok, prompt=prompt, answer=answer, q=q[0],
+                             r=r[0, p:p + a].float(), logits=logits[0, p - 1:p - 1 + a].float()))
+
+    def collate(rows):
+        width = max(len(pool[i]["prompt"]) + len(pool[i]["answer"]) for i in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        targets = torch.full((len(rows), width), -1, dtype=torch.long)
+        for b, i in enumerate(rows):
+            row = pool[i]["prompt"] + pool[i]["answer"]
+            a = len(pool[i]["answer"])
+            ids[b, width - len(row):] = torch.tensor(row)
+            mask[b, width - len(row):] = 1
+            targets[b, width - a - 1:width - 1] = torch.tensor(pool[i]["answer"])
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        toks = torch.cat([pool[i]["tokens"] for i in rows])
+        return ids.to(dev), mask.to(dev), positions.to(dev), targets.to(dev), toks
+
+    def student_repr(r, rows, width):
+        p = max(len(pool[i]["answer"]) for i in rows)
+        out = torch.zeros(len(rows), p, r.shape[-1], device=dev)
+        mask = torch.zeros(len(rows), p, dtype=torch.bool, device=dev)
+        for b, i in enumerate(rows):
+            a = len(pool[i]["answer"])
+            out[b, :a] = r[b, width - a:].float()
+            mask[b, :a] = True
+        return out, mask
+
+    def stack(rows, key):
+        p = max(pool[i][key].shape[0] for i in rows)
+        return torch.stack([F.pad(pool[i][key], (0, 0, 0, p - pool[i][key].shape[0])) for i in rows])
+
+    uses_features = learner["feature_loss"] != "none" and (learner["l_query"] > 0 or learner["l_repr"] > 0)
+    phi = psi = None
+    if uses_features:
+        hs = student.get_base_model().config.text_config.hidden_size
+        ht = teacher.config.text_config.hidden_size
+        phi = torch.nn.Linear(hs, ht).to(dev)
+        psi = torch.nn.Linear(hs, ht).to(dev)
+        if learner.get("ridge_init", True):
+            qs, qt, rs, rt = [], [], [], []
+            with torch.no_grad():
+                for begin in range(0, len(pool), args.batch):
+                    rows = list(range(begin, min(len(pool), begin + args.batch)))
+                    ids, mask, positions, _, toks = collate(rows)
+                    _, r, q = S.forward(ids, mask, positions, toks)
+                    qs.append(q.reshape(-1, q.shape[-1]))
+                    qt.append(stack(rows, "q").reshape(-1, stack(rows, "q").shape[-1]))
+                    sr, m = student_repr(r, rows, ids.shape[1])
+                    rs.append(sr[m])
+                    rt.append(stack(rows, "r")[m])
+            ridge_fit(torch.cat(qs), layer_norm(torch.cat(qt)), learner["ridge_lambda"], phi)
+            ridge_fit(torch.cat(rs), layer_norm(torch.cat(rt)), learner["ridge_lambda"], psi)
+    torch.cuda.synchronize()
+    prepare_seconds = time.perf_counter() - t_job
+
+    params = [p for p in student.parameters() if p.requires_grad]
+    trainable = sum(p.numel() for p in params)
+    if uses_features:
+        params += list(phi.parameters()) + list(psi.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    rng = random.Random(args.seed)
+    order, cursor = list(range(len(pool))), len(pool)
+    history = {}
+    temp = learner["temperature"]
+    t_train = time.perf_counter()
+    for step in range(args.steps):
+        rows = []
+        while len(rows) < min(args.batch, len(pool)):
+            if cursor == len(order):
+                rng.shuffle(order)
+                cursor = 0
+            rows.append(order[cursor])
+            cursor += 1
+        ids, mask, positions, targets, toks = collate(rows)
+        logits, r, q = S.forward(ids, mask, positions, toks)
+        pred = targets >= 0
+        sel = logits[pred].float()
+        ce = F.cross_entropy(sel, targets[pred])
+        terms = {"ce": ce}
+        total = learner["l_ce"] * ce
+        if uses_features and learner["l_query"] > 0:
+            terms["query"] = feature_mse(stack(rows, "q"), phi(q), torch.ones(q.shape[:2], device=dev))
+            total = total + learner["l_query"] * terms["query"]
+        if uses_features and learner["l_repr"] > 0:
+            sr, m = student_repr(r, rows, ids.shape[1])
+            terms["repr"] = feature_mse(stack(rows, "r"), psi(sr), m)
+            total = total + learner["l_repr"] * terms["repr"]
+        if learner["l_kl"] > 0:
+            tl = torch.cat([pool[i]["logits"] for i in rows])
+            lt = F.log_softmax(tl / temp, -1)
+            ls = F.log_softmax(sel / temp, -1)
+            terms["kl"] = temp * temp * (lt.exp() * (lt - ls)).sum(-1).mean()
+            total = total + learner["l_kl"] * terms["kl"]
+        terms = {"total": total, **terms}
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        for k, v in terms.items():
+            history.setdefault(k, []).append(v.item())
+    torch.cuda.synchronize()
+    train_seconds = time.perf_counter() - t_train
+    job_seconds = time.perf_counter() - t_job
+    seen = args.steps * min(args.batch, len(pool))
+    summary = {k: {"first": v[0], "last": sum(v[-10:]) / len(v[-10:]), "mean": sum(v) / len(v)}
+               for k, v in history.items()}
+    row = {"implementation": "transformers+peft", "transformers": transformers.__version__,
+           "peft": peft.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+           "teacher_precision": "bf16", "student_precision": "bf16", "samples": len(pool),
+           "visual_tokens": n_image, "prompt_tokens": prompt_ids.shape[1],
+           "mean_answer_tokens": sum(len(x["answer"]) - 1 for x in pool) / len(pool),
+           "trainable_parameters": trainable, "steps": args.steps, "batch": args.batch,
+           "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
+           "train_seconds": train_seconds, "job_seconds": job_seconds,
+           "train_samples_per_second": seen / train_seconds, "job_samples_per_second": seen / job_seconds,
+           "terms": summary, "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved()}
+    print(json.dumps(row), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="mode", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("--out", required=True)
+    m.add_argument("--teacher", default="llava-1.5-13b", choices=list(SHAPES))
+    m.add_argument("--student", default="llava-1.5-7b", choices=list(SHAPES))
+    m.add_argument("--samples", type=int, default=64)
+    m.add_argument("--prompt_tokens", type=int, default=40)
+    r = sub.add_parser("run")
+    r.add_argument("--teacher", required=True)
+    r.add_argument("--student", required=True)
+    r.add_argument("--inputs", required=True)
+    r.add_argument("--config", default="configs/distill/akd.json")
+    r.add_argument("--steps", type=int, default=200)
+    r.add_argument("--batch", type=int, default=16)
+    r.add_argument("--answer_tokens", type=int, default=32)
+    r.add_argument("--lora_rank", type=int, default=8)
+    r.add_argument("--lora_alpha", type=float, default=16.0)
+    r.add_argument("--lr", type=float, default=1e-3)
+    r.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    make(args) if args.mode == "make" else run(args)
+
+
+if __name__ == "__main__":
+    main()
