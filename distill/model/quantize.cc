@@ -43,11 +43,18 @@ torch::Tensor DequantizeWeight(const QuantizedWeight& q, Precision precision, in
   TORCH_CHECK(precision == Precision::kInt4, "DequantizeWeight: fp32 is not quantized");
   const int64_t out = q.values.size(0);
   const int64_t groups = q.scales.size(1);
-  torch::Tensor packed = q.values.to(torch::kInt);
-  torch::Tensor lo = packed.bitwise_and(15) - 8;
-  torch::Tensor hi = packed.div(16, "floor") - 8;
-  torch::Tensor vals = torch::stack({lo, hi}, 2).view({out, groups, group}).to(torch::kFloat);
-  torch::Tensor w = (vals * q.scales.unsqueeze(2)).view({out, groups * group});
+  // Nibbles stay one byte each until the one conversion to fp32, which is then shifted and
+  // scaled in place: (q - 8) is exact in fp32, so each weight is the one rounding of
+  // (q - 8) * scale, as the definition says, in a third of the memory traffic of int32
+  // nibbles (training on CUDA dequantizes every product twice a step).
+  torch::Tensor lo = q.values.bitwise_and(15);
+  torch::Tensor hi = torch::bitwise_right_shift(q.values, 4);
+  torch::Tensor w = torch::stack({lo, hi}, 2)
+                        .view({out, groups, group})
+                        .to(torch::kFloat)
+                        .sub_(8)
+                        .mul_(q.scales.unsqueeze(2))
+                        .view({out, groups * group});
   return w.narrow(1, 0, in_features).contiguous();
 }
 
