@@ -33,13 +33,10 @@
 #include "absl/strings/str_split.h"
 #include "distill/akd.h"
 #include "distill/hf_akd.h"
+#include "distill/model/gpu_memory.h"
 #include "distill/model/hf_model.h"
 #include "distill/model/safetensors.h"
 #include "nlohmann/json.hpp"
-
-#if CDCCA_HAVE_CUDA_GRAPHS
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 ABSL_FLAG(std::string, teacher, "", "teacher's Hugging Face folder");
 ABSL_FLAG(std::string, student, "", "student's Hugging Face folder (the devices' base)");
@@ -62,19 +59,6 @@ using nlohmann::json;
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Peak bytes allocated / reserved by LibTorch's CUDA allocator since the start (0 on CPU).
-std::pair<int64_t, int64_t> PeakGpuBytes(torch::Device device) {
-#if CDCCA_HAVE_CUDA_GRAPHS
-  if (device.is_cuda()) {
-    const auto stats =
-        c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    return {stats.allocated_bytes[0].peak, stats.reserved_bytes[0].peak};
-  }
-#endif
-  (void)device;
-  return {0, 0};
 }
 
 // Ids as decimal text and back: the pair's shared "tokenizer" (see the file comment).
@@ -179,7 +163,7 @@ int Run() {
     std::cerr << "job: " << result.status() << "\n";
     return 1;
   }
-  const auto [peak_allocated, peak_reserved] = PeakGpuBytes(device);
+  const model::GpuMemoryPeak peak = model::PeakGpuMemory(device);
   json terms = json::object();
   for (const LossTerm& t : result->stats.terms) {
     terms[t.name] = {{"first", t.first}, {"last", t.last}, {"mean", t.mean}};
@@ -209,8 +193,8 @@ int Run() {
       {"train_samples_per_second", result->stats.samples_per_second},
       {"job_samples_per_second", result->stats.samples_seen / job_seconds},
       {"terms", terms},
-      {"peak_gpu_allocated_bytes", peak_allocated},
-      {"peak_gpu_reserved_bytes", peak_reserved},
+      {"peak_gpu_allocated_bytes", peak.allocated_bytes},
+      {"peak_gpu_reserved_bytes", peak.reserved_bytes},
   };
   std::cout << row.dump() << std::endl;
   return 0;

@@ -157,12 +157,17 @@ class Side:
             out.extend([i] * n if i == self.image_token else [i])
         return out
 
-    def forward(self, ids, mask, positions, tokens, hidden=True):
-        """logits [B, T, V], R [B, T, H] (or None), Q [B, N, H] fp32."""
+    def embed(self, ids, tokens):
+        """The LM's input embeddings with the projected tower tokens at the image positions,
+        and the projected tokens."""
         projected = self.llava.multi_modal_projector(tokens.to(self.dtype))
         embeds = self.llava.get_input_embeddings()(ids)
         slots = (ids == self.image_token).unsqueeze(-1).expand_as(embeds)
-        embeds = embeds.masked_scatter(slots, projected.to(embeds.dtype))
+        return embeds.masked_scatter(slots, projected.to(embeds.dtype)), projected
+
+    def forward(self, ids, mask, positions, tokens, hidden=True):
+        """logits [B, T, V], R [B, T, H] (or None), Q [B, N, H] fp32."""
+        embeds, projected = self.embed(ids, tokens)
         out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                          output_hidden_states=hidden, use_cache=False)
         r = out.hidden_states[self.capture] if hidden else None
@@ -172,10 +177,7 @@ class Side:
 def greedy(side, ids, tokens, max_new, eos):
     """The teacher's answer: greedy, KV-cached, stops after EOS."""
     dev = tokens.device
-    projected = side.llava.multi_modal_projector(tokens.to(side.dtype))
-    t = torch.tensor([ids], device=dev)
-    embeds = side.llava.get_input_embeddings()(t)
-    embeds = embeds.masked_scatter((t == side.image_token).unsqueeze(-1).expand_as(embeds), projected)
+    embeds, _ = side.embed(torch.tensor([ids], device=dev), tokens)
     out = side.model(inputs_embeds=embeds, use_cache=True)
     answer = []
     for _ in range(max_new):
@@ -279,7 +281,8 @@ def run(args):
                     ids, mask, positions, _, toks = collate(rows)
                     _, r, q = S.forward(ids, mask, positions, toks)
                     qs.append(q.reshape(-1, q.shape[-1]))
-                    qt.append(stack(rows, "q").reshape(-1, stack(rows, "q").shape[-1]))
+                    q_t = stack(rows, "q")
+                    qt.append(q_t.reshape(-1, q_t.shape[-1]))
                     sr, m = student_repr(r, rows, ids.shape[1])
                     rs.append(sr[m])
                     rt.append(stack(rows, "r")[m])

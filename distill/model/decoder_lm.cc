@@ -105,13 +105,20 @@ DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPreci
 
 namespace {
 
+// LibTorch's fused attention with an explicit scale (2.1+).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define CDCCA_FUSED_ATTENTION 1
+#else
+#define CDCCA_FUSED_ATTENTION 0
+#endif
+
 // A CUDA pass with autograd on (training) attends through LibTorch's fused kernel, which keeps
-// no [B, heads, T, T] probabilities for the backward pass: at 16 rows of 650 tokens a 7B LM's
-// eager attention would hold about 27 GB of fp32 probabilities until the backward. Inference
+// no [B, heads, T, T] probabilities for the backward pass: at 16 rows of 648 tokens a 7B LM's
+// eager attention would hold about 28 GB of fp32 probabilities until the backward. Inference
 // and CPU keep the eager product, which the transformers-parity tests pin.
 // CDCCA_EAGER_ATTENTION=1 forces the eager product everywhere (to compare).
 bool FusedTrainingAttention(const torch::Tensor& q, const torch::Tensor* last_query_probs) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if CDCCA_FUSED_ATTENTION
   static const bool eager = std::getenv("CDCCA_EAGER_ATTENTION") != nullptr;
   return !eager && q.is_cuda() && torch::GradMode::is_enabled() && last_query_probs == nullptr;
 #else
@@ -123,7 +130,7 @@ bool FusedTrainingAttention(const torch::Tensor& q, const torch::Tensor* last_qu
 
 torch::Tensor FusedAttention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
                              const torch::Tensor& mask, int64_t group, double scaling) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if CDCCA_FUSED_ATTENTION
   if (group > 1) {
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);

@@ -26,14 +26,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "distill/model/gpu_memory.h"
 #include "distill/model/hf_model.h"
 #include "distill/model/safetensors.h"
 #include "distill/model/static_decode.h"
 #include "nlohmann/json.hpp"
-
-#if CDCCA_HAVE_CUDA_GRAPHS
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model folder");
 ABSL_FLAG(std::string, inputs, "", "inputs file (default: <model>/bench_inputs.safetensors)");
@@ -61,16 +58,6 @@ int64_t ProcStatusBytes(const std::string& key) {
   while (std::getline(in, line)) {
     if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
   }
-  return 0;
-}
-
-int64_t PeakGpuBytes(torch::Device device) {
-#if CDCCA_HAVE_CUDA_GRAPHS
-  if (device.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
-  }
-#endif
-  (void)device;
   return 0;
 }
 
@@ -204,7 +191,7 @@ int Run() {
     row["uts_stage2"][std::string(piece)] = {{"ms", Median(times) * 1e3},
                                              {"visual_tokens", tokens}};
   }
-  row["peak_gpu_allocated_bytes"] = PeakGpuBytes(device);
+  row["peak_gpu_allocated_bytes"] = PeakGpuMemory(device).allocated_bytes;
   row["rss_bytes"] = ProcStatusBytes("VmRSS");
   row["peak_rss_bytes"] = ProcStatusBytes("VmHWM");
   std::cout << row.dump() << std::endl;
