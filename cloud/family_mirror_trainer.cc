@@ -41,21 +41,6 @@ absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOpti
   return settings;
 }
 
-absl::Status CopyMirrorInto(const compress::NamedTensors& mirror,
-                            const compress::NamedTensors& params) {
-  torch::NoGradGuard no_grad;
-  std::unordered_map<std::string, const torch::Tensor*> by_name;
-  for (const auto& [name, t] : mirror) by_name[name] = &t;
-  for (const auto& [name, p] : params) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      return absl::InternalError(absl::StrCat("mirror lacks trainable tensor ", name));
-    }
-    torch::Tensor(p).copy_(*it->second);
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 class FamilyMirrorTrainer final : public MirrorTrainer {
@@ -128,7 +113,7 @@ class FamilyMirrorTrainer final : public MirrorTrainer {
     // The job's own student: the shared base plus this device's mirror.
     absl::StatusOr<model::Blip2Tower> work = distill::CopyMllm(student_base_, train_device_);
     if (!work.ok()) return work.status();
-    if (absl::Status s = CopyMirrorInto(mirror, model::TrainableParameters(**work)); !s.ok()) {
+    if (absl::Status s = compress::CopyInto(mirror, model::TrainableParameters(**work)); !s.ok()) {
       return s;
     }
     distill::Learner* learner = nullptr;

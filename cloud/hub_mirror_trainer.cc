@@ -151,46 +151,19 @@ class HubMirrorTrainer final : public MirrorTrainer {
     std::vector<distill::HfSample> job;
     job.reserve(chosen.size());
     for (const compress::UplinkSample* s : chosen) {
-      distill::HfSample h;
-      h.tokens = torch::zeros({s->grid_tokens, s->feature_dim}, torch::kFloat);
-      h.present = torch::zeros({s->grid_tokens}, torch::kBool);
-      for (size_t k = 0; k < s->kept_indices.size(); ++k) {
-        const int64_t row = s->kept_indices[k];
-        h.tokens[row].copy_(
-            torch::from_blob(const_cast<float*>(s->features.data() + k * s->feature_dim),
-                             {static_cast<int64_t>(s->feature_dim)}, torch::kFloat));
-        h.present[row] = true;
-      }
-      h.prompt = student_side_.decode(
-          std::vector<int64_t>(s->prompt_tokens.begin(), s->prompt_tokens.end()));
-      job.push_back(std::move(h));
+      absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(*s, student_side_);
+      if (!h.ok()) return h.status();
+      job.push_back(*std::move(h));
     }
-    // The student starts from this device's mirror (in the student's own dtype; the update is
-    // what training changed, added to the fp32 mirror).
-    if (absl::Status s = CopyMirrorInto(mirror, student_->model().TrainableParameters()); !s.ok()) {
-      return s;
-    }
-    const compress::NamedTensors before = Fp32Clones(student_->model());
     (void)version;
-    absl::StatusOr<distill::HfJobResult> result = distiller->Run(job);
+    absl::StatusOr<distill::HfJobResult> result = distiller->RunFrom(mirror, job);
     if (!result.ok()) return result.status();
     MirrorJob out;
     out.stats = std::move(result->stats);
     out.stats.current_samples = static_cast<int64_t>(samples.size());
     out.stats.replay_samples = static_cast<int64_t>(chosen.size() - samples.size());
     out.notes = std::move(result->notes);
-    std::unordered_map<std::string, const torch::Tensor*> trained;
-    for (const auto& [name, t] : result->trainable) trained[name] = &t;
-    for (size_t i = 0; i < mirror.size(); ++i) {
-      const std::string& name = mirror[i].first;
-      auto it = trained.find(name);
-      if (it == trained.end()) {
-        return absl::InternalError(absl::StrCat("the job lost trainable tensor ", name));
-      }
-      out.trainable.emplace_back(
-          name,
-          (mirror[i].second + (it->second->to(torch::kFloat) - before[i].second)).contiguous());
-    }
+    out.trainable = std::move(result->trainable);
     return out;
   }
 

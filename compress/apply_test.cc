@@ -254,6 +254,26 @@ TEST(ApplyTest, EveryMalformedClassIsRejectedWithWeightsUntouched) {
   EXPECT_OK(ApplyUpdate(raw, 7, live_raw));
 }
 
+TEST(CopyIntoTest, CopiesByNameIntoAnyDtypeAndRefusesAMismatchBeforeCopying) {
+  NamedTensors state = {{"b", torch::full({2, 2}, 1.5f)}, {"a", torch::full({3}, -2.0f)}};
+  // A model's parameters in another order and dtype (a CUDA student holds bf16).
+  NamedTensors params = {{"a", torch::zeros({3}, torch::kBFloat16)},
+                         {"b", torch::zeros({2, 2}, torch::kBFloat16)}};
+  ASSERT_TRUE(CopyInto(state, params).ok());
+  EXPECT_TRUE(torch::equal(params[0].second.to(torch::kFloat), state[1].second));
+  EXPECT_TRUE(torch::equal(params[1].second.to(torch::kFloat), state[0].second));
+
+  // A shape mismatch on the second tensor: the first is not touched either.
+  NamedTensors wrong = {{"a", torch::full({3}, 7.0f)}, {"b", torch::full({4}, 7.0f)}};
+  EXPECT_THAT(CopyInto(wrong, params),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor b")));
+  EXPECT_TRUE(torch::equal(params[0].second.to(torch::kFloat), state[1].second));
+  NamedTensors missing = {{"a", torch::full({3}, 7.0f)}};
+  EXPECT_THAT(CopyInto(missing, params),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lacks tensor b")));
+  EXPECT_TRUE(torch::equal(params[0].second.to(torch::kFloat), state[1].second));
+}
+
 TEST(ApplyTest, ErrorMessagesNameTheProblem) {
   NamedTensors live = MakeSet(1);
   const std::string good = Encode(live, 3).bytes;

@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compress/apply.h"
 #include "compress/delta_encoder.h"
@@ -58,6 +60,28 @@ uint64_t StateDigest(const NamedTensors& tensors) {
     views.push_back(std::move(v));
   }
   return DigestViews(views);
+}
+
+absl::Status CopyInto(const NamedTensors& from, const NamedTensors& into) {
+  absl::flat_hash_map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [name, t] : from) by_name[name] = &t;
+  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> pairs;
+  pairs.reserve(into.size());
+  for (const auto& [name, target] : into) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("the state lacks tensor ", name));
+    }
+    if (it->second->sizes() != target.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor %s: the state has shape %s, the target %s", name,
+                          c10::str(it->second->sizes()), c10::str(target.sizes())));
+    }
+    pairs.emplace_back(target, it->second);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : pairs) target.copy_(*source);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<UpdatePayload> DeltaEncoder::Encode(const NamedTensors& theta_new,

@@ -46,6 +46,14 @@ absl::StatusOr<uint64_t> ApplyUpdate(absl::string_view payload, uint64_t expecte
 // to float32 first (exact for fp16 and bf16). Thread-safe for concurrent readers.
 uint64_t StateDigest(const NamedTensors& tensors);
 
+// Copies every tensor of `from` into the same-named tensor of `into`, whatever the latter's
+// dtype and device (a model's parameters, which `into` aliases: a CUDA bf16 copy gets the
+// rounding of an fp32 state); tensors of `into` that `from` lacks are an error. This is how a
+// state kept in fp32 (a cloud mirror, a device's applied updates) reaches a model.
+// INVALID_ARGUMENT naming the first tensor `from` lacks or whose shape differs; nothing is
+// copied then. Not autograd-tracked.
+absl::Status CopyInto(const NamedTensors& from, const NamedTensors& into);
+
 }  // namespace cdcca::compress
 
 #endif  // CDCCA_COMPRESS_NAMED_TENSORS_H_

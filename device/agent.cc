@@ -14,6 +14,7 @@
 #include "compress/uplink_codec.h"
 #include "device/internal/durable_file.h"
 #include "device/internal/state_file.h"
+#include "device/uts_cloud_settings.h"
 
 namespace cdcca::device {
 namespace {

@@ -9,7 +9,7 @@
 // InferenceRuntime::TokenScores); keep tokens whose score exceeds beta, or the top
 // `token_ratio` of them. RandomTokenSelection is the paper's comparison baseline.
 //
-// Torch-free. EntropyGate is thread-compatible (one per stream); the functions are pure.
+// Torch-free and protobuf-free. EntropyGate is thread-compatible (one per stream); the functions are pure.
 #ifndef CDCCA_DEVICE_UTS_H_
 #define CDCCA_DEVICE_UTS_H_
 
@@ -21,7 +21,6 @@
 #include "absl/status/status.h"
 #include "compress/uplink_codec.h"
 #include "distill/model/token_score_kind.h"
-#include "proto/cdcca.pb.h"
 
 namespace cdcca::device {
 
@@ -48,9 +47,11 @@ struct UtsOptions {
   compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16;
 };
 
-// Local defaults overridden by the fields the cloud set in its Register reply (zero fields
-// keep the local value). INVALID_ARGUMENT if a value is out of range.
-absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* options);
+// INVALID_ARGUMENT naming the first field out of range (alpha not finite or < 0, keep_fraction
+// or token_ratio outside [0, 1], mc_passes outside 1-64, dropout_p outside [0, 1)).
+// The cloud's settings merged over a device's (MergeCloudSettings) are checked by it:
+// device/uts_cloud_settings.h.
+absl::Status CheckUtsOptions(const UtsOptions& options);
 
 class EntropyGate {
  public:

@@ -1,4 +1,4 @@
-#include "device/uts.h"
+#include "device/uts_cloud_settings.h"
 
 #include <cmath>
 

@@ -8,8 +8,12 @@
 #include <random>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "distill/losses.h"
 
 namespace cdcca::distill {
@@ -466,6 +470,90 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
   }
   ++s.jobs;
   return result;
+}
+
+absl::StatusOr<HfJobResult> HfPairDistiller::RunFrom(const compress::NamedTensors& mirror,
+                                                     const std::vector<HfSample>& samples) {
+  model::MultimodalModel& student = *state_->student.model;
+  const model::NamedTensors params = student.TrainableParameters();
+  if (params.size() != mirror.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the mirror has ", mirror.size(),
+                                                   " tensors, the student's trainable set ",
+                                                   params.size()));
+  }
+  if (absl::Status s = compress::CopyInto(mirror, params); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the mirror: ", s.message()));
+  }
+  compress::NamedTensors before;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : params) {
+      before.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
+    }
+  }
+  absl::StatusOr<HfJobResult> result = Run(samples);
+  if (!result.ok()) return result.status();
+  absl::flat_hash_map<std::string, const torch::Tensor*> at_start;
+  for (const auto& [name, t] : before) at_start[name] = &t;
+  absl::flat_hash_map<std::string, const torch::Tensor*> base;
+  for (const auto& [name, t] : mirror) base[name] = &t;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : result->trainable) {
+    t = (*base.at(name) + (t - *at_start.at(name))).contiguous();
+  }
+  return result;
+}
+
+HfPairSide IdsAsTextSide(model::MultimodalModel* model) {
+  HfPairSide side;
+  side.model = model;
+  side.encode = [](const std::string& text, bool) -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> ids;
+    for (absl::string_view w : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(w, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat("not an id: '", w, "'"));
+      }
+      ids.push_back(id);
+    }
+    return ids;
+  };
+  side.decode = [](const std::vector<int64_t>& ids) { return absl::StrJoin(ids, " "); };
+  side.tokenizer_id = "ids-as-text";
+  return side;
+}
+
+absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample,
+                                            const HfPairSide& student) {
+  const int64_t n = sample.grid_tokens;
+  const int64_t d = sample.feature_dim;
+  const size_t kept = sample.kept_indices.size();
+  if (n <= 0 || d <= 0 || sample.features.size() != kept * static_cast<size_t>(d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample ", sample.sample_id, ": ", sample.features.size(),
+                     " feature values for ", kept, " kept tokens of width ", d));
+  }
+  HfSample h;
+  h.tokens = torch::zeros({n, d}, torch::kFloat);
+  h.present = torch::zeros({n}, torch::kBool);
+  if (kept > 0) {
+    std::vector<int64_t> rows(sample.kept_indices.begin(), sample.kept_indices.end());
+    for (int64_t r : rows) {
+      if (r >= n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample ", sample.sample_id, ": kept token ", r, " outside its grid of ", n));
+      }
+    }
+    const torch::Tensor index = torch::tensor(rows, torch::kLong);
+    const torch::Tensor values =
+        torch::from_blob(const_cast<float*>(sample.features.data()),
+                         {static_cast<int64_t>(kept), d}, torch::kFloat);
+    h.tokens.index_copy_(0, index, values);  // copies: `values` does not outlive the sample
+    h.present.index_fill_(0, index, true);
+  }
+  h.prompt = student.decode(
+      std::vector<int64_t>(sample.prompt_tokens.begin(), sample.prompt_tokens.end()));
+  return h;
 }
 
 }  // namespace cdcca::distill

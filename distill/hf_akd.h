@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compress/named_tensors.h"
+#include "compress/uplink_codec.h"
 #include "distill/akd.h"
 #include "distill/learner.h"
 #include "distill/model/hf_model.h"
@@ -55,12 +57,24 @@ struct HfPairSide {
   std::string tokenizer_id;
 };
 
+// A side whose "tokenizer" is the model's ids written as decimal text ("1 32000 450"): for
+// programs where both sides share one vocabulary and no tokenizer library is at hand (the GPU
+// build), so the KL term applies as for identical tokenizer files. `model` is not owned.
+HfPairSide IdsAsTextSide(model::MultimodalModel* model);
+
 // One uplinked sample as the job reads it.
 struct HfSample {
   torch::Tensor tokens;   // [N, D] float: the tower's output tokens (dropped ones: any value)
   torch::Tensor present;  // [N] bool, true = kept by UTS; undefined = all kept
   std::string prompt;     // the user's question, before any template
 };
+
+// An uplinked sample (compress/uplink_codec.h) as the job reads it: its kept tokens in their
+// rows of an [N, D] grid (the others zero and absent) and its prompt decoded by the student's
+// codec (devices uplink the question in the student's ids). InvalidArgument for a sample
+// whose features or indices do not match its grid.
+absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample,
+                                            const HfPairSide& student);
 
 struct HfJobResult {
   // The student's trainable set after the job (TrainableParameters order), fp32 CPU clones.
@@ -89,6 +103,15 @@ class HfPairDistiller {
   // Internal for a LibTorch error (the student may then hold a partly trained state: callers
   // that must keep it restore it from their mirror).
   absl::StatusOr<HfJobResult> Run(const std::vector<HfSample>& samples);
+
+  // A device's round: the student starts from `mirror` (the device's exact trainable state,
+  // fp32 CPU, copied into the student's own dtype), trains as Run does, and the result's
+  // `trainable` is the mirror plus what training changed, measured in the student's dtype
+  // (so a bf16 student's rounding of the mirror is not mistaken for a change). That is the
+  // theta_new DWC encodes against the mirror (compress/delta_encoder.h). InvalidArgument for a
+  // mirror that does not name the student's trainable set; errors as Run.
+  absl::StatusOr<HfJobResult> RunFrom(const compress::NamedTensors& mirror,
+                                      const std::vector<HfSample>& samples);
 
   // Whether the two tokenizers are identical (the KL term and per-position R apply).
   bool same_tokenizer() const;

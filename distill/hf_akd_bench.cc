@@ -7,9 +7,9 @@
 // The inputs file holds what devices would have uplinked: "tokens" [S, N, D] (the vision
 // tower's output tokens) and "prompt_ids" [S, P] (each sample's prompt as the LM's ids, BOS
 // and the image token included; both sides share the tokenizer, as LLaVA-1.5-13B / -7B do).
-// The text codec is therefore the ids themselves written as decimal text, so this program
-// needs no tokenizer library (the GPU build has none); the KL term applies, as for a pair
-// whose tokenizer files are identical.
+// The text codec is therefore the ids themselves written as decimal text (IdsAsTextSide), so
+// this program needs no tokenizer library (the GPU build has none); the KL term applies, as
+// for a pair whose tokenizer files are identical.
 //
 // Prints one JSON line: load, preparation (teacher answers, Q_t / R_t / logits, ridge fit)
 // and training times, training samples/s, the loss terms and the peak GPU memory.
@@ -27,7 +27,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -59,26 +58,6 @@ using nlohmann::json;
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Ids as decimal text and back: the pair's shared "tokenizer" (see the file comment).
-HfPairSide IdSide(model::MultimodalModel* m) {
-  HfPairSide side;
-  side.model = m;
-  side.encode = [](const std::string& text, bool) -> absl::StatusOr<std::vector<int64_t>> {
-    std::vector<int64_t> ids;
-    for (absl::string_view w : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
-      int64_t id = 0;
-      if (!absl::SimpleAtoi(w, &id)) {
-        return absl::InvalidArgumentError(absl::StrCat("not an id: '", w, "'"));
-      }
-      ids.push_back(id);
-    }
-    return ids;
-  };
-  side.decode = [](const std::vector<int64_t>& ids) { return absl::StrJoin(ids, " "); };
-  side.tokenizer_id = "ids-as-text";
-  return side;
 }
 
 absl::StatusOr<std::unique_ptr<model::MultimodalModel>> Load(const std::string& dir,
@@ -150,7 +129,7 @@ int Run() {
   int64_t trainable = 0;
   for (const auto& [name, t] : (*student)->TrainableParameters()) trainable += t.numel();
 
-  auto distiller = HfPairDistiller::Create(IdSide(teacher->get()), IdSide(student->get()),
+  auto distiller = HfPairDistiller::Create(IdsAsTextSide(teacher->get()), IdsAsTextSide(student->get()),
                                            settings->learner, job);
   if (!distiller.ok()) {
     std::cerr << distiller.status() << "\n";

@@ -384,5 +384,35 @@ TEST(HfPairJobTest, RefusesMissingCodecsAndBadOptions) {
   EXPECT_NE(st.message().find("sample 0"), std::string::npos) << st;
 }
 
+TEST(HfSampleFromUplinkTest, PlacesTheKeptTokensInTheirRowsAndDecodesThePrompt) {
+  compress::UplinkSample u;
+  u.sample_id = 9;
+  u.grid_tokens = 4;
+  u.feature_dim = 2;
+  u.kept_indices = {1, 3};
+  u.features = {1, 2, 3, 4};
+  u.prompt_tokens = {1, 856, 40};
+  const HfPairSide side = IdsAsTextSide(nullptr);
+  absl::StatusOr<HfSample> h = HfSampleFromUplink(u, side);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(torch::equal(h->tokens, torch::tensor({0.f, 0.f, 1.f, 2.f, 0.f, 0.f, 3.f, 4.f})
+                                          .reshape({4, 2})));
+  EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, true, false, true})));
+  EXPECT_EQ(h->prompt, "1 856 40");
+  absl::StatusOr<std::vector<int64_t>> ids = side.encode(h->prompt, true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int64_t>{1, 856, 40}));
+  EXPECT_FALSE(side.encode("1 x", true).ok());
+
+  compress::UplinkSample outside = u;
+  outside.kept_indices = {1, 4};
+  EXPECT_THAT(HfSampleFromUplink(outside, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  compress::UplinkSample short_features = u;
+  short_features.features.pop_back();
+  EXPECT_THAT(HfSampleFromUplink(short_features, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 }  // namespace
 }  // namespace cdcca::distill

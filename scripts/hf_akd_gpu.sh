@@ -8,6 +8,11 @@
 #   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
 #                                      batch 16, 200 steps, 64 uplinked samples
+#   scripts/hf_akd_gpu.sh round DIR    one whole round in process at the same shapes
+#                                      (sim/hf_round_bench.cc): an int4 device answers 32
+#                                      frames, UTS, int8 uplink, the job (batch 8, 40 steps),
+#                                      DWC at 2 bits/param, apply on both sides, digests
+#   scripts/hf_akd_gpu.sh round-tiny DIR  the same on the tiny random pair (seconds)
 # DIR receives the folders, inputs.safetensors, cdcca.json, reference.json (one JSON line
 # each, peak memory per process from nvidia-smi added as "peak_process_gpu_bytes") and logs.
 set -euo pipefail
@@ -15,25 +20,28 @@ mode=${1:?build, tiny or full}
 export PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 bench=build-gpu/distill/hf_akd_bench
+round_bench=build-gpu/sim/hf_round_bench
 
 if [ "$mode" = build ]; then
   start=$(date +%s)
-  export CDCCA_GPU_TARGETS=hf_akd_bench
+  export CDCCA_GPU_TARGETS="hf_akd_bench hf_round_bench"
   (source distill/model/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"
-  test -x "$bench"
+  test -x "$bench" && test -x "$round_bench"
   exit 0
 fi
 
 dir=${2:?DIR}
 mkdir -p "$dir"
-if [ "$mode" = tiny ]; then
+if [ "$mode" = tiny ] || [ "$mode" = round-tiny ]; then
   shapes=(--teacher tiny-teacher --student tiny-student --samples 8 --prompt_tokens 12)
   job=(--steps 20 --batch 4 --answer_tokens 8 --lora_rank 8 --lora_alpha 16)
+  round=(--frames 8 --steps 20 --batch 4 --answer_tokens 8 --device_answer_tokens 8 --bits_per_param 8)
 else
   shapes=(--teacher llava-1.5-13b --student llava-1.5-7b --samples 64 --prompt_tokens 40)
   job=(--steps 200 --batch 16 --answer_tokens 32 --lora_rank 8 --lora_alpha 16)
+  round=(--frames 32 --steps 40 --batch 8 --answer_tokens 32 --device_answer_tokens 16)
 fi
 [ -f "$dir/inputs.safetensors" ] || python3 scripts/hf_akd_reference.py make --out "$dir" "${shapes[@]}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -61,6 +69,13 @@ print(json.dumps(row))
 PY
   return $rc
 }
+
+if [ "$mode" = round ] || [ "$mode" = round-tiny ]; then
+  measure "$dir/round.json" "$round_bench" --teacher "$dir/teacher" --student "$dir/student" \
+    --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 \
+    --keep_fraction 0.5 --token_ratio 0.5 --feature_precision int8 "${round[@]}"
+  exit $?
+fi
 
 measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student "$dir/student" \
   --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 "${job[@]}" || true

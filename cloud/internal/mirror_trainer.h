@@ -62,11 +62,6 @@ absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateFamilyMirrorTrainer(
 absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateHubMirrorTrainer(
     const PerDeviceStrategyOptions& options);
 
-// Copies a device's mirror into a student's trainable tensors (`params` alias the model),
-// matched by name. Internal naming the tensor the mirror lacks.
-absl::Status CopyMirrorInto(const compress::NamedTensors& mirror,
-                            const compress::NamedTensors& params);
-
 // The job settings the options stand for: distill_config (or the learner's preset) with the
 // learner's feature term, and the option overrides of the job bounds.
 absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOptions& options);

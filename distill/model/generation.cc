@@ -39,6 +39,19 @@ class DecoderStepper : public GreedyStepper {
 
 }  // namespace
 
+double MeanStepEntropy(const GreedyResult& result, size_t row) {
+  if (row >= result.tokens.size()) return 0.0;
+  // step_logits[i] is what token i was chosen from; one per generated token.
+  const size_t steps = std::min(result.step_logits.size(), result.tokens[row].size());
+  double sum = 0;
+  for (size_t i = 0; i < steps; ++i) {
+    const torch::Tensor logp =
+        torch::log_softmax(result.step_logits[i][static_cast<int64_t>(row)].to(torch::kDouble), -1);
+    sum -= (logp.exp() * logp).sum().item<double>();
+  }
+  return steps > 0 ? sum / static_cast<double>(steps) : 0.0;
+}
+
 GreedyResult GreedyGenerate(GreedyStepper& model, const GreedyOptions& options) {
   torch::NoGradGuard no_grad;
   GreedyResult r;

@@ -46,6 +46,11 @@ class GreedyStepper {
 
 GreedyResult GreedyGenerate(GreedyStepper& model, const GreedyOptions& options);
 
+// UTS stage 1 (paper Eq. 2): the mean over row `row`'s generated tokens of the entropy (nats)
+// of the distribution each was chosen from, in double precision. Needs keep_step_logits; 0
+// when the row generated nothing or no step logits were kept.
+double MeanStepEntropy(const GreedyResult& result, size_t row);
+
 // Greedy decoding of a decoder LM from prompt embeddings [B, T, H] (a multimodal prefix
 // already merged in) with an attention mask [B, T] (1 = token, 0 = left padding; undefined
 // = all tokens), using a KV cache.

@@ -231,14 +231,7 @@ void HfAnswerer::Finish(const GreedyResult& result, GenerateReply* reply) const 
     torch::Tensor f = result.first_logits[0].contiguous();
     reply->first_logits.assign(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
   }
-  // step_logits[i] is what token i was chosen from; one per generated token.
-  double entropy_sum = 0;
-  const size_t steps = std::min(result.step_logits.size(), reply->tokens.size());
-  for (size_t i = 0; i < steps; ++i) {
-    torch::Tensor logp = torch::log_softmax(result.step_logits[i][0].to(torch::kDouble), -1);
-    entropy_sum -= (logp.exp() * logp).sum().item<double>();
-  }
-  reply->mean_entropy = steps > 0 ? entropy_sum / static_cast<double>(steps) : 0.0;
+  reply->mean_entropy = MeanStepEntropy(result, 0);
 }
 
 }  // namespace cdcca::model
