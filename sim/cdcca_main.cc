@@ -20,7 +20,7 @@
 #include "distill/model/generate_command.h"
 #endif
 #ifdef CDCCA_HAVE_HF_ADAPT
-#include "distill/hf_adapt_command.h"
+#include "sim/hf_adapt_command.h"
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"

@@ -7,11 +7,14 @@
 //   2. A device whose vision tower is not the teacher's is refused at Register, naming both.
 //   3. A pair whose tower differs is refused when the cloud starts.
 //   4. A pair with different tokenizers trains without the logit KL and the job log says so.
+//   5. `cdcca hf-adapt` (the same round offline) gates frames by UTS stage 1 and trains on the
+//      kept ones only.
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cloud/update_store.h"
@@ -227,6 +230,51 @@ TEST_F(HubProgramsTest, DifferentTokenizersTrainWithoutKlAndSaySo) {
   EXPECT_THAT(jobs[0]["notes"][0].get<std::string>(), HasSubstr("weight 0.5"));
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFrames) {
+  TempDir dir;
+  const std::string fixtures = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf";
+  const std::string model = fixtures + "/models/llava_clip_llama";
+  auto run = [&](const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> args = {CDCCA_TOOL_BINARY,      "hf-adapt",
+                                     "--teacher=" + model,   "--student_base=" + model,
+                                     "--precision=fp32",     "--images=" + fixtures + "/images",
+                                     "--prompt=What is shown?", "--template=llava",
+                                     "--steps=4",            "--batch=2",
+                                     "--answer_tokens=4",    "--out=" + dir.path() + "/state"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child child(args, log);
+    return child.Wait(absl::Minutes(3));
+  };
+  const std::string log = dir.path() + "/hf_adapt.log";
+  ASSERT_EQ(run({"--keep_fraction=0.5"}, log), 0) << ReadText(log);
+  int kept = 0, passed = 0;
+  nlohmann::json job;
+  for (absl::string_view line : absl::StrSplit(ReadText(log), '\n', absl::SkipEmpty())) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.value("event", "") == "frame") {
+      (j.value("stage1", "") == "kept" ? kept : passed) += 1;
+      // Stage 2 runs on kept frames only.
+      EXPECT_EQ(j.contains("kept"), j.value("stage1", "") == "kept") << j.dump();
+    }
+    if (j.value("event", "") == "job") job = j;
+  }
+  // Six fixture images; the first frame of an empty window passes, then about half.
+  EXPECT_EQ(kept + passed, 6);
+  EXPECT_GE(kept, 2);
+  EXPECT_GE(passed, 1);
+  ASSERT_TRUE(job.is_object()) << ReadText(log);
+  EXPECT_EQ(job.value("samples", -1), kept);
+
+  // Two stage-1 rules at once, and a threshold no frame reaches, are refused.
+  const std::string both = dir.path() + "/both.log";
+  EXPECT_EQ(run({"--keep_fraction=0.5", "--entropy_alpha=1"}, both), 2);
+  EXPECT_THAT(ReadText(both), HasSubstr("two stage-1 rules"));
+  const std::string none = dir.path() + "/none.log";
+  EXPECT_EQ(run({"--entropy_alpha=1000"}, none), 1);
+  EXPECT_THAT(ReadText(none), HasSubstr("kept none of the 6 frames"));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "distill/hf_adapt_command.h"
+#include "sim/hf_adapt_command.h"
 
 #include <torch/torch.h>
 
@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "datasets/formats.h"
+#include "device/uts.h"
 #include "distill/model/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
 
@@ -34,6 +35,12 @@ ABSL_FLAG(int, answer_tokens, 16, "hf-adapt: longest pseudo-label the teacher ge
 ABSL_FLAG(int64_t, lora_rank, 8, "hf-adapt: LoRA rank on the LM's q and v");
 ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)");
 ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
+// --keep_fraction (UTS stage 1 as the share of frames kept by answer entropy, the running
+// quantile over the frames so far as on a device; 0 = every frame) is adapt-eval's flag.
+ABSL_DECLARE_FLAG(double, keep_fraction);
+ABSL_FLAG(double, entropy_alpha, -1.0,
+          "hf-adapt: UTS stage 1 with a fixed threshold instead: keep frames whose answer's mean "
+          "token entropy (nats) exceeds it; < 0 = off");
 ABSL_FLAG(double, keep_ratio, 0.5, "hf-adapt: share of visual tokens UTS stage 2 keeps, (0, 1]");
 ABSL_FLAG(int, uts_passes, 8, "hf-adapt: UTS stage 2's MC-dropout passes M");
 ABSL_FLAG(double, uts_dropout, 0.1, "hf-adapt: UTS stage 2's token dropout rate");
@@ -104,6 +111,25 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: --keep_ratio must be in (0, 1], got %g\n", kName, keep);
     return 2;
   }
+  // UTS stage 1 (device/uts.h EntropyGate): a running quantile, a fixed alpha, or off.
+  const double keep_fraction = absl::GetFlag(FLAGS_keep_fraction);
+  const double alpha = absl::GetFlag(FLAGS_entropy_alpha);
+  if (!(keep_fraction >= 0 && keep_fraction <= 1)) {
+    std::fprintf(stderr, "%s: --keep_fraction must be in [0, 1], got %g\n", kName, keep_fraction);
+    return 2;
+  }
+  const bool quantile = keep_fraction > 0 && keep_fraction < 1;
+  if (alpha >= 0 && quantile) {
+    std::fprintf(
+        stderr, "%s: --keep_fraction and --entropy_alpha are two stage-1 rules; give one\n", kName);
+    return 2;
+  }
+  const bool stage1 = quantile || alpha >= 0;
+  device::UtsOptions gate_options;
+  gate_options.keep_fraction = quantile ? static_cast<float>(keep_fraction) : 0.0f;
+  gate_options.entropy_alpha = alpha >= 0 ? static_cast<float>(alpha) : 0.0f;
+  if (absl::Status s = device::CheckUtsOptions(gate_options); !s.ok()) return Fail(kName, s);
+  device::EntropyGate gate(gate_options);
   absl::StatusOr<std::vector<std::string>> images = ImageList(absl::GetFlag(FLAGS_images));
   if (!images.ok()) return Fail(kName, images.status());
 
@@ -161,6 +187,16 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
         image->pixels.data(), image->width, image->height, path, *device_prompt,
         settings.job.max_answer_tokens, /*with_entropy=*/true);
     if (!answer.ok()) return Fail(kName, answer.status());
+    if (stage1 && !gate.Keep(static_cast<float>(answer->mean_entropy))) {
+      nlohmann::json line = {{"event", "frame"},
+                             {"image", path},
+                             {"answer", answer->text},
+                             {"entropy", answer->mean_entropy},
+                             {"stage1", "passed over"}};
+      std::fprintf(stderr, "%s\n",
+                   line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      continue;
+    }
     absl::StatusOr<model::VisualTokenReply> uts = (*student)->VisualTokenVarianceRgb(
         image->pixels.data(), image->width, image->height, path, *device_prompt,
         absl::GetFlag(FLAGS_uts_passes), absl::GetFlag(FLAGS_uts_dropout), settings.job.seed + i);
@@ -178,10 +214,17 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                            {"image", path},
                            {"answer", answer->text},
                            {"entropy", answer->mean_entropy},
+                           {"stage1", "kept"},
                            {"visual_tokens", uts->tokens},
                            {"kept", kept}};
     std::fprintf(stderr, "%s\n",
                  line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+
+  if (samples.empty()) {
+    return Fail(kName, absl::FailedPreconditionError(absl::StrCat(
+                           "UTS stage 1 kept none of the ", images->size(),
+                           " frames (raise --keep_fraction or lower --entropy_alpha)")));
   }
 
   // The cloud's side.

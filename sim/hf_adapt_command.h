@@ -2,9 +2,11 @@
 // teacher-student pair, offline, and the PEFT export of its result.
 //
 //   cdcca hf-adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE
-//     The device's side on each frame: the student (at --precision, the device's) answers and
-//     runs UTS stage 2 (--uts_passes MC-dropout passes, the top --keep_ratio tokens by
-//     variance are kept); then the cloud's side: an AKD job (distill/hf_akd.h, --learner,
+//     The device's side on each frame: the student (at --precision, the device's) answers;
+//     UTS stage 1 keeps the frame by its answer's mean token entropy (--keep_fraction, the
+//     running quantile as on a device, or --entropy_alpha; default 0: every frame); on a kept
+//     frame UTS stage 2 (--uts_passes MC-dropout passes) keeps the top --keep_ratio tokens by
+//     variance; then the cloud's side: an AKD job (distill/hf_akd.h, --learner,
 //     --learner_config, --steps) trains the student's adapters (--lora_rank, --lora_alpha)
 //     on the kept tokens, and the adapted state is written to STATE
 //     (model/hf_adapter_state.h). One JSON line per frame and one for the job on stderr.
@@ -12,8 +14,8 @@
 //     The state as a PEFT LoRA adapter plus non_lora.safetensors.
 //
 // `cdcca generate --model DIR --adapter_state STATE` answers with the adapted student.
-#ifndef CDCCA_DISTILL_HF_ADAPT_COMMAND_H_
-#define CDCCA_DISTILL_HF_ADAPT_COMMAND_H_
+#ifndef CDCCA_SIM_HF_ADAPT_COMMAND_H_
+#define CDCCA_SIM_HF_ADAPT_COMMAND_H_
 
 #include <string>
 #include <vector>
@@ -27,4 +29,4 @@ int ExportAdapterCommand(const std::vector<std::string>& args);
 
 }  // namespace cdcca::distill
 
-#endif  // CDCCA_DISTILL_HF_ADAPT_COMMAND_H_
+#endif  // CDCCA_SIM_HF_ADAPT_COMMAND_H_
