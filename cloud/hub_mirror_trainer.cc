@@ -23,14 +23,6 @@ namespace {
 // The default answer bound of a pseudo-label on a Hub pair (free text, subword tokens).
 constexpr int kHubAnswerTokens = 16;
 
-compress::NamedTensors Fp32Clones(model::MultimodalModel& model) {
-  compress::NamedTensors out;
-  for (auto& [name, t] : model.TrainableParameters()) {
-    out.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
-  }
-  return out;
-}
-
 class HubMirrorTrainer final : public MirrorTrainer {
  public:
   static absl::StatusOr<std::unique_ptr<MirrorTrainer>> Create(
@@ -79,7 +71,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
       t->student_ = *std::move(student);
       if (absl::Status s = t->student_->model().AddAdapters(t->adapters_); !s.ok()) return s;
       if (!cuda) {
-        t->base_trainable_ = Fp32Clones(t->student_->model());
+        t->base_trainable_ = compress::Fp32Clones(t->student_->model().TrainableParameters());
       } else {
         // The devices run on the CPU in fp32: their version 0 is a CPU load's trainable set,
         // not the CUDA copy's (bf16) rounding of it.
@@ -87,7 +79,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
             model::HfAnswerer::Load(options.student_base_dir, "int4", "cpu");
         if (!cpu.ok()) return cpu.status();
         if (absl::Status s = (*cpu)->model().AddAdapters(t->adapters_); !s.ok()) return s;
-        t->base_trainable_ = Fp32Clones((*cpu)->model());
+        t->base_trainable_ = compress::Fp32Clones((*cpu)->model().TrainableParameters());
       }
       absl::StatusOr<uint64_t> folder = model::HfFolderFingerprint(options.student_base_dir);
       if (!folder.ok()) return folder.status();

@@ -62,6 +62,16 @@ uint64_t StateDigest(const NamedTensors& tensors) {
   return DigestViews(views);
 }
 
+NamedTensors Fp32Clones(const NamedTensors& tensors) {
+  torch::NoGradGuard no_grad;
+  NamedTensors out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    out.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
+  }
+  return out;
+}
+
 absl::Status CopyInto(const NamedTensors& from, const NamedTensors& into) {
   absl::flat_hash_map<std::string, const torch::Tensor*> by_name;
   for (const auto& [name, t] : from) by_name[name] = &t;

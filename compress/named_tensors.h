@@ -46,6 +46,10 @@ absl::StatusOr<uint64_t> ApplyUpdate(absl::string_view payload, uint64_t expecte
 // to float32 first (exact for fp16 and bf16). Thread-safe for concurrent readers.
 uint64_t StateDigest(const NamedTensors& tensors);
 
+// Detached fp32, contiguous CPU clones of `tensors` (a model's trainable set, any dtype or
+// device): the form a state is kept, digested and encoded in.
+NamedTensors Fp32Clones(const NamedTensors& tensors);
+
 // Copies every tensor of `from` into the same-named tensor of `into`, whatever the latter's
 // dtype and device (a model's parameters, which `into` aliases: a CUDA bf16 copy gets the
 // rounding of an fp32 state); tensors of `into` that `from` lacks are an error. This is how a

@@ -41,20 +41,6 @@ std::vector<ds::Sample> GenerateScenes(const ds::SampleGenerator& gen, int64_t n
   return out;
 }
 
-// The samples that pass stage 1: entropy at or above the (1 - keep_fraction) quantile of
-// all entropies (EntropyGate's rule over the whole stream as its window).
-std::vector<bool> Stage1(const std::vector<compress::UplinkSample>& samples, float keep_fraction) {
-  std::vector<bool> keep(samples.size(), true);
-  if (keep_fraction <= 0 || keep_fraction >= 1 || samples.empty()) return keep;
-  std::vector<float> sorted;
-  for (const auto& s : samples) sorted.push_back(s.entropy);
-  std::sort(sorted.begin(), sorted.end());
-  const size_t k =
-      std::min(sorted.size() - 1, static_cast<size_t>((1.0f - keep_fraction) * sorted.size()));
-  for (size_t i = 0; i < samples.size(); ++i) keep[i] = samples[i].entropy >= sorted[k];
-  return keep;
-}
-
 // Copies an adapted trainable state (model::TrainableParameters order) into `model`.
 absl::Status LoadTrainable(model::Blip2Tower& target, const model::NamedTensors& state) {
   model::NamedTensors live = model::TrainableParameters(*target);
@@ -151,6 +137,41 @@ std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio) {
   return order;
 }
 
+std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
+                             float keep_fraction) {
+  std::vector<bool> keep(samples.size(), true);
+  if (keep_fraction <= 0 || keep_fraction >= 1 || samples.empty()) return keep;
+  std::vector<float> sorted;
+  for (const auto& s : samples) sorted.push_back(s.entropy);
+  std::sort(sorted.begin(), sorted.end());
+  const size_t k =
+      std::min(sorted.size() - 1, static_cast<size_t>((1.0f - keep_fraction) * sorted.size()));
+  for (size_t i = 0; i < samples.size(); ++i) keep[i] = samples[i].entropy >= sorted[k];
+  return keep;
+}
+
+absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& o) {
+  absl::StatusOr<ds::ImageSet> train_images =
+      ds::LoadFashionMnist(ds::Split::kTrain, o.fashion_mnist_dir);
+  if (!train_images.ok()) return train_images.status();
+  absl::StatusOr<ds::ImageSet> test_images =
+      ds::LoadFashionMnist(ds::Split::kTest, o.fashion_mnist_dir);
+  if (!test_images.ok()) return test_images.status();
+  ds::DomainSpec stream_spec = o.domain, test_spec = o.domain;
+  stream_spec.split = ds::Split::kTrain;
+  test_spec.split = ds::Split::kTest;
+  absl::StatusOr<ds::SampleGenerator> stream_gen =
+      ds::SampleGenerator::Create(&*train_images, stream_spec, o.seed);
+  if (!stream_gen.ok()) return stream_gen.status();
+  absl::StatusOr<ds::SampleGenerator> test_gen =
+      ds::SampleGenerator::Create(&*test_images, test_spec, o.seed + 7919);
+  if (!test_gen.ok()) return test_gen.status();
+  AdaptScenes out;
+  out.stream = GenerateScenes(*stream_gen, o.stream_scenes);
+  out.test = GenerateScenes(*test_gen, o.test_scenes);
+  return out;
+}
+
 absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
     const StreamObservation& observation, const std::vector<bool>& keep, const UplinkArm& arm,
     std::mt19937_64& rng) {
@@ -211,14 +232,7 @@ absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
   return out;
 }
 
-absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
-  auto say = [&](const std::string& line) {
-    if (o.progress) {
-      o.progress(line);
-    } else {
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
-  };
+absl::StatusOr<std::vector<DistillConfig>> CheckAdaptEvalOptions(const AdaptEvalOptions& o) {
   if (o.arms.empty() || o.learners.empty()) {
     return absl::InvalidArgumentError("adapt-eval needs at least one arm and one learner");
   }
@@ -234,6 +248,20 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
     if (!c.ok()) return c.status();
     learners.push_back(*c);
   }
+  return learners;
+}
+
+absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
+  auto say = [&](const std::string& line) {
+    if (o.progress) {
+      o.progress(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  };
+  absl::StatusOr<std::vector<DistillConfig>> parsed = CheckAdaptEvalOptions(o);
+  if (!parsed.ok()) return parsed.status();
+  const std::vector<DistillConfig>& learners = *parsed;
   std::vector<std::string> score_kinds;
   for (const UplinkArm& arm : o.arms) {
     if (arm.selection != TokenSelection::kUts) continue;
@@ -268,21 +296,8 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
       ds::Tokenizer::Load(o.checkpoint_dir + "/tokenizer.json");
   if (!loaded_tok.ok() && !absl::IsNotFound(loaded_tok.status())) return loaded_tok.status();
   const ds::Tokenizer tok = loaded_tok.ok() ? *loaded_tok : ds::Tokenizer::SceneLanguage();
-  absl::StatusOr<ds::ImageSet> train_images =
-      ds::LoadFashionMnist(ds::Split::kTrain, o.fashion_mnist_dir);
-  if (!train_images.ok()) return train_images.status();
-  absl::StatusOr<ds::ImageSet> test_images =
-      ds::LoadFashionMnist(ds::Split::kTest, o.fashion_mnist_dir);
-  if (!test_images.ok()) return test_images.status();
-  ds::DomainSpec stream_spec = o.domain, test_spec = o.domain;
-  stream_spec.split = ds::Split::kTrain;
-  test_spec.split = ds::Split::kTest;
-  absl::StatusOr<ds::SampleGenerator> stream_gen =
-      ds::SampleGenerator::Create(&*train_images, stream_spec, o.seed);
-  if (!stream_gen.ok()) return stream_gen.status();
-  absl::StatusOr<ds::SampleGenerator> test_gen =
-      ds::SampleGenerator::Create(&*test_images, test_spec, o.seed + 7919);
-  if (!test_gen.ok()) return test_gen.status();
+  absl::StatusOr<AdaptScenes> scenes = GenerateAdaptScenes(o);
+  if (!scenes.ok()) return scenes.status();
 
   AdaptReport report;
   report.domain = o.domain.name;
@@ -299,7 +314,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
 
     // ---- the test scenes, and the reference accuracies ------------------------------------
     auto t0 = Clock::now();
-    std::vector<ds::Sample> test = GenerateScenes(*test_gen, o.test_scenes);
+    const std::vector<ds::Sample>& test = scenes->test;
     torch::Tensor test_tokens = model::EncodeAll(encoder, test, device);
     model::EvalResult source =
         model::ScoreAnswers(student, test_tokens, test, tok, o.max_answer_tokens, device);
@@ -315,7 +330,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
 
     // ---- the device on the stream --------------------------------------------------------
     t0 = Clock::now();
-    std::vector<ds::Sample> stream = GenerateScenes(*stream_gen, o.stream_scenes);
+    const std::vector<ds::Sample>& stream = scenes->stream;
     torch::Tensor stream_tokens = model::EncodeAll(encoder, stream, device);
     StreamObservation obs;
     obs.num_tokens = stream_tokens.size(1);
@@ -406,7 +421,7 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
         obs.scene_of_sample.push_back(scene[static_cast<size_t>(i)]);
       }
     }
-    const std::vector<bool> keep = Stage1(obs.samples, o.keep_fraction);
+    const std::vector<bool> keep = Stage1Keep(obs.samples, o.keep_fraction);
     report.stream_samples = static_cast<int64_t>(obs.samples.size());
     report.stage1_samples = std::count(keep.begin(), keep.end(), true);
     report.device_accuracy_stream = device_acc.Overall();

@@ -118,9 +118,28 @@ absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
     const StreamObservation& observation, const std::vector<bool>& keep, const UplinkArm& arm,
     std::mt19937_64& rng);
 
+// The experiment's scenes: the shifted stream (train-split images, seed) and the held-out
+// test scenes (test-split images, seed + 7919). Errors of the Fashion-MNIST loader and of
+// the domain (INVALID_ARGUMENT).
+struct AdaptScenes {
+  std::vector<datasets::Sample> stream, test;
+};
+absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& options);
+
+// The samples that pass stage 1: entropy at or above the (1 - keep_fraction) quantile of
+// all entropies (EntropyGate's rule over the whole stream as its window); every sample for
+// a keep_fraction of 0 or 1.
+std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
+                             float keep_fraction);
+
 // Top `ratio` of `scores` (ties to the lower index, at least one token), ascending: the
 // rule of device::SelectTokens with every token present.
 std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio);
+
+// The learners the options name (ParseLearnerSpec), after checking what every run needs: an
+// arm and a learner, scenes >= 1, mc_passes 1-64, dropout_p in [0, 1). InvalidArgument
+// otherwise.
+absl::StatusOr<std::vector<DistillConfig>> CheckAdaptEvalOptions(const AdaptEvalOptions& options);
 
 // Runs the whole experiment. Errors: the loaders' (NOT_FOUND, DATA_LOSS), INVALID_ARGUMENT
 // for bad options, INTERNAL for a LibTorch error.

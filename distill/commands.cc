@@ -72,13 +72,7 @@ absl::StatusOr<ds::DomainSpec> DomainFromFlags() {
 
 }  // namespace
 
-int AdaptEvalCommand(const std::vector<std::string>& args) {
-  if (!args.empty()) {
-    std::fprintf(stderr,
-                 "usage: cdcca adapt-eval [--checkpoint DIR] [--shift fog --severity 4] "
-                 "[--out FILE_PREFIX] ...\n");
-    return 2;
-  }
+absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
   AdaptEvalOptions o;
   if (!absl::GetFlag(FLAGS_checkpoint).empty()) o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
   o.fashion_mnist_dir = absl::GetFlag(FLAGS_fashion_mnist_dir);
@@ -86,10 +80,7 @@ int AdaptEvalCommand(const std::vector<std::string>& args) {
   if (env != nullptr && o.fashion_mnist_dir == "/usr/share/datasets/fashion-mnist")
     o.fashion_mnist_dir = env;
   absl::StatusOr<ds::DomainSpec> domain = DomainFromFlags();
-  if (!domain.ok()) {
-    std::fprintf(stderr, "cdcca adapt-eval: %s\n", domain.status().ToString().c_str());
-    return 2;
-  }
+  if (!domain.ok()) return domain.status();
   o.domain = *domain;
   o.stream_scenes = absl::GetFlag(FLAGS_stream_scenes);
   o.test_scenes = absl::GetFlag(FLAGS_test_scenes);
@@ -103,10 +94,7 @@ int AdaptEvalCommand(const std::vector<std::string>& args) {
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
   absl::StatusOr<DistillSettings> settings =
       LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
-  if (!settings.ok()) {
-    std::fprintf(stderr, "cdcca adapt-eval: %s\n", settings.status().ToString().c_str());
-    return 2;
-  }
+  if (!settings.ok()) return settings.status();
   o.job = settings->job;
   o.job.seed = o.seed;
   if (absl::GetFlag(FLAGS_job_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_job_steps);
@@ -129,10 +117,12 @@ int AdaptEvalCommand(const std::vector<std::string>& args) {
        absl::StrSplit(absl::GetFlag(FLAGS_learners), ',', absl::SkipEmpty())) {
     o.learners.emplace_back(l);
   }
+  return o;
+}
 
-  absl::StatusOr<AdaptReport> report = RunAdaptEval(o);
+int WriteAdaptReport(const std::string& command, const absl::StatusOr<AdaptReport>& report) {
   if (!report.ok()) {
-    std::fprintf(stderr, "cdcca adapt-eval: %s\n", report.status().ToString().c_str());
+    std::fprintf(stderr, "cdcca %s: %s\n", command.c_str(), report.status().ToString().c_str());
     return 1;
   }
   const std::string md = report->Markdown();
@@ -144,6 +134,21 @@ int AdaptEvalCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "wrote %s.md and %s.json\n", out.c_str(), out.c_str());
   }
   return 0;
+}
+
+int AdaptEvalCommand(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr,
+                 "usage: cdcca adapt-eval [--checkpoint DIR] [--shift fog --severity 4] "
+                 "[--out FILE_PREFIX] ...\n");
+    return 2;
+  }
+  absl::StatusOr<AdaptEvalOptions> o = AdaptEvalOptionsFromFlags();
+  if (!o.ok()) {
+    std::fprintf(stderr, "cdcca adapt-eval: %s\n", o.status().ToString().c_str());
+    return 2;
+  }
+  return WriteAdaptReport("adapt-eval", RunAdaptEval(*o));
 }
 
 }  // namespace cdcca::distill

@@ -477,20 +477,13 @@ absl::StatusOr<HfJobResult> HfPairDistiller::RunFrom(const compress::NamedTensor
   model::MultimodalModel& student = *state_->student.model;
   const model::NamedTensors params = student.TrainableParameters();
   if (params.size() != mirror.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the mirror has ", mirror.size(),
-                                                   " tensors, the student's trainable set ",
-                                                   params.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the mirror has ", mirror.size(), " tensors, the student's trainable set ", params.size()));
   }
   if (absl::Status s = compress::CopyInto(mirror, params); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("the mirror: ", s.message()));
   }
-  compress::NamedTensors before;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, t] : params) {
-      before.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
-    }
-  }
+  const compress::NamedTensors before = compress::Fp32Clones(params);
   absl::StatusOr<HfJobResult> result = Run(samples);
   if (!result.ok()) return result.status();
   absl::flat_hash_map<std::string, const torch::Tensor*> at_start;
@@ -529,9 +522,9 @@ absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample
   const int64_t d = sample.feature_dim;
   const size_t kept = sample.kept_indices.size();
   if (n <= 0 || d <= 0 || sample.features.size() != kept * static_cast<size_t>(d)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sample ", sample.sample_id, ": ", sample.features.size(),
-                     " feature values for ", kept, " kept tokens of width ", d));
+    return absl::InvalidArgumentError(absl::StrCat("sample ", sample.sample_id, ": ",
+                                                   sample.features.size(), " feature values for ",
+                                                   kept, " kept tokens of width ", d));
   }
   HfSample h;
   h.tokens = torch::zeros({n, d}, torch::kFloat);
@@ -540,14 +533,13 @@ absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample
     std::vector<int64_t> rows(sample.kept_indices.begin(), sample.kept_indices.end());
     for (int64_t r : rows) {
       if (r >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sample ", sample.sample_id, ": kept token ", r, " outside its grid of ", n));
+        return absl::InvalidArgumentError(absl::StrCat("sample ", sample.sample_id, ": kept token ",
+                                                       r, " outside its grid of ", n));
       }
     }
     const torch::Tensor index = torch::tensor(rows, torch::kLong);
-    const torch::Tensor values =
-        torch::from_blob(const_cast<float*>(sample.features.data()),
-                         {static_cast<int64_t>(kept), d}, torch::kFloat);
+    const torch::Tensor values = torch::from_blob(const_cast<float*>(sample.features.data()),
+                                                  {static_cast<int64_t>(kept), d}, torch::kFloat);
     h.tokens.index_copy_(0, index, values);  // copies: `values` does not outlive the sample
     h.present.index_fill_(0, index, true);
   }

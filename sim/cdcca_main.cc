@@ -59,7 +59,12 @@ const Command kCommands[] = {
     {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
      cdcca::model::ModelEvalCommand},
 #endif
-#ifdef CDCCA_HAVE_ADAPT
+#if defined(CDCCA_HAVE_ADAPT) && defined(CDCCA_HAVE_HF_ADAPT)
+    {"adapt-eval",
+     "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog (a Hugging Face "
+     "pair: --teacher DIR --student_base DIR)",
+     cdcca::sim::AdaptEvalAnyPairCommand},
+#elif defined(CDCCA_HAVE_ADAPT)
     {"adapt-eval", "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog",
      cdcca::distill::AdaptEvalCommand},
 #endif
@@ -77,9 +82,9 @@ const Command kCommands[] = {
     {"hf-adapt",
      "one CD-CCA round on a Hugging Face pair: --teacher DIR --student_base DIR --images DIR "
      "--prompt T --out STATE",
-     cdcca::distill::HfAdaptCommand},
+     cdcca::sim::HfAdaptCommand},
     {"export-adapter", "an adapted state as a PEFT LoRA adapter: --state STATE --out DIR",
-     cdcca::distill::ExportAdapterCommand},
+     cdcca::sim::ExportAdapterCommand},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",

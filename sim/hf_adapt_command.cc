@@ -14,8 +14,10 @@
 #include "absl/strings/str_split.h"
 #include "datasets/formats.h"
 #include "device/uts.h"
+#include "distill/commands.h"
 #include "distill/model/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
+#include "sim/hub_adapt_eval.h"
 
 ABSL_FLAG(std::string, teacher, "", "hf-adapt: the teacher's Hugging Face folder");
 ABSL_FLAG(std::string, student_base, "",
@@ -55,7 +57,19 @@ ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, out);
 
-namespace cdcca::distill {
+namespace cdcca::sim {
+
+using distill::DistillConfig;
+using distill::DistillSettings;
+using distill::HfJobResult;
+using distill::HfPairDistiller;
+using distill::HfSample;
+using distill::LoadDistillSettings;
+using distill::LossTerm;
+using distill::PairSideOf;
+using distill::PresetDistillConfig;
+using distill::WithFeatureTermOf;
+
 namespace {
 
 // --images: a folder (its .png/.jpg/.jpeg/.bmp files in name order) or a comma list of files.
@@ -266,6 +280,36 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
+int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
+  if (absl::GetFlag(FLAGS_student_base).empty() && absl::GetFlag(FLAGS_teacher).empty()) {
+    return distill::AdaptEvalCommand(args);
+  }
+  constexpr char kName[] = "adapt-eval";
+  if (!args.empty()) {
+    std::fprintf(stderr, "%s: unexpected argument %s\n", kName, args[0].c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_student_base).empty() || absl::GetFlag(FLAGS_teacher).empty()) {
+    std::fprintf(
+        stderr, "%s: a Hugging Face pair needs both --teacher DIR and --student_base DIR\n", kName);
+    return 2;
+  }
+  absl::StatusOr<distill::AdaptEvalOptions> o = distill::AdaptEvalOptionsFromFlags();
+  if (!o.ok()) return Fail(kName, o.status());
+  HubPairOptions pair;
+  pair.teacher_dir = absl::GetFlag(FLAGS_teacher);
+  pair.student_base_dir = absl::GetFlag(FLAGS_student_base);
+  pair.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
+  pair.student_template = absl::GetFlag(FLAGS_template);
+  pair.teacher_template = absl::GetFlag(FLAGS_teacher_template);
+  if (pair.teacher_template.empty()) pair.teacher_template = pair.student_template;
+  pair.device = absl::GetFlag(FLAGS_device);
+  pair.adapters.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  pair.adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  pair.adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  return distill::WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
+}
+
 int ExportAdapterCommand(const std::vector<std::string>& args) {
   constexpr char kName[] = "export-adapter";
   if (!args.empty()) {
@@ -285,4 +329,4 @@ int ExportAdapterCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace cdcca::distill
+}  // namespace cdcca::sim

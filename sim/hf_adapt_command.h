@@ -1,5 +1,5 @@
 // `cdcca hf-adapt` and `cdcca export-adapter` (issue 21): one CD-CCA round on a Hugging Face
-// teacher-student pair, offline, and the PEFT export of its result.
+// teacher-student pair, offline, and the PEFT export of its result; `cdcca adapt-eval` on a pair.
 //
 //   cdcca hf-adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE
 //     The device's side on each frame: the student (at --precision, the device's) answers;
@@ -22,11 +22,15 @@
 
 #include "distill/hf_pair_side.h"
 
-namespace cdcca::distill {
+namespace cdcca::sim {
 
 int HfAdaptCommand(const std::vector<std::string>& args);
 int ExportAdapterCommand(const std::vector<std::string>& args);
+// `cdcca adapt-eval`: on a Hugging Face pair when --teacher / --student_base are given
+// (sim/hub_adapt_eval.h, with hf-adapt's --template, --teacher_template, --teacher_precision,
+// --device and --lora_* flags), else the family experiment (distill/commands.h).
+int AdaptEvalAnyPairCommand(const std::vector<std::string>& args);
 
-}  // namespace cdcca::distill
+}  // namespace cdcca::sim
 
 #endif  // CDCCA_SIM_HF_ADAPT_COMMAND_H_

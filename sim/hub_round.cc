@@ -43,15 +43,6 @@ absl::StatusOr<std::vector<int64_t>> PixelShape(const std::string& dir) {
   return std::vector<int64_t>{channels, size, size};
 }
 
-compress::NamedTensors Fp32State(model::MultimodalModel& m) {
-  torch::NoGradGuard no_grad;
-  compress::NamedTensors out;
-  for (auto& [name, t] : m.TrainableParameters()) {
-    out.emplace_back(name, t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
-  }
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<model::MultimodalModel>> Load(const std::string& what,
                                                              const std::string& dir,
                                                              const std::string& precision,
@@ -180,8 +171,9 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     (*device_model)->module().eval();
 
     // Version 0 on both sides: what Register compares (the base fingerprint holds its digest).
-    compress::NamedTensors device_state = Fp32State(**device_model);
-    compress::NamedTensors mirror = Fp32State(**mirror_model);
+    compress::NamedTensors device_state =
+        compress::Fp32Clones((*device_model)->TrainableParameters());
+    compress::NamedTensors mirror = compress::Fp32Clones((*mirror_model)->TrainableParameters());
     for (const auto& [name, t] : mirror) report.trainable_parameters += t.numel();
     report.device_digest_before = compress::StateDigest(device_state);
     report.mirror_digest_before = compress::StateDigest(mirror);

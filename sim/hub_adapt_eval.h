@@ -1,0 +1,48 @@
+// `cdcca adapt-eval` on a Hugging Face teacher-student pair (issue 21: "the harness and
+// cdcca adapt-eval run on any pair"): the experiment of distill/adapt_eval.h with Hub folders
+// in place of a cdcca family, on the same benchmark scenes and the same report.
+//
+// The student (at the device's precision) answers every stream question from its vision
+// tower's tokens (HfAnswerer::AnswerRgbFromTokens: greedy, mean answer-token entropy) and,
+// when a UTS arm asks for it, scores the tokens with the paper's MC-dropout variance of the
+// attention mass (Eq. 3, VisualTokenVarianceRgb, M passes as one batch); stage 1 keeps the
+// top keep_fraction by entropy (distill::Stage1Keep). Each (arm, learner) job starts from the
+// same student state, runs the cloud's job (HfPairDistiller on HfSampleFromUplink of the arm's
+// uplink: pseudo-labels as text, the KL only with identical tokenizers), and the adapted
+// student answers the held-out test scenes; DA is the official VQA accuracy of its decoded
+// answer against the scene's ten answers. The teacher's DA on an arm's uplink is that of its
+// pseudo-labels.
+//
+// UTS arms score by the attention-mass variance whatever score they name (a Hub model has
+// that one); an arm's name says "attention_variance". Not thread-safe.
+#ifndef CDCCA_SIM_HUB_ADAPT_EVAL_H_
+#define CDCCA_SIM_HUB_ADAPT_EVAL_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "distill/adapt_eval.h"
+#include "distill/model/hf_model.h"
+
+namespace cdcca::sim {
+
+struct HubPairOptions {
+  std::string teacher_dir;
+  std::string student_base_dir;    // the device's base; its precision is options.precision
+  std::string teacher_precision;   // "" = bf16 on CUDA, fp32 on the CPU
+  std::string teacher_template;    // prompt templates (model::ApplyPromptTemplate names);
+  std::string student_template;    // "" = the model type's default
+  std::string device = "cpu";      // "cpu" or "cuda" for both models
+  model::AdapterOptions adapters;  // the student's trainable set
+};
+
+// Runs the experiment; `options.checkpoint_dir` and `threads`/`force_cpu` are not read.
+// Errors: FailedPrecondition for a pair whose vision towers differ; InvalidArgument for bad
+// options (no arm, no learner, scenes < 1, unknown learner); the loaders' errors; Internal
+// for a LibTorch error.
+absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOptions& options,
+                                                     const HubPairOptions& pair);
+
+}  // namespace cdcca::sim
+
+#endif  // CDCCA_SIM_HUB_ADAPT_EVAL_H_

@@ -1,0 +1,101 @@
+// `cdcca adapt-eval` on a Hugging Face pair (sim/hub_adapt_eval.h), on the tiny LLaVA fixture
+// and a few fog scenes: every (arm, learner) row is measured from the same starting student,
+// stage 1 and the arms keep what they must, and a pair with two towers is refused.
+#include "sim/hub_adapt_eval.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "datasets/domain.h"
+#include "datasets/shifts.h"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::sim {
+namespace {
+
+using ::cdcca::testing::StatusIs;
+
+std::string Fixture(const std::string& name) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + name;
+}
+
+distill::AdaptEvalOptions SmallRun() {
+  distill::AdaptEvalOptions o;
+  o.domain = datasets::ImageShiftDomain(datasets::ImageShift::kFog, 4);
+  o.domain.name = "fog severity 4";
+  o.stream_scenes = 2;
+  o.test_scenes = 1;
+  o.mc_passes = 4;
+  o.keep_fraction = 0.5f;
+  o.arms = {{"all", distill::TokenSelection::kAll, 1.0f, ""},
+            {"uts-variance_probe-50", distill::TokenSelection::kUts, 0.5f, "variance_probe"},
+            {"random-50", distill::TokenSelection::kRandom, 0.5f, ""}};
+  o.learners = {"pl", "akd"};
+  o.job.max_steps = 3;
+  o.job.batch_size = 2;
+  o.job.max_answer_tokens = 4;
+  o.max_answer_tokens = 4;
+  o.precision = "int8";
+  o.progress = [](const std::string&) {};
+  return o;
+}
+
+HubPairOptions Pair(const std::string& teacher, const std::string& student) {
+  HubPairOptions p;
+  p.teacher_dir = Fixture(teacher);
+  p.student_base_dir = Fixture(student);
+  p.student_template = "llava";
+  p.adapters.lora_rank = 4;
+  p.adapters.lora_alpha = 8;
+  return p;
+}
+
+TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
+  absl::StatusOr<distill::AdaptReport> r =
+      RunHubAdaptEval(SmallRun(), Pair("llava_clip_llama", "llava_clip_llama"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stream_samples, 10);  // five questions a scene
+  EXPECT_GT(r->stage1_samples, 0);
+  EXPECT_LT(r->stage1_samples, r->stream_samples);
+  EXPECT_GT(r->test_questions, 0);
+  ASSERT_EQ(r->rows.size(), 6u);
+  // The UTS arm scores by the Hub model's attention-mass variance, and says so.
+  EXPECT_EQ(r->rows[2].arm, "uts-attention_variance-50");
+  for (const distill::AdaptRow& row : r->rows) {
+    EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
+    if (row.arm == "all") {
+      EXPECT_DOUBLE_EQ(row.tokens_kept, 1.0);
+    } else {
+      EXPECT_NEAR(row.tokens_kept, 0.5, 0.05) << row.arm;
+    }
+    EXPECT_GE(row.accuracy, 0.0);
+    EXPECT_LE(row.accuracy, 100.0);
+    EXPECT_DOUBLE_EQ(row.gain, row.accuracy - r->source_accuracy);
+    EXPECT_FALSE(row.terms.empty());
+  }
+  // Each job starts from the same student: the same arm and learner again gives the same row.
+  distill::AdaptEvalOptions again = SmallRun();
+  again.arms = {again.arms[0]};
+  again.learners = {"pl"};
+  absl::StatusOr<distill::AdaptReport> r2 =
+      RunHubAdaptEval(again, Pair("llava_clip_llama", "llava_clip_llama"));
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  ASSERT_EQ(r2->rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(r2->rows[0].accuracy, r->rows[0].accuracy);
+  ASSERT_EQ(r2->rows[0].terms.size(), r->rows[0].terms.size());
+  EXPECT_DOUBLE_EQ(r2->rows[0].terms[0].last, r->rows[0].terms[0].last);
+}
+
+TEST(HubAdaptEvalTest, RefusesAPairWithTwoTowersAndBadOptions) {
+  EXPECT_THAT(RunHubAdaptEval(SmallRun(), Pair("llava_siglip_qwen2", "llava_clip_llama")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  distill::AdaptEvalOptions no_learner = SmallRun();
+  no_learner.learners.clear();
+  EXPECT_THAT(RunHubAdaptEval(no_learner, Pair("llava_clip_llama", "llava_clip_llama")).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace cdcca::sim
