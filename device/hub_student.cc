@@ -3,12 +3,12 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "compress/named_tensors.h"
 #include "datasets/image.h"
+#include "distill/model/generation.h"
 #include "distill/model/hf_adapter_state.h"
 #include "distill/model/hf_answerer.h"
 #include "distill/model/hf_model.h"
@@ -58,9 +58,7 @@ class HubStudentImpl final : public HubStudent {
         answerer_->tokenizer().Encode(frame.question, /*add_special_tokens=*/false);
     if (!question.ok()) return question.status();
     r.prompt_ids.assign(question->begin(), question->end());
-    const std::vector<int64_t> eos = answerer_->model().eos_token_ids();
-    for (int64_t id : reply->tokens) {
-      if (std::find(eos.begin(), eos.end(), id) != eos.end()) break;
+    for (int64_t id : model::AnswerIds(reply->tokens, answerer_->model().eos_token_ids())) {
       r.answer_ids.push_back(static_cast<uint32_t>(id));
     }
     r.entropy = static_cast<float>(reply->mean_entropy);

@@ -9,7 +9,8 @@
 // InferenceRuntime::TokenScores); keep tokens whose score exceeds beta, or the top
 // `token_ratio` of them. RandomTokenSelection is the paper's comparison baseline.
 //
-// Torch-free and protobuf-free. EntropyGate is thread-compatible (one per stream); the functions are pure.
+// Torch-free and protobuf-free. EntropyGate is thread-compatible (one per stream); the functions
+// are pure.
 #ifndef CDCCA_DEVICE_UTS_H_
 #define CDCCA_DEVICE_UTS_H_
 

@@ -1,7 +1,6 @@
-#include "device/uts_cloud_settings.h"
-
 #include <cmath>
 
+#include "device/uts_cloud_settings.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

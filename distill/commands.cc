@@ -33,8 +33,9 @@ ABSL_FLAG(std::string, token_scores, "variance_probe,attention_variance",
           "adapt-eval: comma-separated UTS stage-2 scores, one arm each "
           "(variance_probe, attention_variance, attention_cv, attention_mass, probe_entropy)");
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
-ABSL_FLAG(double, keep_fraction, 0.0,
-          "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by entropy (0 = all)");
+ABSL_FLAG(
+    double, keep_fraction, 0.0,
+    "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by entropy (0 = all)");
 ABSL_FLAG(std::string, learners, "pl,akd,akd+l_query=0,akd+l_repr=0,pl+l_kl=0.5,akd+l_kl=0.5",
           "adapt-eval: comma-separated learner specs base[+key=value]...");
 ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json",

@@ -123,11 +123,7 @@ struct HfPairDistiller::State {
     absl::StatusOr<model::GreedyResult> gen = teacher.model->GenerateFromTokens(
         Inputs(*out, *t_prompt, *t_qformer, teacher.model->device()), g);
     if (!gen.ok()) return gen.status();
-    std::vector<int64_t> answer = gen->tokens[0];
-    const std::vector<int64_t>& t_eos = g.eos_token_ids;
-    while (!answer.empty() && std::find(t_eos.begin(), t_eos.end(), answer.back()) != t_eos.end()) {
-      answer.pop_back();
-    }
+    std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
     *label = std::string(absl::StripAsciiWhitespace(teacher.decode(answer)));
     const int64_t t_eos_id = FirstEos(*teacher.model);
     if (t_eos_id >= 0) answer.push_back(t_eos_id);

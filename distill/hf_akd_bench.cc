@@ -129,8 +129,8 @@ int Run() {
   int64_t trainable = 0;
   for (const auto& [name, t] : (*student)->TrainableParameters()) trainable += t.numel();
 
-  auto distiller = HfPairDistiller::Create(IdsAsTextSide(teacher->get()), IdsAsTextSide(student->get()),
-                                           settings->learner, job);
+  auto distiller = HfPairDistiller::Create(IdsAsTextSide(teacher->get()),
+                                           IdsAsTextSide(student->get()), settings->learner, job);
   if (!distiller.ok()) {
     std::cerr << distiller.status() << "\n";
     return 1;

@@ -395,8 +395,8 @@ TEST(HfSampleFromUplinkTest, PlacesTheKeptTokensInTheirRowsAndDecodesThePrompt) 
   const HfPairSide side = IdsAsTextSide(nullptr);
   absl::StatusOr<HfSample> h = HfSampleFromUplink(u, side);
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_TRUE(torch::equal(h->tokens, torch::tensor({0.f, 0.f, 1.f, 2.f, 0.f, 0.f, 3.f, 4.f})
-                                          .reshape({4, 2})));
+  EXPECT_TRUE(torch::equal(
+      h->tokens, torch::tensor({0.f, 0.f, 1.f, 2.f, 0.f, 0.f, 3.f, 4.f}).reshape({4, 2})));
   EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, true, false, true})));
   EXPECT_EQ(h->prompt, "1 856 40");
   absl::StatusOr<std::vector<int64_t>> ids = side.encode(h->prompt, true);

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -95,16 +94,7 @@ struct Answerer {
     absl::StatusOr<model::GreedyResult> r = m.GenerateFromTokens(ti, g);
     if (!r.ok()) return r.status();
     if (entropy != nullptr) *entropy = model::MeanStepEntropy(*r, 0);
-    return Cut(r->tokens.at(0));
-  }
-
-  std::vector<int64_t> Cut(const std::vector<int64_t>& ids) const {
-    std::vector<int64_t> out;
-    for (int64_t id : ids) {
-      if (std::find(eos.begin(), eos.end(), id) != eos.end()) break;
-      out.push_back(id);
-    }
-    return out;
+    return model::AnswerIds(r->tokens.at(0), eos);
   }
 };
 
@@ -347,7 +337,7 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
       absl::StatusOr<std::vector<int64_t>> label =
           student_side.encode(trained->pseudo_labels.at(k), false);
       if (!label.ok()) return Step(label.status(), "pseudo-label");
-      const std::vector<int64_t> teacher_answer = answerer.Cut(*label);
+      const std::vector<int64_t> teacher_answer = model::AnswerIds(*label, answerer.eos);
       absl::StatusOr<std::vector<int64_t>> now =
           answerer.FromTokens(dev, x.tokens, torch::Tensor(), x.input_ids, nullptr);
       if (!now.ok()) return Step(now.status(), "device answer after the update");

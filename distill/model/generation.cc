@@ -39,6 +39,13 @@ class DecoderStepper : public GreedyStepper {
 
 }  // namespace
 
+std::vector<int64_t> AnswerIds(const std::vector<int64_t>& generated,
+                               const std::vector<int64_t>& eos_token_ids) {
+  auto end = std::find_first_of(generated.begin(), generated.end(), eos_token_ids.begin(),
+                                eos_token_ids.end());
+  return std::vector<int64_t>(generated.begin(), end);
+}
+
 double MeanStepEntropy(const GreedyResult& result, size_t row) {
   if (row >= result.tokens.size()) return 0.0;
   // step_logits[i] is what token i was chosen from; one per generated token.

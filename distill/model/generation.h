@@ -46,6 +46,11 @@ class GreedyStepper {
 
 GreedyResult GreedyGenerate(GreedyStepper& model, const GreedyOptions& options);
 
+// A generated row's answer: its ids before the first of `eos_token_ids` (all of them when
+// none was produced).
+std::vector<int64_t> AnswerIds(const std::vector<int64_t>& generated,
+                               const std::vector<int64_t>& eos_token_ids);
+
 // UTS stage 1 (paper Eq. 2): the mean over row `row`'s generated tokens of the entropy (nats)
 // of the distribution each was chosen from, in double precision. Needs keep_step_logits; 0
 // when the row generated nothing or no step logits were kept.
