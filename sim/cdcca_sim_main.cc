@@ -3,6 +3,7 @@
 //
 //   cdcca-sim --experiment configs/experiments/quickstart.json [--out runs/quickstart]
 //             [--seed 1 | --seeds 1,2,3] [--tiny] [--checkpoint DIR] [--threads N]
+//             [--teacher DIR --student_base DIR]   (a Hugging Face pair instead of the family)
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,11 @@ ABSL_FLAG(bool, tiny, false,
           "shrink the experiment (64 frames and 48 evaluation scenes per round, 20 steps per "
           "job, at most 2 devices) for a quick check");
 ABSL_FLAG(std::string, checkpoint, "", "model family directory (overrides the experiment's)");
+ABSL_FLAG(std::string, teacher, "",
+          "Hugging Face teacher folder (with --student_base: runs the experiment on that pair "
+          "instead of the experiment's family)");
+ABSL_FLAG(std::string, student_base, "",
+          "Hugging Face folder of the devices' student (with --teacher)");
 ABSL_FLAG(int, threads, -1,
           "LibTorch intra-op threads (overrides the experiment's; 0 = automatic: 1)");
 ABSL_FLAG(std::string, methods, "",
@@ -90,6 +96,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_tiny)) *experiment = cdcca::sim::Shrink(*experiment);
   if (!absl::GetFlag(FLAGS_checkpoint).empty())
     experiment->checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (!absl::GetFlag(FLAGS_teacher).empty() || !absl::GetFlag(FLAGS_student_base).empty()) {
+    experiment->teacher = absl::GetFlag(FLAGS_teacher);
+    experiment->student_base = absl::GetFlag(FLAGS_student_base);
+  }
   if (absl::GetFlag(FLAGS_threads) >= 0) experiment->threads = absl::GetFlag(FLAGS_threads);
   if (!absl::GetFlag(FLAGS_methods).empty()) {
     experiment->methods = absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty());
@@ -101,6 +111,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cdcca-sim: %s\n", checked.status().ToString().c_str());
       return 2;
     }
+  }
+  if (absl::Status s = cdcca::sim::CheckExperiment(*experiment, path); !s.ok()) {
+    std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
+    return 2;
   }
   const std::string out = absl::GetFlag(FLAGS_out).empty() ? absl::StrCat("runs/", experiment->name)
                                                            : absl::GetFlag(FLAGS_out);

@@ -95,6 +95,14 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(Read(j, "paper_table", w, &e.paper_table));
   CDCCA_RETURN_IF_ERROR(Read(j, "description", w, &e.description));
   CDCCA_RETURN_IF_ERROR(Read(j, "checkpoint", w, &e.checkpoint));
+  CDCCA_RETURN_IF_ERROR(Read(j, "teacher", w, &e.teacher));
+  CDCCA_RETURN_IF_ERROR(Read(j, "student_base", w, &e.student_base));
+  CDCCA_RETURN_IF_ERROR(Read(j, "lora_rank", w, &e.lora_rank));
+  CDCCA_RETURN_IF_ERROR(Read(j, "lora_alpha", w, &e.lora_alpha));
+  CDCCA_RETURN_IF_ERROR(Read(j, "lora_mlp", w, &e.lora_mlp));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.lora_rank >= 1 && e.lora_rank <= 1024, w, "lora_rank", "must be 1-1024"));
+  CDCCA_RETURN_IF_ERROR(Check(e.lora_alpha > 0, w, "lora_alpha", "must be > 0"));
   CDCCA_RETURN_IF_ERROR(Read(j, "precision", w, &e.precision));
   CDCCA_RETURN_IF_ERROR(Read(j, "devices", w, &e.devices));
   CDCCA_RETURN_IF_ERROR(Read(j, "rounds", w, &e.rounds));
@@ -176,6 +184,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
     CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
     CDCCA_RETURN_IF_ERROR(Read(*it, "workers", where, &e.job.workers));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "device", where, &e.job.device));
+    CDCCA_RETURN_IF_ERROR(Check(e.job.device == "cpu" || e.job.device == "cuda", where, "device",
+                                absl::StrCat("must be cpu or cuda, not \"", e.job.device, "\"")));
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.workers >= 1 && e.job.workers <= 64, where, "workers", "must be 1-64"));
     CDCCA_RETURN_IF_ERROR(Check(e.job.max_steps >= 1 && e.job.max_steps <= 100000, where,
@@ -195,7 +206,33 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
         Check(e.link.loss >= 0 && e.link.loss < 1, where, "loss", "must be in [0, 1)"));
     CDCCA_RETURN_IF_ERROR(Check(e.link.latency_ms >= 0, where, "latency_ms", "must be >= 0"));
   }
+  CDCCA_RETURN_IF_ERROR(CheckExperiment(e, w));
   return e;
+}
+
+absl::Status CheckExperiment(const Experiment& e, const std::string& source_name) {
+  const std::string& w = source_name;
+  if (e.teacher.empty() != e.student_base.empty()) {
+    return Check(false, w, e.teacher.empty() ? "teacher" : "student_base",
+                 "is required with the other: a Hugging Face pair names the teacher's folder and "
+                 "the devices' student folder");
+  }
+  if (!e.hub()) return absl::OkStatus();
+  CDCCA_RETURN_IF_ERROR(Check(
+      e.uts.score == "variance_probe" || e.uts.score == "attention_variance", w + ": uts", "score",
+      absl::StrCat("\"", e.uts.score,
+                   "\" is for cdcca families: a Hugging Face student "
+                   "scores its visual tokens by attention_variance "
+                   "(Eq. 3)")));
+  for (const std::string& m : e.methods) {
+    const std::string base = ParseMethodName(m).base;
+    CDCCA_RETURN_IF_ERROR(Check(base != "tent" && base != "cotta", w, "methods",
+                                absl::StrCat("has \"", m,
+                                             "\", which adapts a cdcca family on the device; a "
+                                             "Hugging Face pair runs source-only and the cloud "
+                                             "methods")));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Experiment> LoadExperiment(const std::string& path) {

@@ -26,6 +26,15 @@
 // continual stream ({"continual": true}). Devices of a fleet start at staggered entries
 // ("stagger": true) or all on the same one.
 //
+// A Hugging Face pair instead of a cdcca family (issue 21): "teacher" and "student_base" name
+// the cloud's teacher folder and the devices' student folder (LLaVA, BLIP-2 or InstructBLIP
+// sharing the vision tower, `cdcca-cloud --teacher --student_base`); the devices load the
+// student with the adapters of "lora_rank", "lora_alpha" and "lora_mlp" (default 8, 16,
+// false), the cloud mirrors them. The scenes, rounds, UTS, jobs and scores are the family
+// runs'; stage 2 scores by the Hub model's attention-mass variance (Eq. 3), and tent and cotta,
+// which adapt a cdcca family on the device, are refused. "job": {"device": "cuda"} trains the
+// cloud's jobs on the GPU.
+//
 // Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,
 // cwd, akd (cloud learners on the UTS-filtered uplink), cd-cca (= akd with UTS), and the
 // UTS ablations akd-all-tokens (stage 1 only), akd-no-uts (every sample, every token),
@@ -77,6 +86,7 @@ struct JobSettings {
   // only for learners that draw nothing from LibTorch's generator during a job (AKD with
   // its ridge-initialised projections does not).
   int workers = 1;
+  std::string device = "cpu";  // where the cloud's jobs train: "cpu" or "cuda"
 };
 
 struct Experiment {
@@ -86,6 +96,13 @@ struct Experiment {
   std::string paper_table;  // e.g. "Table 6"; empty for runs the paper lacks
   std::string description;
   std::string checkpoint = "models/small";
+  // A Hugging Face pair instead of `checkpoint` (both or neither): the cloud's teacher folder
+  // and the devices' student folder, with the devices' adapters.
+  std::string teacher;
+  std::string student_base;
+  int64_t lora_rank = 8;
+  double lora_alpha = 16.0;
+  bool lora_mlp = false;
   std::string precision = "int8";
   int devices = 1;
   int rounds = 3;
@@ -106,6 +123,8 @@ struct Experiment {
   // The domain device `device` sees in round `round` (0-based).
   RoundDomain DomainFor(int device, int round) const;
   bool captioning() const { return task == "caption"; }
+  // A Hugging Face pair (teacher and student_base) rather than a cdcca family.
+  bool hub() const { return !student_base.empty(); }
   // Longest answer generated on the device and as the teacher's label: 6 tokens for VQA,
   // datasets::kMaxCaptionTokens for captions.
   int AnswerTokens() const;
@@ -127,6 +146,11 @@ MethodName ParseMethodName(const std::string& method);
 absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                                            const std::string& source_name);
 absl::StatusOr<Experiment> LoadExperiment(const std::string& path);
+
+// The checks that span fields, again after command-line overrides (--teacher, --methods):
+// a Hugging Face pair names both folders, and runs no device-side method. INVALID_ARGUMENT
+// naming `source_name` and the field.
+absl::Status CheckExperiment(const Experiment& e, const std::string& source_name);
 
 // The same experiment shrunk for a quick run (--tiny): fewer frames, scenes and steps.
 Experiment Shrink(Experiment e);

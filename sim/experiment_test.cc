@@ -85,6 +85,52 @@ TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
               StatusIs(absl::StatusCode::kNotFound));
 }
 
+// A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
+// alone, a device-side method, a family's token score or an unknown device are refused.
+TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
+  ASSERT_OK_AND_ASSIGN(
+      Experiment e,
+      ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["source-only", "cd-cca"],
+                          "teacher": "/m/t", "student_base": "/m/s", "lora_rank": 16,
+                          "lora_alpha": 32, "lora_mlp": true, "job": {"device": "cuda"}})",
+                      "h.json"));
+  EXPECT_TRUE(e.hub());
+  EXPECT_EQ(e.teacher, "/m/t");
+  EXPECT_EQ(e.student_base, "/m/s");
+  EXPECT_EQ(e.lora_rank, 16);
+  EXPECT_DOUBLE_EQ(e.lora_alpha, 32);
+  EXPECT_TRUE(e.lora_mlp);
+  EXPECT_EQ(e.job.device, "cuda");
+  EXPECT_FALSE(
+      ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"]})", "i.json")->hub());
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "teacher": "/m/t"})",
+                              "j.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"student_base\"")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["cotta"],
+                                  "teacher": "/m/t", "student_base": "/m/s"})",
+                              "k.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cotta")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "teacher": "/m/t", "student_base": "/m/s",
+                                  "uts": {"score": "attention_cv"}})",
+                              "l.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention_cv")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "job": {"device": "tpu"}})",
+                              "m.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tpu")));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                  "lora_rank": 0})",
+                              "n.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lora_rank")));
+}
+
 TEST(ExperimentTest, MethodNamesMayCarryATokenRatio) {
   EXPECT_EQ(ParseMethodName("cd-cca").base, "cd-cca");
   EXPECT_EQ(ParseMethodName("cd-cca").token_ratio, 0);

@@ -358,7 +358,16 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   if (!updates.ok()) return updates.status();
   c.updates = std::move(*updates);
   cloud::PerDeviceStrategyOptions po;
-  po.checkpoint_dir = e.checkpoint;
+  if (e.hub()) {
+    po.teacher_dir = e.teacher;
+    po.student_base_dir = e.student_base;
+    po.lora_rank = e.lora_rank;
+    po.lora_alpha = e.lora_alpha;
+    po.lora_mlp = e.lora_mlp;
+  } else {
+    po.checkpoint_dir = e.checkpoint;
+  }
+  po.train_device = e.job.device;
   po.student_precision = e.precision;
   po.state_dir = dir + "/mirrors";
   po.learner = plan.learner;
@@ -514,7 +523,10 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     Device& d = devices[static_cast<size_t>(i)];
     progress(absl::StrCat("loading device ", i));
     device::RuntimeOptions ro;
-    ro.checkpoint_dir = e.checkpoint;
+    ro.checkpoint_dir = e.hub() ? e.student_base : e.checkpoint;
+    ro.lora_rank = e.lora_rank;
+    ro.lora_alpha = e.lora_alpha;
+    ro.lora_mlp = e.lora_mlp;
     ro.precision = e.precision;
     ro.threads = e.threads;
     ro.max_answer_tokens = e.AnswerTokens();
@@ -809,6 +821,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
 absl::StatusOr<RunResult> RunExperiment(const Experiment& experiment,
                                         const HarnessOptions& options) {
   const auto start = SteadyClock::now();
+  if (absl::Status s = CheckExperiment(experiment, experiment.name); !s.ok()) return s;
   auto train = ds::LoadFashionMnist(ds::Split::kTrain);
   if (!train.ok()) return train.status();
   auto test = ds::LoadFashionMnist(ds::Split::kTest);

@@ -288,6 +288,88 @@ TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
   EXPECT_FALSE(std::filesystem::exists(out + "/seed-5"));
 }
 
+// A Hugging Face pair (issue 21) runs the experiment's rounds through the same services: the
+// devices load the student folder, the cloud mirrors it and trains from the teacher folder,
+// and every cloud method's devices end each round in sync with their mirrors. One LLaVA and
+// one BLIP-2 fixture, each as its own teacher (the towers must match).
+TEST_F(HarnessTest, HubPairRunsEveryCloudMethodInSync) {
+  for (const std::string folder : {"llava_clip_llama", "blip2_llama"}) {
+    SCOPED_TRACE(folder);
+    Experiment e = TinyExperiment({"source-only", "pl", "cd-cca"});
+    e.teacher = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + folder;
+    e.student_base = e.teacher;
+    e.lora_rank = 4;
+    e.lora_alpha = 8;
+    e.devices = 1;
+    e.rounds = 1;
+    e.stream_frames = 8;
+    e.eval_scenes = 2;
+    e.uts.mc_passes = 2;
+    e.job.max_steps = 2;
+    e.job.batch_size = 2;
+    HarnessOptions options;
+    options.work_dir = dir_.path() + "/hub-" + folder;
+    options.seed = 3;
+    ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+    ASSERT_EQ(run.methods.size(), 3u);
+    for (const MethodResult& m : run.methods) {
+      ASSERT_EQ(m.rounds.size(), 2u) << m.method;
+      EXPECT_GT(m.trainable_parameters, 0) << m.method;
+      const DeviceRound& r = m.rounds[1];
+      EXPECT_GT(r.questions, 0);
+      EXPECT_EQ(r.frames, e.stream_frames);
+      if (m.method == "source-only") {
+        EXPECT_EQ(r.version, 0u);
+        EXPECT_EQ(r.uplink_wire_bytes, 0u);
+        continue;
+      }
+      EXPECT_GT(r.kept_samples, 0) << m.method;
+      EXPECT_GT(r.kept_tokens, 0) << m.method;
+      EXPECT_GT(r.uplink_payload_bytes, 0u) << m.method;
+      EXPECT_GT(r.downlink_payload_bytes, 0u) << m.method;
+      EXPECT_EQ(r.version, 1u) << m.method;
+      EXPECT_TRUE(r.in_sync) << m.method;
+      EXPECT_NE(r.state_digest, m.rounds[0].state_digest) << m.method;
+    }
+    ASSERT_OK(WriteReport(run, options.work_dir + "/report"));
+    EXPECT_THAT(ReadText(options.work_dir + "/report/report.md"),
+                HasSubstr("Teacher `" + e.teacher + "`, student `" + e.student_base));
+  }
+}
+
+// A pair that names one folder, or asks for a device-side method or a family's score, is
+// refused before anything runs, by the harness and by the program.
+TEST_F(HarnessTest, HubPairRefusesWhatItCannotRun) {
+  Experiment e = TinyExperiment({"source-only", "tent"});
+  e.teacher = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
+  e.student_base = e.teacher;
+  HarnessOptions options;
+  options.work_dir = dir_.path() + "/refused";
+  EXPECT_THAT(RunExperiment(e, options).status(),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("adapts a cdcca family on the device")));
+  e.methods = {"cd-cca"};
+  e.uts.score = "probe_entropy";
+  EXPECT_THAT(CheckExperiment(e, "x").message(), HasSubstr("scores its visual tokens by"));
+  e.uts.score = "variance_probe";
+  e.student_base.clear();
+  EXPECT_THAT(CheckExperiment(e, "x").message(), HasSubstr("\"student_base\" is required"));
+  EXPECT_FALSE(std::filesystem::exists(options.work_dir));
+
+  const std::string cmd = absl::StrCat(CDCCA_SIM_BINARY, " --experiment ", CDCCA_SOURCE_DIR,
+                                       "/configs/experiments/quickstart.json --teacher ", e.teacher,
+                                       " --out ", dir_.path(), "/refused-run 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string printed;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) printed.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2) << printed;
+  EXPECT_THAT(printed, HasSubstr("\"student_base\" is required"));
+}
+
 // The paired comparison on a hand-made run: per-question differences {1, 0, 0, 0} give a
 // mean of 25 points and a standard error of sqrt(0.25 / 4) = 25 points; a method scored on
 // another domain is left out rather than compared; a ratio-suffixed CD-CCA is paired with

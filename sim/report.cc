@@ -360,11 +360,18 @@ std::string MarkdownReport(const RunResult& run) {
   std::string md = absl::StrCat("# ", e.title.empty() ? e.name : e.title, "\n\n");
   if (!e.paper_table.empty()) absl::StrAppend(&md, "Reproduces the paper's ", e.paper_table, ". ");
   absl::StrAppend(&md, e.description, "\n\n");
+  const std::string models =
+      e.hub()
+          ? absl::StrFormat(
+                "Teacher `%s`, student `%s` (Hugging Face folders; LoRA r %d, "
+                "alpha %g%s on the devices)",
+                e.teacher, e.student_base, e.lora_rank, e.lora_alpha, e.lora_mlp ? ", MLP too" : "")
+          : absl::StrFormat("Models `%s`", e.checkpoint);
   absl::StrAppendFormat(&md,
-                        "Models `%s` (%s student base), %d device(s), %d round(s) of %d frames, "
+                        "%s (%s student base), %d device(s), %d round(s) of %d frames, "
                         "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",
-                        e.checkpoint, e.precision, e.devices, e.rounds, e.stream_frames,
-                        e.eval_scenes, static_cast<int>(run.seed), run.seconds);
+                        models, e.precision, e.devices, e.rounds, e.stream_frames, e.eval_scenes,
+                        static_cast<int>(run.seed), run.seconds);
   // What the cloud methods uplink (NAME@R and the UTS ablations override parts of it).
   const std::string stage1 =
       e.uts.keep_fraction >= 1
@@ -377,7 +384,8 @@ std::string MarkdownReport(const RunResult& run) {
       "%s, stage 2 %.0f%% of each kept frame's visual tokens by `%s` (%d dropout passes at "
       "p = %.2f%s); features in %s.\n\n",
       stage1, 100 * e.uts.token_ratio, e.uts.score, e.uts.mc_passes, e.uts.dropout_p,
-      e.uts.score == "variance_probe"
+      e.hub() ? "; a Hugging Face student scores by attention_variance"
+      : e.uts.score == "variance_probe"
           ? "; the attention variance alone for a family without a token probe"
           : "",
       e.uts.precision);
@@ -519,6 +527,13 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   j["rounds"] = e.rounds;
   j["job_workers"] = e.job.workers;
   j["task"] = e.task;
+  if (e.hub()) {
+    j["teacher"] = e.teacher;
+    j["student_base"] = e.student_base;
+  } else {
+    j["checkpoint"] = e.checkpoint;
+  }
+  j["precision"] = e.precision;
   // What "da" and "mc" hold: VQA accuracies, or a caption run's CIDEr-D and BLEU-4 (all).
   j["metrics"] = e.captioning() ? json{"cider_all", "bleu4_all"} : json{"da", "mc"};
   std::string csv =
@@ -609,12 +624,12 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   const std::string acc_chart = LineChartSvg(chart_title, chart_unit, x, acc, YAxis::kFitted);
   std::vector<std::string> charts = {acc_chart};
   if (!up.empty()) {
-    charts.push_back(LineChartSvg("Uplink payload per round (all devices)", "KB", xr, up,
-                                  YAxis::kFromZero));
-    charts.push_back(LineChartSvg("Downlink payload per round (all devices)", "KB", xr, down,
-                                  YAxis::kFromZero));
-    charts.push_back(LineChartSvg("Transfer latency per round (uplink + downlink)", "seconds",
-                                  xr, latency, YAxis::kFromZero));
+    charts.push_back(
+        LineChartSvg("Uplink payload per round (all devices)", "KB", xr, up, YAxis::kFromZero));
+    charts.push_back(
+        LineChartSvg("Downlink payload per round (all devices)", "KB", xr, down, YAxis::kFromZero));
+    charts.push_back(LineChartSvg("Transfer latency per round (uplink + downlink)", "seconds", xr,
+                                  latency, YAxis::kFromZero));
   }
   const std::string html = HtmlReportPage(e.name, MarkdownReport(run), charts);
   if (absl::Status s = write("results.json", j.dump(2) + "\n"); !s.ok()) return s;
