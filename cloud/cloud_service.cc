@@ -37,7 +37,7 @@ absl::Status ValidateCapabilities(const v1::Capabilities& caps) {
   if (caps.max_chunk_bytes() != 0 && caps.max_chunk_bytes() < 1024) {
     return absl::InvalidArgumentError("capabilities.max_chunk_bytes must be at least 1024");
   }
-  if (caps.feature_precisions_size() > 4) {
+  if (caps.feature_precisions_size() > 8) {
     return absl::InvalidArgumentError("capabilities.feature_precisions lists too many entries");
   }
   return absl::OkStatus();

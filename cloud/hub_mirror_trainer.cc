@@ -98,6 +98,11 @@ class HubMirrorTrainer final : public MirrorTrainer {
       SampleSpec& spec = t->spec_;
       spec.grid_tokens = static_cast<uint32_t>(n);
       spec.feature_dim = static_cast<uint32_t>(d);
+      // Frames (the jpeg uplink) where the processor's output size is fixed.
+      if (absl::StatusOr<std::pair<int, int>> size = t->student_->TowerInputSize(); size.ok()) {
+        spec.frame_width = static_cast<uint32_t>(size->first);
+        spec.frame_height = static_cast<uint32_t>(size->second);
+      }
       spec.vocab_size = static_cast<uint32_t>(t->student_->tokenizer().VocabSize());
       spec.max_answer_tokens = 128;
       // The question alone (no template); InstructBLIP's Q-Former reads it with absolute
@@ -143,6 +148,13 @@ class HubMirrorTrainer final : public MirrorTrainer {
     std::vector<distill::HfSample> job;
     job.reserve(chosen.size());
     for (const compress::UplinkSample* s : chosen) {
+      compress::UplinkSample recomputed;
+      if (!s->frame.empty()) {
+        absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(*s);
+        if (!tokens.ok()) return tokens.status();
+        recomputed = *std::move(tokens);
+        s = &recomputed;
+      }
       absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(*s, student_side_);
       if (!h.ok()) return h.status();
       job.push_back(*std::move(h));
@@ -156,6 +168,28 @@ class HubMirrorTrainer final : public MirrorTrainer {
     out.stats.replay_samples = static_cast<int64_t>(chosen.size() - samples.size());
     out.notes = std::move(result->notes);
     out.trainable = std::move(result->trainable);
+    return out;
+  }
+
+  // A jpeg sample as the tokens it stands for: the student's tower (the pair's, the devices')
+  // on the decoded frame, the rows of the kept indices.
+  absl::StatusOr<compress::UplinkSample> TokensOfFrame(const compress::UplinkSample& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string source = absl::StrCat("the frame of sample ", s.sample_id);
+    absl::StatusOr<model::VisualTokenReply> tokens = student_->TowerTokensOfJpeg(s.frame, source);
+    if (!tokens.ok()) return tokens.status();
+    if (tokens->tokens != s.grid_tokens || tokens->dim != s.feature_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(source, " gives ", tokens->tokens, "x",
+                                                     tokens->dim, " tokens, but it says ",
+                                                     s.grid_tokens, "x", s.feature_dim));
+    }
+    compress::UplinkSample out = s;
+    out.frame.clear();
+    out.features.reserve(s.kept_indices.size() * s.feature_dim);
+    for (uint16_t k : s.kept_indices) {
+      const float* row = tokens->features.data() + static_cast<size_t>(k) * s.feature_dim;
+      out.features.insert(out.features.end(), row, row + s.feature_dim);
+    }
     return out;
   }
 

@@ -23,12 +23,26 @@ absl::Status CheckSample(const compress::UplinkSample& s, size_t i, const Sample
                             spec.feature_dim));
   }
   if (s.prompt_tokens.empty()) return bad("empty prompt");
+  if (!s.frame.empty()) {
+    if (spec.frame_width == 0) {
+      return bad(
+          "a frame, but this cloud takes visual tokens only (the jpeg uplink needs a Hugging "
+          "Face pair whose image processor has a fixed output size)");
+    }
+    absl::StatusOr<compress::JpegSize> size = compress::ReadJpegSize(s.frame);
+    if (!size.ok()) return bad(size.status().message());
+    if (static_cast<uint32_t>(size->width) != spec.frame_width ||
+        static_cast<uint32_t>(size->height) != spec.frame_height) {
+      return bad(absl::StrCat("a ", size->width, "x", size->height, " frame, but the tower takes ",
+                              spec.frame_width, "x", spec.frame_height));
+    }
+  }
   if (spec.vocab_size != 0) {
     for (const std::vector<uint32_t>* ids : {&s.prompt_tokens, &s.answer_tokens}) {
       for (uint32_t t : *ids) {
         if (t >= spec.vocab_size) {
-          return bad(absl::StrCat("token id ", t, " is outside the vocabulary of ",
-                                  spec.vocab_size));
+          return bad(
+              absl::StrCat("token id ", t, " is outside the vocabulary of ", spec.vocab_size));
         }
       }
     }
@@ -77,9 +91,9 @@ absl::StatusOr<CheckedBatch> CheckUplinkBatch(const v1::UplinkBatch& batch,
     return bad(absl::InvalidArgumentError(absl::StrCat("payload: ", checked.status().message())));
   }
   if (batch.sample_count() != checked->samples.size()) {
-    return bad(absl::InvalidArgumentError(
-        absl::StrCat("sample_count ", batch.sample_count(), " but the payload holds ",
-                     checked->samples.size(), " samples")));
+    return bad(absl::InvalidArgumentError(absl::StrCat("sample_count ", batch.sample_count(),
+                                                       " but the payload holds ",
+                                                       checked->samples.size(), " samples")));
   }
   return checked;
 }

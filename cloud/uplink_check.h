@@ -35,6 +35,12 @@ struct SampleSpec {
   // Most bytes one batch may decompress to (the codec's body, checked from its header
   // before anything is decompressed). Default: 16 MiB.
   uint64_t max_decoded_bytes_per_batch = 16ull << 20;
+  // Frames (jpeg batches): the size of the vision tower's input the cloud recomputes tokens
+  // from; a frame must declare exactly this size (compress::ReadJpegSize, before anything
+  // decodes it). 0 = this cloud takes no frames (a cdcca family, or a processor whose
+  // output size depends on the image).
+  uint32_t frame_width = 0;
+  uint32_t frame_height = 0;
 };
 
 // What a checked batch holds.

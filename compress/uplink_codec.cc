@@ -49,7 +49,8 @@ class Reader {
   size_t pos_ = 0;
 };
 
-absl::Status CheckSample(const UplinkSample& s, size_t i, const UplinkLimits& limits) {
+absl::Status CheckSample(const UplinkSample& s, size_t i, FeaturePrecision precision,
+                         const UplinkLimits& limits) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat("uplink sample ", i, " (id ", s.sample_id, "): ", why));
@@ -67,8 +68,18 @@ absl::Status CheckSample(const UplinkSample& s, size_t i, const UplinkLimits& li
   }
   if (s.prompt_tokens.size() > limits.max_prompt_tokens) return bad("prompt too long");
   if (s.answer_tokens.size() > limits.max_answer_tokens) return bad("answer too long");
-  if (s.features.size() != s.kept_indices.size() * s.feature_dim) {
-    return bad("features must hold kept x feature_dim values");
+  if (precision == FeaturePrecision::kJpeg) {
+    if (!s.features.empty()) return bad("a jpeg sample carries its frame, not features");
+    if (s.frame.empty()) return bad("a jpeg sample needs its frame");
+    if (s.frame.size() > limits.max_frame_bytes) return bad("frame exceeds max_frame_bytes");
+    if (absl::StatusOr<JpegSize> size = ReadJpegSize(s.frame); !size.ok()) {
+      return bad(absl::StrCat("frame: ", size.status().message()));
+    }
+  } else {
+    if (!s.frame.empty()) return bad("only a jpeg batch carries frames");
+    if (s.features.size() != s.kept_indices.size() * s.feature_dim) {
+      return bad("features must hold kept x feature_dim values");
+    }
   }
   if (!std::isfinite(s.entropy)) return bad("entropy is not finite");
   for (float f : s.features) {
@@ -130,6 +141,42 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
+absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(jpeg[i]); };
+  const auto bad = [](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("not a usable JPEG: ", why));
+  };
+  if (jpeg.size() < 4 || byte(0) != 0xFF || byte(1) != 0xD8) return bad("no start-of-image");
+  size_t pos = 2;
+  while (true) {
+    // A marker: 0xFF, optional 0xFF fill bytes, then the code.
+    if (pos >= jpeg.size() || byte(pos) != 0xFF) return bad("a segment does not start a marker");
+    while (pos < jpeg.size() && byte(pos) == 0xFF) ++pos;
+    if (pos >= jpeg.size()) return bad("ends inside a marker");
+    const uint8_t code = byte(pos++);
+    if (code == 0xD8 || code == 0x01 || (code >= 0xD0 && code <= 0xD7)) continue;  // no length
+    if (code == 0xD9 || code == 0xDA) return bad("no frame header before the first scan");
+    if (pos + 2 > jpeg.size()) return bad("ends inside a segment length");
+    const size_t length = (size_t{byte(pos)} << 8) | byte(pos + 1);
+    if (length < 2 || pos + length > jpeg.size()) return bad("a segment runs past the end");
+    const bool frame_header =
+        code >= 0xC0 && code <= 0xCF && code != 0xC4 && code != 0xC8 && code != 0xCC;
+    if (frame_header) {
+      if (length < 8) return bad("a short frame header");
+      JpegSize size;
+      size.height = (int{byte(pos + 3)} << 8) | byte(pos + 4);
+      size.width = (int{byte(pos + 5)} << 8) | byte(pos + 6);
+      size.components = byte(pos + 7);
+      if (size.width == 0 || size.height == 0) return bad("a zero width or height");
+      if (size.components != 1 && size.components != 3) {
+        return bad(absl::StrCat(size.components, " components (1 or 3 expected)"));
+      }
+      return size;
+    }
+    pos += length;
+  }
+}
+
 uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision) {
   switch (precision) {
     case FeaturePrecision::kFp16:
@@ -150,24 +197,26 @@ const char* FeaturePrecisionName(FeaturePrecision precision) {
       return "int8";
     case FeaturePrecision::kInt4:
       return "int4";
+    case FeaturePrecision::kJpeg:
+      return "jpeg";
   }
   return "unknown";
 }
 
 absl::StatusOr<FeaturePrecision> ParseFeaturePrecision(absl::string_view name) {
-  for (FeaturePrecision p :
-       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+  for (FeaturePrecision p : {FeaturePrecision::kFp16, FeaturePrecision::kInt8,
+                             FeaturePrecision::kInt4, FeaturePrecision::kJpeg}) {
     if (name == FeaturePrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("feature precision \"", name, "\" is not one of fp16, int8, int4"));
+      absl::StrCat("feature precision \"", name, "\" is not one of fp16, int8, int4, jpeg"));
 }
 
 namespace {
 
 bool KnownPrecision(FeaturePrecision p) {
   return p == FeaturePrecision::kFp16 || p == FeaturePrecision::kInt8 ||
-         p == FeaturePrecision::kInt4;
+         p == FeaturePrecision::kInt4 || p == FeaturePrecision::kJpeg;
 }
 
 // A row's scale for `levels` quantization steps each side of zero. max|x| / levels
@@ -195,20 +244,32 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
   std::string body;
   for (size_t i = 0; i < samples.size(); ++i) {
     const UplinkSample& s = samples[i];
-    if (absl::Status st = CheckSample(s, i, limits); !st.ok()) return st;
+    if (absl::Status st = CheckSample(s, i, precision, limits); !st.ok()) return st;
     Put<uint64_t>(body, s.sample_id);
     Put<uint64_t>(body, s.model_version);
     Put<float>(body, s.entropy);
     Put<uint16_t>(body, static_cast<uint16_t>(s.grid_tokens));
     Put<uint16_t>(body, static_cast<uint16_t>(s.feature_dim));
     Put<uint16_t>(body, static_cast<uint16_t>(s.kept_indices.size()));
-    for (uint16_t k : s.kept_indices) Put<uint16_t>(body, k);
+    if (precision == FeaturePrecision::kJpeg) {  // a bitmask over the grid, low bit first
+      std::string mask((s.grid_tokens + 7) / 8, '\0');
+      for (uint16_t k : s.kept_indices)
+        mask[k / 8] = static_cast<char>(mask[k / 8] | (1 << (k % 8)));
+      body += mask;
+    } else {
+      for (uint16_t k : s.kept_indices) Put<uint16_t>(body, k);
+    }
     Put<uint16_t>(body, static_cast<uint16_t>(s.prompt_tokens.size()));
     for (uint32_t t : s.prompt_tokens) Put<uint32_t>(body, t);
     Put<uint16_t>(body, static_cast<uint16_t>(s.answer_tokens.size()));
     for (uint32_t t : s.answer_tokens) Put<uint32_t>(body, t);
+    if (precision == FeaturePrecision::kJpeg) {
+      Put<uint32_t>(body, static_cast<uint32_t>(s.frame.size()));
+      body += s.frame;
+    }
     const size_t dim = s.feature_dim;
-    for (size_t r = 0; r < s.kept_indices.size(); ++r) {
+    const size_t feature_rows = precision == FeaturePrecision::kJpeg ? 0 : s.kept_indices.size();
+    for (size_t r = 0; r < feature_rows; ++r) {
       const float* row = s.features.data() + r * dim;
       if (precision == FeaturePrecision::kFp16) {
         for (size_t c = 0; c < dim; ++c) Put<uint16_t>(body, FloatToHalf(row[c]));
@@ -316,9 +377,31 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
       return absl::InvalidArgumentError(
           absl::StrCat("uplink sample ", i, " has sizes outside the limits"));
     }
-    s.kept_indices.resize(kept);
-    for (auto& k : s.kept_indices) {
-      if (!r.Get(&k)) return truncated(i);
+    if (precision == FeaturePrecision::kJpeg) {
+      absl::string_view mask;
+      if (!r.Skip((size_t{grid} + 7) / 8, &mask)) return truncated(i);
+      s.kept_indices.reserve(kept);
+      for (uint32_t t = 0; t < grid; ++t) {
+        if ((static_cast<uint8_t>(mask[t / 8]) >> (t % 8)) & 1) {
+          s.kept_indices.push_back(static_cast<uint16_t>(t));
+        }
+      }
+      // Bits past the grid must be clear, and the mask must hold exactly `kept` bits.
+      for (uint32_t t = grid; t < mask.size() * 8; ++t) {
+        if ((static_cast<uint8_t>(mask[t / 8]) >> (t % 8)) & 1) {
+          return absl::DataLossError(
+              absl::StrCat("uplink sample ", i, " marks a token past its grid"));
+        }
+      }
+      if (s.kept_indices.size() != kept) {
+        return absl::DataLossError(
+            absl::StrCat("uplink sample ", i, " kept count does not match its mask"));
+      }
+    } else {
+      s.kept_indices.resize(kept);
+      for (auto& k : s.kept_indices) {
+        if (!r.Get(&k)) return truncated(i);
+      }
     }
     if (!r.Get(&prompt) || prompt > limits.max_prompt_tokens) {
       return prompt > limits.max_prompt_tokens
@@ -338,11 +421,23 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
     for (auto& t : s.answer_tokens) {
       if (!r.Get(&t)) return truncated(i);
     }
+    if (precision == FeaturePrecision::kJpeg) {
+      uint32_t frame_bytes = 0;
+      if (!r.Get(&frame_bytes)) return truncated(i);
+      if (frame_bytes > limits.max_frame_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("uplink sample ", i, " frame exceeds max_frame_bytes"));
+      }
+      absl::string_view frame;
+      if (!r.Skip(frame_bytes, &frame)) return truncated(i);
+      s.frame = std::string(frame);
+    }
     absl::string_view feats;
     if (!r.Skip(FeatureBytes(kept, dim, precision), &feats)) return truncated(i);
-    s.features.resize(size_t{kept} * dim);
+    const size_t feature_rows = precision == FeaturePrecision::kJpeg ? 0 : kept;
+    s.features.resize(feature_rows * dim);
     Reader f(feats);
-    for (size_t row = 0; row < kept; ++row) {
+    for (size_t row = 0; row < feature_rows; ++row) {
       float* out = s.features.data() + row * dim;
       if (precision == FeaturePrecision::kFp16) {
         for (size_t c = 0; c < dim; ++c) {
@@ -369,7 +464,7 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
         }
       }
     }
-    if (absl::Status st = CheckSample(s, i, limits); !st.ok()) {
+    if (absl::Status st = CheckSample(s, i, precision, limits); !st.ok()) {
       return absl::DataLossError(st.message());
     }
   }

@@ -15,8 +15,14 @@
 //     int4: kept x (f32 scale + ceil(dim / 2) bytes), two 4-bit codes a byte (low nibble
 //       first; the last high nibble of an odd dim is 0), value = scale * (code - 8),
 //       scale = max|x| / 7.
-// Pixels never appear: the cloud runs the same frozen vision encoder, so visual tokens are
-// its input.
+//     jpeg: no features; instead u32 frame length | the frame's JPEG bytes (after the answer),
+//       and the kept indices as a bitmask of ceil(grid / 8) bytes (token t = bit t % 8 of
+//       byte t / 8) in place of the u16 list.
+// Pixels appear only in a jpeg batch: a pair shares its frozen vision tower (Register checks
+// its fingerprint), so a device may send the frame it answered (resized to the tower's input,
+// as JPEG) and the kept indices instead of the tokens; the cloud decodes it, runs the tower
+// and keeps the rows of the kept indices. The teacher then reads tokens of the decoded frame,
+// not the device's exact ones. Otherwise visual tokens are the cloud's input.
 #ifndef CDCCA_COMPRESS_UPLINK_CODEC_H_
 #define CDCCA_COMPRESS_UPLINK_CODEC_H_
 
@@ -29,14 +35,15 @@
 
 namespace cdcca::compress {
 
-enum class FeaturePrecision : uint16_t { kFp16 = 1, kInt8 = 2, kInt4 = 3 };
+enum class FeaturePrecision : uint16_t { kFp16 = 1, kInt8 = 2, kInt4 = 3, kJpeg = 4 };
 
-// "fp16", "int8", "int4".
+// "fp16", "int8", "int4", "jpeg".
 const char* FeaturePrecisionName(FeaturePrecision precision);
 // The precision a name stands for; INVALID_ARGUMENT listing the names for any other.
 absl::StatusOr<FeaturePrecision> ParseFeaturePrecision(absl::string_view name);
 
-// One kept sample. `features` holds kept_indices.size() x feature_dim floats, row-major.
+// One kept sample. `features` holds kept_indices.size() x feature_dim floats, row-major; in
+// a jpeg batch it is empty and `frame` holds the JPEG the tokens are to be recomputed from.
 struct UplinkSample {
   uint64_t sample_id = 0;
   uint64_t model_version = 0;
@@ -47,6 +54,7 @@ struct UplinkSample {
   std::vector<uint32_t> prompt_tokens;
   std::vector<uint32_t> answer_tokens;  // the device's own answer
   std::vector<float> features;
+  std::string frame;  // jpeg batches only
 };
 
 // Bounds checked by both encode and decode. Defaults fit every cdcca model config.
@@ -57,6 +65,7 @@ struct UplinkLimits {
   uint32_t max_prompt_tokens = 512;
   uint32_t max_answer_tokens = 128;
   uint64_t max_body_bytes = 64ull << 20;  // uncompressed. Default: 64 MiB
+  uint32_t max_frame_bytes = 4u << 20;    // one jpeg sample's frame. Default: 4 MiB
 };
 
 // Encodes `samples` (at least one) into one batch payload. INVALID_ARGUMENT names the
@@ -74,6 +83,18 @@ absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& s
 // float) or 4 x (int8 -> float): with the default limits, at most 64 + 256 MiB.
 absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view payload,
                                                             const UplinkLimits& limits = {});
+
+// The width and height a JPEG declares in its start-of-frame segment, read without decoding
+// (so a receiver can refuse a frame of the wrong size before any decoder allocates for it).
+// INVALID_ARGUMENT for bytes that are not a baseline or progressive JPEG with a frame header
+// before its first scan, or that declare a zero size or other than 1 or 3 components. Never
+// reads outside `jpeg`.
+struct JpegSize {
+  int width = 0;
+  int height = 0;
+  int components = 0;
+};
+absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg);
 
 // Bytes one sample's features take in the body at `precision` (before zstd).
 uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision);

@@ -119,13 +119,97 @@ TEST(UplinkCodecTest, Int4RoundTripErrorIsBoundedByHalfAStepPerToken) {
 }
 
 TEST(UplinkCodecTest, PrecisionNamesRoundTrip) {
-  for (FeaturePrecision p :
-       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+  for (FeaturePrecision p : {FeaturePrecision::kFp16, FeaturePrecision::kInt8,
+                             FeaturePrecision::kInt4, FeaturePrecision::kJpeg}) {
     ASSERT_OK_AND_ASSIGN(FeaturePrecision back, ParseFeaturePrecision(FeaturePrecisionName(p)));
     EXPECT_EQ(back, p);
   }
   EXPECT_THAT(ParseFeaturePrecision("int2"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp16, int8, int4")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp16, int8, int4, jpeg")));
+}
+
+// The smallest byte string ReadJpegSize accepts as a 3-component frame of w x h: SOI, an
+// APP0 segment, a baseline frame header, then the start of a scan.
+std::string JpegHeader(int w, int h, int components = 3, uint8_t sof = 0xC0) {
+  std::string j = {'\xFF', '\xD8', '\xFF', '\xE0', 0, 4, 'J', 'F'};
+  j += {'\xFF',
+        static_cast<char>(sof),
+        0,
+        8,
+        8,
+        static_cast<char>(h >> 8),
+        static_cast<char>(h & 0xFF),
+        static_cast<char>(w >> 8),
+        static_cast<char>(w & 0xFF),
+        static_cast<char>(components)};
+  j += {'\xFF', '\xDA', 0, 2};
+  return j;
+}
+
+TEST(UplinkCodecTest, ReadsTheSizeAJpegDeclaresAndRefusesWhatIsNotOne) {
+  ASSERT_OK_AND_ASSIGN(JpegSize size, ReadJpegSize(JpegHeader(336, 224)));
+  EXPECT_EQ(size.width, 336);
+  EXPECT_EQ(size.height, 224);
+  EXPECT_EQ(size.components, 3);
+  ASSERT_OK_AND_ASSIGN(size, ReadJpegSize(JpegHeader(65535, 1, 1, 0xC2)));  // progressive, gray
+  EXPECT_EQ(size.width, 65535);
+  EXPECT_EQ(size.components, 1);
+  // Every truncation fails cleanly (never reads past the end).
+  const std::string good = JpegHeader(64, 48);
+  for (size_t n = 0; n < 18; ++n) {  // the frame header ends at byte 18
+    EXPECT_FALSE(ReadJpegSize(good.substr(0, n)).ok()) << n;
+  }
+  EXPECT_THAT(ReadJpegSize(JpegHeader(0, 48)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zero")));
+  EXPECT_THAT(ReadJpegSize(JpegHeader(64, 48, 4)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4 components")));
+  // A Huffman table (0xC4) is not a frame header; a scan before any frame header is refused.
+  EXPECT_FALSE(ReadJpegSize(JpegHeader(64, 48, 3, 0xC4)).ok());
+  EXPECT_THAT(ReadJpegSize(std::string("\x89PNG\r\n\x1a\n", 8)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("start-of-image")));
+}
+
+// A jpeg batch carries each sample's frame and kept indices instead of features, byte for
+// byte; features in a jpeg batch, a frame in a feature batch, or a frame that is not a
+// JPEG (or over the receiver's bound) are refused on both sides.
+TEST(UplinkCodecTest, JpegBatchesCarryTheFrameInsteadOfFeatures) {
+  UplinkSample s = MakeSample(3, 16);
+  s.features.clear();
+  s.frame = JpegHeader(336, 336) + std::string(500, '\x5A');
+  UplinkSample t = MakeSample(4, 0);
+  t.features.clear();
+  t.frame = JpegHeader(336, 336);
+  ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({s, t}, FeaturePrecision::kJpeg));
+  ASSERT_OK_AND_ASSIGN(std::vector<UplinkSample> out, DecodeUplinkBatch(payload));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].frame, s.frame);
+  EXPECT_EQ(out[0].kept_indices, s.kept_indices);
+  EXPECT_EQ(out[0].prompt_tokens, s.prompt_tokens);
+  EXPECT_TRUE(out[0].features.empty());
+  EXPECT_EQ(out[1].frame, t.frame);
+
+  UplinkSample with_features = MakeSample(5, 4);
+  with_features.frame = t.frame;
+  EXPECT_THAT(EncodeUplinkBatch({with_features}, FeaturePrecision::kJpeg).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not features")));
+  EXPECT_THAT(EncodeUplinkBatch({with_features}, FeaturePrecision::kInt8).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a jpeg batch")));
+  UplinkSample no_frame = s;
+  no_frame.frame.clear();
+  EXPECT_THAT(EncodeUplinkBatch({no_frame}, FeaturePrecision::kJpeg).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs its frame")));
+  UplinkSample png = s;
+  png.frame = "\x89PNG\r\n\x1a\n-not-a-jpeg";
+  EXPECT_THAT(EncodeUplinkBatch({png}, FeaturePrecision::kJpeg).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("start-of-image")));
+  UplinkLimits small;
+  small.max_frame_bytes = 100;
+  EXPECT_THAT(DecodeUplinkBatch(payload, small).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_frame_bytes")));
+  // Every truncation of the payload is refused.
+  for (size_t n = 0; n < payload.size(); n += 7) {
+    EXPECT_FALSE(DecodeUplinkBatch(payload.substr(0, n)).ok()) << n;
+  }
 }
 
 // Regression (issue 20, attack finding 6): an int8 row whose largest value is a tiny

@@ -276,10 +276,11 @@ std::string CocoFileName(const std::string& prefix, int64_t image_id) {
   return absl::StrFormat("%s%012d.jpg", prefix, image_id);
 }
 
-absl::StatusOr<Image> LoadImageRgb(const std::string& path) {
-  if (!std::filesystem::exists(path)) return absl::NotFoundError(absl::StrCat("no image ", path));
+namespace {
+
+// A decoded OpenCV image (any of 1-4 channels, BGR order) as 8-bit RGB, PIL's convert("RGB").
+absl::StatusOr<Image> RgbFromDecoded(const cv::Mat& raw, const std::string& path) {
   try {
-    const cv::Mat raw = cv::imread(path, cv::IMREAD_UNCHANGED);
     if (raw.empty()) return absl::DataLossError(absl::StrCat("cannot decode image ", path));
     if (raw.depth() != CV_8U) {
       return absl::InvalidArgumentError(
@@ -314,6 +315,49 @@ absl::StatusOr<Image> LoadImageRgb(const std::string& path) {
     return img;
   } catch (const cv::Exception& e) {
     return absl::DataLossError(absl::StrCat("cannot decode image ", path, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Image> LoadImageRgb(const std::string& path) {
+  if (!std::filesystem::exists(path)) return absl::NotFoundError(absl::StrCat("no image ", path));
+  try {
+    return RgbFromDecoded(cv::imread(path, cv::IMREAD_UNCHANGED), path);
+  } catch (const cv::Exception& e) {
+    return absl::DataLossError(absl::StrCat("cannot decode image ", path, ": ", e.what()));
+  }
+}
+
+absl::StatusOr<Image> DecodeImageRgb(absl::string_view bytes, const std::string& source) {
+  if (bytes.empty()) return absl::DataLossError(absl::StrCat("cannot decode image ", source));
+  try {
+    const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8UC1,
+                         const_cast<char*>(bytes.data()));
+    return RgbFromDecoded(cv::imdecode(buffer, cv::IMREAD_UNCHANGED), source);
+  } catch (const cv::Exception& e) {
+    return absl::DataLossError(absl::StrCat("cannot decode image ", source, ": ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality) {
+  if (image.width <= 0 || image.height <= 0) {
+    return absl::InvalidArgumentError("cannot encode an empty image");
+  }
+  if (quality < 1 || quality > 100) {
+    return absl::InvalidArgumentError(absl::StrCat("JPEG quality ", quality, " is not in 1-100"));
+  }
+  try {
+    cv::Mat rgb(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels.data()));
+    cv::Mat bgr;
+    cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+    std::vector<uint8_t> out;
+    if (!cv::imencode(".jpg", bgr, out, {cv::IMWRITE_JPEG_QUALITY, quality})) {
+      return absl::InternalError("OpenCV could not encode the JPEG");
+    }
+    return std::string(out.begin(), out.end());
+  } catch (const cv::Exception& e) {
+    return absl::InternalError(absl::StrCat("cannot encode JPEG: ", e.what()));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "datasets/image.h"
 
 namespace cdcca::datasets {
@@ -90,6 +91,13 @@ std::string CocoFileName(const std::string& prefix, int64_t image_id);
 absl::StatusOr<Image> LoadImageRgb(const std::string& path);
 // LoadImageRgb(`dir`/`file_name`).
 absl::StatusOr<Image> LoadImageFile(const std::string& dir, const std::string& file_name);
+// LoadImageRgb for encoded bytes in memory (a frame a device uplinked); `source` names them in
+// errors. DATA_LOSS if OpenCV cannot decode them. The caller bounds the size first (a JPEG's
+// declared size: compress::ReadJpegSize): decoding allocates what the header declares.
+absl::StatusOr<Image> DecodeImageRgb(absl::string_view bytes, const std::string& source);
+// `image` as baseline JPEG at `quality` (1-100; OpenCV's libjpeg, 4:2:0 chroma).
+// INVALID_ARGUMENT for an empty image or a quality outside 1-100.
+absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality);
 // Writes `image` as PNG. INTERNAL if OpenCV cannot write.
 absl::Status WritePng(const Image& image, const std::string& path);
 

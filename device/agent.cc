@@ -20,6 +20,9 @@ namespace cdcca::device {
 namespace {
 
 constexpr uint32_t kCodecVersion = 1;  // compress/uplink_codec.h's format
+// The jpeg uplink's quality: what a user would otherwise send (the codec comparison in
+// docs/BENCHMARKS.md is against the same frame at this quality).
+constexpr int kFrameJpegQuality = 90;
 
 // One JSON log line on stderr: {"event": event, "detail": detail}.
 void LogEvent(const char* event, const std::string& detail) {
@@ -64,6 +67,11 @@ absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOpti
                                                                  CloudClient* client) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("agent needs a state_dir");
   if (options.batch_samples < 1) return absl::InvalidArgumentError("batch_samples must be >= 1");
+  if (options.uts.precision == compress::FeaturePrecision::kJpeg && !runtime->CanSendFrames()) {
+    return absl::InvalidArgumentError(
+        "uplink precision jpeg: this model cannot send frames (it needs a Hugging Face folder "
+        "whose image processor has a fixed output size)");
+  }
   if (absl::Status s = internal::EnsureDir(options.state_dir); !s.ok()) return s;
   UplinkQueueOptions qo;
   qo.dir = options.state_dir + "/queue";
@@ -175,10 +183,17 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
       s.kept_indices = uts.random_tokens
                            ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
                            : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
-      s.features.reserve(s.kept_indices.size() * a.visual.dim);
-      for (uint16_t t : s.kept_indices) {
-        const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
-        s.features.insert(s.features.end(), row, row + a.visual.dim);
+      if (uts.precision == compress::FeaturePrecision::kJpeg) {
+        // The frame instead of the tokens: the cloud recomputes them with the shared tower.
+        absl::StatusOr<std::string> frame = runtime_->FrameJpeg(a.visual, kFrameJpegQuality);
+        if (!frame.ok()) return frame.status();
+        s.frame = *std::move(frame);
+      } else {
+        s.features.reserve(s.kept_indices.size() * a.visual.dim);
+        for (uint16_t t : s.kept_indices) {
+          const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
+          s.features.insert(s.features.end(), row, row + a.visual.dim);
+        }
       }
       s.prompt_tokens = a.prompt_ids;
       s.answer_tokens = a.answer_ids;
@@ -251,11 +266,19 @@ absl::Status DeviceAgent::RegisterWithCloud() {
   caps->add_feature_precisions(v1::FEATURE_PRECISION_FP16);
   caps->add_feature_precisions(v1::FEATURE_PRECISION_INT8);
   caps->add_feature_precisions(v1::FEATURE_PRECISION_INT4);
+  if (runtime_->CanSendFrames()) caps->add_feature_precisions(v1::FEATURE_PRECISION_JPEG);
   absl::StatusOr<v1::RegisterReply> reply = client_->Register(request);
   if (!reply.ok()) return reply.status();
   UtsOptions merged = options_.uts;
-  if (absl::Status s = MergeCloudSettings(reply->uts(), &merged); !s.ok()) {
-    LogEvent("uts_settings_refused", std::string(s.message()));
+  absl::Status merge = MergeCloudSettings(reply->uts(), &merged);
+  if (merge.ok() && merged.precision == compress::FeaturePrecision::kJpeg &&
+      !runtime_->CanSendFrames()) {
+    merge = absl::InvalidArgumentError(
+        "the cloud asks for frames (jpeg), which this model "
+        "cannot send");
+  }
+  if (!merge.ok()) {
+    LogEvent("uts_settings_refused", std::string(merge.message()));
     merged = options_.uts;
   }
   {

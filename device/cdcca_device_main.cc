@@ -110,7 +110,9 @@ ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 
 ABSL_FLAG(double, uts_dropout, 0.1,
           "Hugging Face folders: rate at which UTS stage 2 drops visual tokens in each pass");
 ABSL_FLAG(std::string, uplink_precision, "fp16",
-          "Hugging Face folders: precision of the kept visual tokens (fp16 | int8 | int4)");
+          "Hugging Face folders: precision of the kept visual tokens (fp16 | int8 | int4), or "
+          "jpeg: the frame at the vision tower's input size as JPEG (quality 90) plus the kept "
+          "indices, the cloud recomputing the tokens with the tower the pair shares");
 ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
 ABSL_FLAG(double, linger_s, 0,
           "after the input ends, keep the link up this long (or until the uplink queue is "
@@ -260,20 +262,22 @@ class FrameSource {
 };
 
 #ifdef CDCCA_DEVICE_HF
-// One kept frame as the uplink codec encodes it: the `kept` visual tokens, the prompt's and
-// the answer's token ids.
+// One kept frame as the uplink codec encodes it: the `kept` visual tokens (or, at jpeg, the
+// frame `jpeg` and the kept indices), the prompt's and the answer's token ids.
 absl::StatusOr<std::string> EncodeHubSample(const cdcca::model::GenerateReply& reply,
                                             const cdcca::model::VisualTokenReply& stage2,
                                             const std::vector<uint16_t>& kept,
                                             cdcca::compress::FeaturePrecision precision,
-                                            int64_t frame_index) {
+                                            std::string jpeg, int64_t frame_index) {
   cdcca::compress::UplinkSample sample;
   sample.sample_id = static_cast<uint64_t>(frame_index);
   sample.entropy = static_cast<float>(reply.mean_entropy);
   sample.grid_tokens = static_cast<uint32_t>(stage2.tokens);
   sample.feature_dim = static_cast<uint32_t>(stage2.dim);
   sample.kept_indices = kept;
+  sample.frame = std::move(jpeg);
   for (uint16_t i : sample.kept_indices) {
+    if (precision == cdcca::compress::FeaturePrecision::kJpeg) break;
     const float* row = stage2.features.data() + static_cast<size_t>(i) * stage2.dim;
     sample.features.insert(sample.features.end(), row, row + stage2.dim);
   }
@@ -376,8 +380,15 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       if (!stage2.ok()) return Fail(stage2.status());
       const std::vector<uint16_t> kept =
           cdcca::device::SelectTokens(stage2->variance, {}, uts.token_ratio, uts.variance_beta);
+      std::string jpeg;
+      if (uts.precision == cdcca::compress::FeaturePrecision::kJpeg) {
+        absl::StatusOr<std::string> frame = (*answerer)->TowerInputJpeg(
+            image.pixels.data(), image.width, image.height, /*quality=*/90);
+        if (!frame.ok()) return Fail(frame.status());
+        jpeg = *std::move(frame);
+      }
       absl::StatusOr<std::string> payload =
-          EncodeHubSample(*reply, *stage2, kept, uts.precision, frame_index);
+          EncodeHubSample(*reply, *stage2, kept, uts.precision, std::move(jpeg), frame_index);
       if (!payload.ok()) return Fail(payload.status());
       uts_fields = absl::StrFormat(
           ",\"uts_kept\":true,\"tokens_kept\":%zu,\"tokens_total\":%lld,\"uplink_bytes\":%zu,"

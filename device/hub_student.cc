@@ -39,6 +39,7 @@ class HubStudentImpl final : public HubStudent {
     absl::StatusOr<uint64_t> vision = model::HfVisionFingerprint(options.checkpoint_dir);
     if (!vision.ok()) return vision.status();
     vision_fingerprint_ = *vision;
+    can_send_frames_ = answerer_->TowerInputSize().ok();
     base_fingerprint_ = model::HubBaseFingerprint(*folder, options.precision, adapters,
                                                   compress::StateDigest(Trainable()));
     return absl::OkStatus();
@@ -86,6 +87,16 @@ class HubStudentImpl final : public HubStudent {
     return std::move(reply->variance);
   }
 
+  absl::StatusOr<std::string> FrameJpeg(const Frame& frame, int quality) override {
+    if (!can_send_frames_) {
+      return absl::FailedPreconditionError(
+          "this folder's image processor has no fixed output size: the jpeg uplink needs one");
+    }
+    return answerer_->TowerInputJpeg(frame.image.pixels.data(), frame.image.width,
+                                     frame.image.height, quality);
+  }
+  bool CanSendFrames() const override { return can_send_frames_; }
+
   compress::NamedTensors Trainable() override {
     compress::NamedTensors out;
     for (auto& [name, t] : answerer_->model().TrainableParameters()) out.emplace_back(name, t);
@@ -101,6 +112,7 @@ class HubStudentImpl final : public HubStudent {
   int max_new_tokens_;
   uint64_t base_fingerprint_ = 0;
   uint64_t vision_fingerprint_ = 0;
+  bool can_send_frames_ = false;
 };
 
 }  // namespace

@@ -337,6 +337,23 @@ absl::Status InferenceRuntime::LoadTrainableState(absl::string_view bytes, uint6
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> InferenceRuntime::FrameJpeg(const VisualTokens& visual, int quality) {
+  if (!CanSendFrames()) {
+    return absl::FailedPreconditionError(
+        "the jpeg uplink needs a Hugging Face folder whose image processor has a fixed output "
+        "size (a cdcca family's cloud takes visual tokens only)");
+  }
+  if (visual.source == nullptr) {
+    return absl::InvalidArgumentError("the jpeg uplink needs the frame the tokens came from");
+  }
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->hub->FrameJpeg(*visual.source, quality);
+}
+
+bool InferenceRuntime::CanSendFrames() const {
+  return impl_->hub != nullptr && impl_->hub->CanSendFrames();
+}
+
 uint64_t InferenceRuntime::version() const {
   absl::ReaderMutexLock lock(&impl_->mu);
   return impl_->version;

@@ -109,6 +109,15 @@ class InferenceRuntime {
   absl::StatusOr<std::string> SaveTrainableState() const;
   absl::Status LoadTrainableState(absl::string_view bytes, uint64_t version);
 
+  // The jpeg uplink (compress::FeaturePrecision::kJpeg): the frame `visual` came from,
+  // resized and cropped to the vision tower's input, as JPEG at `quality` (1-100).
+  // FAILED_PRECONDITION where CanSendFrames() is false. Thread-safe.
+  absl::StatusOr<std::string> FrameJpeg(const VisualTokens& visual, int quality = 90);
+  // Whether FrameJpeg works: a Hugging Face folder whose image processor has a fixed output
+  // size (the cloud recomputes the tokens with the tower the pair shares; a cdcca family's
+  // cloud takes tokens only).
+  bool CanSendFrames() const;
+
   uint64_t version() const;
   uint64_t StateDigest() const;        // compress::StateDigest of the trainable set
   uint64_t BaseFingerprint() const;    // of the frozen base, for Register

@@ -13,7 +13,9 @@
 // JPEG (quality 90, OpenCV) of the frame as the tower sees it (resized to the tower's input)
 // and at its own size, and the uplink payload (compress/uplink_codec.h: one sample, zstd
 // level 3) of 25, 50 and 100 % of the tokens at fp16, int8 and int4, with the relative error
-// of the decoded tokens (||decoded - x|| / ||x||). Medians over the frames.
+// of the decoded tokens (||decoded - x|| / ||x||), and at jpeg: the frame at the tower's input
+// as JPEG q90 with the kept indices, whose error is that of the tokens the cloud recomputes
+// from the decoded JPEG. Medians over the frames.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -141,10 +143,10 @@ std::vector<Frame> LoadFrames() {
   return frames;
 }
 
-size_t JpegBytes(const cv::Mat& bgr) {
+std::string Jpeg(const cv::Mat& bgr) {
   std::vector<uchar> out;
   cv::imencode(".jpg", bgr, out, {cv::IMWRITE_JPEG_QUALITY, 90});
-  return out.size();
+  return std::string(out.begin(), out.end());
 }
 
 // The tower's input for a frame: resized to size x size (bicubic), CLIP's or SigLIP's
@@ -177,9 +179,9 @@ int Main() {
     std::fprintf(stderr, "uplink_jpeg_bench: no frames\n");
     return 1;
   }
-  const std::vector<compress::FeaturePrecision> precisions = {compress::FeaturePrecision::kFp16,
-                                                              compress::FeaturePrecision::kInt8,
-                                                              compress::FeaturePrecision::kInt4};
+  const std::vector<compress::FeaturePrecision> precisions = {
+      compress::FeaturePrecision::kFp16, compress::FeaturePrecision::kInt8,
+      compress::FeaturePrecision::kInt4, compress::FeaturePrecision::kJpeg};
   const std::vector<double> ratios = {0.25, 0.5, 1.0};
   const std::vector<std::string> tower_names =
       absl::StrSplit(absl::GetFlag(FLAGS_towers), ',', absl::SkipEmpty());
@@ -200,16 +202,24 @@ int Main() {
       cv::Mat resized;
       cv::resize(f.bgr, resized, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0,
                  cv::INTER_CUBIC);
-      jpeg_tower.push_back(static_cast<double>(JpegBytes(resized)));
-      jpeg_source.push_back(static_cast<double>(JpegBytes(f.bgr)));
+      const std::string jpeg = Jpeg(resized);
+      jpeg_tower.push_back(static_cast<double>(jpeg.size()));
+      jpeg_source.push_back(static_cast<double>(Jpeg(f.bgr).size()));
       torch::NoGradGuard no_grad;
+      auto tokens_of = [&](const cv::Mat& bgr) {
+        std::vector<torch::Tensor> states =
+            net->HiddenStates(Pixels(bgr, tower.config.is_siglip()), tower.feature_layer);
+        torch::Tensor t = states.back()[0];
+        if (tower.drop_cls) t = t.narrow(0, 1, t.size(0) - 1);
+        return t.contiguous();
+      };
       const auto t0 = std::chrono::steady_clock::now();
-      std::vector<torch::Tensor> states =
-          net->HiddenStates(Pixels(resized, tower.config.is_siglip()), tower.feature_layer);
+      torch::Tensor h = tokens_of(resized);
       tower_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      torch::Tensor h = states.back()[0];
-      if (tower.drop_cls) h = h.narrow(0, 1, h.size(0) - 1);
-      h = h.contiguous();
+      // What the cloud computes from the jpeg uplink: the tower on the decoded frame.
+      const cv::Mat decoded =
+          cv::imdecode(std::vector<uchar>(jpeg.begin(), jpeg.end()), cv::IMREAD_COLOR);
+      const torch::Tensor h_jpeg = tokens_of(decoded);
       tokens = h.size(0);
       dim = h.size(1);
       for (size_t r = 0; r < ratios.size(); ++r) {
@@ -226,6 +236,29 @@ int Main() {
           s.features.insert(s.features.end(), row, row + dim);
         }
         for (size_t p = 0; p < precisions.size(); ++p) {
+          if (precisions[p] == compress::FeaturePrecision::kJpeg) {
+            compress::UplinkSample frame = s;
+            frame.features.clear();
+            frame.frame = jpeg;
+            absl::StatusOr<std::string> payload =
+                compress::EncodeUplinkBatch({frame}, precisions[p]);
+            if (!payload.ok()) {
+              std::fprintf(stderr, "uplink_jpeg_bench: %s\n", payload.status().ToString().c_str());
+              return 1;
+            }
+            double num = 0, den = 0;
+            for (uint16_t k : s.kept_indices) {
+              const float* a = h.data_ptr<float>() + k * dim;
+              const float* b = h_jpeg.data_ptr<float>() + k * dim;
+              for (int64_t c = 0; c < dim; ++c) {
+                num += (b[c] - a[c]) * static_cast<double>(b[c] - a[c]);
+                den += static_cast<double>(a[c]) * a[c];
+              }
+            }
+            bytes[r][p].push_back(static_cast<double>(payload->size()));
+            errors[r][p].push_back(std::sqrt(num / std::max(den, 1e-30)));
+            continue;
+          }
           absl::StatusOr<std::string> payload = compress::EncodeUplinkBatch({s}, precisions[p]);
           absl::StatusOr<std::vector<compress::UplinkSample>> back =
               payload.ok() ? compress::DecodeUplinkBatch(*payload)

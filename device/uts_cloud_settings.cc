@@ -16,6 +16,8 @@ absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* option
     o.precision = compress::FeaturePrecision::kInt8;
   } else if (cloud.feature_precision() == v1::FEATURE_PRECISION_INT4) {
     o.precision = compress::FeaturePrecision::kInt4;
+  } else if (cloud.feature_precision() == v1::FEATURE_PRECISION_JPEG) {
+    o.precision = compress::FeaturePrecision::kJpeg;
   }
   if (absl::Status s = CheckUtsOptions(o); !s.ok()) return s;
   *options = o;

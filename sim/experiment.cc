@@ -176,7 +176,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(
         Check(e.uts.mc_passes >= 1 && e.uts.mc_passes <= 64, where, "mc_passes", "must be 1-64"));
     CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), where,
-                                "precision", "must be fp16, int8 or int4"));
+                                "precision", "must be fp16, int8, int4 or jpeg"));
   }
   if (auto it = j.find("job"); it != j.end()) {
     const std::string where = w + ": job";
@@ -217,6 +217,9 @@ absl::Status CheckExperiment(const Experiment& e, const std::string& source_name
                  "is required with the other: a Hugging Face pair names the teacher's folder and "
                  "the devices' student folder");
   }
+  CDCCA_RETURN_IF_ERROR(Check(e.hub() || e.uts.precision != "jpeg", w + ": uts", "precision",
+                              "jpeg (frames instead of tokens) needs a Hugging Face pair: a "
+                              "cdcca family's cloud takes visual tokens only"));
   if (!e.hub()) return absl::OkStatus();
   CDCCA_RETURN_IF_ERROR(Check(
       e.uts.score == "variance_probe" || e.uts.score == "attention_variance", w + ": uts", "score",

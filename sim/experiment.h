@@ -63,7 +63,7 @@ struct UtsSettings {
   float token_ratio = 0.5f;    // stage 2
   int mc_passes = 8;
   float dropout_p = 0.1f;
-  std::string precision = "fp16";  // or "int8", "int4"
+  std::string precision = "fp16";  // or "int8", "int4", "jpeg" (Hugging Face pairs)
   // Stage-2 score (device::TokenScore): "variance_probe" (the device default; the attention
   // variance alone on a family without a token probe), "attention_variance",
   // "attention_cv", "attention_mass", or "probe_entropy" (needs the family's token probe).

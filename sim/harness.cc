@@ -405,6 +405,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   cloud::CloudServiceOptions svc;
   svc.expected_fingerprint = c.strategy->BaseFingerprint();
   svc.expected_vision_fingerprint = c.strategy->VisionFingerprint();
+  svc.sample_spec = c.strategy->Spec();  // the model's shape, as cdcca-cloud checks uplinks
   c.service = std::make_unique<cloud::CloudService>(
       svc, c.auth.get(), c.registry.get(), c.samples.get(), c.updates.get(), c.scheduler.get());
   cloud::ServerOptions server;

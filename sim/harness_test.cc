@@ -296,6 +296,8 @@ TEST_F(HarnessTest, HubPairRunsEveryCloudMethodInSync) {
   for (const std::string folder : {"llava_clip_llama", "blip2_llama"}) {
     SCOPED_TRACE(folder);
     Experiment e = TinyExperiment({"source-only", "pl", "cd-cca"});
+    // The jpeg uplink on LLaVA: the devices send frames, the cloud recomputes the tokens.
+    if (folder == "llava_clip_llama") e.uts.precision = "jpeg";
     e.teacher = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + folder;
     e.student_base = e.teacher;
     e.lora_rank = 4;
@@ -332,6 +334,10 @@ TEST_F(HarnessTest, HubPairRunsEveryCloudMethodInSync) {
       EXPECT_NE(r.state_digest, m.rounds[0].state_digest) << m.method;
     }
     ASSERT_OK(WriteReport(run, options.work_dir + "/report"));
+    if (e.uts.precision == "jpeg") {
+      EXPECT_THAT(ReadText(options.work_dir + "/report/report.md"),
+                  HasSubstr("the cloud recomputes the tokens"));
+    }
     EXPECT_THAT(ReadText(options.work_dir + "/report/report.md"),
                 HasSubstr("Teacher `" + e.teacher + "`, student `" + e.student_base));
   }
@@ -352,6 +358,9 @@ TEST_F(HarnessTest, HubPairRefusesWhatItCannotRun) {
   e.uts.score = "probe_entropy";
   EXPECT_THAT(CheckExperiment(e, "x").message(), HasSubstr("scores its visual tokens by"));
   e.uts.score = "variance_probe";
+  Experiment family = TinyExperiment({"cd-cca"});
+  family.uts.precision = "jpeg";
+  EXPECT_THAT(CheckExperiment(family, "x").message(), HasSubstr("needs a Hugging Face pair"));
   e.student_base.clear();
   EXPECT_THAT(CheckExperiment(e, "x").message(), HasSubstr("\"student_base\" is required"));
   EXPECT_FALSE(std::filesystem::exists(options.work_dir));

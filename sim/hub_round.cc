@@ -123,6 +123,11 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     return absl::InvalidArgumentError("prompt_ids must be [S, P] with S, P >= 1");
   }
   if (absl::Status s = device::CheckUtsOptions(options.uts); !s.ok()) return s;
+  if (options.uts.precision == compress::FeaturePrecision::kJpeg) {
+    return absl::InvalidArgumentError(
+        "the in-process round uplinks tokens (fp16, int8, int4); the jpeg uplink needs JPEG "
+        "coding, which runs in cdcca-device and cdcca-cloud");
+  }
   absl::StatusOr<uint64_t> teacher_tower = model::HfVisionFingerprint(options.teacher_dir);
   if (!teacher_tower.ok()) return Step(teacher_tower.status(), "teacher");
   absl::StatusOr<uint64_t> student_tower = model::HfVisionFingerprint(options.student_dir);

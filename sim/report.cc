@@ -382,13 +382,16 @@ std::string MarkdownReport(const RunResult& run) {
       &md,
       "UTS uplink of the cloud methods (`NAME@R` and the UTS ablations change it): stage 1 keeps "
       "%s, stage 2 %.0f%% of each kept frame's visual tokens by `%s` (%d dropout passes at "
-      "p = %.2f%s); features in %s.\n\n",
+      "p = %.2f%s); %s.\n\n",
       stage1, 100 * e.uts.token_ratio, e.uts.score, e.uts.mc_passes, e.uts.dropout_p,
       e.hub() ? "; a Hugging Face student scores by attention_variance"
       : e.uts.score == "variance_probe"
           ? "; the attention variance alone for a family without a token probe"
           : "",
-      e.uts.precision);
+      e.uts.precision == "jpeg"
+          ? std::string("the device sends the frame as JPEG (quality 90, at the tower's input "
+                        "size) with the kept indices, and the cloud recomputes the tokens")
+          : absl::StrCat("features in ", e.uts.precision));
   if (e.captioning()) absl::StrAppend(&md, CaptionTableMarkdown(run));
   // Accuracy table.
   absl::StrAppend(&md, e.captioning() ? "## Per round (" : "## Accuracy (", MetricName(run, mc),

@@ -5,6 +5,7 @@
 // the uplink.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -12,9 +13,13 @@
 #include "absl/time/clock.h"
 #include "cloud/trainer.h"
 #include "compress/hash64.h"
+#include "compress/uplink_codec.h"
+#include "datasets/formats.h"
 #include "datasets/tokenizer.h"
 #include "device/agent.h"
 #include "distill/model/checkpoint.h"
+#include "distill/model/hf_answerer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -227,6 +232,76 @@ TEST_F(AgentLoopTest, TheLinkLoopPollsOnItsClock) {
   EXPECT_GT(agent->Stats().uplink_seconds, 0);
   EXPECT_GT(agent->Stats().update_seconds, 0);
   agent->Stop();
+}
+
+// The jpeg uplink needs a Hugging Face student: a cdcca family cannot send frames, and an
+// agent asked to is refused before it starts.
+TEST_F(AgentLoopTest, AFamilyCannotSendFrames) {
+  EXPECT_FALSE(runtime_->CanSendFrames());
+  ASSERT_OK_AND_ASSIGN(std::vector<device::AnswerResult> a, runtime_->Answer(Frames(1, 3)));
+  EXPECT_EQ(runtime_->FrameJpeg(a[0].visual).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  device::AgentOptions o = Options();
+  o.uts.precision = compress::FeaturePrecision::kJpeg;
+  EXPECT_EQ(device::DeviceAgent::Create(o, runtime_.get(), client_.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// On a Hugging Face folder the device sends the frame at the tower's input size, and the
+// tokens the cloud recomputes from it (HfAnswerer::TowerTokensOfJpeg, what the Hub mirror
+// trainer runs) are the device's own up to the JPEG's loss; a frame of another size is refused
+// before it is decoded.
+TEST(HubFramesTest, TheCloudRecomputesTheDevicesTokensFromItsFrame) {
+  const std::string folder =
+      std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
+  device::RuntimeOptions ro;
+  ro.checkpoint_dir = folder;
+  ro.precision = "fp32";
+  ro.threads = 1;
+  ro.max_answer_tokens = 2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<device::InferenceRuntime> runtime,
+                       device::InferenceRuntime::Load(ro));
+  ASSERT_TRUE(runtime->CanSendFrames());
+  device::Frame frame;
+  frame.image = datasets::Image(120, 90);
+  for (int y = 0; y < 90; ++y) {
+    for (int x = 0; x < 120; ++x) {  // smooth gradients: what JPEG codes well
+      uint8_t* p = frame.image.at(x, y);
+      p[0] = static_cast<uint8_t>(2 * x);
+      p[1] = static_cast<uint8_t>(2 * y);
+      p[2] = static_cast<uint8_t>(x + y);
+    }
+  }
+  frame.question = "what is shown?";
+  ASSERT_OK_AND_ASSIGN(std::vector<device::AnswerResult> a, runtime->Answer({frame}));
+  ASSERT_OK_AND_ASSIGN(std::string jpeg, runtime->FrameJpeg(a[0].visual));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<model::HfAnswerer> cloud,
+                       model::HfAnswerer::Load(folder, "fp32", "cpu"));
+  using Size = std::pair<int, int>;
+  ASSERT_OK_AND_ASSIGN(Size size, cloud->TowerInputSize());
+  ASSERT_OK_AND_ASSIGN(compress::JpegSize declared, compress::ReadJpegSize(jpeg));
+  EXPECT_EQ(declared.width, size.first);
+  EXPECT_EQ(declared.height, size.second);
+  ASSERT_OK_AND_ASSIGN(model::VisualTokenReply tokens, cloud->TowerTokensOfJpeg(jpeg, "frame"));
+  ASSERT_EQ(tokens.tokens, a[0].visual.tokens);
+  ASSERT_EQ(tokens.dim, a[0].visual.dim);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < tokens.features.size(); ++i) {
+    const double d = tokens.features[i] - a[0].visual.values[i];
+    num += d * d;
+    den += static_cast<double>(a[0].visual.values[i]) * a[0].visual.values[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.1);
+  // Another size, or bytes that are not a JPEG, are refused before decoding.
+  ASSERT_OK_AND_ASSIGN(datasets::Image decoded, datasets::DecodeImageRgb(jpeg, "frame"));
+  EXPECT_EQ(decoded.width, size.first);
+  ASSERT_OK_AND_ASSIGN(std::string wide,
+                       datasets::EncodeJpeg(datasets::Image(size.first + 8, size.second), 90));
+  EXPECT_THAT(cloud->TowerTokensOfJpeg(wide, "frame").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("but the tower takes")));
+  EXPECT_EQ(cloud->TowerTokensOfJpeg("not a jpeg", "frame").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cloud/uplink_check.h"
 #include "compress/uplink_codec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -438,17 +439,32 @@ CloudFixtureOptions Checked(const TempDir& dir) {
   return o;
 }
 
-v1::UplinkBatch Encoded(uint64_t seq, const std::vector<compress::UplinkSample>& samples) {
+v1::UplinkBatch Encoded(uint64_t seq, const std::vector<compress::UplinkSample>& samples,
+                        compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16) {
   v1::UplinkBatch b;
   b.set_sequence(seq);
   b.set_sample_count(static_cast<uint32_t>(samples.size()));
   b.set_codec_version(1);
   compress::UplinkLimits roomy;
   roomy.max_body_bytes = 1ull << 30;
-  b.set_payload(
-      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16, roomy))
-          .value());
+  b.set_payload(std::move(compress::EncodeUplinkBatch(samples, precision, roomy)).value());
   return b;
+}
+
+// The start of a JPEG that declares w x h (SOI, frame header, scan): what the codec and the
+// ingest check read of a frame.
+std::string JpegHeader(int w, int h) {
+  std::string j = {'\xFF', '\xD8', '\xFF', '\xC0', 0, 8, 8};
+  j += {static_cast<char>(h >> 8),
+        static_cast<char>(h & 0xFF),
+        static_cast<char>(w >> 8),
+        static_cast<char>(w & 0xFF),
+        3,
+        '\xFF',
+        '\xDA',
+        0,
+        2};
+  return j;
 }
 
 compress::UplinkSample Zeros(uint32_t grid, uint32_t dim, uint32_t kept) {
@@ -508,6 +524,11 @@ TEST(TransportE2eTest, IngestRefusesBatchesThatDoNotFitTheModelAndNeverStoresThe
   v1::UplinkBatch junk = MakeBatch(0, 2);
   junk.set_payload("not a payload");
   refused(junk, "payload");
+  // A frame (the jpeg uplink) to a cdcca family's cloud, which takes tokens only.
+  compress::UplinkSample frame = Zeros(64, 32, 2);
+  frame.features.clear();
+  frame.frame = JpegHeader(64, 64);
+  refused(Encoded(2, {frame}, compress::FeaturePrecision::kJpeg), "takes visual tokens only");
 
   // None was stored; the device's next valid batch takes sequence 2.
   EXPECT_EQ(cloud.samples()->Stats().records, 1u);
@@ -515,6 +536,28 @@ TEST(TransportE2eTest, IngestRefusesBatchesThatDoNotFitTheModelAndNeverStoresThe
   EXPECT_EQ(ok.stored(), 1u);
   EXPECT_EQ(ok.highest_durable_sequence(), 2u);
   EXPECT_EQ(cloud.samples()->SampleCount("dev-0", 1, 2), 8u);
+}
+
+// A cloud that takes frames (a Hugging Face pair's, SampleSpec::frame_width) checks the size a
+// frame declares before anything decodes it.
+TEST(TransportE2eTest, IngestTakesFramesOfTheTowersInputSizeOnly) {
+  cloud::SampleSpec spec;
+  spec.grid_tokens = 64;
+  spec.feature_dim = 32;
+  spec.frame_width = 336;
+  spec.frame_height = 336;
+  compress::UplinkSample frame = Zeros(64, 32, 2);
+  frame.features.clear();
+  frame.frame = JpegHeader(336, 336);
+  ASSERT_OK_AND_ASSIGN(
+      cloud::CheckedBatch ok,
+      cloud::CheckUplinkBatch(Encoded(1, {frame}, compress::FeaturePrecision::kJpeg), spec));
+  EXPECT_EQ(ok.samples[0].frame, frame.frame);
+  frame.frame = JpegHeader(4096, 336);
+  EXPECT_THAT(cloud::CheckUplinkBatch(Encoded(1, {frame}, compress::FeaturePrecision::kJpeg), spec)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a 4096x336 frame, but the tower takes 336x336")));
 }
 
 // Regression (issue 20, attack finding 6): bytes that are not an UplinkBatch ended the

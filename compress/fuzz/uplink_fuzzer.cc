@@ -20,7 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& s : *samples) {
     if (s.grid_tokens == 0 || s.grid_tokens > limits.max_grid_tokens || s.feature_dim == 0 ||
         s.feature_dim > limits.max_feature_dim || s.kept_indices.size() > s.grid_tokens ||
-        s.features.size() != s.kept_indices.size() * s.feature_dim ||
+        (s.frame.empty() ? s.features.size() != s.kept_indices.size() * s.feature_dim
+                         : !s.features.empty() || s.frame.size() > limits.max_frame_bytes ||
+                               !cdcca::compress::ReadJpegSize(s.frame).ok()) ||
         s.prompt_tokens.size() > limits.max_prompt_tokens ||
         s.answer_tokens.size() > limits.max_answer_tokens) {
       __builtin_trap();

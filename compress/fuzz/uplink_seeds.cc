@@ -1,5 +1,5 @@
-// Writes a seed corpus for the uplink fuzzer: valid batches of one and several samples, fp16
-// and int8, each behind the reseal flag (compress/fuzz/reseal.h).
+// Writes a seed corpus for the uplink fuzzer: valid batches of one and several samples, fp16,
+// int8, int4 and jpeg, each behind the reseal flag (compress/fuzz/reseal.h).
 // Usage: uplink_fuzz_seeds OUT_DIR
 #include <cstdio>
 #include <string>
@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
   using cdcca::compress::FeaturePrecision;
   using cdcca::compress::UplinkSample;
   int written = 0;
-  for (FeaturePrecision p :
-       {FeaturePrecision::kFp16, FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+  for (FeaturePrecision p : {FeaturePrecision::kFp16, FeaturePrecision::kInt8,
+                             FeaturePrecision::kInt4, FeaturePrecision::kJpeg}) {
     for (int count : {1, 3}) {
       std::vector<UplinkSample> samples;
       for (int i = 0; i < count; ++i) {
@@ -30,8 +30,15 @@ int main(int argc, char** argv) {
         s.kept_indices = {1, 4, static_cast<uint16_t>(9 + i)};
         s.prompt_tokens = {5, 6, 7};
         s.answer_tokens = {9};
-        for (size_t k = 0; k < s.kept_indices.size() * s.feature_dim; ++k) {
-          s.features.push_back(static_cast<float>(k % 7) - 3.0f + 0.125f * i);
+        if (p == FeaturePrecision::kJpeg) {  // a frame header the codec reads, 8 x 8
+          s.frame = std::string(
+              "\xFF\xD8\xFF\xC0\x00\x08\x08\x00\x08\x00\x08\x03"
+              "\xFF\xDA\x00\x02",
+              16);
+        } else {
+          for (size_t k = 0; k < s.kept_indices.size() * s.feature_dim; ++k) {
+            s.features.push_back(static_cast<float>(k % 7) - 3.0f + 0.125f * i);
+          }
         }
         samples.push_back(std::move(s));
       }

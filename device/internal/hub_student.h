@@ -33,6 +33,12 @@ class HubStudent {
   // Stage 2 for the frame `visual` came from: the per-token variance over `passes` passes.
   virtual absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes,
                                                     float dropout_p, uint64_t seed) = 0;
+  // The jpeg uplink: the frame as the tower takes it, as JPEG (HfAnswerer::TowerInputJpeg);
+  // FAILED_PRECONDITION where CanSendFrames() is false.
+  virtual absl::StatusOr<std::string> FrameJpeg(const Frame& frame, int quality) = 0;
+  // Whether the processor's output size is fixed (HfAnswerer::TowerInputSize), which the
+  // cloud needs to check a frame before decoding it.
+  virtual bool CanSendFrames() const = 0;
   // The trainable set (aliases the model's tensors).
   virtual compress::NamedTensors Trainable() = 0;
   virtual uint64_t BaseFingerprint() const = 0;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "compress/uplink_codec.h"
 #include "datasets/formats.h"
 #include "distill/model/hf_model.h"
 #include "distill/model/image_processor.h"
@@ -110,6 +111,76 @@ absl::StatusOr<GenerateReply> HfAnswerer::Answer(const std::string& image_path,
 }
 
 std::string HfAnswerer::model_type() const { return model_->model_type(); }
+
+absl::StatusOr<std::pair<int, int>> HfAnswerer::TowerInputSize() const {
+  // Two probes of opposite aspect: a fixed output size gives the same size for both.
+  std::pair<int, int> sizes[2];
+  const int shapes[2][2] = {{640, 480}, {480, 640}};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<uint8_t> probe(static_cast<size_t>(shapes[i][0]) * shapes[i][1] * 3, 0);
+    absl::StatusOr<RgbImage> resized =
+        ResizeAndCrop(*processor_, probe.data(), shapes[i][0], shapes[i][1]);
+    if (!resized.ok()) return resized.status();
+    sizes[i] = {resized->width, resized->height};
+  }
+  if (sizes[0] != sizes[1]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the image processor's output size depends on the image (", sizes[0].first,
+                     "x", sizes[0].second, " and ", sizes[1].first, "x", sizes[1].second,
+                     "): the jpeg uplink needs a fixed tower input"));
+  }
+  return sizes[0];
+}
+
+absl::StatusOr<std::string> HfAnswerer::TowerInputJpeg(const uint8_t* rgb, int width, int height,
+                                                       int quality) const {
+  absl::StatusOr<RgbImage> resized = ResizeAndCrop(*processor_, rgb, width, height);
+  if (!resized.ok()) return resized.status();
+  datasets::Image image(resized->width, resized->height);
+  image.pixels = std::move(resized->pixels);
+  return datasets::EncodeJpeg(image, quality);
+}
+
+absl::StatusOr<VisualTokenReply> HfAnswerer::TowerTokensOfJpeg(absl::string_view jpeg,
+                                                               const std::string& source) {
+  absl::StatusOr<std::pair<int, int>> expected = TowerInputSize();
+  if (!expected.ok()) return expected.status();
+  absl::StatusOr<compress::JpegSize> declared = compress::ReadJpegSize(jpeg);
+  if (!declared.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", declared.status().message()));
+  }
+  if (declared->width != expected->first || declared->height != expected->second) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": a ", declared->width, "x",
+                                                   declared->height, " frame, but the tower takes ",
+                                                   expected->first, "x", expected->second));
+  }
+  absl::StatusOr<datasets::Image> image = datasets::DecodeImageRgb(jpeg, source);
+  if (!image.ok()) return image.status();
+  if (image->width != expected->first || image->height != expected->second) {
+    return absl::DataLossError(absl::StrCat(source, ": decoded to another size than declared"));
+  }
+  RgbImage rgb;
+  rgb.width = image->width;
+  rgb.height = image->height;
+  rgb.pixels = std::move(image->pixels);
+  absl::StatusOr<PixelValues> pixels = RescaleNormalizePad(*processor_, rgb);
+  if (!pixels.ok()) return pixels.status();
+  const auto start = std::chrono::steady_clock::now();
+  MultimodalInputs in;
+  in.pixel_values =
+      torch::from_blob(pixels->data.data(), {1, pixels->channels, pixels->height, pixels->width},
+                       torch::kFloat)
+          .clone();
+  absl::StatusOr<torch::Tensor> tokens = model_->EncodeImages(in);
+  if (!tokens.ok()) return tokens.status();
+  torch::Tensor v = tokens->select(0, 0).contiguous();
+  VisualTokenReply reply;
+  reply.tokens = v.size(0);
+  reply.dim = v.size(1);
+  reply.features.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+  reply.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return reply;
+}
 
 absl::Status HfAnswerer::Prepare(const uint8_t* rgb, int width, int height,
                                  const std::string& source, const std::string& prompt,

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace cdcca::tokenizer {
 class Tokenizer;
@@ -77,6 +79,23 @@ class HfAnswerer {
                                                           const std::string& source,
                                                           const std::string& prompt, int passes,
                                                           double dropout_p, uint64_t seed);
+
+  // ---- The jpeg uplink (compress/uplink_codec.h): the frame instead of its tokens ----
+
+  // The size of every image the processor hands the tower (its resize and crop), or
+  // FAILED_PRECONDITION when that size depends on the image (no fixed crop or resize).
+  absl::StatusOr<std::pair<int, int>> TowerInputSize() const;
+  // The frame as the processor resizes and crops it for the tower, as JPEG at `quality`:
+  // what a device uplinks in place of the tokens.
+  absl::StatusOr<std::string> TowerInputJpeg(const uint8_t* rgb, int width, int height,
+                                             int quality) const;
+  // The tower's tokens (N x D, row-major; VisualTokenReply::features) of such a JPEG: its
+  // declared size is checked against TowerInputSize before anything decodes it, then the
+  // processor's value steps (no resize) and the tower. INVALID_ARGUMENT for a frame of
+  // another size or not a JPEG, DATA_LOSS for one that does not decode; `source` names it.
+  absl::StatusOr<VisualTokenReply> TowerTokensOfJpeg(absl::string_view jpeg,
+                                                     const std::string& source);
+
   // config.json's model_type: "llava", "blip-2" or "instructblip".
   std::string model_type() const;
 
