@@ -110,7 +110,8 @@ ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 
 ABSL_FLAG(double, uts_dropout, 0.1,
           "Hugging Face folders: rate at which UTS stage 2 drops visual tokens in each pass");
 ABSL_FLAG(std::string, uplink_precision, "fp16",
-          "Hugging Face folders: precision of the kept visual tokens (fp16 | int8 | int4), or "
+          "precision of the kept visual tokens the device uplinks (fp16 | int8 | int4), or, on a "
+          "Hugging Face folder, "
           "jpeg: the frame at the vision tower's input size as JPEG (quality 90) plus the kept "
           "indices, the cloud recomputing the tokens with the tower the pair shares");
 ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
@@ -516,6 +517,13 @@ int main(int argc, char** argv) {
   ao.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   ao.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
   ao.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
+  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision =
+      cdcca::compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
+  if (!uplink_precision.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--uplink_precision: ", uplink_precision.status().message())));
+  }
+  ao.uts.precision = *uplink_precision;
   ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
   ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
   ao.bandwidth_bytes_per_s =

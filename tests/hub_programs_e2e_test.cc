@@ -14,10 +14,12 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cloud/sample_store.h"
 #include "cloud/update_store.h"
+#include "compress/uplink_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -75,7 +77,8 @@ class HubProgramsTest : public ::testing::Test {
 
   std::string DeviceDir() const { return dir_.path() + "/dev-a"; }
 
-  std::unique_ptr<Child> StartDevice(const std::string& folder) {
+  std::unique_ptr<Child> StartDevice(const std::string& folder,
+                                     const std::vector<std::string>& extra = {}) {
     std::filesystem::create_directories(DeviceDir());
     std::vector<std::string> args = {
         CDCCA_DEVICE_BINARY,
@@ -96,6 +99,7 @@ class HubProgramsTest : public ::testing::Test {
         "--poll_ms=300",
         "--max_attempts=2",
         "--status_file=" + DeviceDir() + "/status.json"};
+    args.insert(args.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(args, DeviceDir() + "/device.log");
   }
 
@@ -178,6 +182,48 @@ INSTANTIATE_TEST_SUITE_P(Families, HubRoundTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
                                            "instructblip_llama"));
 
+// The jpeg uplink between the real programs: the device sends frames, cdcca-cloud checks their
+// size at ingest, recomputes the tokens with the pair's tower and trains; the device ends on
+// the mirror's digest.
+TEST_F(HubProgramsTest, FramesTravelAsJpegAndTheCloudRecomputesTheTokens) {
+  const std::string folder = Fixture("llava_clip_llama");
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder, {"--uplink_precision=jpeg"});
+  ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
+      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+  device->Signal(SIGTERM);
+  ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
+  nlohmann::json s = DeviceStatus();
+  const uint64_t version = s.value("version", 0ull);
+  EXPECT_GE(version, 1u);
+  EXPECT_EQ(s.value("digest", std::string()), CloudDigest(version)) << s.dump();
+  EXPECT_GT(s.value("acked", 0ull), 0u);
+  std::vector<nlohmann::json> jobs = Jobs();
+  ASSERT_FALSE(jobs.empty());
+  EXPECT_GT(jobs[0].value("samples", 0), 0);
+  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"), ::testing::Not(HasSubstr("batch_skipped")));
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+  // What the cloud stored are frames with kept indices, not tokens.
+  cloud::SampleStoreOptions so;
+  so.dir = cloud_data_ + "/samples";
+  auto store = cloud::SampleStore::Open(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto records = (*store)->Read("dev-a", 1, 4);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_FALSE(records->empty());
+  for (const auto& r : *records) {
+    auto samples = compress::DecodeUplinkBatch(r.batch().payload());
+    ASSERT_TRUE(samples.ok()) << samples.status();
+    for (const compress::UplinkSample& s : *samples) {
+      EXPECT_TRUE(compress::ReadJpegSize(s.frame).ok());
+      EXPECT_TRUE(s.features.empty());
+      EXPECT_FALSE(s.kept_indices.empty());
+    }
+  }
+}
+
 TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   const std::string folder = Fixture("llava_clip_llama");
   std::unique_ptr<Child> cloud = StartCloud(folder, folder);
@@ -237,12 +283,18 @@ TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFr
   const std::string fixtures = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf";
   const std::string model = fixtures + "/models/llava_clip_llama";
   auto run = [&](const std::vector<std::string>& extra, const std::string& log) {
-    std::vector<std::string> args = {CDCCA_TOOL_BINARY,      "hf-adapt",
-                                     "--teacher=" + model,   "--student_base=" + model,
-                                     "--precision=fp32",     "--images=" + fixtures + "/images",
-                                     "--prompt=What is shown?", "--template=llava",
-                                     "--steps=4",            "--batch=2",
-                                     "--answer_tokens=4",    "--out=" + dir.path() + "/state"};
+    std::vector<std::string> args = {CDCCA_TOOL_BINARY,
+                                     "hf-adapt",
+                                     "--teacher=" + model,
+                                     "--student_base=" + model,
+                                     "--precision=fp32",
+                                     "--images=" + fixtures + "/images",
+                                     "--prompt=What is shown?",
+                                     "--template=llava",
+                                     "--steps=4",
+                                     "--batch=2",
+                                     "--answer_tokens=4",
+                                     "--out=" + dir.path() + "/state"};
     args.insert(args.end(), extra.begin(), extra.end());
     Child child(args, log);
     return child.Wait(absl::Minutes(3));
