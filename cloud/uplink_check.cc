@@ -31,6 +31,14 @@ absl::Status CheckSample(const compress::UplinkSample& s, size_t i, const Sample
     }
     absl::StatusOr<compress::JpegSize> size = compress::ReadJpegSize(s.frame);
     if (!size.ok()) return bad(size.status().message());
+    // Devices send baseline JPEG: a progressive one can hold many scans that cost the decoder
+    // far more than its bytes suggest.
+    if (size->progressive) return bad("a progressive or lossless JPEG frame (baseline only)");
+    const uint64_t most = uint64_t{spec.frame_width} * spec.frame_height * 3 + (64u << 10);
+    if (s.frame.size() > most) {
+      return bad(
+          absl::StrCat("a frame of ", s.frame.size(), " bytes, more than ", most, " for its size"));
+    }
     if (static_cast<uint32_t>(size->width) != spec.frame_width ||
         static_cast<uint32_t>(size->height) != spec.frame_height) {
       return bad(absl::StrCat("a ", size->width, "x", size->height, " frame, but the tower takes ",

@@ -167,6 +167,7 @@ absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg) {
       size.height = (int{byte(pos + 3)} << 8) | byte(pos + 4);
       size.width = (int{byte(pos + 5)} << 8) | byte(pos + 6);
       size.components = byte(pos + 7);
+      size.progressive = code != 0xC0 && code != 0xC1;
       if (size.width == 0 || size.height == 0) return bad("a zero width or height");
       if (size.components != 1 && size.components != 3) {
         return bad(absl::StrCat(size.components, " components (1 or 3 expected)"));

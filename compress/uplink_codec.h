@@ -93,6 +93,7 @@ struct JpegSize {
   int width = 0;
   int height = 0;
   int components = 0;
+  bool progressive = false;  // a progressive or lossless frame (not SOF0/SOF1 baseline)
 };
 absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg);
 

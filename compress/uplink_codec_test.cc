@@ -151,9 +151,11 @@ TEST(UplinkCodecTest, ReadsTheSizeAJpegDeclaresAndRefusesWhatIsNotOne) {
   EXPECT_EQ(size.width, 336);
   EXPECT_EQ(size.height, 224);
   EXPECT_EQ(size.components, 3);
+  EXPECT_FALSE(size.progressive);
   ASSERT_OK_AND_ASSIGN(size, ReadJpegSize(JpegHeader(65535, 1, 1, 0xC2)));  // progressive, gray
   EXPECT_EQ(size.width, 65535);
   EXPECT_EQ(size.components, 1);
+  EXPECT_TRUE(size.progressive);
   // Every truncation fails cleanly (never reads past the end).
   const std::string good = JpegHeader(64, 48);
   for (size_t n = 0; n < 18; ++n) {  // the frame header ends at byte 18

@@ -558,6 +558,17 @@ TEST(TransportE2eTest, IngestTakesFramesOfTheTowersInputSizeOnly) {
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("a 4096x336 frame, but the tower takes 336x336")));
+  // Progressive frames (many scans, a decoder's worst case) and frames far larger than their
+  // pixels are refused too.
+  frame.frame = JpegHeader(336, 336);
+  frame.frame[3] = '\xC2';
+  EXPECT_THAT(cloud::CheckUplinkBatch(Encoded(1, {frame}, compress::FeaturePrecision::kJpeg), spec)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("baseline only")));
+  frame.frame = JpegHeader(336, 336) + std::string(336 * 336 * 3 + (64 << 10), '\0');
+  EXPECT_THAT(cloud::CheckUplinkBatch(Encoded(1, {frame}, compress::FeaturePrecision::kJpeg), spec)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("for its size")));
 }
 
 // Regression (issue 20, attack finding 6): bytes that are not an UplinkBatch ended the
