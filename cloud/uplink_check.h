@@ -57,8 +57,7 @@ absl::StatusOr<CheckedBatch> DecodeCheckedPayload(absl::string_view payload,
 
 // The ingest check of one uplink batch: codec_version, payload (as above), and
 // sample_count equal to the samples the payload holds. Returns the decoded batch.
-absl::StatusOr<CheckedBatch> CheckUplinkBatch(const v1::UplinkBatch& batch,
-                                              const SampleSpec& spec);
+absl::StatusOr<CheckedBatch> CheckUplinkBatch(const v1::UplinkBatch& batch, const SampleSpec& spec);
 
 }  // namespace cdcca::cloud
 

@@ -8,11 +8,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::compress {
 namespace {
 
+using ::cdcca::testing::JpegHeader;
 using ::cdcca::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -126,24 +128,6 @@ TEST(UplinkCodecTest, PrecisionNamesRoundTrip) {
   }
   EXPECT_THAT(ParseFeaturePrecision("int2"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp16, int8, int4, jpeg")));
-}
-
-// The smallest byte string ReadJpegSize accepts as a 3-component frame of w x h: SOI, an
-// APP0 segment, a baseline frame header, then the start of a scan.
-std::string JpegHeader(int w, int h, int components = 3, uint8_t sof = 0xC0) {
-  std::string j = {'\xFF', '\xD8', '\xFF', '\xE0', 0, 4, 'J', 'F'};
-  j += {'\xFF',
-        static_cast<char>(sof),
-        0,
-        8,
-        8,
-        static_cast<char>(h >> 8),
-        static_cast<char>(h & 0xFF),
-        static_cast<char>(w >> 8),
-        static_cast<char>(w & 0xFF),
-        static_cast<char>(components)};
-  j += {'\xFF', '\xDA', 0, 2};
-  return j;
 }
 
 TEST(UplinkCodecTest, ReadsTheSizeAJpegDeclaresAndRefusesWhatIsNotOne) {

@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/flags_help.h"
+#include "compress/uplink_codec.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
@@ -262,6 +263,16 @@ class FrameSource {
   int severity_ = 3;
 };
 
+// --uplink_precision, or INVALID_ARGUMENT naming the flag.
+absl::StatusOr<cdcca::compress::FeaturePrecision> UplinkPrecisionFlag() {
+  absl::StatusOr<cdcca::compress::FeaturePrecision> p =
+      cdcca::compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
+  if (!p.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--uplink_precision: ", p.status().message()));
+  }
+  return p;
+}
+
 #ifdef CDCCA_DEVICE_HF
 // One kept frame as the uplink codec encodes it: the `kept` visual tokens (or, at jpeg, the
 // frame `jpeg` and the kept indices), the prompt's and the answer's token ids.
@@ -340,12 +351,8 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   if (!(uts.dropout_p > 0 && uts.dropout_p < 1)) {
     return Fail(absl::InvalidArgumentError("--uts_dropout must be in (0, 1)"));
   }
-  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision =
-      cdcca::compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
-  if (!uplink_precision.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--uplink_precision: ", uplink_precision.status().message())));
-  }
+  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision = UplinkPrecisionFlag();
+  if (!uplink_precision.ok()) return Fail(uplink_precision.status());
   uts.precision = *uplink_precision;
   cdcca::device::EntropyGate gate(uts);
   absl::StatusOr<std::unique_ptr<FrameSource>> source =
@@ -517,12 +524,8 @@ int main(int argc, char** argv) {
   ao.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   ao.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
   ao.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
-  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision =
-      cdcca::compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
-  if (!uplink_precision.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--uplink_precision: ", uplink_precision.status().message())));
-  }
+  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision = UplinkPrecisionFlag();
+  if (!uplink_precision.ok()) return Fail(uplink_precision.status());
   ao.uts.precision = *uplink_precision;
   ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
   ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));

@@ -39,7 +39,6 @@ class HubStudentImpl final : public HubStudent {
     absl::StatusOr<uint64_t> vision = model::HfVisionFingerprint(options.checkpoint_dir);
     if (!vision.ok()) return vision.status();
     vision_fingerprint_ = *vision;
-    can_send_frames_ = answerer_->TowerInputSize().ok();
     base_fingerprint_ = model::HubBaseFingerprint(*folder, options.precision, adapters,
                                                   compress::StateDigest(Trainable()));
     return absl::OkStatus();
@@ -88,14 +87,14 @@ class HubStudentImpl final : public HubStudent {
   }
 
   absl::StatusOr<std::string> FrameJpeg(const Frame& frame, int quality) override {
-    if (!can_send_frames_) {
+    if (!CanSendFrames()) {
       return absl::FailedPreconditionError(
           "this folder's image processor has no fixed output size: the jpeg uplink needs one");
     }
     return answerer_->TowerInputJpeg(frame.image.pixels.data(), frame.image.width,
                                      frame.image.height, quality);
   }
-  bool CanSendFrames() const override { return can_send_frames_; }
+  bool CanSendFrames() const override { return answerer_->TowerInputSize().ok(); }
 
   compress::NamedTensors Trainable() override {
     compress::NamedTensors out;
@@ -112,7 +111,6 @@ class HubStudentImpl final : public HubStudent {
   int max_new_tokens_;
   uint64_t base_fingerprint_ = 0;
   uint64_t vision_fingerprint_ = 0;
-  bool can_send_frames_ = false;
 };
 
 }  // namespace

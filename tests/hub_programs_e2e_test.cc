@@ -125,6 +125,33 @@ class HubProgramsTest : public ::testing::Test {
     return hex;
   }
 
+  // cdcca-cloud on the pair (folder, folder) and cdcca-device on `folder` with `device_flags`,
+  // until the device runs an update in sync with the mirror; then the device is stopped and
+  // its status (version, digest equal to the cloud's, batches acked) checked into `status`.
+  // The cloud keeps running (cloud_) until StopCloud().
+  void RunDeviceToFirstUpdate(const std::string& folder,
+                              const std::vector<std::string>& device_flags,
+                              nlohmann::json* status) {
+    cloud_ = StartCloud(folder, folder);
+    ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+    std::unique_ptr<Child> device = StartDevice(folder, device_flags);
+    ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
+        << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+    absl::SleepFor(absl::Seconds(1));
+    device->Signal(SIGTERM);
+    ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
+    *status = DeviceStatus();
+    const uint64_t version = status->value("version", 0ull);
+    EXPECT_GE(version, 1u);
+    EXPECT_EQ(status->value("digest", std::string()), CloudDigest(version)) << status->dump();
+    EXPECT_GT(status->value("acked", 0ull), 0u);
+  }
+
+  void StopCloud() {
+    cloud_->Signal(SIGTERM);
+    EXPECT_EQ(cloud_->Wait(absl::Seconds(60)), 0);
+  }
+
   // The cloud's job events.
   std::vector<nlohmann::json> Jobs() {
     std::vector<nlohmann::json> out;
@@ -139,25 +166,15 @@ class HubProgramsTest : public ::testing::Test {
   TempDir dir_;
   std::string cloud_data_;
   int port_ = 0;
+  std::unique_ptr<Child> cloud_;
 };
 
 class HubRoundTest : public HubProgramsTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(HubRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
-  const std::string folder = Fixture(GetParam());
-  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
-  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
-  std::unique_ptr<Child> device = StartDevice(folder);
-  ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
-      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
-  absl::SleepFor(absl::Seconds(1));
-  device->Signal(SIGTERM);
-  ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
-  nlohmann::json s = DeviceStatus();
-  const uint64_t version = s.value("version", 0ull);
-  EXPECT_GE(version, 1u);
-  EXPECT_EQ(s.value("digest", std::string()), CloudDigest(version)) << s.dump();
-  EXPECT_GT(s.value("acked", 0ull), 0u);
+  nlohmann::json s;
+  RunDeviceToFirstUpdate(Fixture(GetParam()), {}, &s);
+  if (HasFatalFailure()) return;
   EXPECT_GE(s.value("updates_applied", 0ull) + s.value("resyncs", 0ull), 1u);
   // Answers came from the base and from the update, without a restart.
   std::ifstream in(DeviceDir() + "/answers.jsonl");
@@ -174,8 +191,7 @@ TEST_P(HubRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
   EXPECT_GT(jobs[0].value("samples", 0), 0);
   EXPECT_GT(jobs[0].value("steps", 0), 0);
   EXPECT_TRUE(jobs[0]["notes"].empty()) << jobs[0].dump();
-  cloud->Signal(SIGTERM);
-  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+  StopCloud();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HubRoundTest,
@@ -186,25 +202,14 @@ INSTANTIATE_TEST_SUITE_P(Families, HubRoundTest,
 // size at ingest, recomputes the tokens with the pair's tower and trains; the device ends on
 // the mirror's digest.
 TEST_F(HubProgramsTest, FramesTravelAsJpegAndTheCloudRecomputesTheTokens) {
-  const std::string folder = Fixture("llava_clip_llama");
-  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
-  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
-  std::unique_ptr<Child> device = StartDevice(folder, {"--uplink_precision=jpeg"});
-  ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
-      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
-  device->Signal(SIGTERM);
-  ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
-  nlohmann::json s = DeviceStatus();
-  const uint64_t version = s.value("version", 0ull);
-  EXPECT_GE(version, 1u);
-  EXPECT_EQ(s.value("digest", std::string()), CloudDigest(version)) << s.dump();
-  EXPECT_GT(s.value("acked", 0ull), 0u);
+  nlohmann::json s;
+  RunDeviceToFirstUpdate(Fixture("llava_clip_llama"), {"--uplink_precision=jpeg"}, &s);
+  if (HasFatalFailure()) return;
   std::vector<nlohmann::json> jobs = Jobs();
   ASSERT_FALSE(jobs.empty());
   EXPECT_GT(jobs[0].value("samples", 0), 0);
   EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"), ::testing::Not(HasSubstr("batch_skipped")));
-  cloud->Signal(SIGTERM);
-  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+  StopCloud();
   // What the cloud stored are frames with kept indices, not tokens.
   cloud::SampleStoreOptions so;
   so.dir = cloud_data_ + "/samples";

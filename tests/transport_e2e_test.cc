@@ -12,6 +12,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "proto/wire.h"
+#include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_pki.h"
@@ -22,6 +23,7 @@ namespace {
 
 using ::cdcca::testing::CloudFixture;
 using ::cdcca::testing::CloudFixtureOptions;
+using ::cdcca::testing::JpegHeader;
 using ::cdcca::testing::MakeBatch;
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
@@ -451,22 +453,6 @@ v1::UplinkBatch Encoded(uint64_t seq, const std::vector<compress::UplinkSample>&
   return b;
 }
 
-// The start of a JPEG that declares w x h (SOI, frame header, scan): what the codec and the
-// ingest check read of a frame.
-std::string JpegHeader(int w, int h) {
-  std::string j = {'\xFF', '\xD8', '\xFF', '\xC0', 0, 8, 8};
-  j += {static_cast<char>(h >> 8),
-        static_cast<char>(h & 0xFF),
-        static_cast<char>(w >> 8),
-        static_cast<char>(w & 0xFF),
-        3,
-        '\xFF',
-        '\xDA',
-        0,
-        2};
-  return j;
-}
-
 compress::UplinkSample Zeros(uint32_t grid, uint32_t dim, uint32_t kept) {
   compress::UplinkSample s;
   s.grid_tokens = grid;
@@ -560,8 +546,7 @@ TEST(TransportE2eTest, IngestTakesFramesOfTheTowersInputSizeOnly) {
                        HasSubstr("a 4096x336 frame, but the tower takes 336x336")));
   // Progressive frames (many scans, a decoder's worst case) and frames far larger than their
   // pixels are refused too.
-  frame.frame = JpegHeader(336, 336);
-  frame.frame[3] = '\xC2';
+  frame.frame = JpegHeader(336, 336, 3, 0xC2);
   EXPECT_THAT(cloud::CheckUplinkBatch(Encoded(1, {frame}, compress::FeaturePrecision::kJpeg), spec)
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("baseline only")));

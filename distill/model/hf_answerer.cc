@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& 
   // backend; its pixels are what the checkpoints are checked against.
   proc->backend = ImageBackend::kTorchvision;
   a->processor_ = std::make_unique<ImageProcessorConfig>(*std::move(proc));
+  a->tower_input_size_ = FixedOutputSize(*a->processor_);
   return a;
 }
 
@@ -112,14 +113,17 @@ absl::StatusOr<GenerateReply> HfAnswerer::Answer(const std::string& image_path,
 
 std::string HfAnswerer::model_type() const { return model_->model_type(); }
 
-absl::StatusOr<std::pair<int, int>> HfAnswerer::TowerInputSize() const {
+absl::StatusOr<std::pair<int, int>> HfAnswerer::TowerInputSize() const { return tower_input_size_; }
+
+absl::StatusOr<std::pair<int, int>> HfAnswerer::FixedOutputSize(
+    const ImageProcessorConfig& processor) {
   // Two probes of opposite aspect: a fixed output size gives the same size for both.
   std::pair<int, int> sizes[2];
   const int shapes[2][2] = {{640, 480}, {480, 640}};
   for (int i = 0; i < 2; ++i) {
     const std::vector<uint8_t> probe(static_cast<size_t>(shapes[i][0]) * shapes[i][1] * 3, 0);
     absl::StatusOr<RgbImage> resized =
-        ResizeAndCrop(*processor_, probe.data(), shapes[i][0], shapes[i][1]);
+        ResizeAndCrop(processor, probe.data(), shapes[i][0], shapes[i][1]);
     if (!resized.ok()) return resized.status();
     sizes[i] = {resized->width, resized->height};
   }
@@ -136,7 +140,9 @@ absl::StatusOr<std::string> HfAnswerer::TowerInputJpeg(const uint8_t* rgb, int w
                                                        int quality) const {
   absl::StatusOr<RgbImage> resized = ResizeAndCrop(*processor_, rgb, width, height);
   if (!resized.ok()) return resized.status();
-  datasets::Image image(resized->width, resized->height);
+  datasets::Image image;
+  image.width = resized->width;
+  image.height = resized->height;
   image.pixels = std::move(resized->pixels);
   return datasets::EncodeJpeg(image, quality);
 }

@@ -114,11 +114,15 @@ class HfAnswerer {
                        const std::string& prompt, MultimodalInputs* in, GenerateReply* ids);
   // Fills `reply`'s tokens, text, first logits and (from step logits) mean entropy.
   void Finish(const GreedyResult& result, GenerateReply* reply) const;
+  // The size every image `processor` resizes and crops to, or FAILED_PRECONDITION.
+  static absl::StatusOr<std::pair<int, int>> FixedOutputSize(const ImageProcessorConfig& processor);
   std::unique_ptr<MultimodalModel> model_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   // InstructBLIP's Q-Former tokenizer (qformer_tokenizer/), else null.
   std::unique_ptr<tokenizer::Tokenizer> qformer_tokenizer_;
   std::unique_ptr<ImageProcessorConfig> processor_;
+  // TowerInputSize's answer, worked out once at Load (the processor does not change).
+  absl::StatusOr<std::pair<int, int>> tower_input_size_ = std::pair<int, int>{0, 0};
 };
 
 // The prompt with a named template applied ("" = unchanged). InvalidArgument for an unknown
