@@ -9,8 +9,8 @@
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "distill/akd.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/trainable.h"
+#include "model/family/checkpoint.h"
+#include "model/family/trainable.h"
 
 namespace cdcca::cloud::internal {
 

@@ -12,10 +12,10 @@
 #include "compress/named_tensors.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
-#include "distill/model/hf_adapter_state.h"
-#include "distill/model/hf_answerer.h"
-#include "distill/model/hf_model.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "model/hub/hf_adapter_state.h"
+#include "model/arch/hf_answerer.h"
+#include "model/arch/hf_model.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::cloud::internal {
 namespace {

@@ -22,9 +22,9 @@
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
 #include "distill/learner.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/safetensors.h"
-#include "distill/model/trainable.h"
+#include "model/family/checkpoint.h"
+#include "model/hub/safetensors.h"
+#include "model/family/trainable.h"
 #include "distill/replay_buffer.h"
 #include "proto/wire.h"
 

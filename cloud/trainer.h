@@ -154,7 +154,7 @@ struct PerDeviceStrategyOptions {
   // Longest answer the teacher generates as a label; 0 keeps distill_config's (default 6).
   // Captioning needs datasets::kMaxCaptionTokens.
   int max_answer_tokens = 0;
-  // Torch intra-op threads per job. 0 = automatic (1; distill/model/threads.h).
+  // Torch intra-op threads per job. 0 = automatic (1; model/runtime/threads.h).
   int torch_threads = 0;
   // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".
   std::string train_device = "cpu";

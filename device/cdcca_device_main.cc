@@ -47,7 +47,7 @@
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
 #ifdef CDCCA_DEVICE_HF
-#include "distill/model/hf_answerer.h"
+#include "model/arch/hf_answerer.h"
 #endif
 
 ABSL_FLAG(std::string, cloud, "",

@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "compress/named_tensors.h"
 #include "datasets/image.h"
-#include "distill/model/generation.h"
-#include "distill/model/hf_adapter_state.h"
-#include "distill/model/hf_answerer.h"
-#include "distill/model/hf_model.h"
-#include "distill/model/threads.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "model/runtime/generation.h"
+#include "model/hub/hf_adapter_state.h"
+#include "model/arch/hf_answerer.h"
+#include "model/arch/hf_model.h"
+#include "model/runtime/threads.h"
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::device::internal {

@@ -15,12 +15,12 @@
 #include "compress/named_tensors.h"
 #include "datasets/tokenizer.h"
 #include "device/internal/hub_student.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/safetensors.h"
-#include "distill/model/threads.h"
-#include "distill/model/token_probe.h"
-#include "distill/model/token_scores.h"
-#include "distill/model/trainable.h"
+#include "model/family/checkpoint.h"
+#include "model/hub/safetensors.h"
+#include "model/runtime/threads.h"
+#include "model/family/token_probe.h"
+#include "model/family/token_scores.h"
+#include "model/family/trainable.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::device {

@@ -32,7 +32,7 @@ struct RuntimeOptions {
   // Default: 6.
   int max_answer_tokens = 6;
   // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
-  // every core; distill/model/threads.h).
+  // every core; model/runtime/threads.h).
   int threads = 0;
   // A Hugging Face folder (LLaVA, BLIP-2, InstructBLIP) as checkpoint_dir: the prompt
   // template a question is put in ("auto": llava's for LLaVA, none for the BLIP-2 family;

@@ -33,7 +33,7 @@
 #include "datasets/domain.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/shifts.h"
-#include "distill/model/clip_vision.h"
+#include "model/arch/clip_vision.h"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 

@@ -21,12 +21,12 @@
 
 #include "absl/status/status.h"
 #include "compress/uplink_codec.h"
-#include "distill/model/token_score_kind.h"
+#include "model/family/token_score_kind.h"
 
 namespace cdcca::device {
 
 // What a stage-2 score is computed from (see InferenceRuntime::TokenScores): the model's
-// enum and names, one definition (distill/model/token_score_kind.h).
+// enum and names, one definition (model/family/token_score_kind.h).
 using TokenScore = model::TokenScoreKind;
 using model::ParseTokenScore;
 using model::TokenScoreName;

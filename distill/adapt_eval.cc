@@ -15,12 +15,12 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/metrics.h"
 #include "datasets/tokenizer.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/scene_eval.h"
-#include "distill/model/threads.h"
-#include "distill/model/token_probe.h"
-#include "distill/model/token_scores.h"
-#include "distill/model/trainable.h"
+#include "model/family/checkpoint.h"
+#include "model/family/scene_eval.h"
+#include "model/runtime/threads.h"
+#include "model/family/token_probe.h"
+#include "model/family/token_scores.h"
+#include "model/family/trainable.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::distill {

@@ -7,8 +7,8 @@
 #include <set>
 
 #include "datasets/tokenizer.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/config.h"
+#include "model/family/checkpoint.h"
+#include "model/family/config.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::distill {

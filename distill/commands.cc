@@ -45,7 +45,7 @@ ABSL_FLAG(double, job_lr, 0, "adapt-eval: learning rate (0 = the config's)");
 ABSL_FLAG(int, job_batch, 0, "adapt-eval: batch size (0 = the config's)");
 ABSL_FLAG(int, mc_passes, 8, "adapt-eval: UTS stochastic passes M");
 ABSL_FLAG(double, dropout_p, 0.1, "adapt-eval: UTS dropout probability");
-// --precision is shared with `cdcca generate` / `answer` (distill/model/precision_flag.cc);
+// --precision is shared with `cdcca generate` / `answer` (model/arch/precision_flag.cc);
 // empty = int8 here.
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_FLAG(uint64_t, seed, 1, "adapt-eval: scenes, passes, random tokens and jobs");

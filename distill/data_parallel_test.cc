@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "distill/akd.h"
-#include "distill/model/config.h"
+#include "model/family/config.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::distill {

@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "distill/akd.h"
 #include "distill/learner.h"
-#include "distill/model/config.h"
+#include "model/family/config.h"
 
 ABSL_FLAG(std::string, config, "configs/models/small.json", "model family config");
 ABSL_FLAG(std::string, learner, "akd", "akd, pl, pkd, cwd, tent or cotta");

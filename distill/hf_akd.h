@@ -35,7 +35,7 @@
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
 #include "distill/learner.h"
-#include "distill/model/hf_model.h"
+#include "model/arch/hf_model.h"
 
 namespace cdcca::distill {
 

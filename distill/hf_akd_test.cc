@@ -16,9 +16,9 @@
 #include <map>
 #include <set>
 
-#include "distill/model/hf_model.h"
-#include "distill/model/safetensors.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "model/arch/hf_model.h"
+#include "model/hub/safetensors.h"
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 

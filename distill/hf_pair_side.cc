@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "compress/hash64.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::distill {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "distill/hf_akd.h"
-#include "distill/model/hf_answerer.h"
+#include "model/arch/hf_answerer.h"
 
 namespace cdcca::distill {
 

@@ -13,8 +13,8 @@
 #include "distill/akd.h"
 #include "distill/baselines/cotta.h"
 #include "distill/baselines/tent.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/threads.h"
+#include "model/family/checkpoint.h"
+#include "model/runtime/threads.h"
 
 namespace cdcca::distill {
 namespace {

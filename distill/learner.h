@@ -24,8 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "compress/uplink_codec.h"
-#include "distill/model/blip2_tower.h"
-#include "distill/model/trainable.h"
+#include "model/family/blip2_tower.h"
+#include "model/family/trainable.h"
 #include "distill/replay_buffer.h"
 #include "distill/sample_batch.h"
 

@@ -9,8 +9,8 @@
 #include "distill/akd.h"
 #include "distill/baselines/cotta.h"
 #include "distill/baselines/tent.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/config.h"
+#include "model/family/checkpoint.h"
+#include "model/family/config.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::distill {

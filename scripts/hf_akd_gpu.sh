@@ -25,7 +25,7 @@ round_bench=build-gpu/sim/hf_round_bench
 if [ "$mode" = build ]; then
   start=$(date +%s)
   export CDCCA_GPU_TARGETS="hf_akd_bench hf_round_bench"
-  (source distill/model/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
+  (source scripts/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"
   test -x "$bench" && test -x "$round_bench"

@@ -20,16 +20,16 @@ export PYTHONUNBUFFERED=1
 # Build; if the CUDA-graph code does not compile against this LibTorch, build without it.
 export CDCCA_GPU_TARGETS=hf_bench
 start=$(date +%s)
-if ! (source distill/model/gpu_build.sh) >"$out/build.log" 2>&1 || [ ! -x build-gpu/distill/model/hf_bench ]; then
+if ! (source scripts/gpu_build.sh) >"$out/build.log" 2>&1 || [ ! -x build-gpu/model/hf_bench ]; then
   echo "build with CUDA graphs failed; retrying without" | tee -a "$out/build.log"
   cmake build-gpu -DCDCCA_CUDA_GRAPHS=OFF -DCMAKE_CXX_FLAGS=-DCDCCA_NO_AT_RMS_NORM >>"$out/build.log" 2>&1
-  (source distill/model/gpu_build.sh) >>"$out/build.log" 2>&1
+  (source scripts/gpu_build.sh) >>"$out/build.log" 2>&1
 fi
 tail -5 "$out/build.log"
 echo "build: $(( $(date +%s) - start )) s"
-[ -x build-gpu/distill/model/hf_bench ] || { echo "hf_bench did not build"; exit 1; }
+[ -x build-gpu/model/hf_bench ] || { echo "hf_bench did not build"; exit 1; }
 export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-bench=build-gpu/distill/model/hf_bench
+bench=build-gpu/model/hf_bench
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 lscpu | grep -E "Model name|^CPU\(s\)" || true
 

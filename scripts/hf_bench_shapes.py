@@ -11,14 +11,14 @@ This script builds them (bf16) and times transformers on them: batch 1, one imag
 eager and SDPA attention; plus the measured HBM bandwidth and the weight-bytes-per-token
 limit. With --save DIR it also writes each model as a Hugging Face folder, with the very
 inputs transformers got in bench_inputs.safetensors, and with --cdcca BIN runs cdcca's
-hf_bench (distill/model/hf_bench.cc) on that folder in the same run (after freeing
+hf_bench (model/runtime/hf_bench.cc) on that folder in the same run (after freeing
 transformers' copy), recording its JSON line under "cdcca".
 
 CPU mode (--cpu --load FOLDER) times transformers fp32 on a folder saved before (the
 0.5B one) with the saved inputs, and records the process's resident memory.
 
   python3 scripts/hf_bench_shapes.py --out OUT.json [--models a,b] [--save DIR]
-      [--cdcca build-gpu/distill/model/hf_bench] [--keep NAME,...]
+      [--cdcca build-gpu/model/hf_bench] [--keep NAME,...]
   python3 scripts/hf_bench_shapes.py --cpu --load DIR --out OUT.json
 scripts/hf_bench_gpu.sh runs the whole comparison on the GPU machine.
 """

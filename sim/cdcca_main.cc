@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "cli/flags_help.h"
 #ifdef CDCCA_HAVE_PRETRAIN
-#include "distill/model/commands.h"
+#include "model/family/commands.h"
 #endif
 #ifdef CDCCA_HAVE_ADAPT
 #include "distill/commands.h"
 #endif
 #ifdef CDCCA_HAVE_HF_COMMANDS
-#include "distill/model/generate_command.h"
+#include "model/arch/generate_command.h"
 #endif
 #ifdef CDCCA_HAVE_HF_ADAPT
 #include "sim/hf_adapt_command.h"
@@ -29,7 +29,7 @@
 #include "datasets/commands.h"
 #endif
 #ifdef CDCCA_HAVE_TOKENIZERS
-#include "distill/model/tokenizer/tokenize_command.h"
+#include "model/tokenizer/tokenize_command.h"
 #endif
 
 namespace {

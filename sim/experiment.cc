@@ -10,7 +10,7 @@
 #include "compress/uplink_codec.h"
 #include "datasets/language.h"
 #include "datasets/shifts.h"
-#include "distill/model/token_score_kind.h"
+#include "model/family/token_score_kind.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::sim {

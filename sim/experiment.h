@@ -118,7 +118,7 @@ struct Experiment {
   // Distill settings every cloud method trains with (configs/distill layout); each method
   // changes only its feature term (distill::WithFeatureTermOf). "" = each learner's preset.
   std::string distill_config = "configs/distill/akd.json";
-  int threads = 0;  // LibTorch intra-op threads; 0 = automatic (1; distill/model/threads.h)
+  int threads = 0;  // LibTorch intra-op threads; 0 = automatic (1; model/runtime/threads.h)
 
   // The domain device `device` sees in round `round` (0-based).
   RoundDomain DomainFor(int device, int round) const;

@@ -29,9 +29,9 @@
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
 #include "distill/learner.h"
-#include "distill/model/checkpoint.h"
-#include "distill/model/safetensors.h"
-#include "distill/model/trainable.h"
+#include "model/family/checkpoint.h"
+#include "model/hub/safetensors.h"
+#include "model/family/trainable.h"
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
 

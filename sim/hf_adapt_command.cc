@@ -15,7 +15,7 @@
 #include "datasets/formats.h"
 #include "device/uts.h"
 #include "distill/commands.h"
-#include "distill/model/hf_adapter_state.h"
+#include "model/hub/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
 #include "sim/hub_adapt_eval.h"
 
@@ -49,7 +49,7 @@ ABSL_FLAG(double, uts_dropout, 0.1, "hf-adapt: UTS stage 2's token dropout rate"
 ABSL_FLAG(uint64_t, job_seed, 0, "hf-adapt: seed of the batches and the dropout masks");
 ABSL_FLAG(std::string, state, "", "export-adapter: the adapted state folder (hf-adapt --out)");
 
-// Shared with `cdcca generate` / `answer` (distill/model/generate_command.cc) and `cdcca eval`.
+// Shared with `cdcca generate` / `answer` (model/arch/generate_command.cc) and `cdcca eval`.
 ABSL_DECLARE_FLAG(std::string, images);
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, template);

@@ -22,8 +22,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "distill/akd.h"
-#include "distill/model/gpu_memory.h"
-#include "distill/model/safetensors.h"
+#include "model/runtime/gpu_memory.h"
+#include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "sim/hub_round.h"
 

@@ -18,8 +18,8 @@
 #include "datasets/metrics.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
-#include "distill/model/hf_answerer.h"
-#include "distill/model/tokenizer/tokenizer.h"
+#include "model/arch/hf_answerer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::sim {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "distill/adapt_eval.h"
-#include "distill/model/hf_model.h"
+#include "model/arch/hf_model.h"
 
 namespace cdcca::sim {
 

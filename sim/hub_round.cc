@@ -12,7 +12,7 @@
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "distill/hf_akd.h"
-#include "distill/model/generation.h"
+#include "model/runtime/generation.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::sim {

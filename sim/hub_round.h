@@ -36,7 +36,7 @@
 #include "compress/delta_encoder.h"
 #include "device/uts.h"
 #include "distill/akd.h"
-#include "distill/model/hf_model.h"
+#include "model/arch/hf_model.h"
 
 namespace cdcca::sim {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "distill/model/safetensors.h"
+#include "model/hub/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -28,7 +28,7 @@
 #include "datasets/shifts.h"
 #include "datasets/test_images.h"
 #include "datasets/tokenizer.h"
-#include "distill/model/checkpoint.h"
+#include "model/family/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

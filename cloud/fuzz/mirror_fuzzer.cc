@@ -12,7 +12,7 @@
 #include "compress/delta_encoder.h"
 #include "compress/fuzz/reseal.h"
 #include "compress/wire_format.h"
-#include "distill/model/safetensors_view.h"
+#include "model/hub/safetensors_view.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include "compress/delta_encoder.h"
 #include "compress/fuzz/fuzz_set.h"
 #include "compress/fuzz/reseal.h"
-#include "distill/model/fuzz/safetensors_seed.h"
+#include "model/fuzz/safetensors_seed.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

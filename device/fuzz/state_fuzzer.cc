@@ -7,7 +7,7 @@
 
 #include "compress/fuzz/reseal.h"
 #include "device/internal/state_file.h"
-#include "distill/model/safetensors_view.h"
+#include "model/hub/safetensors_view.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string file = cdcca::compress::fuzz::Reseal(data, size);

@@ -5,7 +5,7 @@
 
 #include "compress/fuzz/reseal.h"
 #include "device/internal/state_file.h"
-#include "distill/model/fuzz/safetensors_seed.h"
+#include "model/fuzz/safetensors_seed.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -1,0 +1,501 @@
+#include "model/arch/blip2.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/arch/blip2_inputs.h"
+
+namespace cdcca::model {
+namespace {
+
+// The first of `candidates` for which `<candidate><probe>` is in the folder.
+absl::StatusOr<std::string> Probe(const HfFolder& folder,
+                                  std::initializer_list<const char*> candidates,
+                                  const std::string& probe, const std::string& what) {
+  for (const char* c : candidates) {
+    if (folder.Has(std::string(c) + probe)) return std::string(c);
+  }
+  std::string tried;
+  for (const char* c : candidates) absl::StrAppend(&tried, tried.empty() ? "" : ", ", c, probe);
+  return absl::NotFoundError(
+      absl::StrCat(folder.dir(), ": no ", what, " weights (looked for ", tried, ")"));
+}
+
+HfPrecision Fp32Compute(HfPrecision p) {
+  p.dtype = torch::kFloat;
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
+  Blip2Prefixes p;
+  absl::StatusOr<std::string> s =
+      Probe(folder, {"vision_model.", "model.vision_model."}, "embeddings.class_embedding", "ViT");
+  if (!s.ok()) return s.status();
+  p.vision = *s;
+  s = Probe(folder, {"", "model."}, "query_tokens", "query_tokens");
+  if (!s.ok()) return s.status();
+  p.query_tokens = *s + "query_tokens";
+  s = Probe(folder, {"qformer.", "model.qformer."},
+            "encoder.layer.0.attention.attention.query.weight", "Q-Former");
+  if (!s.ok()) return s.status();
+  p.qformer = *s;
+  s = Probe(folder, {"language_projection.", "model.language_projection."}, "weight",
+            "language_projection");
+  if (!s.ok()) return s.status();
+  p.projection = *s;
+  s = Probe(folder, {"language_model.model.", "model.language_model.", "language_model."},
+            "embed_tokens.weight", "language model");
+  if (!s.ok()) return s.status();
+  p.lm_body = *s;
+  // Absent when the embeddings are tied; DecoderLm ignores the head prefix then.
+  s = Probe(folder, {"language_model.lm_head.", "lm_head."}, "weight", "lm_head");
+  p.lm_head = s.ok() ? *s : "lm_head.";
+  return p;
+}
+
+absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
+                             Blip2VisionModelImpl& vision, torch::Device device) {
+  HfLoadIntoOptions options;
+  options.device = device;
+  const std::string first = prefix + "encoder.layers.0.self_attn.";
+  if (!vision.config().qkv_bias || folder.Has(first + "qkv.bias") ||
+      !folder.Has(first + "q_bias")) {
+    return folder.LoadInto(vision, prefix, options);
+  }
+  // Separate q_bias / v_bias: everything but the fused qkv layers loads by name.
+  if (absl::Status s = folder.LoadInto(*vision.embeddings, prefix + "embeddings.", options);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = folder.LoadInto(*vision.post_layernorm, prefix + "post_layernorm.", options);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t h = vision.config().hidden_size;
+  for (size_t i = 0; i < vision.encoder->layers->size(); ++i) {
+    auto* layer = vision.encoder->layers[i]->as<Blip2VisionLayerImpl>();
+    const std::string lp = absl::StrCat(prefix, "encoder.layers.", i, ".");
+    for (auto& [name, module] : std::vector<std::pair<std::string, torch::nn::Module*>>{
+             {"layer_norm1.", layer->layer_norm1.get()},
+             {"layer_norm2.", layer->layer_norm2.get()},
+             {"mlp.", layer->mlp.get()},
+             {"self_attn.projection.", layer->self_attn->projection.get()}}) {
+      if (absl::Status s = folder.LoadInto(*module, lp + name, options); !s.ok()) return s;
+    }
+    HfLinearImpl& qkv = *layer->self_attn->qkv;
+    const torch::ScalarType dtype = qkv.options().precision.dtype;
+    absl::StatusOr<torch::Tensor> w = folder.Load(lp + "self_attn.qkv.weight", dtype, device);
+    if (!w.ok()) return w.status();
+    absl::StatusOr<torch::Tensor> q = folder.Load(lp + "self_attn.q_bias", dtype, device);
+    if (!q.ok()) return q.status();
+    absl::StatusOr<torch::Tensor> v = folder.Load(lp + "self_attn.v_bias", dtype, device);
+    if (!v.ok()) return v.status();
+    for (const auto& [name, t, shape] :
+         std::vector<std::tuple<std::string, torch::Tensor, std::vector<int64_t>>>{
+             {"qkv.weight", *w, {3 * h, h}}, {"q_bias", *q, {h}}, {"v_bias", *v, {h}}}) {
+      if (t.sizes().vec() != shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(folder.FileOf(lp + "self_attn." + name), ": tensor ", lp, "self_attn.",
+                         name, " has shape ", c10::str(t.sizes()), ", the model needs ",
+                         c10::str(c10::IntArrayRef(shape))));
+      }
+    }
+    if (absl::Status s = qkv.Adopt("weight", *w); !s.ok()) return s;
+    if (absl::Status s = qkv.Adopt("bias", Blip2QkvBiasFromParts(*q, *v)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& config,
+                                                                     const DecoderConfig& text,
+                                                                     const HfPrecision& precision)
+    : config_(config), precision_(precision) {
+  vision_model = register_module("vision_model", Blip2VisionModel(config.vision, precision));
+  query_tokens = register_parameter(
+      "query_tokens",
+      Placeholder({1, config.num_query_tokens, config.qformer.hidden_size}, torch::kFloat));
+  qformer = register_module("qformer",
+                            QFormerModel(config.qformer, config.instruct, Fp32Compute(precision)));
+  HfLinearOptions proj;
+  proj.in_features = config.qformer.hidden_size;
+  proj.out_features = text.hidden_size;
+  proj.bias = true;
+  proj.precision = precision;
+  language_projection = register_module("language_projection", HfLinear(proj));
+  language_model = register_module("language_model", DecoderLm(text, precision));
+}
+
+absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>>
+Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPrecision& precision,
+                                              torch::Device device) {
+  const std::string file = folder.config_path();
+  absl::StatusOr<Blip2Config> config = ParseBlip2Config(folder.config(), file);
+  if (!config.ok()) return config.status();
+  auto text_json = folder.config().find("text_config");
+  if (text_json == folder.config().end() || !text_json->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field text_config is missing"));
+  }
+  absl::StatusOr<DecoderConfig> text = ParseDecoderConfig(*text_json, file);
+  if (!text.ok()) return text.status();
+  std::shared_ptr<Blip2ForConditionalGenerationImpl> model;
+  try {
+    model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *text, precision);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": building the model: ", e.what_without_backtrace()));
+  }
+  if (absl::Status s = model->Load(folder, device); !s.ok()) return s;
+  model->eval();
+  return model;
+}
+
+absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, torch::Device device) {
+  absl::StatusOr<Blip2Prefixes> p = FindBlip2Prefixes(folder);
+  if (!p.ok()) return p.status();
+  try {
+    HfLoadIntoOptions options;
+    options.device = device;
+    if (absl::Status s = LoadBlip2Vision(folder, p->vision, *vision_model, device); !s.ok())
+      return s;
+    absl::StatusOr<torch::Tensor> q = folder.Load(p->query_tokens, torch::kFloat, device);
+    if (!q.ok()) return q.status();
+    if (q->sizes() != query_tokens.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder.FileOf(p->query_tokens), ": tensor ", p->query_tokens, " has shape ",
+                       c10::str(q->sizes()), ", the model needs ", c10::str(query_tokens.sizes())));
+    }
+    {
+      torch::NoGradGuard no_grad;
+      query_tokens.set_data(*q);
+    }
+    if (absl::Status s = folder.LoadInto(*qformer, p->qformer, options); !s.ok()) return s;
+    if (absl::Status s = folder.LoadInto(*language_projection, p->projection, options); !s.ok()) {
+      return s;
+    }
+    return language_model->Load(folder, p->lm_body, p->lm_head, device);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": loading: ", e.what_without_backtrace()));
+  }
+}
+
+torch::Tensor Blip2ForConditionalGenerationImpl::ImageQueries(
+    const torch::Tensor& pixel_values, const torch::Tensor& qformer_input_ids,
+    const torch::Tensor& qformer_attention_mask) {
+  torch::Tensor image = vision_model->forward(pixel_values);
+  torch::Tensor queries = query_tokens.expand({image.size(0), -1, -1});
+  torch::Tensor out =
+      qformer->forward(queries, image.to(torch::kFloat), qformer_input_ids, qformer_attention_mask);
+  out = out.slice(1, 0, config_.num_query_tokens);
+  return language_projection->forward(out.to(precision_.dtype));
+}
+
+absl::Status Blip2ForConditionalGenerationImpl::CheckImageInputs(const Blip2Inputs& in,
+                                                                 bool one_image) const {
+  if (config_.instruct != in.qformer_input_ids.defined()) {
+    return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                       : "BLIP-2 takes no qformer_input_ids");
+  }
+  const int64_t size = config_.vision.image_size;
+  const torch::Tensor& px = in.pixel_values;
+  if (!px.defined() || px.dim() != 4 || (one_image && px.size(0) != 1) ||
+      px.size(1) != config_.vision.num_channels || px.size(2) != size || px.size(3) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        one_image ? "UTS stage 2 takes pixel_values [1, " : "pixel_values must be [B, ",
+        config_.vision.num_channels, ", ", size, ", ", size, "], got ",
+        px.defined() ? c10::str(px.sizes()) : std::string("none")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>>
+Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
+  if (absl::Status s = CheckImageInputs(in, /*one_image=*/false); !s.ok()) return s;
+  torch::Tensor queries =
+      ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
+  torch::Tensor text = language_model->EmbedTokens(in.input_ids);
+  absl::StatusOr<torch::Tensor> merged =
+      MergeBlip2Queries(text, in.input_ids, queries, config_.image_token_id);
+  if (!merged.ok()) return merged.status();
+  torch::Tensor mask = in.attention_mask;
+  if (mask.defined() && !config_.image_token_id.has_value()) {
+    mask = torch::cat({torch::ones({mask.size(0), queries.size(1)}, mask.options()), mask}, 1);
+  }
+  return std::make_pair(*merged, mask);
+}
+
+absl::StatusOr<torch::Tensor> Blip2ForConditionalGenerationImpl::Logits(const Blip2Inputs& in) {
+  try {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
+    if (!e.ok()) return e.status();
+    return language_model->Forward(e->first, e->second, nullptr).logits;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
+    const Blip2Inputs& in, const GreedyOptions& options) {
+  try {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
+    if (!e.ok()) return e.status();
+    return GreedyGenerateFromEmbeds(*language_model, e->first, e->second, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticVisualTokens(
+    const Blip2Inputs& in, const VisualTokenPassOptions& options) {
+  if (absl::Status s = CheckImageInputs(in, /*one_image=*/true); !s.ok()) return s;
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor image = vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
+    absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, image.size(1));
+    if (!masks.ok()) return masks.status();
+    const int64_t m = masks->size(0);
+    torch::Tensor qids, qmask;
+    if (in.qformer_input_ids.defined()) {
+      qids = in.qformer_input_ids.expand({m, -1});
+      qmask = in.qformer_attention_mask.defined() ? in.qformer_attention_mask.expand({m, -1})
+                                                  : torch::ones_like(qids);
+    }
+    std::vector<torch::Tensor> probs;  // per cross-attending layer [M, heads, Q, N]
+    qformer->ForwardMasked(query_tokens.expand({m, -1, -1}), image.expand({m, -1, -1}), qids, qmask,
+                           masks->to(image.device()), &probs);
+    if (probs.empty()) return absl::InternalError("the Q-Former has no cross-attention layer");
+    torch::Tensor mass = torch::zeros({m, image.size(1)}, image.options());
+    for (const torch::Tensor& p : probs) mass = mass + p.to(torch::kFloat).mean(1).mean(1);
+    VisualTokenPasses out;
+    out.tokens = image[0].cpu();
+    out.present = *masks;
+    out.mass = (mass / static_cast<double>(probs.size())).cpu();
+    out.variance = PassVariance(out.mass);
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("BLIP-2 UTS stage 2: ", e.what_without_backtrace()));
+  }
+}
+
+std::vector<int64_t> Blip2ForConditionalGenerationImpl::ExpandInputIds(
+    const std::vector<int64_t>& prompt_ids) const {
+  return ExpandBlip2InputIds(prompt_ids, config_.num_query_tokens, config_.image_token_id);
+}
+
+namespace {
+
+class Blip2MultimodalModel : public MultimodalModel {
+ public:
+  Blip2MultimodalModel(std::shared_ptr<Blip2ForConditionalGenerationImpl> model,
+                       std::vector<int64_t> eos, torch::Device device, Blip2Prefixes prefixes)
+      : model_(std::move(model)),
+        eos_(std::move(eos)),
+        device_(device),
+        prefixes_(std::move(prefixes)) {}
+
+  std::string model_type() const override {
+    return model_->config().instruct ? "instructblip" : "blip-2";
+  }
+  std::string ExpandPrompt(const std::string& prompt) const override { return prompt; }
+  std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const override {
+    return model_->ExpandInputIds(ids);
+  }
+
+  absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
+                                        const GreedyOptions& options) override {
+    Blip2Inputs in{inputs.pixel_values.to(device_), inputs.input_ids.to(device_),
+                   inputs.attention_mask, inputs.qformer_input_ids, inputs.qformer_attention_mask};
+    if (in.attention_mask.defined()) in.attention_mask = in.attention_mask.to(device_);
+    if (in.qformer_input_ids.defined()) in.qformer_input_ids = in.qformer_input_ids.to(device_);
+    if (in.qformer_attention_mask.defined()) {
+      in.qformer_attention_mask = in.qformer_attention_mask.to(device_);
+    }
+    const std::optional<int64_t> image = model_->config().image_token_id;
+    if (image.has_value() && in.input_ids.dim() == 2 &&
+        !in.input_ids.eq(*image).any().item<bool>()) {
+      // The tokenized prompt alone: add the processor's image tokens.
+      const int64_t q = model_->config().num_query_tokens;
+      in.input_ids = torch::cat(
+          {torch::full({in.input_ids.size(0), q}, *image, in.input_ids.options()), in.input_ids},
+          1);
+      if (in.attention_mask.defined()) {
+        in.attention_mask =
+            torch::cat({torch::ones({in.attention_mask.size(0), q}, in.attention_mask.options()),
+                        in.attention_mask},
+                       1);
+      }
+    }
+    return model_->Generate(in, options);
+  }
+
+  absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& inputs, const VisualTokenPassOptions& options) override {
+    Blip2Inputs in;
+    if (inputs.pixel_values.defined()) in.pixel_values = inputs.pixel_values.to(device_);
+    if (inputs.qformer_input_ids.defined()) {
+      in.qformer_input_ids = inputs.qformer_input_ids.to(device_);
+    }
+    if (inputs.qformer_attention_mask.defined()) {
+      in.qformer_attention_mask = inputs.qformer_attention_mask.to(device_);
+    }
+    return model_->StochasticVisualTokens(in, options);
+  }
+
+  std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*model_); }
+  torch::Device device() const override { return device_; }
+
+  absl::Status AddAdapters(const AdapterOptions& options) override {
+    return AddDecoderLora(*model_->language_model, options);
+  }
+
+  // Module names -> the checkpoint's: the LM body and the query tokens sit where the folder
+  // had them (FindBlip2Prefixes).
+  NamedTensors TrainableParameters() override {
+    const Blip2Prefixes& p = prefixes_;
+    return SelectHfTrainable(
+        *model_, "language_model.", [](const std::string& name) { return name == "query_tokens"; },
+        [&p](const std::string& name) {
+          if (name == "query_tokens") return p.query_tokens;
+          return p.lm_body + name.substr(std::string("language_model.").size());
+        });
+  }
+
+  int64_t RepresentationLayer() const override {
+    return model_->language_model->config().num_hidden_layers / 2;
+  }
+  torch::nn::Module& module() override { return *model_; }
+
+  absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      DecoderForwardOptions o;
+      o.capture_layer = RepresentationLayer();
+      DecoderOutput out = model_->language_model->Forward(m->embeds, m->mask, nullptr, o);
+      const int64_t t = in.input_ids.size(1), offset = m->embeds.size(1) - t;
+      TokenForward f;
+      f.logits = out.logits.narrow(1, offset, t).to(torch::kFloat);
+      f.representation = out.captured.narrow(1, offset, t).to(torch::kFloat);
+      f.queries = m->queries;
+      f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},
+                                      f.queries.options().dtype(torch::kBool));
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+    }
+  }
+
+  std::pair<int64_t, int64_t> VisualTokenShape() const override {
+    const Blip2Config& c = model_->config();
+    return {c.vision.NumPositions(), c.vision.hidden_size};
+  }
+
+  absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& inputs) override {
+    const Blip2VisionConfig& v = model_->config().vision;
+    const torch::Tensor& px = inputs.pixel_values;
+    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
+        px.size(2) != v.image_size || px.size(3) != v.image_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ",
+                       v.image_size, "], got ", px.defined() ? c10::str(px.sizes()) : "none"));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      return model_->vision_model->forward(px.to(device_)).to(torch::kCPU, torch::kFloat);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 vision tower: ", e.what_without_backtrace()));
+    }
+  }
+
+  absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
+                                                  const GreedyOptions& options) override {
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    return GreedyFromTokenEmbeds(*model_->language_model, m->embeds, m->mask, options,
+                                 "BLIP-2 generate");
+  }
+
+ private:
+  struct Merged {
+    torch::Tensor embeds;   // [B, T' (= T, or Q + T without an image token id), H]
+    torch::Tensor mask;     // [B, T'] int64
+    torch::Tensor queries;  // [B, Q, H_qformer] fp32: the Q-Former's query outputs
+  };
+
+  // The Q-Former over the kept tokens (dropped ones masked out of its cross-attention keys),
+  // projected into the LM input as InputsEmbeds places an image's queries.
+  absl::StatusOr<Merged> Merge(const TokenInputs& in) {
+    const Blip2Config& c = model_->config();
+    const torch::Tensor& v = in.visual_tokens;
+    if (!v.defined() || v.dim() != 3 || v.size(2) != c.vision.hidden_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("visual_tokens must be [B, N, ", c.vision.hidden_size, "], got ",
+                       v.defined() ? c10::str(v.sizes()) : std::string("none")));
+    }
+    const int64_t b = v.size(0), n = v.size(1);
+    if (absl::Status s = CheckTokenInputs(in, b, n); !s.ok()) return s;
+    if (c.instruct != in.qformer_input_ids.defined()) {
+      return absl::InvalidArgumentError(c.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                   : "BLIP-2 takes no qformer_input_ids");
+    }
+    try {
+      Merged m;
+      torch::Tensor image = v.to(device_, torch::kFloat);
+      torch::Tensor qids, qmask;
+      if (in.qformer_input_ids.defined()) {
+        qids = in.qformer_input_ids.to(device_, torch::kLong);
+        qmask = in.qformer_attention_mask.defined()
+                    ? in.qformer_attention_mask.to(device_, torch::kLong)
+                    : torch::ones_like(qids);
+      }
+      torch::Tensor present;
+      if (in.visual_present.defined()) present = in.visual_present.to(device_, torch::kBool);
+      torch::Tensor out = model_->qformer->ForwardMasked(model_->query_tokens.expand({b, -1, -1}),
+                                                         image, qids, qmask, present, nullptr);
+      m.queries = out.slice(1, 0, c.num_query_tokens).to(torch::kFloat);
+      torch::Tensor projected =
+          model_->language_projection->forward(m.queries.to(model_->precision().dtype));
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      absl::StatusOr<torch::Tensor> merged = MergeBlip2Queries(
+          model_->language_model->EmbedTokens(ids), ids, projected, c.image_token_id);
+      if (!merged.ok()) return merged.status();
+      m.embeds = *merged;
+      m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong)
+                                           : torch::ones_like(ids);
+      if (!c.image_token_id.has_value()) {
+        m.mask = torch::cat({torch::ones({b, c.num_query_tokens}, m.mask.options()), m.mask}, 1);
+      }
+      return m;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 inputs: ", e.what_without_backtrace()));
+    }
+  }
+
+  std::shared_ptr<Blip2ForConditionalGenerationImpl> model_;
+  std::vector<int64_t> eos_;
+  torch::Device device_;
+  Blip2Prefixes prefixes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device) {
+  absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> model =
+      Blip2ForConditionalGenerationImpl::FromFolder(folder, precision, device);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<Blip2Prefixes> prefixes = FindBlip2Prefixes(folder);
+  if (!prefixes.ok()) return prefixes.status();
+  std::vector<int64_t> eos =
+      ReadEosTokenIds(folder.dir(), (*model)->language_model->config().eos_token_ids);
+  return std::unique_ptr<MultimodalModel>(std::make_unique<Blip2MultimodalModel>(
+      std::move(*model), std::move(eos), device, *std::move(prefixes)));
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,155 @@
+// BLIP-2 and InstructBLIP against transformers 5.x: the tiny random checkpoints under
+// tests/fixtures/hf/models/{blip2_llama,instructblip_llama} (fp16 weights, reference logits
+// computed in fp32 by scripts/hf_fixtures.py), given the pixel values and ids the processor
+// produced there. First-step logits within 1e-4 of the largest logit, identical greedy tokens.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/arch/blip2.h"
+#include "model/hub/hf_folder.h"
+#include "model/arch/hf_model.h"
+#include "model/hub/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace cdcca::model {
+namespace {
+
+std::string FixtureDir(const std::string& variant) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
+}
+
+torch::Tensor Ids(const nlohmann::json& list) {
+  return torch::tensor(list.get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
+}
+
+// Runs every case of a fixture through `generate` (the model under test) and compares.
+// `legacy`: the folder is a copy of the fixture whose config.json has no image token id,
+// as the InstructBLIP checkpoints transformers 4.x published: the prompt's ids go in without
+// image tokens and the queries are prepended, which must give the same logits and tokens.
+void CheckFixture(const std::string& variant, bool through_hf_model,
+                  const std::string& legacy_dir = "") {
+  const std::string fixture = FixtureDir(variant);
+  const std::string dir = legacy_dir.empty() ? fixture : legacy_dir;
+  absl::StatusOr<nlohmann::json> expected = ReadJsonFile(fixture + "/expected.json");
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(fixture + "/expected_pixels.safetensors");
+  ASSERT_TRUE(pixels.ok()) << pixels.status();
+  std::map<std::string, torch::Tensor> pixel_by_case(pixels->tensors.begin(), pixels->tensors.end());
+
+  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> direct;
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> via_hf_model;
+  if (through_hf_model) {
+    via_hf_model = LoadHfModel(dir, HfModelOptions{});
+    ASSERT_TRUE(via_hf_model.ok()) << via_hf_model.status();
+  } else {
+    direct = Blip2ForConditionalGenerationImpl::FromFolder(*folder, HfPrecision{}, torch::kCPU);
+    ASSERT_TRUE(direct.ok()) << direct.status();
+  }
+
+  const auto& cases = (*expected)["cases"];
+  ASSERT_FALSE(cases.empty());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(variant + " case " + std::to_string(i));
+    const nlohmann::json& c = cases[i];
+    const std::vector<int64_t> input_ids = c["input_ids"].get<std::vector<int64_t>>();
+    const int64_t q = folder->config()["num_query_tokens"].get<int64_t>();
+    // The processor's expansion: Q image tokens before the tokenized prompt (BOS included).
+    const std::vector<int64_t> prompt_ids(input_ids.begin() + q, input_ids.end());
+    MultimodalInputs in;
+    in.pixel_values = pixel_by_case.at("case" + std::to_string(i)).unsqueeze(0);
+    in.input_ids = legacy_dir.empty() ? Ids(c["input_ids"])
+                                      : torch::tensor(prompt_ids, torch::kLong).unsqueeze(0);
+    if (c.contains("qformer_input_ids")) in.qformer_input_ids = Ids(c["qformer_input_ids"]);
+    GreedyOptions options;
+    options.max_new_tokens = c["max_new_tokens"].get<int64_t>();
+
+    absl::StatusOr<GreedyResult> result;
+    if (through_hf_model) {
+      MultimodalModel& m = **via_hf_model;
+      EXPECT_EQ(m.ExpandImageTokens(prompt_ids), legacy_dir.empty() ? input_ids : prompt_ids);
+      options.eos_token_ids = m.eos_token_ids();
+      result = m.Generate(in, options);
+    } else {
+      Blip2ForConditionalGenerationImpl& m = **direct;
+      EXPECT_EQ(m.ExpandInputIds(prompt_ids), legacy_dir.empty() ? input_ids : prompt_ids);
+      options.eos_token_ids = ReadEosTokenIds(dir, {2});
+      Blip2Inputs b{in.pixel_values, in.input_ids, in.attention_mask, in.qformer_input_ids,
+                    in.qformer_attention_mask};
+      result = m.Generate(b, options);
+    }
+    ASSERT_TRUE(result.ok()) << result.status();
+    torch::Tensor want = torch::tensor(c["first_logits"].get<std::vector<float>>());
+    torch::Tensor got = result->first_logits[0].to(torch::kFloat);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double scale = want.abs().max().item<double>();
+    const double err = (got - want).abs().max().item<double>();
+    EXPECT_LE(err, 1e-4 * scale) << "max |diff| " << err << " vs largest logit " << scale;
+    std::printf("%s case %zu: max |logit diff| / max |logit| = %.3g\n", variant.c_str(), i,
+                err / scale);
+    EXPECT_EQ(result->tokens[0], c["greedy_tokens"].get<std::vector<int64_t>>());
+  }
+}
+
+TEST(Blip2ParityTest, Blip2LlamaMatchesTransformers) { CheckFixture("blip2_llama", false); }
+
+TEST(Blip2ParityTest, InstructBlipLlamaMatchesTransformers) {
+  CheckFixture("instructblip_llama", false);
+}
+
+TEST(Blip2ParityTest, CheckpointWithoutImageTokenPrependsTheQueries) {
+  const std::string fixture = FixtureDir("instructblip_llama");
+  const std::string dir = ::testing::TempDir() + "/instructblip_4x";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy(fixture + "/model.safetensors", dir + "/model.safetensors",
+                        std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(fixture + "/generation_config.json", dir + "/generation_config.json",
+                        std::filesystem::copy_options::overwrite_existing);
+  absl::StatusOr<nlohmann::json> config = ReadJsonFile(fixture + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->erase("image_token_index");
+  std::ofstream(dir + "/config.json") << config->dump(2);
+  CheckFixture("instructblip_llama", false, dir);
+  CheckFixture("instructblip_llama", true, dir);
+}
+
+TEST(Blip2ParityTest, Int8WeightsLoadSmallerAndAnswer) {
+  const std::string dir = FixtureDir("blip2_llama");
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> fp32 = LoadHfModel(dir, HfModelOptions{});
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  HfModelOptions o;
+  o.precision = "int8";
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> int8 = LoadHfModel(dir, o);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_LT((*int8)->ResidentBytes(), (*fp32)->ResidentBytes());
+  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(dir + "/expected_pixels.safetensors");
+  ASSERT_TRUE(pixels.ok()) << pixels.status();
+  MultimodalInputs in;
+  in.pixel_values = pixels->tensors[0].second.unsqueeze(0);
+  in.input_ids = torch::tensor({1, 312, 71}, torch::kLong).unsqueeze(0);  // image tokens added
+  GreedyOptions g;
+  g.max_new_tokens = 2;
+  absl::StatusOr<GreedyResult> a = (*int8)->Generate(in, g);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(torch::isfinite(a->first_logits).all().item<bool>());
+  absl::StatusOr<GreedyResult> b = (*fp32)->Generate(in, g);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const double scale = b->first_logits.abs().max().item<double>();
+  EXPECT_LT((a->first_logits - b->first_logits).abs().max().item<double>(), 0.1 * scale);
+}
+
+TEST(Blip2ParityTest, LoadHfModelDispatchesBothTypes) {
+  CheckFixture("blip2_llama", true);
+  CheckFixture("instructblip_llama", true);
+}
+
+}  // namespace
+}  // namespace cdcca::model

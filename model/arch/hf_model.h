@@ -1,0 +1,218 @@
+// Multimodal models loaded from Hugging Face folders (issue 19): one interface that LLaVA,
+// BLIP-2 and InstructBLIP implement, and LoadHfModel(), which dispatches on config.json's
+// model_type. Programs (cdcca generate / answer, the device) use only this header.
+//
+// A model is not thread-safe: one Generate at a time.
+#ifndef CDCCA_MODEL_ARCH_HF_MODEL_H_
+#define CDCCA_MODEL_ARCH_HF_MODEL_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/runtime/generation.h"
+#include "model/hub/hf_folder.h"
+#include "model/arch/hf_linear.h"
+#include "model/family/trainable.h"
+
+namespace cdcca::model {
+
+struct HfModelOptions {
+  // fp32 | bf16 | fp16 (compute and weights in that dtype), int8 | int4 (frozen linear
+  // weights quantized at load; compute in fp32 on CPU, bf16 on CUDA). Default: fp32.
+  std::string precision = "fp32";
+  int64_t int4_group = 128;  // 32, 64 or 128
+  torch::Device device = torch::kCPU;
+};
+
+// The weight storage and compute dtype an options set stands for. InvalidArgument naming
+// the option for an unknown precision or int4 group. (bf16/fp16 on CPU are allowed, slow.)
+absl::StatusOr<HfPrecision> ResolveHfPrecision(const HfModelOptions& options);
+
+// What one generation call gets: the processor's outputs.
+struct MultimodalInputs {
+  torch::Tensor pixel_values;    // [B, 3, H, W] float, as the image processor gives them
+  torch::Tensor input_ids;       // [B, T] int64: the LM prompt after image-token expansion
+  torch::Tensor attention_mask;  // [B, T] (1 = token, 0 = left padding); undefined = all 1
+  // InstructBLIP only: the instruction in the Q-Former's tokenizer.
+  torch::Tensor qformer_input_ids, qformer_attention_mask;
+};
+
+// UTS stage 2 on a Hugging Face model (paper Sec. 3.2, Eq. 3): M stochastic passes over one
+// image and prompt, run as one batch. MC dropout acts on the encoded visual tokens: in pass m
+// each token is present with probability 1 - dropout_p. BLIP-2 / InstructBLIP mask the
+// absent tokens out of the Q-Former's cross-attention keys; LLaVA takes them out of the LM
+// input (their positions masked and the rest renumbered, which is what deleting them
+// computes). F_m(i), the quantity whose variance over the passes is token i's score, is the
+// attention mass token i receives in pass m (0 when absent): on BLIP-2 the Q-Former's
+// cross-attention averaged over cross-attending layers, heads and queries; on LLaVA the last
+// prompt position's self-attention (what the first answer token is predicted from) averaged
+// over layers and heads. Nothing is trained for it, so it works on any checkpoint.
+struct VisualTokenPassOptions {
+  int passes = 8;          // M, 1-256
+  double dropout_p = 0.1;  // in [0, 1)
+  uint64_t seed = 0;       // the draw of the masks (std::mt19937_64, token-major per pass)
+  // [M, N] bool masks to use instead of drawing (true = present); then passes and dropout_p
+  // are not read. For reference checks.
+  torch::Tensor present;
+};
+
+struct VisualTokenPasses {
+  // [N, D] fp32: the vision tower's output tokens the model consumes (BLIP-2: the ViT's last
+  // hidden state after its layer norm; LLaVA: the selected layer(s) before the projector).
+  // What a device uplinks, and what a teacher with the same tower reads.
+  torch::Tensor tokens;
+  torch::Tensor present;   // [M, N] bool
+  torch::Tensor mass;      // [M, N] fp32: F_m per pass
+  torch::Tensor variance;  // [N] fp32: Eq. 3, (1/M) sum_m (F_m - mean)^2
+};
+
+// The present-token masks a pass options set stands for: options.present when defined, else
+// M x N Bernoulli(1 - dropout_p) draws from std::mt19937_64(seed), pass by pass, token by token.
+// InvalidArgument for passes outside 1-256, dropout_p outside [0, 1), or masks not [M, N].
+absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n);
+
+// Eq. 3 over the passes: the population variance over dim 0 ([M, ...] -> [...]); identical
+// passes give exactly zero.
+torch::Tensor PassVariance(const torch::Tensor& x);
+
+// The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
+// v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and
+// linear biases, and the Q-Former's query_tokens (BLIP-2, InstructBLIP) or the projector's
+// biases (LLaVA). The vision tower, the Q-Former's own weights, embeddings and the LM head
+// stay frozen.
+struct AdapterOptions {
+  int64_t lora_rank = 8;     // > 0
+  double lora_alpha = 16.0;  // the LoRA product is scaled by alpha / rank
+  bool lora_mlp = false;     // LoRA on the MLP's three projections too
+  // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
+  // start equal. LibTorch's process-wide generator is saved and restored around the draw.
+  uint64_t seed = 0;
+};
+
+// One training forward on uplinked visual tokens: what the cloud's AKD job feeds a teacher or
+// a student mirror. Rows are left-padded: the image positions and prompt, then the answer.
+struct TokenInputs {
+  torch::Tensor visual_tokens;   // [B, N, D] float: VisualTokenPasses::tokens of each image
+  torch::Tensor visual_present;  // [B, N] bool (true = kept by UTS); undefined = all kept
+  // [B, T] int64: the LM ids as Generate takes them (the image placeholder expanded,
+  // ExpandImageTokens) followed by the answer.
+  torch::Tensor input_ids;
+  torch::Tensor attention_mask;  // [B, T] 1 = token, 0 = padding; undefined = all tokens
+  // InstructBLIP only: the instruction in the Q-Former's tokenizer [B, Tq] (and its mask).
+  torch::Tensor qformer_input_ids, qformer_attention_mask;
+};
+
+struct TokenForward {
+  torch::Tensor logits;  // [B, T, V] fp32: logits[:, t] predicts input_ids[:, t + 1]
+  // Q, the alignment hook of the visual side: BLIP-2's Q-Former outputs [B, Q, H_qformer];
+  // LLaVA's projected image tokens [B, N, H_lm]. fp32.
+  torch::Tensor queries;
+  torch::Tensor queries_present;  // [B, Q or N] bool: rows that stand for kept tokens
+  // R, the LM's hidden state after RepresentationLayer() layers [B, T, H_lm], fp32.
+  torch::Tensor representation;
+};
+
+class MultimodalModel {
+ public:
+  virtual ~MultimodalModel() = default;
+
+  virtual std::string model_type() const = 0;
+  // The prompt text after the processor's image-placeholder expansion (LLaVA: "<image>" ->
+  // one image token per image feature), ready for the tokenizer.
+  virtual std::string ExpandPrompt(const std::string& prompt) const = 0;
+  // The same expansion on ids (identical when the placeholder is one added token).
+  virtual std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const = 0;
+  // Greedy answer. InvalidArgument for inputs that do not fit the model (image size, image
+  // token count); errors from the tensor library become Internal.
+  virtual absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
+                                                const GreedyOptions& options) = 0;
+  // UTS stage 2 (VisualTokenPassOptions) for a batch of one image and prompt (the same inputs
+  // Generate takes). InvalidArgument as Generate, or for a batch other than one.
+  virtual absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& inputs, const VisualTokenPassOptions& options) = 0;
+  // The ids generation stops at (generation_config.json, else config.json).
+  virtual std::vector<int64_t> eos_token_ids() const = 0;
+  // Bytes of weights held (quantized weights at their packed size).
+  virtual int64_t ResidentBytes() = 0;
+  virtual torch::Device device() const = 0;
+
+  // ---- Training on uplinked visual tokens (issue 21) ----
+
+  // The vision tower's output per image, {N, D}: VisualTokenPasses::tokens' shape, what a
+  // device uplinks and TokenInputs::visual_tokens holds.
+  virtual std::pair<int64_t, int64_t> VisualTokenShape() const = 0;
+  // The vision tower's output for the processor's pixels [B, N, D] fp32 on the CPU (no
+  // gradients): the tokens GenerateFromTokens and ForwardTokens take. InvalidArgument for
+  // pixels that do not fit the tower.
+  virtual absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& inputs) = 0;
+
+  // Adds LoRA (AdapterOptions) once; InvalidArgument for a rank <= 0 or a second call.
+  virtual absl::Status AddAdapters(const AdapterOptions& options) = 0;
+  // The trainable set (AdapterOptions) under the checkpoint's tensor names (LoRA as
+  // "<linear>.lora_a" [r, in] and "<linear>.lora_b" [out, r]), in a fixed order; the tensors
+  // alias the model. Empty LoRA part before AddAdapters.
+  virtual NamedTensors TrainableParameters() = 0;
+  // The forward pass behind the AKD losses, differentiable in the trainable set when grad
+  // mode is on. Absent visual tokens are masked out as UTS stage 2 does (Q-Former keys;
+  // LLaVA's image positions). InvalidArgument for inputs that do not fit the model; torch
+  // errors as Internal.
+  virtual absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& inputs) = 0;
+  // Greedy answers from visual tokens (input_ids: the expanded prompt only), no gradients.
+  virtual absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& inputs,
+                                                          const GreedyOptions& options) = 0;
+  // The layer R is taken after: half the LM's layers.
+  virtual int64_t RepresentationLayer() const = 0;
+  // The whole model as a module (train/eval, parameters, digest).
+  virtual torch::nn::Module& module() = 0;
+};
+
+// Selects `model`'s trainable set (AdapterOptions) by name: parameters whose name starts with
+// `lm_prefix` and are a LoRA factor, a norm module's parameter or a leaf "bias", plus those
+// `extra` accepts. `rename` maps a module name to the checkpoint's. Used by the loaders.
+NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,
+                               const std::function<bool(const std::string&)>& extra,
+                               const std::function<std::string(const std::string&)>& rename);
+
+// InvalidArgument unless inputs.input_ids is [b, T] and inputs.visual_present (when defined)
+// is [b, n]. For ForwardTokens implementations.
+absl::Status CheckTokenInputs(const TokenInputs& inputs, int64_t b, int64_t n);
+
+// GenerateFromTokens' decoding from merged embeddings, without gradients: the reference loop
+// (dropped image tokens leave holes in the mask, which it numbers positions from; the static
+// loop assumes left padding). Torch errors as Internal naming `what`.
+class DecoderLmImpl;
+absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torch::Tensor& embeds,
+                                                   const torch::Tensor& mask,
+                                                   const GreedyOptions& options,
+                                                   const std::string& what);
+
+// LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
+// options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.
+absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
+
+// The identity of a folder's vision tower, which Register compares between a device and its
+// cloud's teacher (issue 21): a hash over the tower's tensors as stored (names below the
+// tower's prefix, shapes, fp32 values) and, for LLaVA, the feature layers and select strategy
+// that decide which of its hidden states are the tokens. Independent of the precision a model
+// is loaded at. Errors as LoadHfModel's.
+absl::StatusOr<uint64_t> HfVisionFingerprint(const std::string& dir);
+
+// Opens `dir` and builds the model config.json names (model_type llava; blip-2 and
+// instructblip where registered). Errors name the file and the field or tensor.
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadHfModel(const std::string& dir,
+                                                             const HfModelOptions& options);
+
+// One architecture's loader, for the dispatch table in hf_model.cc.
+using HfModelLoader = absl::StatusOr<std::unique_ptr<MultimodalModel>> (*)(
+    const HfFolder& folder, const HfPrecision& precision, torch::Device device);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_MODEL_ARCH_HF_MODEL_H_

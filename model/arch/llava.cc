@@ -1,0 +1,342 @@
+#include "model/arch/llava.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace cdcca::model {
+LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : config_(config) {
+  model_ = register_module("model", std::make_shared<Body>());
+  vision_tower_ =
+      model_->register_module("vision_tower", ClipVisionTower(config.vision, precision));
+  projector_ = model_->register_module("multi_modal_projector", std::make_shared<Projector>());
+  const int64_t in =
+      config.vision.hidden_size * static_cast<int64_t>(config.vision_feature_layers.size());
+  const int64_t out = config.text.hidden_size;
+  const bool bias = config.multimodal_projector_bias;
+  projector_->linear_1 =
+      projector_->register_module("linear_1", HfLinear(HfLinearOptions{in, out, bias, precision}));
+  projector_->linear_2 =
+      projector_->register_module("linear_2", HfLinear(HfLinearOptions{out, out, bias, precision}));
+  language_model_ = model_->register_module("language_model", DecoderLm(config.text, precision));
+}
+
+absl::Status LlavaImpl::Load(const HfFolder& folder, torch::Device device) {
+  HfLoadIntoOptions o;
+  o.device = device;
+  if (absl::Status s = folder.LoadInto(*vision_tower_, "model.vision_tower.", o); !s.ok()) return s;
+  if (absl::Status s = folder.LoadInto(*projector_, "model.multi_modal_projector.", o); !s.ok()) {
+    return s;
+  }
+  return language_model_->Load(folder, "model.language_model.", "lm_head.", device);
+}
+
+torch::Tensor LlavaImpl::ImageFeatures(const torch::Tensor& pixel_values) {
+  return Project(SelectedFeatures(pixel_values));
+}
+
+torch::Tensor LlavaImpl::SelectedFeatures(const torch::Tensor& pixel_values) {
+  const int64_t n = config_.vision.num_hidden_layers;
+  int64_t deepest = 0;
+  for (int64_t layer : config_.vision_feature_layers) {
+    deepest = std::max(deepest, layer < 0 ? layer + n + 1 : layer);
+  }
+  std::vector<torch::Tensor> states = vision_tower_->HiddenStates(pixel_values, deepest);
+  std::vector<torch::Tensor> picked;
+  for (int64_t layer : config_.vision_feature_layers) {
+    torch::Tensor h = states[layer < 0 ? layer + n + 1 : layer];
+    if (config_.vision_feature_select_strategy == "default") h = h.narrow(1, 1, h.size(1) - 1);
+    picked.push_back(h);
+  }
+  return picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+}
+
+torch::Tensor LlavaImpl::Project(const torch::Tensor& selected) {
+  torch::Tensor h = projector_->linear_1(selected);
+  return projector_->linear_2(Activation(config_.projector_hidden_act, h));
+}
+
+absl::StatusOr<torch::Tensor> LlavaImpl::MergeEmbeddings(const torch::Tensor& input_ids,
+                                                         const torch::Tensor& features) {
+  torch::Tensor is_image = input_ids == config_.image_token_id;
+  const int64_t count = is_image.sum().item<int64_t>();
+  const int64_t want = features.size(0) * features.size(1);
+  if (count != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_ids hold ", count, " image tokens (id ", config_.image_token_id,
+                     "), the images give ", want, " features (", features.size(1), " per image)"));
+  }
+  // The image token id may lie past the vocabulary (older checkpoints): embed a valid id there.
+  torch::Tensor ids = input_ids.masked_fill(is_image, 0);
+  torch::Tensor embeds = language_model_->EmbedTokens(ids);
+  torch::Tensor mask = is_image.unsqueeze(-1).expand_as(embeds);
+  return embeds.masked_scatter(mask, features.to(embeds.scalar_type()));
+}
+
+namespace {
+
+class LlavaModel : public MultimodalModel {
+ public:
+  LlavaModel(Llava llava, std::string image_token, std::vector<int64_t> eos, torch::Device device)
+      : llava_(std::move(llava)),
+        image_token_(std::move(image_token)),
+        eos_(std::move(eos)),
+        device_(device) {}
+
+  std::string model_type() const override { return "llava"; }
+
+  std::string ExpandPrompt(const std::string& prompt) const override {
+    std::string repeated;
+    for (int64_t i = 0; i < llava_->config().NumImageTokens(); ++i) repeated += image_token_;
+    return absl::StrReplaceAll(prompt, {{image_token_, repeated}});
+  }
+
+  // InvalidArgument unless pixel_values fit the tower and input_ids are [B, T].
+  absl::Status CheckInputs(const MultimodalInputs& in) const {
+    const ClipVisionConfig& v = llava_->config().vision;
+    const torch::Tensor& px = in.pixel_values;
+    if (!px.defined() || px.dim() != 4 || px.size(1) != v.num_channels ||
+        px.size(2) != v.image_size || px.size(3) != v.image_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pixel_values must be [B, ", v.num_channels, ", ", v.image_size, ", ", v.image_size,
+          "], got ", px.defined() ? c10::str(px.sizes()) : std::string("none")));
+    }
+    if (!in.input_ids.defined() || in.input_ids.dim() != 2 || in.input_ids.size(1) < 1) {
+      return absl::InvalidArgumentError("input_ids must be [B, T]");
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int64_t> ExpandImageTokens(const std::vector<int64_t>& ids) const override {
+    std::vector<int64_t> out;
+    const LlavaConfig& c = llava_->config();
+    for (int64_t id : ids) {
+      if (id == c.image_token_id) {
+        out.insert(out.end(), c.NumImageTokens(), id);
+      } else {
+        out.push_back(id);
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& in,
+                                        const GreedyOptions& options) override {
+    if (absl::Status s = CheckInputs(in); !s.ok()) return s;
+    const torch::Tensor& px = in.pixel_values;
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      torch::Tensor features = llava_->ImageFeatures(px.to(device_));
+      absl::StatusOr<torch::Tensor> embeds =
+          llava_->MergeEmbeddings(in.input_ids.to(device_, torch::kLong), features);
+      if (!embeds.ok()) return embeds.status();
+      return GreedyGenerateFromEmbeds(llava_->language_model(), *embeds, in.attention_mask,
+                                      options);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava generate: ", e.what_without_backtrace()));
+    }
+  }
+
+  // UTS stage 2: absent image tokens leave the LM input (masked keys, positions renumbered
+  // by DecoderLmImpl::Forward from the mask); F_m is the last prompt position's attention.
+  absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
+      const MultimodalInputs& in, const VisualTokenPassOptions& options) override {
+    if (absl::Status s = CheckInputs(in); !s.ok()) return s;
+    if (in.pixel_values.size(0) != 1 || in.input_ids.size(0) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "UTS stage 2 takes one image and prompt, got pixel_values ",
+          c10::str(in.pixel_values.sizes()), " and input_ids ", c10::str(in.input_ids.sizes())));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      torch::Tensor selected = llava_->SelectedFeatures(in.pixel_values.to(device_));
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      absl::StatusOr<torch::Tensor> embeds =
+          llava_->MergeEmbeddings(ids, llava_->Project(selected));
+      if (!embeds.ok()) return embeds.status();
+      const int64_t n = selected.size(1), t = ids.size(1);
+      if (ids[0][t - 1].item<int64_t>() == llava_->config().image_token_id) {
+        return absl::InvalidArgumentError(
+            "UTS stage 2 reads the attention of the prompt's last position, which is an image "
+            "token here: end the prompt with text (e.g. the template's \"ASSISTANT:\")");
+      }
+      absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, n);
+      if (!masks.ok()) return masks.status();
+      const int64_t m = masks->size(0);
+      torch::Tensor image_pos = (ids[0] == llava_->config().image_token_id).nonzero().squeeze(1);
+      torch::Tensor keep = in.attention_mask.defined()
+                               ? in.attention_mask.to(device_, torch::kLong).expand({m, t}).clone()
+                               : torch::ones({m, t}, ids.options());
+      keep.index_put_({torch::indexing::Slice(), image_pos}, masks->to(device_, torch::kLong));
+      std::vector<torch::Tensor> probs;  // per layer [M, heads, T]
+      DecoderForwardOptions o;
+      o.last_logits_only = true;
+      o.last_query_attention = &probs;
+      llava_->language_model().Forward(embeds->expand({m, -1, -1}), keep, nullptr, o);
+      torch::Tensor mass = torch::zeros({m, t}, torch::TensorOptions().device(device_));
+      for (const torch::Tensor& p : probs) mass = mass + p.mean(1);
+      VisualTokenPasses out;
+      out.tokens = selected[0].to(torch::kCPU, torch::kFloat);
+      out.present = *masks;
+      out.mass = (mass.index_select(1, image_pos) / static_cast<double>(probs.size())).cpu();
+      out.variance = PassVariance(out.mass);
+      return out;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava UTS stage 2: ", e.what_without_backtrace()));
+    }
+  }
+
+  std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*llava_); }
+  torch::Device device() const override { return device_; }
+
+  absl::Status AddAdapters(const AdapterOptions& options) override {
+    return AddDecoderLora(llava_->language_model(), options);
+  }
+
+  // The module tree is the checkpoint's (llava.h), so names need no mapping.
+  NamedTensors TrainableParameters() override {
+    return SelectHfTrainable(
+        *llava_, "model.language_model.",
+        [](const std::string& name) {
+          return absl::StartsWith(name, "model.multi_modal_projector.") &&
+                 absl::EndsWith(name, ".bias");
+        },
+        [](const std::string& name) { return name; });
+  }
+
+  int64_t RepresentationLayer() const override {
+    return llava_->config().text.num_hidden_layers / 2;
+  }
+  torch::nn::Module& module() override { return *llava_; }
+
+  absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      DecoderForwardOptions o;
+      o.capture_layer = RepresentationLayer();
+      DecoderOutput out = llava_->language_model().Forward(m->embeds, m->mask, nullptr, o);
+      TokenForward f;
+      f.logits = out.logits.to(torch::kFloat);
+      f.representation = out.captured.to(torch::kFloat);
+      f.queries = m->projected.to(torch::kFloat);
+      f.queries_present = m->present;
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava forward: ", e.what_without_backtrace()));
+    }
+  }
+
+  std::pair<int64_t, int64_t> VisualTokenShape() const override {
+    const LlavaConfig& c = llava_->config();
+    return {c.NumImageTokens(),
+            c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size())};
+  }
+
+  absl::StatusOr<torch::Tensor> EncodeImages(const MultimodalInputs& in) override {
+    MultimodalInputs checked = in;
+    if (!checked.input_ids.defined()) checked.input_ids = torch::zeros({1, 1}, torch::kLong);
+    if (absl::Status s = CheckInputs(checked); !s.ok()) return s;
+    try {
+      torch::NoGradGuard no_grad;
+      llava_->eval();
+      return llava_->SelectedFeatures(in.pixel_values.to(device_)).to(torch::kCPU, torch::kFloat);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava vision tower: ", e.what_without_backtrace()));
+    }
+  }
+
+  absl::StatusOr<GreedyResult> GenerateFromTokens(const TokenInputs& in,
+                                                  const GreedyOptions& options) override {
+    torch::NoGradGuard no_grad;
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    return GreedyFromTokenEmbeds(llava_->language_model(), m->embeds, m->mask, options,
+                                 "llava generate");
+  }
+
+ private:
+  struct Merged {
+    torch::Tensor embeds;     // [B, T, H]
+    torch::Tensor mask;       // [B, T] int64, dropped image tokens 0
+    torch::Tensor projected;  // [B, N, H]
+    torch::Tensor present;    // [B, N] bool
+  };
+
+  // The LM input for TokenInputs: projected tokens over the image positions, and the dropped
+  // ones taken out of the attention mask (positions renumbered from it, as UTS stage 2 does).
+  absl::StatusOr<Merged> Merge(const TokenInputs& in) {
+    const LlavaConfig& c = llava_->config();
+    const int64_t n = c.NumImageTokens();
+    const int64_t d = c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size());
+    const torch::Tensor& v = in.visual_tokens;
+    if (!v.defined() || v.dim() != 3 || v.size(1) != n || v.size(2) != d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("visual_tokens must be [B, ", n, ", ", d, "], got ",
+                       v.defined() ? c10::str(v.sizes()) : std::string("none")));
+    }
+    const int64_t b = v.size(0);
+    if (absl::Status s = CheckTokenInputs(in, b, n); !s.ok()) return s;
+    try {
+      Merged m;
+      const torch::ScalarType dtype = llava_->language_model().precision().dtype;
+      torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
+      m.projected = llava_->Project(v.to(device_, dtype));
+      absl::StatusOr<torch::Tensor> embeds = llava_->MergeEmbeddings(ids, m.projected);
+      if (!embeds.ok()) return embeds.status();
+      if ((ids == c.image_token_id).sum(1).ne(n).any().item<bool>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("every row of input_ids must hold ", n, " image tokens"));
+      }
+      m.embeds = *embeds;
+      m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong).clone()
+                                           : torch::ones_like(ids);
+      m.present = in.visual_present.defined()
+                      ? in.visual_present.to(device_, torch::kBool)
+                      : torch::ones({b, n}, ids.options().dtype(torch::kBool));
+      // Row-major image positions take the row's present flags in order.
+      m.mask.masked_scatter_(ids == c.image_token_id, m.present.to(torch::kLong));
+      return m;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("llava inputs: ", e.what_without_backtrace()));
+    }
+  }
+
+  Llava llava_;
+  std::string image_token_;
+  std::vector<int64_t> eos_;
+  torch::Device device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device) {
+  absl::StatusOr<LlavaConfig> config = ParseLlavaConfig(folder.config(), folder.config_path());
+  if (!config.ok()) return config.status();
+  // transformers saves tied checkpoints without lm_head.weight.
+  if (!folder.Has("lm_head.weight")) config->text.tie_word_embeddings = true;
+  try {
+    Llava llava(*config, precision);
+    if (absl::Status s = llava->Load(folder, device); !s.ok()) return s;
+    // The processor's placeholder text: processor_config.json's image_token, else "<image>".
+    std::string image_token = "<image>";
+    absl::StatusOr<nlohmann::json> proc = ReadJsonFile(folder.dir() + "/processor_config.json");
+    if (proc.ok() && proc->is_object() && proc->contains("image_token") &&
+        (*proc)["image_token"].is_string()) {
+      image_token = (*proc)["image_token"].get<std::string>();
+    }
+    std::vector<int64_t> eos = ReadEosTokenIds(folder.dir(), config->text.eos_token_ids);
+    return std::unique_ptr<MultimodalModel>(
+        new LlavaModel(std::move(llava), image_token, std::move(eos), device));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(folder.dir(), ": building llava: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,71 @@
+// LLaVA (transformers' LlavaForConditionalGeneration): a CLIP or SigLIP tower, the hidden
+// state at `vision_feature_layer` (a list of layers is concatenated), `default` strategy
+// dropping the class token or `full` keeping all, a 2-layer projector (linear_1, act,
+// linear_2), and a Llama-family decoder whose image-token embeddings are replaced by the
+// projected image features in order.
+//
+// Module tree (transformers-5 names): model.vision_tower.vision_model.*,
+// model.multi_modal_projector.linear_{1,2}, model.language_model.*, lm_head.
+#ifndef CDCCA_MODEL_ARCH_LLAVA_H_
+#define CDCCA_MODEL_ARCH_LLAVA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/arch/clip_vision.h"
+#include "model/arch/decoder_lm.h"
+#include "model/hub/hf_config.h"
+#include "model/arch/hf_model.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::model {
+
+// LlavaConfig and ParseLlavaConfig are in hf_config.h (torch-free).
+
+class LlavaImpl : public torch::nn::Module {
+ public:
+  LlavaImpl(const LlavaConfig& config, const HfPrecision& precision);
+
+  absl::Status Load(const HfFolder& folder, torch::Device device);
+
+  // pixel_values [B, C, S, S] -> projected features [B, NumImageTokens(), text hidden].
+  torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
+  // Its two halves: the vision tower's selected hidden states [B, NumImageTokens(),
+  // vision hidden x layers] (what a device uplinks), and the projector over them.
+  torch::Tensor SelectedFeatures(const torch::Tensor& pixel_values);
+  torch::Tensor Project(const torch::Tensor& selected);
+  // Token embeddings with the image-token positions replaced by `features` in order.
+  // InvalidArgument when the counts differ.
+  absl::StatusOr<torch::Tensor> MergeEmbeddings(const torch::Tensor& input_ids,
+                                                const torch::Tensor& features);
+
+  const LlavaConfig& config() const { return config_; }
+  DecoderLmImpl& language_model() { return *language_model_; }
+
+ private:
+  struct Projector : torch::nn::Module {
+    HfLinear linear_1{nullptr}, linear_2{nullptr};
+  };
+  struct Body : torch::nn::Module {};  // "model."
+
+  LlavaConfig config_;
+  std::shared_ptr<Body> model_;
+  ClipVisionTower vision_tower_{nullptr};
+  std::shared_ptr<Projector> projector_;
+  DecoderLm language_model_{nullptr};
+};
+TORCH_MODULE(Llava);
+
+// The MultimodalModel for model_type "llava".
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
+                                                                const HfPrecision& precision,
+                                                                torch::Device device);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_MODEL_ARCH_LLAVA_H_

@@ -1,0 +1,40 @@
+#include "model/family/token_score_kind.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace cdcca::model {
+
+absl::string_view TokenScoreName(TokenScoreKind kind) {
+  switch (kind) {
+    case TokenScoreKind::kAttentionVariance:
+      return "attention_variance";
+    case TokenScoreKind::kAttentionCv:
+      return "attention_cv";
+    case TokenScoreKind::kAttentionMass:
+      return "attention_mass";
+    case TokenScoreKind::kProbeEntropy:
+      return "probe_entropy";
+    case TokenScoreKind::kVarianceProbe:
+      return "variance_probe";
+  }
+  return "?";
+}
+
+absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
+  for (TokenScoreKind k : {TokenScoreKind::kAttentionVariance, TokenScoreKind::kAttentionCv,
+                           TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
+                           TokenScoreKind::kVarianceProbe}) {
+    if (name == TokenScoreName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown token score '", name,
+      "' (variance_probe, attention_variance, attention_cv, attention_mass, probe_entropy)"));
+}
+
+bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }
+
+bool UsesProbe(TokenScoreKind kind) {
+  return kind == TokenScoreKind::kProbeEntropy || kind == TokenScoreKind::kVarianceProbe;
+}
+
+}  // namespace cdcca::model

@@ -1,0 +1,168 @@
+// The adapted state of a Hugging Face student (hf_adapter_state.h): saved and loaded bit for
+// bit, applied to a fresh load of its base so that it computes what the trained model
+// computed, refused whole when it does not fit, and exported under PEFT's names.
+#include "model/hub/hf_adapter_state.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "model/hub/safetensors.h"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::model {
+namespace {
+
+std::string FixtureDir(const std::string& variant) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/hf_adapter_state_" + name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// A student of `variant` with adapters whose every trainable tensor is moved off its start.
+std::unique_ptr<MultimodalModel> Adapted(const std::string& variant, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(FixtureDir(variant), {});
+  EXPECT_TRUE(m.ok()) << m.status();
+  AdapterOptions o;
+  o.lora_rank = 4;
+  o.seed = 3;
+  EXPECT_TRUE((*m)->AddAdapters(o).ok());
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& [name, t] : (*m)->TrainableParameters()) t.add_(0.05 * torch::randn_like(t));
+  return *std::move(m);
+}
+
+HfAdapterState StateOf(MultimodalModel& m, const std::string& variant) {
+  HfAdapterState s;
+  s.base_model = FixtureDir(variant);
+  s.precision = "fp32";
+  s.adapters.lora_rank = 4;
+  s.adapters.seed = 3;
+  for (auto& [name, t] : m.TrainableParameters()) s.trainable.emplace_back(name, t.clone());
+  s.info = {{"teacher", "x"}};
+  return s;
+}
+
+torch::Tensor FirstLogits(MultimodalModel& m) {
+  torch::NoGradGuard no_grad;
+  TokenInputs in;
+  in.visual_tokens = torch::ones({1, 25, 32});
+  in.input_ids = torch::tensor({1, 5, 6, 7}, torch::kLong).unsqueeze(0);
+  // Image tokens: the LLaVA fixture's placeholder id, repeated for every feature.
+  const std::vector<int64_t> ids = m.ExpandImageTokens({1, 856, 5, 6, 7});
+  in.input_ids = torch::tensor(ids, torch::kLong).unsqueeze(0);
+  absl::StatusOr<TokenForward> f = m.ForwardTokens(in);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f->logits;
+}
+
+TEST(HfAdapterStateTest, SavedStateReappliedToAFreshBaseComputesTheSame) {
+  const std::string variant = "llava_clip_llama";
+  std::unique_ptr<MultimodalModel> trained = Adapted(variant, 1);
+  const std::string dir = TempDir("roundtrip");
+  ASSERT_OK(SaveHfAdapterState(StateOf(*trained, variant), dir));
+  ASSERT_OK_AND_ASSIGN(HfAdapterState loaded, LoadHfAdapterState(dir));
+  EXPECT_EQ(loaded.adapters.lora_rank, 4);
+  EXPECT_EQ(loaded.adapters.seed, 3u);
+  EXPECT_EQ(loaded.info["teacher"], "x");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fresh,
+                       LoadHfModel(FixtureDir(variant), {}));
+  torch::Tensor base = FirstLogits(*fresh);
+  ASSERT_OK(ApplyHfAdapterState(loaded, *fresh));
+  NamedTensors a = trained->TrainableParameters(), b = fresh->TrainableParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+  torch::Tensor adapted = FirstLogits(*fresh);
+  EXPECT_TRUE(torch::equal(adapted, FirstLogits(*trained)));
+  EXPECT_FALSE(torch::allclose(adapted, base));
+}
+
+TEST(HfAdapterStateTest, AStateThatDoesNotFitIsRefusedAndNamesTheTensor) {
+  const std::string variant = "llava_clip_llama";
+  std::unique_ptr<MultimodalModel> trained = Adapted(variant, 2);
+  HfAdapterState s = StateOf(*trained, variant);
+  s.trainable[0].second = torch::zeros({3});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fresh,
+                       LoadHfModel(FixtureDir(variant), {}));
+  absl::Status st = ApplyHfAdapterState(s, *fresh);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(s.trainable[0].first), std::string::npos) << st;
+  // Nothing was copied: the norms are still the checkpoint's.
+  for (auto& [name, t] : fresh->TrainableParameters()) {
+    if (name.find("lora") == std::string::npos && name.find("norm") != std::string::npos) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> plain,
+                           LoadHfModel(FixtureDir(variant), {}));
+      ASSERT_OK(plain->AddAdapters(s.adapters));
+      for (auto& [n2, t2] : plain->TrainableParameters()) {
+        if (n2 == name) EXPECT_TRUE(torch::equal(t, t2)) << name;
+      }
+      break;
+    }
+  }
+  // A state of another family does not fit either.
+  std::unique_ptr<MultimodalModel> other = Adapted("blip2_llama", 3);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fresh2,
+                       LoadHfModel(FixtureDir(variant), {}));
+  EXPECT_EQ(ApplyHfAdapterState(StateOf(*other, "blip2_llama"), *fresh2).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A folder without a state, or with a damaged one.
+  EXPECT_EQ(LoadHfAdapterState(TempDir("none")).status().code(), absl::StatusCode::kNotFound);
+  const std::string dir = TempDir("bad");
+  ASSERT_OK(SaveHfAdapterState(StateOf(*trained, variant), dir));
+  std::ofstream(dir + "/adapter_state.json") << "{\"format\": \"something else\"}";
+  EXPECT_EQ(LoadHfAdapterState(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HfAdapterStateTest, ExportUsesPeftNamesAndKeepsTheRestApart) {
+  for (const std::string variant : {"llava_clip_llama", "blip2_llama"}) {
+    SCOPED_TRACE(variant);
+    std::unique_ptr<MultimodalModel> trained = Adapted(variant, 4);
+    HfAdapterState s = StateOf(*trained, variant);
+    const std::string out = TempDir("export_" + variant);
+    ASSERT_OK(ExportPeftAdapter(s, out));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents rest, ReadSafetensors(out + "/non_lora.safetensors"));
+    EXPECT_EQ(lora.tensors.size() + rest.tensors.size(), s.trainable.size());
+    EXPECT_EQ(lora.tensors.size(), 8u);  // 2 layers x q, v x A, B
+    for (const auto& [name, t] : lora.tensors) {
+      EXPECT_EQ(name.rfind("base_model.model.", 0), 0u) << name;
+      EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos ||
+                  name.find(".lora_B.weight") != std::string::npos)
+          << name;
+      if (name.find("lora_A") != std::string::npos) EXPECT_EQ(t.size(0), 4) << name;
+    }
+    for (const auto& [name, t] : rest.tensors) {
+      EXPECT_EQ(name.find("lora"), std::string::npos) << name;
+    }
+    std::ifstream in(out + "/adapter_config.json");
+    const nlohmann::json c = nlohmann::json::parse(in);
+    EXPECT_EQ(c["peft_type"], "LORA");
+    EXPECT_EQ(c["r"], 4);
+    EXPECT_EQ(c["lora_alpha"], 16.0);
+    EXPECT_EQ(c["target_modules"], ".*language_model.*\\.(q_proj|v_proj)");
+  }
+  // A LoRA factor without its partner.
+  std::unique_ptr<MultimodalModel> trained = Adapted("llava_clip_llama", 5);
+  HfAdapterState s = StateOf(*trained, "llava_clip_llama");
+  for (auto it = s.trainable.begin(); it != s.trainable.end(); ++it) {
+    if (it->first.find("lora_b") != std::string::npos) {
+      s.trainable.erase(it);
+      break;
+    }
+  }
+  EXPECT_EQ(ExportPeftAdapter(s, TempDir("half")).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cdcca::model

@@ -1,0 +1,23 @@
+// Peak memory of LibTorch's CUDA caching allocator, for the benchmarks that report it
+// (hf_bench, hf_akd_bench). Zero on CPU and where LibTorch is not a CUDA build.
+#ifndef CDCCA_MODEL_RUNTIME_GPU_MEMORY_H_
+#define CDCCA_MODEL_RUNTIME_GPU_MEMORY_H_
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+
+namespace cdcca::model {
+
+struct GpuMemoryPeak {
+  int64_t allocated_bytes = 0;  // the most held by live tensors at once
+  int64_t reserved_bytes = 0;   // the most the allocator held from the driver at once
+};
+
+// Since the process started (or the allocator's last peak reset), on `device`; a CUDA device
+// without an index means device 0.
+GpuMemoryPeak PeakGpuMemory(c10::Device device);
+
+}  // namespace cdcca::model
+
+#endif  // CDCCA_MODEL_RUNTIME_GPU_MEMORY_H_
