@@ -33,6 +33,7 @@
 #include "cli/flags_help.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
+#include "cloud/data_dir_lock.h"
 #include "cloud/internal/file_io.h"
 #include "cloud/trainer.h"
 #include "nlohmann/json.hpp"
@@ -43,7 +44,8 @@ ABSL_FLAG(std::string, config, "",
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port to serve on (port 0 picks one)");
 ABSL_FLAG(std::string, data_dir, "",
           "directory of the sample log (samples/), update store (updates/), device registry "
-          "(registry/) and per-device mirrors (trainer/); created if missing");
+          "(registry/) and per-device mirrors (trainer/); created if missing. One process per "
+          "directory: it is locked (DIR/LOCK) while this one runs, and a second refuses to start");
 ABSL_FLAG(std::string, tokens, "", "token file: one `<device_id> <token>` per line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
@@ -209,6 +211,9 @@ int main(int argc, char** argv) {
   using namespace cdcca::cloud;  // NOLINT: a program's main
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (data_dir.empty()) return Fail(absl::InvalidArgumentError("--data_dir is required"));
+  // Held until exit, before any store opens: a second process on this directory stops here.
+  auto data_dir_lock = DataDirLock::Acquire(data_dir);
+  if (!data_dir_lock.ok()) return Fail(data_dir_lock.status());
   if (absl::GetFlag(FLAGS_tokens).empty()) {
     return Fail(absl::InvalidArgumentError("--tokens is required (see --help)"));
   }

@@ -7,13 +7,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/child_process.h"
+#include "tests/testing/temp_dir.h"
 
 namespace {
 
@@ -163,6 +167,55 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   const Outcome bad = RunProgram(base + " --hf_template=nope --output=/dev/null");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("nope"));
+}
+#endif
+
+#ifdef CDCCA_CLOUD_BINARY
+// One cdcca-cloud per --data_dir: a second process on the directory of a serving one exits
+// non-zero naming the holder, and a holder killed with -9 leaves nothing that blocks a restart.
+TEST(CloudDataDirTest, SecondProcessOnOneDataDirRefusesToStart) {
+  cdcca::testing::TempDir dir;
+  {
+    std::ofstream tokens(dir.path() + "/tokens.txt");
+    tokens << "dev-a token-aaaaaaaaaaaaaaaa\n";
+  }
+  auto cloud_args = [&](const std::string& name) {
+    return std::vector<std::string>{CDCCA_CLOUD_BINARY,
+                                    "--listen=127.0.0.1:0",
+                                    "--insecure",
+                                    "--tokens=" + dir.path() + "/tokens.txt",
+                                    "--data_dir=" + dir.path() + "/data",
+                                    "--port_file=" + dir.path() + "/" + name + ".port"};
+  };
+  // The port file is written once the server listens, after the lock and the stores.
+  auto wait_for_port = [&](const std::string& name, cdcca::testing::Child& child) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline && child.running()) {
+      std::ifstream in(dir.path() + "/" + name + ".port");
+      int port = 0;
+      if (in >> port && port > 0) return true;
+      if (child.Wait(absl::Milliseconds(50)) != -1) return false;  // it exited
+    }
+    return false;
+  };
+  auto first =
+      std::make_unique<cdcca::testing::Child>(cloud_args("first"), dir.path() + "/first.log");
+  ASSERT_TRUE(first->running());
+  ASSERT_TRUE(wait_for_port("first", *first))
+      << cdcca::testing::ReadText(dir.path() + "/first.log");
+
+  cdcca::testing::Child second(cloud_args("second"), dir.path() + "/second.log");
+  const int code = second.Wait(absl::Seconds(60));
+  const std::string second_log = cdcca::testing::ReadText(dir.path() + "/second.log");
+  EXPECT_NE(code, -1) << "the second process is still running: " << second_log;
+  EXPECT_NE(code, 0) << second_log;
+  EXPECT_THAT(second_log, HasSubstr("in use by another cdcca-cloud process"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/second.port"));
+
+  first->Signal(SIGKILL);
+  EXPECT_NE(first->Wait(absl::Seconds(30)), -1);
+  cdcca::testing::Child third(cloud_args("third"), dir.path() + "/third.log");
+  EXPECT_TRUE(wait_for_port("third", third)) << cdcca::testing::ReadText(dir.path() + "/third.log");
 }
 #endif
 
