@@ -1,10 +1,11 @@
-# libFuzzer targets for the decoders of untrusted bytes (issue 20): one declaration each.
+# libFuzzer targets for the decoders of untrusted bytes: one declaration each.
 #
 # A fuzzer is compiled by clang directly from torch-free sources (-fsanitize=fuzzer,address,
 # undefined, UB fatal), apart from the main gcc build, and registered as a ctest in the
-# default `unit` label that runs it for a bounded time on a fresh seed corpus. Nothing is
-# declared where clang++, libFuzzer's runtime or the pkg-config files are missing, so
-# machines without them build as before.
+# default `unit` label that runs it for a bounded time on a fresh seed corpus. Where the
+# tests are built, a missing clang++, libFuzzer runtime or pkg-config file stops the
+# configure step (CDCCA_FUZZ below); builds without tests (the GPU machine's core build)
+# declare no fuzzers.
 #
 # Usage (paths relative to the calling CMakeLists.txt):
 #   cdcca_add_fuzzer(my_decoder                      # target my_decoder_fuzzer, test my_decoder_fuzz
@@ -15,8 +16,11 @@
 #     SECONDS 15            # run time per ctest run (default 15)
 #     MAX_LEN 8192          # largest input libFuzzer builds (default 8192 bytes)
 #     MALLOC_LIMIT_MB 512   # any single allocation above this is a finding (default 512)
-#     PKG_DEPS libfoo)      # pkg-config modules beyond the default set (Abseil status/
-#                           # strings/containers, libzstd, nlohmann_json)
+#     PKG_DEPS libfoo       # pkg-config modules beyond the default set (Abseil status/
+#                           # strings/containers, libzstd, nlohmann_json): cflags and libs
+#     DEFINES FOO="bar"     # preprocessor definitions (CDCCA_SOURCE_DIR is always defined)
+#     DEPENDS cdcca_proto)  # targets that must be built first (e.g. generated headers, found
+#                           # under the build tree, which is on the include path)
 # The entry defines `extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t)`; the
 # seed generator is an ordinary add_executable (gcc, may link project libraries) declared
 # before the call inside `if(CDCCA_FUZZ_ENABLED)`, so that it is not built for nothing. A decoder whose bytes end in a Hash64 checksum can use
@@ -25,10 +29,33 @@
 # prints the runner's command line; run it with CDCCA_FUZZ_SECONDS=600 in front (the
 # ctest TIMEOUT is sized for SECONDS).
 
+# Required where the tests are built: a machine without clang's libFuzzer fails at configure
+# time, naming what to install, rather than losing the fuzz tests without a word. Configure
+# with -DCDCCA_FUZZ=OFF to build without them on purpose.
+option(CDCCA_FUZZ "Build and test the libFuzzer targets (configure fails if clang cannot)" ON)
 find_program(CDCCA_CLANGXX NAMES clang++ clang++-14)
 find_package(PkgConfig QUIET)
 set(CDCCA_FUZZ_ENABLED OFF)
-if(CDCCA_BUILD_TESTS AND CDCCA_CLANGXX AND PkgConfig_FOUND AND NOT CDCCA_DEPS_PREFIX)
+set(_cdcca_fuzz_required OFF)
+if(CDCCA_FUZZ AND CDCCA_BUILD_TESTS AND NOT CDCCA_DEPS_PREFIX AND NOT CDCCA_CORE_ONLY)
+  set(_cdcca_fuzz_required ON)
+endif()
+# cdcca_fuzz_unavailable(WHY): fatal where the fuzzers are required, a note elsewhere.
+function(cdcca_fuzz_unavailable why)
+  if(_cdcca_fuzz_required)
+    message(FATAL_ERROR "cdcca: the fuzz tests cannot be built: ${why}. Install clang and "
+                        "libclang-rt-14-dev (scripts/setup.sh does), or configure with "
+                        "-DCDCCA_FUZZ=OFF to build without them on purpose.")
+  endif()
+  message(STATUS "cdcca: fuzzers off (${why})")
+endfunction()
+if(_cdcca_fuzz_required AND NOT CDCCA_CLANGXX)
+  cdcca_fuzz_unavailable("no clang++")
+endif()
+if(_cdcca_fuzz_required AND NOT PkgConfig_FOUND)
+  cdcca_fuzz_unavailable("no pkg-config")
+endif()
+if(CDCCA_FUZZ AND CDCCA_BUILD_TESTS AND CDCCA_CLANGXX AND PkgConfig_FOUND AND NOT CDCCA_DEPS_PREFIX)
   pkg_check_modules(CDCCA_FUZZ_DEPS QUIET absl_status absl_statusor absl_str_format
                     absl_strings absl_flat_hash_map absl_flat_hash_set libzstd nlohmann_json)
   if(CDCCA_FUZZ_DEPS_FOUND AND NOT DEFINED CDCCA_FUZZ_RUNTIME_OK)
@@ -44,9 +71,12 @@ if(CDCCA_BUILD_TESTS AND CDCCA_CLANGXX AND PkgConfig_FOUND AND NOT CDCCA_DEPS_PR
       set(CDCCA_FUZZ_RUNTIME_OK ON CACHE INTERNAL "clang links -fsanitize=fuzzer")
     else()
       set(CDCCA_FUZZ_RUNTIME_OK OFF CACHE INTERNAL "clang links -fsanitize=fuzzer")
-      message(STATUS "cdcca: fuzzers off (${CDCCA_CLANGXX} cannot link -fsanitize=fuzzer; "
-                     "install libclang-rt-14-dev)")
     endif()
+  endif()
+  if(NOT CDCCA_FUZZ_DEPS_FOUND)
+    cdcca_fuzz_unavailable("pkg-config finds no Abseil, libzstd or nlohmann_json .pc files")
+  elseif(NOT CDCCA_FUZZ_RUNTIME_OK)
+    cdcca_fuzz_unavailable("${CDCCA_CLANGXX} cannot link -fsanitize=fuzzer")
   endif()
   if(CDCCA_FUZZ_DEPS_FOUND AND CDCCA_FUZZ_RUNTIME_OK)
     set(CDCCA_FUZZ_ENABLED ON)
@@ -58,7 +88,7 @@ function(cdcca_add_fuzzer name)
     return()
   endif()
   cmake_parse_arguments(F "" "SEED_GENERATOR;SECONDS;MAX_LEN;MALLOC_LIMIT_MB"
-                        "SOURCES;SEED_FILES;PKG_DEPS" ${ARGN})
+                        "SOURCES;SEED_FILES;PKG_DEPS;DEFINES;DEPENDS" ${ARGN})
   if(NOT F_SECONDS)
     set(F_SECONDS 15)
   endif()
@@ -73,10 +103,11 @@ function(cdcca_add_fuzzer name)
   if(F_PKG_DEPS)
     pkg_check_modules(_F_EXTRA_${name} QUIET ${F_PKG_DEPS})
     if(NOT _F_EXTRA_${name}_FOUND)
-      message(STATUS "cdcca: fuzzer ${name} skipped (pkg-config lacks ${F_PKG_DEPS})")
+      cdcca_fuzz_unavailable("fuzzer ${name} needs the pkg-config modules ${F_PKG_DEPS}")
       return()
     endif()
     list(APPEND _ldflags ${_F_EXTRA_${name}_LDFLAGS})
+    list(APPEND _cflags ${_F_EXTRA_${name}_CFLAGS})
   endif()
   set(_sources)
   set(_headers)
@@ -90,14 +121,20 @@ function(cdcca_add_fuzzer name)
     list(APPEND _headers ${_h})
   endforeach()
   list(REMOVE_DUPLICATES _headers)
+  set(_defines)
+  foreach(d ${F_DEFINES})
+    list(APPEND _defines -D${d})
+  endforeach()
   set(_out ${CMAKE_CURRENT_BINARY_DIR}/fuzz/${name}_fuzzer)
   add_custom_command(
     OUTPUT ${_out}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/fuzz
     COMMAND ${CDCCA_CLANGXX} -std=c++17 -O1 -g -fno-omit-frame-pointer
             -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-            ${_cflags} -I${PROJECT_SOURCE_DIR} ${_sources} -o ${_out} ${_ldflags}
-    DEPENDS ${_sources} ${_headers}
+            ${_cflags} -I${PROJECT_SOURCE_DIR} -I${PROJECT_BINARY_DIR}
+            -DCDCCA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ${_defines}
+            ${_sources} -o ${_out} ${_ldflags}
+    DEPENDS ${_sources} ${_headers} ${F_DEPENDS}
     COMMENT "clang libFuzzer: ${name}_fuzzer"
     VERBATIM)
   add_custom_target(${name}_fuzzer ALL DEPENDS ${_out})

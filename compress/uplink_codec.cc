@@ -84,6 +84,11 @@ absl::Status CheckSample(const UplinkSample& s, size_t i, FeaturePrecision preci
   if (!std::isfinite(s.entropy)) return bad("entropy is not finite");
   for (float f : s.features) {
     if (!std::isfinite(f)) return bad("features hold a non-finite value");
+    // fp16's largest value is 65504; from 65520 up a float rounds to infinity, which the
+    // receiver would refuse as non-finite: refuse it here, where the sender can still choose.
+    if (precision == FeaturePrecision::kFp16 && std::fabs(f) >= 65520.0f) {
+      return bad(absl::StrCat("feature ", f, " is beyond fp16's range (|x| < 65520); send int8"));
+    }
   }
   return absl::OkStatus();
 }

@@ -253,6 +253,29 @@ TEST(UplinkCodecTest, EncoderRejectsSamplesOutsideTheBounds) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// A finite float beyond fp16's range would travel as infinity, which every receiver refuses:
+// the encoder refuses it while the device can still send the sample at int8 (found by the
+// compress_uplink_encode fuzzer).
+TEST(UplinkCodecTest, Fp16RefusesWhatWouldTravelAsInfinity) {
+  UplinkSample large = MakeSample(1, 4);
+  large.features[2] = 65520.0f;  // the first float fp16 rounds to infinity
+  EXPECT_THAT(EncodeUplinkBatch({large}, FeaturePrecision::kFp16),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond fp16's range")));
+  large.features[2] = -1e30f;
+  EXPECT_THAT(EncodeUplinkBatch({large}, FeaturePrecision::kFp16),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond fp16's range")));
+  large.features[2] = 65519.0f;  // rounds to 65504: still finite, still sent
+  absl::StatusOr<std::string> fits = EncodeUplinkBatch({large}, FeaturePrecision::kFp16);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  absl::StatusOr<std::vector<UplinkSample>> back = DecodeUplinkBatch(*fits);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0].features[2], 65504.0f);
+  large.features[2] = -1e30f;  // int8 scales per token: any finite value goes
+  absl::StatusOr<std::string> int8 = EncodeUplinkBatch({large}, FeaturePrecision::kInt8);
+  ASSERT_TRUE(int8.ok()) << int8.status();
+  EXPECT_TRUE(DecodeUplinkBatch(*int8).ok());
+}
+
 TEST(UplinkCodecTest, DecoderRejectsEveryTruncationAndAnyFlippedByte) {
   ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({MakeSample(1, 8), MakeSample(2, 3)},
                                                               FeaturePrecision::kInt8));

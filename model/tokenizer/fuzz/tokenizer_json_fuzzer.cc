@@ -13,8 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tok = cdcca::tokenizer::Tokenizer::FromJson(bytes);
   if (!tok.ok()) return 0;
   // Encode a fixed text with Unicode, digits and whitespace runs, and the file's own bytes.
-  for (std::string_view text : {std::string_view("Hello  wörld 123\n\t<image> 中文 😀"),
-                                bytes.substr(0, 256)}) {
+  for (std::string_view text :
+       {std::string_view("Hello  wörld 123\n\t<image> 中文 😀"), bytes.substr(0, 256)}) {
     auto ids = (*tok)->Encode(text, /*add_special_tokens=*/true);
     if (!ids.ok()) continue;
     (void)(*tok)->Decode(*ids, false);
