@@ -22,8 +22,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "distill/akd.h"
-#include "model/runtime/gpu_memory.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/gpu_memory.h"
 #include "nlohmann/json.hpp"
 #include "sim/hub_round.h"
 
@@ -158,6 +158,13 @@ int Run() {
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},
   };
+  // The device's answers before and after the update (token ids), kept frame by kept frame.
+  json answers = json::array();
+  for (const HubRoundReport::FrameAnswers& a : r->answers) {
+    answers.push_back(
+        {{"frame", a.frame}, {"before", a.before}, {"after", a.after}, {"teacher", a.teacher}});
+  }
+  row["device_answers"] = answers;
   std::cout << row.dump() << std::endl;
   return equal ? 0 : 2;
 }

@@ -166,11 +166,13 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     (*device_model)->module().eval();
 
     // Version 0 on both sides: what Register compares (the base fingerprint holds its digest).
+    // The device's digests are read off the live model that answers, never off a copy.
     compress::NamedTensors device_state =
         compress::Fp32Clones((*device_model)->TrainableParameters());
     compress::NamedTensors mirror = compress::Fp32Clones((*mirror_model)->TrainableParameters());
     for (const auto& [name, t] : mirror) report.trainable_parameters += t.numel();
-    report.device_digest_before = compress::StateDigest(device_state);
+    report.device_digest_before =
+        compress::StateDigest(compress::Fp32Clones((*device_model)->TrainableParameters()));
     report.mirror_digest_before = compress::StateDigest(mirror);
     if (report.device_digest_before != report.mirror_digest_before) {
       return absl::InternalError("the device's and the mirror's version 0 differ");
@@ -329,7 +331,8 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
       return Step(s, "device apply");
     }
     report.device_apply_seconds = Since(start);
-    report.device_digest_after = compress::StateDigest(device_state);
+    report.device_digest_after =
+        compress::StateDigest(compress::Fp32Clones(dev.TrainableParameters()));
     report.mirror_digest_after = compress::StateDigest(mirror);
 
     // The device's answers after the update, from each kept frame and from the tokens it
@@ -349,6 +352,7 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
       before += Agreement(x.answer, teacher_answer);
       after += Agreement(*now, teacher_answer);
       report.answers_changed += *now != x.answer;
+      report.answers.push_back({x.frame, x.answer, *now, teacher_answer});
       absl::StatusOr<std::vector<int64_t>> now_kept =
           answerer.FromTokens(dev, x.tokens, x.present, x.input_ids, nullptr);
       if (!now_kept.ok()) return Step(now_kept.status(), "device answer after the update");

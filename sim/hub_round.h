@@ -94,13 +94,21 @@ struct HubRoundReport {
   double agreement_kept_after = 0;
   double agreement_kept_trained = 0;
   double reanswer_seconds = 0;  // the three answers per kept frame behind the agreements
+  // Per kept frame: the device's answer (token ids up to the first EOS) from the whole frame
+  // before and after the update, and the teacher's pseudo-label it is scored against.
+  struct FrameAnswers {
+    int frame = 0;
+    std::vector<int64_t> before, after, teacher;
+  };
+  std::vector<FrameAnswers> answers;
   int64_t trainable_parameters = 0;
 };
 
 // Runs the round. InvalidArgument for options or folders that do not fit (no prompts, frames
 // < 1, a Q-Former prompt, a pair with different towers); FailedPrecondition when stage 1
 // keeps no frame; errors of the steps otherwise, naming the step. A report is returned only
-// when every step ran; its digests say whether the two states agree.
+// when every step ran; its digests say whether the two states agree (the device's are read
+// off the live model that answers, the mirror's off the cloud's stored state).
 absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options);
 
 }  // namespace cdcca::sim

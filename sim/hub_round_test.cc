@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "model/hub/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -123,6 +123,14 @@ void ExpectWholeRound(const HubRoundOptions& o) {
     if (t.name == "ce") EXPECT_LT(t.last, t.first);
   }
   EXPECT_GT(r->answers_changed, 0);
+  // Every kept frame's answers are reported, and they are the ones the count above counts.
+  ASSERT_EQ(r->answers.size(), static_cast<size_t>(r->kept_samples));
+  int changed = 0;
+  for (const HubRoundReport::FrameAnswers& a : r->answers) {
+    EXPECT_FALSE(a.teacher.empty()) << "frame " << a.frame;
+    changed += a.before != a.after;
+  }
+  EXPECT_EQ(changed, r->answers_changed);
 }
 
 TEST(HubRoundTest, LlavaRoundEndsWithTheDeviceAndTheMirrorEqual) {
