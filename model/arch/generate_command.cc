@@ -298,6 +298,10 @@ int AnswerCommand(const std::vector<std::string>& args) {
                  "and --out are required\n");
     return 2;
   }
+  if (r.task != "vqa" && r.task != "aokvqa" && r.task != "caption") {
+    std::fprintf(stderr, "answer: --task %s: not vqa, aokvqa or caption\n", r.task.c_str());
+    return 2;
+  }
   if (!r.caption_prompt.empty() && r.task != "caption") {
     std::fprintf(stderr, "answer: --prompt is the caption instruction (--task caption)\n");
     return 2;
@@ -305,7 +309,7 @@ int AnswerCommand(const std::vector<std::string>& args) {
   absl::StatusOr<AnswerSummary> summary = RunAnswer(r);
   if (!summary.ok()) {
     std::fprintf(stderr, "answer: %s\n", std::string(summary.status().message()).c_str());
-    return summary.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return 1;
   }
   std::fprintf(stderr, "answer: %lld %s, %s, %.2f s generating, wrote %s\n",
                static_cast<long long>(summary->answered),

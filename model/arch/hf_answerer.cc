@@ -11,6 +11,7 @@
 #include "compress/uplink_codec.h"
 #include "datasets/formats.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/chat_template.h"
 #include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 

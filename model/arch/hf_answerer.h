@@ -13,7 +13,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "model/hub/chat_template.h"
 
 namespace cdcca::tokenizer {
 class Tokenizer;
@@ -44,6 +43,7 @@ struct VisualTokenReply {
 };
 
 class MultimodalModel;
+struct ChatTemplate;
 struct GreedyResult;
 struct ImageProcessorConfig;
 struct MultimodalInputs;
