@@ -6,14 +6,11 @@
 // evaluation prompt in its template; BLIP-2 / InstructBLIP: the question as it is).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +22,7 @@
 #include "model/arch/hf_model.h"
 #include "model/hub/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::model {
@@ -42,30 +40,16 @@ struct Outcome {
   std::string err;  // stderr
 };
 
-// Runs the `cdcca` program with `args` (no shell quoting needed: the tests' paths and values
-// hold no single quote), bounded by `timeout`.
+// Runs the `cdcca` program with `args`; its stderr goes to `log`, its stdout next to it.
 Outcome Cdcca(const std::vector<std::string>& args, const std::string& log) {
-  std::string command = "timeout 300 '" CDCCA_TOOL_BINARY "'";
-  for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-  absl::StrAppend(&command, " 2>'", log, "'");
+  std::vector<std::string> argv = {CDCCA_TOOL_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  testing::Child child(argv, log, /*fault=*/"", log + ".stdout");
   Outcome r;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
+  r.exit_code = child.Wait(absl::Minutes(5));
+  r.out = testing::ReadText(log + ".stdout");
+  r.err = testing::ReadText(log);
   return r;
-}
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
 void WriteJson(const std::string& path, const json& j) { std::ofstream(path) << j.dump(); }
@@ -204,7 +188,7 @@ std::vector<std::string> LibraryAnswers(const std::string& model_dir, const std:
 
 // question_id -> answer of a VQAv2 results file, in the questions' order.
 std::vector<std::string> ResultAnswers(const std::string& path, const VqaSet& set) {
-  const json results = ReadJson(path);
+  const json results = testing::ReadJson(path);
   EXPECT_TRUE(results.is_array()) << path;
   EXPECT_EQ(results.size(), set.questions_list.size());
   std::map<int64_t, std::string> by_id;
@@ -378,7 +362,7 @@ TEST(AnswerTasksTest, AokvqaAndCaptionResultsThatEvalScores) {
              "--max_new_tokens=4", "--out=" + (dir / "predictions.json").string()},
             (dir / "aokvqa.log").string());
   ASSERT_EQ(a.exit_code, 0) << a.err;
-  const json predictions = ReadJson((dir / "predictions.json").string());
+  const json predictions = testing::ReadJson((dir / "predictions.json").string());
   ASSERT_TRUE(predictions.is_object());
   ASSERT_EQ(predictions.size(), split.size());
   // Annotate the split with the predictions as the right answers: MC and DA must be 100.
@@ -418,7 +402,7 @@ TEST(AnswerTasksTest, AokvqaAndCaptionResultsThatEvalScores) {
                "--max_new_tokens=5", "--out=" + (dir / "captions.json").string()},
               (dir / "caption.log").string());
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    const json results = ReadJson((dir / "captions.json").string());
+    const json results = testing::ReadJson((dir / "captions.json").string());
     ASSERT_TRUE(results.is_array());
     EXPECT_EQ(results.size(), images.size());
     for (const json& r : results) EXPECT_TRUE(r["caption"].is_string()) << r.dump();
