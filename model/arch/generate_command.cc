@@ -190,11 +190,12 @@ absl::StatusOr<std::vector<AnswerItem>> ReadItems(const AnswerRequest& r) {
                        "",
                        {}});
     }
-    return items;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--task ", r.task, ": not vqa, aokvqa or caption"));
   }
+  if (r.limit > 0 && static_cast<int64_t>(items.size()) > r.limit) items.resize(r.limit);
+  if (r.task == "caption") return items;
   const std::map<int64_t, std::string> images = IndexImages(r.images_dir);
   for (AnswerItem& item : items) {
     auto image = images.find(item.image_id);
@@ -216,8 +217,9 @@ const char* const kAnswerFlags[] = {
 std::string AnswerInstruction(const std::string& model_type, const std::string& task,
                               const std::string& question) {
   const bool llava = model_type == "llava";
-  if (task == "caption")
+  if (task == "caption") {
     return llava ? "Provide a one-sentence caption for the provided image." : "";
+  }
   return llava ? question + "\nAnswer the question using a single word or phrase." : question;
 }
 
@@ -238,7 +240,6 @@ absl::StatusOr<AnswerSummary> RunAnswer(const AnswerRequest& request) {
   nlohmann::json results =
       request.task == "aokvqa" ? nlohmann::json::object() : nlohmann::json::array();
   for (const AnswerItem& item : *items) {
-    if (request.limit > 0 && summary.answered >= request.limit) break;
     const std::string text = caption && !request.caption_prompt.empty()
                                  ? request.caption_prompt
                                  : AnswerInstruction(model_type, request.task, item.question);
