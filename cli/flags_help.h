@@ -25,6 +25,8 @@ namespace cdcca::cli {
 
 // Which flags a program's help lists, by the file that defines them.
 using FlagFileFilter = std::function<bool(std::string_view filename)>;
+// Which flags a program's help lists, by the flag (e.g. a sub-command's own, by name).
+using FlagFilter = std::function<bool(const absl::CommandLineFlag& flag)>;
 
 // Every flag but absl's own (--flagfile, --fromenv, ...).
 inline bool ProjectFlagFile(std::string_view filename) {
@@ -45,8 +47,7 @@ inline bool HelpRequested(int argc, char** argv) {
 
 // Prints `usage` (if empty: "PROGRAM: " and absl's program usage message) and the flags
 // `filter` accepts, sorted by name with their help and default, on stdout.
-inline void PrintFlagsHelp(const char* program, std::string_view usage,
-                           const FlagFileFilter& filter) {
+inline void PrintFlagsHelp(const char* program, std::string_view usage, const FlagFilter& filter) {
   if (usage.empty()) {
     std::string_view name = program;
     if (const size_t slash = name.rfind('/'); slash != std::string_view::npos) {
@@ -59,7 +60,7 @@ inline void PrintFlagsHelp(const char* program, std::string_view usage,
   }
   std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (filter(flag->Filename())) flags.push_back(flag);
+    if (filter(*flag)) flags.push_back(flag);
   }
   std::sort(flags.begin(), flags.end(), [](absl::CommandLineFlag* a, absl::CommandLineFlag* b) {
     return a->Name() < b->Name();
@@ -76,14 +77,20 @@ inline void PrintFlagsHelp(const char* program, std::string_view usage,
 // What a program's main calls instead of absl::ParseCommandLine: help -> print and exit 0;
 // otherwise parse (exit 1 naming the flag on an unknown one) and return the positional
 // arguments, argv[0] first.
-inline std::vector<char*> ParseFlagsOrHelp(int argc, char** argv,
-                                           const FlagFileFilter& filter = ProjectFlagFile,
+inline std::vector<char*> ParseFlagsOrHelp(int argc, char** argv, const FlagFilter& filter,
                                            std::string_view usage = "") {
   if (HelpRequested(argc, argv)) {
     PrintFlagsHelp(argc > 0 ? argv[0] : "cdcca", usage, filter);
     std::exit(0);
   }
   return absl::ParseCommandLine(argc, argv);
+}
+inline std::vector<char*> ParseFlagsOrHelp(int argc, char** argv,
+                                           const FlagFileFilter& filter = ProjectFlagFile,
+                                           std::string_view usage = "") {
+  return ParseFlagsOrHelp(
+      argc, argv,
+      FlagFilter([filter](const absl::CommandLineFlag& f) { return filter(f.Filename()); }), usage);
 }
 
 }  // namespace cdcca::cli

@@ -15,8 +15,11 @@
 #include "datasets/metrics.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, out, "", "output directory (cdcca render)");
-ABSL_FLAG(std::string, questions, "", "VQAv2 questions JSON (cdcca eval vqa)");
+ABSL_FLAG(std::string, out, "",
+          "output: the directory (cdcca render), the results file (cdcca answer)");
+ABSL_FLAG(std::string, questions, "",
+          "VQAv2 questions JSON (cdcca eval vqa, cdcca answer; answer --task aokvqa: an A-OKVQA "
+          "split)");
 ABSL_FLAG(std::string, annotations, "",
           "annotations JSON: VQAv2 annotations, A-OKVQA split file or COCO/nocaps captions");
 ABSL_FLAG(std::string, results, "", "results JSON (cdcca eval vqa|caption)");

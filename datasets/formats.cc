@@ -112,19 +112,30 @@ absl::StatusOr<const Json*> TopArray(const Reader& r, const Json& j, const char*
 
 }  // namespace
 
-absl::StatusOr<std::vector<VqaRecord>> LoadVqaV2(const std::string& questions_path,
-                                                 const std::string& annotations_path) {
-  ASSIGN_OR_RETURN(Json qj, ReadJson(questions_path));
-  ASSIGN_OR_RETURN(Json aj, ReadJson(annotations_path));
-  Reader qr(questions_path), ar(annotations_path);
-  ASSIGN_OR_RETURN(const Json* questions, TopArray(qr, qj, "questions"));
-  ASSIGN_OR_RETURN(const Json* annotations, TopArray(ar, aj, "annotations"));
-  std::map<int64_t, std::string> text;
+absl::StatusOr<std::vector<VqaQuestion>> LoadVqaQuestions(const std::string& path) {
+  ASSIGN_OR_RETURN(Json j, ReadJson(path));
+  Reader r(path);
+  ASSIGN_OR_RETURN(const Json* questions, TopArray(r, j, "questions"));
+  std::vector<VqaQuestion> out;
   for (size_t i = 0; i < questions->size(); ++i) {
     const std::string where = absl::StrCat("questions[", i, "]");
-    ASSIGN_OR_RETURN(int64_t id, qr.Int((*questions)[i], where, "question_id"));
-    ASSIGN_OR_RETURN(text[id], qr.String((*questions)[i], where, "question"));
+    VqaQuestion q;
+    ASSIGN_OR_RETURN(q.question_id, r.Int((*questions)[i], where, "question_id"));
+    ASSIGN_OR_RETURN(q.image_id, r.Int((*questions)[i], where, "image_id"));
+    ASSIGN_OR_RETURN(q.question, r.String((*questions)[i], where, "question"));
+    out.push_back(std::move(q));
   }
+  return out;
+}
+
+absl::StatusOr<std::vector<VqaRecord>> LoadVqaV2(const std::string& questions_path,
+                                                 const std::string& annotations_path) {
+  ASSIGN_OR_RETURN(std::vector<VqaQuestion> questions, LoadVqaQuestions(questions_path));
+  ASSIGN_OR_RETURN(Json aj, ReadJson(annotations_path));
+  Reader ar(annotations_path);
+  ASSIGN_OR_RETURN(const Json* annotations, TopArray(ar, aj, "annotations"));
+  std::map<int64_t, std::string> text;
+  for (const VqaQuestion& q : questions) text[q.question_id] = q.question;
   std::vector<VqaRecord> out;
   for (size_t i = 0; i < annotations->size(); ++i) {
     const Json& a = (*annotations)[i];

@@ -30,6 +30,15 @@ struct VqaRecord {
   std::vector<std::string> answers;    // the 10 annotators' answers
 };
 
+// One question of a VQAv2 questions file (test-dev and test have no annotations).
+struct VqaQuestion {
+  int64_t question_id = 0;
+  int64_t image_id = 0;
+  std::string question;
+};
+// {"questions": [{question_id, image_id, question}]}, in the file's order.
+absl::StatusOr<std::vector<VqaQuestion>> LoadVqaQuestions(const std::string& path);
+
 // Reads a VQAv2 questions file ({"questions": [{question_id, image_id, question}]}) and
 // annotations file ({"annotations": [{question_id, image_id, question_type, answer_type,
 // multiple_choice_answer, answers: [{answer, ...}]}]}), joined on question_id, in the

@@ -42,6 +42,8 @@ struct Command {
   const char* name;
   const char* summary;
   CommandFn run;
+  // The flags the command reads, nullptr-terminated, for its --help; null = every project flag.
+  const char* const* flags = nullptr;
 };
 
 // Filled as modules gain commands (eval, render, inspect, pretrain, ...).
@@ -75,8 +77,10 @@ const Command kCommands[] = {
 #ifdef CDCCA_HAVE_HF_COMMANDS
     {"generate", "greedy answer of a Hugging Face model folder: --model DIR --image F --prompt T",
      cdcca::model::GenerateCommand},
-    {"answer", "answer a VQAv2/A-OKVQA file: --model DIR --questions F --images DIR --out F",
-     cdcca::model::AnswerCommand},
+    {"answer",
+     "a VQAv2 / A-OKVQA / COCO captions file answered into its official results file: --model "
+     "DIR --task vqa|aokvqa|caption --questions F (caption: --annotations F) --images DIR --out F",
+     cdcca::model::AnswerCommand, cdcca::model::kAnswerFlags},
 #endif
 #ifdef CDCCA_HAVE_HF_ADAPT
     {"hf-adapt",
@@ -117,8 +121,15 @@ int main(int argc, char** argv) {
     // Drop the command name so absl sees "cdcca --flag ... args".
     std::vector<char*> rest{argv[0]};
     for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+    const cdcca::cli::FlagFilter own = [&c](const absl::CommandLineFlag& flag) {
+      if (c.flags == nullptr) return cdcca::cli::ProjectFlagFile(flag.Filename());
+      for (const char* const* f = c.flags; *f != nullptr; ++f) {
+        if (flag.Name() == *f) return true;
+      }
+      return false;
+    };
     std::vector<char*> positional = cdcca::cli::ParseFlagsOrHelp(
-        static_cast<int>(rest.size()), rest.data(), cdcca::cli::ProjectFlagFile,
+        static_cast<int>(rest.size()), rest.data(), own,
         absl::StrCat("usage: cdcca ", c.name, " [flags] [args]\n  ", c.summary));
     std::vector<std::string> args(positional.begin() + 1, positional.end());
     return c.run(args);

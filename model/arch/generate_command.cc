@@ -13,45 +13,70 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "model/hub/hf_adapter_state.h"
+#include "datasets/formats.h"
 #include "model/arch/hf_answerer.h"
+#include "model/hub/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
 
 // --model is defined by `cdcca tokenize` (model/tokenizer/tokenize_command.cc).
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(std::string, image, "", "generate: the image file");
 ABSL_FLAG(std::string, prompt, "",
-          "generate: the text the processor receives (LLaVA: contains <image>)");
+          "generate: the text the processor receives (LLaVA: contains <image>); answer --task "
+          "caption: the instruction (default: the architecture's)");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "generate/answer: most tokens generated");
 // --precision is shared with `cdcca adapt-eval` (precision_flag.cc); empty = fp32 here.
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_FLAG(std::string, device, "cpu", "generate/answer: cpu or cuda");
 ABSL_FLAG(bool, json, false, "generate: print {input_ids, tokens, text, first_logits}");
-// --questions and --out are defined by `cdcca eval` / `cdcca render` (datasets/commands.cc).
+// --questions, --annotations and --out are defined by `cdcca eval` / `cdcca render`
+// (datasets/commands.cc).
 ABSL_DECLARE_FLAG(std::string, questions);
+ABSL_DECLARE_FLAG(std::string, annotations);
 ABSL_DECLARE_FLAG(std::string, out);
-ABSL_FLAG(std::string, images, "", "answer: the folder of the question file's images");
-ABSL_FLAG(int64_t, limit, 0, "answer: answer at most this many questions (0 = all)");
+ABSL_FLAG(std::string, images, "",
+          "answer: the folder of the images (found by the id in their file names; by "
+          "file_name for --task caption)");
+ABSL_FLAG(std::string, task, "vqa",
+          "answer: vqa (--questions: VQAv2 questions), aokvqa (--questions: an A-OKVQA split) "
+          "or caption (--annotations: COCO captions)");
+ABSL_FLAG(int64_t, limit, 0, "answer: answer at most this many questions or images (0 = all)");
 ABSL_FLAG(std::string, adapter_state, "",
-          "generate: apply this adapted state (cdcca hf-adapt --out DIR) to --model first");
+          "generate/answer: apply this adapted state (cdcca hf-adapt --out DIR) to --model first");
 ABSL_FLAG(std::string, template, "",
-          "generate/answer: prompt template (llava, vicuna, chatml); empty = prompt as given");
+          "generate/answer: prompt format: llava, vicuna, chatml, chat (the folder's chat "
+          "template), auto (the folder's chat template, else llava for LLaVA and none for "
+          "BLIP-2 / InstructBLIP) or none; empty = the prompt as given (generate), auto (answer)");
 
 namespace cdcca::model {
+namespace {
+
+// The adapted state in `dir` applied to the answerer's freshly loaded base; "" = none.
+absl::Status ApplyAdapterState(const std::string& dir, HfAnswerer& answerer) {
+  if (dir.empty()) return absl::OkStatus();
+  absl::StatusOr<HfAdapterState> state = LoadHfAdapterState(dir);
+  if (!state.ok()) return state.status();
+  if (absl::Status s = ApplyHfAdapterState(*state, answerer.model()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<GenerateReply> RunGenerate(const GenerateRequest& request) {
-  absl::StatusOr<std::string> prompt = ApplyPromptTemplate(request.template_name, request.prompt);
-  if (!prompt.ok()) return prompt.status();
   absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
       HfAnswerer::Load(request.model_dir, request.precision, request.device);
   if (!answerer.ok()) return answerer.status();
-  if (!request.adapter_state.empty()) {
-    absl::StatusOr<HfAdapterState> state = LoadHfAdapterState(request.adapter_state);
-    if (!state.ok()) return state.status();
-    if (absl::Status s = ApplyHfAdapterState(*state, (*answerer)->model()); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(request.adapter_state, ": ", s.message()));
-    }
+  absl::StatusOr<std::string> prompt = request.prompt;
+  if (!request.template_name.empty()) {
+    absl::StatusOr<PromptFormat> format =
+        ResolvePromptFormat(request.template_name, (*answerer)->model_type(), request.model_dir);
+    if (!format.ok()) return format.status();
+    prompt = format->Apply(request.prompt);
   }
+  if (!prompt.ok()) return prompt.status();
+  if (absl::Status s = ApplyAdapterState(request.adapter_state, **answerer); !s.ok()) return s;
   return (*answerer)->Answer(request.image_path, *prompt, request.max_new_tokens);
 }
 
@@ -93,48 +118,6 @@ int GenerateCommand(const std::vector<std::string>& args) {
 
 namespace {
 
-struct Question {
-  std::string id;  // VQAv2: the integer as text; A-OKVQA: the string id
-  int64_t image_id = 0;
-  std::string question;
-  std::vector<std::string> choices;  // A-OKVQA
-};
-
-// VQAv2 questions ({"questions": [...]}) or an A-OKVQA split (a list). Sets *aokvqa.
-absl::StatusOr<std::vector<Question>> ReadQuestions(const std::string& path, bool* aokvqa) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad JSON: ", e.what()));
-  }
-  *aokvqa = j.is_array();
-  const nlohmann::json& list = *aokvqa ? j : j.value("questions", nlohmann::json());
-  if (!list.is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": neither a VQAv2 file (questions: [...]) nor an A-OKVQA list"));
-  }
-  std::vector<Question> out;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const nlohmann::json& q = list[i];
-    Question r;
-    try {
-      r.id = q.at("question_id").is_string() ? q.at("question_id").get<std::string>()
-                                             : std::to_string(q.at("question_id").get<int64_t>());
-      r.image_id = q.at("image_id").get<int64_t>();
-      r.question = q.at("question").get<std::string>();
-      if (q.contains("choices")) r.choices = q["choices"].get<std::vector<std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", *aokvqa ? "" : "questions", "[", i, "]: ", e.what()));
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 // image id -> file, from the trailing digits of each file's stem (COCO_val2014_000000000042.jpg,
 // 000000000042.jpg).
 std::map<int64_t, std::string> IndexImages(const std::string& dir) {
@@ -172,83 +155,167 @@ std::string PickChoice(const std::string& answer, const std::vector<std::string>
   return choices[best];
 }
 
+// One thing to answer: a question about an image, or an image to caption.
+struct AnswerItem {
+  std::string id;  // VQAv2: the integer as text; A-OKVQA: the string id; caption: the image id
+  int64_t image_id = 0;
+  std::string image_path;
+  std::string question;              // "" for a caption
+  std::vector<std::string> choices;  // A-OKVQA
+};
+
+absl::StatusOr<std::vector<AnswerItem>> ReadItems(const AnswerRequest& r) {
+  std::vector<AnswerItem> items;
+  if (r.task == "vqa") {
+    absl::StatusOr<std::vector<datasets::VqaQuestion>> qs =
+        datasets::LoadVqaQuestions(r.input_path);
+    if (!qs.ok()) return qs.status();
+    for (const datasets::VqaQuestion& q : *qs) {
+      items.push_back({std::to_string(q.question_id), q.image_id, "", q.question, {}});
+    }
+  } else if (r.task == "aokvqa") {
+    absl::StatusOr<std::vector<datasets::AokvqaRecord>> qs = datasets::LoadAokvqa(r.input_path);
+    if (!qs.ok()) return qs.status();
+    for (const datasets::AokvqaRecord& q : *qs) {
+      items.push_back({q.question_id, q.image_id, "", q.question, q.choices});
+    }
+  } else if (r.task == "caption") {
+    absl::StatusOr<std::vector<datasets::CaptionImage>> images =
+        datasets::LoadCaptionAnnotations(r.input_path);
+    if (!images.ok()) return images.status();
+    for (const datasets::CaptionImage& img : *images) {
+      items.push_back({std::to_string(img.id),
+                       img.id,
+                       (std::filesystem::path(r.images_dir) / img.file_name).string(),
+                       "",
+                       {}});
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--task ", r.task, ": not vqa, aokvqa or caption"));
+  }
+  if (r.limit > 0 && static_cast<int64_t>(items.size()) > r.limit) items.resize(r.limit);
+  if (r.task == "caption") return items;
+  const std::map<int64_t, std::string> images = IndexImages(r.images_dir);
+  for (AnswerItem& item : items) {
+    auto image = images.find(item.image_id);
+    if (image == images.end()) {
+      return absl::NotFoundError(absl::StrCat(r.images_dir, ": no image for image_id ",
+                                              item.image_id, " (question ", item.id, ")"));
+    }
+    item.image_path = image->second;
+  }
+  return items;
+}
+
 }  // namespace
+
+const char* const kAnswerFlags[] = {
+    "model",  "task",          "questions", "annotations",    "images",    "out",    "template",
+    "prompt", "adapter_state", "limit",     "max_new_tokens", "precision", "device", nullptr};
+
+std::string AnswerInstruction(const std::string& model_type, const std::string& task,
+                              const std::string& question) {
+  const bool llava = model_type == "llava";
+  if (task == "caption") {
+    return llava ? "Provide a one-sentence caption for the provided image." : "";
+  }
+  return llava ? question + "\nAnswer the question using a single word or phrase." : question;
+}
+
+absl::StatusOr<AnswerSummary> RunAnswer(const AnswerRequest& request) {
+  absl::StatusOr<std::vector<AnswerItem>> items = ReadItems(request);
+  if (!items.ok()) return items.status();
+  absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
+      HfAnswerer::Load(request.model_dir, request.precision, request.device);
+  if (!answerer.ok()) return answerer.status();
+  if (absl::Status s = ApplyAdapterState(request.adapter_state, **answerer); !s.ok()) return s;
+  const std::string model_type = (*answerer)->model_type();
+  absl::StatusOr<PromptFormat> format =
+      ResolvePromptFormat(request.template_name, model_type, request.model_dir);
+  if (!format.ok()) return format.status();
+  AnswerSummary summary;
+  summary.prompt_format = format->Describe();
+  const bool caption = request.task == "caption";
+  nlohmann::json results =
+      request.task == "aokvqa" ? nlohmann::json::object() : nlohmann::json::array();
+  for (const AnswerItem& item : *items) {
+    const std::string text = caption && !request.caption_prompt.empty()
+                                 ? request.caption_prompt
+                                 : AnswerInstruction(model_type, request.task, item.question);
+    absl::StatusOr<std::string> prompt = format->Apply(text);
+    if (!prompt.ok()) return prompt.status();
+    absl::StatusOr<GenerateReply> reply =
+        (*answerer)->Answer(item.image_path, *prompt, request.max_new_tokens);
+    if (!reply.ok()) {
+      return absl::Status(
+          reply.status().code(),
+          absl::StrCat(caption ? "image " : "question ", item.id, ": ", reply.status().message()));
+    }
+    std::string answer(absl::StripAsciiWhitespace(reply->text));
+    summary.seconds += reply->seconds;
+    if (caption) {
+      results.push_back({{"image_id", item.image_id}, {"caption", answer}});
+    } else {
+      while (!answer.empty() && answer.back() == '.') answer.pop_back();
+      if (request.task == "aokvqa") {
+        results[item.id] = {{"multiple_choice", PickChoice(answer, item.choices)},
+                            {"direct_answer", answer}};
+      } else {
+        results.push_back({{"question_id", std::stoll(item.id)}, {"answer", answer}});
+      }
+    }
+    ++summary.answered;
+  }
+  std::ofstream out(request.out_path);
+  out << results.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", request.out_path));
+  return summary;
+}
 
 int AnswerCommand(const std::vector<std::string>& args) {
   if (!args.empty()) {
     std::fprintf(stderr, "answer: unexpected argument %s\n", args[0].c_str());
     return 2;
   }
-  const std::string model_dir = absl::GetFlag(FLAGS_model);
-  const std::string questions_path = absl::GetFlag(FLAGS_questions);
-  const std::string images_dir = absl::GetFlag(FLAGS_images);
-  const std::string out_path = absl::GetFlag(FLAGS_out);
-  if (model_dir.empty() || questions_path.empty() || images_dir.empty() || out_path.empty()) {
-    std::fprintf(stderr, "answer: --model, --questions, --images and --out are required\n");
+  AnswerRequest r;
+  r.model_dir = absl::GetFlag(FLAGS_model);
+  r.task = absl::GetFlag(FLAGS_task);
+  r.input_path =
+      r.task == "caption" ? absl::GetFlag(FLAGS_annotations) : absl::GetFlag(FLAGS_questions);
+  r.images_dir = absl::GetFlag(FLAGS_images);
+  r.out_path = absl::GetFlag(FLAGS_out);
+  r.template_name = absl::GetFlag(FLAGS_template).empty() ? "auto" : absl::GetFlag(FLAGS_template);
+  r.caption_prompt = absl::GetFlag(FLAGS_prompt);
+  r.limit = absl::GetFlag(FLAGS_limit);
+  r.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  r.precision = absl::GetFlag(FLAGS_precision).empty() ? "fp32" : absl::GetFlag(FLAGS_precision);
+  r.device = absl::GetFlag(FLAGS_device);
+  r.adapter_state = absl::GetFlag(FLAGS_adapter_state);
+  if (r.model_dir.empty() || r.input_path.empty() || r.images_dir.empty() || r.out_path.empty()) {
+    std::fprintf(stderr,
+                 "answer: --model, --questions (--annotations with --task caption), --images "
+                 "and --out are required\n");
     return 2;
   }
-  bool aokvqa = false;
-  absl::StatusOr<std::vector<Question>> questions = ReadQuestions(questions_path, &aokvqa);
-  if (!questions.ok()) {
-    std::fprintf(stderr, "answer: %s\n", std::string(questions.status().message()).c_str());
+  if (r.task != "vqa" && r.task != "aokvqa" && r.task != "caption") {
+    std::fprintf(stderr, "answer: --task %s: not vqa, aokvqa or caption\n", r.task.c_str());
+    return 2;
+  }
+  if (!r.caption_prompt.empty() && r.task != "caption") {
+    std::fprintf(stderr, "answer: --prompt is the caption instruction (--task caption)\n");
+    return 2;
+  }
+  absl::StatusOr<AnswerSummary> summary = RunAnswer(r);
+  if (!summary.ok()) {
+    std::fprintf(stderr, "answer: %s\n", std::string(summary.status().message()).c_str());
     return 1;
   }
-  const std::map<int64_t, std::string> images = IndexImages(images_dir);
-  const std::string precision =
-      absl::GetFlag(FLAGS_precision).empty() ? "fp32" : absl::GetFlag(FLAGS_precision);
-  absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
-      HfAnswerer::Load(model_dir, precision, absl::GetFlag(FLAGS_device));
-  if (!answerer.ok()) {
-    std::fprintf(stderr, "answer: %s\n", std::string(answerer.status().message()).c_str());
-    return 1;
-  }
-  const std::string template_name =
-      absl::GetFlag(FLAGS_template).empty() ? "llava" : absl::GetFlag(FLAGS_template);
-  const int64_t limit = absl::GetFlag(FLAGS_limit);
-  nlohmann::json results = aokvqa ? nlohmann::json::object() : nlohmann::json::array();
-  int64_t done = 0;
-  double seconds = 0;
-  for (const Question& q : *questions) {
-    if (limit > 0 && done >= limit) break;
-    auto image = images.find(q.image_id);
-    if (image == images.end()) {
-      std::fprintf(stderr, "answer: %s: no image for image_id %lld (question %s)\n",
-                   images_dir.c_str(), static_cast<long long>(q.image_id), q.id.c_str());
-      return 1;
-    }
-    // LLaVA-1.5's short-answer instruction for VQA benchmarks.
-    absl::StatusOr<std::string> prompt = ApplyPromptTemplate(
-        template_name, q.question + "\nAnswer the question using a single word or phrase.");
-    if (!prompt.ok()) {
-      std::fprintf(stderr, "answer: %s\n", std::string(prompt.status().message()).c_str());
-      return 2;
-    }
-    absl::StatusOr<GenerateReply> reply =
-        (*answerer)->Answer(image->second, *prompt, absl::GetFlag(FLAGS_max_new_tokens));
-    if (!reply.ok()) {
-      std::fprintf(stderr, "answer: question %s: %s\n", q.id.c_str(),
-                   std::string(reply.status().message()).c_str());
-      return 1;
-    }
-    std::string answer(absl::StripAsciiWhitespace(reply->text));
-    while (!answer.empty() && answer.back() == '.') answer.pop_back();
-    seconds += reply->seconds;
-    if (aokvqa) {
-      results[q.id] = {{"multiple_choice", PickChoice(answer, q.choices)},
-                       {"direct_answer", answer}};
-    } else {
-      results.push_back({{"question_id", std::stoll(q.id)}, {"answer", answer}});
-    }
-    ++done;
-  }
-  std::ofstream out(out_path);
-  out << results.dump() << "\n";
-  if (!out) {
-    std::fprintf(stderr, "answer: cannot write %s\n", out_path.c_str());
-    return 1;
-  }
-  std::fprintf(stderr, "answer: %lld questions, %.2f s generating, wrote %s\n",
-               static_cast<long long>(done), seconds, out_path.c_str());
+  std::fprintf(stderr, "answer: %lld %s, %s, %.2f s generating, wrote %s\n",
+               static_cast<long long>(summary->answered),
+               r.task == "caption" ? "images" : "questions", summary->prompt_format.c_str(),
+               summary->seconds, r.out_path.c_str());
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include "compress/uplink_codec.h"
 #include "datasets/formats.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/chat_template.h"
 #include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -65,6 +66,52 @@ absl::StatusOr<std::string> ResolvePromptTemplate(const std::string& name,
     return t.status();
   }
   return resolved;
+}
+
+absl::StatusOr<PromptFormat> PromptFormat::Named(const std::string& name) {
+  if (absl::StatusOr<std::string> t = ApplyPromptTemplate(name, "q"); !t.ok()) return t.status();
+  PromptFormat f;
+  f.name_ = name;
+  return f;
+}
+
+absl::StatusOr<PromptFormat> PromptFormat::Chat(ChatTemplate chat) {
+  PromptFormat f;
+  f.chat_ = std::make_shared<const ChatTemplate>(std::move(chat));
+  if (absl::StatusOr<std::string> t = f.Apply("q"); !t.ok()) return t.status();
+  return f;
+}
+
+absl::StatusOr<std::string> PromptFormat::Apply(const std::string& text) const {
+  if (chat_ != nullptr) {
+    return RenderChatTemplate(*chat_, OneImageUserTurn(text), /*add_generation_prompt=*/true);
+  }
+  return ApplyPromptTemplate(name_, text);
+}
+
+std::string PromptFormat::Describe() const {
+  if (chat_ != nullptr) return absl::StrCat("chat template ", chat_->source);
+  return name_.empty() ? "none" : absl::StrCat("template ", name_);
+}
+
+absl::StatusOr<PromptFormat> ResolvePromptFormat(const std::string& name,
+                                                 const std::string& model_type,
+                                                 const std::string& model_dir) {
+  if (name == "auto" || name == "chat") {
+    absl::StatusOr<std::optional<ChatTemplate>> chat = LoadChatTemplate(model_dir);
+    if (!chat.ok()) return chat.status();
+    if (chat->has_value()) return PromptFormat::Chat(**std::move(chat));
+    if (name == "chat") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--template chat: ", model_dir, " has no chat template"));
+    }
+  }
+  absl::StatusOr<std::string> resolved = ResolvePromptTemplate(name, model_type);
+  if (!resolved.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(resolved.status().message(), "; or auto, chat, none"));
+  }
+  return PromptFormat::Named(*resolved);
 }
 
 absl::StatusOr<std::unique_ptr<HfAnswerer>> HfAnswerer::Load(const std::string& model_dir,

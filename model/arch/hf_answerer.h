@@ -43,6 +43,7 @@ struct VisualTokenReply {
 };
 
 class MultimodalModel;
+struct ChatTemplate;
 struct GreedyResult;
 struct ImageProcessorConfig;
 struct MultimodalInputs;
@@ -134,6 +135,38 @@ absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name, const s
 // ApplyPromptTemplate knows (InvalidArgument listing them otherwise).
 absl::StatusOr<std::string> ResolvePromptTemplate(const std::string& name,
                                                   const std::string& model_type);
+
+// How a program turns its text (a question and any instruction) into the prompt the
+// processor receives for one image: a folder's chat template, a named template, or none.
+class PromptFormat {
+ public:
+  // The text as it is.
+  PromptFormat() = default;
+  // ApplyPromptTemplate's `name` ("" = none); InvalidArgument for an unknown name.
+  static absl::StatusOr<PromptFormat> Named(const std::string& name);
+  // The chat template rendered for one user turn of an image and the text
+  // (chat_template.h OneImageUserTurn), with the generation prompt; InvalidArgument naming
+  // the file when the template is outside the renderer's Jinja (checked here, once).
+  static absl::StatusOr<PromptFormat> Chat(ChatTemplate chat);
+
+  absl::StatusOr<std::string> Apply(const std::string& text) const;
+  // "chat template DIR/chat_template.json", "template llava" or "none".
+  std::string Describe() const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<const ChatTemplate> chat_;  // null unless Chat
+};
+
+// The format a program's template flag names for the folder `model_dir` of `model_type`:
+// "auto" is the folder's chat template where it has one (LoadChatTemplate: chat_template.jinja,
+// chat_template.json, processor_config.json, tokenizer_config.json), else
+// ResolvePromptTemplate's "auto" (llava for LLaVA, none for the BLIP-2 family); "chat" is the
+// folder's chat template (FailedPrecondition naming the folder where it has none); any other
+// name is ResolvePromptTemplate's.
+absl::StatusOr<PromptFormat> ResolvePromptFormat(const std::string& name,
+                                                 const std::string& model_type,
+                                                 const std::string& model_dir);
 
 }  // namespace cdcca::model
 

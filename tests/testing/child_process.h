@@ -22,10 +22,12 @@ extern char** environ;
 
 namespace cdcca::testing {
 
-// A child process with its stderr appended to a log file.
+// A child process with its stderr appended to a log file (and its stdout written to
+// `stdout_path` when one is given; else the test's).
 class Child {
  public:
-  Child(std::vector<std::string> args, const std::string& log, const std::string& fault = "") {
+  Child(std::vector<std::string> args, const std::string& log, const std::string& fault = "",
+        const std::string& stdout_path = "") {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -40,6 +42,10 @@ class Child {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (!stdout_path.empty()) {
+      posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    }
     if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
   }
