@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "compress/named_tensors.h"
 #include "datasets/image.h"
-#include "model/runtime/generation.h"
-#include "model/hub/hf_adapter_state.h"
 #include "model/arch/hf_answerer.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/hf_adapter_state.h"
+#include "model/runtime/generation.h"
 #include "model/runtime/threads.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -71,7 +71,14 @@ class HubStudentImpl final : public HubStudent {
   }
 
   absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes, float dropout_p,
-                                            uint64_t seed) override {
+                                            uint64_t seed, TokenScore kind) override {
+    if (kind != TokenScore::kVis && kind != TokenScore::kAttentionVariance &&
+        kind != TokenScore::kAttentionMass) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token score ", model::TokenScoreName(kind),
+                       ": a Hugging Face folder scores visual tokens by vis, attention_variance or "
+                       "attention_mass"));
+    }
     if (visual.source == nullptr) {
       return absl::InvalidArgumentError(
           "UTS stage 2 on a Hugging Face folder needs the frame the tokens came from");
@@ -83,6 +90,8 @@ class HubStudentImpl final : public HubStudent {
         frame.image.pixels.data(), frame.image.width, frame.image.height, "frame", *prompt, passes,
         dropout_p, seed);
     if (!reply.ok()) return reply.status();
+    if (kind == TokenScore::kAttentionVariance) return std::move(reply->attention_variance);
+    if (kind == TokenScore::kAttentionMass) return std::move(reply->attention_mass);
     return std::move(reply->variance);
   }
 

@@ -16,11 +16,11 @@
 #include "datasets/tokenizer.h"
 #include "device/internal/hub_student.h"
 #include "model/family/checkpoint.h"
-#include "model/hub/safetensors.h"
-#include "model/runtime/threads.h"
 #include "model/family/token_probe.h"
 #include "model/family/token_scores.h"
 #include "model/family/trainable.h"
+#include "model/hub/safetensors.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::device {
@@ -239,10 +239,13 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
   }
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
   if (impl_->hub != nullptr) {
-    if (EffectiveScore(score) != TokenScore::kAttentionVariance) {
+    const TokenScore kind = EffectiveScore(score);
+    if (kind != TokenScore::kVis && kind != TokenScore::kAttentionVariance &&
+        kind != TokenScore::kAttentionMass) {
       return absl::FailedPreconditionError(absl::StrCat(
           "token score ", model::TokenScoreName(score),
-          ": a Hugging Face folder scores visual tokens by attention_variance (Eq. 3) only"));
+          ": a Hugging Face folder scores visual tokens by vis (Eq. 3), attention_variance or "
+          "attention_mass"));
     }
     if (!(dropout_p > 0 && dropout_p < 1)) {
       return absl::InvalidArgumentError("dropout_p must be in (0, 1) on a Hugging Face folder");
@@ -251,7 +254,7 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     const uint64_t draw = seed.has_value() ? *seed : impl_->hub_draws++;
     return CatchTorch("token scores", [&]() -> absl::StatusOr<std::vector<float>> {
       torch::NoGradGuard no_grad;
-      return impl_->hub->Scores(visual, passes, dropout_p, draw);
+      return impl_->hub->Scores(visual, passes, dropout_p, draw, kind);
     });
   }
   // Seeded calls hold this for their whole draw (TokenScores' `seed`).

@@ -14,11 +14,11 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/shifts.h"
 #include "datasets/tokenizer.h"
-#include "model/family/checkpoint.h"
-#include "model/hub/safetensors.h"
-#include "model/family/trainable.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/family/checkpoint.h"
+#include "model/family/trainable.h"
+#include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -108,10 +108,15 @@ TEST_F(InferenceRuntimeTest, BatchedAnswersEqualOneByOne) {
 TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
   ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
   const VisualTokens& v = answers[0].visual;
-  ASSERT_OK_AND_ASSIGN(std::vector<float> still,
-                       runtime_->TokenScores(v, 8, 0.0f, TokenScore::kAttentionVariance));
-  ASSERT_EQ(still.size(), static_cast<size_t>(v.tokens));
-  for (float s : still) EXPECT_EQ(s, 0.0f);
+  for (TokenScore kind : {TokenScore::kVis, TokenScore::kAttentionVariance}) {
+    ASSERT_OK_AND_ASSIGN(std::vector<float> still, runtime_->TokenScores(v, 8, 0.0f, kind));
+    ASSERT_EQ(still.size(), static_cast<size_t>(v.tokens));
+    for (float s : still) EXPECT_EQ(s, 0.0f) << TokenScoreName(kind);
+  }
+  // VIS with dropout: every token's representation varies.
+  ASSERT_OK_AND_ASSIGN(std::vector<float> vis, runtime_->TokenScores(v, 8, 0.3f, TokenScore::kVis));
+  ASSERT_EQ(vis.size(), static_cast<size_t>(v.tokens));
+  EXPECT_GT(*std::min_element(vis.begin(), vis.end()), 0.0f);
   ASSERT_OK_AND_ASSIGN(std::vector<float> noisy,
                        runtime_->TokenScores(v, 8, 0.3f, TokenScore::kAttentionCv));
   float max_score = 0;
@@ -127,7 +132,7 @@ TEST_F(InferenceRuntimeTest, TokenScoresAreZeroWithoutDropoutAndVaryWithIt) {
 }
 
 // The tiny test family has no token probe: probe_entropy is refused with a clear error, and
-// the default variance_probe falls back to the attention variance (the same scores under the
+// variance_probe falls back to the attention variance (the same scores under the
 // same seed).
 TEST_F(InferenceRuntimeTest, ProbeScoresWithoutTheProbeFile) {
   ASSERT_OK_AND_ASSIGN(auto answers, runtime_->Answer({MakeFrame(4, "what is the item ?")}));
@@ -135,7 +140,8 @@ TEST_F(InferenceRuntimeTest, ProbeScoresWithoutTheProbeFile) {
   EXPECT_FALSE(runtime_->has_probe());
   EXPECT_THAT(runtime_->TokenScores(v, 8, 0.1f, TokenScore::kProbeEntropy),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_EQ(UtsOptions().score, TokenScore::kVarianceProbe);
+  EXPECT_EQ(UtsOptions().score, TokenScore::kVis);
+  EXPECT_EQ(runtime_->EffectiveScore(TokenScore::kVis), TokenScore::kVis);
   EXPECT_EQ(runtime_->EffectiveScore(TokenScore::kVarianceProbe), TokenScore::kAttentionVariance);
   EXPECT_EQ(runtime_->EffectiveScore(TokenScore::kAttentionCv), TokenScore::kAttentionCv);
   torch::manual_seed(5);

@@ -5,8 +5,8 @@
 // exceeds alpha. alpha is fixed, or the running (1 - keep_fraction) quantile of the last
 // `window` entropies, so that a device keeps about `keep_fraction` of its stream whatever
 // the absolute entropy level of its model is.
-// Stage 2 (per visual token): a score per token from M stochastic passes (see
-// InferenceRuntime::TokenScores); keep tokens whose score exceeds beta, or the top
+// Stage 2 (per visual token): a score per token from M stochastic passes (VIS by default;
+// see InferenceRuntime::TokenScores); keep tokens whose score exceeds beta, or the top
 // `token_ratio` of them. RandomTokenSelection is the paper's comparison baseline.
 //
 // Torch-free and protobuf-free. EntropyGate is thread-compatible (one per stream); the functions
@@ -39,9 +39,9 @@ struct UtsOptions {
   // Stage 2.
   int mc_passes = 8;
   float dropout_p = 0.1f;
-  float variance_beta = 0.0f;  // used when token_ratio == 0
-  float token_ratio = 0.5f;    // fraction of visual tokens to keep; 0 = use beta
-  TokenScore score = TokenScore::kVarianceProbe;
+  float variance_beta = 0.0f;           // used when token_ratio == 0
+  float token_ratio = 0.5f;             // fraction of visual tokens to keep; 0 = use beta
+  TokenScore score = TokenScore::kVis;  // VIS (Eq. 3) on every architecture
   // Keep token_ratio of the tokens uniformly at random instead (the paper's comparison
   // baseline; stage 2 then costs nothing).
   bool random_tokens = false;

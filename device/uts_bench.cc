@@ -6,17 +6,21 @@
 //    from M stochastic passes, token selection, uplink encoding) for M = 4, 8, 16.
 // 2. Uplink bytes per kept frame for 25/50/75% of the visual tokens at fp16 and int8 (one
 //    sample per batch, and amortized in batches of 16), next to the raw frame sizes.
-// 3. Where the kept tokens fall on frames whose one half is corrupted (VIS diagnostic).
+// 3. Where the kept tokens fall on frames whose one half is corrupted (VIS diagnostic): the
+//    share of kept patch tokens in the corrupted half per shift and pooled, at 25/50/75% kept,
+//    for VIS (the default), its ablations the checkpoint supports, and random tokens.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "compress/uplink_codec.h"
 #include "datasets/domain.h"
 #include "datasets/fashion_mnist.h"
@@ -30,8 +34,9 @@ ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
 ABSL_FLAG(int, frames, 64, "frames per measurement");
 ABSL_FLAG(std::string, shift, "fog", "image shift of the stream");
 ABSL_FLAG(int, severity, 4, "shift severity");
-ABSL_FLAG(std::string, score, "variance_probe",
-          "stage-2 score of the latency rows (the device default; attention_variance, ...)");
+ABSL_FLAG(std::string, score, "vis",
+          "stage-2 score of the latency rows (vis, the device default; attention_variance, ...)");
+ABSL_FLAG(int, diagnostic_frames, 32, "VIS diagnostic: half-corrupted frames per shift");
 
 namespace cdcca::device {
 namespace {
@@ -230,40 +235,90 @@ int Main() {
   }
 
   // --- 3. VIS diagnostic -----------------------------------------------------------------
+  // Patch tokens row by row after an optional class token: grid^2 or 1 + grid^2 tokens.
+  const int tokens = first.visual.tokens;
+  int grid = 1;
+  while ((grid + 1) * (grid + 1) <= tokens) ++grid;
+  const int class_tokens = tokens - grid * grid;
+  if (class_tokens > 1 || grid % 2 != 0) {
+    Die(absl::FailedPreconditionError(absl::StrCat(
+        tokens, " visual tokens are not an even patch grid after at most one class token")));
+  }
+  std::vector<TokenScore> kinds = {TokenScore::kVis, TokenScore::kAttentionVariance,
+                                   TokenScore::kAttentionMass};
+  if (runtime->has_probe()) {
+    kinds.push_back(TokenScore::kVarianceProbe);
+    kinds.push_back(TokenScore::kProbeEntropy);
+  }
+  const std::vector<float> ratios = {0.25f, 0.5f, 0.75f};
+  const int per_shift = std::max(2, absl::GetFlag(FLAGS_diagnostic_frames));
   std::printf(
-      "\nkept tokens (top %.0f%%, M = %d) in the corrupted half of half-corrupted frames at "
-      "severity 4 (50%% = blind to corruption), per stage-2 score\n",
-      100 * defaults.token_ratio, defaults.mc_passes);
+      "\nkept patch tokens in the corrupted half of half-corrupted frames (severity 4, %d "
+      "frames a shift, M = %d, p = %.2f; %dx%d patches%s; 50%% = blind to the corruption)\n",
+      per_shift, defaults.mc_passes, defaults.dropout_p, grid, grid,
+      class_tokens ? " after a class token, which is not counted" : "");
   ds::SampleGenerator source =
       Must(ds::SampleGenerator::Create(&images, ds::StudentSourceDomain(ds::Split::kTest), 17));
-  const TokenScore kinds[] = {TokenScore::kVarianceProbe, TokenScore::kAttentionVariance,
-                              TokenScore::kProbeEntropy};
-  constexpr int kKinds = sizeof(kinds) / sizeof(kinds[0]);
-  std::printf("  %-15s", "shift");
-  for (TokenScore k : kinds) std::printf("  %20s", std::string(TokenScoreName(k)).c_str());
-  std::printf("\n");
+  // hit[ratio][column], kept[ratio][column]; columns: kinds..., random.
+  const size_t columns = kinds.size() + 1;
+  auto zeros = [&] {
+    return std::vector<std::vector<double>>(ratios.size(), std::vector<double>(columns, 0.0));
+  };
+  std::vector<std::vector<double>> pooled_hit = zeros(), pooled_kept = zeros();
+  std::vector<std::string> shift_names;
+  std::vector<std::vector<std::vector<double>>> shift_share;  // [shift][ratio][column]
+  std::mt19937_64 rng(23);
   for (ds::ImageShift s : ds::AllImageShifts()) {
-    double hit[kKinds] = {}, total = 0;
-    for (int i = 0; i < std::min(n, 32); ++i) {
+    std::vector<std::vector<double>> hit = zeros(), kept = zeros();
+    for (int i = 0; i < per_shift; ++i) {
       ds::Sample sample = source.Generate(static_cast<uint64_t>(i));
       ds::Image corrupted = sample.image;
       if (absl::Status st = ds::ApplyShift(s, 4, 100 + i, corrupted); !st.ok()) Die(st);
       const bool left = i % 2 == 0;
       AnswerResult a = Must(runtime->Answer(
           {{Splice(sample.image, corrupted, left), sample.questions.front().question}}))[0];
-      int grid = 1;
-      while (grid * grid < a.visual.tokens) ++grid;
-      for (int k = 0; k < kKinds; ++k) {
-        std::vector<float> scores =
-            Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p, kinds[k]));
-        for (uint16_t t : SelectTokens(scores, {}, defaults.token_ratio, 0)) {
-          hit[k] += ((t % grid) < grid / 2) == left ? 1 : 0;
-          if (k == 0) total += 1;
+      std::vector<std::vector<float>> scores;
+      for (TokenScore k : kinds) {
+        scores.push_back(Must(runtime->TokenScores(a.visual, defaults.mc_passes, defaults.dropout_p,
+                                                   k, /*seed=*/1000 + i)));
+      }
+      for (size_t r = 0; r < ratios.size(); ++r) {
+        for (size_t c = 0; c < columns; ++c) {
+          const std::vector<uint16_t> selected =
+              c < kinds.size() ? SelectTokens(scores[c], {}, ratios[r], 0)
+                               : RandomTokenSelection(tokens, {}, ratios[r], rng);
+          for (uint16_t t : selected) {
+            if (t < class_tokens) continue;
+            const int patch = t - class_tokens;
+            hit[r][c] += ((patch % grid) < grid / 2) == left ? 1 : 0;
+            kept[r][c] += 1;
+          }
         }
       }
     }
-    std::printf("  %-15s", std::string(ds::ImageShiftName(s)).c_str());
-    for (int k = 0; k < kKinds; ++k) std::printf("  %19.0f%%", 100 * hit[k] / total);
+    shift_names.emplace_back(ds::ImageShiftName(s));
+    shift_share.push_back(zeros());
+    for (size_t r = 0; r < ratios.size(); ++r) {
+      for (size_t c = 0; c < columns; ++c) {
+        shift_share.back()[r][c] = 100 * hit[r][c] / std::max(1.0, kept[r][c]);
+        pooled_hit[r][c] += hit[r][c];
+        pooled_kept[r][c] += kept[r][c];
+      }
+    }
+  }
+  for (size_t r = 0; r < ratios.size(); ++r) {
+    std::printf("  top %.0f%%         ", 100 * ratios[r]);
+    for (TokenScore k : kinds) std::printf("  %18s", std::string(TokenScoreName(k)).c_str());
+    std::printf("  %18s\n", "random");
+    for (size_t i = 0; i < shift_names.size(); ++i) {
+      std::printf("  %-15s", shift_names[i].c_str());
+      for (size_t c = 0; c < columns; ++c) std::printf("  %17.1f%%", shift_share[i][r][c]);
+      std::printf("\n");
+    }
+    std::printf("  %-15s", "pooled");
+    for (size_t c = 0; c < columns; ++c) {
+      std::printf("  %17.1f%%", 100 * pooled_hit[r][c] / std::max(1.0, pooled_kept[r][c]));
+    }
     std::printf("\n");
   }
   return 0;

@@ -24,12 +24,12 @@ TEST(UtsTest, MeanTokenEntropyMatchesHandComputation) {
 
 TEST(UtsTest, TokenScoreNamesRoundTripAndUnknownOnesAreRefused) {
   for (TokenScore s :
-       {TokenScore::kAttentionVariance, TokenScore::kAttentionCv, TokenScore::kAttentionMass,
-        TokenScore::kProbeEntropy, TokenScore::kVarianceProbe}) {
+       {TokenScore::kVis, TokenScore::kAttentionVariance, TokenScore::kAttentionCv,
+        TokenScore::kAttentionMass, TokenScore::kProbeEntropy, TokenScore::kVarianceProbe}) {
     ASSERT_OK_AND_ASSIGN(TokenScore back, ParseTokenScore(TokenScoreName(s)));
     EXPECT_EQ(back, s) << TokenScoreName(s);
   }
-  EXPECT_EQ(TokenScoreName(UtsOptions().score), "variance_probe");
+  EXPECT_EQ(TokenScoreName(UtsOptions().score), "vis");
   EXPECT_THAT(ParseTokenScore("variance"),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("variance_probe")));
 }

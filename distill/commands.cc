@@ -29,9 +29,10 @@ ABSL_FLAG(int, stream_scenes, 1000,
 ABSL_FLAG(int, test_scenes, 300, "adapt-eval: held-out shifted test scenes (5 questions each)");
 ABSL_FLAG(double, token_ratio, 0.5,
           "adapt-eval: fraction of visual tokens the UTS and random arms keep");
-ABSL_FLAG(std::string, token_scores, "variance_probe,attention_variance",
-          "adapt-eval: comma-separated UTS stage-2 scores, one arm each "
-          "(variance_probe, attention_variance, attention_cv, attention_mass, probe_entropy)");
+ABSL_FLAG(std::string, token_scores, "vis,attention_variance",
+          "adapt-eval: comma-separated UTS stage-2 scores, one arm each (vis, the device "
+          "default; ablations: variance_probe, attention_variance, attention_cv, attention_mass, "
+          "probe_entropy)");
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
 ABSL_FLAG(
     double, keep_fraction, 0.0,

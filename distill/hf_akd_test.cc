@@ -106,12 +106,9 @@ Case FirstCase(const std::string& variant, MultimodalModel& m) {
             .unsqueeze(0);
     out.inputs.qformer_attention_mask = torch::ones_like(out.inputs.qformer_input_ids);
   }
-  model::VisualTokenPassOptions o;
-  o.passes = 1;
-  o.dropout_p = 0.0;
-  absl::StatusOr<model::VisualTokenPasses> p = m.StochasticVisualTokens(out.inputs, o);
-  EXPECT_TRUE(p.ok()) << p.status();
-  out.tokens = p->tokens;
+  absl::StatusOr<torch::Tensor> tokens = m.EncodeImages(out.inputs);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  out.tokens = (*tokens)[0];
   return out;
 }
 

@@ -705,82 +705,6 @@ def check_family(d):
     return ok
 
 
-def _image_features(model, pixels):
-    """LLaVA's projected image features [N, H] for one image, across transformers 5 return types."""
-    cfg = model.config
-    f = model.model.get_image_features(pixel_values=pixels,
-                                       vision_feature_layer=cfg.vision_feature_layer,
-                                       vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-    if hasattr(f, "pooler_output") and f.pooler_output is not None:
-        f = f.pooler_output
-    if isinstance(f, (list, tuple)):
-        f = torch.cat(list(f), 0)
-    return f.reshape(-1, f.shape[-1])
-
-
-def uts_reference(d, passes=4, rate=0.3):
-    """Writes d/uts_expected.safetensors: `passes` masks over the visual tokens of the folder's
-    first case (present [M, N], seeded) and the attention mass transformers gives each token in
-    each pass (mass [M, N]; 0 when absent). LLaVA: the absent image tokens are deleted from
-    inputs_embeds and F_m is the last position's attention in the LM, mean over heads, then
-    layers. BLIP-2 / InstructBLIP: the Q-Former runs with encoder_attention_mask and F_m is its
-    cross-attention, mean over heads and queries, then cross-attending layers."""
-    with open(os.path.join(d, "config.json")) as f:
-        model_type = json.load(f)["model_type"]
-    with open(os.path.join(d, "expected.json")) as f:
-        case = json.load(f)["cases"][0]
-    pixels = safetensors.torch.load_file(os.path.join(d, "expected_pixels.safetensors"))["case0"].unsqueeze(0)
-    ids = torch.tensor([case["input_ids"]])
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        if model_type == "llava":
-            model = reload_eager(transformers.LlavaForConditionalGeneration, d)
-            image_id = model.config.image_token_id
-            feats = _image_features(model, pixels)
-            n = feats.shape[0]
-            present = torch.rand(passes, n, generator=g) >= rate
-            mass = torch.zeros(passes, n)
-            lm = model.model.language_model
-            for m in range(passes):
-                kept_ids, slots, seen = [], [], 0
-                for t in case["input_ids"]:
-                    if t == image_id:
-                        if present[m, seen]:
-                            slots.append(len(kept_ids))
-                            kept_ids.append(t)
-                        seen += 1
-                    else:
-                        kept_ids.append(t)
-                x = torch.tensor([kept_ids])
-                emb = model.get_input_embeddings()(x.masked_fill(x == image_id, 0))
-                emb[0, slots] = feats[present[m]].to(emb.dtype)
-                out = lm(inputs_embeds=emb, attention_mask=torch.ones_like(x), output_attentions=True)
-                layer_mass = torch.stack([a[0, :, -1, :].float().mean(0) for a in out.attentions]).mean(0)
-                mass[m, present[m]] = layer_mass[slots]
-        else:
-            cls = (transformers.InstructBlipForConditionalGeneration if model_type == "instructblip"
-                   else transformers.Blip2ForConditionalGeneration)
-            model = reload_eager(cls, d)
-            image = model.vision_model(pixel_values=pixels).last_hidden_state.float()
-            n = image.shape[1]
-            present = torch.rand(passes, n, generator=g) >= rate
-            mass = torch.zeros(passes, n)
-            for m in range(passes):
-                kw = dict(query_embeds=model.query_tokens, encoder_hidden_states=image,
-                          encoder_attention_mask=present[m][None].long(), output_attentions=True)
-                if model_type == "instructblip":
-                    q = torch.tensor([case["qformer_input_ids"]])
-                    kw.update(input_ids=q, attention_mask=torch.ones_like(q))
-                out = model.qformer(**kw)
-                cross = [a for a in out.cross_attentions if a is not None]
-                nq = model.query_tokens.shape[1]
-                mass[m] = torch.stack([a[0, :, :nq, :].float().mean(0).mean(0) for a in cross]).mean(0)
-                mass[m, ~present[m]] = 0.0
-    safetensors.torch.save_file({"present": present.to(torch.uint8).contiguous(), "mass": mass.contiguous()},
-                                os.path.join(d, "uts_expected.safetensors"))
-    print(f"{d}: {model_type}, {passes} passes over {n} tokens, mass max {float(mass.max()):.4g}")
-
-
 def write_readme(out):
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(
@@ -798,12 +722,7 @@ def write_readme(out):
             "- `models/<variant>/`: model folders; `expected.json` per case: prompt, LM input ids, "
             "full-vocabulary first-step logits (float32, eager attention), greedy tokens, decoded text, "
             "and the smallest top-2 logit margin over the greedy steps; `expected_pixels.safetensors` the "
-            "pixel values the model received.\n"
-            "- `models/<variant>/uts_expected.safetensors` (LLaVA, BLIP-2, InstructBLIP variants; "
-            "`python3 scripts/hf_fixtures.py --uts DIR...`): UTS stage 2's reference, four seeded "
-            "present-token masks over the first case's visual tokens (`present` [M, N]) and the attention "
-            "mass transformers gives each token in each pass (`mass` [M, N]; LLaVA with the absent image "
-            "tokens deleted from inputs_embeds, BLIP-2 with the Q-Former's encoder_attention_mask).\n")
+            "pixel values the model received.\n")
 
 
 def main():
@@ -814,14 +733,7 @@ def main():
     ap.add_argument("--only", default="", help="comma list of parts: tokenizers,processors,models")
     ap.add_argument("--names", default="",
                     help="comma list: build only these model fixtures and processor variants")
-    ap.add_argument("--uts", nargs="+", metavar="DIR",
-                    help="instead: write uts_expected.safetensors (UTS stage 2 reference) in model folders")
     args = ap.parse_args()
-    if args.uts:
-        print("transformers", transformers.__version__, "torch", torch.__version__)
-        for d in args.uts:
-            uts_reference(d)
-        sys.exit(0)
     if args.check_family:
         print("transformers", transformers.__version__, "torch", torch.__version__)
         results = [check_family(d) for d in args.check_family]

@@ -221,12 +221,10 @@ absl::Status CheckExperiment(const Experiment& e, const std::string& source_name
                               "jpeg (frames instead of tokens) needs a Hugging Face pair: a "
                               "cdcca family's cloud takes visual tokens only"));
   if (!e.hub()) return absl::OkStatus();
-  CDCCA_RETURN_IF_ERROR(Check(
-      e.uts.score == "variance_probe" || e.uts.score == "attention_variance", w + ": uts", "score",
-      absl::StrCat("\"", e.uts.score,
-                   "\" is for cdcca families: a Hugging Face student "
-                   "scores its visual tokens by attention_variance "
-                   "(Eq. 3)")));
+  CDCCA_RETURN_IF_ERROR(Check(e.uts.score == "vis", w + ": uts", "score",
+                              absl::StrCat("\"", e.uts.score,
+                                           "\" is for cdcca families: a Hugging Face student "
+                                           "scores its visual tokens by vis (Eq. 3)")));
   for (const std::string& m : e.methods) {
     const std::string base = ParseMethodName(m).base;
     CDCCA_RETURN_IF_ERROR(Check(base != "tent" && base != "cotta", w, "methods",

@@ -64,10 +64,11 @@ struct UtsSettings {
   int mc_passes = 8;
   float dropout_p = 0.1f;
   std::string precision = "fp16";  // or "int8", "int4", "jpeg" (Hugging Face pairs)
-  // Stage-2 score (device::TokenScore): "variance_probe" (the device default; the attention
-  // variance alone on a family without a token probe), "attention_variance",
-  // "attention_cv", "attention_mass", or "probe_entropy" (needs the family's token probe).
-  std::string score = "variance_probe";
+  // Stage-2 score (device::TokenScore): "vis" (the device default, VIS on every
+  // architecture; the only one for a Hugging Face pair), or the ablations "variance_probe"
+  // (the attention variance alone on a family without a token probe), "attention_variance",
+  // "attention_cv", "attention_mass", "probe_entropy" (needs the family's token probe).
+  std::string score = "vis";
 };
 
 struct LinkSettings {

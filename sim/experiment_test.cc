@@ -34,7 +34,7 @@ TEST(ExperimentTest, ParsesEveryField) {
   EXPECT_TRUE(e.schedule[2].continual);
   EXPECT_FLOAT_EQ(e.uts.token_ratio, 0.25f);
   EXPECT_EQ(e.uts.precision, "int8");
-  EXPECT_EQ(e.uts.score, "variance_probe");  // default kept: the device's
+  EXPECT_EQ(e.uts.score, "vis");  // default kept: the device's
   EXPECT_EQ(e.job.max_steps, 10);
   EXPECT_DOUBLE_EQ(e.link.up_mbit_s, 5);
   EXPECT_DOUBLE_EQ(e.link.loss, 0.01);
@@ -80,7 +80,7 @@ TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
                                   "uts": {"score": "magnitude"}})",
                               "g.json")
                   .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("variance_probe")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vis, attention_variance")));
   EXPECT_THAT(LoadExperiment("/nonexistent/x.json").status(),
               StatusIs(absl::StatusCode::kNotFound));
 }

@@ -31,7 +31,7 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-constexpr char kHubScore[] = "attention_variance";
+constexpr char kHubScore[] = "vis";
 
 // DA (%) of `answerer`'s greedy answers on every question of `scenes`.
 absl::StatusOr<double> Accuracy(model::HfAnswerer& answerer, const std::string& template_name,

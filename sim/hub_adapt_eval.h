@@ -4,8 +4,9 @@
 //
 // The student (at the device's precision) answers every stream question from its vision
 // tower's tokens (HfAnswerer::AnswerRgbFromTokens: greedy, mean answer-token entropy) and,
-// when a UTS arm asks for it, scores the tokens with the paper's MC-dropout variance of the
-// attention mass (Eq. 3, VisualTokenVarianceRgb, M passes as one batch); stage 1 keeps the
+// when a UTS arm asks for it, scores the tokens by VIS (the paper's Eq. 3 as
+// model/arch/hf_model.h defines it, VisualTokenVarianceRgb, M passes as one batch); stage 1
+// keeps the
 // top keep_fraction by entropy (distill::Stage1Keep). Each (arm, learner) job starts from the
 // same student state, runs the cloud's job (HfPairDistiller on HfSampleFromUplink of the arm's
 // uplink: pseudo-labels as text, the KL only with identical tokenizers), and the adapted
@@ -13,8 +14,7 @@
 // answer against the scene's ten answers. The teacher's DA on an arm's uplink is that of its
 // pseudo-labels.
 //
-// UTS arms score by the attention-mass variance whatever score they name (a Hub model has
-// that one); an arm's name says "attention_variance". Not thread-safe.
+// UTS arms score by VIS whatever score they name; an arm's name says "vis". Not thread-safe.
 #ifndef CDCCA_SIM_HUB_ADAPT_EVAL_H_
 #define CDCCA_SIM_HUB_ADAPT_EVAL_H_
 

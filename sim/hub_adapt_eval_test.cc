@@ -61,8 +61,8 @@ TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
   EXPECT_LT(r->stage1_samples, r->stream_samples);
   EXPECT_GT(r->test_questions, 0);
   ASSERT_EQ(r->rows.size(), 6u);
-  // The UTS arm scores by the Hub model's attention-mass variance, and says so.
-  EXPECT_EQ(r->rows[2].arm, "uts-attention_variance-50");
+  // The UTS arm scores by VIS, and says so.
+  EXPECT_EQ(r->rows[2].arm, "uts-vis-50");
   for (const distill::AdaptRow& row : r->rows) {
     EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
     if (row.arm == "all") {

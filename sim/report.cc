@@ -384,7 +384,7 @@ std::string MarkdownReport(const RunResult& run) {
       "%s, stage 2 %.0f%% of each kept frame's visual tokens by `%s` (%d dropout passes at "
       "p = %.2f%s); %s.\n\n",
       stage1, 100 * e.uts.token_ratio, e.uts.score, e.uts.mc_passes, e.uts.dropout_p,
-      e.hub() ? "; a Hugging Face student scores by attention_variance"
+      e.hub() ? "; a Hugging Face student scores by vis"
       : e.uts.score == "variance_probe"
           ? "; the attention variance alone for a family without a token probe"
           : "",

@@ -2,10 +2,10 @@
 // InstructBLIP; issue 21): what InferenceRuntime delegates to instead of a cdcca family.
 //
 // Answers go through the vision tower's tokens (HfAnswerer::AnswerRgbFromTokens), the same
-// computation the cloud mirror runs on uplinked tokens; UTS stage 2 is the MC-dropout variance
-// of the visual tokens (hf_model.h VisualTokenPasses, paper Eq. 3). The trainable set is the
-// paper's (hf_model.h AdapterOptions) under the checkpoint's names, aliasing the model, so a
-// DWC update adds to the live weights.
+// computation the cloud mirror runs on uplinked tokens; UTS stage 2 is VIS (hf_model.h
+// VisualTokenPassOptions, paper Eq. 3), or an attention ablation from the same passes. The
+// trainable set is the paper's (hf_model.h AdapterOptions) under the checkpoint's names, aliasing
+// the model, so a DWC update adds to the live weights.
 //
 // Not thread-safe: InferenceRuntime serialises every call under its lock.
 #ifndef CDCCA_DEVICE_INTERNAL_HUB_STUDENT_H_
@@ -30,9 +30,12 @@ class HubStudent {
   // with the student's tokenizer and applies each side's template), the answer's ids (up to
   // EOS), the mean answer-token entropy and the tower's tokens.
   virtual absl::StatusOr<AnswerResult> Answer(const Frame& frame) = 0;
-  // Stage 2 for the frame `visual` came from: the per-token variance over `passes` passes.
+  // Stage 2 for the frame `visual` came from, `passes` passes: per token VIS (kVis), the
+  // attention mass's variance (kAttentionVariance) or mean (kAttentionMass); other kinds are
+  // InvalidArgument.
   virtual absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes,
-                                                    float dropout_p, uint64_t seed) = 0;
+                                                    float dropout_p, uint64_t seed,
+                                                    TokenScore kind) = 0;
   // The jpeg uplink: the frame as the tower takes it, as JPEG (HfAnswerer::TowerInputJpeg);
   // FAILED_PRECONDITION where CanSendFrames() is false.
   virtual absl::StatusOr<std::string> FrameJpeg(const Frame& frame, int quality) = 0;

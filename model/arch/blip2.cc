@@ -255,26 +255,37 @@ absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticV
   try {
     torch::NoGradGuard no_grad;
     torch::Tensor image = vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
-    absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, image.size(1));
+    absl::StatusOr<torch::Tensor> masks = VisInputMasks(options, image.size(1), image.size(2));
     if (!masks.ok()) return masks.status();
     const int64_t m = masks->size(0);
+    // Given masks are for checks: then the model's own dropout is off.
+    const double p = options.input_masks.defined() ? 0.0 : options.dropout_p;
     torch::Tensor qids, qmask;
     if (in.qformer_input_ids.defined()) {
       qids = in.qformer_input_ids.expand({m, -1});
       qmask = in.qformer_attention_mask.defined() ? in.qformer_attention_mask.expand({m, -1})
                                                   : torch::ones_like(qids);
     }
-    std::vector<torch::Tensor> probs;  // per cross-attending layer [M, heads, Q, N]
-    qformer->ForwardMasked(query_tokens.expand({m, -1, -1}), image.expand({m, -1, -1}), qids, qmask,
-                           masks->to(image.device()), &probs);
+    std::vector<torch::Tensor> probs;          // per cross-attending layer [M, heads, Q, N]
+    std::vector<torch::Tensor> contributions;  // per cross-attending layer [M, N, H]
+    {
+      ScopedTorchSeed seeded(options.seed);
+      qformer->ForwardStochastic(query_tokens.expand({m, -1, -1}),
+                                 image.expand({m, -1, -1}) * masks->to(image.device()), qids, qmask,
+                                 p, &probs, &contributions);
+    }
     if (probs.empty()) return absl::InternalError("the Q-Former has no cross-attention layer");
     torch::Tensor mass = torch::zeros({m, image.size(1)}, image.options());
-    for (const torch::Tensor& p : probs) mass = mass + p.to(torch::kFloat).mean(1).mean(1);
+    for (const torch::Tensor& w : probs) mass = mass + w.to(torch::kFloat).mean(1).mean(1);
+    torch::Tensor features = torch::cat(contributions, -1).to(torch::kFloat);
     VisualTokenPasses out;
     out.tokens = image[0].cpu();
-    out.present = *masks;
+    out.variance = VisVariance(features).cpu();
     out.mass = (mass / static_cast<double>(probs.size())).cpu();
-    out.variance = PassVariance(out.mass);
+    if (options.keep_features) {
+      out.features = features.cpu();
+      out.input_masks = *masks;
+    }
     return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("BLIP-2 UTS stage 2: ", e.what_without_backtrace()));

@@ -27,14 +27,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/hub/blip2_config.h"
 #include "model/arch/blip2_vision.h"
 #include "model/arch/decoder_lm.h"
-#include "model/runtime/generation.h"
-#include "model/hub/hf_folder.h"
 #include "model/arch/hf_linear.h"
 #include "model/arch/hf_model.h"
 #include "model/arch/qformer.h"
+#include "model/hub/blip2_config.h"
+#include "model/hub/hf_folder.h"
+#include "model/runtime/generation.h"
 
 namespace cdcca::model {
 
@@ -93,9 +93,10 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // returned as Internal.
   absl::StatusOr<GreedyResult> Generate(const Blip2Inputs& in, const GreedyOptions& options);
 
-  // UTS stage 2 (hf_model.h, VisualTokenPassOptions) for one image: the absent tokens are
-  // masked out of the Q-Former's cross-attention keys. InvalidArgument for a batch other than
-  // one or inputs InputsEmbeds refuses; torch errors as Internal.
+  // UTS stage 2 (VIS, hf_model.h VisualTokenPassOptions) for one image: the M passes run the
+  // Q-Former once on M dropped-out copies of the ViT's tokens; F is each token's contribution
+  // to the cross-attention output of every cross-attending layer. InvalidArgument for a batch
+  // other than one, inputs InputsEmbeds refuses or bad options; torch errors as Internal.
   absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(const Blip2Inputs& in,
                                                            const VisualTokenPassOptions& options);
 

@@ -38,7 +38,11 @@ struct VisualTokenReply {
   int64_t tokens = 0;           // N visual tokens
   int64_t dim = 0;              // D per token
   std::vector<float> features;  // N x D row-major: the tokens a device uplinks
-  std::vector<float> variance;  // N: Eq. 3 over the passes, higher = keep first
+  std::vector<float> variance;  // N: VIS (hf_model.h, Eq. 3), higher = keep first
+  // N each, from the same passes (ablations): the mean attention mass each token receives,
+  // and its variance over the passes.
+  std::vector<float> attention_mass;
+  std::vector<float> attention_variance;
   double seconds = 0;
 };
 
@@ -74,8 +78,8 @@ class HfAnswerer {
                                                     const std::string& prompt,
                                                     int64_t max_new_tokens,
                                                     VisualTokenReply* visual);
-  // UTS stage 2 for the same frame and prompt as AnswerRgb: `passes` MC-dropout passes with
-  // each visual token absent at rate `dropout_p`, masks drawn from `seed`.
+  // UTS stage 2 (VIS, hf_model.h VisualTokenPassOptions) for the same frame and prompt as
+  // AnswerRgb: `passes` MC-dropout passes at rate `dropout_p`, drawn from `seed`.
   absl::StatusOr<VisualTokenReply> VisualTokenVarianceRgb(const uint8_t* rgb, int width, int height,
                                                           const std::string& source,
                                                           const std::string& prompt, int passes,

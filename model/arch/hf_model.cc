@@ -10,16 +10,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "model/arch/blip2.h"
 #include "model/arch/decoder_lm.h"
+#include "model/arch/llava.h"
 #include "model/hub/fnv.h"
 #include "model/hub/hf_config.h"
-#include "model/arch/llava.h"
 
 namespace cdcca::model {
 namespace {
@@ -142,29 +142,48 @@ absl::StatusOr<uint64_t> HfVisionFingerprint(const std::string& dir) {
   return h;
 }
 
-absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n) {
-  if (options.present.defined()) {
-    const torch::Tensor& p = options.present;
-    if (p.dim() != 2 || p.size(1) != n || p.size(0) < 1) {
+absl::StatusOr<torch::Tensor> VisInputMasks(const VisualTokenPassOptions& options, int64_t n,
+                                            int64_t d) {
+  if (options.input_masks.defined()) {
+    const torch::Tensor& m = options.input_masks;
+    if (m.dim() != 3 || m.size(0) < 1 || m.size(1) != n || m.size(2) != d) {
       return absl::InvalidArgumentError(
-          absl::StrCat("present masks must be [M, ", n, "], got ", c10::str(p.sizes())));
+          absl::StrCat("VIS input masks must be [M, ", n, ", ", d, "], got ", c10::str(m.sizes())));
     }
-    return p.to(torch::kCPU, torch::kBool);
+    return m.to(torch::kCPU, torch::kFloat);
   }
   if (options.passes < 1 || options.passes > 256) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MC-dropout passes must be in 1-256, got ", options.passes));
+        absl::StrCat("VIS: MC-dropout passes M must be in 1-256, got ", options.passes));
   }
-  if (!(options.dropout_p >= 0.0 && options.dropout_p < 1.0)) {
+  if (!(options.dropout_p > 0.0 && options.dropout_p < 1.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MC-dropout rate must be in [0, 1), got ", options.dropout_p));
+        absl::StrCat("VIS: MC-dropout rate p must be in (0, 1), got ", options.dropout_p));
   }
-  std::mt19937_64 rng(options.seed);
-  std::bernoulli_distribution keep(1.0 - options.dropout_p);
-  torch::Tensor present = torch::empty({options.passes, n}, torch::kBool);
-  bool* out = present.data_ptr<bool>();
-  for (int64_t i = 0; i < present.numel(); ++i) out[i] = keep(rng);
-  return present;
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+  torch::Tensor keep = torch::empty({options.passes, n, d}, torch::kFloat);
+  keep.bernoulli_(1.0 - options.dropout_p, gen);
+  return keep / (1.0 - options.dropout_p);
+}
+
+struct ScopedTorchSeed::State {
+  std::unique_lock<std::mutex> lock;
+  at::Generator gen;
+  at::Tensor saved;
+};
+
+ScopedTorchSeed::ScopedTorchSeed(uint64_t seed) : state_(std::make_unique<State>()) {
+  static std::mutex mu;
+  state_->lock = std::unique_lock<std::mutex>(mu);
+  state_->gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> gen_lock(state_->gen.mutex());
+  state_->saved = state_->gen.get_state();
+  state_->gen.set_current_seed(seed);
+}
+
+ScopedTorchSeed::~ScopedTorchSeed() {
+  std::lock_guard<std::mutex> gen_lock(state_->gen.mutex());
+  state_->gen.set_state(state_->saved);
 }
 
 torch::Tensor PassVariance(const torch::Tensor& x) {
@@ -172,6 +191,10 @@ torch::Tensor PassVariance(const torch::Tensor& x) {
   // round differently from the values it averages).
   torch::Tensor d = x - x.select(0, 0).unsqueeze(0);
   return (d.pow(2).mean(0) - d.mean(0).pow(2)).clamp_min(0.0);
+}
+
+torch::Tensor VisVariance(const torch::Tensor& features) {
+  return PassVariance(features.to(torch::kFloat)).mean(-1);
 }
 
 NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/runtime/generation.h"
-#include "model/hub/hf_folder.h"
 #include "model/arch/hf_linear.h"
 #include "model/family/trainable.h"
+#include "model/hub/hf_folder.h"
+#include "model/runtime/generation.h"
 
 namespace cdcca::model {
 
@@ -44,23 +44,40 @@ struct MultimodalInputs {
   torch::Tensor qformer_input_ids, qformer_attention_mask;
 };
 
-// UTS stage 2 on a Hugging Face model (paper Sec. 3.2, Eq. 3): M stochastic passes over one
-// image and prompt, run as one batch. MC dropout acts on the encoded visual tokens: in pass m
-// each token is present with probability 1 - dropout_p. BLIP-2 / InstructBLIP mask the
-// absent tokens out of the Q-Former's cross-attention keys; LLaVA takes them out of the LM
-// input (their positions masked and the rest renumbered, which is what deleting them
-// computes). F_m(i), the quantity whose variance over the passes is token i's score, is the
-// attention mass token i receives in pass m (0 when absent): on BLIP-2 the Q-Former's
-// cross-attention averaged over cross-attending layers, heads and queries; on LLaVA the last
-// prompt position's self-attention (what the first answer token is predicted from) averaged
-// over layers and heads. Nothing is trained for it, so it works on any checkpoint.
+// UTS stage 2 on a Hugging Face model: VIS, Variance-Informed Sampling (paper Sec. 3.2,
+// Eq. 3). M stochastic passes over one image and prompt, run as one batch. In pass m,
+// element-wise (inverted) dropout at rate p acts on the encoded visual tokens the model reads:
+// every feature of every token is zeroed with probability p and the rest scaled by 1/(1-p),
+// so a pass perturbs what each token says instead of deleting tokens. The model's own dropout
+// sites run at the same rate (the Q-Former's embedding output, cross-attention weights and
+// query feed-forward; the LM's attention and MLP outputs before each residual add).
+// F_m(i), token i's representation in pass m, is taken where the model acts on the token:
+//   BLIP-2 / InstructBLIP: in every cross-attending Q-Former layer, the token's contribution
+//     to the query rows' cross-attention output (its value vector times the attention weight
+//     the queries put on it, summed over queries, heads concatenated), the layers
+//     concatenated. A visual token reaches the rest of the model only through this.
+//   LLaVA: what the first RepresentationLayer() (half) LM layers add to the token's row (the
+//     hidden state there minus the pass's dropped-out input row): the state the upper half of
+//     the LM reads the token from (its keys and values) and where AKD takes R. The input is
+//     subtracted because it reaches that state unchanged through the residual path, which
+//     would make the variance the dropout's own noise, p/(1-p) times the row's squares.
+// The score is Eq. 3 per feature, (1/M) sum_m (F_m - mean)^2, averaged over F's features.
+// Nothing is trained for it, so it works on any checkpoint. The attention mass each token
+// receives (BLIP-2: cross-attention averaged over cross-attending layers, heads and queries;
+// LLaVA: the last prompt position's self-attention averaged over layers and heads), from the
+// same passes, is kept for the attention_mass and attention_variance ablations.
 struct VisualTokenPassOptions {
   int passes = 8;          // M, 1-256
-  double dropout_p = 0.1;  // in [0, 1)
-  uint64_t seed = 0;       // the draw of the masks (std::mt19937_64, token-major per pass)
-  // [M, N] bool masks to use instead of drawing (true = present); then passes and dropout_p
-  // are not read. For reference checks.
-  torch::Tensor present;
+  double dropout_p = 0.1;  // p, in (0, 1)
+  // The draw: the input masks come from a CPU generator of this seed, and LibTorch's default
+  // CPU generator is seeded with it for the call and restored afterwards (so the model's own
+  // dropout on the CPU is reproducible too; on CUDA it draws from CUDA's generator).
+  uint64_t seed = 0;
+  // Fill VisualTokenPasses::features and input_masks (M x N x |F| floats more). For checks.
+  bool keep_features = false;
+  // [M, N, D] float input multipliers (0 or 1/(1-p)) to use instead of drawing; then the
+  // model's own dropout is off (passes and dropout_p are not read). For reference checks.
+  torch::Tensor input_masks;
 };
 
 struct VisualTokenPasses {
@@ -68,19 +85,42 @@ struct VisualTokenPasses {
   // hidden state after its layer norm; LLaVA: the selected layer(s) before the projector).
   // What a device uplinks, and what a teacher with the same tower reads.
   torch::Tensor tokens;
-  torch::Tensor present;   // [M, N] bool
-  torch::Tensor mass;      // [M, N] fp32: F_m per pass
-  torch::Tensor variance;  // [N] fp32: Eq. 3, (1/M) sum_m (F_m - mean)^2
+  torch::Tensor variance;  // [N] fp32: VIS, Eq. 3 on F averaged over F's features
+  torch::Tensor mass;      // [M, N] fp32: attention mass per pass (ablations)
+  // With keep_features: [M, N, |F|] fp32 F_m, and the [M, N, D] input multipliers the passes
+  // used (D: the Q-Former's encoder width, or the LM's hidden size for LLaVA).
+  torch::Tensor features;
+  torch::Tensor input_masks;
 };
 
-// The present-token masks a pass options set stands for: options.present when defined, else
-// M x N Bernoulli(1 - dropout_p) draws from std::mt19937_64(seed), pass by pass, token by token.
-// InvalidArgument for passes outside 1-256, dropout_p outside [0, 1), or masks not [M, N].
-absl::StatusOr<torch::Tensor> VisualTokenMasks(const VisualTokenPassOptions& options, int64_t n);
+// The input multipliers a pass options set stands for, [M, n, d] fp32 on the CPU:
+// options.input_masks when defined, else Bernoulli(1 - p) / (1 - p) drawn from a CPU generator
+// seeded with options.seed. InvalidArgument for passes outside 1-256, dropout_p outside
+// (0, 1), or given masks that are not [M, n, d].
+absl::StatusOr<torch::Tensor> VisInputMasks(const VisualTokenPassOptions& options, int64_t n,
+                                            int64_t d);
+
+// Seeds LibTorch's default CPU generator for a scope and restores its state afterwards, under
+// a process-wide lock (so two seeded scopes never interleave their draws).
+class ScopedTorchSeed {
+ public:
+  explicit ScopedTorchSeed(uint64_t seed);
+  ~ScopedTorchSeed();
+  ScopedTorchSeed(const ScopedTorchSeed&) = delete;
+  ScopedTorchSeed& operator=(const ScopedTorchSeed&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Eq. 3 over the passes: the population variance over dim 0 ([M, ...] -> [...]); identical
 // passes give exactly zero.
 torch::Tensor PassVariance(const torch::Tensor& x);
+
+// VIS from F [M, ..., |F|]: Eq. 3 per feature averaged over the last dim ([M, ..., |F|] ->
+// [...]), fp32.
+torch::Tensor VisVariance(const torch::Tensor& features);
 
 // The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
 // v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and
@@ -133,8 +173,9 @@ class MultimodalModel {
   // token count); errors from the tensor library become Internal.
   virtual absl::StatusOr<GreedyResult> Generate(const MultimodalInputs& inputs,
                                                 const GreedyOptions& options) = 0;
-  // UTS stage 2 (VisualTokenPassOptions) for a batch of one image and prompt (the same inputs
-  // Generate takes). InvalidArgument as Generate, or for a batch other than one.
+  // UTS stage 2 (VIS, VisualTokenPassOptions) for a batch of one image and prompt (the same
+  // inputs Generate takes). InvalidArgument as Generate, for a batch other than one, or for
+  // options VisInputMasks refuses.
   virtual absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
       const MultimodalInputs& inputs, const VisualTokenPassOptions& options) = 0;
   // The ids generation stops at (generation_config.json, else config.json).
@@ -160,8 +201,8 @@ class MultimodalModel {
   // alias the model. Empty LoRA part before AddAdapters.
   virtual NamedTensors TrainableParameters() = 0;
   // The forward pass behind the AKD losses, differentiable in the trainable set when grad
-  // mode is on. Absent visual tokens are masked out as UTS stage 2 does (Q-Former keys;
-  // LLaVA's image positions). InvalidArgument for inputs that do not fit the model; torch
+  // mode is on. Absent visual tokens (not kept by UTS) are masked out: BLIP-2's Q-Former
+  // keys, LLaVA's image positions. InvalidArgument for inputs that do not fit the model; torch
   // errors as Internal.
   virtual absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& inputs) = 0;
   // Greedy answers from visual tokens (input_ids: the expanded prompt only), no gradients.

@@ -138,8 +138,9 @@ class LlavaModel : public MultimodalModel {
     }
   }
 
-  // UTS stage 2: absent image tokens leave the LM input (masked keys, positions renumbered
-  // by DecoderLmImpl::Forward from the mask); F_m is the last prompt position's attention.
+  // UTS stage 2 (VIS, hf_model.h): element-wise dropout on the projected image rows of the LM
+  // input; F is what the first RepresentationLayer() layers add to each image row. The mass
+  // (ablations) is the last prompt position's attention.
   absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
       const MultimodalInputs& in, const VisualTokenPassOptions& options) override {
     if (absl::Status s = CheckInputs(in); !s.ok()) return s;
@@ -152,36 +153,49 @@ class LlavaModel : public MultimodalModel {
       torch::NoGradGuard no_grad;
       llava_->eval();
       torch::Tensor selected = llava_->SelectedFeatures(in.pixel_values.to(device_));
+      torch::Tensor projected = llava_->Project(selected);  // [1, N, H]
       torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
-      absl::StatusOr<torch::Tensor> embeds =
-          llava_->MergeEmbeddings(ids, llava_->Project(selected));
-      if (!embeds.ok()) return embeds.status();
-      const int64_t n = selected.size(1), t = ids.size(1);
+      const int64_t n = projected.size(1), t = ids.size(1);
       if (ids[0][t - 1].item<int64_t>() == llava_->config().image_token_id) {
         return absl::InvalidArgumentError(
             "UTS stage 2 reads the attention of the prompt's last position, which is an image "
             "token here: end the prompt with text (e.g. the template's \"ASSISTANT:\")");
       }
-      absl::StatusOr<torch::Tensor> masks = VisualTokenMasks(options, n);
+      absl::StatusOr<torch::Tensor> masks = VisInputMasks(options, n, projected.size(2));
       if (!masks.ok()) return masks.status();
       const int64_t m = masks->size(0);
+      torch::Tensor dropped =
+          projected.expand({m, -1, -1}) * masks->to(device_, projected.scalar_type());
+      absl::StatusOr<torch::Tensor> embeds = llava_->MergeEmbeddings(ids.expand({m, -1}), dropped);
+      if (!embeds.ok()) return embeds.status();
       torch::Tensor image_pos = (ids[0] == llava_->config().image_token_id).nonzero().squeeze(1);
-      torch::Tensor keep = in.attention_mask.defined()
-                               ? in.attention_mask.to(device_, torch::kLong).expand({m, t}).clone()
-                               : torch::ones({m, t}, ids.options());
-      keep.index_put_({torch::indexing::Slice(), image_pos}, masks->to(device_, torch::kLong));
+      torch::Tensor mask = in.attention_mask.defined()
+                               ? in.attention_mask.to(device_, torch::kLong).expand({m, t})
+                               : torch::Tensor();
       std::vector<torch::Tensor> probs;  // per layer [M, heads, T]
       DecoderForwardOptions o;
       o.last_logits_only = true;
       o.last_query_attention = &probs;
-      llava_->language_model().Forward(embeds->expand({m, -1, -1}), keep, nullptr, o);
+      o.capture_layer = RepresentationLayer();
+      // Given masks are for checks: then the model's own dropout is off.
+      o.dropout_p = options.input_masks.defined() ? 0.0 : options.dropout_p;
+      DecoderOutput d;
+      {
+        ScopedTorchSeed seeded(options.seed);
+        d = llava_->language_model().Forward(*embeds, mask, nullptr, o);
+      }
+      torch::Tensor features =
+          (d.captured.index_select(1, image_pos) - dropped).to(torch::kFloat);  // [M, N, H]
       torch::Tensor mass = torch::zeros({m, t}, torch::TensorOptions().device(device_));
       for (const torch::Tensor& p : probs) mass = mass + p.mean(1);
       VisualTokenPasses out;
       out.tokens = selected[0].to(torch::kCPU, torch::kFloat);
-      out.present = *masks;
+      out.variance = VisVariance(features).cpu();
       out.mass = (mass.index_select(1, image_pos) / static_cast<double>(probs.size())).cpu();
-      out.variance = PassVariance(out.mass);
+      if (options.keep_features) {
+        out.features = features.cpu();
+        out.input_masks = *masks;
+      }
       return out;
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("llava UTS stage 2: ", e.what_without_backtrace()));

@@ -39,7 +39,8 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
                                                      const torch::Tensor& kv_source,
                                                      const torch::Tensor& additive_mask,
                                                      const torch::Tensor& allowed, double dropout_p,
-                                                     torch::Tensor* probs_out) {
+                                                     torch::Tensor* probs_out,
+                                                     torch::Tensor* contributions_out) {
   const int64_t b = hidden.size(0);
   const int64_t t = hidden.size(1);
   const int64_t s = kv_source.size(1);
@@ -61,6 +62,10 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
   if (allowed.defined()) probs = probs * allowed.to(probs.scalar_type());
   if (probs_out != nullptr) *probs_out = probs;
   if (dropout_p > 0.0) probs = TrainingDropout(probs, dropout_p);
+  if (contributions_out != nullptr) {
+    // [B, heads, S, 1] * [B, heads, S, head_dim] -> [B, S, H]
+    *contributions_out = (probs.sum(2).unsqueeze(-1) * v).permute({0, 2, 1, 3}).reshape({b, s, h});
+  }
   return BatchedMatmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
 }
 
@@ -87,9 +92,11 @@ torch::Tensor QFormerAttentionImpl::forward(const torch::Tensor& hidden,
                                             const torch::Tensor& kv_source,
                                             const torch::Tensor& additive_mask,
                                             const torch::Tensor& allowed, double dropout_p,
-                                            torch::Tensor* probs_out) {
-  return output->forward(
-      attention->forward(hidden, kv_source, additive_mask, allowed, dropout_p, probs_out), hidden);
+                                            torch::Tensor* probs_out,
+                                            torch::Tensor* contributions_out) {
+  return output->forward(attention->forward(hidden, kv_source, additive_mask, allowed, dropout_p,
+                                            probs_out, contributions_out),
+                         hidden);
 }
 
 QFormerIntermediateImpl::QFormerIntermediateImpl(const QFormerConfig& config,
@@ -127,7 +134,8 @@ QFormerLayerImpl::QFormerLayerImpl(const QFormerConfig& config, int64_t layer_in
 torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden, const torch::Tensor& self_mask,
                                         const torch::Tensor& image, int64_t query_length,
                                         const torch::Tensor& image_allowed, double dropout_p,
-                                        torch::Tensor* cross_probs) {
+                                        torch::Tensor* cross_probs,
+                                        torch::Tensor* cross_contributions) {
   torch::Tensor attended = attention->forward(hidden, hidden, self_mask);
   if (query_length == 0) {
     // Text only (not used by the generation path, kept for completeness).
@@ -137,7 +145,7 @@ torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden, const torch
   torch::Tensor queries = attended.slice(1, 0, query_length);
   if (has_cross_attention()) {
     queries = crossattention->forward(queries, image, /*additive_mask=*/{}, image_allowed,
-                                      dropout_p, cross_probs);
+                                      dropout_p, cross_probs, cross_contributions);
   }
   torch::Tensor ff = intermediate_query->forward(queries);
   if (dropout_p > 0.0) ff = TrainingDropout(ff, dropout_p);
@@ -214,7 +222,8 @@ torch::Tensor QFormerModelImpl::forward(const torch::Tensor& query_embeds,
                                         const torch::Tensor& image_embeds,
                                         const torch::Tensor& instruction_ids,
                                         const torch::Tensor& instruction_mask) {
-  return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, 0.0, nullptr);
+  return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, 0.0, nullptr,
+             nullptr);
 }
 
 torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
@@ -224,15 +233,25 @@ torch::Tensor QFormerModelImpl::ForwardMasked(const torch::Tensor& query_embeds,
                                               const torch::Tensor& image_mask,
                                               std::vector<torch::Tensor>* cross_probs) {
   return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, image_mask, 0.0,
-             cross_probs);
+             cross_probs, nullptr);
 }
 
 torch::Tensor QFormerModelImpl::ForwardQueries(const torch::Tensor& query_embeds,
                                                const torch::Tensor& image_embeds,
                                                const torch::Tensor& image_mask, double dropout_p,
-                                               std::vector<torch::Tensor>* cross_probs) {
+                                               std::vector<torch::Tensor>* cross_probs,
+                                               std::vector<torch::Tensor>* cross_contributions) {
   TORCH_CHECK(!with_instruction(), "ForwardQueries needs the BLIP-2 layout");
-  return Run(query_embeds, image_embeds, {}, {}, image_mask, dropout_p, cross_probs);
+  return Run(query_embeds, image_embeds, {}, {}, image_mask, dropout_p, cross_probs,
+             cross_contributions);
+}
+
+torch::Tensor QFormerModelImpl::ForwardStochastic(
+    const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
+    const torch::Tensor& instruction_ids, const torch::Tensor& instruction_mask, double dropout_p,
+    std::vector<torch::Tensor>* cross_probs, std::vector<torch::Tensor>* cross_contributions) {
+  return Run(query_embeds, image_embeds, instruction_ids, instruction_mask, {}, dropout_p,
+             cross_probs, cross_contributions);
 }
 
 torch::Tensor QFormerModelImpl::Run(const torch::Tensor& query_embeds,
@@ -240,7 +259,8 @@ torch::Tensor QFormerModelImpl::Run(const torch::Tensor& query_embeds,
                                     const torch::Tensor& instruction_ids,
                                     const torch::Tensor& instruction_mask,
                                     const torch::Tensor& image_mask, double dropout_p,
-                                    std::vector<torch::Tensor>* cross_probs) {
+                                    std::vector<torch::Tensor>* cross_probs,
+                                    std::vector<torch::Tensor>* cross_contributions) {
   const int64_t query_length = query_embeds.size(1);
   const bool has_text = instruction_ids.defined() && instruction_ids.size(1) > 0;
   TORCH_CHECK(!has_text || with_instruction(),
@@ -268,11 +288,15 @@ torch::Tensor QFormerModelImpl::Run(const torch::Tensor& query_embeds,
   torch::Tensor image = image_embeds.to(hidden.scalar_type());
   torch::Tensor allowed = ImageAllowed(image_mask, image);
   for (const auto& layer : *encoder->layer) {
-    torch::Tensor probs;
-    hidden = layer->as<QFormerLayerImpl>()->forward(hidden, self_mask, image, query_length, allowed,
-                                                    dropout_p,
-                                                    cross_probs != nullptr ? &probs : nullptr);
+    torch::Tensor probs, contributions;
+    hidden = layer->as<QFormerLayerImpl>()->forward(
+        hidden, self_mask, image, query_length, allowed, dropout_p,
+        cross_probs != nullptr ? &probs : nullptr,
+        cross_contributions != nullptr ? &contributions : nullptr);
     if (cross_probs != nullptr && probs.defined()) cross_probs->push_back(probs);
+    if (cross_contributions != nullptr && contributions.defined()) {
+      cross_contributions->push_back(contributions);
+    }
   }
   return hidden;
 }

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "model/hub/blip2_config.h"
 #include "model/arch/hf_linear.h"
+#include "model/hub/blip2_config.h"
 
 namespace cdcca::model {
 
@@ -39,10 +39,14 @@ class QFormerMultiHeadAttentionImpl : public torch::nn::Module {
   // additive_mask [B, 1, 1, S] (0 = attend, large negative = masked) or undefined.
   // allowed [B, 1, 1, S] bool (false = the key has weight exactly 0; a row with no allowed
   // key gets all-zero weights) or undefined; dropout_p > 0 drops attention weights;
-  // probs_out (if non-null) receives the weights [B, heads, T, S] before dropout.
+  // probs_out (if non-null) receives the weights [B, heads, T, S] before dropout;
+  // contributions_out (if non-null) receives each key's contribution to the attention output
+  // summed over the T rows, [B, S, H]: per head sum_t w[t, s] * value(kv_source[s]) with the
+  // weights w after dropout, heads concatenated (the output is the sum of these over s).
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& kv_source,
                         const torch::Tensor& additive_mask, const torch::Tensor& allowed = {},
-                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr);
+                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr,
+                        torch::Tensor* contributions_out = nullptr);
 
   HfLinear query{nullptr};
   HfLinear key{nullptr};
@@ -72,7 +76,8 @@ class QFormerAttentionImpl : public torch::nn::Module {
                        const HfPrecision& precision);
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& kv_source,
                         const torch::Tensor& additive_mask, const torch::Tensor& allowed = {},
-                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr);
+                        double dropout_p = 0.0, torch::Tensor* probs_out = nullptr,
+                        torch::Tensor* contributions_out = nullptr);
 
   QFormerMultiHeadAttention attention{nullptr};
   QFormerResidualOutput output{nullptr};
@@ -95,12 +100,14 @@ class QFormerLayerImpl : public torch::nn::Module {
  public:
   QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index, const HfPrecision& precision);
   // hidden [B, Q + T, H] with the Q query positions first; image [B, N, E].
-  // image_allowed [B, 1, 1, N] bool or undefined, dropout_p and cross_probs as
-  // QFormerModelImpl::ForwardQueries (cross_probs is left alone without cross-attention).
+  // image_allowed [B, 1, 1, N] bool or undefined, dropout_p, cross_probs and
+  // cross_contributions as QFormerModelImpl::ForwardQueries and ForwardStochastic (both are
+  // left alone without cross-attention).
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& self_mask,
                         const torch::Tensor& image, int64_t query_length,
                         const torch::Tensor& image_allowed = {}, double dropout_p = 0.0,
-                        torch::Tensor* cross_probs = nullptr);
+                        torch::Tensor* cross_probs = nullptr,
+                        torch::Tensor* cross_contributions = nullptr);
 
   bool has_cross_attention() const { return !crossattention.is_empty(); }
   bool has_text_feed_forward() const { return !intermediate.is_empty(); }
@@ -163,12 +170,25 @@ class QFormerModelImpl : public torch::nn::Module {
   // an encoder_attention_mask, and dropout in train mode): image_mask [B, N] bool (true =
   // present; a masked token has no effect on any output; undefined = all present);
   // dropout_p on the embedding output, the cross-attention weights and the query
-  // feed-forward outputs; if
-  // cross_probs is non-null it receives, per cross-attending layer, the weights
-  // [B, heads, Q, N] before dropout. Returns the query outputs [B, Q, H].
+  // feed-forward outputs; if cross_probs is non-null it receives, per cross-attending layer,
+  // the weights [B, heads, Q, N] before dropout, and cross_contributions as ForwardStochastic.
+  // Returns the query outputs [B, Q, H].
   torch::Tensor ForwardQueries(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
                                const torch::Tensor& image_mask, double dropout_p,
-                               std::vector<torch::Tensor>* cross_probs);
+                               std::vector<torch::Tensor>* cross_probs,
+                               std::vector<torch::Tensor>* cross_contributions = nullptr);
+
+  // forward() in either layout with the model's dropout at dropout_p (as ForwardQueries) and
+  // the hooks of UTS stage 2 (VIS, hf_model.h): per cross-attending layer, cross_probs (if
+  // non-null) receives the weights [B, heads, Q, N] before dropout and cross_contributions
+  // (if non-null) each image token's contribution to the query rows' cross-attention output
+  // [B, N, H] (QFormerMultiHeadAttentionImpl::forward's contributions_out).
+  torch::Tensor ForwardStochastic(const torch::Tensor& query_embeds,
+                                  const torch::Tensor& image_embeds,
+                                  const torch::Tensor& instruction_ids,
+                                  const torch::Tensor& instruction_mask, double dropout_p,
+                                  std::vector<torch::Tensor>* cross_probs,
+                                  std::vector<torch::Tensor>* cross_contributions);
 
   const QFormerConfig& config() const { return config_; }
   bool with_instruction() const { return !embeddings.is_empty(); }
@@ -183,7 +203,8 @@ class QFormerModelImpl : public torch::nn::Module {
   torch::Tensor Run(const torch::Tensor& query_embeds, const torch::Tensor& image_embeds,
                     const torch::Tensor& instruction_ids, const torch::Tensor& instruction_mask,
                     const torch::Tensor& image_mask, double dropout_p,
-                    std::vector<torch::Tensor>* cross_probs);
+                    std::vector<torch::Tensor>* cross_probs,
+                    std::vector<torch::Tensor>* cross_contributions);
 
   QFormerConfig config_;
 };

@@ -1,16 +1,17 @@
-// UTS stage 2 on Hugging Face folders (MultimodalModel::StochasticVisualTokens, hf_model.h)
-// on the tiny random checkpoints under tests/fixtures/hf/models/:
-// - the masks: drawn from the seed (same seed, same masks), or given;
-// - Eq. 3: the variance is the population variance of the per-pass mass, absent tokens
-//   receive none, and passes with the same mask give the same mass;
-// - what a mask means: on LLaVA a masked pass equals the LM run with the absent image tokens
-//   deleted from its input; on BLIP-2 it equals the Q-Former run on the present tokens only;
-// - transformers: where uts_expected.safetensors is present (scripts/hf_fixtures.py --uts),
-//   the mass matches what transformers' attentions give for the same masks.
+// UTS stage 2 on Hugging Face folders: VIS (MultimodalModel::StochasticVisualTokens,
+// hf_model.h) on the tiny random checkpoints under tests/fixtures/hf/models/:
+// - the draw: element-wise input masks (features, not whole tokens) at about the rate asked
+//   for, from the seed (same seed, same scores), and the model's own dropout active;
+// - Eq. 3: the score is the population variance over the passes of F, averaged over F's
+//   features; the batched passes give what the passes one at a time give;
+// - what F is: against a plain computation from the model's parts, pass by pass (LLaVA: what
+//   the lower half of the LM adds to each image row; BLIP-2: each token's contribution to
+//   the Q-Former's cross-attention output);
+// - M and p out of range are refused with errors that name them.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
+#include <cmath>
 #include <fstream>
 
 #include "model/arch/blip2.h"
@@ -22,6 +23,7 @@
 namespace cdcca::model {
 namespace {
 
+using ::cdcca::testing::StatusIs;
 using nlohmann::json;
 
 std::string FixtureDir(const std::string& variant) {
@@ -52,7 +54,7 @@ MultimodalInputs FirstCase(const std::string& dir) {
 
 class VisualTokenPassesTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(VisualTokenPassesTest, VarianceIsEq3OverTheSeededPasses) {
+TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
   const std::string dir = FixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
@@ -60,75 +62,106 @@ TEST_P(VisualTokenPassesTest, VarianceIsEq3OverTheSeededPasses) {
   o.passes = 6;
   o.dropout_p = 0.3;
   o.seed = 11;
+  o.keep_features = true;
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses a, model->StochasticVisualTokens(in, o));
   const int64_t n = a.tokens.size(0);
   ASSERT_GT(n, 1);
-  ASSERT_EQ(a.present.sizes(), (std::vector<int64_t>{6, n}));
-  ASSERT_EQ(a.mass.sizes(), (std::vector<int64_t>{6, n}));
   ASSERT_EQ(a.variance.sizes(), (std::vector<int64_t>{n}));
-  // Some tokens dropped, most kept, at about the rate asked for.
-  const double absent = 1.0 - a.present.to(torch::kFloat).mean().item<double>();
-  EXPECT_GT(absent, 0.1);
-  EXPECT_LT(absent, 0.5);
-  // Absent tokens receive no attention; present ones some.
-  EXPECT_EQ(a.mass.masked_select(a.present.logical_not()).abs().max().item<float>(), 0.0f);
-  EXPECT_GT(a.mass.masked_select(a.present).min().item<float>(), 0.0f);
-  // Eq. 3: (1/M) sum (F_m - mean)^2, and not all equal.
-  torch::Tensor mean = a.mass.mean(0);
-  torch::Tensor want = torch::zeros({n});
-  for (int64_t m = 0; m < 6; ++m) want += (a.mass[m] - mean).pow(2) / 6.0;
-  EXPECT_TRUE(torch::allclose(a.variance, want, 1e-6, 1e-12));
-  EXPECT_GT(a.variance.max().item<float>(), 0.0f);
-  // The same seed draws the same masks and gives the same scores; another seed other masks.
+  ASSERT_EQ(a.mass.sizes(), (std::vector<int64_t>{6, n}));
+  ASSERT_EQ(a.features.dim(), 3);
+  ASSERT_EQ(a.features.size(0), 6);
+  ASSERT_EQ(a.features.size(1), n);
+  ASSERT_EQ(a.input_masks.dim(), 3);
+  ASSERT_EQ(a.input_masks.size(0), 6);
+  ASSERT_EQ(a.input_masks.size(1), n);
+  // Element-wise dropout: multipliers 0 or 1/(1-p), about p of them zero, and within every
+  // pass every token keeps some features and loses others (no token is dropped whole).
+  const torch::Tensor zero = a.input_masks.eq(0);
+  EXPECT_TRUE(
+      torch::logical_or(zero, a.input_masks.sub(1.0 / 0.7).abs().lt(1e-6)).all().item<bool>());
+  const double rate = zero.to(torch::kFloat).mean().item<double>();
+  EXPECT_GT(rate, 0.2);
+  EXPECT_LT(rate, 0.4);
+  const torch::Tensor dropped_per_row = zero.sum(-1);  // [M, N]
+  EXPECT_GT(dropped_per_row.min().item<int64_t>(), 0);
+  EXPECT_LT(dropped_per_row.max().item<int64_t>(), a.input_masks.size(2));
+  // F varies over the passes for every token, and the score is Eq. 3 per feature, averaged.
+  torch::Tensor mean = a.features.mean(0);
+  torch::Tensor want = torch::zeros_like(mean);
+  for (int64_t m = 0; m < 6; ++m) want += (a.features[m] - mean).pow(2) / 6.0;
+  EXPECT_TRUE(torch::allclose(a.variance, want.mean(-1), 1e-5, 1e-10));
+  EXPECT_GT(a.variance.min().item<float>(), 0.0f);
+  // The same seed gives the same passes; another seed other masks.
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses b, model->StochasticVisualTokens(in, o));
-  EXPECT_TRUE(torch::equal(a.present, b.present));
-  EXPECT_TRUE(torch::allclose(a.variance, b.variance, 1e-6, 1e-12));
+  EXPECT_TRUE(torch::equal(a.input_masks, b.input_masks));
+  EXPECT_TRUE(torch::equal(a.variance, b.variance));
   o.seed = 12;
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses c, model->StochasticVisualTokens(in, o));
-  EXPECT_FALSE(torch::equal(a.present, c.present));
+  EXPECT_FALSE(torch::equal(a.input_masks, c.input_masks));
+  // The model's own dropout is active: the same input masks with it off give other F.
+  VisualTokenPassOptions given;
+  given.input_masks = a.input_masks;
+  given.keep_features = true;
+  ASSERT_OK_AND_ASSIGN(VisualTokenPasses d, model->StochasticVisualTokens(in, given));
+  EXPECT_GT((d.features - a.features).abs().max().item<float>(), 1e-4f);
 }
 
-TEST_P(VisualTokenPassesTest, GivenMasksAreUsedAndEqualMasksGiveEqualMass) {
+// The M passes run as one batch compute what running them one at a time computes.
+TEST_P(VisualTokenPassesTest, BatchedPassesEqualThePassesOneByOne) {
   const std::string dir = FixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
-  VisualTokenPassOptions probe;
-  probe.passes = 1;
-  ASSERT_OK_AND_ASSIGN(VisualTokenPasses first, model->StochasticVisualTokens(in, probe));
-  const int64_t n = first.tokens.size(0);
-  // Pass 0 and 2 keep everything, pass 1 drops the first half.
+  VisualTokenPassOptions draw;
+  draw.passes = 4;
+  draw.dropout_p = 0.25;
+  draw.seed = 5;
+  draw.keep_features = true;
+  ASSERT_OK_AND_ASSIGN(VisualTokenPasses drawn, model->StochasticVisualTokens(in, draw));
   VisualTokenPassOptions o;
-  o.present = torch::ones({3, n}, torch::kBool);
-  o.present[1].narrow(0, 0, n / 2).fill_(false);
-  ASSERT_OK_AND_ASSIGN(VisualTokenPasses p, model->StochasticVisualTokens(in, o));
-  EXPECT_TRUE(torch::equal(p.present, o.present));
-  EXPECT_TRUE(torch::allclose(p.mass[0], p.mass[2], 1e-6, 1e-9));
-  EXPECT_EQ(p.mass[1].narrow(0, 0, n / 2).abs().max().item<float>(), 0.0f);
-  // Dropping half moves the other half's mass.
-  EXPECT_GT((p.mass[1] - p.mass[0]).narrow(0, n / 2, n - n / 2).abs().max().item<float>(), 1e-6f);
-  // All present in every pass: no variance.
-  o.present = torch::ones({4, n}, torch::kBool);
-  ASSERT_OK_AND_ASSIGN(VisualTokenPasses still, model->StochasticVisualTokens(in, o));
-  EXPECT_LT(still.variance.max().item<float>(), 1e-12f);
+  o.input_masks = drawn.input_masks;
+  o.keep_features = true;
+  ASSERT_OK_AND_ASSIGN(VisualTokenPasses batched, model->StochasticVisualTokens(in, o));
+  std::vector<torch::Tensor> one_by_one;
+  for (int64_t m = 0; m < 4; ++m) {
+    VisualTokenPassOptions single;
+    single.input_masks = drawn.input_masks.narrow(0, m, 1);
+    single.keep_features = true;
+    ASSERT_OK_AND_ASSIGN(VisualTokenPasses p, model->StochasticVisualTokens(in, single));
+    one_by_one.push_back(p.features[0]);
+  }
+  torch::Tensor f = torch::stack(one_by_one);
+  EXPECT_TRUE(torch::allclose(batched.features, f, 1e-4, 1e-5))
+      << (batched.features - f).abs().max().item<float>();
+  torch::Tensor want = (f - f.mean(0)).pow(2).mean(0).mean(-1);
+  EXPECT_TRUE(torch::allclose(batched.variance, want, 1e-3, 1e-9))
+      << (batched.variance - want).abs().max().item<float>();
 }
 
-TEST_P(VisualTokenPassesTest, RefusesBadOptionsAndBatches) {
+TEST_P(VisualTokenPassesTest, RefusesBadPassesRatesMasksAndBatches) {
   const std::string dir = FixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
   MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions o;
-  o.passes = 0;
-  EXPECT_EQ(model->StochasticVisualTokens(in, o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (int passes : {0, -1, 257}) {
+    o.passes = passes;
+    EXPECT_THAT(model->StochasticVisualTokens(in, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("passes M must be in 1-256")))
+        << passes;
+  }
   o.passes = 4;
-  o.dropout_p = 1.0;
-  EXPECT_EQ(model->StochasticVisualTokens(in, o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (double p : {0.0, 1.0, -0.1, 1.5, std::nan("")}) {
+    o.dropout_p = p;
+    EXPECT_THAT(model->StochasticVisualTokens(in, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("rate p must be in (0, 1)")))
+        << p;
+  }
   o.dropout_p = 0.1;
-  o.present = torch::ones({2, 3}, torch::kBool);
-  EXPECT_EQ(model->StochasticVisualTokens(in, o).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  o.present = torch::Tensor();
+  o.input_masks = torch::ones({2, 3, 4});
+  EXPECT_THAT(model->StochasticVisualTokens(in, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("input masks")));
+  o.input_masks = torch::Tensor();
   in.pixel_values = torch::cat({in.pixel_values, in.pixel_values});
   if (in.qformer_input_ids.defined()) {
     in.qformer_input_ids = torch::cat({in.qformer_input_ids, in.qformer_input_ids});
@@ -138,37 +171,18 @@ TEST_P(VisualTokenPassesTest, RefusesBadOptionsAndBatches) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Against transformers: scripts/hf_fixtures.py --uts writes, per folder, the masks it used
-// and the mass transformers' attentions give (LLaVA: absent image tokens deleted from
-// inputs_embeds, output_attentions of the LM; BLIP-2: the Q-Former's cross_attentions with
-// encoder_attention_mask).
-TEST_P(VisualTokenPassesTest, MassMatchesTransformers) {
-  const std::string dir = FixtureDir(GetParam());
-  if (!std::filesystem::exists(dir + "/uts_expected.safetensors")) {
-    GTEST_SKIP() << dir << " has no uts_expected.safetensors (scripts/hf_fixtures.py --uts)";
-  }
-  ASSERT_OK_AND_ASSIGN(SafetensorsContents want,
-                       ReadSafetensors(dir + "/uts_expected.safetensors"));
-  torch::Tensor present, mass;
-  for (const auto& [name, t] : want.tensors) {
-    if (name == "present") present = t;
-    if (name == "mass") mass = t;
-  }
-  ASSERT_TRUE(present.defined() && mass.defined());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
-  VisualTokenPassOptions o;
-  o.present = present.to(torch::kBool);
-  ASSERT_OK_AND_ASSIGN(VisualTokenPasses got, model->StochasticVisualTokens(FirstCase(dir), o));
-  const float err = (got.mass - mass.to(torch::kFloat)).abs().max().item<float>();
-  EXPECT_LT(err, 1e-5f * std::max(1.0f, mass.abs().max().item<float>())) << GetParam();
-}
-
 INSTANTIATE_TEST_SUITE_P(Folders, VisualTokenPassesTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
                                            "instructblip_llama"));
 
-// LLaVA: a masked pass is what deleting the absent image tokens from the LM input computes.
-TEST(LlavaVisualTokenPassesTest, MaskedPassEqualsTheInputWithoutTheAbsentTokens) {
+// Eq. 3 by hand over F_m computed pass by pass from the model's parts.
+torch::Tensor PlainVis(const std::vector<torch::Tensor>& f) {
+  torch::Tensor x = torch::stack(f);
+  return (x - x.mean(0)).pow(2).mean(0).mean(-1);
+}
+
+// LLaVA: F is what the first half of the LM's layers add to each dropped-out image row.
+TEST(LlavaVisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
   const std::string dir = FixtureDir("llava_clip_llama");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
   ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir));
@@ -178,50 +192,41 @@ TEST(LlavaVisualTokenPassesTest, MaskedPassEqualsTheInputWithoutTheAbsentTokens)
   ASSERT_OK(llava->Load(folder, torch::kCPU));
   llava->eval();
   torch::NoGradGuard no_grad;
-
   const MultimodalInputs in = FirstCase(dir);
-  const int64_t n = config.NumImageTokens();
-  torch::Tensor keep = torch::ones({1, n}, torch::kBool);
-  for (int64_t i = 0; i < n; i += 3) keep[0][i] = false;  // every third token absent
+  torch::Tensor projected = llava->Project(llava->SelectedFeatures(in.pixel_values));  // [1, N, H]
+  const int64_t n = projected.size(1);
+  VisualTokenPassOptions draw;
+  draw.passes = 3;
+  draw.dropout_p = 0.3;
+  draw.seed = 2;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor masks, VisInputMasks(draw, n, projected.size(2)));
   VisualTokenPassOptions o;
-  o.present = keep;
+  o.input_masks = masks;
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses got, model->StochasticVisualTokens(in, o));
 
-  // The same pass by hand: the present features only, one image token per present feature.
-  torch::Tensor features = llava->Project(llava->SelectedFeatures(in.pixel_values));
-  torch::Tensor present_idx = keep[0].nonzero().squeeze(1);
-  torch::Tensor kept_features = features.index_select(1, present_idx);
-  std::vector<int64_t> ids;
-  std::vector<int64_t> image_slots;  // position in the shortened input of each present token
-  int64_t image_seen = 0;
-  for (int64_t id : std::vector<int64_t>(in.input_ids.data_ptr<int64_t>(),
-                                         in.input_ids.data_ptr<int64_t>() + in.input_ids.numel())) {
-    if (id == config.image_token_id) {
-      if (keep[0][image_seen++].item<bool>()) {
-        image_slots.push_back(static_cast<int64_t>(ids.size()));
-        ids.push_back(id);
-      }
-    } else {
-      ids.push_back(id);
-    }
+  std::vector<int64_t> image_pos;
+  for (int64_t t = 0; t < in.input_ids.size(1); ++t) {
+    if (in.input_ids[0][t].item<int64_t>() == config.image_token_id) image_pos.push_back(t);
   }
-  ASSERT_OK_AND_ASSIGN(torch::Tensor embeds,
-                       llava->MergeEmbeddings(torch::tensor(ids).unsqueeze(0), kept_features));
-  std::vector<torch::Tensor> probs;
-  DecoderForwardOptions fo;
-  fo.last_logits_only = true;
-  fo.last_query_attention = &probs;
-  llava->language_model().Forward(embeds, torch::Tensor(), nullptr, fo);
-  torch::Tensor mass = torch::zeros({static_cast<int64_t>(ids.size())});
-  for (const torch::Tensor& p : probs) mass += p[0].mean(0);
-  mass /= static_cast<double>(probs.size());
-  torch::Tensor want = mass.index_select(0, torch::tensor(image_slots));
-  torch::Tensor have = got.mass[0].index_select(0, present_idx);
-  EXPECT_TRUE(torch::allclose(have, want, 1e-5, 1e-7)) << (have - want).abs().max().item<float>();
+  ASSERT_EQ(static_cast<int64_t>(image_pos.size()), n);
+  std::vector<torch::Tensor> f;
+  for (int64_t m = 0; m < 3; ++m) {
+    torch::Tensor rows = projected[0] * masks[m];  // [N, H]
+    ASSERT_OK_AND_ASSIGN(torch::Tensor embeds,
+                         llava->MergeEmbeddings(in.input_ids, rows.unsqueeze(0)));
+    DecoderForwardOptions fo;
+    fo.capture_layer = config.text.num_hidden_layers / 2;
+    DecoderOutput out = llava->language_model().Forward(embeds, torch::Tensor(), nullptr, fo);
+    f.push_back(out.captured[0].index_select(0, torch::tensor(image_pos)) - rows);
+  }
+  torch::Tensor want = PlainVis(f);
+  EXPECT_TRUE(torch::allclose(got.variance, want, 1e-3, 1e-9))
+      << (got.variance - want).abs().max().item<float>();
 }
 
-// BLIP-2: a masked pass is the Q-Former run on the present tokens alone.
-TEST(Blip2VisualTokenPassesTest, MaskedPassEqualsTheQFormerOnThePresentTokens) {
+// BLIP-2: F is each token's contribution to the cross-attention output of every
+// cross-attending Q-Former layer, here recomputed from the layers' weights.
+TEST(Blip2VisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
   const std::string dir = FixtureDir("blip2_llama");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
   ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir));
@@ -232,23 +237,50 @@ TEST(Blip2VisualTokenPassesTest, MaskedPassEqualsTheQFormerOnThePresentTokens) {
   torch::NoGradGuard no_grad;
   const MultimodalInputs in = FirstCase(dir);
   torch::Tensor image = blip->vision_model->forward(in.pixel_values).to(torch::kFloat);
-  const int64_t n = image.size(1);
-  torch::Tensor keep = torch::ones({1, n}, torch::kBool);
-  for (int64_t i = 1; i < n; i += 2) keep[0][i] = false;
+  const int64_t n = image.size(1), e = image.size(2);
+  VisualTokenPassOptions draw;
+  draw.passes = 3;
+  draw.dropout_p = 0.3;
+  draw.seed = 4;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor masks, VisInputMasks(draw, n, e));
   VisualTokenPassOptions o;
-  o.present = keep;
+  o.input_masks = masks;
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses got, model->StochasticVisualTokens(in, o));
   EXPECT_TRUE(torch::allclose(got.tokens, image[0], 1e-6, 1e-6));
 
-  torch::Tensor present_idx = keep[0].nonzero().squeeze(1);
-  std::vector<torch::Tensor> probs;
-  blip->qformer->ForwardMasked(blip->query_tokens, image.index_select(1, present_idx), {}, {}, {},
-                               &probs);
-  torch::Tensor mass = torch::zeros({present_idx.size(0)});
-  for (const torch::Tensor& p : probs) mass += p[0].mean(0).mean(0);
-  mass /= static_cast<double>(probs.size());
-  torch::Tensor have = got.mass[0].index_select(0, present_idx);
-  EXPECT_TRUE(torch::allclose(have, mass, 1e-5, 1e-7)) << (have - mass).abs().max().item<float>();
+  const int64_t heads = blip->qformer->config().num_attention_heads;
+  std::vector<torch::Tensor> f;
+  for (int64_t m = 0; m < 3; ++m) {
+    torch::Tensor img = image * masks[m].unsqueeze(0);  // [1, N, E]
+    torch::Tensor hidden = blip->qformer->layernorm->forward(blip->query_tokens);
+    std::vector<torch::Tensor> per_layer;
+    for (const auto& module : *blip->qformer->encoder->layer) {
+      auto* layer = module->as<QFormerLayerImpl>();
+      torch::Tensor queries = layer->attention->forward(hidden, hidden, {});
+      if (layer->has_cross_attention()) {
+        QFormerMultiHeadAttentionImpl& a = *layer->crossattention->attention;
+        torch::Tensor q = a.query->forward(queries)[0];  // [Q, H]
+        torch::Tensor k = a.key->forward(img)[0];        // [N, H]
+        torch::Tensor v = a.value->forward(img)[0];      // [N, H]
+        const int64_t d = q.size(1) / heads;
+        std::vector<torch::Tensor> c;
+        for (int64_t h = 0; h < heads; ++h) {
+          torch::Tensor w = torch::softmax(q.narrow(1, h * d, d).matmul(k.narrow(1, h * d, d).t()) /
+                                               std::sqrt(static_cast<double>(d)),
+                                           -1);  // [Q, N]
+          c.push_back(w.sum(0).unsqueeze(1) * v.narrow(1, h * d, d));
+        }
+        per_layer.push_back(torch::cat(c, 1));  // [N, H]
+        queries = layer->crossattention->forward(queries, img, {});
+      }
+      hidden = layer->output_query->forward(layer->intermediate_query->forward(queries), queries);
+    }
+    ASSERT_FALSE(per_layer.empty());
+    f.push_back(torch::cat(per_layer, 1));
+  }
+  torch::Tensor want = PlainVis(f);
+  EXPECT_TRUE(torch::allclose(got.variance, want, 1e-3, 1e-9))
+      << (got.variance - want).abs().max().item<float>();
 }
 
 }  // namespace

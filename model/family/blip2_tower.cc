@@ -10,9 +10,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/arch/blip2.h"
-#include "model/hub/hf_folder.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/hf_folder.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/fused_ops.h"
 
 namespace cdcca::model {
 namespace {
@@ -319,7 +320,8 @@ int64_t TowerLinearWeightBytes(Blip2TowerImpl& tower) {
 
 Blip2TowerImpl::QueryPass Blip2TowerImpl::Queries(const torch::Tensor& visual_tokens,
                                                   const torch::Tensor& visual_mask,
-                                                  double dropout_p) {
+                                                  double dropout_p,
+                                                  std::vector<torch::Tensor>* contributions) {
   TORCH_CHECK(
       visual_tokens.dim() == 3 && visual_tokens.size(2) == arch_.blip2.qformer.encoder_hidden_size,
       "Blip2Tower expects visual tokens [B, N, ", arch_.blip2.qformer.encoder_hidden_size, "]");
@@ -327,7 +329,7 @@ Blip2TowerImpl::QueryPass Blip2TowerImpl::Queries(const torch::Tensor& visual_to
   std::vector<torch::Tensor> probs;
   QueryPass q;
   q.queries = qformer->ForwardQueries(query_tokens.expand({b, -1, -1}), visual_tokens, visual_mask,
-                                      dropout_p, &probs);
+                                      dropout_p, &probs, contributions);
   q.prefix = language_projection->forward(q.queries);
   torch::Tensor mass = torch::zeros({b, visual_tokens.size(1)}, visual_tokens.options());
   for (const torch::Tensor& p : probs) mass = mass + p.mean(1).mean(1);  // heads, then queries
@@ -446,12 +448,19 @@ StochasticStats Blip2TowerImpl::StochasticPasses(const torch::Tensor& visual_tok
     QueryPass q = Queries(visual_tokens, visual_mask, 0.0);
     s.attention_mass = q.attention_mass.unsqueeze(0).expand({passes, -1, -1}).contiguous();
     s.queries = q.queries.unsqueeze(0).expand({passes, -1, -1, -1}).contiguous();
+    s.token_variance = torch::zeros({b, visual_tokens.size(1)}, visual_tokens.options());
   } else {
-    QueryPass q = Queries(visual_tokens.repeat({passes, 1, 1}),
+    // VIS: element-wise MC dropout on the encoded visual tokens, then the Q-Former with its
+    // own dropout at the same rate.
+    std::vector<torch::Tensor> contributions;
+    QueryPass q = Queries(TrainingDropout(visual_tokens.repeat({passes, 1, 1}), dropout_p),
                           visual_mask.defined() ? visual_mask.repeat({passes, 1}) : torch::Tensor(),
-                          dropout_p);
+                          dropout_p, &contributions);
     s.attention_mass = q.attention_mass.view({passes, b, -1});
     s.queries = q.queries.view({passes, b, q.queries.size(1), q.queries.size(2)});
+    TORCH_CHECK(!contributions.empty(), "the Q-Former has no cross-attention layer");
+    s.token_variance =
+        VisVariance(torch::cat(contributions, -1).view({passes, b, visual_tokens.size(1), -1}));
   }
   s.attention_mass_variance = PassVariance(s.attention_mass);
   s.query_variance = PassVariance(s.queries).mean(-1);

@@ -39,13 +39,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/hub/blip2_config.h"
 #include "model/arch/blip2_vision.h"
-#include "model/family/config.h"
 #include "model/arch/decoder_lm.h"
 #include "model/arch/hf_linear.h"
-#include "model/family/mllm_io.h"
 #include "model/arch/qformer.h"
+#include "model/family/config.h"
+#include "model/family/mllm_io.h"
+#include "model/hub/blip2_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -103,8 +103,12 @@ class Blip2TowerImpl : public torch::nn::Module {
                           const torch::Tensor& prompt_ids, const torch::Tensor& prompt_valid,
                           int max_new_tokens, int64_t eos_id);
 
-  // M passes of the Q-Former with dropout dropout_p (inputs repeated M times along the
-  // batch); population variances over the passes; dropout_p == 0 gives exactly zero.
+  // M passes of the Q-Former as one batch (inputs repeated M times along the batch), each
+  // with element-wise dropout at dropout_p on the visual tokens and the Q-Former's own dropout
+  // at the same rate: UTS stage 2. Population variances over the passes (attention mass,
+  // queries, and VIS: each token's contribution to the cross-attention output, see
+  // StochasticStats::token_variance); dropout_p == 0 gives exactly zero. Draws from
+  // LibTorch's default generator.
   StochasticStats StochasticPasses(const torch::Tensor& visual_tokens,
                                    const torch::Tensor& visual_mask, int passes, double dropout_p);
   // Only the attention half of StochasticPasses (queries stay undefined).
@@ -128,8 +132,10 @@ class Blip2TowerImpl : public torch::nn::Module {
     torch::Tensor prefix;          // [B, L, d_model]
     torch::Tensor attention_mass;  // [B, N]
   };
+  // contributions (if non-null) receives, per cross-attending layer, each visual token's
+  // contribution to the cross-attention output [B, N, qa_dim].
   QueryPass Queries(const torch::Tensor& visual_tokens, const torch::Tensor& visual_mask,
-                    double dropout_p);
+                    double dropout_p, std::vector<torch::Tensor>* contributions = nullptr);
   double TrainDropout() const { return is_training() ? config_.dropout : 0.0; }
 
   VisionConfig vision_;

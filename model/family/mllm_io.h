@@ -52,6 +52,9 @@ struct StochasticStats {
   torch::Tensor queries;                  // [M, B, L, qa_dim] per pass
   torch::Tensor attention_mass_variance;  // [B, N] variance over passes
   torch::Tensor query_variance;           // [B, L] variance over passes, mean over channels
+  // [B, N] VIS (model/arch/hf_model.h): variance over the passes of each visual token's
+  // contribution to the Q-Former's cross-attention output, mean over features and layers.
+  torch::Tensor token_variance;
 };
 
 }  // namespace cdcca::model

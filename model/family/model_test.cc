@@ -5,15 +5,15 @@
 
 #include <string>
 
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "model/family/blip2_tower.h"
 #include "model/family/checkpoint.h"
 #include "model/family/config.h"
-#include "model/runtime/quantize.h"
-#include "model/runtime/threads.h"
 #include "model/family/trainable.h"
 #include "model/family/vision_encoder.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
+#include "model/runtime/quantize.h"
+#include "model/runtime/threads.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::model {
@@ -287,9 +287,15 @@ TEST_F(TinyTest, StochasticPasses) {
   EXPECT_EQ(zero.queries.sizes(), (std::vector<int64_t>{4, 2, 4, 32}));
   EXPECT_EQ(zero.attention_mass_variance.abs().max().item<float>(), 0.0f);
   EXPECT_EQ(zero.query_variance.abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(zero.token_variance.sizes(), (std::vector<int64_t>{2, 65}));
+  EXPECT_EQ(zero.token_variance.abs().max().item<float>(), 0.0f);
   torch::manual_seed(3);
   StochasticStats noisy = m->StochasticPasses(x.tokens, x.mask, 8, 0.3);
   EXPECT_GT(noisy.attention_mass_variance.max().item<float>(), 0.0f);
+  // VIS: every present token's contribution varies over the passes; a masked one has none.
+  ASSERT_EQ(noisy.token_variance.sizes(), (std::vector<int64_t>{2, 65}));
+  EXPECT_EQ(noisy.token_variance[0][5].item<float>(), 0.0f);
+  EXPECT_GT(noisy.token_variance[1].min().item<float>(), 0.0f);
   EXPECT_GT(noisy.query_variance.min().item<float>(), 0.0f);
   // A masked token gets no mass in any pass, hence zero variance.
   EXPECT_EQ(noisy.attention_mass.select(2, 5).select(1, 0).abs().max().item<float>(), 0.0f);

@@ -6,6 +6,8 @@ namespace cdcca::model {
 
 absl::string_view TokenScoreName(TokenScoreKind kind) {
   switch (kind) {
+    case TokenScoreKind::kVis:
+      return "vis";
     case TokenScoreKind::kAttentionVariance:
       return "attention_variance";
     case TokenScoreKind::kAttentionCv:
@@ -21,14 +23,14 @@ absl::string_view TokenScoreName(TokenScoreKind kind) {
 }
 
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
-  for (TokenScoreKind k : {TokenScoreKind::kAttentionVariance, TokenScoreKind::kAttentionCv,
-                           TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
-                           TokenScoreKind::kVarianceProbe}) {
+  for (TokenScoreKind k : {TokenScoreKind::kVis, TokenScoreKind::kAttentionVariance,
+                           TokenScoreKind::kAttentionCv, TokenScoreKind::kAttentionMass,
+                           TokenScoreKind::kProbeEntropy, TokenScoreKind::kVarianceProbe}) {
     if (name == TokenScoreName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown token score '", name,
-      "' (variance_probe, attention_variance, attention_cv, attention_mass, probe_entropy)"));
+      "' (vis, attention_variance, attention_cv, attention_mass, probe_entropy, variance_probe)"));
 }
 
 bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }

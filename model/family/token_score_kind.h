@@ -13,6 +13,14 @@
 namespace cdcca::model {
 
 enum class TokenScoreKind {
+  // The device default on every architecture: VIS (paper Eq. 3), the variance over the M
+  // passes (element-wise MC dropout on the visual tokens the model reads, the model's own
+  // dropout active) of each token's representation F where the model acts on it, averaged
+  // over F's features: BLIP-2 / InstructBLIP and the project's families, the token's
+  // contribution to the Q-Former's cross-attention output in every cross-attending layer;
+  // LLaVA, what the lower half of the LM adds to the token's row (model/arch/hf_model.h,
+  // VisualTokenPassOptions). Nothing trained for it. The kinds below are ablations.
+  kVis,
   // Variance over the M dropout passes of the cross-attention mass each visual token
   // receives (the paper's token variance, Eq. 3, on the student's attention). Scales with
   // the mass, so it favours the tokens the student reads most (the items in a scene). Above
@@ -31,22 +39,25 @@ enum class TokenScoreKind {
   // token shows. Finds the corrupted half of a frame best, but keeps the tokens the teacher
   // can read least (below random in adaptation). Needs probe.safetensors.
   kProbeEntropy,
-  // The device default: attention variance times the cube of the probe entropy, the entropy
+  // Attention variance times the cube of the probe entropy, the entropy
   // from one pass without dropout (the dropout passes are the attention's; the probe's own
   // would double stage 2's cost). Tokens the student reads (which the teacher needs in order
   // to answer) and cannot make out (which the adaptation is for): most kept tokens fall in
   // the corrupted half of a frame, and the cloud recovers the all-tokens gain from them
-  // (docs/BENCHMARKS.md). A family without probe.safetensors scores with the attention
+  // (docs/BENCHMARKS.md). The probe is trained on the benchmark's labels, which no
+  // downloaded checkpoint has. A family without probe.safetensors scores with the attention
   // variance alone (device InferenceRuntime::EffectiveScore).
   kVarianceProbe,
 };
 
-// "attention_variance", "attention_cv", "attention_mass", "probe_entropy", "variance_probe".
+// "vis", "attention_variance", "attention_cv", "attention_mass", "probe_entropy",
+// "variance_probe".
 absl::string_view TokenScoreName(TokenScoreKind kind);
 // INVALID_ARGUMENT naming the known scores for any other name.
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
 
-// What a score is computed from: the student's attention statistics, the token probe, or both.
+// What a score is computed from: the student's stochastic passes (VIS and the attention
+// statistics), the token probe, or both.
 bool UsesAttention(TokenScoreKind kind);
 bool UsesProbe(TokenScoreKind kind);
 

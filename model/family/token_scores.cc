@@ -21,6 +21,8 @@ torch::Tensor VisualTokenScores(const StochasticStats* stats, const torch::Tenso
   TORCH_CHECK(!UsesProbe(kind) || probe_entropy.defined(), TokenScoreName(kind),
               " needs the token probe's entropy");
   switch (kind) {
+    case TokenScoreKind::kVis:
+      return stats->token_variance;
     case TokenScoreKind::kProbeEntropy:
       return probe_entropy;
     case TokenScoreKind::kAttentionMass:

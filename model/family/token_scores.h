@@ -25,8 +25,9 @@ inline constexpr double kVarianceProbeExponent = 3.0;
 torch::Tensor ProbeEntropyFor(TokenProbeImpl& probe, const torch::Tensor& tokens,
                               TokenScoreKind kind, int passes, double dropout_p);
 
-// [B, N] float scores, higher = keep first, from `stats` (its attention_mass_variance, and
-// attention_mass [M, B, N] for the mean) when UsesAttention(kind), and from `probe_entropy`
+// [B, N] float scores, higher = keep first, from `stats` (its token_variance for kVis, its
+// attention_mass_variance, and attention_mass [M, B, N] for the mean) when
+// UsesAttention(kind), and from `probe_entropy`
 // ([B, N], TokenProbeImpl::Uncertainty) when UsesProbe(kind); the other may be empty. Zero
 // dropout gives all-zero attention scores.
 torch::Tensor VisualTokenScores(const StochasticStats* stats, const torch::Tensor& probe_entropy,
