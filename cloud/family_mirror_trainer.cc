@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "distill/akd.h"
+#include "distill/greedy_answers.h"
 #include "model/family/checkpoint.h"
 #include "model/family/trainable.h"
 

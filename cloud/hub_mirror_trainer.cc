@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "compress/named_tensors.h"
+#include "distill/greedy_answers.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
 #include "model/arch/hf_answerer.h"

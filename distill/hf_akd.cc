@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distill/greedy_answers.h"
 #include "distill/losses.h"
 
 namespace cdcca::distill {

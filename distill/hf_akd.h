@@ -76,14 +76,6 @@ struct HfSample {
 absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample,
                                             const HfPairSide& student);
 
-// `side`'s greedy answer to `sample`, at most max_new_tokens: the prompt in the side's
-// template and tokenizer, the sample's present tokens as the visual input, no gradients.
-// Returns the decoded text with surrounding whitespace stripped; `ids` (optional) receives
-// the answer's ids without the EOS. How the teacher labels a sample (the pseudo-label) and
-// how the cloud's update guard reads either side's answer. Errors of the codec or the model.
-absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
-                                         int max_new_tokens, std::vector<int64_t>* ids = nullptr);
-
 struct HfJobResult {
   // The student's trainable set after the job (TrainableParameters order), fp32 CPU clones.
   model::NamedTensors trainable;

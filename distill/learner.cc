@@ -13,6 +13,7 @@
 #include "distill/akd.h"
 #include "distill/baselines/cotta.h"
 #include "distill/baselines/tent.h"
+#include "distill/greedy_answers.h"
 #include "model/family/checkpoint.h"
 #include "model/runtime/threads.h"
 

@@ -139,13 +139,6 @@ class Learner {
 absl::StatusOr<std::unique_ptr<Learner>> MakeLearner(const std::string& name,
                                                      model::Blip2Tower teacher);
 
-// The greedy answers of `tower` (put in eval(), no gradients) to every sample of `pool`, in
-// chunks of options.batch_size on the tower's device, at most options.max_answer_tokens
-// each: per sample its tokens up to and including the first EOS (AnswerTokens). How a
-// teacher labels a pool and how the cloud's update guard reads a mirror's answers.
-std::vector<std::vector<int64_t>> GreedyAnswers(model::Blip2Tower& tower, const SamplePool& pool,
-                                                const JobOptions& options);
-
 // A copy of `source` on `device` with parameters and buffers of its own (model::CopyTower;
 // the packed weights of a quantized base are shared: nothing writes them).
 absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device);
