@@ -319,7 +319,7 @@ class GuardTest : public TrainerTest, public ::testing::WithParamInterface<std::
       torch::NoGradGuard no_grad;
       auto from = teacher->named_parameters();
       for (auto& p : student->named_parameters()) p.value().copy_(from[p.key()]);
-      for (auto& [name, t] : model::TrainableParameters(student)) {
+      for (auto& [name, t] : model::TrainableParameters(*student)) {
         t.add_(offset * torch::randn_like(t));
       }
     }
