@@ -112,6 +112,21 @@ ABSL_FLAG(int64_t, byte_budget, 0,
           "--bits_per_param alone)");
 ABSL_FLAG(double, bits_per_param, 2.0,
           "update size cap in bits per trainable parameter (0 = none)");
+ABSL_FLAG(bool, guard, true,
+          "update guard: hold out --guard_holdout_fraction of each device's samples (never "
+          "trained on) and publish an update only if it raises the student's agreement with the "
+          "teacher on them beyond --guard_z paired standard errors; else withhold it (the "
+          "batches are consumed, the device stays where it is; event update_withheld)");
+ABSL_FLAG(double, guard_holdout_fraction, 0.2,
+          "update guard: share of each device's uplinked samples held out, in [0, 1)");
+ABSL_FLAG(int64_t, guard_pool, 128,
+          "update guard: most held-out samples kept per device (the newest)");
+ABSL_FLAG(int64_t, guard_min_pool, 16,
+          "update guard: smallest pool the paired rule runs on; below it an update ships unless "
+          "its agreement falls by more than --guard_z / sqrt(pool)");
+ABSL_FLAG(double, guard_z, 1.0,
+          "update guard: an update ships when its gain in agreement exceeds this many paired "
+          "standard errors");
 ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
@@ -287,6 +302,16 @@ int main(int argc, char** argv) {
     so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
     so.replay_capacity =
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
+    so.guard.enabled = absl::GetFlag(FLAGS_guard);
+    so.guard.holdout_fraction = absl::GetFlag(FLAGS_guard_holdout_fraction);
+    if (!(so.guard.holdout_fraction >= 0 && so.guard.holdout_fraction < 1)) {
+      return Fail(absl::InvalidArgumentError("--guard_holdout_fraction must be in [0, 1)"));
+    }
+    so.guard.pool_capacity =
+        static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_guard_pool)));
+    so.guard.min_pool =
+        static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_guard_min_pool)));
+    so.guard.z = absl::GetFlag(FLAGS_guard_z);
     if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
     auto created = PerDeviceStrategy::Create(so, samples->get(), updates->get(), registry->get());
     if (!created.ok()) return Fail(created.status());
@@ -324,6 +349,15 @@ int main(int argc, char** argv) {
            {"relative_error", r->relative_error},
            {"budget_raised_to", r->budget_raised_to},
            {"train_device", r->train_device},
+           {"held_out_samples", r->held_out_samples},
+           {"update_withheld", r->update_withheld},
+           {"guard",
+            {{"pool", r->guard.pool},
+             {"before", r->guard.before},
+             {"after", r->guard.after},
+             {"gain", r->guard.gain},
+             {"se", r->guard.se},
+             {"decision", r->guard.decision}}},
            {"notes", r->notes}});
     });
   }
@@ -415,17 +449,22 @@ int main(int argc, char** argv) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();
           nlohmann::json devices = nlohmann::json::object();
+          uint64_t withheld = 0;
           for (const std::string& id : (*registry)->DeviceIds()) {
             DeviceTrainingState t = strategy->State(id);
+            withheld += t.updates_withheld;
             auto record = (*registry)->Get(id);
             devices[id] = {{"mirror_version", t.version},
                            {"mirror_digest", absl::StrFormat("%016x", t.state_digest)},
                            {"consumed_sequence", t.consumed_sequence},
                            {"durable_sequence", (*samples)->HighestDurable(id)},
                            {"device_version", record.ok() ? record->applied_version() : 0},
-                           {"device_in_sync", record.ok() && record->in_sync()}};
+                           {"device_in_sync", record.ok() && record->in_sync()},
+                           {"updates_withheld", t.updates_withheld},
+                           {"holdout_pool", t.holdout_pool}};
           }
           s["devices"] = devices;
+          s["updates_withheld"] = withheld;
         }
         (void)internal::WriteFileAtomically(status_file, s.dump() + "\n");
       } while (!stop_status.WaitForNotificationWithTimeout(

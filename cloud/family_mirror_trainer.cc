@@ -6,9 +6,11 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "distill/akd.h"
+#include "distill/greedy_answers.h"
 #include "model/family/checkpoint.h"
 #include "model/family/trainable.h"
 
@@ -140,8 +142,50 @@ class FamilyMirrorTrainer final : public MirrorTrainer {
     learners_.erase(device_id);
   }
 
+  absl::StatusOr<std::vector<std::string>> TeacherAnswers(
+      const std::vector<const compress::UplinkSample*>& samples) override {
+    return Answers(teacher_, samples);
+  }
+
+  absl::StatusOr<std::vector<std::string>> StudentAnswers(
+      const compress::NamedTensors& mirror,
+      const std::vector<const compress::UplinkSample*>& samples) override {
+    try {
+      absl::StatusOr<model::Blip2Tower> student = distill::CopyMllm(student_base_, train_device_);
+      if (!student.ok()) return student.status();
+      if (absl::Status s = compress::CopyInto(mirror, model::TrainableParameters(**student));
+          !s.ok()) {
+        return s;
+      }
+      return Answers(*student, samples);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("the student's answers: ", e.what_without_backtrace()));
+    }
+  }
+
  private:
   FamilyMirrorTrainer() = default;
+
+  // `tower`'s greedy answers as the job's labels are made (distill::GreedyAnswers on the
+  // samples' kept tokens), each as its token ids in decimal.
+  absl::StatusOr<std::vector<std::string>> Answers(
+      model::Blip2Tower& tower, const std::vector<const compress::UplinkSample*>& samples) {
+    std::vector<std::string> out;
+    if (samples.empty()) return out;
+    try {
+      const model::TowerConfig& config = student_base_->config();
+      absl::StatusOr<distill::SamplePool> pool =
+          distill::BuildSamplePool(samples, config.num_visual_tokens, config.d_vis);
+      if (!pool.ok()) return pool.status();
+      for (const std::vector<int64_t>& ids : distill::GreedyAnswers(tower, *pool, settings_.job)) {
+        out.push_back(absl::StrJoin(ids, " "));
+      }
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("greedy answers: ", e.what_without_backtrace()));
+    }
+    return out;
+  }
 
   distill::DistillSettings settings_;
   model::Blip2Tower teacher_{nullptr};

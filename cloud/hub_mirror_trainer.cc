@@ -6,15 +6,17 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "compress/named_tensors.h"
+#include "distill/greedy_answers.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
-#include "model/hub/hf_adapter_state.h"
 #include "model/arch/hf_answerer.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/hf_adapter_state.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::cloud::internal {
@@ -148,14 +150,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
     std::vector<distill::HfSample> job;
     job.reserve(chosen.size());
     for (const compress::UplinkSample* s : chosen) {
-      compress::UplinkSample recomputed;
-      if (!s->frame.empty()) {
-        absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(*s);
-        if (!tokens.ok()) return tokens.status();
-        recomputed = *std::move(tokens);
-        s = &recomputed;
-      }
-      absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(*s, student_side_);
+      absl::StatusOr<distill::HfSample> h = JobSample(*s);
       if (!h.ok()) return h.status();
       job.push_back(*std::move(h));
     }
@@ -168,6 +163,59 @@ class HubMirrorTrainer final : public MirrorTrainer {
     out.stats.replay_samples = static_cast<int64_t>(chosen.size() - samples.size());
     out.notes = std::move(result->notes);
     out.trainable = std::move(result->trainable);
+    return out;
+  }
+
+  // An uplinked sample as the job reads it (the frame's tokens for a jpeg sample).
+  absl::StatusOr<distill::HfSample> JobSample(const compress::UplinkSample& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (s.frame.empty()) return distill::HfSampleFromUplink(s, student_side_);
+    absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(s);
+    if (!tokens.ok()) return tokens.status();
+    return distill::HfSampleFromUplink(*tokens, student_side_);
+  }
+
+  absl::StatusOr<std::vector<std::string>> TeacherAnswers(
+      const std::vector<const compress::UplinkSample*>& samples) override {
+    absl::MutexLock lock(&mu_);
+    return Answers(teacher_side_, samples);
+  }
+
+  absl::StatusOr<std::vector<std::string>> StudentAnswers(
+      const compress::NamedTensors& mirror,
+      const std::vector<const compress::UplinkSample*>& samples) override {
+    // The shared student takes the mirror as its trainable set (a job copies its own in).
+    absl::MutexLock lock(&mu_);
+    try {
+      if (absl::Status s = compress::CopyInto(mirror, student_->model().TrainableParameters());
+          !s.ok()) {
+        return s;
+      }
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("the mirror: ", e.what_without_backtrace()));
+    }
+    return Answers(student_side_, samples);
+  }
+
+  // `side`'s greedy answers to the samples as the job reads them: the decoded text,
+  // lower-cased (the teacher's and the student's tokenizers may differ in case handling).
+  absl::StatusOr<std::vector<std::string>> Answers(
+      const distill::HfPairSide& side, const std::vector<const compress::UplinkSample*>& samples)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> out;
+    try {
+      side.model->module().eval();
+      for (const compress::UplinkSample* s : samples) {
+        absl::StatusOr<distill::HfSample> h = JobSample(*s);
+        if (!h.ok()) return h.status();
+        absl::StatusOr<std::string> text =
+            distill::GreedyAnswer(side, *h, settings_.job.max_answer_tokens);
+        if (!text.ok()) return text.status();
+        out.push_back(absl::AsciiStrToLower(*text));
+      }
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("greedy answers: ", e.what_without_backtrace()));
+    }
     return out;
   }
 

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <iterator>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 
@@ -22,10 +25,10 @@
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
 #include "distill/learner.h"
-#include "model/family/checkpoint.h"
-#include "model/hub/safetensors.h"
-#include "model/family/trainable.h"
 #include "distill/replay_buffer.h"
+#include "model/family/checkpoint.h"
+#include "model/family/trainable.h"
+#include "model/hub/safetensors.h"
 #include "proto/wire.h"
 
 namespace cdcca::cloud {
@@ -61,15 +64,31 @@ absl::StatusOr<compress::NamedTensors> TensorsFromSafetensors(absl::string_view 
 // ---- PerDeviceStrategy ----------------------------------------------------------------------
 
 struct PerDeviceStrategy::Impl {
+  // A held-out sample of the update guard and the answers known for it.
+  struct HoldoutEntry {
+    std::shared_ptr<const compress::UplinkSample> sample;
+    bool teacher_known = false;
+    std::string teacher;  // MirrorTrainer::TeacherAnswers
+    bool student_known = false;
+    uint64_t student_version = 0;  // the mirror version `student` was answered with
+    std::string student;
+  };
+  using HoldoutPool = std::deque<std::shared_ptr<HoldoutEntry>>;  // oldest first
+
   struct Device {
     absl::Mutex mu;  // held for a whole job: one job per device at a time
     uint64_t version = 0;
     uint64_t consumed = 0;
     uint64_t digest = 0;
     uint64_t jobs = 0;
+    uint64_t withheld = 0;          // updates the guard withheld since the start
     compress::NamedTensors mirror;  // fp32 CPU; equals the device's state at `version`
     compress::DeltaEncoder encoder;
     std::unique_ptr<distill::ReplayBuffer> replay;
+    // The guard's held-out samples up to `consumed` (the newest pool_capacity); built from
+    // the sample log at the first job after a load.
+    HoldoutPool holdout;
+    bool holdout_built = false;
     bool loaded = false;
     // A copy of the fields above for State(), which must not wait for a running job.
     absl::Mutex info_mu;
@@ -82,6 +101,8 @@ struct PerDeviceStrategy::Impl {
       info.state_digest = digest;
       info.consumed_sequence = consumed;
       info.jobs = jobs;
+      info.updates_withheld = withheld;
+      info.holdout_pool = holdout.size();
       info_valid = true;
     }
   };
@@ -223,6 +244,155 @@ struct PerDeviceStrategy::Impl {
     return absl::OkStatus();
   }
 
+  // The held-out samples of one decoded batch move to `held`, the others to `train`.
+  void SplitHeldOut(const std::string& id, uint64_t sequence,
+                    std::vector<compress::UplinkSample>& batch,
+                    std::vector<compress::UplinkSample>* train, HoldoutPool* held) const {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (options.guard.enabled && IsHeldOut(id, sequence, i, options.guard.holdout_fraction)) {
+        auto entry = std::make_shared<HoldoutEntry>();
+        entry->sample = std::make_shared<const compress::UplinkSample>(std::move(batch[i]));
+        held->push_back(std::move(entry));
+      } else if (train != nullptr) {
+        train->push_back(std::move(batch[i]));
+      }
+    }
+  }
+
+  // `pool` followed by `fresh`, the newest pool_capacity of them.
+  HoldoutPool JoinHoldout(const HoldoutPool& pool, const HoldoutPool& fresh) const {
+    HoldoutPool out = pool;
+    out.insert(out.end(), fresh.begin(), fresh.end());
+    while (out.size() > options.guard.pool_capacity) out.pop_front();
+    return out;
+  }
+
+  // Builds d.holdout once after a load: the held-out samples of the device's batches up to
+  // the cursor, read back from the sample log in spans that double from the cursor down
+  // until the pool is full or the log's start is reached. Batches that do not decode are
+  // passed over, as the jobs passed over them. Caller holds d.mu.
+  absl::Status BuildHoldout(const std::string& id, Device& d) {
+    if (d.holdout_built) return absl::OkStatus();
+    HoldoutPool pool;
+    uint64_t to = d.consumed;
+    uint64_t span = 16;
+    while (options.guard.enabled && to >= 1 && pool.size() < options.guard.pool_capacity) {
+      const uint64_t from = to > span ? to - span + 1 : 1;
+      absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
+          samples->Read(id, from, static_cast<size_t>(to - from + 1));
+      if (!records.ok()) return records.status();
+      HoldoutPool older;
+      for (const store::v1::SampleRecord& r : *records) {
+        const uint64_t seq = r.batch().sequence();
+        if (seq > to) break;
+        absl::StatusOr<CheckedBatch> checked =
+            DecodeCheckedPayload(r.batch().payload(), trainer->spec());
+        if (checked.ok()) SplitHeldOut(id, seq, checked->samples, nullptr, &older);
+      }
+      pool.insert(pool.begin(), older.begin(), older.end());
+      if (from == 1) break;
+      to = from - 1;
+      span *= 2;
+    }
+    while (pool.size() > options.guard.pool_capacity) pool.pop_front();
+    d.holdout = std::move(pool);
+    d.holdout_built = true;
+    return absl::OkStatus();
+  }
+
+  // Scores `pool` for the guard: the teacher's answers and the student's at d.version where
+  // not cached (they are cached in the entries), and the student's with the `after` mirror
+  // (returned in `after_answers`, in pool order). Caller holds d.mu.
+  absl::StatusOr<GuardVerdict> ScoreUpdate(Device& d, const HoldoutPool& pool,
+                                           const compress::NamedTensors& after,
+                                           std::vector<std::string>* after_answers) {
+    if (pool.empty()) return JudgeUpdate({}, {}, options.guard);
+    std::vector<HoldoutEntry*> need_teacher, need_student;
+    std::vector<const compress::UplinkSample*> all;
+    for (const std::shared_ptr<HoldoutEntry>& e : pool) {
+      all.push_back(e->sample.get());
+      if (!e->teacher_known) need_teacher.push_back(e.get());
+      if (!e->student_known || e->student_version != d.version) need_student.push_back(e.get());
+    }
+    auto samples_of = [](const std::vector<HoldoutEntry*>& entries) {
+      std::vector<const compress::UplinkSample*> out;
+      for (const HoldoutEntry* e : entries) out.push_back(e->sample.get());
+      return out;
+    };
+    auto check = [](const absl::StatusOr<std::vector<std::string>>& answers, size_t n,
+                    const char* whose) -> absl::Status {
+      if (!answers.ok()) return answers.status();
+      if (answers->size() != n) {
+        return absl::InternalError(
+            absl::StrCat(whose, " answered ", answers->size(), " of ", n, " held-out samples"));
+      }
+      return absl::OkStatus();
+    };
+    if (!need_teacher.empty()) {
+      absl::StatusOr<std::vector<std::string>> t =
+          trainer->TeacherAnswers(samples_of(need_teacher));
+      if (absl::Status s = check(t, need_teacher.size(), "the teacher"); !s.ok()) return s;
+      for (size_t i = 0; i < need_teacher.size(); ++i) {
+        need_teacher[i]->teacher = std::move((*t)[i]);
+        need_teacher[i]->teacher_known = true;
+      }
+    }
+    if (!need_student.empty()) {
+      absl::StatusOr<std::vector<std::string>> b =
+          trainer->StudentAnswers(d.mirror, samples_of(need_student));
+      if (absl::Status s = check(b, need_student.size(), "the mirror"); !s.ok()) return s;
+      for (size_t i = 0; i < need_student.size(); ++i) {
+        need_student[i]->student = std::move((*b)[i]);
+        need_student[i]->student_version = d.version;
+        need_student[i]->student_known = true;
+      }
+    }
+    absl::StatusOr<std::vector<std::string>> a = trainer->StudentAnswers(after, all);
+    if (absl::Status s = check(a, all.size(), "the updated mirror"); !s.ok()) return s;
+    std::vector<bool> before_agrees, after_agrees;
+    for (size_t i = 0; i < pool.size(); ++i) {
+      before_agrees.push_back(pool[i]->student == pool[i]->teacher);
+      after_agrees.push_back((*a)[i] == pool[i]->teacher);
+    }
+    *after_answers = *std::move(a);
+    return JudgeUpdate(before_agrees, after_agrees, options.guard);
+  }
+
+  // An update the guard did not let through: the batches are consumed (the cursor moves
+  // durably), the trained samples join the replay buffer and the pool its new samples, the
+  // learner state trained along with the update is dropped; mirror, version and residual
+  // stay. Caller holds d.mu.
+  absl::StatusOr<JobReport> Withhold(const std::string& id, Device& d, HoldoutPool pool,
+                                     const std::vector<compress::UplinkSample>& trained,
+                                     JobReport& report) {
+    if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+    d.holdout = std::move(pool);
+    d.replay->Add(trained);
+    trainer->Forget(id);
+    ++d.jobs;
+    ++d.withheld;
+    d.PublishInfo();
+    const GuardVerdict& v = report.guard;
+    std::fprintf(stderr,
+                 "{\"event\":\"update_withheld\",\"device_id\":\"%s\",\"version\":%llu,"
+                 "\"batches\":[%llu,%llu],\"pool\":%lld,\"before\":%.4f,\"after\":%.4f,"
+                 "\"gain\":%.4f,\"se\":%.4f,\"z\":%.3f,\"decision\":\"%s\","
+                 "\"payload_bytes\":%llu}\n",
+                 id.c_str(), static_cast<unsigned long long>(d.version),
+                 static_cast<unsigned long long>(report.first_sequence),
+                 static_cast<unsigned long long>(report.last_sequence),
+                 static_cast<long long>(v.pool), v.before, v.after, v.gain, v.se, options.guard.z,
+                 v.decision.c_str(), static_cast<unsigned long long>(report.payload_bytes));
+    report.update_withheld = true;
+    report.new_version = d.version;
+    report.state_digest = d.digest;
+    report.payload_bytes = 0;
+    report.bits_per_param = 0;
+    report.relative_error = 0;
+    report.budget_raised_to = 0;
+    return report;
+  }
+
   absl::StatusOr<JobReport> RunJob(const std::string& id, Device& d) {
     if (absl::Status s = Load(id, d); !s.ok()) return s;
     absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
@@ -236,6 +406,7 @@ struct PerDeviceStrategy::Impl {
     report.new_version = d.version + 1;
     report.first_sequence = records->front().batch().sequence();
     std::vector<compress::UplinkSample> batch_samples;
+    std::vector<std::pair<uint64_t, size_t>> batch_origins;  // (sequence, samples) per batch
     uint64_t decoded_bytes = 0;
     for (const store::v1::SampleRecord& r : *records) {
       const uint64_t seq = r.batch().sequence();
@@ -263,6 +434,7 @@ struct PerDeviceStrategy::Impl {
         break;
       }
       decoded_bytes += checked->decoded_bytes;
+      batch_origins.emplace_back(seq, checked->samples.size());
       for (compress::UplinkSample& s : checked->samples) batch_samples.push_back(std::move(s));
       report.last_sequence = seq;
     }
@@ -271,11 +443,35 @@ struct PerDeviceStrategy::Impl {
       return absl::NotFoundError(absl::StrCat("no decodable samples in batches ",
                                               report.first_sequence, "-", report.last_sequence));
     }
-    report.samples = static_cast<int64_t>(batch_samples.size());
+
+    // The guard's share never trains: it joins the held-out pool when the job commits.
+    if (absl::Status s = BuildHoldout(id, d); !s.ok()) return s;
+    std::vector<compress::UplinkSample> train_samples;
+    HoldoutPool fresh;
+    {
+      auto next = batch_samples.begin();
+      for (const auto& [seq, count] : batch_origins) {
+        std::vector<compress::UplinkSample> batch(std::make_move_iterator(next),
+                                                  std::make_move_iterator(next + count));
+        next += static_cast<std::ptrdiff_t>(count);
+        SplitHeldOut(id, seq, batch, &train_samples, &fresh);
+      }
+    }
+    report.samples = static_cast<int64_t>(train_samples.size());
+    report.held_out_samples = static_cast<int64_t>(fresh.size());
+    if (train_samples.empty()) {
+      if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+      d.holdout = JoinHoldout(d.holdout, fresh);
+      d.PublishInfo();
+      report.new_version = d.version;
+      report.state_digest = d.digest;
+      report.notes.push_back("every sample of the job is held out for the guard: nothing trained");
+      return report;
+    }
 
     try {
       absl::StatusOr<internal::MirrorJob> result =
-          trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
+          trainer->Train(id, d.mirror, train_samples, d.replay.get(), d.version);
       if (!result.ok()) return result.status();
       // Uplinked features are finite (the codec checks) but may be large enough to overflow
       // training: a non-finite result must never become an update. The batches are passed
@@ -290,6 +486,8 @@ struct PerDeviceStrategy::Impl {
                      static_cast<unsigned long long>(report.last_sequence));
         trainer->Forget(id);  // phi/psi may have been fitted to the same features
         if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+        d.holdout = JoinHoldout(d.holdout, fresh);  // as a rebuild from the log would have it
+        d.PublishInfo();
         return absl::DataLossError(absl::StrCat("the job on batches ", report.first_sequence, "-",
                                                 report.last_sequence, " of ", id, " trained ", name,
                                                 " to a non-finite value; "
@@ -334,6 +532,18 @@ struct PerDeviceStrategy::Impl {
       report.payload_bytes = payload->stats.payload_bytes;
       report.bits_per_param = payload->stats.bits_per_param;
       report.relative_error = payload->stats.relative_error;
+
+      // The guard: the pool (with this job's held-out samples) before and after the update
+      // the device would apply.
+      HoldoutPool pool;
+      std::vector<std::string> after_answers;
+      if (options.guard.enabled) {
+        pool = JoinHoldout(d.holdout, fresh);
+        absl::StatusOr<GuardVerdict> verdict = ScoreUpdate(d, pool, mirror, &after_answers);
+        if (!verdict.ok()) return verdict.status();
+        report.guard = *verdict;
+      }
+      if (!report.guard.ship) return Withhold(id, d, std::move(pool), train_samples, report);
       if (options.fault == "after_train") InjectedCrash("after training");
 
       MirrorFile f;
@@ -359,8 +569,17 @@ struct PerDeviceStrategy::Impl {
       d.consumed = f.consumed;
       d.digest = digest;
       ++d.jobs;
+      if (options.guard.enabled) {
+        // The pool's answers with the mirror just committed are the ones scored as "after".
+        for (size_t i = 0; i < pool.size(); ++i) {
+          pool[i]->student = std::move(after_answers[i]);
+          pool[i]->student_version = d.version;
+          pool[i]->student_known = true;
+        }
+        d.holdout = std::move(pool);
+      }
       d.PublishInfo();
-      d.replay->Add(batch_samples);
+      d.replay->Add(train_samples);
       if (options.fault == "after_commit") InjectedCrash("after the commit");
       if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
                                               std::move(payload->bytes));

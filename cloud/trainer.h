@@ -28,6 +28,20 @@
 // crash came in between (or the store's copy is missing or damaged). So after a restart
 // every device resumes with its mirror, version, cursor and residual intact, and no sample
 // is trained twice or skipped. The replay buffer is not persisted (it restarts empty).
+//
+// The update guard (PerDeviceStrategyOptions::guard, cloud/update_guard.h): a job's samples
+// that IsHeldOut picks never train; they join the device's held-out pool (the newest
+// pool_capacity of them). After training, before anything is committed, the strategy scores
+// the pool against the teacher with the mirror before the job and with the mirror the device
+// would hold after applying the encoded update, and JudgeUpdate decides. A withheld update is
+// never committed or published: the cursor moves past the job's batches (committed as for
+// batches that give nothing to train), the trained samples join the replay buffer, the
+// device's learner state (phi, psi) is dropped with the update it was trained with, and the
+// mirror, version and residual stay. The pool is not persisted: after a restart a device's
+// first job rebuilds it from the sample log (the held-out samples of the batches up to the
+// cursor, newest first), which gives the same pool since the choice is a hash. The teacher's
+// answer per pooled sample and the student's answer at the mirror's version are cached in
+// memory (recomputed after a restart).
 #ifndef CDCCA_CLOUD_TRAINER_H_
 #define CDCCA_CLOUD_TRAINER_H_
 
@@ -49,6 +63,7 @@
 #include "cloud/device_registry.h"
 #include "cloud/internal/work_pool.h"
 #include "cloud/sample_store.h"
+#include "cloud/update_guard.h"
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
 #include "proto/clock.h"
@@ -64,6 +79,8 @@ struct JobReport {
   uint64_t first_sequence = 0;  // uplink batches consumed: [first_sequence, last_sequence]
   uint64_t last_sequence = 0;
   int64_t samples = 0;  // this round's samples trained on
+  // This round's samples held out for the update guard (never trained on; not in `samples`).
+  int64_t held_out_samples = 0;
   // Stored batches in [first_sequence, last_sequence] that do not fit the model (written
   // before ingest checked them): skipped, logged, and consumed so they never block a job.
   int skipped_batches = 0;
@@ -85,6 +102,12 @@ struct JobReport {
   // Set by JobScheduler: real time from the trigger firing to the job's start (waiting for
   // a free worker).
   double queue_seconds = 0;
+  // The update guard's finding (pool 0 and decision "" where it did not run: guard off, or
+  // nothing was trained). With update_withheld the update did not ship: new_version equals
+  // base_version, state_digest is the unchanged mirror's, payload_bytes is 0, and the
+  // batches are consumed all the same.
+  GuardVerdict guard;
+  bool update_withheld = false;
 };
 
 // What a strategy knows of one device, for health output and tests.
@@ -93,6 +116,10 @@ struct DeviceTrainingState {
   uint64_t state_digest = 0;       // compress::StateDigest of the mirror
   uint64_t consumed_sequence = 0;  // highest uplink batch trained on
   uint64_t jobs = 0;               // jobs run since the process started
+  // Updates the guard withheld since the process started, and the held-out pool's size (0
+  // until the device's first job since the start rebuilds it).
+  uint64_t updates_withheld = 0;
+  uint64_t holdout_pool = 0;
 };
 
 // Decides what a device's next update is. Implementations are thread-safe; the scheduler
@@ -175,6 +202,9 @@ struct PerDeviceStrategyOptions {
   double bits_per_param = 2.0;
   // Replay buffer capacity per device, in samples (0 = no replay). Default: 256.
   size_t replay_capacity = 256;
+  // The update guard (cloud/update_guard.h): held-out samples per device, and the rule that
+  // withholds an update that does not raise their agreement with the teacher beyond noise.
+  UpdateGuardOptions guard;
   // Test-only fault injection: "after_train" (process exits after training, before the
   // state file is written) or "after_commit" (after the state file, before publishing to
   // the update store). The process _exit()s with code 86 at that point. "" = off. The

@@ -1,6 +1,7 @@
 // PerDeviceStrategy and JobScheduler on the `tiny` family with random weights: a job turns
 // stored samples into an update that takes the device exactly to the mirror, state survives
-// a restart, a commit that was never published is republished, and the scheduler triggers.
+// a restart, a commit that was never published is republished, the scheduler triggers, and
+// the update guard withholds an update that makes the held-out agreement worse.
 #include "cloud/trainer.h"
 
 #include <torch/torch.h>
@@ -8,14 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "datasets/tokenizer.h"
-#include "model/family/checkpoint.h"
-#include "model/hub/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/family/checkpoint.h"
+#include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -62,6 +64,9 @@ class TrainerTest : public ::testing::Test {
     o.batch_size = 4;
     o.torch_threads = 1;
     o.bits_per_param = 4.0;
+    // These tests are about what a job commits and publishes: every sample trains and every
+    // update ships. The guard's own tests (GuardTest) turn it on.
+    o.guard.enabled = false;
     return o;
   }
 
@@ -297,6 +302,114 @@ TEST_F(TrainerTest, DamagedStateFileIsDataLoss) {
                        PerDeviceStrategy::Create(Options(), samples_.get(), updates_.get()));
   EXPECT_THAT(strategy_->Recover(), StatusIs(absl::StatusCode::kDataLoss));
 }
+
+// The update guard on a family whose teacher is the student's own weights (fp32, so the
+// mirror and the teacher compute alike): a job trained away from the teacher's labels (a
+// negative CE weight) lowers the held-out agreement and must not ship; a job trained toward
+// them from a student moved off the teacher raises it and ships.
+class GuardTest : public TrainerTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  // `offset` moves the student's trainable set off the teacher's (0 = identical).
+  void SaveTwinFamily(float offset) {
+    model::FamilyConfig twin = family_;
+    twin.teacher = twin.student;
+    model::VisionEncoder encoder(twin.vision);
+    model::Blip2Tower teacher(twin.teacher), student(twin.student);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = teacher->named_parameters();
+      for (auto& p : student->named_parameters()) p.value().copy_(from[p.key()]);
+      for (auto& [name, t] : model::TrainableParameters(*student)) {
+        t.add_(offset * torch::randn_like(t));
+      }
+    }
+    checkpoint_ = dir_.path() + "/twin";
+    ASSERT_OK(model::SaveFamily(checkpoint_, twin, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
+  }
+
+  // The guard on, half the samples held out, the paired rule from 8 held-out samples; the
+  // learner's CE weight `l_ce` (feature terms as the learner's preset).
+  PerDeviceStrategyOptions GuardOptions(double l_ce) {
+    PerDeviceStrategyOptions o = Options();
+    o.student_precision = "fp32";
+    o.learner = GetParam();
+    o.guard.enabled = true;
+    o.guard.holdout_fraction = 0.5;
+    o.guard.min_pool = 8;
+    o.guard.z = 1.0;
+    o.max_steps = 30;
+    o.batch_size = 8;
+    const std::string config = dir_.path() + "/distill.json";
+    std::ofstream(config) << "{\"learner\": {\"l_ce\": " << l_ce
+                          << "}, \"job\": {\"lr\": 0.03, \"replay_fraction\": 0}}";
+    o.distill_config = config;
+    return o;
+  }
+
+  void Start(const PerDeviceStrategyOptions& o) {
+    ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
+    ASSERT_OK(strategy_->Recover());
+  }
+};
+
+TEST_P(GuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
+  SaveTwinFamily(0.0f);
+  Start(GuardOptions(-1.0));
+  Uplink("dev-a", 1, 24);
+  Uplink("dev-a", 2, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_GE(report.guard.pool, 8);
+  EXPECT_EQ(report.guard.pool, report.held_out_samples);
+  EXPECT_EQ(report.samples + report.held_out_samples, 48);
+  EXPECT_DOUBLE_EQ(report.guard.before, 1.0);  // the student is the teacher
+  EXPECT_LT(report.guard.after, report.guard.before);
+  EXPECT_TRUE(report.update_withheld);
+  EXPECT_FALSE(report.guard.ship);
+  EXPECT_EQ(report.guard.decision, "not_beyond_noise");
+  // No update: the mirror, its version and the store stay; the batches are consumed.
+  EXPECT_EQ(report.new_version, 0u);
+  EXPECT_EQ(report.state_digest, strategy_->BaseDigest());
+  EXPECT_EQ(report.payload_bytes, 0u);
+  EXPECT_THAT(updates_->UpdateAfter("dev-a", 0).status(), StatusIs(absl::StatusCode::kNotFound));
+  DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.version, 0u);
+  EXPECT_EQ(state.state_digest, strategy_->BaseDigest());
+  EXPECT_EQ(state.consumed_sequence, 2u);
+  EXPECT_EQ(state.updates_withheld, 1u);
+  EXPECT_EQ(state.holdout_pool, static_cast<uint64_t>(report.held_out_samples));
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+
+  // The cursor move was committed, and a restart rebuilds the same pool from the log.
+  OpenStores();
+  Start(GuardOptions(-1.0));
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  Uplink("dev-a", 3, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(next.first_sequence, 3u);
+  EXPECT_EQ(next.guard.pool, report.guard.pool + next.held_out_samples);
+  EXPECT_TRUE(next.update_withheld);
+  EXPECT_EQ(strategy_->State("dev-a").version, 0u);
+  EXPECT_EQ(strategy_->State("dev-a").updates_withheld, 1u);  // since this start
+}
+
+TEST_P(GuardTest, AnUpdateThatHelpsShips) {
+  SaveTwinFamily(0.5f);
+  Start(GuardOptions(1.0));
+  Uplink("dev-a", 1, 24);
+  Uplink("dev-a", 2, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_GE(report.guard.pool, 8);
+  EXPECT_GT(report.guard.after, report.guard.before);
+  EXPECT_FALSE(report.update_withheld);
+  EXPECT_EQ(report.guard.decision, "helps");
+  EXPECT_EQ(report.new_version, 1u);
+  ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-a", 0));
+  EXPECT_EQ(update.state_digest, report.state_digest);
+  EXPECT_EQ(strategy_->State("dev-a").updates_withheld, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLearner, GuardTest, ::testing::Values("pl", "akd", "pkd", "cwd"));
 
 TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
   MakeStrategy();

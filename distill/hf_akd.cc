@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distill/greedy_answers.h"
 #include "distill/losses.h"
 
 namespace cdcca::distill {
@@ -53,6 +54,51 @@ torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
   return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
 }
 
+// The side's prompt ids: its template, its tokenizer (with specials), image tokens expanded.
+absl::StatusOr<std::vector<int64_t>> PromptIds(const HfPairSide& side, const std::string& prompt) {
+  std::string text = prompt;
+  if (side.format_prompt) {
+    absl::StatusOr<std::string> f = side.format_prompt(prompt);
+    if (!f.ok()) return f.status();
+    text = *f;
+  }
+  absl::StatusOr<std::vector<int64_t>> ids = side.encode(text, /*special=*/true);
+  if (!ids.ok()) return ids.status();
+  return side.model->ExpandImageTokens(*ids);
+}
+
+// InstructBLIP's Q-Former ids of the prompt; empty for the other models.
+absl::StatusOr<std::vector<int64_t>> QformerIds(const HfPairSide& side, const std::string& prompt) {
+  if (side.model->model_type() != "instructblip") return std::vector<int64_t>{};
+  if (!side.qformer_encode) {
+    return absl::InvalidArgumentError("an InstructBLIP side needs its Q-Former tokenizer");
+  }
+  return side.qformer_encode(prompt);
+}
+
+// One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`.
+model::TokenInputs TokenInputsOf(const torch::Tensor& tokens, const torch::Tensor& present,
+                                 const std::vector<int64_t>& ids,
+                                 const std::vector<int64_t>& qformer, torch::Device d) {
+  model::TokenInputs in;
+  in.visual_tokens = tokens;
+  in.visual_present = present;
+  in.input_ids = Ids(ids, d);
+  if (!qformer.empty()) {
+    in.qformer_input_ids = Ids(qformer, d);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
+  return in;
+}
+
+// A sample's present mask as a [1, N] bool row on `device` (all present when undefined).
+torch::Tensor PresentRow(const HfSample& sample, torch::Device device) {
+  return sample.present.defined()
+             ? Row(sample.present.to(device, torch::kBool))
+             : torch::ones({1, sample.tokens.size(0)},
+                           torch::TensorOptions().dtype(torch::kBool).device(device));
+}
+
 }  // namespace
 
 struct HfPairDistiller::State {
@@ -70,61 +116,25 @@ struct HfPairDistiller::State {
     return config.feature_loss != FeatureLoss::kNone && (config.l_query > 0 || config.l_repr > 0);
   }
 
-  absl::StatusOr<std::vector<int64_t>> PromptIds(const HfPairSide& side,
-                                                 const std::string& prompt) const {
-    std::string text = prompt;
-    if (side.format_prompt) {
-      absl::StatusOr<std::string> f = side.format_prompt(prompt);
-      if (!f.ok()) return f.status();
-      text = *f;
-    }
-    absl::StatusOr<std::vector<int64_t>> ids = side.encode(text, /*special=*/true);
-    if (!ids.ok()) return ids.status();
-    return side.model->ExpandImageTokens(*ids);
-  }
-
-  absl::StatusOr<std::vector<int64_t>> QformerIds(const HfPairSide& side,
-                                                  const std::string& prompt) const {
-    if (side.model->model_type() != "instructblip") return std::vector<int64_t>{};
-    if (!side.qformer_encode) {
-      return absl::InvalidArgumentError("an InstructBLIP side needs its Q-Former tokenizer");
-    }
-    return side.qformer_encode(prompt);
-  }
-
   static model::TokenInputs Inputs(const PreparedSample& s, const std::vector<int64_t>& ids,
                                    const std::vector<int64_t>& qformer, torch::Device d) {
-    model::TokenInputs in;
-    in.visual_tokens = s.tokens;
-    in.visual_present = s.present;
-    in.input_ids = Ids(ids, d);
-    if (!qformer.empty()) {
-      in.qformer_input_ids = Ids(qformer, d);
-      in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
-    }
-    return in;
+    return TokenInputsOf(s.tokens, s.present, ids, qformer, d);
   }
 
   // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits.
   absl::Status Prepare(const HfSample& sample, PreparedSample* out, std::string* label) {
     torch::NoGradGuard no_grad;
     out->tokens = Row(sample.tokens.to(device, torch::kFloat));
-    out->present = sample.present.defined()
-                       ? Row(sample.present.to(device, torch::kBool))
-                       : torch::ones({1, sample.tokens.size(0)},
-                                     torch::TensorOptions().dtype(torch::kBool).device(device));
+    out->present = PresentRow(sample, device);
     absl::StatusOr<std::vector<int64_t>> t_prompt = PromptIds(teacher, sample.prompt);
     if (!t_prompt.ok()) return t_prompt.status();
     absl::StatusOr<std::vector<int64_t>> t_qformer = QformerIds(teacher, sample.prompt);
     if (!t_qformer.ok()) return t_qformer.status();
-    model::GreedyOptions g;
-    g.max_new_tokens = options.max_answer_tokens;
-    g.eos_token_ids = teacher.model->eos_token_ids();
-    absl::StatusOr<model::GreedyResult> gen = teacher.model->GenerateFromTokens(
-        Inputs(*out, *t_prompt, *t_qformer, teacher.model->device()), g);
-    if (!gen.ok()) return gen.status();
-    std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
-    *label = std::string(absl::StripAsciiWhitespace(teacher.decode(answer)));
+    std::vector<int64_t> answer;
+    absl::StatusOr<std::string> text =
+        GreedyAnswer(teacher, sample, options.max_answer_tokens, &answer);
+    if (!text.ok()) return text.status();
+    *label = *std::move(text);
     const int64_t t_eos_id = FirstEos(*teacher.model);
     if (t_eos_id >= 0) answer.push_back(t_eos_id);
 
@@ -491,6 +501,28 @@ absl::StatusOr<HfJobResult> HfPairDistiller::RunFrom(const compress::NamedTensor
     t = (*base.at(name) + (t - *at_start.at(name))).contiguous();
   }
   return result;
+}
+
+absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
+                                         int max_new_tokens, std::vector<int64_t>* ids) {
+  torch::NoGradGuard no_grad;
+  const torch::Device device = side.model->device();
+  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(side, sample.prompt);
+  if (!prompt.ok()) return prompt.status();
+  absl::StatusOr<std::vector<int64_t>> qformer = QformerIds(side, sample.prompt);
+  if (!qformer.ok()) return qformer.status();
+  model::GreedyOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.eos_token_ids = side.model->eos_token_ids();
+  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(
+      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
+                    *prompt, *qformer, device),
+      g);
+  if (!gen.ok()) return gen.status();
+  std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
+  std::string text(absl::StripAsciiWhitespace(side.decode(answer)));
+  if (ids != nullptr) *ids = std::move(answer);
+  return text;
 }
 
 HfPairSide IdsAsTextSide(model::MultimodalModel* model) {

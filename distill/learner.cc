@@ -13,6 +13,7 @@
 #include "distill/akd.h"
 #include "distill/baselines/cotta.h"
 #include "distill/baselines/tent.h"
+#include "distill/greedy_answers.h"
 #include "model/family/checkpoint.h"
 #include "model/runtime/threads.h"
 
@@ -88,6 +89,29 @@ LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& p
 torch::Device ModuleDevice(const torch::nn::Module& module) {
   for (const auto& p : module.parameters()) return p.device();
   return torch::kCPU;
+}
+
+std::vector<std::vector<int64_t>> GreedyAnswers(model::Blip2Tower& tower, const SamplePool& pool,
+                                                const JobOptions& options) {
+  const torch::Device device = ModuleDevice(*tower);
+  tower->eval();
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(static_cast<size_t>(pool.size()));
+  const int64_t chunk = std::max(1, options.batch_size);
+  for (int64_t begin = 0; begin < pool.size(); begin += chunk) {
+    std::vector<int64_t> idx;
+    for (int64_t i = begin; i < std::min(pool.size(), begin + chunk); ++i) idx.push_back(i);
+    std::vector<std::vector<int64_t>> prompts, empty(idx.size());
+    for (int64_t i : idx) prompts.push_back(pool.prompts[i]);
+    TextBatch prompt_only = CollateText(prompts, empty, options.pad_id);
+    model::GenerateResult g = tower->Generate(
+        SelectRows(pool.visual_tokens, idx).to(device),
+        SelectRows(pool.visual_mask, idx).to(device), prompt_only.text_ids.to(device),
+        prompt_only.text_valid.to(device), options.max_answer_tokens, options.eos_id);
+    for (size_t r = 0; r < idx.size(); ++r) out.push_back(AnswerTokens(g.tokens, g.lengths, r));
+  }
+  return out;
 }
 
 absl::StatusOr<model::Blip2Tower> CopyMllm(model::Blip2Tower& source, torch::Device device) {

@@ -185,6 +185,16 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
     CDCCA_RETURN_IF_ERROR(Read(*it, "workers", where, &e.job.workers));
     CDCCA_RETURN_IF_ERROR(Read(*it, "device", where, &e.job.device));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard", where, &e.job.guard));
+    CDCCA_RETURN_IF_ERROR(
+        Read(*it, "guard_holdout_fraction", where, &e.job.guard_holdout_fraction));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_z", where, &e.job.guard_z));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_min_pool", where, &e.job.guard_min_pool));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.job.guard_min_pool >= 0, where, "guard_min_pool", "must be >= 0"));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.job.guard_holdout_fraction >= 0 && e.job.guard_holdout_fraction < 1, where,
+              "guard_holdout_fraction", "must be in [0, 1)"));
     CDCCA_RETURN_IF_ERROR(Check(e.job.device == "cpu" || e.job.device == "cuda", where, "device",
                                 absl::StrCat("must be cpu or cuda, not \"", e.job.device, "\"")));
     CDCCA_RETURN_IF_ERROR(

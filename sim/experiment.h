@@ -10,7 +10,7 @@
 //     "methods": ["source-only", "tent", "cotta", "pkd", "cwd", "cd-cca"],
 //     "uts": {"keep_fraction": 0.5, "token_ratio": 0.5, "mc_passes": 8, "dropout_p": 0.1,
 //             "precision": "fp16"},
-//     "job": {"max_steps": 200, "batch_size": 16, "workers": 1},
+//     "job": {"max_steps": 200, "batch_size": 16, "workers": 1, "guard": true},
 //     "link": {"up_mbit_s": 20, "down_mbit_s": 100, "latency_ms": 20, "loss": 0.0},
 //     "downlink_bits_per_param": 2.0
 //   }
@@ -88,6 +88,12 @@ struct JobSettings {
   // its ridge-initialised projections does not).
   int workers = 1;
   std::string device = "cpu";  // where the cloud's jobs train: "cpu" or "cuda"
+  // The cloud's update guard (cdcca-cloud's --guard, --guard_holdout_fraction, --guard_z,
+  // --guard_min_pool), under those names in the experiment's "job". Default: the program's.
+  bool guard = true;
+  double guard_holdout_fraction = 0.2;
+  double guard_z = 1.0;
+  int guard_min_pool = 16;
 };
 
 struct Experiment {

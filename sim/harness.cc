@@ -380,6 +380,10 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.torch_threads = e.threads;
   po.bits_per_param = e.downlink_bits_per_param;
   po.max_batches_per_job = 1u << 20;  // a round's job trains on everything uplinked
+  po.guard.enabled = e.job.guard;
+  po.guard.holdout_fraction = e.job.guard_holdout_fraction;
+  po.guard.z = e.job.guard_z;
+  po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());
   if (!strategy.ok()) return strategy.status();
@@ -779,6 +783,10 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           r.job_seconds = it->second.train_seconds;
           r.queue_seconds = it->second.queue_seconds;
           r.downlink_payload_bytes = it->second.payload_bytes;
+          r.update_withheld = it->second.update_withheld;
+          r.guard_pool = it->second.guard.pool;
+          r.guard_before = it->second.guard.before;
+          r.guard_after = it->second.guard.after;
         }
         const device::AgentStats st = d.agent->Stats();
         r.downlink_seconds =

@@ -77,6 +77,12 @@ struct DeviceRound {
   double downlink_seconds = 0;  // measured: fetching, applying and reporting the update
   double job_seconds = 0;       // cloud training (or on-device adaptation) time
   double queue_seconds = 0;     // measured: the scheduler's trigger to the job's start
+  // The cloud's update guard on the round's job (cloud/update_guard.h): whether it withheld
+  // the update (the device then stays at its version), and the held-out pool it scored with
+  // the agreement with the teacher before and after the update (pool 0: not scored).
+  bool update_withheld = false;
+  int64_t guard_pool = 0;
+  double guard_before = 0, guard_after = 0;
   uint64_t version = 0;         // model version the device runs after the round
   uint64_t state_digest = 0;    // of the device's trainable set after the round
   bool in_sync = true;          // device digest == cloud mirror digest

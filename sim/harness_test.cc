@@ -67,6 +67,8 @@ class HarnessTest : public ::testing::Test {
     e.link.latency_ms = 2;
     e.threads = 1;
     e.distill_config = "";
+    // One update per round (the books below count them); GuardIsReportedPerRound has it on.
+    e.job.guard = false;
     return e;
   }
 
@@ -196,6 +198,38 @@ TEST_F(HarnessTest, CaptionRunsScoreEveryCategory) {
   EXPECT_THAT(md, HasSubstr("| method | in-domain | near-domain | out-domain | all |"));
   EXPECT_THAT(md, HasSubstr("CIDEr-D points"));
   EXPECT_THAT(SummaryTable(run), HasSubstr("captions CIDEr-D / BLEU-4"));
+}
+
+// The cloud's update guard in the deployed round: with a margin no update can pass, every
+// round's update is withheld, the devices stay at version 0 in sync with their mirrors, and
+// report.md and results.json count the withheld updates per round.
+TEST_F(HarnessTest, GuardIsReportedPerRound) {
+  Experiment e = TinyExperiment({"cd-cca"});
+  e.job.guard = true;
+  e.job.guard_holdout_fraction = 0.5;
+  e.job.guard_min_pool = 1;
+  e.job.guard_z = 1e6;
+  HarnessOptions options;
+  options.work_dir = dir_.path() + "/work";
+  options.seed = 5;
+  ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+  int withheld = 0;
+  for (const DeviceRound& r : run.methods[0].rounds) {
+    if (r.round == 0) continue;
+    SCOPED_TRACE(absl::StrCat("device ", r.device, " round ", r.round));
+    EXPECT_GT(r.guard_pool, 0);
+    EXPECT_TRUE(r.update_withheld);
+    EXPECT_EQ(r.downlink_payload_bytes, 0u);
+    EXPECT_EQ(r.version, 0u);
+    EXPECT_TRUE(r.in_sync);
+    withheld += r.update_withheld ? 1 : 0;
+  }
+  EXPECT_EQ(withheld, e.devices * e.rounds);
+  ASSERT_OK(WriteReport(run, dir_.path() + "/report"));
+  EXPECT_THAT(ReadText(dir_.path() + "/report/report.md"), HasSubstr("| cd-cca | 2 | 2 | 4 |"));
+  const nlohmann::json results =
+      nlohmann::json::parse(ReadText(dir_.path() + "/report/results.json"));
+  EXPECT_EQ(results["methods"][0]["updates_withheld_per_round"], nlohmann::json({2.0, 2.0}));
 }
 
 // A fleet runs the deployed round: the devices stream and uplink at once, the programs'

@@ -30,6 +30,7 @@ struct RoundSummary {
   double queue_seconds = 0, queue_max = 0;  // scheduler: sum and max over the round's jobs
   double frames = 0, kept_samples = 0, kept_tokens = 0;
   double updates = 0;  // devices that received an update this round
+  double withheld = 0;  // devices whose update the cloud's guard withheld this round
   bool in_sync = true;
 };
 
@@ -54,6 +55,7 @@ std::vector<RoundSummary> Summarize(const MethodResult& m, int devices) {
     s.kept_samples += static_cast<double>(r.kept_samples);
     s.kept_tokens += static_cast<double>(r.kept_tokens);
     s.updates += r.downlink_payload_bytes > 0 ? 1 : 0;
+    s.withheld += r.update_withheld ? 1 : 0;
     s.in_sync = s.in_sync && r.in_sync;
   }
   std::vector<RoundSummary> out;
@@ -489,6 +491,31 @@ std::string MarkdownReport(const RunResult& run) {
                     absl::StrJoin(QueueDelays(Summarize(m, e.devices)), " | "), " | ",
                     m.peak_jobs_in_flight, " |\n");
   }
+  // The cloud's update guard: updates withheld per round.
+  bool guard_header = false;
+  for (const MethodResult& m : run.methods) {
+    if (!UsesCloud(m)) continue;
+    if (!guard_header) {
+      absl::StrAppend(&md,
+                      "\n## Update guard\n\nUpdates the cloud withheld per round (of the "
+                      "devices' jobs) because they did not raise the student's agreement with "
+                      "the teacher on the device's held-out samples beyond noise; such a device "
+                      "stays at its version.\n\n| method |");
+      for (int r = 1; r <= e.rounds; ++r) absl::StrAppend(&md, " round ", r, " |");
+      md += " total |\n|---|";
+      for (int r = 0; r < e.rounds + 1; ++r) md += "---|";
+      md += "\n";
+      guard_header = true;
+    }
+    absl::StrAppend(&md, "| ", m.method, " |");
+    double total = 0;
+    for (const RoundSummary& r : Summarize(m, e.devices)) {
+      if (r.round == 0) continue;
+      absl::StrAppendFormat(&md, " %.0f |", r.withheld);
+      total += r.withheld;
+    }
+    absl::StrAppendFormat(&md, " %.0f |\n", total);
+  }
   // Paired comparison of CD-CCA with every other method.
   const std::vector<Paired> paired = PairedComparisons(run);
   if (!paired.empty()) {
@@ -542,7 +569,8 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   std::string csv =
       "method,device,round,domain,da,mc,questions,frames,kept_samples,kept_tokens,"
       "uplink_payload_bytes,uplink_wire_bytes,downlink_payload_bytes,downlink_wire_bytes,"
-      "uplink_seconds,downlink_seconds,job_seconds,version,in_sync,answer_ms,queue_seconds\n";
+      "uplink_seconds,downlink_seconds,job_seconds,version,in_sync,answer_ms,queue_seconds,"
+      "update_withheld\n";
   for (const MethodResult& m : run.methods) {
     json jm;
     jm["method"] = m.method;
@@ -551,28 +579,37 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     jm["peak_devices_streaming"] = m.peak_devices_streaming;
     jm["peak_jobs_in_flight"] = m.peak_jobs_in_flight;
     jm["peak_jobs_running"] = m.peak_jobs_running;
+    // Per round (1, 2, ...): the devices whose update the cloud's guard withheld.
+    jm["updates_withheld_per_round"] = json::array();
+    for (const RoundSummary& r : Summarize(m, e.devices)) {
+      if (r.round > 0) jm["updates_withheld_per_round"].push_back(r.withheld);
+    }
     for (const DeviceRound& r : m.rounds) {
-      jm["rounds"].push_back({{"device", r.device},
-                              {"round", r.round},
-                              {"domain", r.domain},
-                              {"da", r.da},
-                              {"mc", r.mc},
-                              {"questions", r.questions},
-                              {"frames", r.frames},
-                              {"kept_samples", r.kept_samples},
-                              {"kept_tokens", r.kept_tokens},
-                              {"uplink_payload_bytes", r.uplink_payload_bytes},
-                              {"uplink_wire_bytes", r.uplink_wire_bytes},
-                              {"downlink_payload_bytes", r.downlink_payload_bytes},
-                              {"downlink_wire_bytes", r.downlink_wire_bytes},
-                              {"uplink_seconds", r.uplink_seconds},
-                              {"downlink_seconds", r.downlink_seconds},
-                              {"job_seconds", r.job_seconds},
-                              {"queue_seconds", r.queue_seconds},
-                              {"version", r.version},
-                              {"state_digest", absl::StrFormat("%016x", r.state_digest)},
-                              {"in_sync", r.in_sync},
-                              {"answer_ms", r.answer_ms}});
+      jm["rounds"].push_back(
+          {{"device", r.device},
+           {"round", r.round},
+           {"domain", r.domain},
+           {"da", r.da},
+           {"mc", r.mc},
+           {"questions", r.questions},
+           {"frames", r.frames},
+           {"kept_samples", r.kept_samples},
+           {"kept_tokens", r.kept_tokens},
+           {"uplink_payload_bytes", r.uplink_payload_bytes},
+           {"uplink_wire_bytes", r.uplink_wire_bytes},
+           {"downlink_payload_bytes", r.downlink_payload_bytes},
+           {"downlink_wire_bytes", r.downlink_wire_bytes},
+           {"uplink_seconds", r.uplink_seconds},
+           {"downlink_seconds", r.downlink_seconds},
+           {"job_seconds", r.job_seconds},
+           {"queue_seconds", r.queue_seconds},
+           {"version", r.version},
+           {"state_digest", absl::StrFormat("%016x", r.state_digest)},
+           {"in_sync", r.in_sync},
+           {"answer_ms", r.answer_ms},
+           {"update_withheld", r.update_withheld},
+           {"guard",
+            {{"pool", r.guard_pool}, {"before", r.guard_before}, {"after", r.guard_after}}}});
       if (!r.captions.empty()) {
         json& jr = jm["rounds"].back();
         for (const DeviceRound::CaptionScore& c : r.captions) {
@@ -583,11 +620,11 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
         }
       }
       absl::StrAppendFormat(
-          &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f,%.4f\n",
+          &csv, "%s,%d,%d,%s,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.4f,%.4f,%d,%d,%.3f,%.4f,%d\n",
           m.method, r.device, r.round, r.domain, r.da, r.mc, r.questions, r.frames, r.kept_samples,
           r.kept_tokens, r.uplink_payload_bytes, r.uplink_wire_bytes, r.downlink_payload_bytes,
           r.downlink_wire_bytes, r.uplink_seconds, r.downlink_seconds, r.job_seconds, r.version,
-          r.in_sync ? 1 : 0, r.answer_ms, r.queue_seconds);
+          r.in_sync ? 1 : 0, r.answer_ms, r.queue_seconds, r.update_withheld ? 1 : 0);
     }
     j["methods"].push_back(jm);
   }

@@ -9,7 +9,8 @@
 //                        run, distill::HfPairDistiller per device. Jobs run one at a time (one
 //                        student model is shared).
 //
-// Thread-safety: Train may run concurrently for different devices, never twice for one.
+// Thread-safety: Train, TeacherAnswers and StudentAnswers may run concurrently for different
+// devices, never for one device at once.
 #ifndef CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
 #define CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
 
@@ -52,8 +53,20 @@ class MirrorTrainer {
                                           const std::vector<compress::UplinkSample>& samples,
                                           distill::ReplayBuffer* replay, uint64_t version) = 0;
   // Drops what persists between `device_id`'s jobs (after a job that went non-finite, whose
-  // learner state may be too); its next job starts it afresh.
+  // learner state may be too, or whose update was withheld); its next job starts it afresh.
   virtual void Forget(const std::string& device_id) = 0;
+
+  // The update guard's two sides (cloud/update_guard.h), one answer per sample, each a string
+  // that equals another exactly when the two answers are the same answer:
+  // the teacher's greedy answer from what it labels a job's sample from (its pseudo-label),
+  virtual absl::StatusOr<std::vector<std::string>> TeacherAnswers(
+      const std::vector<const compress::UplinkSample*>& samples) = 0;
+  // and the student's greedy answer on the same input with `mirror` as its trainable set:
+  // what the device answers with that state. May run concurrently with Train for another
+  // device (it waits where the trainer shares one student).
+  virtual absl::StatusOr<std::vector<std::string>> StudentAnswers(
+      const compress::NamedTensors& mirror,
+      const std::vector<const compress::UplinkSample*>& samples) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateFamilyMirrorTrainer(

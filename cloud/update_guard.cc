@@ -1,0 +1,57 @@
+#include "cloud/update_guard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "compress/hash64.h"
+
+namespace cdcca::cloud {
+
+bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction) {
+  if (!(fraction > 0)) return false;
+  std::string key = device_id;
+  key.push_back('\0');
+  const uint64_t words[2] = {sequence, static_cast<uint64_t>(index)};
+  key.append(reinterpret_cast<const char*>(words), sizeof(words));
+  const uint64_t h = compress::Hash64(key.data(), key.size(), /*seed=*/0x6775617264ull);
+  // The top 53 bits as a uniform double in [0, 1).
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
+}
+
+GuardVerdict JudgeUpdate(const std::vector<bool>& before, const std::vector<bool>& after,
+                         const UpdateGuardOptions& options) {
+  GuardVerdict v;
+  const size_t n = std::min(before.size(), after.size());
+  v.pool = static_cast<int64_t>(n);
+  if (n == 0) {
+    v.decision = "empty";
+    return v;
+  }
+  double sum = 0, sum_sq = 0, agree_before = 0, agree_after = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(after[i]) - static_cast<double>(before[i]);
+    sum += d;
+    sum_sq += d * d;
+    agree_before += before[i] ? 1 : 0;
+    agree_after += after[i] ? 1 : 0;
+  }
+  const double count = static_cast<double>(n);
+  v.before = agree_before / count;
+  v.after = agree_after / count;
+  v.gain = sum / count;
+  if (n >= 2) {
+    const double variance = std::max(0.0, (sum_sq - count * v.gain * v.gain) / (count - 1));
+    v.se = std::sqrt(variance / count);
+  }
+  if (n < options.min_pool) {
+    v.ship = !(v.gain < -options.z / std::sqrt(count));
+    v.decision = v.ship ? "small_pool" : "small_pool_worse";
+    return v;
+  }
+  v.ship = v.gain > options.z * v.se;
+  v.decision = v.ship ? "helps" : "not_beyond_noise";
+  return v;
+}
+
+}  // namespace cdcca::cloud

@@ -1,0 +1,65 @@
+// The update guard: no update that makes a device worse. The cloud holds out a fixed share
+// of each device's uplinked samples (jobs never train on them) and, before it publishes an
+// update, compares on that held-out pool how often the student's greedy answer equals the
+// teacher's, with the mirror before the job and with the mirror the device would hold after
+// applying the decoded update. PerDeviceStrategy (cloud/trainer.h) keeps the pool and runs
+// the models; this header is the arithmetic: which samples are held out and what the
+// paired comparison decides. Torch-free; pure functions, thread-safe.
+#ifndef CDCCA_CLOUD_UPDATE_GUARD_H_
+#define CDCCA_CLOUD_UPDATE_GUARD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cdcca::cloud {
+
+struct UpdateGuardOptions {
+  // Off: every update ships, no sample is held out. Default: on.
+  bool enabled = true;
+  // Share of each device's uplinked samples held out, in [0, 1). Default: 0.2.
+  double holdout_fraction = 0.2;
+  // Most held-out samples kept per device (the newest). Default: 128.
+  size_t pool_capacity = 128;
+  // Smallest pool the paired rule runs on; a smaller pool decides by JudgeUpdate's small-pool
+  // rule. Default: 16.
+  size_t min_pool = 16;
+  // The margin: an update ships when its gain in agreement exceeds z paired standard errors.
+  // Default: 1.0 (about 84 % one-sided confidence that the update helps).
+  double z = 1.0;
+};
+
+// Whether sample `index` of uplink batch `sequence` of `device_id` is held out: a hash of the
+// three against `fraction`, so the choice is the same in every job and after a restart, and
+// a device cannot steer it short of choosing its own id.
+bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction);
+
+// What the guard found for one update.
+struct GuardVerdict {
+  int64_t pool = 0;      // held-out samples scored
+  double before = 0;     // agreement with the teacher, mirror before the job, in [0, 1]
+  double after = 0;      // agreement with the mirror after the decoded update
+  double gain = 0;       // after - before
+  double se = 0;         // paired standard error of the gain (sample SD / sqrt(pool))
+  bool ship = true;      // publish the update
+  std::string decision;  // "helps", "not_beyond_noise", "small_pool", "small_pool_worse", "empty"
+};
+
+// The rule, per held-out sample i: d_i = after_i - before_i (each 1 where the student's
+// answer equals the teacher's, else 0); gain = mean d; se = sd(d) / sqrt(n) (sd over n - 1).
+//   n >= min_pool: ship iff gain > z * se ("helps"; else "not_beyond_noise": an update that
+//     changes no answer on the pool has gain 0 and does not ship).
+//   0 < n < min_pool: the pool cannot show that an update helps, and holding every update
+//     back until it fills would stall a new device's first rounds, when its shift is new; so
+//     the update ships ("small_pool") unless gain < -z / sqrt(n) ("small_pool_worse"):
+//     1 / sqrt(n) is the largest standard error n paired agreements can have, so such an
+//     update is worse beyond any noise the pool allows.
+//   n = 0: ships ("empty").
+// `before` and `after` must have the same size (the shorter one bounds the pool otherwise).
+GuardVerdict JudgeUpdate(const std::vector<bool>& before, const std::vector<bool>& after,
+                         const UpdateGuardOptions& options);
+
+}  // namespace cdcca::cloud
+
+#endif  // CDCCA_CLOUD_UPDATE_GUARD_H_

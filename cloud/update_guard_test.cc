@@ -1,0 +1,106 @@
+// The update guard's arithmetic: which samples are held out and what the paired rule decides
+// (table-driven). The guard on real models is in cloud/trainer_test.cc.
+#include "cloud/update_guard.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace cdcca::cloud {
+namespace {
+
+TEST(IsHeldOutTest, IsStableAndNearTheFraction) {
+  int held = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const bool h = IsHeldOut("dev-a", 1 + i / 50, i % 50, 0.2);
+    EXPECT_EQ(h, IsHeldOut("dev-a", 1 + i / 50, i % 50, 0.2));
+    held += h ? 1 : 0;
+  }
+  // 0.2 +- 4 standard deviations of a binomial share.
+  EXPECT_NEAR(static_cast<double>(held) / n, 0.2, 4 * std::sqrt(0.2 * 0.8 / n));
+  EXPECT_FALSE(IsHeldOut("dev-a", 1, 0, 0.0));
+  // Another device, sequence or index draws independently.
+  int same = 0;
+  for (int i = 0; i < 1000; ++i) {
+    same += IsHeldOut("dev-a", 7, i, 0.5) == IsHeldOut("dev-b", 7, i, 0.5) ? 1 : 0;
+  }
+  EXPECT_GT(same, 400);
+  EXPECT_LT(same, 600);
+}
+
+struct Case {
+  std::string name;
+  int both = 0, gained = 0, lost = 0, neither = 0;  // pairs (before, after)
+  bool ship = false;
+  std::string decision;
+};
+
+std::vector<bool> Before(const Case& c) {
+  std::vector<bool> v;
+  v.insert(v.end(), c.both, true);
+  v.insert(v.end(), c.gained, false);
+  v.insert(v.end(), c.lost, true);
+  v.insert(v.end(), c.neither, false);
+  return v;
+}
+
+std::vector<bool> After(const Case& c) {
+  std::vector<bool> v;
+  v.insert(v.end(), c.both, true);
+  v.insert(v.end(), c.gained, true);
+  v.insert(v.end(), c.lost, false);
+  v.insert(v.end(), c.neither, false);
+  return v;
+}
+
+TEST(JudgeUpdateTest, PairedRuleWithMarginAndSmallPools) {
+  UpdateGuardOptions o;  // min_pool 16, z 1
+  const std::vector<Case> cases = {
+      {"empty pool ships", 0, 0, 0, 0, true, "empty"},
+      {"clear gain", 10, 8, 0, 14, true, "helps"},
+      // gain 2/32 = 0.0625, se = 0.0434: ships at z = 1.
+      {"small gain beyond one se", 10, 2, 0, 20, true, "helps"},
+      // gain 1/32 = 0.031, se = 0.055: not beyond the margin.
+      {"a net gain of one is noise", 10, 2, 1, 19, false, "not_beyond_noise"},
+      {"no change does not ship", 16, 0, 0, 16, false, "not_beyond_noise"},
+      {"gains and losses cancel", 10, 5, 5, 12, false, "not_beyond_noise"},
+      {"worse", 10, 0, 6, 16, false, "not_beyond_noise"},
+      // Below min_pool: ships unless worse by more than z / sqrt(n).
+      {"small pool ships", 2, 1, 0, 1, true, "small_pool"},
+      {"small pool slightly worse ships", 2, 0, 1, 1, true, "small_pool"},
+      // n = 4, gain -3/4 < -1/2.
+      {"small pool clearly worse is withheld", 1, 0, 3, 0, false, "small_pool_worse"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const GuardVerdict v = JudgeUpdate(Before(c), After(c), o);
+    EXPECT_EQ(v.ship, c.ship);
+    EXPECT_EQ(v.decision, c.decision);
+    const int n = c.both + c.gained + c.lost + c.neither;
+    EXPECT_EQ(v.pool, n);
+    if (n > 0) {
+      EXPECT_DOUBLE_EQ(v.before, static_cast<double>(c.both + c.lost) / n);
+      EXPECT_DOUBLE_EQ(v.after, static_cast<double>(c.both + c.gained) / n);
+      EXPECT_DOUBLE_EQ(v.gain, static_cast<double>(c.gained - c.lost) / n);
+    }
+  }
+}
+
+TEST(JudgeUpdateTest, StandardErrorIsThePairedOne) {
+  // d = +1 x 3, -1 x 1, 0 x 4: mean 0.25, sample variance (4 - 8 * 0.0625) / 7 = 0.5.
+  const Case c{"", 0, 3, 1, 4};
+  const GuardVerdict v = JudgeUpdate(Before(c), After(c), UpdateGuardOptions{});
+  EXPECT_NEAR(v.se, std::sqrt(0.5 / 8), 1e-12);
+  UpdateGuardOptions loose;
+  loose.min_pool = 8;
+  loose.z = 0.99;  // 0.25 > 0.99 * 0.25
+  EXPECT_TRUE(JudgeUpdate(Before(c), After(c), loose).ship);
+  loose.z = 1.01;
+  EXPECT_FALSE(JudgeUpdate(Before(c), After(c), loose).ship);
+}
+
+}  // namespace
+}  // namespace cdcca::cloud
