@@ -37,6 +37,7 @@
 #include "cloud/internal/file_io.h"
 #include "cloud/trainer.h"
 #include "nlohmann/json.hpp"
+#include "proto/wire.h"
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"listen\": \"0.0.0.0:50051\", "
@@ -373,6 +374,24 @@ int main(int argc, char** argv) {
       Log({{"event", "applied"}, {"device_id", id}, {"version", version}, {"in_sync", in_sync}});
       if (scheduler_ != nullptr) scheduler_->OnApplied(id, version, in_sync);
     }
+    void OnUplinkRefused(const std::string& id, uint64_t sequence, cdcca::v1::UplinkRefusal refusal,
+                         cdcca::v1::RefusalReason reason, const absl::Status& status) override {
+      Log({{"event", "uplink_refused"},
+           {"device_id", id},
+           {"sequence", sequence},
+           {"reason", cdcca::wire::RefusalReasonName(reason)},
+           {"refusal", refusal == cdcca::v1::UPLINK_REFUSAL_PERMANENT    ? "permanent"
+                       : refusal == cdcca::v1::UPLINK_REFUSAL_RESEQUENCE ? "resequence"
+                                                                         : "transient"},
+           {"error", std::string(status.message())}});
+    }
+    void OnBatchDropped(const std::string& id, const cdcca::v1::DroppedBatch& d) override {
+      Log({{"event", "device_dropped_batch"},
+           {"device_id", id},
+           {"sequence", d.sequence()},
+           {"samples", d.sample_count()},
+           {"reason", cdcca::wire::RefusalReasonName(d.reason())}});
+    }
 
    private:
     JobScheduler* const scheduler_;
@@ -445,6 +464,18 @@ int main(int argc, char** argv) {
             {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
             {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
             {"sample_log_truncated_tail_bytes", (*samples)->Stats().truncated_tail_bytes}};
+        // Uplink refusals since start: by reason over all devices, and per device with the
+        // drops each device reported.
+        nlohmann::json refused = nlohmann::json::object();
+        nlohmann::json refusals = nlohmann::json::object();
+        for (const auto& [id, r] : service.Refusals()) {
+          for (const auto& [reason, n] : r.refused) {
+            refused[reason] = refused.value(reason, uint64_t{0}) + n;
+          }
+          refusals[id] = {{"refused", r.refused}, {"dropped_by_device", r.dropped}};
+        }
+        s["uplink_refused"] = refused;
+        s["uplink_refusals"] = refusals;
         if (scheduler != nullptr) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();

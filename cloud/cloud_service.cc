@@ -1,6 +1,7 @@
 #include "cloud/cloud_service.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,26 +45,55 @@ absl::Status ValidateCapabilities(const v1::Capabilities& caps) {
 }
 
 absl::Status ValidateBatch(const v1::UplinkBatch& batch) {
-  if (batch.sequence() == 0)
-    return absl::InvalidArgumentError("uplink sequence numbers start at 1");
+  const auto bad = [](v1::RefusalReason reason, absl::string_view why) {
+    return WithRefusalReason(absl::InvalidArgumentError(why), reason);
+  };
+  if (batch.sequence() == 0) {
+    return bad(v1::REFUSAL_REASON_MALFORMED, "uplink sequence numbers start at 1");
+  }
   if (batch.sample_count() == 0 || batch.sample_count() > wire::kMaxSamplesPerBatch) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has sample_count ",
-                                                   batch.sample_count(), "; allowed 1-",
-                                                   wire::kMaxSamplesPerBatch));
+    return bad(v1::REFUSAL_REASON_MALFORMED,
+               absl::StrCat("batch ", batch.sequence(), " has sample_count ", batch.sample_count(),
+                            "; allowed 1-", wire::kMaxSamplesPerBatch));
   }
   if (batch.payload().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " has no payload"));
+    return bad(v1::REFUSAL_REASON_MALFORMED,
+               absl::StrCat("batch ", batch.sequence(), " has no payload"));
   }
   if (batch.payload().size() > wire::kMaxChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch.sequence(), " payload is ",
-                                                   batch.payload().size(),
-                                                   " bytes; the limit is 1 MiB"));
+    return bad(v1::REFUSAL_REASON_TOO_LARGE,
+               absl::StrCat("batch ", batch.sequence(), " payload is ", batch.payload().size(),
+                            " bytes; the limit is 1 MiB"));
   }
   if (batch.codec_version() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch ", batch.sequence(), " has no codec_version"));
+    return bad(v1::REFUSAL_REASON_CODEC,
+               absl::StrCat("batch ", batch.sequence(), " has no codec_version"));
+  }
+  if (batch.dropped_size() > wire::kMaxDroppedReports) {
+    return bad(v1::REFUSAL_REASON_MALFORMED,
+               absl::StrCat("batch ", batch.sequence(), " reports ", batch.dropped_size(),
+                            " dropped batches; the limit is ", wire::kMaxDroppedReports));
   }
   return absl::OkStatus();
+}
+
+// The reason of a refusal: the one the checks attached, else what the store's status code
+// means (sequence gap, quota, or a failed write).
+v1::RefusalReason ReasonOf(const absl::Status& status) {
+  if (v1::RefusalReason reason = RefusalReasonOf(status);
+      reason != v1::REFUSAL_REASON_UNSPECIFIED) {
+    return reason;
+  }
+  switch (status.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+      return v1::REFUSAL_REASON_SEQUENCE_GAP;
+    case absl::StatusCode::kResourceExhausted:
+      return v1::REFUSAL_REASON_QUOTA;
+    case absl::StatusCode::kInvalidArgument:
+      return v1::REFUSAL_REASON_MALFORMED;
+    default:
+      return v1::REFUSAL_REASON_STORAGE;
+  }
 }
 
 void SetError(const absl::Status& status, v1::Error* error) {
@@ -251,11 +281,16 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
         return;
       }
     }
+    // The device's drop reports are about other batches: counted, not stored with this one.
+    std::vector<v1::DroppedBatch> dropped(batch.dropped().begin(), batch.dropped().end());
+    batch.clear_dropped();
     service_->samples_->Append(device_id_, std::move(batch),
-                               [this, seq](absl::StatusOr<AppendResult> r) { OnStored(seq, r); });
+                               [this, seq, dropped = std::move(dropped)](
+                                   absl::StatusOr<AppendResult> r) { OnStored(seq, dropped, r); });
   }
 
-  void OnStored(uint64_t seq, const absl::StatusOr<AppendResult>& result) {
+  void OnStored(uint64_t seq, const std::vector<v1::DroppedBatch>& dropped,
+                const absl::StatusOr<AppendResult>& result) {
     if (!result.ok()) {
       Reject(result.status(), seq);
       return;
@@ -264,6 +299,8 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
       ack_.set_duplicates(ack_.duplicates() + 1);
     } else {
       ack_.set_stored(ack_.stored() + 1);
+      // Reported once: a resend of this batch carries the same reports.
+      for (const v1::DroppedBatch& d : dropped) service_->RecordDropped(device_id_, d);
     }
     ack_.set_highest_durable_sequence(result->highest_durable);
     if (service_->observer_ != nullptr && !result->duplicate) {
@@ -272,10 +309,15 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
     StartRead(&message_);
   }
 
-  // Ends the stream at a bad batch: what came before it is stored and acked, as data.
+  // Ends the stream at a bad batch: what came before it is stored and acked, and the error,
+  // what the device should do about it and why, travel as data.
   void Reject(const absl::Status& status, uint64_t seq) {
+    const v1::RefusalReason reason = ReasonOf(status);
     SetError(status, ack_.mutable_error());
     ack_.set_rejected_sequence(seq);
+    ack_.set_refusal(RefusalFor(reason));
+    ack_.set_refusal_reason(reason);
+    service_->RecordRefused(device_id_, seq, reason, status);
     FinishWithAck();
   }
 
@@ -296,6 +338,35 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
 grpc::ServerReadReactor<grpc::ByteBuffer>* CloudService::Uplink(grpc::CallbackServerContext* ctx,
                                                                 grpc::ByteBuffer* ack) {
   return new UplinkReactor(this, ctx, ack);
+}
+
+void CloudService::RecordRefused(const std::string& device_id, uint64_t sequence,
+                                 v1::RefusalReason reason, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&refusals_mu_);
+    ++refusals_[device_id].refused[wire::RefusalReasonName(reason)];
+  }
+  if (observer_ != nullptr) {
+    observer_->OnUplinkRefused(device_id, sequence, RefusalFor(reason), reason, status);
+  }
+}
+
+void CloudService::RecordDropped(const std::string& device_id, v1::DroppedBatch dropped) {
+  // The device names the reason: one this build does not know counts as unspecified, so a
+  // device cannot grow the counters without bound.
+  if (!v1::RefusalReason_IsValid(dropped.reason())) {
+    dropped.set_reason(v1::REFUSAL_REASON_UNSPECIFIED);
+  }
+  {
+    absl::MutexLock lock(&refusals_mu_);
+    ++refusals_[device_id].dropped[wire::RefusalReasonName(dropped.reason())];
+  }
+  if (observer_ != nullptr) observer_->OnBatchDropped(device_id, dropped);
+}
+
+std::map<std::string, DeviceRefusals> CloudService::Refusals() const {
+  absl::MutexLock lock(&refusals_mu_);
+  return refusals_;
 }
 
 // ---- FetchUpdate / FetchSnapshot ------------------------------------------------------------

@@ -13,10 +13,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cloud/device_registry.h"
 #include "cloud/internal/work_pool.h"
@@ -37,6 +40,20 @@ class CloudObserver {
   virtual void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {}
   // The device reported running `version`; `in_sync` tells whether its digest matched.
   virtual void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {}
+  // Batch `sequence` of `device_id` was refused for `reason` (`status` says more); the
+  // device was told to act as `refusal` says.
+  virtual void OnUplinkRefused(const std::string& device_id, uint64_t sequence,
+                               v1::UplinkRefusal refusal, v1::RefusalReason reason,
+                               const absl::Status& status) {}
+  // The device reports it dropped a batch the cloud had refused for good.
+  virtual void OnBatchDropped(const std::string& device_id, const v1::DroppedBatch& dropped) {}
+};
+
+// Uplink refusals of one device since the service started, by reason
+// (wire::RefusalReasonName).
+struct DeviceRefusals {
+  std::map<std::string, uint64_t> refused;  // batches this service refused
+  std::map<std::string, uint64_t> dropped;  // batches the device reported it dropped
 };
 
 struct CloudServiceOptions {
@@ -44,7 +61,8 @@ struct CloudServiceOptions {
   v1::UtsSettings uts;
   // What an uplink batch must be (the model's sample shape, per-batch bounds). Every batch is
   // decoded and checked before it is stored; one that fails is refused with
-  // INVALID_ARGUMENT in the ack (error, rejected_sequence) and never stored.
+  // INVALID_ARGUMENT in the ack (error, rejected_sequence, refusal, refusal_reason) and never
+  // stored.
   SampleSpec sample_spec;
   // Fingerprint of the student base devices must run; 0 = accept any.
   uint64_t expected_fingerprint = 0;
@@ -94,6 +112,9 @@ class CloudService final
                                    const v1::HealthRequest* request,
                                    v1::HealthReply* reply) override;
 
+  // Per device, the uplink batches refused and the drops devices reported, since start.
+  std::map<std::string, DeviceRefusals> Refusals() const;
+
  private:
   class UplinkReactor;
   class PayloadWriter;
@@ -106,6 +127,9 @@ class CloudService final
   uint32_t ChunkBytesFor(const std::string& device_id) const;
   // True once: the stream that should be cut by fault injection.
   bool TakeInjectedCut();
+  void RecordRefused(const std::string& device_id, uint64_t sequence, v1::RefusalReason reason,
+                     const absl::Status& status);
+  void RecordDropped(const std::string& device_id, v1::DroppedBatch dropped);
 
   // Constant after construction.
   const CloudServiceOptions options_;
@@ -117,6 +141,8 @@ class CloudService final
   const absl::Time started_;
 
   std::atomic<bool> cut_done_{false};
+  mutable absl::Mutex refusals_mu_;
+  std::map<std::string, DeviceRefusals> refusals_ ABSL_GUARDED_BY(refusals_mu_);
   internal::WorkPool io_pool_;
 };
 

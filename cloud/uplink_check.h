@@ -1,7 +1,8 @@
 // What the cloud accepts of an uplinked batch: the model's sample shape and per-batch
 // bounds. The service checks every batch against it at ingest (a batch that fails is never
-// stored), and the trainer checks stored batches again before training on them (a log
-// written by an older version may hold batches that would fail today).
+// stored, and the device is told why and whether it can ever pass), and the trainer checks
+// stored batches again before training on them (a log written by an older version may hold
+// batches that would fail today).
 //
 // Torch-free; thread-safe (pure functions over values).
 #ifndef CDCCA_CLOUD_UPLINK_CHECK_H_
@@ -58,6 +59,16 @@ absl::StatusOr<CheckedBatch> DecodeCheckedPayload(absl::string_view payload,
 // The ingest check of one uplink batch: codec_version, payload (as above), and
 // sample_count equal to the samples the payload holds. Returns the decoded batch.
 absl::StatusOr<CheckedBatch> CheckUplinkBatch(const v1::UplinkBatch& batch, const SampleSpec& spec);
+
+// Every error the checks above return carries the reason of the refusal (v1::RefusalReason)
+// as a payload of the status; RefusalReasonOf reads it (REFUSAL_REASON_UNSPECIFIED when a
+// status has none) and WithRefusalReason attaches it.
+v1::RefusalReason RefusalReasonOf(const absl::Status& status);
+absl::Status WithRefusalReason(absl::Status status, v1::RefusalReason reason);
+
+// What a device should do with a batch refused for `reason`: drop it (a batch that will
+// never fit this cloud), send it again later (quota, storage), or renumber (sequence gap).
+v1::UplinkRefusal RefusalFor(v1::RefusalReason reason);
 
 }  // namespace cdcca::cloud
 

@@ -238,6 +238,12 @@ float RowScale(const float* row, size_t dim, float levels) {
 
 }  // namespace
 
+absl::Status CheckUplinkSample(const UplinkSample& sample, FeaturePrecision precision,
+                               const UplinkLimits& limits) {
+  if (!KnownPrecision(precision)) return absl::InvalidArgumentError("unknown feature precision");
+  return CheckSample(sample, 0, precision, limits);
+}
+
 absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& samples,
                                               FeaturePrecision precision,
                                               const UplinkLimits& limits, int zstd_level) {

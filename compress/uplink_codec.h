@@ -68,6 +68,11 @@ struct UplinkLimits {
   uint32_t max_frame_bytes = 4u << 20;    // one jpeg sample's frame. Default: 4 MiB
 };
 
+// The checks EncodeUplinkBatch makes of each sample: OK when `sample` encodes at
+// `precision` within `limits`; INVALID_ARGUMENT naming the field that breaks a bound.
+absl::Status CheckUplinkSample(const UplinkSample& sample, FeaturePrecision precision,
+                               const UplinkLimits& limits = {});
+
 // Encodes `samples` (at least one) into one batch payload. INVALID_ARGUMENT names the
 // sample and field that break a bound. zstd_level: 1-19 (default 3).
 absl::StatusOr<std::string> EncodeUplinkBatch(const std::vector<UplinkSample>& samples,

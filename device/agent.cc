@@ -15,6 +15,7 @@
 #include "device/internal/durable_file.h"
 #include "device/internal/state_file.h"
 #include "device/uts_cloud_settings.h"
+#include "proto/wire.h"
 
 namespace cdcca::device {
 namespace {
@@ -163,55 +164,25 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     r.model_version = version;
     r.latency_ms = a.latency_ms;
     if (gate_->Keep(a.entropy)) {
-      absl::StatusOr<std::vector<float>> scores = std::vector<float>();
-      if (!uts.random_tokens) {
-        std::optional<uint64_t> seed;
-        if (options_.score_seed != 0) {
-          const uint64_t key[2] = {options_.score_seed, sample_counter_};
-          seed = compress::Hash64(key, sizeof(key));
-        }
-        scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);
-        if (!scores.ok()) return scores.status();
-      }
-      compress::UplinkSample s;
-      s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
-                    (sample_counter_++ & 0xffff);
-      s.model_version = version;
-      s.entropy = a.entropy;
-      s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
-      s.feature_dim = static_cast<uint32_t>(a.visual.dim);
-      s.kept_indices = uts.random_tokens
-                           ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
-                           : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
-      if (uts.precision == compress::FeaturePrecision::kJpeg) {
-        // The frame instead of the tokens: the cloud recomputes them with the shared tower.
-        absl::StatusOr<std::string> frame = runtime_->FrameJpeg(a.visual, kFrameJpegQuality);
-        if (!frame.ok()) return frame.status();
-        s.frame = *std::move(frame);
+      absl::StatusOr<compress::UplinkSample> s = UplinkSampleOf(a, uts, version);
+      if (!s.ok()) {
+        // The answer stands; only this sample's uplink is lost.
+        CountUnsent(1, s.status().message());
       } else {
-        s.features.reserve(s.kept_indices.size() * a.visual.dim);
-        for (uint16_t t : s.kept_indices) {
-          const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
-          s.features.insert(s.features.end(), row, row + a.visual.dim);
+        r.uplinked = !s->kept_indices.empty();
+        r.kept_tokens = static_cast<int>(s->kept_indices.size());
+        if (r.uplinked) {
+          if (batch_.empty()) batch_started_ = clock_->Now();
+          batch_.push_back(*std::move(s));
+          ++kept;
         }
       }
-      s.prompt_tokens = a.prompt_ids;
-      s.answer_tokens = a.answer_ids;
-      r.uplinked = !s.kept_indices.empty();
-      r.kept_tokens = static_cast<int>(s.kept_indices.size());
-      if (r.uplinked) {
-        if (batch_.empty()) batch_started_ = clock_->Now();
-        batch_.push_back(std::move(s));
-        ++kept;
-      }
-      if (static_cast<int>(batch_.size()) >= options_.batch_samples) {
-        if (absl::Status st = FlushLocked(); !st.ok()) return st;
-      }
+      if (static_cast<int>(batch_.size()) >= options_.batch_samples) FlushLocked();
     }
     out.push_back(std::move(r));
   }
   if (!batch_.empty() && clock_->Now() - batch_started_ >= options_.batch_max_age) {
-    if (absl::Status st = FlushLocked(); !st.ok()) return st;
+    FlushLocked();
   }
   absl::MutexLock stats_lock(&mu_);
   stats_.answered += out.size();
@@ -219,13 +190,63 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   return out;
 }
 
-absl::Status DeviceAgent::Flush() {
-  absl::MutexLock lock(&batch_mu_);
-  return FlushLocked();
+absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(const AnswerResult& a,
+                                                                   const UtsOptions& uts,
+                                                                   uint64_t version) {
+  absl::StatusOr<std::vector<float>> scores = std::vector<float>();
+  if (!uts.random_tokens) {
+    std::optional<uint64_t> seed;
+    if (options_.score_seed != 0) {
+      const uint64_t key[2] = {options_.score_seed, sample_counter_};
+      seed = compress::Hash64(key, sizeof(key));
+    }
+    scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);
+    if (!scores.ok()) return scores.status();
+  }
+  compress::UplinkSample s;
+  s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
+                (sample_counter_++ & 0xffff);
+  s.model_version = version;
+  s.entropy = a.entropy;
+  s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
+  s.feature_dim = static_cast<uint32_t>(a.visual.dim);
+  s.kept_indices = uts.random_tokens
+                       ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
+                       : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
+  if (uts.precision == compress::FeaturePrecision::kJpeg) {
+    // The frame instead of the tokens: the cloud recomputes them with the shared tower.
+    absl::StatusOr<std::string> frame = runtime_->FrameJpeg(a.visual, kFrameJpegQuality);
+    if (!frame.ok()) return frame.status();
+    s.frame = *std::move(frame);
+  } else {
+    s.features.reserve(s.kept_indices.size() * a.visual.dim);
+    for (uint16_t t : s.kept_indices) {
+      const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
+      s.features.insert(s.features.end(), row, row + a.visual.dim);
+    }
+  }
+  s.prompt_tokens = a.prompt_ids;
+  s.answer_tokens = a.answer_ids;
+  if (!s.kept_indices.empty()) {
+    if (absl::Status ok = compress::CheckUplinkSample(s, uts.precision); !ok.ok()) return ok;
+  }
+  return s;
 }
 
-absl::Status DeviceAgent::FlushLocked() {
-  if (batch_.empty()) return absl::OkStatus();
+void DeviceAgent::CountUnsent(uint64_t samples, absl::string_view why) {
+  LogEvent("sample_not_uplinked", absl::StrCat(samples, " sample(s): ", why));
+  absl::MutexLock lock(&mu_);
+  stats_.unsent_samples += samples;
+}
+
+absl::Status DeviceAgent::Flush() {
+  absl::MutexLock lock(&batch_mu_);
+  FlushLocked();
+  return absl::OkStatus();
+}
+
+void DeviceAgent::FlushLocked() {
+  if (batch_.empty()) return;
   std::vector<compress::UplinkSample> samples;
   samples.swap(batch_);
   compress::FeaturePrecision precision;
@@ -233,23 +254,50 @@ absl::Status DeviceAgent::FlushLocked() {
     absl::MutexLock lock(&mu_);
     precision = uts_.precision;
   }
+  EnqueueSamples(std::move(samples), precision);
+}
+
+void DeviceAgent::EnqueueSamples(std::vector<compress::UplinkSample> samples,
+                                 compress::FeaturePrecision precision) {
+  absl::StatusOr<std::string> payload = compress::EncodeUplinkBatch(samples, precision);
+  if (!payload.ok()) {
+    // Every sample was checked on its own (UplinkSampleOf); what is left is the codec's
+    // failure, and serving goes on without these samples.
+    CountUnsent(samples.size(), payload.status().message());
+    return;
+  }
+  if (payload->size() > wire::kMaxChunkBytes) {
+    if (samples.size() == 1) {
+      CountUnsent(1, absl::StrCat("it encodes to ", payload->size(),
+                                  " bytes, more than an uplink batch carries (1 MiB)"));
+      return;
+    }
+    std::vector<compress::UplinkSample> second(
+        std::make_move_iterator(samples.begin() + samples.size() / 2),
+        std::make_move_iterator(samples.end()));
+    samples.resize(samples.size() / 2);
+    EnqueueSamples(std::move(samples), precision);
+    EnqueueSamples(std::move(second), precision);
+    return;
+  }
   uint64_t version = 0;
   for (const auto& s : samples) version = std::max(version, s.model_version);
-  absl::StatusOr<std::string> payload = compress::EncodeUplinkBatch(samples, precision);
-  if (!payload.ok()) return payload.status();
   absl::StatusOr<uint64_t> sequence = queue_->Enqueue(
       version, static_cast<uint32_t>(samples.size()), kCodecVersion, *std::move(payload));
+  if (!sequence.ok() && !absl::IsResourceExhausted(sequence.status())) {
+    // The queue could not write the batch (its disk): serving goes on without it.
+    CountUnsent(samples.size(), sequence.status().ToString());
+    return;
+  }
   absl::MutexLock lock(&mu_);
-  if (absl::IsResourceExhausted(sequence.status())) {
+  if (!sequence.ok()) {
     // The queue is full (the cloud has been away a long time): these samples are lost
     // to the cloud but serving goes on.
     stats_.dropped_samples += samples.size();
-    return absl::OkStatus();
+    return;
   }
-  if (!sequence.ok()) return sequence.status();
   ++stats_.batches_queued;
   wake_ = true;
-  return absl::OkStatus();
 }
 
 // ---- the link -----------------------------------------------------------------------------
@@ -287,7 +335,21 @@ absl::Status DeviceAgent::RegisterWithCloud() {
     uts_changed_ = true;
     stats_.registered = true;
   }
-  if (absl::Status s = queue_->Reconcile(reply->next_uplink_sequence()); !s.ok()) return s;
+  absl::StatusOr<uint64_t> back = queue_->Reconcile(reply->next_uplink_sequence());
+  if (!back.ok()) return back.status();
+  if (*back > 0) {
+    LogEvent("uplink_renumbered",
+             absl::StrCat("the cloud expects sequence ", reply->next_uplink_sequence(),
+                          ": it lost the last ", *back,
+                          " acked batch(es); the waiting batches continue from there"));
+    absl::MutexLock lock(&mu_);
+    ++stats_.renumbered;
+  }
+  const uint64_t acked = queue_->Stats().acked;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.batches_acked = acked;
+  }
   if (reply->resync_required()) return Resync(0);
   // The pretrained base (version 0) has nothing to verify: the update chain starts there.
   // A later version is checked against the cloud's mirror right away.
@@ -302,6 +364,13 @@ absl::Status DeviceAgent::UplinkQueued() {
     if (batches.empty()) return absl::OkStatus();
     uint64_t bytes = 0;
     for (const auto& b : batches) bytes += b.payload().size();
+    {
+      absl::MutexLock lock(&mu_);
+      // Backing off after a transient refusal: the rest of the pass (updates) goes on.
+      if (clock_->Now() < uplink_not_before_) return absl::OkStatus();
+      const size_t n = std::min<size_t>(unreported_drops_.size(), wire::kMaxDroppedReports);
+      for (size_t i = 0; i < n; ++i) *batches.front().add_dropped() = unreported_drops_[i];
+    }
     if (options_.bandwidth_bytes_per_s > 0) {
       // Pace the sends: each stream may start only when the previous ones, at the cap,
       // would have finished.
@@ -320,19 +389,68 @@ absl::Status DeviceAgent::UplinkQueued() {
       absl::MutexLock lock(&mu_);
       stats_.uplink_seconds += absl::ToDoubleSeconds(absl::Now() - sent);
       stats_.uplink_bytes += bytes;
-      stats_.batches_acked = std::max(stats_.batches_acked, ack->highest_durable_sequence());
+      stats_.batches_acked = ack->highest_durable_sequence();
+      // The reports travelled in a batch the cloud now holds: they are delivered.
+      if (batches.front().dropped_size() > 0 &&
+          ack->highest_durable_sequence() >= batches.front().sequence()) {
+        unreported_drops_.erase(unreported_drops_.begin(),
+                                unreported_drops_.begin() + batches.front().dropped_size());
+      }
     }
     if (absl::Status s = queue_->Acknowledge(ack->highest_durable_sequence()); !s.ok()) return s;
     if (ack->has_error() && ack->error().code() != 0) {
-      // The cloud refused a batch (e.g. a sequence gap after its data was replaced):
-      // register again, which reconciles the numbering.
-      absl::MutexLock lock(&mu_);
-      stats_.registered = false;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cloud refused uplink batch ", ack->rejected_sequence(), ": ", ack->error().message()));
+      // A dropped batch makes way for the next; any other refusal waits (OnRefused).
+      if (OnRefused(*ack)) continue;
+      return absl::OkStatus();
     }
+    absl::MutexLock lock(&mu_);
+    refusals_in_row_ = 0;
   }
   return absl::OkStatus();
+}
+
+bool DeviceAgent::OnRefused(const v1::UplinkAck& ack) {
+  const std::string reason = wire::RefusalReasonName(ack.refusal_reason());
+  const std::string what =
+      absl::StrCat("batch ", ack.rejected_sequence(), " (", reason, "): ", ack.error().message());
+  if (ack.refusal() == v1::UPLINK_REFUSAL_PERMANENT) {
+    absl::StatusOr<v1::UplinkBatch> dropped = queue_->DropFront(ack.rejected_sequence());
+    if (dropped.ok()) {
+      LogEvent("uplink_batch_dropped",
+               absl::StrCat(what, "; ", dropped->sample_count(),
+                            " sample(s) dropped, the batches behind it renumbered"));
+      v1::DroppedBatch report;
+      report.set_sequence(dropped->sequence());
+      report.set_reason(ack.refusal_reason());
+      report.set_sample_count(dropped->sample_count());
+      absl::MutexLock lock(&mu_);
+      ++stats_.dropped_batches;
+      ++stats_.dropped_batches_by_reason[reason];
+      unreported_drops_.push_back(report);
+      return true;
+    }
+    // Not the batch this queue would drop: ask the cloud where it stands, after a while.
+    LogEvent("uplink_refused", absl::StrCat(what, "; not dropped: ", dropped.status().message()));
+  } else if (ack.refusal() == v1::UPLINK_REFUSAL_RESEQUENCE) {
+    LogEvent("uplink_refused", absl::StrCat(what, "; registering again to renumber"));
+  } else {
+    LogEvent("uplink_refused", absl::StrCat(what, "; backing off"));
+  }
+  absl::MutexLock lock(&mu_);
+  // Registering again reconciles the numbering with the cloud's log; the backoff keeps a
+  // refusal that persists from becoming a loop.
+  if (ack.refusal() != v1::UPLINK_REFUSAL_TRANSIENT) stats_.registered = false;
+  ++stats_.uplink_backoffs;
+  ++refusals_in_row_;
+  absl::Duration wait = options_.refusal_backoff_initial;
+  for (int i = 1; i < refusals_in_row_ && wait < options_.refusal_backoff_max; ++i) wait *= 2;
+  wait = std::min(wait, options_.refusal_backoff_max) *
+         std::uniform_real_distribution<double>(0.5, 1.0)(jitter_rng_);
+  if (ack.refusal() == v1::UPLINK_REFUSAL_RESEQUENCE && refusals_in_row_ == 1) {
+    wait = absl::ZeroDuration();  // the first renumbering needs no wait
+  }
+  uplink_not_before_ = clock_->Now() + wait;
+  return false;
 }
 
 absl::Status DeviceAgent::PullUpdate() {
@@ -417,6 +535,7 @@ absl::Status DeviceAgent::SyncOnce() {
   stats_.link_up = !LinkError(s);
   // After a lost link, register again: the cloud may have restarted (or lost data).
   if (LinkError(s)) stats_.registered = false;
+  ++stats_.link_passes;
   return s;
 }
 
@@ -428,7 +547,10 @@ void DeviceAgent::LinkLoop() {
     }
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
+    // Idle only while it waits: seen with the queue empty, the pass that sent it has ended.
+    stats_.link_idle = !ready();
     clock_->AwaitWithTimeout(&mu_, absl::Condition(&ready), options_.poll_interval);
+    stats_.link_idle = false;
     wake_ = false;
     if (stopping_) return;
   }

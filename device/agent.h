@@ -10,6 +10,17 @@
 //                    answers), saves the new state, reports the digest, and resyncs from a
 //                    snapshot when the cloud says the state differs or the chain is broken.
 //
+// Every refusal ends. A batch the cloud refuses for good (UPLINK_REFUSAL_PERMANENT: its
+// shape, size, codec or question length is not what the cloud's model takes) leaves the
+// queue with an "uplink_batch_dropped" event and a count by reason, the batches behind it
+// are renumbered and go on, and the drop is reported to the cloud with the next batch sent.
+// A transient refusal (quota, storage) holds the uplink back for a bounded, jittered,
+// exponentially growing while (updates are still fetched); a sequence the cloud does not
+// expect (its log lost a tail) makes the agent register again and renumber its queue. A
+// kept sample that cannot be uplinked (a question longer than the codec carries, a batch
+// over the wire's 1 MiB) is still answered, counted and logged ("sample_not_uplinked"):
+// Process fails only when the model cannot answer.
+//
 // The last good trainable state lives in <state_dir>/trainable.state, rewritten durably
 // after every successful apply or resync and loaded at Create, so a crash mid-apply
 // restarts on the state before the update (which is then fetched again). The file is
@@ -28,6 +39,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -37,8 +49,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "compress/uplink_codec.h"
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
 #include "device/uplink_queue.h"
@@ -63,6 +77,10 @@ struct AgentOptions {
   uint64_t uplink_max_bytes = 4ull << 20;
   // How often the link thread polls for updates (and retries a lost link). Default: 2 s.
   absl::Duration poll_interval = absl::Seconds(2);
+  // After the n-th transient uplink refusal in a row, the uplink waits
+  // min(max, initial * 2^(n-1)) * uniform(0.5, 1). Defaults: 1 s and 60 s.
+  absl::Duration refusal_backoff_initial = absl::Seconds(1);
+  absl::Duration refusal_backoff_max = absl::Seconds(60);
   // Bounds of the on-disk uplink queue.
   uint64_t queue_max_bytes = 64ull << 20;
   size_t queue_max_batches = 4096;
@@ -95,9 +113,16 @@ struct AgentStats {
   uint64_t answered = 0;
   uint64_t kept_samples = 0;     // passed stage 1
   uint64_t dropped_samples = 0;  // kept but refused by a full queue
+  uint64_t unsent_samples = 0;   // kept, answered, but not uplinkable (see the class comment)
   uint64_t batches_queued = 0;
-  uint64_t batches_acked = 0;  // highest durable sequence the cloud acked
-  uint64_t uplink_bytes = 0;   // payload bytes sent (resends included)
+  uint64_t batches_acked = 0;  // highest durable sequence the cloud acked (its numbering)
+  // Batches dropped from the queue because the cloud refused them for good, in all and by
+  // reason (wire::RefusalReasonName).
+  uint64_t dropped_batches = 0;
+  std::map<std::string, uint64_t> dropped_batches_by_reason;
+  uint64_t uplink_backoffs = 0;  // transient refusals the uplink backed off after
+  uint64_t renumbered = 0;       // times the queue was renumbered to the cloud's log
+  uint64_t uplink_bytes = 0;     // payload bytes sent (resends included)
   // Real time spent in Uplink calls, and in fetching, applying and reporting updates and
   // snapshots (measured, cumulative).
   double uplink_seconds = 0;
@@ -110,6 +135,10 @@ struct AgentStats {
   bool registered = false;
   bool link_up = false;
   bool in_sync = false;  // the last ReportApplied matched the cloud's mirror
+  // Passes of the link thread (SyncOnce) finished, and whether the thread now waits for its
+  // next poll (or a wake-up) with nothing left to do in the pass.
+  uint64_t link_passes = 0;
+  bool link_idle = false;
   UplinkQueueStats queue;
 };
 
@@ -128,10 +157,12 @@ class DeviceAgent {
   // Stops it (waits for the call in flight, bounded by the client's deadlines).
   void Stop();
 
-  // Answers `frames` as one batch and runs UTS on them. Errors only for inference failures;
-  // a full queue or an absent cloud never fail it.
+  // Answers `frames` as one batch and runs UTS on them. Errors only when the model cannot
+  // answer them; a sample that cannot be uplinked, a full queue or an absent cloud never
+  // fail it.
   absl::StatusOr<std::vector<FrameResult>> Process(const std::vector<Frame>& frames);
-  // Encodes and queues the kept samples that wait for a full batch.
+  // Encodes and queues the kept samples that wait for a full batch. OK: what cannot be
+  // queued is counted (AgentStats), as in Process.
   absl::Status Flush();
 
   // One pass of the link thread's work, synchronously: register if needed, uplink what is
@@ -151,7 +182,22 @@ class DeviceAgent {
   absl::Status PullUpdate();
   absl::Status Resync(uint64_t version);
   absl::Status Report(bool allow_resync);
-  absl::Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
+  // The uplink sample of a kept answer (UTS stage 2, the tokens or the frame), checked to
+  // encode; an error means it cannot be uplinked (the answer stands).
+  absl::StatusOr<compress::UplinkSample> UplinkSampleOf(const AnswerResult& answer,
+                                                        const UtsOptions& uts, uint64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
+  // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
+  // batch needs. What cannot be queued is counted: a sample that alone exceeds 1 MiB, or a
+  // batch the queue fails to write, as unsent; a batch a full queue refuses, as dropped.
+  void EnqueueSamples(std::vector<compress::UplinkSample> samples,
+                      compress::FeaturePrecision precision);
+  void CountUnsent(uint64_t samples, absl::string_view why);
+  // Handles a refusal in `ack` (after the acked part was acknowledged): true when the
+  // refused batch was dropped and the uplink may go on; false when it must wait (backoff,
+  // and registering again).
+  bool OnRefused(const v1::UplinkAck& ack);
   void LinkLoop();
 
   // Constant after construction.
@@ -183,6 +229,12 @@ class DeviceAgent {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time sent_since_ ABSL_GUARDED_BY(mu_);  // start of the bandwidth accounting window
   uint64_t sent_bytes_window_ ABSL_GUARDED_BY(mu_) = 0;
+  // Transient refusals in a row, and when the uplink may try again.
+  int refusals_in_row_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time uplink_not_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Drops not yet reported to the cloud; sent with the first batch of the next stream.
+  std::vector<v1::DroppedBatch> unreported_drops_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 jitter_rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
 
   std::thread link_thread_;
 };

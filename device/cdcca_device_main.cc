@@ -151,16 +151,21 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-std::string StatusJson(const AgentStats& s) {
+// The agent's status; `failed_frames` counts the frames the model could not answer.
+std::string StatusJson(const AgentStats& s, int64_t failed_frames) {
   return absl::StrFormat(
-      "{\"version\":%d,\"digest\":\"%016x\",\"answered\":%d,\"kept\":%d,\"dropped\":%d,"
+      "{\"version\":%d,\"digest\":\"%016x\",\"answered\":%d,\"failed_frames\":%d,"
+      "\"kept\":%d,\"dropped\":%d,\"unsent_samples\":%d,"
       "\"queued_batches\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
+      "\"dropped_batches\":%d,\"dropped_batches_by_reason\":%s,\"uplink_backoffs\":%d,"
+      "\"renumbered\":%d,"
       "\"updates_applied\":%d,\"resyncs\":%d,\"rejected_updates\":%d,\"registered\":%s,"
       "\"link_up\":%s,\"in_sync\":%s}",
-      s.version, s.state_digest, s.answered, s.kept_samples, s.dropped_samples, s.batches_queued,
-      s.queue.batches, s.batches_acked, s.uplink_bytes, s.updates_applied, s.resyncs,
-      s.rejected_updates, s.registered ? "true" : "false", s.link_up ? "true" : "false",
-      s.in_sync ? "true" : "false");
+      s.version, s.state_digest, s.answered, failed_frames, s.kept_samples, s.dropped_samples,
+      s.unsent_samples, s.batches_queued, s.queue.batches, s.batches_acked, s.uplink_bytes,
+      s.dropped_batches, nlohmann::json(s.dropped_batches_by_reason).dump(), s.uplink_backoffs,
+      s.renumbered, s.updates_applied, s.resyncs, s.rejected_updates,
+      s.registered ? "true" : "false", s.link_up ? "true" : "false", s.in_sync ? "true" : "false");
 }
 
 // Frames from OpenCV, converted to RGB datasets::Image.
@@ -549,9 +554,10 @@ int main(int argc, char** argv) {
     if (out == nullptr) return Fail(absl::UnavailableError("cannot open --output"));
   }
   const std::string status_file = absl::GetFlag(FLAGS_status_file);
+  int64_t failed_frames = 0;
   auto write_status = [&] {
     if (status_file.empty()) return;
-    (void)internal::WriteDurably(status_file, StatusJson((*agent)->Stats()) + "\n");
+    (void)internal::WriteDurably(status_file, StatusJson((*agent)->Stats(), failed_frames) + "\n");
   };
   {
     AgentStats s = (*agent)->Stats();
@@ -595,7 +601,14 @@ int main(int argc, char** argv) {
       absl::SleepFor(start + absl::Seconds((frame_index + frames.size()) / fps) - absl::Now());
     }
     absl::StatusOr<std::vector<FrameResult>> results = (*agent)->Process(frames);
-    if (!results.ok()) return Fail(results.status());
+    if (!results.ok()) {
+      // One input the model cannot answer does not stop the device.
+      failed_frames += static_cast<int64_t>(frames.size());
+      frame_index += static_cast<int64_t>(frames.size());
+      std::fprintf(stderr, "{\"event\":\"frame_failed\",\"frames\":%zu,\"error\":%s}\n",
+                   frames.size(), JsonString(results.status().ToString()).c_str());
+      continue;
+    }
     for (size_t i = 0; i < results->size(); ++i) {
       const FrameResult& r = (*results)[i];
       std::fprintf(out,
@@ -631,7 +644,8 @@ int main(int argc, char** argv) {
   (*agent)->Stop();
   write_status();
   std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld,\"status\":%s}\n",
-               static_cast<long long>(frame_index), StatusJson((*agent)->Stats()).c_str());
+               static_cast<long long>(frame_index),
+               StatusJson((*agent)->Stats(), failed_frames).c_str());
   if (out != stdout) std::fclose(out);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "device/internal/durable_file.h"
 
@@ -21,19 +22,23 @@ absl::StatusOr<std::unique_ptr<UplinkQueue>> UplinkQueue::Open(const UplinkQueue
   return q;
 }
 
-std::string UplinkQueue::BatchPath(uint64_t sequence) const {
-  return absl::StrFormat("%s/batch-%020d.pb", options_.dir, sequence);
+std::string UplinkQueue::BatchPath(uint64_t slot) const {
+  return absl::StrFormat("%s/batch-%020d.pb", options_.dir, slot);
 }
 
 absl::Status UplinkQueue::Load() {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::string> acked = internal::ReadWholeFile(options_.dir + "/acked");
-  if (acked.ok()) {
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*acked), &acked_)) {
-      return absl::DataLossError(absl::StrCat(options_.dir, "/acked is not a number"));
+  const std::string state_path = options_.dir + "/acked";
+  absl::StatusOr<std::string> state = internal::ReadWholeFile(state_path);
+  if (state.ok()) {
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(*state, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+    if (fields.empty() || fields.size() > 2 || !absl::SimpleAtoi(fields[0], &done_) ||
+        (fields.size() == 2 && !absl::SimpleAtoi(fields[1], &offset_)) || offset_ > done_) {
+      return absl::DataLossError(absl::StrCat(state_path, " is not \"<slot> <offset>\""));
     }
-  } else if (!absl::IsNotFound(acked.status())) {
-    return acked.status();
+  } else if (!absl::IsNotFound(state.status())) {
+    return state.status();
   }
   absl::StatusOr<std::vector<std::string>> files = internal::FilesIn(options_.dir);
   if (!files.ok()) return files.status();
@@ -44,30 +49,30 @@ absl::Status UplinkQueue::Load() {
       (void)internal::RemoveDurably(absl::StrCat(options_.dir, "/", name));
       continue;
     }
-    uint64_t sequence = 0;
+    uint64_t slot = 0;
     if (!absl::ConsumePrefix(&rest, "batch-") || !absl::ConsumeSuffix(&rest, ".pb") ||
-        !absl::SimpleAtoi(rest, &sequence)) {
+        !absl::SimpleAtoi(rest, &slot)) {
       continue;
     }
     const std::string path = absl::StrCat(options_.dir, "/", name);
-    if (sequence <= acked_) {
-      (void)internal::RemoveDurably(path);  // acked before the crash removed it
+    if (slot <= done_) {
+      (void)internal::RemoveDurably(path);  // acked or dropped before the crash removed it
       continue;
     }
     absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
     if (!bytes.ok()) return bytes.status();
     v1::UplinkBatch batch;
-    if (!batch.ParseFromString(*bytes) || batch.sequence() != sequence) {
+    if (!batch.ParseFromString(*bytes) || batch.sequence() != slot) {
       return absl::DataLossError(absl::StrCat("uplink queue file ", path, " is damaged"));
     }
     bytes_ += batch.payload().size();
-    pending_.emplace(sequence, std::move(batch));
+    pending_.emplace(slot, std::move(batch));
   }
-  next_ = std::max(acked_, pending_.empty() ? 0 : pending_.rbegin()->first) + 1;
-  // The sequence must stay contiguous: a gap means files were removed by hand.
-  uint64_t expect = acked_ + 1;
-  for (const auto& [sequence, batch] : pending_) {
-    if (sequence != expect++) {
+  next_ = std::max(done_, pending_.empty() ? 0 : pending_.rbegin()->first) + 1;
+  // The slots must stay contiguous: a gap means files were removed by hand.
+  uint64_t expect = done_ + 1;
+  for (const auto& [slot, batch] : pending_) {
+    if (slot != expect++) {
       return absl::DataLossError(
           absl::StrCat("uplink queue in ", options_.dir, " misses batch ", expect - 1));
     }
@@ -95,37 +100,49 @@ absl::StatusOr<uint64_t> UplinkQueue::Enqueue(uint64_t model_version, uint32_t s
   }
   bytes_ += batch.payload().size();
   pending_.emplace(next_, std::move(batch));
-  return next_++;
+  return next_++ - offset_;
 }
 
 std::vector<v1::UplinkBatch> UplinkQueue::Peek(size_t max_batches, uint64_t max_bytes) const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::UplinkBatch> out;
   uint64_t bytes = 0;
-  for (const auto& [sequence, batch] : pending_) {
+  for (const auto& [slot, batch] : pending_) {
     if (out.size() >= max_batches) break;
     if (!out.empty() && bytes + batch.payload().size() > max_bytes) break;
     bytes += batch.payload().size();
     out.push_back(batch);
+    out.back().set_sequence(slot - offset_);
   }
   return out;
 }
 
-absl::Status UplinkQueue::AcknowledgeLocked(uint64_t highest_durable) {
-  if (highest_durable <= acked_) return absl::OkStatus();
-  // Record the ack first: a crash after it only leaves files that Load removes.
+absl::Status UplinkQueue::SaveState(uint64_t done, uint64_t offset) {
+  // Recorded first: a crash after it only leaves files that Load removes.
   if (absl::Status s =
-          internal::WriteDurably(options_.dir + "/acked", absl::StrCat(highest_durable, "\n"));
+          internal::WriteDurably(options_.dir + "/acked", absl::StrCat(done, " ", offset, "\n"));
       !s.ok()) {
     return s;
   }
-  acked_ = highest_durable;
-  while (!pending_.empty() && pending_.begin()->first <= highest_durable) {
+  done_ = done;
+  offset_ = offset;
+  return absl::OkStatus();
+}
+
+void UplinkQueue::RemoveDone() {
+  while (!pending_.empty() && pending_.begin()->first <= done_) {
     bytes_ -= pending_.begin()->second.payload().size();
     (void)internal::RemoveDurably(BatchPath(pending_.begin()->first));
     pending_.erase(pending_.begin());
   }
-  next_ = std::max(next_, acked_ + 1);
+  next_ = std::max(next_, done_ + 1);
+}
+
+absl::Status UplinkQueue::AcknowledgeLocked(uint64_t highest_durable) {
+  const uint64_t slot = highest_durable + offset_;
+  if (slot <= done_) return absl::OkStatus();
+  if (absl::Status s = SaveState(slot, offset_); !s.ok()) return s;
+  RemoveDone();
   return absl::OkStatus();
 }
 
@@ -134,19 +151,40 @@ absl::Status UplinkQueue::Acknowledge(uint64_t highest_durable) {
   return AcknowledgeLocked(highest_durable);
 }
 
-absl::Status UplinkQueue::Reconcile(uint64_t next_sequence) {
-  if (next_sequence == 0) return absl::OkStatus();
+absl::StatusOr<v1::UplinkBatch> UplinkQueue::DropFront(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t slot = sequence + offset_;
+  if (pending_.empty() || pending_.begin()->first != slot) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("batch ", sequence, " is not the oldest waiting uplink batch (that is ",
+                     pending_.empty() ? 0 : pending_.begin()->first - offset_, ")"));
+  }
+  v1::UplinkBatch dropped = pending_.begin()->second;
+  dropped.set_sequence(sequence);
+  // The slot is gone and the offset grows by one: the batch behind it now travels as
+  // `sequence`, and the highest acked sequence stays what it was.
+  if (absl::Status s = SaveState(slot, offset_ + 1); !s.ok()) return s;
+  RemoveDone();
+  ++dropped_;
+  return dropped;
+}
+
+absl::StatusOr<uint64_t> UplinkQueue::Reconcile(uint64_t next_sequence) {
+  if (next_sequence == 0) return uint64_t{0};
   absl::MutexLock lock(&mu_);
   const uint64_t cloud_has = next_sequence - 1;
-  if (cloud_has > acked_) return AcknowledgeLocked(cloud_has);
-  if (cloud_has < acked_ && pending_.empty()) {
-    // The cloud lost batches it had acked (its data directory was replaced). Continue the
-    // numbering where it expects it.
-    acked_ = cloud_has;
-    next_ = next_sequence;
-    return internal::WriteDurably(options_.dir + "/acked", absl::StrCat(acked_, "\n"));
+  const uint64_t acked = done_ - offset_;
+  if (cloud_has > acked) {
+    if (absl::Status s = AcknowledgeLocked(cloud_has); !s.ok()) return s;
+    return uint64_t{0};
   }
-  return absl::OkStatus();
+  if (cloud_has == acked) return uint64_t{0};
+  // The cloud lost batches it had acked (a lost tail of its log, or a replaced data
+  // directory): what waits, and what comes, continues where it expects.
+  const uint64_t back = acked - cloud_has;
+  if (absl::Status s = SaveState(done_, offset_ + back); !s.ok()) return s;
+  ++renumbered_;
+  return back;
 }
 
 UplinkQueueStats UplinkQueue::Stats() const {
@@ -154,9 +192,11 @@ UplinkQueueStats UplinkQueue::Stats() const {
   UplinkQueueStats s;
   s.batches = pending_.size();
   s.bytes = bytes_;
-  s.acked = acked_;
-  s.next_sequence = next_;
+  s.acked = done_ - offset_;
+  s.next_sequence = next_ - offset_;
   s.refused = refused_;
+  s.dropped = dropped_;
+  s.renumbered = renumbered_;
   return s;
 }
 

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 
 namespace cdcca::wire {
@@ -50,6 +52,14 @@ std::string Hex(absl::string_view bytes) {
     out.push_back(kDigits[c & 15]);
   }
   return out;
+}
+
+std::string RefusalReasonName(v1::RefusalReason reason) {
+  absl::string_view name = v1::RefusalReason_Name(reason);
+  if (!absl::ConsumePrefix(&name, "REFUSAL_REASON_")) {
+    return absl::StrCat("reason_", static_cast<int>(reason));
+  }
+  return absl::AsciiStrToLower(name);
 }
 
 }  // namespace cdcca::wire

@@ -6,10 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
+#include "proto/cdcca.pb.h"
 
 namespace cdcca::wire {
 
@@ -40,6 +41,14 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Lower-case hex of `bytes`, for logs and messages.
 std::string Hex(absl::string_view bytes);
+
+// Most DroppedBatch reports one UplinkBatch carries.
+inline constexpr int kMaxDroppedReports = 64;
+
+// The name status files and events use for a refusal reason: the enum's name without its
+// prefix, in lower case ("prompt_too_long"); "reason_<n>" for a number this build does not
+// know.
+std::string RefusalReasonName(v1::RefusalReason reason);
 
 }  // namespace cdcca::wire
 

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <functional>
 
 #include "absl/time/clock.h"
 #include "cloud/trainer.h"
@@ -24,11 +23,13 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/transport_fixture.h"
+#include "tests/testing/wait.h"
 
 namespace cdcca {
 namespace {
 
 using ::cdcca::testing::TempDir;
+using ::cdcca::testing::WaitUntil;
 
 class AgentLoopTest : public ::testing::Test {
  protected:
@@ -215,26 +216,78 @@ TEST_F(AgentLoopTest, TheLinkLoopPollsOnItsClock) {
   VirtualClock clock;
   device::AgentOptions o = Options();
   o.clock = &clock;
-  o.poll_interval = absl::Seconds(2);
+  // Shorter than the real time the test watches: a loop that polled on real time would show.
+  o.poll_interval = absl::Milliseconds(100);
   ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client_.get()));
   agent->Start();
   ASSERT_OK(agent->Process(Frames(8, 1)).status());  // two full batches, queued
-  auto wait_for = [](const std::function<bool()>& done) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-    return done();
-  };
-  ASSERT_TRUE(wait_for([&] { return agent->Stats().queue.batches == 0; }));
-  absl::SleepFor(absl::Milliseconds(200));  // the pass that uplinked them ends
+  // The pass that uplinked them has ended once the thread waits with the queue empty.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        device::AgentStats s = agent->Stats();
+        return s.queue.batches == 0 && s.link_idle;
+      },
+      absl::Seconds(60)));
+  const uint64_t passes = agent->Stats().link_passes;
   ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
-  absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(agent->Stats().version, 0u);  // the clock stands still: no poll yet
-  clock.Advance(absl::Seconds(2));
-  ASSERT_TRUE(wait_for([&] { return agent->Stats().version == 1; }));
+  // The clock stands still: no pass starts, however long real time runs.
+  EXPECT_FALSE(
+      WaitUntil([&] { return agent->Stats().link_passes > passes; }, absl::Milliseconds(500)));
+  EXPECT_EQ(agent->Stats().version, 0u);
+  clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(WaitUntil([&] { return agent->Stats().version == 1; }, absl::Seconds(60)));
   EXPECT_EQ(agent->Stats().state_digest, report.state_digest);
   EXPECT_GT(agent->Stats().uplink_seconds, 0);
   EXPECT_GT(agent->Stats().update_seconds, 0);
   agent->Stop();
+}
+
+// A refusal that may pass later (the device's quota on the cloud) holds the uplink back for a
+// bounded, growing while on the agent's clock: no resend loop, and updates still come.
+TEST_F(AgentLoopTest, ATransientRefusalBacksOffOnTheAgentsClock) {
+  testing::CloudFixtureOptions fo;
+  fo.data_dir = dir_.path() + "/full-cloud";
+  fo.devices = 1;
+  fo.server.listen_address = "127.0.0.1:0";
+  fo.server.insecure = true;
+  fo.device_quota_bytes = 1;  // refuses every batch
+  testing::CloudFixture full(fo);
+  ASSERT_OK(full.Start());
+  device::CloudClientOptions co;
+  co.max_attempts = 2;
+  co.initial_backoff = absl::Milliseconds(10);
+  std::unique_ptr<device::CloudClient> client = full.Client(0, co);
+  VirtualClock clock;
+  device::AgentOptions o = Options();
+  o.clock = &clock;
+  o.refusal_backoff_initial = absl::Seconds(10);
+  o.refusal_backoff_max = absl::Seconds(40);
+  ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client.get()));
+  ASSERT_OK(agent->Process(Frames(8, 1)).status());
+  auto refusals = [&] { return full.service()->Refusals()["dev-0"].refused["quota"]; };
+  // Each SyncOnce below is a whole pass, on a clock that moves only when told.
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 1u);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 1u) << "resent before its backoff ended";
+  // Waits of at most 10 s, then 20 s, then 40 s, each at least half of that.
+  clock.Advance(absl::Seconds(10));
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 2u);
+  clock.Advance(absl::Seconds(20));
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 3u);
+  clock.Advance(absl::Seconds(19));
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 3u) << "the backoff did not grow";
+  clock.Advance(absl::Seconds(21));
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(refusals(), 4u);
+  device::AgentStats s = agent->Stats();
+  EXPECT_EQ(s.uplink_backoffs, 4u);
+  EXPECT_EQ(s.dropped_batches, 0u);  // waiting, not dropped
+  EXPECT_EQ(s.queue.batches, 2u);
+  EXPECT_TRUE(s.registered);
 }
 
 // The jpeg uplink needs a Hugging Face student: a cdcca family cannot send frames, and an

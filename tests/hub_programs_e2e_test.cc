@@ -9,12 +9,16 @@
 //   4. A pair with different tokenizers trains without the logit KL and the job log says so.
 //   5. `cdcca hf-adapt` (the same round offline) gates frames by UTS stage 1 and trains on the
 //      kept ones only.
+//   6. Questions longer than the pair takes (256 tokens) or than the device can encode (512):
+//      the device answers them, drops the batches the cloud refuses for good, does not send
+//      what it cannot encode, and goes on in sync.
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cloud/sample_store.h"
@@ -25,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace cdcca {
 namespace {
@@ -33,6 +38,7 @@ using ::cdcca::testing::Child;
 using ::cdcca::testing::ReadJson;
 using ::cdcca::testing::ReadText;
 using ::cdcca::testing::TempDir;
+using ::cdcca::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 std::string Fixture(const std::string& name) {
@@ -137,7 +143,14 @@ class HubProgramsTest : public ::testing::Test {
     std::unique_ptr<Child> device = StartDevice(folder, device_flags);
     ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
         << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
-    absl::SleepFor(absl::Seconds(1));
+    // It answers with the update before it stops.
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          const std::set<uint64_t> versions = AnswerVersions();
+          return !versions.empty() && *versions.rbegin() >= 1;
+        },
+        absl::Minutes(1)))
+        << ReadText(DeviceDir() + "/device.log");
     device->Signal(SIGTERM);
     ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
     *status = DeviceStatus();
@@ -145,6 +158,17 @@ class HubProgramsTest : public ::testing::Test {
     EXPECT_GE(version, 1u);
     EXPECT_EQ(status->value("digest", std::string()), CloudDigest(version)) << status->dump();
     EXPECT_GT(status->value("acked", 0ull), 0u);
+  }
+
+  // The model versions that answered, from the device's answers.
+  std::set<uint64_t> AnswerVersions() {
+    std::ifstream in(DeviceDir() + "/answers.jsonl");
+    std::set<uint64_t> versions;
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded()) versions.insert(j.value("model_version", 0ull));
+    }
+    return versions;
   }
 
   void StopCloud() {
@@ -177,12 +201,7 @@ TEST_P(HubRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
   if (HasFatalFailure()) return;
   EXPECT_GE(s.value("updates_applied", 0ull) + s.value("resyncs", 0ull), 1u);
   // Answers came from the base and from the update, without a restart.
-  std::ifstream in(DeviceDir() + "/answers.jsonl");
-  std::set<uint64_t> versions;
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded()) versions.insert(j.value("model_version", 0ull));
-  }
+  const std::set<uint64_t> versions = AnswerVersions();
   EXPECT_TRUE(versions.count(0)) << "no answer before the update";
   EXPECT_GE(*versions.rbegin(), 1u) << "no answer after the update";
   // A job trained on the uplinked tokens: same tokenizer on both sides, so no KL note.
@@ -244,7 +263,9 @@ TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   EXPECT_THAT(log, HasSubstr("a teacher-student pair must share one vision tower"));
   device->Signal(SIGTERM);
   EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
-  EXPECT_EQ(DeviceStatus().value("acked", 0ull), 0u);
+  const nlohmann::json status = DeviceStatus();
+  ASSERT_TRUE(status.contains("acked")) << "the device wrote no status file";
+  EXPECT_EQ(status["acked"].get<uint64_t>(), 0u);
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
@@ -281,6 +302,73 @@ TEST_F(HubProgramsTest, DifferentTokenizersTrainWithoutKlAndSaySo) {
   EXPECT_THAT(jobs[0]["notes"][0].get<std::string>(), HasSubstr("weight 0.5"));
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+// A question of `words` 4-token phrases ("is the car red" is 4 tokens of the fixtures'
+// tokenizer), so about 4 x words tokens.
+std::string LongQuestion(int words) {
+  std::vector<std::string> parts(words, "is the car red");
+  return absl::StrJoin(parts, " ");
+}
+
+// The honest mismatch: the pair's cloud takes questions of at most 256 tokens; the device's
+// codec carries 512. A batch holding a 300-token question is refused for good and dropped
+// (the batches behind it go through); a 600-token question is answered but never queued.
+// Nothing is resent, and the device never exits.
+TEST_F(HubProgramsTest, LongQuestionsAreAnsweredAndTheirRefusedBatchesDropped) {
+  const std::string folder = Fixture("llava_clip_llama");
+  const std::string prompts = dir_.path() + "/prompts";
+  std::ofstream(prompts) << "what is shown?\nwhat color is it?\n"
+                         << LongQuestion(75) << "\n"
+                         << LongQuestion(150) << "\n";
+  const std::string cloud_status = dir_.path() + "/cloud-status.json";
+  cloud_ = StartCloud(
+      folder, folder,
+      {"--uts_keep_fraction=0.99", "--status_file=" + cloud_status, "--status_interval_s=0.5"});
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder, {"--prompts_file=" + prompts});
+  ASSERT_TRUE(WaitUntil([&] { return DeviceStatus().value("dropped_batches", 0ull) >= 1; },
+                        absl::Minutes(3)))
+      << ReadText(DeviceDir() + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+  const uint64_t acked_at_drop = DeviceStatus().value("acked", 0ull);
+  // Later batches go through, an update arrives, and the device stays in sync.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        nlohmann::json s = DeviceStatus();
+        return s.value("acked", 0ull) >= acked_at_drop + 2 && s.value("version", 0ull) >= 1 &&
+               s.value("in_sync", false) && s.value("unsent_samples", 0ull) >= 1;
+      },
+      absl::Minutes(3)))
+      << DeviceStatus().dump() << ReadText(DeviceDir() + "/device.log");
+  EXPECT_EQ(device->Wait(absl::ZeroDuration()), -1) << "the device exited";
+  device->Signal(SIGTERM);
+  ASSERT_EQ(device->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir() + "/device.log");
+  const nlohmann::json s = DeviceStatus();
+  const uint64_t dropped = s.value("dropped_batches", 0ull);
+  EXPECT_EQ(
+      s.value("dropped_batches_by_reason", nlohmann::json::object()).value("prompt_too_long", 0ull),
+      dropped)
+      << s.dump();
+  EXPECT_EQ(s.value("failed_frames", -1), 0);
+  const std::string log = ReadText(DeviceDir() + "/device.log");
+  EXPECT_THAT(log, HasSubstr("uplink_batch_dropped"));
+  EXPECT_THAT(log, HasSubstr("sample_not_uplinked"));
+  // Each refused batch was refused once (dropped, never resent), the device's drops reached
+  // the cloud, and both ends number the batches alike.
+  const uint64_t acked = s.value("acked", 0ull);
+  nlohmann::json cs;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        cs = ReadJson(cloud_status);
+        return cs["devices"]["dev-a"].value("durable_sequence", 0ull) == acked &&
+               cs["uplink_refused"].value("prompt_too_long", 0ull) == dropped;
+      },
+      absl::Seconds(30)))
+      << "device: " << s.dump() << "\ncloud: " << cs.dump();
+  EXPECT_EQ(cs["uplink_refused"].size(), 1u) << cs.dump();
+  EXPECT_GE(cs["uplink_refusals"]["dev-a"]["dropped_by_device"].value("prompt_too_long", 0ull), 1u)
+      << cs.dump();
+  StopCloud();
 }
 
 TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFrames) {

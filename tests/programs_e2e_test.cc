@@ -6,6 +6,8 @@
 //      at a chosen point): the cloud dies during a job (before and after its commit); a
 //      device dies after downloading an update and after applying it in memory; an update
 //      file is damaged on the cloud's disk. Each ends consistent, with nothing acked lost.
+//   3. The cloud's sample log loses its tail while the device has batches queued: the device
+//      renumbers them and both ends agree on the sequence again.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -37,6 +39,7 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace cdcca {
 namespace {
@@ -45,6 +48,7 @@ using ::cdcca::testing::Child;
 using ::cdcca::testing::ReadJson;
 using ::cdcca::testing::ReadText;
 using ::cdcca::testing::TempDir;
+using ::cdcca::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 class ProgramsTest : public ::testing::Test {
@@ -217,8 +221,17 @@ TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
   ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3))) << ReadText(dir_.path() + "/cloud.log");
   ASSERT_TRUE(WaitInSync("dev-b", 1, absl::Minutes(3)))
       << ReadText(DeviceDir("dev-b") + "/device.log");
-  // Keep answering a little after the update.
-  absl::SleepFor(absl::Seconds(2));
+  // Both keep answering after the update.
+  for (const std::string id : {"dev-a", "dev-b"}) {
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          int64_t frames = 0;
+          std::map<uint64_t, int> by_version = AnswersByVersion(id, &frames);
+          return !by_version.empty() && by_version.rbegin()->first >= 1;
+        },
+        absl::Minutes(1)))
+        << id << " answered nothing with its update";
+  }
   StopAndCheck("dev-a", *a);
   StopAndCheck("dev-b", *b);
   for (const std::string id : {"dev-a", "dev-b"}) {
@@ -267,7 +280,72 @@ TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
                              model::FingerprintHex(model::ModuleFingerprint(*family.encoder))));
   device->Signal(SIGTERM);
   EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
-  EXPECT_EQ(DeviceStatus("dev-a").value("acked", 0ull), 0u);
+  const nlohmann::json status = DeviceStatus("dev-a");
+  ASSERT_TRUE(status.contains("acked")) << "the device wrote no status file";
+  EXPECT_EQ(status["acked"].get<uint64_t>(), 0u);
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+// A cloud whose log lost its tail (here: the last record, torn) expects an earlier sequence
+// than the device saw acked. The device, which queued batches while the cloud was away,
+// renumbers them to continue where the cloud expects, and the two agree again.
+TEST_F(ProgramsTest, ADeviceRenumbersItsQueueAfterTheCloudLostTheTailOfItsLog) {
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> a = StartDevice("dev-a");
+  ASSERT_TRUE(
+      WaitUntil([&] { return DeviceStatus("dev-a").value("acked", 0ull) >= 2; }, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-a") + "/device.log");
+  a->Signal(SIGTERM);
+  ASSERT_EQ(a->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir("dev-a") + "/device.log");
+  cloud->Signal(SIGTERM);
+  ASSERT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+  const uint64_t acked = DeviceStatus("dev-a").value("acked", 0ull);
+  {
+    cloud::SampleStoreOptions so;
+    so.dir = cloud_data_ + "/samples";
+    ASSERT_OK_AND_ASSIGN(auto store, cloud::SampleStore::Open(so));
+    ASSERT_EQ(store->HighestDurable("dev-a"), acked);
+  }
+  // The newest record (the device's last acked batch) loses its last byte.
+  std::string newest;
+  for (const auto& e : std::filesystem::directory_iterator(cloud_data_ + "/samples")) {
+    const std::string name = e.path().string();
+    if (absl::EndsWith(name, ".log") && name > newest) newest = name;
+  }
+  ASSERT_FALSE(newest.empty());
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) - 1);
+
+  // The device comes back first and queues while the cloud is away.
+  a = StartDevice("dev-a");
+  ASSERT_TRUE(WaitUntil([&] { return DeviceStatus("dev-a").value("waiting_batches", 0ull) >= 2; },
+                        absl::Minutes(2)))
+      << ReadText(DeviceDir("dev-a") + "/device.log");
+  cloud = StartCloud();
+  // Renumbered, and batches after the lost one acked under the cloud's numbering.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        nlohmann::json s = DeviceStatus("dev-a");
+        return s.value("renumbered", 0ull) >= 1 && s.value("acked", 0ull) > acked;
+      },
+      absl::Minutes(2)))
+      << ReadText(DeviceDir("dev-a") + "/device.log") << ReadText(dir_.path() + "/cloud.log");
+  a->Signal(SIGTERM);
+  ASSERT_EQ(a->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir("dev-a") + "/device.log");
+  const uint64_t final_acked = DeviceStatus("dev-a").value("acked", 0ull);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        nlohmann::json cs = ReadJson(dir_.path() + "/cloud-status.json");
+        return cs["devices"]["dev-a"].value("durable_sequence", 0ull) == final_acked;
+      },
+      absl::Seconds(30)))
+      << "device acked " << final_acked
+      << "; cloud: " << ReadText(dir_.path() + "/cloud-status.json");
+  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"), HasSubstr("sample_log_torn_tail"));
+  const std::string log = ReadText(DeviceDir("dev-a") + "/device.log");
+  EXPECT_THAT(log, HasSubstr("uplink_renumbered"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("uplink_refused")));
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }

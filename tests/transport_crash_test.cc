@@ -17,6 +17,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/transport_fixture.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -25,6 +26,7 @@ namespace {
 
 using ::cdcca::testing::MakeBatch;
 using ::cdcca::testing::TempDir;
+using ::cdcca::testing::WaitUntil;
 
 class CloudProcess {
  public:
@@ -46,13 +48,14 @@ class CloudProcess {
 
   // The port, once the server wrote it; 0 after 20 s without it.
   int WaitForPort() {
-    for (int i = 0; i < 2000; ++i) {
-      std::ifstream in(port_file_);
-      int port = 0;
-      if (in >> port && port > 0) return port;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return 0;
+    int port = 0;
+    WaitUntil(
+        [&] {
+          std::ifstream in(port_file_);
+          return in >> port && port > 0;
+        },
+        absl::Seconds(20), absl::Milliseconds(10));
+    return port;
   }
 
   void Kill() {
@@ -98,7 +101,8 @@ TEST(TransportCrashTest, KillDuringUplinkLosesNothingAcked) {
       o.stream_timeout = absl::Seconds(5);
       auto client = std::move(device::CloudClient::Create(o)).value();
       uint64_t seq = 1;
-      while (!stop.load()) {
+      const absl::Time give_up = absl::Now() + absl::Minutes(2);
+      while (!stop.load() && absl::Now() < give_up) {
         // Several batches per stream, so the kill can land mid-stream.
         std::vector<v1::UplinkBatch> batches;
         for (int i = 0; i < 4; ++i) batches.push_back(MakeBatch(d, seq + i, 8192));
@@ -109,7 +113,17 @@ TEST(TransportCrashTest, KillDuringUplinkLosesNothingAcked) {
       }
     });
   }
-  absl::SleepFor(absl::Milliseconds(1500));
+  // Kill it while every device is in the middle of its uplink: each has had some streams
+  // acked and is sending the next.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        for (const auto& a : acked) {
+          if (a.load() < 12) return false;
+        }
+        return true;
+      },
+      absl::Seconds(60)))
+      << "the devices got no acks";
   process->Kill();
   stop = true;
   for (auto& t : threads) t.join();

@@ -127,10 +127,14 @@ TEST(TransportE2eTest, BadBatchStopsTheStreamWithErrorAsDataAndKeepsWhatCameBefo
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ack.error().message(), HasSubstr("sample_count"));
   EXPECT_EQ(ack.rejected_sequence(), 3u);
+  EXPECT_EQ(ack.refusal(), v1::UPLINK_REFUSAL_PERMANENT);
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_MALFORMED);
 
   ASSERT_OK_AND_ASSIGN(ack, client->Uplink({MakeBatch(0, 5)}));
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(ack.error().message(), HasSubstr("next expected is 3"));
+  EXPECT_EQ(ack.refusal(), v1::UPLINK_REFUSAL_RESEQUENCE);
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_SEQUENCE_GAP);
 
   v1::UplinkBatch too_big = MakeBatch(0, 3);
   too_big.set_payload(std::string(wire::kMaxChunkBytes + 1, 'x'));
@@ -438,6 +442,7 @@ CloudFixtureOptions Checked(const TempDir& dir) {
   o.service.sample_spec.grid_tokens = 64;
   o.service.sample_spec.feature_dim = 32;
   o.service.sample_spec.vocab_size = 100;
+  o.service.sample_spec.max_prompt_tokens = 256;  // a Hugging Face pair's bound
   return o;
 }
 
@@ -474,54 +479,86 @@ TEST(TransportE2eTest, IngestRefusesBatchesThatDoNotFitTheModelAndNeverStoresThe
   ASSERT_OK(client->Register(Registration()));
   ASSERT_OK(client->Uplink({MakeBatch(0, 1)}));
 
-  const auto refused = [&](const v1::UplinkBatch& batch, absl::string_view why) {
+  // Every one is refused for good (the device drops it), with its reason.
+  const auto refused = [&](const v1::UplinkBatch& batch, absl::string_view why,
+                           v1::RefusalReason reason) {
     absl::StatusOr<v1::UplinkAck> ack = client->Uplink({batch});
     ASSERT_OK(ack);
     EXPECT_EQ(ack->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << why;
     EXPECT_THAT(ack->error().message(), HasSubstr(std::string(why)));
     EXPECT_EQ(ack->rejected_sequence(), batch.sequence());
+    EXPECT_EQ(ack->refusal(), v1::UPLINK_REFUSAL_PERMANENT) << why;
+    EXPECT_EQ(wire::RefusalReasonName(ack->refusal_reason()), wire::RefusalReasonName(reason))
+        << why;
     EXPECT_EQ(ack->stored(), 0u);
     EXPECT_EQ(ack->highest_durable_sequence(), 1u);
   };
-  // Poison: a well-formed batch whose grid is not the model's (refused while decoding, before
-  // its features are allocated), and a smaller grid, which decodes but is not the model's either.
-  refused(Encoded(2, {Zeros(128, 32, 4)}), "sample 0 has sizes outside the limits");
-  refused(Encoded(2, {Zeros(32, 32, 4)}), "grid 32x32 but the cloud's model expects 64x32");
+  // Poison: well-formed batches whose grid is not the model's, larger or smaller.
+  refused(Encoded(2, {Zeros(128, 32, 4)}), "grid 128x32 but the cloud's model expects 64x32",
+          v1::REFUSAL_REASON_SHAPE);
+  refused(Encoded(2, {Zeros(32, 32, 4)}), "grid 32x32 but the cloud's model expects 64x32",
+          v1::REFUSAL_REASON_SHAPE);
   // Bomb: 16 MiB of zeros in a few KiB, refused from its header before decompression.
   const v1::UplinkBatch bomb = Encoded(2, {Zeros(4096, 2048, 4096)});
   EXPECT_LT(bomb.payload().size(), 64u << 10);
-  refused(bomb, "max_body_bytes");
+  refused(bomb, "max_body_bytes", v1::REFUSAL_REASON_TOO_LARGE);
   // Many empty samples, correctly shaped: over the per-batch sample bound.
   refused(Encoded(2, std::vector<compress::UplinkSample>(2000, Zeros(64, 32, 0))),
-          "sample count 2000");
+          "sample count 2000", v1::REFUSAL_REASON_TOO_LARGE);
   // Token ids outside the model's vocabulary.
   compress::UplinkSample bad_token = Zeros(64, 32, 1);
   bad_token.prompt_tokens = {1, 100};
-  refused(Encoded(2, {bad_token}), "vocabulary");
+  refused(Encoded(2, {bad_token}), "vocabulary", v1::REFUSAL_REASON_VOCABULARY);
+  // A question longer than the model takes (the codec carries up to 512 tokens).
+  compress::UplinkSample long_question = Zeros(64, 32, 1);
+  long_question.prompt_tokens.assign(300, 1);
+  refused(Encoded(2, {long_question}), "a prompt of 300 tokens; this cloud takes 256 at most",
+          v1::REFUSAL_REASON_PROMPT_TOO_LONG);
   // sample_count is derived from the payload, never trusted.
   v1::UplinkBatch lying = MakeBatch(0, 2);
   lying.set_sample_count(400);
-  refused(lying, "sample_count 400 but the payload holds 4");
+  refused(lying, "sample_count 400 but the payload holds 4", v1::REFUSAL_REASON_SAMPLE_COUNT);
   // An unknown codec version.
   v1::UplinkBatch future = MakeBatch(0, 2);
   future.set_codec_version(2);
-  refused(future, "codec_version 2 is not supported");
+  refused(future, "codec_version 2 is not supported", v1::REFUSAL_REASON_CODEC);
   // Bytes that are no payload at all.
   v1::UplinkBatch junk = MakeBatch(0, 2);
   junk.set_payload("not a payload");
-  refused(junk, "payload");
+  refused(junk, "payload", v1::REFUSAL_REASON_DAMAGED);
   // A frame (the jpeg uplink) to a cdcca family's cloud, which takes tokens only.
   compress::UplinkSample frame = Zeros(64, 32, 2);
   frame.features.clear();
   frame.frame = JpegHeader(64, 64);
-  refused(Encoded(2, {frame}, compress::FeaturePrecision::kJpeg), "takes visual tokens only");
+  refused(Encoded(2, {frame}, compress::FeaturePrecision::kJpeg), "takes visual tokens only",
+          v1::REFUSAL_REASON_FRAME);
 
-  // None was stored; the device's next valid batch takes sequence 2.
+  // None was stored, and each is counted by its reason.
   EXPECT_EQ(cloud.samples()->Stats().records, 1u);
-  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ok, client->Uplink({MakeBatch(0, 2)}));
+  const cloud::DeviceRefusals counts = cloud.service()->Refusals()["dev-0"];
+  EXPECT_THAT(counts.refused,
+              ::testing::UnorderedElementsAre(
+                  ::testing::Pair("shape", 2), ::testing::Pair("too_large", 2),
+                  ::testing::Pair("vocabulary", 1), ::testing::Pair("prompt_too_long", 1),
+                  ::testing::Pair("sample_count", 1), ::testing::Pair("codec", 1),
+                  ::testing::Pair("damaged", 1), ::testing::Pair("frame", 1)));
+  // The device's next valid batch takes sequence 2, and reports what it dropped: counted, not
+  // stored with the batch.
+  v1::UplinkBatch next = MakeBatch(0, 2);
+  v1::DroppedBatch* report = next.add_dropped();
+  report->set_sequence(2);
+  report->set_reason(v1::REFUSAL_REASON_PROMPT_TOO_LONG);
+  report->set_sample_count(1);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ok, client->Uplink({next}));
   EXPECT_EQ(ok.stored(), 1u);
   EXPECT_EQ(ok.highest_durable_sequence(), 2u);
   EXPECT_EQ(cloud.samples()->SampleCount("dev-0", 1, 2), 8u);
+  EXPECT_THAT(cloud.service()->Refusals()["dev-0"].dropped,
+              ::testing::ElementsAre(::testing::Pair("prompt_too_long", 1)));
+  ASSERT_OK_AND_ASSIGN(std::vector<store::v1::SampleRecord> stored,
+                       cloud.samples()->Read("dev-0", 2, 1));
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].batch().dropped_size(), 0);
 }
 
 // A cloud that takes frames (a Hugging Face pair's, SampleSpec::frame_width) checks the size a
@@ -597,6 +634,8 @@ TEST(TransportE2eTest, DeviceQuotaIsResourceExhaustedAndLeavesOtherDevicesAlone)
   ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, client->Uplink(batches));
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(ack.error().message(), HasSubstr("quota of 10000 bytes"));
+  EXPECT_EQ(ack.refusal(), v1::UPLINK_REFUSAL_TRANSIENT);
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_QUOTA);
   EXPECT_GT(ack.stored(), 0u);
   EXPECT_LT(ack.stored(), 20u);
   EXPECT_EQ(ack.rejected_sequence(), ack.stored() + 1);

@@ -64,9 +64,9 @@ class CloudFixture {
     auto updates = cloud::UpdateStore::Open({options_.data_dir + "/updates", 16});
     if (!updates.ok()) return updates.status();
     updates_ = std::move(*updates);
-    service_ = std::make_unique<cloud::CloudService>(options_.service, auth_.get(),
-                                                     registry_.get(), samples_.get(),
-                                                     updates_.get(), options_.observer);
+    service_ =
+        std::make_unique<cloud::CloudService>(options_.service, auth_.get(), registry_.get(),
+                                              samples_.get(), updates_.get(), options_.observer);
     cloud::ServerOptions server_options = options_.server;
     if (port_ != 0) server_options.listen_address = absl::StrCat("127.0.0.1:", port_);
     auto server = cloud::CloudServer::Start(server_options, service_.get());
@@ -103,6 +103,7 @@ class CloudFixture {
   cloud::SampleStore* samples() { return samples_.get(); }
   cloud::UpdateStore* updates() { return updates_.get(); }
   cloud::DeviceRegistry* registry() { return registry_.get(); }
+  cloud::CloudService* service() { return service_.get(); }
 
  private:
   CloudFixtureOptions options_;
@@ -121,8 +122,8 @@ class CloudFixture {
 // have a 32-wide token grid of `grid` tokens (at least the kept ones) and feature width 32.
 inline v1::UplinkBatch MakeBatch(int device, uint64_t seq, size_t bytes = 2048) {
   constexpr uint32_t kSamples = 4, kDim = 32;
-  const uint32_t kept = static_cast<uint32_t>(
-      std::clamp<size_t>(bytes / (kSamples * kDim * 2), 1, 4096));
+  const uint32_t kept =
+      static_cast<uint32_t>(std::clamp<size_t>(bytes / (kSamples * kDim * 2), 1, 4096));
   uint64_t x = (static_cast<uint64_t>(device) << 40) ^ (seq * 0x9E3779B97F4A7C15ull) ^ 1;
   const auto next = [&x] {
     x ^= x << 13;
