@@ -11,13 +11,17 @@
 #include <random>
 #include <string>
 
+#include "cloud/internal/record_log.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
+#include "datasets/formats.h"
+#include "datasets/image.h"
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
+#include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -26,6 +30,7 @@ namespace {
 
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
+using ::testing::HasSubstr;
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -105,6 +110,19 @@ class TrainerTest : public ::testing::Test {
     ASSERT_OK(samples_->AppendAndWait(device, b).status());
   }
 
+  // Uplinks three batches of 3 samples of dev-a at `precision`; the strategy's job bounds
+  // must let its first job take batch 1 alone, and the next one batch 2 alone.
+  void ExpectOneBatchPerJob(compress::FeaturePrecision precision) {
+    for (uint64_t seq = 1; seq <= 3; ++seq) Uplink("dev-a", seq, 3, 0, 1.0f, precision);
+    EXPECT_EQ(samples_->SampleCount("dev-a", 1, 3), 9u);
+    ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
+    EXPECT_EQ(first.last_sequence, 1u);
+    EXPECT_EQ(first.samples, 3);
+    ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+    EXPECT_EQ(second.first_sequence, 2u);
+    EXPECT_EQ(second.last_sequence, 2u);
+  }
+
   // The pretrained student's trainable set, as the device holds it at version 0.
   compress::NamedTensors DeviceState() {
     auto family = model::LoadFamily(checkpoint_, model::Precision::kInt8);
@@ -166,6 +184,23 @@ TEST_F(TrainerTest, JobPublishesAnUpdateThatTakesTheDeviceToTheMirror) {
   ASSERT_OK_AND_ASSIGN(StoredUpdate update2, updates_->UpdateAfter("dev-a", 1));
   ASSERT_OK(compress::ApplyUpdate(*update2.payload, 1, device).status());
   EXPECT_EQ(compress::StateDigest(device), second.state_digest);
+}
+
+// What a job consumed is released from the sample log: the device's quota counts only what
+// its jobs have not trained on (and its newest batch, which carries its sequence).
+TEST_F(TrainerTest, JobReleasesWhatItConsumedFromTheSampleLog) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 4);
+  Uplink("dev-a", 2, 4);
+  Uplink("dev-a", 3, 4);
+  const uint64_t before = samples_->DeviceBytes("dev-a");
+  ASSERT_OK(strategy_->RunJob("dev-a").status());
+  EXPECT_LT(samples_->DeviceBytes("dev-a"), before / 2);
+  EXPECT_EQ(samples_->Stats().released_records, 2u);
+  EXPECT_EQ(samples_->HighestDurable("dev-a"), 3u);
+  Uplink("dev-a", 4, 2);
+  ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(next.first_sequence, 4u);
 }
 
 TEST_F(TrainerTest, RestartKeepsMirrorCursorAndResidual) {
@@ -235,19 +270,185 @@ TEST_F(TrainerTest, CursorIsClampedToTheDurableLogAndRenumberedBatchesAreTrained
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
 }
 
-// Regression (issue 20, attack finding 3): a stored batch that decodes but does not fit the
-// model (from a log written before ingest checked batches) failed every job of its device,
-// every few seconds, forever; its later valid batches were never trained.
-TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsSkippedNotFatal) {
+// A stored batch that decodes but does not fit the model (from a log written before ingest
+// checked batches) is quarantined with its reason; the device's later batches train.
+TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsQuarantinedNotFatal) {
   MakeStrategy();
   Uplink("dev-a", 1, 2, /*grid=*/family_.vision.NumTokens() * 4);
   Uplink("dev-a", 2, 3);
   ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(report.skipped_batches, 1);
+  EXPECT_EQ(report.quarantined_samples, 2u);
   EXPECT_EQ(report.first_sequence, 1u);
   EXPECT_EQ(report.last_sequence, 2u);
   EXPECT_EQ(report.samples, 3);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 2u);
+  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason, HasSubstr("outside the limits"));
+}
+
+// Flips a byte in the body of `device`'s stored batch `sequence` (the store stays open: the
+// record rots after start-up).
+void DamageStoredBatch(const std::string& segment, const std::string& device, uint64_t sequence) {
+  std::string data;
+  {
+    std::ifstream in(segment, std::ios::binary);
+    data.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::vector<bool> match;
+  ASSERT_OK_AND_ASSIGN(
+      internal::SegmentScan scan, internal::ScanSegment(data, [&](absl::string_view body) {
+        store::v1::SampleRecord r;
+        r.ParseFromArray(body.data(), static_cast<int>(body.size()));
+        match.push_back(r.device_id() == device && r.batch().sequence() == sequence);
+        return true;
+      }));
+  for (size_t i = 0; i < scan.records.size(); ++i) {
+    if (!match[i]) continue;
+    const uint64_t at = (scan.records[i].span.offset + scan.records[i].span.end) / 2;
+    std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(data[at] ^ 0x5a));
+    return;
+  }
+  FAIL() << "no stored batch " << sequence << " of " << device;
+}
+
+// A record that rots after it was acked reads back DATA_LOSS on every try: the job
+// quarantines it (persisted: a restart does not try it again), trains on the good batches
+// around it and publishes its update.
+TEST_F(TrainerTest, RottenRecordAmongGoodOnesIsQuarantinedAndTheJobGoesOn) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 3);
+  Uplink("dev-a", 2, 4);
+  Uplink("dev-a", 3, 2);
+  DamageStoredBatch(dir_.path() + "/samples/seg-00000001.log", "dev-a", 2);
+  ASSERT_THAT(samples_->Read("dev-a", 1, 10), StatusIs(absl::StatusCode::kDataLoss));
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(report.first_sequence, 1u);
+  EXPECT_EQ(report.last_sequence, 3u);
+  EXPECT_EQ(report.samples, 5);
+  EXPECT_EQ(report.quarantined_samples, 4u);
+  EXPECT_OK(updates_->UpdateAfter("dev-a", 0).status());
+  DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.consumed_sequence, 3u);
+  EXPECT_EQ(state.quarantined_samples, 4u);
+  EXPECT_THAT(state.last_quarantine_reason, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+
+  // After a restart the quarantine is still counted, and nothing is retried.
+  OpenStores();
+  MakeStrategy();
+  state = strategy_->State("dev-a");
+  EXPECT_EQ(state.quarantined_samples, 4u);
+  EXPECT_EQ(state.consumed_sequence, 3u);
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// On a Hugging Face pair the job recomputes tokens from uplinked JPEG frames: a frame that
+// passes ingest (its header declares the tower's size) but does not decode is quarantined
+// with its reason, and the job trains on the other samples and publishes its update.
+TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
+  PerDeviceStrategyOptions o;
+  o.teacher_dir = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
+  o.student_base_dir = o.teacher_dir;
+  o.state_dir = dir_.path() + "/trainer";
+  o.max_steps = 2;
+  o.batch_size = 2;
+  o.torch_threads = 1;
+  o.bits_per_param = 4.0;
+  absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> created =
+      PerDeviceStrategy::Create(o, samples_.get(), updates_.get());
+  if (absl::IsUnimplemented(created.status())) {
+    GTEST_SKIP() << "built without Hugging Face tokenizers: " << created.status();
+  }
+  ASSERT_OK(created);
+  strategy_ = *std::move(created);
+  ASSERT_OK(strategy_->Recover());
+  const SampleSpec spec = strategy_->Spec();
+  ASSERT_GT(spec.frame_width, 0u);
+  datasets::Image image(static_cast<int>(spec.frame_width), static_cast<int>(spec.frame_height));
+  std::mt19937 rng(5);
+  for (uint8_t& p : image.pixels) p = static_cast<uint8_t>(rng());
+  ASSERT_OK_AND_ASSIGN(std::string good, datasets::EncodeJpeg(image, 90));
+  const std::string bad = cdcca::testing::JpegHeader(static_cast<int>(spec.frame_width),
+                                                     static_cast<int>(spec.frame_height)) +
+                          std::string(64, '\x5a');
+  std::vector<compress::UplinkSample> batch(3);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    compress::UplinkSample& s = batch[i];
+    s.sample_id = 100 + i;
+    s.grid_tokens = spec.grid_tokens;
+    s.feature_dim = spec.feature_dim;
+    s.kept_indices = {0, 1, 2, 3};
+    s.prompt_tokens = {5, 6, 7};
+    s.answer_tokens = {8, 9};
+    s.frame = i == 1 ? bad : good;
+  }
+  ASSERT_OK_AND_ASSIGN(std::string payload,
+                       compress::EncodeUplinkBatch(batch, compress::FeaturePrecision::kJpeg));
+  v1::UplinkBatch b;
+  b.set_sequence(1);
+  b.set_sample_count(3);
+  b.set_codec_version(1);
+  b.set_payload(payload);
+  ASSERT_OK(CheckUplinkBatch(b, spec).status()) << "the bad frame passes ingest";
+  ASSERT_OK(samples_->AppendAndWait("dev-a", b).status());
+
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(report.samples, 2);
+  EXPECT_EQ(report.quarantined_samples, 1u);
+  EXPECT_OK(updates_->UpdateAfter("dev-a", 0).status());
+  const DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.consumed_sequence, 1u);
+  EXPECT_EQ(state.quarantined_samples, 1u);
+  EXPECT_THAT(state.last_quarantine_reason, HasSubstr("sample 101"));
+  std::ifstream in(dir_.path() + "/trainer/dev-a.quarantine");
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(file, HasSubstr("\"sample_id\": 101"));
+}
+
+// Training that fails at the same cursor ends: after kMaxJobAttempts failures the job's
+// batches are quarantined and the cursor moves on; the device's next batches are trained.
+TEST_F(TrainerTest, JobThatKeepsFailingAtOneCursorQuarantinesItsBatches) {
+  PerDeviceStrategyOptions failing = Options();
+  failing.fault = "train_error";
+  ASSERT_OK_AND_ASSIGN(strategy_,
+                       PerDeviceStrategy::Create(failing, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  Uplink("dev-a", 1, 3);
+  Uplink("dev-a", 2, 2);
+  for (int attempt = 1; attempt < kMaxJobAttempts; ++attempt) {
+    EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kInternal));
+    EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 0u);
+  }
+  EXPECT_THAT(strategy_->RunJob("dev-a"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("quarantined")));
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 5u);
+  EXPECT_EQ(strategy_->State("dev-a").version, 0u);
+  // The same device, training again: its next batch becomes an update.
+  MakeStrategy();
+  Uplink("dev-a", 3, 2);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.first_sequence, 3u);
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 5u);
+}
+
+// The job's bound counts what the decoded samples hold (floats), not the codec's body: int8
+// features are 4x smaller on the wire than in memory.
+TEST_F(TrainerTest, JobBoundCountsDecodedFloatsNotTheCodecBody) {
+  PerDeviceStrategyOptions o = Options();
+  const int tokens = family_.vision.NumTokens() / 2, dim = family_.vision.d_vis;
+  const uint64_t floats_per_batch = uint64_t{3} * tokens * dim * sizeof(float);
+  // Room for two batches' int8 bodies (about a quarter of their floats), not for two
+  // batches' floats.
+  o.max_decoded_bytes_per_job = floats_per_batch * 3 / 2;
+  ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  ExpectOneBatchPerJob(compress::FeaturePrecision::kInt8);
 }
 
 // Features are finite on the wire, but an int8 payload's scale lets them be huge: a job they
@@ -262,6 +463,8 @@ TEST_F(TrainerTest, HugeFeaturesNeverBecomeANonFiniteUpdate) {
   EXPECT_EQ(strategy_->State("dev-a").state_digest, base);
   EXPECT_EQ(strategy_->State("dev-a").version, 0u);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 3u);
+  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason, HasSubstr("non-finite"));
   Uplink("dev-a", 2, 3);
   ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
   // The next batch trains normally (the learner's fitted projections were dropped too).
@@ -274,14 +477,7 @@ TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {
   o.max_samples_per_job = 5;
   ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
   ASSERT_OK(strategy_->Recover());
-  for (uint64_t seq = 1; seq <= 3; ++seq) Uplink("dev-a", seq, 3);
-  EXPECT_EQ(samples_->SampleCount("dev-a", 1, 3), 9u);
-  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(first.last_sequence, 1u);
-  EXPECT_EQ(first.samples, 3);
-  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(second.first_sequence, 2u);
-  EXPECT_EQ(second.last_sequence, 2u);
+  ExpectOneBatchPerJob(compress::FeaturePrecision::kFp16);
   // The model's shape reaches the service's ingest check.
   EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(family_.vision.NumTokens()));
   EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(family_.vision.d_vis));
@@ -430,10 +626,9 @@ TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
 }
 
-// Regression (issue 20, attack finding 4): the scheduler read every pending record to count
-// its samples (1.2 GB RSS for a 1 GiB backlog at startup). It counts from the store's index
-// now: with every payload on disk made unreadable, the trigger still fires (the job itself is
-// what reads, and fails).
+// The scheduler counts pending samples from the store's index, never from payloads: with
+// every payload on disk made unreadable, the trigger still fires (the job itself is what
+// reads them, and quarantines them).
 TEST_F(TrainerTest, SchedulerCountsSamplesFromTheIndexWithoutReadingPayloads) {
   MakeStrategy();
   Uplink("dev-a", 1, 4);
@@ -455,11 +650,14 @@ TEST_F(TrainerTest, SchedulerCountsSamplesFromTheIndexWithoutReadingPayloads) {
   so.trigger_interval = absl::InfiniteDuration();
   so.retry_after = absl::Hours(1);
   JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  // The job runs, reads both batches back damaged and quarantines them.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (scheduler.jobs_failed() == 0 && absl::Now() < deadline) {
+  while (strategy_->State("dev-a").quarantined_samples < 8 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(scheduler.jobs_failed(), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 8u);
+  ASSERT_TRUE(scheduler.WaitIdle(absl::Seconds(60)));
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
 }
 
 TEST_F(TrainerTest, SchedulerTriggersOnTime) {

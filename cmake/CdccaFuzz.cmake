@@ -134,10 +134,13 @@ function(cdcca_add_fuzzer name)
             ${_cflags} -I${PROJECT_SOURCE_DIR} -I${PROJECT_BINARY_DIR}
             -DCDCCA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ${_defines}
             ${_sources} -o ${_out} ${_ldflags}
-    DEPENDS ${_sources} ${_headers} ${F_DEPENDS}
+    DEPENDS ${_sources} ${_headers}
     COMMENT "clang libFuzzer: ${name}_fuzzer"
     VERBATIM)
   add_custom_target(${name}_fuzzer ALL DEPENDS ${_out})
+  if(F_DEPENDS)
+    add_dependencies(${name}_fuzzer ${F_DEPENDS})
+  endif()
   set(_args ${_out} ${CMAKE_CURRENT_BINARY_DIR}/fuzz_work/${name} ${F_SECONDS} ${F_MAX_LEN}
             ${F_MALLOC_LIMIT_MB})
   if(F_SEED_GENERATOR)
