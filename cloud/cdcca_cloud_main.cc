@@ -33,7 +33,7 @@
 #include "cli/flags_help.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
-#include "cloud/internal/file_io.h"
+#include "storage/env.h"
 #include "cloud/trainer.h"
 #include "nlohmann/json.hpp"
 
@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
         absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
        {"tls", !absl::GetFlag(FLAGS_insecure)}});
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    if (absl::Status s = internal::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+    if (absl::Status s = storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
                                                        absl::StrCat((*server)->port(), "\n"));
         !s.ok()) {
       return Fail(s);
@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
           }
           s["devices"] = devices;
         }
-        (void)internal::WriteFileAtomically(status_file, s.dump() + "\n");
+        (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file, s.dump() + "\n");
       } while (!stop_status.WaitForNotificationWithTimeout(
           absl::Seconds(absl::GetFlag(FLAGS_status_interval_s))));
     });

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "cloud/internal/file_io.h"
+#include "storage/env.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/wire.h"
@@ -13,7 +13,7 @@ namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("TLS: no ", what, " given"));
-  absl::StatusOr<std::string> pem = internal::ReadFile(path);
+  absl::StatusOr<std::string> pem = storage::ReadFile(*storage::Env::Default(), path);
   if (!pem.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("TLS: cannot read ", what, ": ", pem.status().message()));

@@ -1,19 +1,12 @@
 #include "cloud/sample_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <future>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cloud/internal/file_io.h"
 #include "cloud/internal/record_log.h"
 
 namespace cdcca::cloud {
@@ -27,21 +20,6 @@ uint32_t GetU32(const char* p) {
   return v;
 }
 
-absl::Status PreadAll(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return internal::ErrnoStatus("pread", path, errno);
-    }
-    if (r == 0) return absl::DataLossError(absl::StrCat(path, ": unexpected end of file"));
-    buf += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 SampleStore::SampleStore(SampleStoreOptions options) : options_(std::move(options)) {}
@@ -51,7 +29,8 @@ absl::StatusOr<std::unique_ptr<SampleStore>> SampleStore::Open(const SampleStore
   if (options.segment_bytes < (1u << 16)) {
     return absl::InvalidArgumentError("SampleStore: segment_bytes must be at least 64 KiB");
   }
-  if (absl::Status s = internal::MakeDirs(options.dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("SampleStore: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.dir); !s.ok()) return s;
   std::unique_ptr<SampleStore> store(new SampleStore(options));
   if (absl::Status s = store->Recover(); !s.ok()) return s;
   store->flusher_ = std::thread([s = store.get()] { s->FlushLoop(); });
@@ -65,7 +44,7 @@ SampleStore::~SampleStore() {
   }
   if (flusher_.joinable()) flusher_.join();
   absl::MutexLock lock(&write_mu_);
-  if (fd_ >= 0) ::close(fd_);
+  segment_file_.reset();
 }
 
 std::string SampleStore::SegmentPath(uint32_t segment) const {
@@ -73,7 +52,7 @@ std::string SampleStore::SegmentPath(uint32_t segment) const {
 }
 
 absl::Status SampleStore::Recover() {
-  absl::StatusOr<std::vector<std::string>> names = internal::ListDir(options_.dir);
+  absl::StatusOr<std::vector<std::string>> names = options_.env->ListFiles(options_.dir);
   if (!names.ok()) return names.status();
   std::vector<uint32_t> segments;
   for (const std::string& name : *names) {
@@ -94,7 +73,7 @@ absl::Status SampleStore::Recover() {
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool newest = i + 1 == segments.size();
     const std::string path = SegmentPath(segments[i]);
-    absl::StatusOr<std::string> data = internal::ReadFile(path);
+    absl::StatusOr<std::string> data = storage::ReadFile(*options_.env, path);
     if (!data.ok()) return data.status();
     const internal::SegmentScan scan = internal::ScanSegment(*data, parses);
     for (const internal::ScannedRecord& r : scan.records) {
@@ -118,9 +97,7 @@ absl::Status SampleStore::Recover() {
       const uint64_t tail = data->size() - scan.valid_end;
       if (newest) {
         // A torn tail: the crash happened mid-write, so nothing past valid_end was acked.
-        if (::truncate(path.c_str(), static_cast<off_t>(scan.valid_end)) != 0) {
-          return internal::ErrnoStatus("truncate", path, errno);
-        }
+        if (absl::Status s = options_.env->Truncate(path, scan.valid_end); !s.ok()) return s;
         stats_.truncated_tail_bytes += tail;
         damage_.push_back({path, scan.valid_end, tail, true, scan.tail_why});
         kept_bytes = scan.valid_end;
@@ -138,15 +115,14 @@ absl::Status SampleStore::Recover() {
 }
 
 absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment) {
-  if (fd_ >= 0) ::close(fd_);
-  const std::string path = SegmentPath(segment);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) return internal::ErrnoStatus("open", path, errno);
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) return internal::ErrnoStatus("fstat", path, errno);
+  segment_file_.reset();
+  absl::StatusOr<std::unique_ptr<storage::WritableFile>> file =
+      options_.env->OpenForAppend(SegmentPath(segment), /*truncate=*/false);
+  if (!file.ok()) return file.status();
+  segment_file_ = *std::move(file);
   segment_ = segment;
-  segment_size_ = static_cast<uint64_t>(st.st_size);
-  return internal::SyncDir(options_.dir);
+  segment_size_ = segment_file_->Size();
+  return options_.env->SyncDir(options_.dir);
 }
 
 void SampleStore::Append(const std::string& device_id, v1::UplinkBatch batch,
@@ -311,15 +287,9 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
 }
 
 absl::Status SampleStore::WriteAndSync(absl::string_view data) {
-  const std::string path = SegmentPath(segment_);
-  while (!data.empty()) {
-    ssize_t n = ::write(fd_, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return internal::ErrnoStatus("write", path, errno);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  if (options_.sync && ::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
-  return absl::OkStatus();
+  if (segment_file_ == nullptr) return absl::FailedPreconditionError("no open segment");
+  if (absl::Status s = segment_file_->Append(data); !s.ok()) return s;
+  return options_.sync ? segment_file_->Sync() : absl::OkStatus();
 }
 
 uint64_t SampleStore::HighestDurable(const std::string& device_id) const {
@@ -388,26 +358,26 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
   }
   std::vector<store::v1::SampleRecord> out;
   out.reserve(wanted.size());
-  int fd = -1;
+  std::unique_ptr<storage::RandomAccessFile> file;
   uint32_t open_segment = 0;
   std::string body;
   absl::Status status;
   for (const Location& loc : wanted) {
-    if (fd < 0 || open_segment != loc.segment) {
-      if (fd >= 0) ::close(fd);
-      fd = ::open(SegmentPath(loc.segment).c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        status = internal::ErrnoStatus("open", SegmentPath(loc.segment), errno);
+    if (file == nullptr || open_segment != loc.segment) {
+      absl::StatusOr<std::unique_ptr<storage::RandomAccessFile>> opened =
+          options_.env->OpenForRead(SegmentPath(loc.segment));
+      if (!opened.ok()) {
+        status = opened.status();
         break;
       }
+      file = *std::move(opened);
       open_segment = loc.segment;
     }
     char frame[kRecordFrameBytes];
-    status = PreadAll(fd, frame, kRecordFrameBytes, loc.offset - kRecordFrameBytes,
-                      SegmentPath(loc.segment));
+    status = file->Read(loc.offset - kRecordFrameBytes, kRecordFrameBytes, frame);
     if (!status.ok()) break;
     body.resize(loc.length);
-    status = PreadAll(fd, body.data(), loc.length, loc.offset, SegmentPath(loc.segment));
+    status = file->Read(loc.offset, loc.length, body.data());
     if (!status.ok()) break;
     if (GetU32(frame + 8) != internal::RecordCrc(body)) {
       status = absl::DataLossError(absl::StrCat("SampleStore: checksum mismatch in ",
@@ -421,7 +391,6 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
       break;
     }
   }
-  if (fd >= 0) ::close(fd);
   if (!status.ok()) return status;
   return out;
 }

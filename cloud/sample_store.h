@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.pb.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 
@@ -53,6 +54,8 @@ struct SampleStoreOptions {
   // with RESOURCE_EXHAUSTED. The log keeps every batch (no retention yet), so this bounds
   // what a device can ever store in one data directory. 0 = no quota. Default: 0.
   uint64_t max_device_bytes = 0;
+  // Every file call goes through it (not owned; must outlive the store).
+  storage::Env* env = storage::Env::Default();
 };
 
 struct AppendResult {
@@ -163,7 +166,7 @@ class SampleStore {
 
   // Only the flusher (and Recover, before it starts) writes segment files.
   absl::Mutex write_mu_;
-  int fd_ ABSL_GUARDED_BY(write_mu_) = -1;
+  std::unique_ptr<storage::WritableFile> segment_file_ ABSL_GUARDED_BY(write_mu_);
   uint32_t segment_ ABSL_GUARDED_BY(write_mu_) = 0;
   uint64_t segment_size_ ABSL_GUARDED_BY(write_mu_) = 0;
 

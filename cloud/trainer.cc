@@ -13,7 +13,6 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
-#include "cloud/internal/file_io.h"
 #include "cloud/internal/mirror_file.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "compress/delta_encoder.h"
@@ -27,6 +26,7 @@
 #include "distill/model/trainable.h"
 #include "distill/replay_buffer.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {
@@ -134,7 +134,7 @@ struct PerDeviceStrategy::Impl {
     d.encoder = compress::DeltaEncoder(EncoderOptions(id));
     d.replay = std::make_unique<distill::ReplayBuffer>(options.replay_capacity,
                                                        compress::Hash64(id.data(), id.size()));
-    absl::StatusOr<std::string> bytes = internal::ReadFile(StatePath(id));
+    absl::StatusOr<std::string> bytes = storage::ReadFile(*options.env, StatePath(id));
     if (absl::IsNotFound(bytes.status())) {
       d.mirror = CloneTensors(trainer->base_trainable());
       d.version = 0;
@@ -170,7 +170,7 @@ struct PerDeviceStrategy::Impl {
                    static_cast<unsigned long long>(durable));
       MirrorFile clamped = *f;
       clamped.consumed = durable;
-      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(clamped));
+      if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(clamped));
           !s.ok()) {
         return s;
       }
@@ -200,7 +200,7 @@ struct PerDeviceStrategy::Impl {
   // that give nothing to train on. Caller holds d.mu.
   absl::Status SkipTo(const std::string& id, Device& d, uint64_t last_sequence) {
     MirrorFile f;
-    absl::StatusOr<std::string> file = internal::ReadFile(StatePath(id));
+    absl::StatusOr<std::string> file = storage::ReadFile(*options.env, StatePath(id));
     if (file.ok()) {
       absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
       if (old.ok()) f = *std::move(old);
@@ -214,7 +214,7 @@ struct PerDeviceStrategy::Impl {
       f.digest = d.digest;
     }
     f.consumed = last_sequence;
-    if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+    if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
         !s.ok()) {
       return s;
     }
@@ -344,7 +344,7 @@ struct PerDeviceStrategy::Impl {
       f.residual = encoder.SerializeState();
       f.update = payload->bytes;
       f.snapshot = *snapshot;
-      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+      if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
           !s.ok()) {
         return s;
       }
@@ -394,7 +394,8 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   impl->samples = samples;
   impl->updates = updates;
   impl->registry = registry;
-  if (absl::Status s = internal::MakeDirs(options.state_dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("env is null");
+  if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
 
   const bool hub = !options.teacher_dir.empty() || !options.student_base_dir.empty();
   if (hub && !options.checkpoint_dir.empty()) {
@@ -412,7 +413,11 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
 }
 
 absl::Status PerDeviceStrategy::Recover() {
-  absl::StatusOr<std::vector<std::string>> files = internal::ListDir(impl_->options.state_dir);
+  // A state file found here may be one whose rename never became durable (the process
+  // before stopped between the rename and the directory sync); make it durable before
+  // anything is published from it, or a power loss could leave an update without its mirror.
+  if (absl::Status s = impl_->options.env->SyncDir(impl_->options.state_dir); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> files = impl_->options.env->ListFiles(impl_->options.state_dir);
   if (!files.ok()) return files.status();
   for (const std::string& name : *files) {
     absl::string_view stem = name;

@@ -40,7 +40,7 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "device/agent.h"
-#include "device/internal/durable_file.h"
+#include "storage/env.h"
 #include "device/internal/hub_student.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
@@ -502,7 +502,7 @@ int main(int argc, char** argv) {
     co.device_id = absl::GetFlag(FLAGS_device_id);
     co.token = absl::GetFlag(FLAGS_token);
     if (!absl::GetFlag(FLAGS_token_file).empty()) {
-      absl::StatusOr<std::string> t = internal::ReadWholeFile(absl::GetFlag(FLAGS_token_file));
+      absl::StatusOr<std::string> t = storage::ReadFile(*storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
       if (!t.ok()) return Fail(t.status());
       co.token = std::string(absl::StripAsciiWhitespace(*t));
     }
@@ -551,7 +551,8 @@ int main(int argc, char** argv) {
   const std::string status_file = absl::GetFlag(FLAGS_status_file);
   auto write_status = [&] {
     if (status_file.empty()) return;
-    (void)internal::WriteDurably(status_file, StatusJson((*agent)->Stats()) + "\n");
+    (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file,
+                                           StatusJson((*agent)->Stats()) + "\n");
   };
   {
     AgentStats s = (*agent)->Stats();

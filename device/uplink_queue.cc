@@ -9,14 +9,32 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "device/internal/durable_file.h"
+#include "storage/sealed_file.h"
 
 namespace cdcca::device {
+namespace {
+
+constexpr uint32_t kBatchKind = storage::SealKind("UPLQ");
+constexpr uint32_t kAckedKind = storage::SealKind("UPLA");
+constexpr uint32_t kSealFormat = 2;
+
+// The body of a queue file of `kind`: sealed (format 2), or the bare bytes of format 1.
+absl::StatusOr<std::string> ReadQueueFile(storage::Env& env, const std::string& path,
+                                          uint32_t kind) {
+  absl::StatusOr<std::string> bytes = storage::ReadFile(env, path);
+  if (!bytes.ok() || !storage::IsSealed(*bytes)) return bytes;
+  absl::StatusOr<absl::string_view> body = storage::Unseal(*bytes, kind, kSealFormat, path);
+  if (!body.ok()) return body.status();
+  return std::string(*body);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<UplinkQueue>> UplinkQueue::Open(const UplinkQueueOptions& options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("uplink queue needs a directory");
   std::unique_ptr<UplinkQueue> q(new UplinkQueue(options));
-  if (absl::Status s = internal::EnsureDir(options.dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("uplink queue: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.dir); !s.ok()) return s;
   if (absl::Status s = q->Load(); !s.ok()) return s;
   return q;
 }
@@ -27,7 +45,8 @@ std::string UplinkQueue::BatchPath(uint64_t sequence) const {
 
 absl::Status UplinkQueue::Load() {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::string> acked = internal::ReadWholeFile(options_.dir + "/acked");
+  storage::Env& env = *options_.env;
+  absl::StatusOr<std::string> acked = ReadQueueFile(env, options_.dir + "/acked", kAckedKind);
   if (acked.ok()) {
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*acked), &acked_)) {
       return absl::DataLossError(absl::StrCat(options_.dir, "/acked is not a number"));
@@ -35,13 +54,13 @@ absl::Status UplinkQueue::Load() {
   } else if (!absl::IsNotFound(acked.status())) {
     return acked.status();
   }
-  absl::StatusOr<std::vector<std::string>> files = internal::FilesIn(options_.dir);
+  absl::StatusOr<std::vector<std::string>> files = env.ListFiles(options_.dir);
   if (!files.ok()) return files.status();
   for (const std::string& name : *files) {
     absl::string_view rest = name;
     if (absl::EndsWith(rest, ".tmp")) {
       // A write the crash interrupted: never acked, never counted.
-      (void)internal::RemoveDurably(absl::StrCat(options_.dir, "/", name));
+      (void)storage::RemoveDurably(env, absl::StrCat(options_.dir, "/", name));
       continue;
     }
     uint64_t sequence = 0;
@@ -51,10 +70,10 @@ absl::Status UplinkQueue::Load() {
     }
     const std::string path = absl::StrCat(options_.dir, "/", name);
     if (sequence <= acked_) {
-      (void)internal::RemoveDurably(path);  // acked before the crash removed it
+      (void)storage::RemoveDurably(env, path);  // acked before the crash removed it
       continue;
     }
-    absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
+    absl::StatusOr<std::string> bytes = ReadQueueFile(env, path, kBatchKind);
     if (!bytes.ok()) return bytes.status();
     v1::UplinkBatch batch;
     if (!batch.ParseFromString(*bytes) || batch.sequence() != sequence) {
@@ -89,7 +108,9 @@ absl::StatusOr<uint64_t> UplinkQueue::Enqueue(uint64_t model_version, uint32_t s
   batch.set_sample_count(sample_count);
   batch.set_codec_version(codec_version);
   batch.set_payload(std::move(payload));
-  if (absl::Status s = internal::WriteDurably(BatchPath(next_), batch.SerializeAsString());
+  if (absl::Status s = storage::WriteFileAtomically(
+          *options_.env, BatchPath(next_),
+          storage::Seal(kBatchKind, kSealFormat, batch.SerializeAsString()));
       !s.ok()) {
     return s;
   }
@@ -114,19 +135,21 @@ std::vector<v1::UplinkBatch> UplinkQueue::Peek(size_t max_batches, uint64_t max_
 absl::Status UplinkQueue::AcknowledgeLocked(uint64_t highest_durable) {
   if (highest_durable <= acked_) return absl::OkStatus();
   // Record the ack first: a crash after it only leaves files that Load removes.
-  if (absl::Status s =
-          internal::WriteDurably(options_.dir + "/acked", absl::StrCat(highest_durable, "\n"));
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = WriteAcked(highest_durable); !s.ok()) return s;
   acked_ = highest_durable;
   while (!pending_.empty() && pending_.begin()->first <= highest_durable) {
     bytes_ -= pending_.begin()->second.payload().size();
-    (void)internal::RemoveDurably(BatchPath(pending_.begin()->first));
+    (void)storage::RemoveDurably(*options_.env, BatchPath(pending_.begin()->first));
     pending_.erase(pending_.begin());
   }
   next_ = std::max(next_, acked_ + 1);
   return absl::OkStatus();
+}
+
+absl::Status UplinkQueue::WriteAcked(uint64_t acked) {
+  return storage::WriteFileAtomically(
+      *options_.env, options_.dir + "/acked",
+      storage::Seal(kAckedKind, kSealFormat, absl::StrCat(acked, "\n")));
 }
 
 absl::Status UplinkQueue::Acknowledge(uint64_t highest_durable) {
@@ -144,7 +167,7 @@ absl::Status UplinkQueue::Reconcile(uint64_t next_sequence) {
     // numbering where it expects it.
     acked_ = cloud_has;
     next_ = next_sequence;
-    return internal::WriteDurably(options_.dir + "/acked", absl::StrCat(acked_, "\n"));
+    return WriteAcked(acked_);
   }
   return absl::OkStatus();
 }

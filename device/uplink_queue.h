@@ -3,8 +3,11 @@
 // per-device sequence the wire contract wants (1, 2, 3, ...).
 //
 // Layout in `dir`: one file per batch, "batch-<sequence, 20 digits>.pb" (a serialized
-// v1::UplinkBatch, written durably: temp, fsync, rename), plus "acked" (the highest sequence
-// the cloud acked as durable, decimal). A batch file is removed only after the cloud acked
+// v1::UplinkBatch), plus "acked" (the highest sequence the cloud acked as durable, decimal),
+// each in a sealed file (storage/sealed_file.h: kinds "UPLQ" and "UPLA", format 2) written
+// atomically (temp, fsync, rename, fsync of the directory). Files of format 1 (the bare
+// message or number, no checksum) are still read; a damaged file makes Open fail with
+// DATA_LOSS naming it. A batch file is removed only after the cloud acked
 // it, so nothing is lost between enqueue and ack; a batch resent after a crash is dropped by
 // the cloud as a duplicate. When the queue is full, Enqueue refuses the new batch
 // (RESOURCE_EXHAUSTED) rather than dropping queued ones, which would leave a hole in the
@@ -25,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/cdcca.pb.h"
+#include "storage/env.h"
 
 namespace cdcca::device {
 
@@ -33,6 +37,8 @@ struct UplinkQueueOptions {
   // Bounds of what waits for an ack. Defaults: 64 MiB and 4096 batches.
   uint64_t max_bytes = 64ull << 20;
   size_t max_batches = 4096;
+  // Every file call goes through it (not owned; must outlive the queue).
+  storage::Env* env = storage::Env::Default();
 };
 
 struct UplinkQueueStats {
@@ -73,6 +79,8 @@ class UplinkQueue {
   std::string BatchPath(uint64_t sequence) const;
   absl::Status Load();
   absl::Status AcknowledgeLocked(uint64_t highest_durable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Durably records `acked` in the "acked" file.
+  absl::Status WriteAcked(uint64_t acked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const UplinkQueueOptions options_;
   mutable absl::Mutex mu_;
