@@ -21,6 +21,8 @@
 #include "distill/model/hf_answerer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection_env.h"
+#include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/transport_fixture.h"
@@ -162,6 +164,57 @@ TEST_F(AgentLoopTest, RoundTripAndResyncOfADivergedState) {
   EXPECT_TRUE(s.in_sync);
   EXPECT_EQ(s.state_digest, strategy_->State("dev-0").state_digest);
   EXPECT_NE(s.state_digest, wrong);
+}
+
+// Applying an update under every injected file fault at every step of the device's state
+// directory, the device "process" restarted after each (a new runtime and agent on what
+// survived): the agent starts; it runs the old version or the new one, never a mix (its
+// digest is the mirror's for that version); an update it holds is not applied again; and
+// the next sync brings it to the new version.
+TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
+  {
+    ASSERT_OK_AND_ASSIGN(auto agent,
+                         device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+    ASSERT_OK(agent->Process(Frames(4, 1)).status());
+    ASSERT_OK(agent->SyncOnce());
+  }
+  ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
+  device::RuntimeOptions ro;
+  ro.checkpoint_dir = checkpoint_;
+  ro.precision = "int8";
+  ro.threads = 1;
+  ro.max_answer_tokens = 3;
+  const auto options = [&](storage::Env& env) {
+    device::AgentOptions o = Options();
+    o.state_dir = "/device";  // a fresh device at version 0 on `env`
+    o.env = &env;
+    return o;
+  };
+  for (storage::Fault fault : cdcca::testing::kAllFaults) {
+    const uint64_t steps = cdcca::testing::WalkFault(
+        fault, [](storage::FaultInjectionEnv&) {},
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto runtime, device::InferenceRuntime::Load(ro));
+          auto agent = device::DeviceAgent::Create(options(env), runtime.get(), client_.get());
+          if (agent.ok()) (void)(*agent)->SyncOnce();
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto runtime, device::InferenceRuntime::Load(ro));
+          ASSERT_OK_AND_ASSIGN(
+              auto agent, device::DeviceAgent::Create(options(env), runtime.get(), client_.get()));
+          const uint64_t version = agent->Stats().version;
+          ASSERT_TRUE(version == 0 || version == 1) << version;
+          EXPECT_EQ(runtime->StateDigest(),
+                    version == 1 ? report.state_digest : strategy_->BaseDigest());
+          ASSERT_OK(agent->SyncOnce());
+          const device::AgentStats s = agent->Stats();
+          EXPECT_EQ(s.version, 1u);
+          EXPECT_EQ(s.state_digest, report.state_digest);
+          EXPECT_EQ(s.updates_applied, version == 1 ? 0u : 1u);
+        });
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 1u : 8u)
+        << storage::FaultName(fault);
+  }
 }
 
 TEST_F(AgentLoopTest, ServesWhileTheCloudIsAwayThenUplinksUnderTheCap) {
