@@ -33,9 +33,9 @@
 #include "cli/flags_help.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
-#include "storage/env.h"
 #include "cloud/trainer.h"
 #include "nlohmann/json.hpp"
+#include "storage/env.h"
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"listen\": \"0.0.0.0:50051\", "
@@ -383,8 +383,9 @@ int main(int argc, char** argv) {
         absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
        {"tls", !absl::GetFlag(FLAGS_insecure)}});
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    if (absl::Status s = storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
-                                                       absl::StrCat((*server)->port(), "\n"));
+    if (absl::Status s =
+            storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
+                                         absl::StrCat((*server)->port(), "\n"));
         !s.ok()) {
       return Fail(s);
     }

@@ -3,10 +3,10 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "storage/env.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {

@@ -52,9 +52,9 @@ absl::Status DeviceRegistry::Load() {
 }
 
 absl::Status DeviceRegistry::Persist(const store::v1::DeviceRecord& record) {
-  return storage::WriteFileAtomically(*env_, absl::StrCat(dir_, "/", record.device_id(), ".pb"),
-                                      storage::Seal(kSealKind, kSealFormat,
-                                                    record.SerializeAsString()));
+  return storage::WriteFileAtomically(
+      *env_, absl::StrCat(dir_, "/", record.device_id(), ".pb"),
+      storage::Seal(kSealKind, kSealFormat, record.SerializeAsString()));
 }
 
 absl::StatusOr<store::v1::DeviceRecord> DeviceRegistry::Register(

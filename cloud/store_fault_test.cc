@@ -34,7 +34,8 @@ constexpr char kSamples[] = "/cloud/samples";
 std::string Payload(const std::string& device, uint64_t seq) {
   // 24 KiB: three records fill a 64 KiB segment, so the walk crosses a roll-over.
   std::string p(24 << 10, '\0');
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<char>((seq * 131 + i + device[0]) & 0xff);
+  for (size_t i = 0; i < p.size(); ++i)
+    p[i] = static_cast<char>((seq * 131 + i + device[0]) & 0xff);
   return p;
 }
 

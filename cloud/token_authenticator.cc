@@ -8,8 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "storage/env.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {

@@ -170,7 +170,8 @@ struct PerDeviceStrategy::Impl {
                    static_cast<unsigned long long>(durable));
       MirrorFile clamped = *f;
       clamped.consumed = durable;
-      if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(clamped));
+      if (absl::Status s =
+              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(clamped));
           !s.ok()) {
         return s;
       }
@@ -214,7 +215,8 @@ struct PerDeviceStrategy::Impl {
       f.digest = d.digest;
     }
     f.consumed = last_sequence;
-    if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
+    if (absl::Status s =
+            storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
         !s.ok()) {
       return s;
     }
@@ -344,7 +346,8 @@ struct PerDeviceStrategy::Impl {
       f.residual = encoder.SerializeState();
       f.update = payload->bytes;
       f.snapshot = *snapshot;
-      if (absl::Status s = storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
+      if (absl::Status s =
+              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
           !s.ok()) {
         return s;
       }
@@ -417,7 +420,8 @@ absl::Status PerDeviceStrategy::Recover() {
   // before stopped between the rename and the directory sync); make it durable before
   // anything is published from it, or a power loss could leave an update without its mirror.
   if (absl::Status s = impl_->options.env->SyncDir(impl_->options.state_dir); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> files = impl_->options.env->ListFiles(impl_->options.state_dir);
+  absl::StatusOr<std::vector<std::string>> files =
+      impl_->options.env->ListFiles(impl_->options.state_dir);
   if (!files.ok()) return files.status();
   for (const std::string& name : *files) {
     absl::string_view stem = name;

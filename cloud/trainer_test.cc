@@ -278,8 +278,7 @@ TEST_F(TrainerTest, JobCommitIsAllOrNothingUnderEveryFileFault) {
           EXPECT_EQ(snapshot.state_digest, state.state_digest);
           close();
         });
-    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 3u : 15u)
-        << storage::FaultName(fault);
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 3u : 15u) << storage::FaultName(fault);
   }
   env_ = storage::Env::Default();
 }

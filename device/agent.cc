@@ -123,8 +123,8 @@ absl::Status DeviceAgent::SaveState() {
   const uint64_t version = runtime_->version();
   const uint64_t digest = runtime_->StateDigest();
   const std::string out = internal::EncodeTrainableStateFile(version, digest, *state);
-  if (absl::Status s = storage::WriteFileAtomically(*options_.env,
-                                                    options_.state_dir + "/trainable.state", out);
+  if (absl::Status s =
+          storage::WriteFileAtomically(*options_.env, options_.state_dir + "/trainable.state", out);
       !s.ok()) {
     return s;
   }

@@ -40,12 +40,12 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "device/agent.h"
-#include "storage/env.h"
 #include "device/internal/hub_student.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
+#include "storage/env.h"
 #ifdef CDCCA_DEVICE_HF
 #include "distill/model/hf_answerer.h"
 #endif
@@ -502,7 +502,8 @@ int main(int argc, char** argv) {
     co.device_id = absl::GetFlag(FLAGS_device_id);
     co.token = absl::GetFlag(FLAGS_token);
     if (!absl::GetFlag(FLAGS_token_file).empty()) {
-      absl::StatusOr<std::string> t = storage::ReadFile(*storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
+      absl::StatusOr<std::string> t =
+          storage::ReadFile(*storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
       if (!t.ok()) return Fail(t.status());
       co.token = std::string(absl::StripAsciiWhitespace(*t));
     }
@@ -552,7 +553,7 @@ int main(int argc, char** argv) {
   auto write_status = [&] {
     if (status_file.empty()) return;
     (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file,
-                                           StatusJson((*agent)->Stats()) + "\n");
+                                       StatusJson((*agent)->Stats()) + "\n");
   };
   {
     AgentStats s = (*agent)->Stats();

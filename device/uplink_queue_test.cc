@@ -164,8 +164,7 @@ TEST(UplinkQueueTest, NothingQueuedIsLostAndNothingAckedIsResentUnderEveryFault)
           EXPECT_EQ(next, expect);
           enqueued = next;
         });
-    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 5u : 20u)
-        << storage::FaultName(fault);
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 5u : 20u) << storage::FaultName(fault);
   }
 }
 

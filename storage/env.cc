@@ -99,9 +99,8 @@ class PosixEnv final : public Env {
  public:
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForAppend(const std::string& path,
                                                               bool truncate) override {
-    const int fd = ::open(path.c_str(),
-                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
-                          0644);
+    const int fd = ::open(
+        path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
     if (fd < 0) return ErrnoStatus("open", path, errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

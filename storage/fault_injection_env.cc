@@ -21,8 +21,9 @@ std::string Normalize(const std::string& path) {
 }
 
 const char* OpName(int op) {
-  static const char* const kNames[] = {"open", "open", "write",    "fdatasync", "pread", "rename",
-                                       "unlink", "truncate", "fsync dir", "mkdir", "opendir"};
+  static const char* const kNames[] = {"open",      "open",   "write",  "fdatasync",
+                                       "pread",     "rename", "unlink", "truncate",
+                                       "fsync dir", "mkdir",  "opendir"};
   return kNames[op];
 }
 
@@ -53,8 +54,7 @@ class FaultWritableFile final : public WritableFile {
   absl::Status Append(absl::string_view data) override {
     absl::MutexLock lock(&env_->mu_);
     bool short_write = false;
-    absl::Status s =
-        env_->Enter(FaultInjectionEnv::Op::kAppend, path_, generation_, &short_write);
+    absl::Status s = env_->Enter(FaultInjectionEnv::Op::kAppend, path_, generation_, &short_write);
     if (short_write) node_->data.append(data.data(), data.size() / 2);
     if (s.ok()) node_->data.append(data.data(), data.size());
     return s;
@@ -156,8 +156,8 @@ void FaultInjectionEnv::Restart() {
 absl::Status FaultInjectionEnv::Enter(Op op, const std::string& path, uint64_t generation,
                                       bool* short_write) {
   if (dead_) {
-    return absl::AbortedError(absl::StrCat(OpName(static_cast<int>(op)), " ", path,
-                                           ": injected ", power_lost_ ? "power loss" : "crash",
+    return absl::AbortedError(absl::StrCat(OpName(static_cast<int>(op)), " ", path, ": injected ",
+                                           power_lost_ ? "power loss" : "crash",
                                            " (the process is dead)"));
   }
   if (generation != generation_) {
@@ -172,8 +172,8 @@ absl::Status FaultInjectionEnv::Enter(Op op, const std::string& path, uint64_t g
       counts = true;
       break;
     case Fault::kEnospc:
-      counts = op == Op::kOpenAppend || op == Op::kAppend || op == Op::kSync ||
-               op == Op::kRename || op == Op::kSyncDir || op == Op::kCreateDirs;
+      counts = op == Op::kOpenAppend || op == Op::kAppend || op == Op::kSync || op == Op::kRename ||
+               op == Op::kSyncDir || op == Op::kCreateDirs;
       break;
     case Fault::kShortWrite:
       counts = op == Op::kAppend;
@@ -199,9 +199,8 @@ absl::Status FaultInjectionEnv::Enter(Op op, const std::string& path, uint64_t g
     case Fault::kCrash:
       dead_ = true;
       power_lost_ = fault_ == Fault::kPowerLoss;
-      return absl::AbortedError(absl::StrCat(OpName(static_cast<int>(op)), " ", path,
-                                             ": injected ", FaultName(fault_),
-                                             " (the process is dead)"));
+      return absl::AbortedError(absl::StrCat(OpName(static_cast<int>(op)), " ", path, ": injected ",
+                                             FaultName(fault_), " (the process is dead)"));
   }
   return absl::OkStatus();
 }

@@ -90,8 +90,17 @@ class FaultInjectionEnv final : public Env {
     std::string synced;  // what survives a power loss
   };
   enum class Op {
-    kOpenAppend, kOpenRead, kAppend, kSync, kRead, kRename, kRemove, kTruncate, kSyncDir,
-    kCreateDirs, kList
+    kOpenAppend,
+    kOpenRead,
+    kAppend,
+    kSync,
+    kRead,
+    kRename,
+    kRemove,
+    kTruncate,
+    kSyncDir,
+    kCreateDirs,
+    kList
   };
 
   // OK, or the error the call gets. Sets *short_write when an Append must write half.

@@ -27,8 +27,8 @@ TEST(FaultInjectionEnvTest, PowerLossKeepsOnlySyncedBytesAndSyncedEntries) {
   ASSERT_OK(env.CreateDirs("/d"));
   Put(env, "/d/synced", "abc", true);
   ASSERT_OK(env.SyncDir("/d"));
-  Put(env, "/d/synced", "def", false);       // appended, never synced
-  Put(env, "/d/unlisted", "xyz", true);      // synced, but its entry never was
+  Put(env, "/d/synced", "def", false);               // appended, never synced
+  Put(env, "/d/unlisted", "xyz", true);              // synced, but its entry never was
   ASSERT_OK(env.Rename("/d/synced", "/d/renamed"));  // rename never synced
   env.CutPower();
   EXPECT_THAT(env.ListFiles("/d"), StatusIs(absl::StatusCode::kAborted));
@@ -74,7 +74,7 @@ TEST(FaultInjectionEnvTest, OneShotFaultsHitTheNthCountedCallOnce) {
   EXPECT_THAT(f->Append("abcdef"), StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_TRUE(env.fault_hit());
   EXPECT_THAT(ReadFile(env, "/d/f"), IsOkAndHolds(std::string("1234abc")));  // half of it
-  ASSERT_OK(f->Append("!"));  // one shot
+  ASSERT_OK(f->Append("!"));                                                 // one shot
   env.Arm(Fault::kEnospc, 1);
   EXPECT_THAT(env.ListFiles("/d"), IsOkAndHolds(UnorderedElementsAre("f")));  // not counted
   EXPECT_THAT(env.Rename("/d/f", "/d/g"), StatusIs(absl::StatusCode::kResourceExhausted));

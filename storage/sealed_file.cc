@@ -23,8 +23,8 @@ uint64_t Get(absl::string_view in, size_t pos, int bytes) {
 }
 
 uint32_t Crc(absl::string_view data) {
-  return static_cast<uint32_t>(crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()),
-                                       data.size()));
+  return static_cast<uint32_t>(
+      crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size()));
 }
 
 std::string KindName(uint32_t kind) {
@@ -47,9 +47,7 @@ std::string Seal(uint32_t kind, uint32_t format, absl::string_view body) {
   return out;
 }
 
-bool IsSealed(absl::string_view bytes) {
-  return bytes.size() >= 4 && Get(bytes, 0, 4) == kMagic;
-}
+bool IsSealed(absl::string_view bytes) { return bytes.size() >= 4 && Get(bytes, 0, 4) == kMagic; }
 
 absl::StatusOr<absl::string_view> Unseal(absl::string_view bytes, uint32_t kind, uint32_t format,
                                          absl::string_view path) {

@@ -16,7 +16,8 @@ TEST(SealedFileTest, RoundTripsAnyBody) {
   for (const std::string& body : {std::string(), std::string("x"), std::string(1000, '\0')}) {
     const std::string sealed = Seal(kKind, 3, body);
     EXPECT_TRUE(IsSealed(sealed));
-    EXPECT_THAT(Unseal(sealed, kKind, 3, "f"), ::cdcca::testing::IsOkAndHolds(absl::string_view(body)));
+    EXPECT_THAT(Unseal(sealed, kKind, 3, "f"),
+                ::cdcca::testing::IsOkAndHolds(absl::string_view(body)));
   }
   EXPECT_FALSE(IsSealed("plain protobuf bytes"));
 }

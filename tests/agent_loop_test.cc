@@ -212,8 +212,7 @@ TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
           EXPECT_EQ(s.state_digest, report.state_digest);
           EXPECT_EQ(s.updates_applied, version == 1 ? 0u : 1u);
         });
-    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 1u : 8u)
-        << storage::FaultName(fault);
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 1u : 8u) << storage::FaultName(fault);
   }
 }
 

@@ -21,9 +21,9 @@
 
 namespace cdcca::testing {
 
-inline constexpr storage::Fault kAllFaults[] = {
-    storage::Fault::kEio, storage::Fault::kEnospc, storage::Fault::kShortWrite,
-    storage::Fault::kPowerLoss, storage::Fault::kCrash};
+inline constexpr storage::Fault kAllFaults[] = {storage::Fault::kEio, storage::Fault::kEnospc,
+                                                storage::Fault::kShortWrite,
+                                                storage::Fault::kPowerLoss, storage::Fault::kCrash};
 
 // Returns the number of steps walked (the operation's counted calls for `fault`), or 0 if
 // a fatal failure stopped the walk. `max_steps` bounds a walk that never ends.
