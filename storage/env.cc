@@ -68,6 +68,8 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   absl::StatusOr<uint64_t> Size() const override {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return ErrnoStatus("fstat", path_, errno);
+    // A pipe or device has no size to read up to: say so rather than read nothing.
+    if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(path_ + " is not a regular file");
     return static_cast<uint64_t>(st.st_size);
   }
 

@@ -86,7 +86,7 @@ class Env {
   virtual absl::StatusOr<std::vector<std::string>> ListDirs(const std::string& dir) = 0;
 };
 
-// The whole file. NOT_FOUND if it does not exist.
+// The whole file. NOT_FOUND if it does not exist; INVALID_ARGUMENT for a pipe or device.
 absl::StatusOr<std::string> ReadFile(Env& env, const std::string& path);
 
 // Writes `contents` to `path` so that a crash or power loss leaves either the old file or

@@ -65,6 +65,11 @@ TEST(PosixEnvTest, WriteFileAtomicallyReplacesTheFileAndLeavesNoTempFile) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("/gone/f.tmp")));
 }
 
+TEST(PosixEnvTest, ReadFileOfAPipeIsRefusedNotEmpty) {
+  EXPECT_THAT(ReadFile(*Env::Default(), "/dev/null"),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("/dev/null")));
+}
+
 TEST(PosixEnvTest, DirNameOfPaths) {
   EXPECT_EQ(DirName("/a/b"), "/a");
   EXPECT_EQ(DirName("/a"), "/");
