@@ -111,7 +111,10 @@ absl::Status SampleStore::Recover() {
     stats_.bytes += kept_bytes;
   }
   const uint32_t next = segments.empty() ? 1 : segments.back();
-  return OpenSegmentForAppend(next);
+  if (absl::Status s = OpenSegmentForAppend(next); !s.ok()) return s;
+  // The scan may have indexed records that are only in the page cache (the process before
+  // died between a write and its sync): make them durable before a resend of one is acked.
+  return options_.sync ? segment_file_->Sync() : absl::OkStatus();
 }
 
 absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment) {

@@ -104,6 +104,31 @@ TEST(StoreFaultTest, UplinkAppendKeepsEveryAckedBatchUnderEveryFault) {
   }
 }
 
+// A record the process before wrote but never synced (it died first) is found by the next
+// open; a resend of it is acked as a duplicate, so the open must make it durable.
+TEST(StoreFaultTest, ARecordFoundAfterACrashIsDurableBeforeItsResendIsAcked) {
+  FaultInjectionEnv env;
+  {
+    SampleStoreOptions o;
+    o.dir = kSamples;
+    o.env = &env;
+    o.sync = false;  // as if the process died between the write and the sync
+    ASSERT_OK_AND_ASSIGN(auto store, SampleStore::Open(o));
+    ASSERT_OK(store->AppendAndWait("dev-a", Batch("dev-a", 1)).status());
+  }
+  env.Restart();  // a crash: the page cache keeps the record
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, OpenSamples(env));
+    ASSERT_OK_AND_ASSIGN(AppendResult resend, store->AppendAndWait("dev-a", Batch("dev-a", 1)));
+    EXPECT_TRUE(resend.duplicate);
+    EXPECT_EQ(resend.highest_durable, 1u);
+  }
+  env.CutPower();
+  env.Restart();
+  ASSERT_OK_AND_ASSIGN(auto store, OpenSamples(env));
+  EXPECT_EQ(store->HighestDurable("dev-a"), 1u) << "an acked batch was lost";
+}
+
 // ---- UpdateStore: publish an update and its snapshot ---------------------------------------
 
 constexpr char kUpdates[] = "/cloud/updates";
