@@ -45,73 +45,73 @@ const char* FaultName(Fault fault) {
   return "?";
 }
 
+// What a file object of the env holds.
+struct FaultInjectionEnv::OpenFile {
+  FaultInjectionEnv* env;
+  std::shared_ptr<Node> node;
+  std::string path;
+  uint64_t generation;  // of the "process" that opened it
+
+  uint64_t Size() const {
+    absl::MutexLock lock(&env->mu_);
+    return node->data.size();
+  }
+};
+
 class FaultWritableFile final : public WritableFile {
  public:
-  FaultWritableFile(FaultInjectionEnv* env, std::shared_ptr<FaultInjectionEnv::Node> node,
-                    std::string path, uint64_t generation)
-      : env_(env), node_(std::move(node)), path_(std::move(path)), generation_(generation) {}
+  explicit FaultWritableFile(FaultInjectionEnv::OpenFile file) : f_(std::move(file)) {}
 
   absl::Status Append(absl::string_view data) override {
-    absl::MutexLock lock(&env_->mu_);
+    absl::MutexLock lock(&f_.env->mu_);
     bool short_write = false;
-    absl::Status s = env_->Enter(FaultInjectionEnv::Op::kAppend, path_, generation_, &short_write);
-    if (short_write) node_->data.append(data.data(), data.size() / 2);
-    if (s.ok()) node_->data.append(data.data(), data.size());
+    absl::Status s =
+        f_.env->Enter(FaultInjectionEnv::Op::kAppend, f_.path, f_.generation, &short_write);
+    if (short_write) f_.node->data.append(data.data(), data.size() / 2);
+    if (s.ok()) f_.node->data.append(data.data(), data.size());
     return s;
   }
 
   absl::Status Sync() override {
-    absl::MutexLock lock(&env_->mu_);
-    absl::Status s = env_->Enter(FaultInjectionEnv::Op::kSync, path_, generation_, nullptr);
+    absl::MutexLock lock(&f_.env->mu_);
+    absl::Status s = f_.env->Enter(FaultInjectionEnv::Op::kSync, f_.path, f_.generation, nullptr);
     if (s.ok()) {
-      node_->synced = node_->data;
+      f_.node->synced = f_.node->data;
     } else if (!absl::IsAborted(s) && !absl::IsFailedPrecondition(s)) {
-      node_->data = node_->synced;  // the failed writeback lost the dirty pages
+      f_.node->data = f_.node->synced;  // the failed writeback lost the dirty pages
     }
     return s;
   }
 
-  uint64_t Size() const override {
-    absl::MutexLock lock(&env_->mu_);
-    return node_->data.size();
-  }
+  uint64_t Size() const override { return f_.Size(); }
 
  private:
-  FaultInjectionEnv* const env_;
-  const std::shared_ptr<FaultInjectionEnv::Node> node_;
-  const std::string path_;
-  const uint64_t generation_;
+  const FaultInjectionEnv::OpenFile f_;
 };
 
 class FaultRandomAccessFile final : public RandomAccessFile {
  public:
-  FaultRandomAccessFile(FaultInjectionEnv* env, std::shared_ptr<FaultInjectionEnv::Node> node,
-                        std::string path, uint64_t generation)
-      : env_(env), node_(std::move(node)), path_(std::move(path)), generation_(generation) {}
+  explicit FaultRandomAccessFile(FaultInjectionEnv::OpenFile file) : f_(std::move(file)) {}
 
   absl::Status Read(uint64_t offset, size_t n, char* out) const override {
-    absl::MutexLock lock(&env_->mu_);
-    if (absl::Status s = env_->Enter(FaultInjectionEnv::Op::kRead, path_, generation_, nullptr);
+    absl::MutexLock lock(&f_.env->mu_);
+    if (absl::Status s =
+            f_.env->Enter(FaultInjectionEnv::Op::kRead, f_.path, f_.generation, nullptr);
         !s.ok()) {
       return s;
     }
-    if (offset > node_->data.size() || node_->data.size() - offset < n) {
-      return absl::DataLossError(absl::StrCat(path_, ": unexpected end of file"));
+    const std::string& data = f_.node->data;
+    if (offset > data.size() || data.size() - offset < n) {
+      return absl::DataLossError(absl::StrCat(f_.path, ": unexpected end of file"));
     }
-    std::memcpy(out, node_->data.data() + offset, n);
+    std::memcpy(out, data.data() + offset, n);
     return absl::OkStatus();
   }
 
-  absl::StatusOr<uint64_t> Size() const override {
-    absl::MutexLock lock(&env_->mu_);
-    return node_->data.size();
-  }
+  absl::StatusOr<uint64_t> Size() const override { return f_.Size(); }
 
  private:
-  FaultInjectionEnv* const env_;
-  const std::shared_ptr<FaultInjectionEnv::Node> node_;
-  const std::string path_;
-  const uint64_t generation_;
+  const FaultInjectionEnv::OpenFile f_;
 };
 
 FaultInjectionEnv::FaultInjectionEnv() { dirs_ = {"/", "."}; }
@@ -218,7 +218,7 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::OpenForAppend(
   if (node == nullptr) node = std::make_shared<Node>();
   if (truncate) node->data.clear();
   return std::unique_ptr<WritableFile>(
-      std::make_unique<FaultWritableFile>(this, node, path, generation_));
+      std::make_unique<FaultWritableFile>(OpenFile{this, node, path, generation_}));
 }
 
 absl::StatusOr<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::OpenForRead(
@@ -229,7 +229,7 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::OpenForRead
   auto it = files_.find(path);
   if (it == files_.end()) return ErrnoStatus("open", path, ENOENT);
   return std::unique_ptr<RandomAccessFile>(
-      std::make_unique<FaultRandomAccessFile>(this, it->second, path, generation_));
+      std::make_unique<FaultRandomAccessFile>(OpenFile{this, it->second, path, generation_}));
 }
 
 absl::Status FaultInjectionEnv::Rename(const std::string& from_in, const std::string& to_in) {

@@ -89,6 +89,7 @@ class FaultInjectionEnv final : public Env {
     std::string data;    // what reads see
     std::string synced;  // what survives a power loss
   };
+  struct OpenFile;
   enum class Op {
     kOpenAppend,
     kOpenRead,
