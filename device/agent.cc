@@ -243,13 +243,15 @@ absl::Status DeviceAgent::FlushLocked() {
   absl::StatusOr<uint64_t> sequence = queue_->Enqueue(
       version, static_cast<uint32_t>(samples.size()), kCodecVersion, *std::move(payload));
   absl::MutexLock lock(&mu_);
-  if (absl::IsResourceExhausted(sequence.status())) {
-    // The queue is full (the cloud has been away a long time): these samples are lost
-    // to the cloud but serving goes on.
+  if (!sequence.ok()) {
+    // The queue is full (the cloud has been away a long time) or its disk failed (full,
+    // I/O error): these samples are lost to the cloud but serving goes on.
+    if (!absl::IsResourceExhausted(sequence.status())) {
+      LogEvent("uplink_queue_error", sequence.status().ToString());
+    }
     stats_.dropped_samples += samples.size();
     return absl::OkStatus();
   }
-  if (!sequence.ok()) return sequence.status();
   ++stats_.batches_queued;
   wake_ = true;
   return absl::OkStatus();

@@ -97,7 +97,7 @@ struct FrameResult {
 struct AgentStats {
   uint64_t answered = 0;
   uint64_t kept_samples = 0;     // passed stage 1
-  uint64_t dropped_samples = 0;  // kept but refused by a full queue
+  uint64_t dropped_samples = 0;  // kept but refused by a full queue or a failed disk
   uint64_t batches_queued = 0;
   uint64_t batches_acked = 0;  // highest durable sequence the cloud acked
   uint64_t uplink_bytes = 0;   // payload bytes sent (resends included)

@@ -216,6 +216,24 @@ TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
   }
 }
 
+// A batch the queue cannot write (an I/O error, a full disk) is dropped and counted;
+// answering goes on and the next batch is queued.
+TEST_F(AgentLoopTest, AQueueWriteThatFailsDropsTheBatchAndServingGoesOn) {
+  storage::FaultInjectionEnv env;
+  device::AgentOptions o = Options();
+  o.state_dir = "/device";
+  o.env = &env;
+  ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client_.get()));
+  env.Arm(storage::Fault::kEio, 1);  // the new batch file's open
+  ASSERT_OK_AND_ASSIGN(auto results, agent->Process(Frames(4, 1)));
+  EXPECT_EQ(results.size(), 4u);
+  EXPECT_TRUE(env.fault_hit());
+  EXPECT_EQ(agent->Stats().dropped_samples, 4u);
+  EXPECT_EQ(agent->Stats().queue.batches, 0u);
+  ASSERT_OK(agent->Process(Frames(4, 2)).status());
+  EXPECT_EQ(agent->Stats().queue.batches, 1u);
+}
+
 TEST_F(AgentLoopTest, ServesWhileTheCloudIsAwayThenUplinksUnderTheCap) {
   cloud_->Stop();
   device::AgentOptions o = Options();
