@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   using namespace cdcca::cloud;  // NOLINT: a program's main
+  namespace storage = cdcca::storage;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (data_dir.empty()) return Fail(absl::InvalidArgumentError("--data_dir is required"));
   if (absl::GetFlag(FLAGS_tokens).empty()) {

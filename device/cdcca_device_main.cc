@@ -444,6 +444,7 @@ int main(int argc, char** argv) {
     return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
   });
   using namespace cdcca::device;  // NOLINT: a program's main
+  namespace storage = cdcca::storage;
 
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
