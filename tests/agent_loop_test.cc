@@ -169,8 +169,9 @@ TEST_F(AgentLoopTest, RoundTripAndResyncOfADivergedState) {
 // Applying an update under every injected file fault at every step of the device's state
 // directory, the device "process" restarted after each (a new runtime and agent on what
 // survived): the agent starts; it runs the old version or the new one, never a mix (its
-// digest is the mirror's for that version); an update it holds is not applied again; and
-// the next sync brings it to the new version.
+// digest is the mirror's for that version), and never one older than it reported to the
+// cloud; an update it holds is not applied again; and the next sync brings it to the new
+// version.
 TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
   {
     ASSERT_OK_AND_ASSIGN(auto agent,
@@ -192,7 +193,10 @@ TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
   };
   for (storage::Fault fault : cdcca::testing::kAllFaults) {
     const uint64_t steps = cdcca::testing::WalkFault(
-        fault, [](storage::FaultInjectionEnv&) {},
+        fault,
+        [&](storage::FaultInjectionEnv&) {
+          ASSERT_OK(cloud_->registry()->SetApplied("dev-0", 0, strategy_->BaseDigest(), true));
+        },
         [&](storage::FaultInjectionEnv& env) {
           ASSERT_OK_AND_ASSIGN(auto runtime, device::InferenceRuntime::Load(ro));
           auto agent = device::DeviceAgent::Create(options(env), runtime.get(), client_.get());
@@ -204,6 +208,8 @@ TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
               auto agent, device::DeviceAgent::Create(options(env), runtime.get(), client_.get()));
           const uint64_t version = agent->Stats().version;
           ASSERT_TRUE(version == 0 || version == 1) << version;
+          ASSERT_OK_AND_ASSIGN(store::v1::DeviceRecord record, cloud_->registry()->Get("dev-0"));
+          EXPECT_GE(version, record.applied_version()) << "the device reported a version it lost";
           EXPECT_EQ(runtime->StateDigest(),
                     version == 1 ? report.state_digest : strategy_->BaseDigest());
           ASSERT_OK(agent->SyncOnce());
