@@ -91,6 +91,10 @@ DeviceAgent::~DeviceAgent() { Stop(); }
 // ---- the last good state ------------------------------------------------------------------
 
 absl::Status DeviceAgent::LoadState() {
+  // The file found here may be one whose rename never became durable (the process before
+  // stopped between the rename and the directory sync): make it durable before its version
+  // is reported to the cloud.
+  if (absl::Status s = options_.env->SyncDir(options_.state_dir); !s.ok()) return s;
   const std::string path = options_.state_dir + "/trainable.state";
   absl::StatusOr<std::string> bytes = storage::ReadFile(*options_.env, path);
   if (absl::IsNotFound(bytes.status())) {
