@@ -34,10 +34,10 @@
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
 #include "cloud/data_dir_lock.h"
-#include "cloud/internal/file_io.h"
 #include "cloud/trainer.h"
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"listen\": \"0.0.0.0:50051\", "
@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   using namespace cdcca::cloud;  // NOLINT: a program's main
+  namespace storage = cdcca::storage;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (data_dir.empty()) return Fail(absl::InvalidArgumentError("--data_dir is required"));
   // Held until exit, before any store opens: a second process on this directory stops here.
@@ -451,8 +452,9 @@ int main(int argc, char** argv) {
         absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
        {"tls", !absl::GetFlag(FLAGS_insecure)}});
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    if (absl::Status s = internal::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
-                                                       absl::StrCat((*server)->port(), "\n"));
+    if (absl::Status s =
+            storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
+                                         absl::StrCat((*server)->port(), "\n"));
         !s.ok()) {
       return Fail(s);
     }
@@ -515,7 +517,7 @@ int main(int argc, char** argv) {
           s["updates_withheld"] = withheld;
           s["quarantined_samples"] = quarantined;
         }
-        (void)internal::WriteFileAtomically(status_file, s.dump() + "\n");
+        (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file, s.dump() + "\n");
       } while (!stop_status.WaitForNotificationWithTimeout(
           absl::Seconds(absl::GetFlag(FLAGS_status_interval_s))));
     });

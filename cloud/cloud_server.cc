@@ -3,17 +3,17 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "cloud/internal/file_io.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("TLS: no ", what, " given"));
-  absl::StatusOr<std::string> pem = internal::ReadFile(path);
+  absl::StatusOr<std::string> pem = storage::ReadFile(*storage::Env::Default(), path);
   if (!pem.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("TLS: cannot read ", what, ": ", pem.status().message()));

@@ -5,29 +5,44 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cloud/internal/file_io.h"
 #include "proto/wire.h"
+#include "storage/sealed_file.h"
 
 namespace cdcca::cloud {
+namespace {
 
-absl::StatusOr<std::unique_ptr<DeviceRegistry>> DeviceRegistry::Open(const std::string& dir) {
-  if (absl::Status s = internal::MakeDirs(dir); !s.ok()) return s;
-  std::unique_ptr<DeviceRegistry> registry(new DeviceRegistry(dir));
+constexpr uint32_t kSealKind = storage::SealKind("DREG");
+constexpr uint32_t kSealFormat = 2;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceRegistry>> DeviceRegistry::Open(const std::string& dir,
+                                                                     storage::Env* env) {
+  if (env == nullptr) return absl::InvalidArgumentError("DeviceRegistry: env is null");
+  if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
+  std::unique_ptr<DeviceRegistry> registry(new DeviceRegistry(dir, env));
   if (absl::Status s = registry->Load(); !s.ok()) return s;
   return registry;
 }
 
 absl::Status DeviceRegistry::Load() {
-  absl::StatusOr<std::vector<std::string>> files = internal::ListDir(dir_);
+  absl::StatusOr<std::vector<std::string>> files = env_->ListFiles(dir_);
   if (!files.ok()) return files.status();
   absl::MutexLock lock(&mu_);
   for (const std::string& name : *files) {
     if (name.size() < 4 || name.substr(name.size() - 3) != ".pb") continue;
     const std::string path = absl::StrCat(dir_, "/", name);
-    absl::StatusOr<std::string> bytes = internal::ReadFile(path);
+    absl::StatusOr<std::string> bytes = storage::ReadFile(*env_, path);
     if (!bytes.ok()) return bytes.status();
+    // Format 1 files are the bare message; format 2 seals it.
+    absl::StatusOr<absl::string_view> body = absl::string_view(*bytes);
+    if (storage::IsSealed(*bytes)) body = storage::Unseal(*bytes, kSealKind, kSealFormat, path);
+    if (!body.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("device registry file is damaged: ", body.status().message()));
+    }
     store::v1::DeviceRecord record;
-    if (!record.ParseFromString(*bytes) ||
+    if (!record.ParseFromArray(body->data(), static_cast<int>(body->size())) ||
         absl::StrCat(record.device_id(), ".pb") != name) {
       return absl::DataLossError(absl::StrCat("device registry file ", path, " is damaged"));
     }
@@ -37,8 +52,9 @@ absl::Status DeviceRegistry::Load() {
 }
 
 absl::Status DeviceRegistry::Persist(const store::v1::DeviceRecord& record) {
-  return internal::WriteFileAtomically(absl::StrCat(dir_, "/", record.device_id(), ".pb"),
-                                       record.SerializeAsString());
+  return storage::WriteFileAtomically(
+      *env_, absl::StrCat(dir_, "/", record.device_id(), ".pb"),
+      storage::Seal(kSealKind, kSealFormat, record.SerializeAsString()));
 }
 
 absl::StatusOr<store::v1::DeviceRecord> DeviceRegistry::Register(

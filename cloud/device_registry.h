@@ -1,7 +1,10 @@
 // DeviceRegistry: what the cloud remembers of each device across restarts (fingerprint,
 // capabilities, the version it last reported and whether its digest matched).
 //
-// One file per device, <dir>/<device_id>.pb (a store.v1.DeviceRecord), written atomically.
+// One file per device, <dir>/<device_id>.pb: a store.v1.DeviceRecord in a sealed file
+// (storage/sealed_file.h: kind "DREG", format 2), written atomically. A file of format 1
+// (the bare DeviceRecord, no checksum) is still read and is sealed at its next write; a
+// file that fails its checks makes Open fail with DATA_LOSS naming it.
 // Thread-safe.
 #ifndef CDCCA_CLOUD_DEVICE_REGISTRY_H_
 #define CDCCA_CLOUD_DEVICE_REGISTRY_H_
@@ -17,12 +20,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.pb.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 
 class DeviceRegistry {
  public:
-  static absl::StatusOr<std::unique_ptr<DeviceRegistry>> Open(const std::string& dir);
+  // Every file call goes through `env` (not owned; must outlive the registry).
+  static absl::StatusOr<std::unique_ptr<DeviceRegistry>> Open(
+      const std::string& dir, storage::Env* env = storage::Env::Default());
 
   // Records a (re-)registration. A device that registered before with another model
   // fingerprint gets FAILED_PRECONDITION: its base model differs from the one it had.
@@ -41,11 +47,12 @@ class DeviceRegistry {
   size_t size() const;
 
  private:
-  explicit DeviceRegistry(std::string dir) : dir_(std::move(dir)) {}
+  DeviceRegistry(std::string dir, storage::Env* env) : dir_(std::move(dir)), env_(env) {}
   absl::Status Load();
   absl::Status Persist(const store::v1::DeviceRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
+  storage::Env* const env_;
   mutable absl::Mutex mu_;
   std::unordered_map<std::string, store::v1::DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);
 };

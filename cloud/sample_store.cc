@@ -1,51 +1,15 @@
 #include "cloud/sample_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <future>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cloud/internal/file_io.h"
 #include "cloud/internal/record_log.h"
 
 namespace cdcca::cloud {
-namespace {
-
-absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return internal::ErrnoStatus("write", path, errno);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PreadAll(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return internal::ErrnoStatus("pread", path, errno);
-    }
-    if (r == 0) return absl::DataLossError(absl::StrCat(path, ": unexpected end of file"));
-    buf += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 SampleStore::SampleStore(SampleStoreOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<SampleStore>> SampleStore::Open(const SampleStoreOptions& options) {
@@ -53,7 +17,8 @@ absl::StatusOr<std::unique_ptr<SampleStore>> SampleStore::Open(const SampleStore
   if (options.segment_bytes < (1u << 16)) {
     return absl::InvalidArgumentError("SampleStore: segment_bytes must be at least 64 KiB");
   }
-  if (absl::Status s = internal::MakeDirs(options.dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("SampleStore: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.dir); !s.ok()) return s;
   std::unique_ptr<SampleStore> store(new SampleStore(options));
   if (absl::Status s = store->Recover(); !s.ok()) return s;
   store->flusher_ = std::thread([s = store.get()] { s->FlushLoop(); });
@@ -67,7 +32,7 @@ SampleStore::~SampleStore() {
   }
   if (flusher_.joinable()) flusher_.join();
   absl::MutexLock lock(&write_mu_);
-  if (fd_ >= 0) ::close(fd_);
+  segment_file_.reset();
 }
 
 std::string SampleStore::SegmentPath(uint32_t segment) const {
@@ -75,7 +40,7 @@ std::string SampleStore::SegmentPath(uint32_t segment) const {
 }
 
 absl::Status SampleStore::Recover() {
-  absl::StatusOr<std::vector<std::string>> names = internal::ListDir(options_.dir);
+  absl::StatusOr<std::vector<std::string>> names = options_.env->ListFiles(options_.dir);
   if (!names.ok()) return names.status();
   std::vector<uint32_t> segments;
   for (const std::string& name : *names) {
@@ -109,7 +74,7 @@ absl::Status SampleStore::Recover() {
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool newest = i + 1 == segments.size();
     const std::string path = SegmentPath(segments[i]);
-    absl::StatusOr<std::string> data = internal::ReadFile(path);
+    absl::StatusOr<std::string> data = storage::ReadFile(*options_.env, path);
     if (!data.ok()) return data.status();
     entries.clear();
     absl::StatusOr<internal::SegmentScan> scan = internal::ScanSegment(*data, parses);
@@ -155,9 +120,7 @@ absl::Status SampleStore::Recover() {
       damage_.push_back({path, d.offset, d.bytes, false, d.why});
     }
     if (cut < data->size()) {
-      if (::truncate(path.c_str(), static_cast<off_t>(cut)) != 0) {
-        return internal::ErrnoStatus("truncate", path, errno);
-      }
+      if (absl::Status s = options_.env->Truncate(path, cut); !s.ok()) return s;
       stats_.truncated_tail_bytes += data->size() - cut;
       damage_.push_back({path, cut, data->size() - cut, true, torn_why});
     }
@@ -175,28 +138,29 @@ absl::Status SampleStore::Recover() {
   if (!s.ok()) return s;
   stats_.bytes += segment_size_ - (reopen ? newest_kept : 0);  // a header written
   current_segment_ = segment_;
-  return absl::OkStatus();
+  // The scan may have indexed records that are only in the page cache (the process before
+  // died between a write and its sync): make them durable before a resend of one is acked.
+  return reopen && options_.sync ? segment_file_->Sync() : absl::OkStatus();
 }
 
 absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment, uint64_t nonce) {
-  if (fd_ >= 0) ::close(fd_);
-  const std::string path = SegmentPath(segment);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) return internal::ErrnoStatus("open", path, errno);
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) return internal::ErrnoStatus("fstat", path, errno);
+  segment_file_.reset();
+  absl::StatusOr<std::unique_ptr<storage::WritableFile>> file =
+      options_.env->OpenForAppend(SegmentPath(segment), /*truncate=*/false);
+  if (!file.ok()) return file.status();
+  segment_file_ = *std::move(file);
   segment_ = segment;
-  segment_size_ = static_cast<uint64_t>(st.st_size);
+  segment_size_ = segment_file_->Size();
   nonce_ = nonce;
   if (segment_size_ == 0) {
     // A new segment: its header is durable before any record is written after it.
     nonce_ = internal::NewSegmentNonce();
     const std::string header = internal::SegmentHeader(nonce_);
-    if (absl::Status s = WriteAll(fd_, header, path); !s.ok()) return s;
-    if (::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
+    if (absl::Status s = segment_file_->Append(header); !s.ok()) return s;
+    if (absl::Status s = segment_file_->Sync(); !s.ok()) return s;
     segment_size_ = header.size();
   }
-  return internal::SyncDir(options_.dir);
+  return options_.env->SyncDir(options_.dir);
 }
 
 void SampleStore::Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done) {
@@ -386,10 +350,9 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
 }
 
 absl::Status SampleStore::WriteAndSync(absl::string_view data, bool sync) {
-  const std::string path = SegmentPath(segment_);
-  if (absl::Status s = WriteAll(fd_, data, path); !s.ok()) return s;
-  if (sync && ::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
-  return absl::OkStatus();
+  if (segment_file_ == nullptr) return absl::FailedPreconditionError("no open segment");
+  if (absl::Status s = segment_file_->Append(data); !s.ok()) return s;
+  return sync ? segment_file_->Sync() : absl::OkStatus();
 }
 
 uint64_t SampleStore::HighestDurable(const std::string& device_id) const {
@@ -446,14 +409,18 @@ absl::Status SampleStore::Release(const std::string& device_id, uint64_t through
   std::sort(empty.begin(), empty.end());
   for (uint32_t segment : empty) {
     const std::string path = SegmentPath(segment);
-    struct stat st {};
-    const uint64_t size = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-    if (::unlink(path.c_str()) != 0) return internal::ErrnoStatus("unlink", path, errno);
+    uint64_t size = 0;
+    if (absl::StatusOr<std::unique_ptr<storage::RandomAccessFile>> f =
+            options_.env->OpenForRead(path);
+        f.ok()) {
+      size = (*f)->Size().value_or(0);
+    }
+    if (absl::Status s = options_.env->Remove(path); !s.ok()) return s;
     absl::MutexLock lock(&index_mu_);
     stats_.bytes -= std::min(stats_.bytes, size);
     ++stats_.deleted_segments;
   }
-  return internal::SyncDir(options_.dir);
+  return options_.env->SyncDir(options_.dir);
 }
 
 std::vector<std::string> SampleStore::Devices() const {
@@ -495,23 +462,24 @@ absl::StatusOr<StoredBatches> SampleStore::ReadEach(const std::string& device_id
   }
   StoredBatches out;
   out.records.reserve(wanted.size());
-  int fd = -1;
+  std::unique_ptr<storage::RandomAccessFile> file;
   uint32_t open_segment = 0;
   std::string span;
   absl::Status status;
   for (const Location& loc : wanted) {
     const std::string path = SegmentPath(loc.segment);
-    if (fd < 0 || open_segment != loc.segment) {
-      if (fd >= 0) ::close(fd);
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        status = internal::ErrnoStatus("open", path, errno);
+    if (file == nullptr || open_segment != loc.segment) {
+      absl::StatusOr<std::unique_ptr<storage::RandomAccessFile>> opened =
+          options_.env->OpenForRead(path);
+      if (!opened.ok()) {
+        status = opened.status();
         break;
       }
+      file = *std::move(opened);
       open_segment = loc.segment;
     }
     span.resize(loc.end - loc.offset);
-    absl::Status read = PreadAll(fd, span.data(), span.size(), loc.offset, path);
+    absl::Status read = file->Read(loc.offset, span.size(), span.data());
     if (!read.ok() && !absl::IsDataLoss(read)) {
       status = read;  // an I/O error, not damage: the caller may try again
       break;
@@ -530,7 +498,6 @@ absl::StatusOr<StoredBatches> SampleStore::ReadEach(const std::string& device_id
     }
     out.records.push_back(std::move(record));
   }
-  if (fd >= 0) ::close(fd);
   if (!status.ok()) return status;
   return out;
 }

@@ -47,6 +47,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.pb.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 
@@ -62,6 +63,8 @@ struct SampleStoreOptions {
   // device whose samples are consumed is never blocked for good. 0 = no quota.
   // Default: 1 GiB.
   uint64_t max_device_bytes = 1ull << 30;
+  // Every file call goes through it (not owned; must outlive the store).
+  storage::Env* env = storage::Env::Default();
 };
 
 struct AppendResult {
@@ -205,7 +208,7 @@ class SampleStore {
 
   // Only the flusher (and Recover, before it starts) writes segment files.
   absl::Mutex write_mu_;
-  int fd_ ABSL_GUARDED_BY(write_mu_) = -1;
+  std::unique_ptr<storage::WritableFile> segment_file_ ABSL_GUARDED_BY(write_mu_);
   uint32_t segment_ ABSL_GUARDED_BY(write_mu_) = 0;
   uint64_t segment_size_ ABSL_GUARDED_BY(write_mu_) = 0;
   uint64_t nonce_ ABSL_GUARDED_BY(write_mu_) = 0;  // the current segment's

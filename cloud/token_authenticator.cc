@@ -8,8 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "cloud/internal/file_io.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {
@@ -50,7 +50,7 @@ absl::Status ForEachPair(
 
 absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::FromFile(
     const std::string& path) {
-  absl::StatusOr<std::string> text = internal::ReadFile(path);
+  absl::StatusOr<std::string> text = storage::ReadFile(*storage::Env::Default(), path);
   if (!text.ok()) {
     return absl::Status(text.status().code(),
                         absl::StrCat("reading token file: ", text.status().message()));
@@ -116,7 +116,7 @@ absl::StatusOr<CertificateMap> ParseCertificateMap(absl::string_view text,
 }
 
 absl::StatusOr<CertificateMap> ReadCertificateMap(const std::string& path) {
-  absl::StatusOr<std::string> text = internal::ReadFile(path);
+  absl::StatusOr<std::string> text = storage::ReadFile(*storage::Env::Default(), path);
   if (!text.ok()) {
     return absl::Status(text.status().code(),
                         absl::StrCat("reading certificate map: ", text.status().message()));

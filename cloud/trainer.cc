@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
-#include "cloud/internal/file_io.h"
 #include "cloud/internal/mirror_file.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "compress/delta_encoder.h"
@@ -30,6 +29,7 @@
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 namespace {
@@ -230,7 +230,8 @@ struct PerDeviceStrategy::Impl {
     }
     QuarantineLog updated = d.quarantine;
     if (!updated.Add(entries)) return absl::OkStatus();
-    if (absl::Status s = internal::WriteFileAtomically(QuarantinePath(id), updated.Encode());
+    if (absl::Status s =
+            storage::WriteFileAtomically(*options.env, QuarantinePath(id), updated.Encode());
         !s.ok()) {
       return s;
     }
@@ -272,7 +273,7 @@ struct PerDeviceStrategy::Impl {
     d.replay = std::make_unique<distill::ReplayBuffer>(options.replay_capacity,
                                                        compress::Hash64(id.data(), id.size()));
     d.quarantine = QuarantineLog();
-    if (absl::StatusOr<std::string> q = internal::ReadFile(QuarantinePath(id)); q.ok()) {
+    if (absl::StatusOr<std::string> q = storage::ReadFile(*options.env, QuarantinePath(id)); q.ok()) {
       absl::StatusOr<QuarantineLog> log = QuarantineLog::Decode(*q, QuarantinePath(id));
       if (!log.ok()) return log.status();
       d.quarantine = *std::move(log);
@@ -283,7 +284,7 @@ struct PerDeviceStrategy::Impl {
     // quarantined ones.
     d.quarantine.through_sequence =
         std::min(d.quarantine.through_sequence, samples->HighestDurable(id));
-    absl::StatusOr<std::string> bytes = internal::ReadFile(StatePath(id));
+    absl::StatusOr<std::string> bytes = storage::ReadFile(*options.env, StatePath(id));
     if (absl::IsNotFound(bytes.status())) {
       d.mirror = CloneTensors(trainer->base_trainable());
       d.version = 0;
@@ -319,7 +320,8 @@ struct PerDeviceStrategy::Impl {
                    static_cast<unsigned long long>(durable));
       MirrorFile clamped = *f;
       clamped.consumed = durable;
-      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(clamped));
+      if (absl::Status s =
+              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(clamped));
           !s.ok()) {
         return s;
       }
@@ -350,7 +352,7 @@ struct PerDeviceStrategy::Impl {
   // that give nothing to train on. Caller holds d.mu.
   absl::Status SkipTo(const std::string& id, Device& d, uint64_t last_sequence) {
     MirrorFile f;
-    absl::StatusOr<std::string> file = internal::ReadFile(StatePath(id));
+    absl::StatusOr<std::string> file = storage::ReadFile(*options.env, StatePath(id));
     if (file.ok()) {
       absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
       if (old.ok()) f = *std::move(old);
@@ -364,7 +366,8 @@ struct PerDeviceStrategy::Impl {
       f.digest = d.digest;
     }
     f.consumed = last_sequence;
-    if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+    if (absl::Status s =
+            storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
         !s.ok()) {
       return s;
     }
@@ -776,7 +779,8 @@ struct PerDeviceStrategy::Impl {
       f.update = payload->bytes;
       f.snapshot = *snapshot;
       if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
-      if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
+      if (absl::Status s =
+              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
           !s.ok()) {
         return s;
       }
@@ -842,7 +846,8 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   impl->samples = samples;
   impl->updates = updates;
   impl->registry = registry;
-  if (absl::Status s = internal::MakeDirs(options.state_dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("env is null");
+  if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
 
   const bool hub = !options.teacher_dir.empty() || !options.student_base_dir.empty();
   if (hub && !options.checkpoint_dir.empty()) {
@@ -860,7 +865,12 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
 }
 
 absl::Status PerDeviceStrategy::Recover() {
-  absl::StatusOr<std::vector<std::string>> files = internal::ListDir(impl_->options.state_dir);
+  // A state file found here may be one whose rename never became durable (the process
+  // before stopped between the rename and the directory sync); make it durable before
+  // anything is published from it, or a power loss could leave an update without its mirror.
+  if (absl::Status s = impl_->options.env->SyncDir(impl_->options.state_dir); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> files =
+      impl_->options.env->ListFiles(impl_->options.state_dir);
   if (!files.ok()) return files.status();
   for (const std::string& name : *files) {
     absl::string_view stem = name;

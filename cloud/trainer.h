@@ -76,6 +76,7 @@
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
 #include "proto/clock.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 
@@ -183,6 +184,8 @@ struct PerDeviceStrategyOptions {
   std::string student_precision = "int8";
   // Where the per-device state files live; created if missing.
   std::string state_dir;
+  // Every call on the state files goes through it (not owned; must outlive the strategy).
+  storage::Env* env = storage::Env::Default();
   // Cloud learner: "akd", "pl", "pkd" or "cwd"; "" = distill_config's, else "akd".
   std::string learner;
   // Optional distill settings JSON (configs/distill/akd.json layout); "" = the learner's

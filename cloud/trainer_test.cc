@@ -22,6 +22,8 @@
 #include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
 #include "tests/testing/jpeg_header.h"
+#include "storage/fault_injection_env.h"
+#include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -56,8 +58,9 @@ class TrainerTest : public ::testing::Test {
     samples_.reset();
     SampleStoreOptions so;
     so.dir = dir_.path() + "/samples";
+    so.env = env_;
     ASSERT_OK_AND_ASSIGN(samples_, SampleStore::Open(so));
-    ASSERT_OK_AND_ASSIGN(updates_, UpdateStore::Open({dir_.path() + "/updates", 16}));
+    ASSERT_OK_AND_ASSIGN(updates_, UpdateStore::Open({dir_.path() + "/updates", 16, env_}));
   }
 
   PerDeviceStrategyOptions Options() const {
@@ -65,6 +68,7 @@ class TrainerTest : public ::testing::Test {
     o.checkpoint_dir = checkpoint_;
     o.student_precision = "int8";
     o.state_dir = dir_.path() + "/trainer";
+    o.env = env_;
     o.max_steps = 3;
     o.batch_size = 4;
     o.torch_threads = 1;
@@ -135,6 +139,7 @@ class TrainerTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  storage::Env* env_ = storage::Env::Default();  // of the stores and the state files
   model::FamilyConfig family_;
   std::string checkpoint_;
   std::unique_ptr<SampleStore> samples_;
@@ -240,6 +245,82 @@ TEST_F(TrainerTest, RecoverRepublishesACommittedUpdateTheStoreLacks) {
   ASSERT_OK(compress::ApplyUpdate(*update.payload, 0, device).status());
   EXPECT_EQ(compress::StateDigest(device), report.state_digest);
   EXPECT_OK(updates_->Snapshot("dev-a", 1).status());
+}
+
+// A job's commit (the mirror state file, then the update and the snapshot published) under
+// every injected file fault at every step, the stores and the strategy restarted after
+// each: the device's version is the old one or the new one; a job that said OK is never
+// lost; whatever version the mirror holds is what the update store serves (an update never
+// outlives its mirror state, and the published update takes the device to the mirror's
+// digest); and the next job runs.
+TEST_F(TrainerTest, JobCommitIsAllOrNothingUnderEveryFileFault) {
+  const compress::NamedTensors base = DeviceState();
+  const auto close = [&] {
+    strategy_.reset();
+    updates_.reset();
+    samples_.reset();
+  };
+  for (storage::Fault fault : cdcca::testing::kAllFaults) {
+    bool job_ok = false;
+    const uint64_t steps = cdcca::testing::WalkFault(
+        fault,
+        [&](storage::FaultInjectionEnv& env) {
+          env_ = &env;
+          job_ok = false;
+          OpenStores();
+          Uplink("dev-a", 1, 4);
+          close();
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          SampleStoreOptions so;
+          so.dir = dir_.path() + "/samples";
+          so.env = &env;
+          absl::StatusOr<std::unique_ptr<SampleStore>> samples = SampleStore::Open(so);
+          if (!samples.ok()) return;
+          samples_ = *std::move(samples);
+          absl::StatusOr<std::unique_ptr<UpdateStore>> updates =
+              UpdateStore::Open({dir_.path() + "/updates", 16, &env});
+          if (!updates.ok()) return close();
+          updates_ = *std::move(updates);
+          absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> strategy =
+              PerDeviceStrategy::Create(Options(), samples_.get(), updates_.get());
+          if (!strategy.ok()) return close();
+          strategy_ = *std::move(strategy);
+          if (strategy_->Recover().ok()) job_ok = strategy_->RunJob("dev-a").ok();
+          close();
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          OpenStores();
+          if (HasFatalFailure()) return;
+          MakeStrategy();
+          if (HasFatalFailure()) return;
+          DeviceTrainingState state = strategy_->State("dev-a");
+          if (job_ok) {
+            EXPECT_EQ(state.version, 1u) << "a job that said OK was lost";
+          }
+          if (state.version == 0) {
+            EXPECT_EQ(state.consumed_sequence, 0u);
+            EXPECT_EQ(updates_->LatestVersion("dev-a"), 0u)
+                << "an update was published whose mirror state is lost";
+            ASSERT_OK(strategy_->RunJob("dev-a").status());
+            state = strategy_->State("dev-a");
+          }
+          EXPECT_EQ(state.version, 1u);
+          EXPECT_EQ(state.consumed_sequence, 1u);
+          ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-a", 0));
+          EXPECT_EQ(update.new_version, 1u);
+          EXPECT_EQ(update.state_digest, state.state_digest);
+          compress::NamedTensors device;
+          for (const auto& [name, t] : base) device.emplace_back(name, t.clone());
+          ASSERT_OK(compress::ApplyUpdate(*update.payload, 0, device).status());
+          EXPECT_EQ(compress::StateDigest(device), state.state_digest);
+          ASSERT_OK_AND_ASSIGN(StoredUpdate snapshot, updates_->Snapshot("dev-a", 1));
+          EXPECT_EQ(snapshot.state_digest, state.state_digest);
+          close();
+        });
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 3u : 15u) << storage::FaultName(fault);
+  }
+  env_ = storage::Env::Default();
 }
 
 // Regression (issue 20, attack finding 1): after the sample log lost its tail, the durable

@@ -1,18 +1,14 @@
 #include "cloud/update_store.h"
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cloud/internal/file_io.h"
 #include "proto/store.pb.h"
 #include "proto/wire.h"
+#include "storage/sealed_file.h"
 
 namespace cdcca::cloud {
 namespace {
@@ -20,6 +16,8 @@ namespace {
 constexpr char kUpdatePrefix[] = "update-";
 constexpr char kSnapshotPrefix[] = "snapshot-";
 constexpr char kSuffix[] = ".pb";
+constexpr uint32_t kSealKind = storage::SealKind("UPDS");
+constexpr uint32_t kSealFormat = 2;
 
 std::string FileName(bool snapshot, uint64_t version) {
   return absl::StrFormat("%s%020u%s", snapshot ? kSnapshotPrefix : kUpdatePrefix, version,
@@ -50,41 +48,35 @@ absl::StatusOr<std::unique_ptr<UpdateStore>> UpdateStore::Open(const UpdateStore
   if (options.keep_per_device == 0) {
     return absl::InvalidArgumentError("UpdateStore: keep_per_device must be at least 1");
   }
-  if (absl::Status s = internal::MakeDirs(options.dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("UpdateStore: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.dir); !s.ok()) return s;
   std::unique_ptr<UpdateStore> store(new UpdateStore(options));
   if (absl::Status s = store->Load(); !s.ok()) return s;
   return store;
 }
 
 absl::Status UpdateStore::Load() {
-  absl::StatusOr<std::vector<std::string>> entries = internal::ListDir(options_.dir);
-  if (!entries.ok()) return entries.status();
-  // ListDir lists regular files only; device folders are found by reading the directory
-  // entries again with their type.
+  absl::StatusOr<std::vector<std::string>> device_dirs = options_.env->ListDirs(options_.dir);
+  if (!device_dirs.ok()) return device_dirs.status();
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> device_dirs;
-  {
-    DIR* d = ::opendir(options_.dir.c_str());
-    if (d == nullptr) return internal::ErrnoStatus("opendir", options_.dir, errno);
-    while (struct dirent* e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (e->d_type == DT_DIR && wire::ValidateDeviceId(name).ok()) device_dirs.push_back(name);
-    }
-    ::closedir(d);
-  }
-  for (const std::string& device_id : device_dirs) {
+  for (const std::string& device_id : *device_dirs) {
+    if (!wire::ValidateDeviceId(device_id).ok()) continue;
     const std::string dir = absl::StrCat(options_.dir, "/", device_id);
-    absl::StatusOr<std::vector<std::string>> files = internal::ListDir(dir);
+    absl::StatusOr<std::vector<std::string>> files = options_.env->ListFiles(dir);
     if (!files.ok()) return files.status();
     for (const std::string& name : *files) {
       bool snapshot = false;
       uint64_t version = 0;
       if (!ParseFileName(name, &snapshot, &version)) continue;  // temp files of a crash
       const std::string path = absl::StrCat(dir, "/", name);
-      absl::StatusOr<std::string> bytes = internal::ReadFile(path);
+      absl::StatusOr<std::string> bytes = storage::ReadFile(*options_.env, path);
       if (!bytes.ok()) return bytes.status();
+      // Format 1 files are the bare message; format 2 seals it.
+      absl::StatusOr<absl::string_view> body = absl::string_view(*bytes);
+      if (storage::IsSealed(*bytes)) body = storage::Unseal(*bytes, kSealKind, kSealFormat, path);
       store::v1::StoredPayload stored;
-      if (!stored.ParseFromString(*bytes) || stored.new_version() != version ||
+      if (!body.ok() || !stored.ParseFromArray(body->data(), static_cast<int>(body->size())) ||
+          stored.device_id() != device_id || stored.new_version() != version ||
           wire::Sha256(stored.payload()) != stored.sha256()) {
         // Written atomically, so damage here is not a torn write: keep serving the rest and
         // leave the file for an operator, but never serve it.
@@ -146,15 +138,18 @@ absl::Status UpdateStore::Put(const std::string& device_id, bool snapshot, Store
   stored.set_payload(*u.payload);
   stored.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   const std::string dir = absl::StrCat(options_.dir, "/", device_id);
-  if (absl::Status s = internal::MakeDirs(dir); !s.ok()) return s;
-  if (absl::Status s = internal::WriteFileAtomically(
-          absl::StrCat(dir, "/", FileName(snapshot, u.new_version)), stored.SerializeAsString());
+  if (absl::Status s = options_.env->CreateDirs(dir); !s.ok()) return s;
+  if (absl::Status s = storage::WriteFileAtomically(
+          *options_.env, absl::StrCat(dir, "/", FileName(snapshot, u.new_version)),
+          storage::Seal(kSealKind, kSealFormat, stored.SerializeAsString()));
       !s.ok()) {
     return s;
   }
   kind[u.new_version] = std::move(u);
   while (kind.size() > options_.keep_per_device) {
-    ::unlink(absl::StrCat(dir, "/", FileName(snapshot, kind.begin()->first)).c_str());
+    // Best effort: a file left behind is loaded again at the next start and trimmed by
+    // the next Put.
+    (void)options_.env->Remove(absl::StrCat(dir, "/", FileName(snapshot, kind.begin()->first)));
     kind.erase(kind.begin());
   }
   return absl::OkStatus();

@@ -1,7 +1,11 @@
 // UpdateStore: the versioned updates and snapshots the cloud serves to each device.
 //
 // Layout: <dir>/<device_id>/update-<new_version>.pb and snapshot-<version>.pb, each a
-// serialized store.v1.StoredPayload written atomically (temp file, fsync, rename). Updates
+// serialized store.v1.StoredPayload in a sealed file (storage/sealed_file.h: kind "UPDS",
+// format 2), whose checksum covers the header fields (versions, state digest) as well as
+// the payload, written atomically (temp file, fsync, rename, fsync of the directory). A
+// file of format 1 (the bare StoredPayload, whose SHA-256 covers only the payload) is still
+// read; a file that fails its checks is never served. Updates
 // of a device form a chain: update v applies on top of v-1's state (base_version). The store
 // keeps the newest `keep_per_device` of each kind and forgets older ones.
 //
@@ -22,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/env.h"
 
 namespace cdcca::cloud {
 
@@ -29,6 +34,8 @@ struct UpdateStoreOptions {
   std::string dir;
   // Updates and snapshots kept per device. Default: 16.
   size_t keep_per_device = 16;
+  // Every file call goes through it (not owned; must outlive the store).
+  storage::Env* env = storage::Env::Default();
 };
 
 // One stored payload. `payload` is shared and immutable, so serving it copies nothing.

@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "compress/hash64.h"
 #include "compress/uplink_codec.h"
-#include "device/internal/durable_file.h"
 #include "device/internal/state_file.h"
 #include "device/uts_cloud_settings.h"
 #include "proto/wire.h"
+#include "storage/env.h"
 
 namespace cdcca::device {
 namespace {
@@ -73,8 +73,10 @@ absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOpti
         "uplink precision jpeg: this model cannot send frames (it needs a Hugging Face folder "
         "whose image processor has a fixed output size)");
   }
-  if (absl::Status s = internal::EnsureDir(options.state_dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("agent: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
   UplinkQueueOptions qo;
+  qo.env = options.env;
   qo.dir = options.state_dir + "/queue";
   qo.max_bytes = options.queue_max_bytes;
   qo.max_batches = options.queue_max_batches;
@@ -90,8 +92,12 @@ DeviceAgent::~DeviceAgent() { Stop(); }
 // ---- the last good state ------------------------------------------------------------------
 
 absl::Status DeviceAgent::LoadState() {
+  // The file found here may be one whose rename never became durable (the process before
+  // stopped between the rename and the directory sync): make it durable before its version
+  // is reported to the cloud.
+  if (absl::Status s = options_.env->SyncDir(options_.state_dir); !s.ok()) return s;
   const std::string path = options_.state_dir + "/trainable.state";
-  absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
+  absl::StatusOr<std::string> bytes = storage::ReadFile(*options_.env, path);
   if (absl::IsNotFound(bytes.status())) {
     absl::MutexLock lock(&mu_);
     stats_.version = runtime_->version();
@@ -122,7 +128,8 @@ absl::Status DeviceAgent::SaveState() {
   const uint64_t version = runtime_->version();
   const uint64_t digest = runtime_->StateDigest();
   const std::string out = internal::EncodeTrainableStateFile(version, digest, *state);
-  if (absl::Status s = internal::WriteDurably(options_.state_dir + "/trainable.state", out);
+  if (absl::Status s =
+          storage::WriteFileAtomically(*options_.env, options_.state_dir + "/trainable.state", out);
       !s.ok()) {
     return s;
   }

@@ -58,12 +58,15 @@
 #include "device/uplink_queue.h"
 #include "device/uts.h"
 #include "proto/clock.h"
+#include "storage/env.h"
 
 namespace cdcca::device {
 
 struct AgentOptions {
   // Holds trainable.state and the uplink queue (queue/). Created if missing.
   std::string state_dir;
+  // Every file call on state_dir goes through it (not owned; must outlive the agent).
+  storage::Env* env = storage::Env::Default();
   // Local UTS defaults; non-zero fields of the cloud's Register reply override them.
   UtsOptions uts;
   // Kept samples per uplink batch; a partial batch is flushed after batch_max_age.

@@ -40,12 +40,12 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "device/agent.h"
-#include "device/internal/durable_file.h"
 #include "device/internal/hub_student.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
+#include "storage/env.h"
 #ifdef CDCCA_DEVICE_HF
 #include "model/arch/hf_answerer.h"
 #endif
@@ -449,6 +449,7 @@ int main(int argc, char** argv) {
     return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
   });
   using namespace cdcca::device;  // NOLINT: a program's main
+  namespace storage = cdcca::storage;
 
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
@@ -507,7 +508,8 @@ int main(int argc, char** argv) {
     co.device_id = absl::GetFlag(FLAGS_device_id);
     co.token = absl::GetFlag(FLAGS_token);
     if (!absl::GetFlag(FLAGS_token_file).empty()) {
-      absl::StatusOr<std::string> t = internal::ReadWholeFile(absl::GetFlag(FLAGS_token_file));
+      absl::StatusOr<std::string> t =
+          storage::ReadFile(*storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
       if (!t.ok()) return Fail(t.status());
       co.token = std::string(absl::StripAsciiWhitespace(*t));
     }
@@ -557,7 +559,8 @@ int main(int argc, char** argv) {
   int64_t failed_frames = 0;
   auto write_status = [&] {
     if (status_file.empty()) return;
-    (void)internal::WriteDurably(status_file, StatusJson((*agent)->Stats(), failed_frames) + "\n");
+    (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file,
+                                       StatusJson((*agent)->Stats(), failed_frames) + "\n");
   };
   {
     AgentStats s = (*agent)->Stats();

@@ -10,14 +10,32 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "device/internal/durable_file.h"
+#include "storage/sealed_file.h"
 
 namespace cdcca::device {
+namespace {
+
+constexpr uint32_t kBatchKind = storage::SealKind("UPLQ");
+constexpr uint32_t kAckedKind = storage::SealKind("UPLA");
+constexpr uint32_t kSealFormat = 2;
+
+// The body of a queue file of `kind`: sealed (format 2), or the bare bytes of format 1.
+absl::StatusOr<std::string> ReadQueueFile(storage::Env& env, const std::string& path,
+                                          uint32_t kind) {
+  absl::StatusOr<std::string> bytes = storage::ReadFile(env, path);
+  if (!bytes.ok() || !storage::IsSealed(*bytes)) return bytes;
+  absl::StatusOr<absl::string_view> body = storage::Unseal(*bytes, kind, kSealFormat, path);
+  if (!body.ok()) return body.status();
+  return std::string(*body);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<UplinkQueue>> UplinkQueue::Open(const UplinkQueueOptions& options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("uplink queue needs a directory");
   std::unique_ptr<UplinkQueue> q(new UplinkQueue(options));
-  if (absl::Status s = internal::EnsureDir(options.dir); !s.ok()) return s;
+  if (options.env == nullptr) return absl::InvalidArgumentError("uplink queue: env is null");
+  if (absl::Status s = options.env->CreateDirs(options.dir); !s.ok()) return s;
   if (absl::Status s = q->Load(); !s.ok()) return s;
   return q;
 }
@@ -29,7 +47,8 @@ std::string UplinkQueue::BatchPath(uint64_t slot) const {
 absl::Status UplinkQueue::Load() {
   absl::MutexLock lock(&mu_);
   const std::string state_path = options_.dir + "/acked";
-  absl::StatusOr<std::string> state = internal::ReadWholeFile(state_path);
+  storage::Env& env = *options_.env;
+  absl::StatusOr<std::string> state = ReadQueueFile(env, state_path, kAckedKind);
   if (state.ok()) {
     std::vector<absl::string_view> fields =
         absl::StrSplit(*state, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
@@ -40,13 +59,13 @@ absl::Status UplinkQueue::Load() {
   } else if (!absl::IsNotFound(state.status())) {
     return state.status();
   }
-  absl::StatusOr<std::vector<std::string>> files = internal::FilesIn(options_.dir);
+  absl::StatusOr<std::vector<std::string>> files = env.ListFiles(options_.dir);
   if (!files.ok()) return files.status();
   for (const std::string& name : *files) {
     absl::string_view rest = name;
     if (absl::EndsWith(rest, ".tmp")) {
       // A write the crash interrupted: never acked, never counted.
-      (void)internal::RemoveDurably(absl::StrCat(options_.dir, "/", name));
+      (void)storage::RemoveDurably(env, absl::StrCat(options_.dir, "/", name));
       continue;
     }
     uint64_t slot = 0;
@@ -56,10 +75,10 @@ absl::Status UplinkQueue::Load() {
     }
     const std::string path = absl::StrCat(options_.dir, "/", name);
     if (slot <= done_) {
-      (void)internal::RemoveDurably(path);  // acked or dropped before the crash removed it
+      (void)storage::RemoveDurably(env, path);  // acked or dropped before the crash removed it
       continue;
     }
-    absl::StatusOr<std::string> bytes = internal::ReadWholeFile(path);
+    absl::StatusOr<std::string> bytes = ReadQueueFile(env, path, kBatchKind);
     if (!bytes.ok()) return bytes.status();
     v1::UplinkBatch batch;
     if (!batch.ParseFromString(*bytes) || batch.sequence() != slot) {
@@ -94,7 +113,7 @@ absl::StatusOr<uint64_t> UplinkQueue::Enqueue(uint64_t model_version, uint32_t s
   batch.set_sample_count(sample_count);
   batch.set_codec_version(codec_version);
   batch.set_payload(std::move(payload));
-  if (absl::Status s = internal::WriteDurably(BatchPath(next_), batch.SerializeAsString());
+  if (absl::Status s = storage::WriteFileAtomically(*options_.env, BatchPath(next_), storage::Seal(kBatchKind, kSealFormat, batch.SerializeAsString()));
       !s.ok()) {
     return s;
   }
@@ -120,7 +139,7 @@ std::vector<v1::UplinkBatch> UplinkQueue::Peek(size_t max_batches, uint64_t max_
 absl::Status UplinkQueue::SaveState(uint64_t done, uint64_t offset) {
   // Recorded first: a crash after it only leaves files that Load removes.
   if (absl::Status s =
-          internal::WriteDurably(options_.dir + "/acked", absl::StrCat(done, " ", offset, "\n"));
+          storage::WriteFileAtomically(*options_.env, options_.dir + "/acked", storage::Seal(kAckedKind, kSealFormat, absl::StrCat(done, " ", offset, "\n")));
       !s.ok()) {
     return s;
   }
@@ -132,7 +151,7 @@ absl::Status UplinkQueue::SaveState(uint64_t done, uint64_t offset) {
 void UplinkQueue::RemoveDone() {
   while (!pending_.empty() && pending_.begin()->first <= done_) {
     bytes_ -= pending_.begin()->second.payload().size();
-    (void)internal::RemoveDurably(BatchPath(pending_.begin()->first));
+    (void)storage::RemoveDurably(*options_.env, BatchPath(pending_.begin()->first));
     pending_.erase(pending_.begin());
   }
   next_ = std::max(next_, done_ + 1);

@@ -3,8 +3,11 @@
 // per-device sequence the wire contract wants (1, 2, 3, ...).
 //
 // Layout in `dir`: one file per batch, "batch-<slot, 20 digits>.pb" (a serialized
-// v1::UplinkBatch whose sequence is its slot, written durably: temp, fsync, rename), plus
-// "acked": "<slot> <offset>" in decimal. Every slot up to <slot> is gone from the queue
+// v1::UplinkBatch whose sequence is its slot), plus "acked": "<slot> <offset>" in decimal,
+// each in a sealed file (storage/sealed_file.h: kinds "UPLQ" and "UPLA", format 2) written
+// atomically (temp, fsync, rename, fsync of the directory). Files of format 1 (the bare
+// message or text, no checksum) are still read; a damaged file makes Open fail with
+// DATA_LOSS naming it. Every slot up to <slot> is gone from the queue
 // (acked by the cloud, or dropped as refused for good), and a batch in slot s travels under
 // sequence s - <offset>. Slots never change; the offset grows when the numbering must move
 // back (a batch dropped, the cloud's lost tail), so renumbering the whole queue is one
@@ -30,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/cdcca.pb.h"
+#include "storage/env.h"
 
 namespace cdcca::device {
 
@@ -38,6 +42,8 @@ struct UplinkQueueOptions {
   // Bounds of what waits for an ack. Defaults: 64 MiB and 4096 batches.
   uint64_t max_bytes = 64ull << 20;
   size_t max_batches = 4096;
+  // Every file call goes through it (not owned; must outlive the queue).
+  storage::Env* env = storage::Env::Default();
 };
 
 struct UplinkQueueStats {

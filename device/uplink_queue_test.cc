@@ -1,12 +1,17 @@
 // UplinkQueue: contiguous sequences, durable across reopen, bounded, acked batches removed,
-// reconciled with the cloud's expectation.
+// reconciled with the cloud's expectation; every injected file fault at every step of
+// enqueue and ack; checksummed files, and their format-1 predecessors.
 #include "device/uplink_queue.h"
 
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection_env.h"
+#include "storage/sealed_file.h"
+#include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -173,6 +178,99 @@ TEST(UplinkQueueTest, MissingBatchIsDataLoss) {
   std::filesystem::remove(dir.path() + "/batch-00000000000000000002.pb");
   EXPECT_THAT(UplinkQueue::Open({dir.path(), 1 << 20, 100}).status(),
               StatusIs(absl::StatusCode::kDataLoss));
+}
+
+std::string Payload(uint64_t seq) { return std::string(100 + seq, static_cast<char>('a' + seq)); }
+
+absl::StatusOr<std::unique_ptr<UplinkQueue>> OpenQueue(storage::Env& env) {
+  UplinkQueueOptions o;
+  o.dir = "/device/queue";
+  o.env = &env;
+  return UplinkQueue::Open(o);
+}
+
+// Enqueue, ack, enqueue, ack under every fault at every step. After the restart: the queue
+// opens; every batch whose Enqueue said OK and that was not acked is there, unchanged; an
+// Acknowledge that said OK stays acked (its batches are never resent); the numbering is
+// contiguous and the next Enqueue continues it.
+TEST(UplinkQueueTest, NothingQueuedIsLostAndNothingAckedIsResentUnderEveryFault) {
+  for (storage::Fault fault : cdcca::testing::kAllFaults) {
+    uint64_t enqueued = 0, acked = 0;  // highest sequence each call said OK for
+    const uint64_t steps = cdcca::testing::WalkFault(
+        fault,
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto q, OpenQueue(env));
+          ASSERT_OK_AND_ASSIGN(enqueued, q->Enqueue(0, 1, 1, Payload(1)));
+          acked = 0;
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          absl::StatusOr<std::unique_ptr<UplinkQueue>> q = OpenQueue(env);
+          if (!q.ok()) return;
+          const auto enqueue = [&] {
+            const uint64_t next = (*q)->Stats().next_sequence;
+            absl::StatusOr<uint64_t> seq = (*q)->Enqueue(0, 1, 1, Payload(next));
+            if (seq.ok()) {
+              EXPECT_EQ(*seq, next);
+              enqueued = *seq;
+            }
+          };
+          const auto ack = [&](uint64_t upto) {
+            if ((*q)->Acknowledge(upto).ok()) acked = std::max(acked, upto);
+          };
+          enqueue();
+          enqueue();
+          ack(std::min<uint64_t>(2, enqueued));
+          enqueue();
+          ack((*q)->Stats().next_sequence - 1);
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto q, OpenQueue(env));
+          const UplinkQueueStats s = q->Stats();
+          EXPECT_GE(s.acked, acked) << "an acked ack was lost";
+          std::vector<v1::UplinkBatch> batches = q->Peek(100, 1 << 30);
+          uint64_t expect = s.acked + 1;
+          for (const v1::UplinkBatch& b : batches) {
+            EXPECT_EQ(b.sequence(), expect++);
+            EXPECT_TRUE(b.payload() == Payload(b.sequence())) << "batch " << b.sequence();
+          }
+          EXPECT_GE(std::max(s.acked, expect - 1), enqueued) << "a queued batch was lost";
+          ASSERT_OK_AND_ASSIGN(uint64_t next, q->Enqueue(0, 1, 1, Payload(expect)));
+          EXPECT_EQ(next, expect);
+          enqueued = next;
+        });
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 5u : 20u) << storage::FaultName(fault);
+  }
+}
+
+TEST(UplinkQueueTest, QueueFilesAreChecksummedAndFormat1FilesAreStillRead) {
+  storage::FaultInjectionEnv env;
+  const std::string dir = "/device/queue";
+  {
+    ASSERT_OK_AND_ASSIGN(auto q, OpenQueue(env));
+    ASSERT_OK(q->Enqueue(0, 1, 1, "sealed").status());
+  }
+  const std::string first = dir + "/batch-00000000000000000001.pb";
+  ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFile(env, first));
+  EXPECT_TRUE(storage::IsSealed(bytes));
+  // Format 1: the bare message and a bare number.
+  v1::UplinkBatch old;
+  old.set_sequence(2);
+  old.set_payload("bare");
+  ASSERT_OK(storage::WriteFileAtomically(env, dir + "/batch-00000000000000000002.pb",
+                                         old.SerializeAsString()));
+  ASSERT_OK(storage::WriteFileAtomically(env, dir + "/acked", "0\n"));
+  {
+    ASSERT_OK_AND_ASSIGN(auto q, OpenQueue(env));
+    std::vector<v1::UplinkBatch> batches = q->Peek(10, 1 << 20);
+    ASSERT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches[0].payload(), "sealed");
+    EXPECT_EQ(batches[1].payload(), "bare");
+  }
+  // One flipped bit anywhere in a sealed file is DATA_LOSS naming it.
+  bytes[bytes.size() / 2] ^= 0x10;
+  ASSERT_OK(storage::WriteFileAtomically(env, first, bytes));
+  EXPECT_THAT(OpenQueue(env).status(),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr(first)));
 }
 
 }  // namespace

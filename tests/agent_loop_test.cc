@@ -20,6 +20,8 @@
 #include "model/arch/hf_answerer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection_env.h"
+#include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/transport_fixture.h"
@@ -166,6 +168,80 @@ TEST_F(AgentLoopTest, RoundTripAndResyncOfADivergedState) {
   EXPECT_TRUE(s.in_sync);
   EXPECT_EQ(s.state_digest, strategy_->State("dev-0").state_digest);
   EXPECT_NE(s.state_digest, wrong);
+}
+
+// Applying an update under every injected file fault at every step of the device's state
+// directory, the device "process" restarted after each (a new runtime and agent on what
+// survived): the agent starts; it runs the old version or the new one, never a mix (its
+// digest is the mirror's for that version), and never one older than it reported to the
+// cloud; an update it holds is not applied again; and the next sync brings it to the new
+// version.
+TEST_F(AgentLoopTest, ApplyingAnUpdateIsAllOrNothingUnderEveryFileFault) {
+  {
+    ASSERT_OK_AND_ASSIGN(auto agent,
+                         device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+    ASSERT_OK(agent->Process(Frames(4, 1)).status());
+    ASSERT_OK(agent->SyncOnce());
+  }
+  ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
+  device::RuntimeOptions ro;
+  ro.checkpoint_dir = checkpoint_;
+  ro.precision = "int8";
+  ro.threads = 1;
+  ro.max_answer_tokens = 3;
+  const auto options = [&](storage::Env& env) {
+    device::AgentOptions o = Options();
+    o.state_dir = "/device";  // a fresh device at version 0 on `env`
+    o.env = &env;
+    return o;
+  };
+  for (storage::Fault fault : cdcca::testing::kAllFaults) {
+    const uint64_t steps = cdcca::testing::WalkFault(
+        fault,
+        [&](storage::FaultInjectionEnv&) {
+          ASSERT_OK(cloud_->registry()->SetApplied("dev-0", 0, strategy_->BaseDigest(), true));
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto runtime, device::InferenceRuntime::Load(ro));
+          auto agent = device::DeviceAgent::Create(options(env), runtime.get(), client_.get());
+          if (agent.ok()) (void)(*agent)->SyncOnce();
+        },
+        [&](storage::FaultInjectionEnv& env) {
+          ASSERT_OK_AND_ASSIGN(auto runtime, device::InferenceRuntime::Load(ro));
+          ASSERT_OK_AND_ASSIGN(
+              auto agent, device::DeviceAgent::Create(options(env), runtime.get(), client_.get()));
+          const uint64_t version = agent->Stats().version;
+          ASSERT_TRUE(version == 0 || version == 1) << version;
+          ASSERT_OK_AND_ASSIGN(store::v1::DeviceRecord record, cloud_->registry()->Get("dev-0"));
+          EXPECT_GE(version, record.applied_version()) << "the device reported a version it lost";
+          EXPECT_EQ(runtime->StateDigest(),
+                    version == 1 ? report.state_digest : strategy_->BaseDigest());
+          ASSERT_OK(agent->SyncOnce());
+          const device::AgentStats s = agent->Stats();
+          EXPECT_EQ(s.version, 1u);
+          EXPECT_EQ(s.state_digest, report.state_digest);
+          EXPECT_EQ(s.updates_applied, version == 1 ? 0u : 1u);
+        });
+    EXPECT_GE(steps, fault == storage::Fault::kShortWrite ? 1u : 8u) << storage::FaultName(fault);
+  }
+}
+
+// A batch the queue cannot write (an I/O error, a full disk) is not uplinked and counted as
+// unsent; answering goes on and the next batch is queued.
+TEST_F(AgentLoopTest, AQueueWriteThatFailsDropsTheBatchAndServingGoesOn) {
+  storage::FaultInjectionEnv env;
+  device::AgentOptions o = Options();
+  o.state_dir = "/device";
+  o.env = &env;
+  ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client_.get()));
+  env.Arm(storage::Fault::kEio, 1);  // the new batch file's open
+  ASSERT_OK_AND_ASSIGN(auto results, agent->Process(Frames(4, 1)));
+  EXPECT_EQ(results.size(), 4u);
+  EXPECT_TRUE(env.fault_hit());
+  EXPECT_EQ(agent->Stats().unsent_samples, 4u);
+  EXPECT_EQ(agent->Stats().queue.batches, 0u);
+  ASSERT_OK(agent->Process(Frames(4, 2)).status());
+  EXPECT_EQ(agent->Stats().queue.batches, 1u);
 }
 
 TEST_F(AgentLoopTest, ServesWhileTheCloudIsAwayThenUplinksUnderTheCap) {

@@ -5,6 +5,7 @@
 //   ASSERT_OK_AND_ASSIGN(auto x, expr);  // x = *expr, or the test stops with the status
 //   EXPECT_THAT(expr, StatusIs(absl::StatusCode::kDataLoss));
 //   EXPECT_THAT(expr, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
+//   EXPECT_THAT(expr, IsOkAndHolds(ElementsAre(1, 2)));  // a StatusOr that is ok and matches
 #ifndef CDCCA_TESTS_TESTING_STATUS_MATCHERS_H_
 #define CDCCA_TESTS_TESTING_STATUS_MATCHERS_H_
 
@@ -44,6 +45,14 @@ MATCHER(IsOk, "") {
   const absl::Status& status = ::cdcca::testing::GetStatus(arg);
   *result_listener << "status is " << status;
   return status.ok();
+}
+
+MATCHER_P(IsOkAndHolds, value_matcher, "") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
 }
 
 }  // namespace cdcca::testing
