@@ -3,7 +3,7 @@
 // serves the DWC updates and snapshots they produce.
 //
 //   cdcca-cloud --data_dir=/var/lib/cdcca --tokens=tokens.txt --checkpoint_dir=models/small \
-//       --tls_cert=server.pem --tls_key=server.key [--client_ca=ca.pem --require_client_cert]
+//       --tls_cert=server.pem --tls_key=server.key [--client_ca=ca.pem]
 //   cdcca-cloud --config=cloud.json                      # the same flags as a JSON object
 //   cdcca-cloud --data_dir=/tmp/cdcca --tokens=tokens.txt --insecure   # loopback only
 //
@@ -47,8 +47,15 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, tokens, "", "token file: one `<device_id> <token>` per line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
-ABSL_FLAG(std::string, client_ca, "", "PEM CA for client certificates (enables mutual TLS)");
-ABSL_FLAG(bool, require_client_cert, false, "refuse devices without a client certificate");
+ABSL_FLAG(std::string, client_ca, "",
+          "PEM CA for client certificates: mutual TLS, every device must present a certificate "
+          "signed by it (unless --allow_token_only_devices)");
+ABSL_FLAG(bool, require_client_cert, false,
+          "refuse devices without a client certificate (the default with --client_ca; kept for "
+          "configs that say so)");
+ABSL_FLAG(bool, allow_token_only_devices, false,
+          "with --client_ca: also accept devices that present no client certificate, on their "
+          "token alone (a certificate that is presented must still verify)");
 ABSL_FLAG(std::string, client_cert_map, "",
           "mutual TLS: file of `<certificate name> <device_id>` lines. A client certificate "
           "must stand for the device of the call's token: its CN or a SAN equal to the "
@@ -185,7 +192,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the cdcca cloud service.\n"
       "  cdcca-cloud --data_dir=DIR --tokens=FILE --checkpoint_dir=DIR\n"
-      "      (--tls_cert=F --tls_key=F [--client_ca=F --require_client_cert] | --insecure)\n"
+      "      (--tls_cert=F --tls_key=F [--client_ca=F [--allow_token_only_devices]] | --insecure)\n"
       "  cdcca-cloud --config=cloud.json\n"
       "Logs are JSON lines on stderr. See README (Deploying) for a worked example.");
   // --help lists this file's flags (absl matches the program name, spelt with '-').
@@ -307,7 +314,7 @@ int main(int argc, char** argv) {
            {"state_digest", absl::StrFormat("%016x", r->state_digest)},
            {"batches", {r->first_sequence, r->last_sequence}},
            {"samples", r->samples},
-           {"skipped_batches", r->skipped_batches},
+           {"quarantined_samples", r->quarantined_samples},
            {"replay_samples", r->replay_samples},
            {"steps", r->steps},
            {"queue_s", r->queue_seconds},
@@ -370,7 +377,8 @@ int main(int argc, char** argv) {
   server_options.listen_address = absl::GetFlag(FLAGS_listen);
   server_options.insecure = absl::GetFlag(FLAGS_insecure);
   server_options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                        absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_require_client_cert)};
+                        absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_require_client_cert),
+                        absl::GetFlag(FLAGS_allow_token_only_devices)};
   auto server = CloudServer::Start(server_options, &service);
   if (!server.ok()) return Fail(server.status());
   Log({{"event", "serving"},
@@ -410,10 +418,14 @@ int main(int argc, char** argv) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();
           nlohmann::json devices = nlohmann::json::object();
+          uint64_t quarantined = 0;
           for (const std::string& id : (*registry)->DeviceIds()) {
             DeviceTrainingState t = strategy->State(id);
             auto record = (*registry)->Get(id);
+            quarantined += t.quarantined_samples;
             devices[id] = {{"mirror_version", t.version},
+                           {"quarantined_samples", t.quarantined_samples},
+                           {"last_quarantine_reason", t.last_quarantine_reason},
                            {"mirror_digest", absl::StrFormat("%016x", t.state_digest)},
                            {"consumed_sequence", t.consumed_sequence},
                            {"durable_sequence", (*samples)->HighestDurable(id)},
@@ -421,6 +433,7 @@ int main(int argc, char** argv) {
                            {"device_in_sync", record.ok() && record->in_sync()}};
           }
           s["devices"] = devices;
+          s["quarantined_samples"] = quarantined;
         }
         (void)internal::WriteFileAtomically(status_file, s.dump() + "\n");
       } while (!stop_status.WaitForNotificationWithTimeout(

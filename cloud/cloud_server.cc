@@ -39,16 +39,24 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   if (!key.ok()) return key.status();
   grpc::SslServerCredentialsOptions ssl;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (options.tls.require_client_cert && options.tls.allow_token_only_devices) {
+    return absl::InvalidArgumentError(
+        "TLS: require_client_cert and allow_token_only_devices contradict each other");
+  }
   if (!options.tls.client_ca_path.empty()) {
     absl::StatusOr<std::string> ca = ReadPem(options.tls.client_ca_path, "client CA");
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
+    // A CA means mutual TLS: a device on a token alone only where explicitly allowed.
     ssl.client_certificate_request =
-        options.tls.require_client_cert
-            ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-            : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
-  } else if (options.tls.require_client_cert) {
-    return absl::InvalidArgumentError("TLS: require_client_cert needs a client CA file");
+        options.tls.allow_token_only_devices
+            ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  } else if (options.tls.require_client_cert || options.tls.allow_token_only_devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TLS: ",
+        options.tls.require_client_cert ? "require_client_cert" : "allow_token_only_devices",
+        " needs a client CA file"));
   }
   return grpc::SslServerCredentials(ssl);
 }

@@ -13,12 +13,17 @@
 namespace cdcca::cloud {
 
 struct ServerTlsFiles {
-  std::string cert_chain_path;  // PEM server certificate chain
-  std::string private_key_path; // PEM private key
-  // PEM CA bundle for client certificates; set it to ask clients for a certificate.
+  std::string cert_chain_path;   // PEM server certificate chain
+  std::string private_key_path;  // PEM private key
+  // PEM CA bundle for client certificates (mutual TLS). With it, a client must present a
+  // certificate signed by that CA unless allow_token_only_devices.
   std::string client_ca_path;
-  // With client_ca_path: refuse clients without a certificate signed by that CA (mTLS).
+  // With client_ca_path: refuse clients without a certificate (the default with a CA; kept
+  // for callers that say so). Contradicts allow_token_only_devices.
   bool require_client_cert = false;
+  // With client_ca_path: also accept clients that present no certificate (their token alone
+  // identifies them); a certificate that is presented must still verify. Default: false.
+  bool allow_token_only_devices = false;
 };
 
 struct ServerOptions {

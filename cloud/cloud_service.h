@@ -57,7 +57,8 @@ struct CloudServiceOptions {
   // Mutual TLS: a call that presents a verified client certificate is accepted only when
   // the certificate's CN or a SAN stands for the token's device (the name itself, or what
   // this map assigns to it); PERMISSION_DENIED otherwise. Calls without a certificate (TLS
-  // without --require_client_cert, or plaintext) are decided by the token alone.
+  // without --client_ca or with --allow_token_only_devices, or plaintext) are decided by the
+  // token alone.
   CertificateMap client_certificates;
   // Fault injection for tests: the first FetchUpdate/FetchSnapshot stream that has sent this
   // many payload bytes ends with UNAVAILABLE, as a broken link would. 0 = off.

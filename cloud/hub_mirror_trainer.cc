@@ -145,30 +145,41 @@ class HubMirrorTrainer final : public MirrorTrainer {
       const auto want = static_cast<size_t>(std::ceil(samples.size() * f / (1.0 - f)));
       for (const compress::UplinkSample* s : replay->Draw(want)) chosen.push_back(s);
     }
+    // A sample that does not become one the pair trains on (a frame that does not decode)
+    // is left out: this round's are listed as rejected, replayed ones (used before) dropped.
+    MirrorJob out;
     std::vector<distill::HfSample> job;
     job.reserve(chosen.size());
-    for (const compress::UplinkSample* s : chosen) {
-      compress::UplinkSample recomputed;
-      if (!s->frame.empty()) {
-        absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(*s);
-        if (!tokens.ok()) return tokens.status();
-        recomputed = *std::move(tokens);
-        s = &recomputed;
+    int64_t current = 0;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const compress::UplinkSample* s = chosen[i];
+      absl::StatusOr<distill::HfSample> h = HfSampleOf(*s);
+      if (!h.ok()) {
+        if (i < samples.size()) out.rejected.emplace_back(i, h.status());
+        continue;
       }
-      absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(*s, student_side_);
-      if (!h.ok()) return h.status();
+      if (i < samples.size()) ++current;
       job.push_back(*std::move(h));
     }
     (void)version;
+    if (current == 0) return out;
     absl::StatusOr<distill::HfJobResult> result = distiller->RunFrom(mirror, job);
     if (!result.ok()) return result.status();
-    MirrorJob out;
     out.stats = std::move(result->stats);
-    out.stats.current_samples = static_cast<int64_t>(samples.size());
-    out.stats.replay_samples = static_cast<int64_t>(chosen.size() - samples.size());
+    out.stats.current_samples = current;
+    out.stats.replay_samples = static_cast<int64_t>(job.size()) - current;
     out.notes = std::move(result->notes);
     out.trainable = std::move(result->trainable);
     return out;
+  }
+
+  // The sample as the pair trains on it: a jpeg sample's frame first becomes its tokens.
+  absl::StatusOr<distill::HfSample> HfSampleOf(const compress::UplinkSample& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (s.frame.empty()) return distill::HfSampleFromUplink(s, student_side_);
+    absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(s);
+    if (!tokens.ok()) return tokens.status();
+    return distill::HfSampleFromUplink(*tokens, student_side_);
   }
 
   // A jpeg sample as the tokens it stands for: the student's tower (the pair's, the devices')

@@ -19,12 +19,14 @@
 namespace cdcca::cloud {
 namespace {
 
-using internal::kRecordFrameBytes;
-
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return internal::ErrnoStatus("write", path, errno);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PreadAll(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
@@ -87,57 +89,94 @@ absl::Status SampleStore::Recover() {
 
   absl::MutexLock wlock(&write_mu_);
   absl::MutexLock ilock(&index_mu_);
-  store::v1::SampleRecord record;
-  const auto parses = [&record](absl::string_view body) {
-    return record.ParseFromArray(body.data(), static_cast<int>(body.size()));
+  // What each accepted record is, in scan order (the scanner's records, one for one).
+  struct Entry {
+    std::string device_id;
+    uint64_t sequence;
+    uint32_t samples;
   };
+  std::vector<Entry> entries;
+  store::v1::SampleRecord record;
+  const auto parses = [&record, &entries](absl::string_view body) {
+    if (!record.ParseFromArray(body.data(), static_cast<int>(body.size()))) return false;
+    entries.push_back(
+        {record.device_id(), record.batch().sequence(), record.batch().sample_count()});
+    return true;
+  };
+  bool newest_writable = false;
+  uint64_t newest_nonce = 0;
+  uint64_t newest_kept = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool newest = i + 1 == segments.size();
     const std::string path = SegmentPath(segments[i]);
     absl::StatusOr<std::string> data = internal::ReadFile(path);
     if (!data.ok()) return data.status();
-    const internal::SegmentScan scan = internal::ScanSegment(*data, parses);
-    for (const internal::ScannedRecord& r : scan.records) {
-      (void)parses(absl::string_view(*data).substr(r.offset, r.length));
-      DeviceLog& log = index_[record.device_id()];
-      const uint64_t seq = record.batch().sequence();
-      if (log.records.empty() || seq > log.records.back().sequence) {
-        log.records.push_back(
-            {seq, segments[i], r.offset, r.length, record.batch().sample_count()});
-        log.bytes += kRecordFrameBytes + r.length;
+    entries.clear();
+    absl::StatusOr<internal::SegmentScan> scan = internal::ScanSegment(*data, parses);
+    if (!scan.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is ", scan.status().message(),
+          ". This cloud does not read it: move the directory ", options_.dir,
+          " aside to start an empty sample log (its batches will not be trained), or run the "
+          "cdcca version that wrote it"));
+    }
+    // In the newest segment, the first damage after the last SYNC fragment starts a torn
+    // tail: those bytes were written by a group commit that never finished (never acked),
+    // and any intact record after them was never acked either. Damage before the last SYNC
+    // fragment, and anywhere in an older segment (complete and synced before the next one
+    // began), is damage to acked records.
+    uint64_t cut = data->size();
+    std::string torn_why;
+    if (newest) {
+      for (const internal::DamagedRange& d : scan->damaged) {
+        if (d.offset >= scan->synced_end) {
+          cut = d.offset;
+          torn_why = d.why;
+          break;
+        }
+      }
+    }
+    for (size_t k = 0; k < scan->records.size(); ++k) {
+      const internal::ScannedRecord& r = scan->records[k];
+      if (r.span.offset >= cut) break;
+      const Entry& e = entries[k];
+      DeviceLog& log = index_[e.device_id];
+      if (log.records.empty() || e.sequence > log.records.back().sequence) {
+        log.records.push_back({e.sequence, segments[i], r.span.offset, r.span.end, e.samples});
+        log.bytes += r.span.end - r.span.offset;
         ++stats_.records;
       }
     }
-    for (const internal::DamagedRange& d : scan.damaged) {
+    for (const internal::DamagedRange& d : scan->damaged) {
+      if (d.offset >= cut) break;
       ++stats_.damaged_ranges;
       stats_.damaged_bytes += d.bytes;
       damage_.push_back({path, d.offset, d.bytes, false, d.why});
     }
-    uint64_t kept_bytes = data->size();
-    if (scan.valid_end < data->size()) {
-      const uint64_t tail = data->size() - scan.valid_end;
-      if (newest) {
-        // A torn tail: the crash happened mid-write, so nothing past valid_end was acked.
-        if (::truncate(path.c_str(), static_cast<off_t>(scan.valid_end)) != 0) {
-          return internal::ErrnoStatus("truncate", path, errno);
-        }
-        stats_.truncated_tail_bytes += tail;
-        damage_.push_back({path, scan.valid_end, tail, true, scan.tail_why});
-        kept_bytes = scan.valid_end;
-      } else {
-        // An older segment was complete when the next one began: its end is corruption.
-        ++stats_.damaged_ranges;
-        stats_.damaged_bytes += tail;
-        damage_.push_back({path, scan.valid_end, tail, false, scan.tail_why});
+    if (cut < data->size()) {
+      if (::truncate(path.c_str(), static_cast<off_t>(cut)) != 0) {
+        return internal::ErrnoStatus("truncate", path, errno);
       }
+      stats_.truncated_tail_bytes += data->size() - cut;
+      damage_.push_back({path, cut, data->size() - cut, true, torn_why});
     }
-    stats_.bytes += kept_bytes;
+    stats_.bytes += cut;
+    if (newest) {
+      // Appends continue in it unless its nonce is lost (a damaged header and no SYNC).
+      newest_writable = cut == 0 || scan->nonce_known;
+      newest_nonce = scan->nonce;
+      newest_kept = cut;
+    }
   }
-  const uint32_t next = segments.empty() ? 1 : segments.back();
-  return OpenSegmentForAppend(next);
+  const bool reopen = !segments.empty() && newest_writable;
+  absl::Status s = reopen ? OpenSegmentForAppend(segments.back(), newest_nonce)
+                          : OpenSegmentForAppend(segments.empty() ? 1 : segments.back() + 1, 0);
+  if (!s.ok()) return s;
+  stats_.bytes += segment_size_ - (reopen ? newest_kept : 0);  // a header written
+  return absl::OkStatus();
 }
 
-absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment) {
+absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment, uint64_t nonce) {
   if (fd_ >= 0) ::close(fd_);
   const std::string path = SegmentPath(segment);
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -146,11 +185,19 @@ absl::Status SampleStore::OpenSegmentForAppend(uint32_t segment) {
   if (::fstat(fd_, &st) != 0) return internal::ErrnoStatus("fstat", path, errno);
   segment_ = segment;
   segment_size_ = static_cast<uint64_t>(st.st_size);
+  nonce_ = nonce;
+  if (segment_size_ == 0) {
+    // A new segment: its header is durable before any record is written after it.
+    nonce_ = internal::NewSegmentNonce();
+    const std::string header = internal::SegmentHeader(nonce_);
+    if (absl::Status s = WriteAll(fd_, header, path); !s.ok()) return s;
+    if (::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
+    segment_size_ = header.size();
+  }
   return internal::SyncDir(options_.dir);
 }
 
-void SampleStore::Append(const std::string& device_id, v1::UplinkBatch batch,
-                         AppendCallback done) {
+void SampleStore::Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done) {
   absl::Status refused;
   {
     absl::MutexLock lock(&queue_mu_);
@@ -181,9 +228,8 @@ void SampleStore::FlushLoop() {
     {
       absl::MutexLock lock(&queue_mu_);
       queue_mu_.Await(absl::Condition(
-          +[](SampleStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !s->queue_.empty() || s->shutting_down_;
-          },
+          +[](SampleStore* s)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->queue_.empty() || s->shutting_down_; },
           this));
       if (queue_.empty()) return;  // shutting down with nothing left
       group.swap(queue_);
@@ -215,9 +261,11 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   std::string buffer;
   absl::Status io_status;
+  uint64_t appended = 0;  // bytes added to segment files
   {
     absl::MutexLock wlock(&write_mu_);
-    uint64_t offset = segment_size_;
+    internal::LogWriter writer(segment_size_, nonce_);
+    uint64_t writer_start = segment_size_;
     for (size_t i = 0; i < group.size(); ++i) {
       Pending& p = group[i];
       uint64_t& high = highest[p.device_id];
@@ -231,8 +279,8 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
         continue;
       }
       if (seq != high + 1) {
-        outcomes[i].status = absl::FailedPreconditionError(absl::StrCat(
-            "uplink sequence ", seq, " skips ahead: the next expected is ", high + 1));
+        outcomes[i].status = absl::FailedPreconditionError(
+            absl::StrCat("uplink sequence ", seq, " skips ahead: the next expected is ", high + 1));
         continue;
       }
       store::v1::SampleRecord record;
@@ -240,32 +288,52 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
       *record.mutable_batch() = std::move(p.batch);
       record.set_received_unix_ms(now_ms);
       std::string body = record.SerializeAsString();
-      uint64_t& bytes = device_bytes[p.device_id];
-      if (options_.max_device_bytes != 0 &&
-          bytes + kRecordFrameBytes + body.size() > options_.max_device_bytes) {
-        outcomes[i].status = absl::ResourceExhaustedError(absl::StrCat(
-            "device ", p.device_id, " has ", bytes, " bytes in the sample log; batch ", seq,
-            " would pass its quota of ", options_.max_device_bytes, " bytes"));
+      if (body.size() > internal::kMaxRecordBodyBytes) {
+        outcomes[i].status = absl::InvalidArgumentError(
+            absl::StrCat("batch ", seq, " is ", body.size(), " bytes stored, more than the ",
+                         internal::kMaxRecordBodyBytes, " a sample log record may hold"));
         continue;
       }
-      bytes += kRecordFrameBytes + body.size();
-      if (offset > 0 && offset + kRecordFrameBytes + body.size() > options_.segment_bytes) {
-        // Roll over: make what we have durable in the old segment first.
-        io_status = WriteAndSync(buffer);
-        if (io_status.ok()) io_status = OpenSegmentForAppend(segment_ + 1);
-        if (!io_status.ok()) break;
-        buffer.clear();
-        offset = 0;
+      uint64_t& bytes = device_bytes[p.device_id];
+      const uint64_t framed = internal::FramedBytes(writer.offset(), body.size());
+      if (options_.max_device_bytes != 0 && bytes + framed > options_.max_device_bytes) {
+        outcomes[i].status = absl::ResourceExhaustedError(
+            absl::StrCat("device ", p.device_id, " has ", bytes, " bytes in the sample log; batch ",
+                         seq, " would pass its quota of ", options_.max_device_bytes, " bytes"));
+        continue;
       }
-      internal::AppendRecord(buffer, body);
-      outcomes[i].loc = {seq, segment_, offset + kRecordFrameBytes,
-                         static_cast<uint32_t>(body.size()), record.batch().sample_count()};
+      bytes += framed;
+      if (writer.offset() > internal::kSegmentHeaderBytes &&
+          writer.offset() + framed > options_.segment_bytes) {
+        // Roll over: make what we have durable in the old segment first.
+        io_status = WriteAndSync(buffer, /*sync=*/options_.sync);
+        if (io_status.ok()) io_status = OpenSegmentForAppend(segment_ + 1, 0);
+        if (!io_status.ok()) break;
+        appended += writer.offset() - writer_start + segment_size_;
+        buffer.clear();
+        writer = internal::LogWriter(segment_size_, nonce_);
+        writer_start = segment_size_;
+      }
+      const internal::RecordSpan span = writer.AddRecord(body, buffer);
+      outcomes[i].loc = {seq, segment_, span.offset, span.end, record.batch().sample_count()};
       outcomes[i].store = true;
-      offset += kRecordFrameBytes + body.size();
       high = seq;
     }
-    if (io_status.ok() && !buffer.empty()) io_status = WriteAndSync(buffer);
-    if (io_status.ok()) segment_size_ = offset;
+    if (io_status.ok() && !buffer.empty()) {
+      io_status = WriteAndSync(buffer, options_.sync);
+      // Mark the group durable. The mark itself need not be synced before the acks: lost,
+      // it only makes recovery take these (intact) records for an unacked tail, which it
+      // keeps unless they are damaged too.
+      if (io_status.ok()) {
+        std::string sync;
+        writer.AddSync(sync);
+        io_status = WriteAndSync(sync, /*sync=*/false);
+      }
+    }
+    if (io_status.ok()) {
+      appended += writer.offset() - writer_start;
+      segment_size_ = writer.offset();
+    }
   }
 
   if (!io_status.ok()) {
@@ -288,17 +356,17 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
       if (!outcomes[i].store) continue;
       DeviceLog& log = index_[group[i].device_id];
       log.records.push_back(outcomes[i].loc);
-      log.bytes += kRecordFrameBytes + outcomes[i].loc.length;
+      log.bytes += outcomes[i].loc.end - outcomes[i].loc.offset;
       ++stats_.records;
-      stats_.bytes += kRecordFrameBytes + outcomes[i].loc.length;
       synced = true;
     }
+    stats_.bytes += appended;
     if (synced && options_.sync) ++stats_.group_commits;
     for (size_t i = 0; i < group.size(); ++i) {
       auto it = index_.find(group[i].device_id);
-      outcomes[i].result.highest_durable =
-          (it == index_.end() || it->second.records.empty()) ? 0
-                                                             : it->second.records.back().sequence;
+      outcomes[i].result.highest_durable = (it == index_.end() || it->second.records.empty())
+                                               ? 0
+                                               : it->second.records.back().sequence;
     }
   }
   for (size_t i = 0; i < group.size(); ++i) {
@@ -310,15 +378,10 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
   }
 }
 
-absl::Status SampleStore::WriteAndSync(absl::string_view data) {
+absl::Status SampleStore::WriteAndSync(absl::string_view data, bool sync) {
   const std::string path = SegmentPath(segment_);
-  while (!data.empty()) {
-    ssize_t n = ::write(fd_, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return internal::ErrnoStatus("write", path, errno);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  if (options_.sync && ::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
+  if (absl::Status s = WriteAll(fd_, data, path); !s.ok()) return s;
+  if (sync && ::fdatasync(fd_) != 0) return internal::ErrnoStatus("fdatasync", path, errno);
   return absl::OkStatus();
 }
 
@@ -370,60 +433,72 @@ std::vector<SampleLogDamage> SampleStore::Damage() const {
   return damage_;
 }
 
-absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(
-    const std::string& device_id, uint64_t from_sequence, size_t max_records) const {
+absl::StatusOr<StoredBatches> SampleStore::ReadEach(const std::string& device_id,
+                                                    uint64_t from_sequence,
+                                                    size_t max_records) const {
   std::vector<Location> wanted;
   {
     absl::MutexLock lock(&index_mu_);
     auto it = index_.find(device_id);
     if (it != index_.end()) {
       const std::vector<Location>& records = it->second.records;
-      auto first = std::lower_bound(
-          records.begin(), records.end(), from_sequence,
-          [](const Location& l, uint64_t seq) { return l.sequence < seq; });
+      auto first =
+          std::lower_bound(records.begin(), records.end(), from_sequence,
+                           [](const Location& l, uint64_t seq) { return l.sequence < seq; });
       for (; first != records.end() && wanted.size() < max_records; ++first) {
         wanted.push_back(*first);
       }
     }
   }
-  std::vector<store::v1::SampleRecord> out;
-  out.reserve(wanted.size());
+  StoredBatches out;
+  out.records.reserve(wanted.size());
   int fd = -1;
   uint32_t open_segment = 0;
-  std::string body;
+  std::string span;
   absl::Status status;
   for (const Location& loc : wanted) {
+    const std::string path = SegmentPath(loc.segment);
     if (fd < 0 || open_segment != loc.segment) {
       if (fd >= 0) ::close(fd);
-      fd = ::open(SegmentPath(loc.segment).c_str(), O_RDONLY | O_CLOEXEC);
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) {
-        status = internal::ErrnoStatus("open", SegmentPath(loc.segment), errno);
+        status = internal::ErrnoStatus("open", path, errno);
         break;
       }
       open_segment = loc.segment;
     }
-    char frame[kRecordFrameBytes];
-    status = PreadAll(fd, frame, kRecordFrameBytes, loc.offset - kRecordFrameBytes,
-                      SegmentPath(loc.segment));
-    if (!status.ok()) break;
-    body.resize(loc.length);
-    status = PreadAll(fd, body.data(), loc.length, loc.offset, SegmentPath(loc.segment));
-    if (!status.ok()) break;
-    if (GetU32(frame + 8) != internal::RecordCrc(body)) {
-      status = absl::DataLossError(absl::StrCat("SampleStore: checksum mismatch in ",
-                                                SegmentPath(loc.segment), " at ", loc.offset));
+    span.resize(loc.end - loc.offset);
+    absl::Status read = PreadAll(fd, span.data(), span.size(), loc.offset, path);
+    if (!read.ok() && !absl::IsDataLoss(read)) {
+      status = read;  // an I/O error, not damage: the caller may try again
       break;
     }
-    store::v1::SampleRecord& record = out.emplace_back();
-    if (!record.ParseFromString(body)) {
-      status = absl::DataLossError(absl::StrCat("SampleStore: unparsable record in ",
-                                                SegmentPath(loc.segment), " at ", loc.offset));
-      break;
+    absl::StatusOr<std::string> body =
+        read.ok() ? internal::ReadRecord(span, loc.offset) : absl::StatusOr<std::string>(read);
+    store::v1::SampleRecord record;
+    if (body.ok() && !record.ParseFromString(*body)) {
+      body = absl::DataLossError(absl::StrCat("record at ", loc.offset, " does not parse"));
     }
+    if (!body.ok()) {
+      out.unreadable.push_back({loc.sequence, loc.samples,
+                                absl::DataLossError(absl::StrCat("SampleStore: ", path, ": ",
+                                                                 body.status().message()))});
+      continue;
+    }
+    out.records.push_back(std::move(record));
   }
   if (fd >= 0) ::close(fd);
   if (!status.ok()) return status;
   return out;
+}
+
+absl::StatusOr<std::vector<store::v1::SampleRecord>> SampleStore::Read(const std::string& device_id,
+                                                                       uint64_t from_sequence,
+                                                                       size_t max_records) const {
+  absl::StatusOr<StoredBatches> read = ReadEach(device_id, from_sequence, max_records);
+  if (!read.ok()) return read.status();
+  if (!read->unreadable.empty()) return read->unreadable.front().status;
+  return std::move(read->records);
 }
 
 }  // namespace cdcca::cloud

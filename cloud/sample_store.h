@@ -1,19 +1,26 @@
 // SampleStore: the cloud's durable, append-only log of what devices uplink.
 //
-// Records live in segment files `<dir>/seg-<NNNNNNNN>.log`; each record is framed as
-//   u32 magic | u32 length | u32 crc32(body) | body (a serialized store.v1.SampleRecord)
-// little-endian. A background flusher takes every append that is waiting, writes them in
-// one go and fdatasyncs once (group commit) before it calls any of their callbacks: an ack
-// sent after the callback is durable.
+// Records live in segment files `<dir>/seg-<NNNNNNNN>.log`, in the block framing of
+// cloud/internal/record_log.h (format 2); a record's body is a serialized
+// store.v1.SampleRecord. A background flusher takes every append that is waiting, writes
+// them in one go and fdatasyncs once (group commit), then appends a SYNC fragment (not
+// synced itself) before it calls any of their callbacks: an ack sent after the callback is
+// durable, and every acked record lies before a SYNC fragment unless the process died
+// between that write and the acks' leaving (a power loss can drop the SYNC fragment).
 //
-// Recovery (on open, every segment is scanned; cloud/internal/record_log.h):
-//   - a torn tail, i.e. bytes at the very end of the newest segment that hold no intact
-//     record (a crash mid-write: never acked), is truncated, counted in Stats() and listed
-//     in Damage();
-//   - damage followed by intact records (a flipped bit, a bad sector) is corruption: the
-//     damaged bytes are skipped, every intact record before and after them is kept, and the
-//     range is counted in Stats() and listed in Damage(). The damaged record's batch is lost
-//     (its device's sequence has a hole there); nothing after it is.
+// Recovery (on open, every segment is scanned):
+//   - a torn tail, i.e. everything from the first damage after the newest segment's last
+//     SYNC fragment to its end (a group commit that never finished: never acked, so intact
+//     records after the damage are dropped too), is truncated, counted in Stats() and
+//     listed in Damage();
+//   - any other damage (a flipped bit, a bad sector: before the last SYNC fragment, or in
+//     an older segment) is damage to acked records: the damaged bytes are skipped, every
+//     intact record before and after them is kept, and the range is counted in Stats() and
+//     listed in Damage(). The damaged records' batches are lost (their device's sequence has
+//     holes there); nothing else is. The scanner resynchronises only at positions no
+//     payload can choose, so a record planted inside a device's payload is never taken;
+//   - a segment of another format (format 1, which resynchronised by searching a magic) is
+//     refused: Open fails with FAILED_PRECONDITION naming the file.
 //
 // Sequences: each device's batches carry sequence numbers 1, 2, 3, ... A batch at or below
 // the device's highest stored sequence is a resend and is not stored again (its callback
@@ -29,7 +36,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -37,6 +43,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/store.pb.h"
 
@@ -56,14 +63,14 @@ struct SampleStoreOptions {
 };
 
 struct AppendResult {
-  bool duplicate = false;             // the batch was a resend of a stored one
-  uint64_t highest_durable = 0;       // the device's highest durable sequence after this
+  bool duplicate = false;        // the batch was a resend of a stored one
+  uint64_t highest_durable = 0;  // the device's highest durable sequence after this
 };
 
 struct SampleStoreStats {
-  uint64_t records = 0;        // durable records
-  uint64_t bytes = 0;          // bytes of segment files, framing included
-  uint64_t group_commits = 0;  // fdatasync calls made for appends
+  uint64_t records = 0;               // durable records
+  uint64_t bytes = 0;                 // bytes of segment files, framing included
+  uint64_t group_commits = 0;         // fdatasync calls that made appended records durable
   uint64_t truncated_tail_bytes = 0;  // bytes of torn tail removed on open
   uint64_t damaged_ranges = 0;        // corrupt ranges skipped on open (records after kept)
   uint64_t damaged_bytes = 0;         // their bytes
@@ -76,6 +83,18 @@ struct SampleLogDamage {
   uint64_t bytes = 0;
   bool torn_tail = false;
   std::string why;
+};
+
+// A stored batch that reads back damaged (DATA_LOSS): it rotted after it was acked.
+struct UnreadableBatch {
+  uint64_t sequence = 0;
+  uint32_t samples = 0;  // its sample_count, from the index
+  absl::Status status;   // DATA_LOSS saying what is wrong
+};
+
+struct StoredBatches {
+  std::vector<store::v1::SampleRecord> records;  // in sequence order
+  std::vector<UnreadableBatch> unreadable;       // in sequence order
 };
 
 class SampleStore {
@@ -110,8 +129,13 @@ class SampleStore {
   // Bytes of the device's durable records, framing included.
   uint64_t DeviceBytes(const std::string& device_id) const;
 
-  // Durable records of `device_id` with sequence >= from_sequence, in order, at most
-  // max_records of them.
+  // The first max_records durable records of `device_id` with sequence >= from_sequence,
+  // in order: those that read back intact, and those that do not (each with its DATA_LOSS
+  // status). Fails only on an I/O error (open, read), which a later call may not meet.
+  absl::StatusOr<StoredBatches> ReadEach(const std::string& device_id, uint64_t from_sequence,
+                                         size_t max_records) const;
+
+  // ReadEach's records; DATA_LOSS if any of them reads back damaged.
   absl::StatusOr<std::vector<store::v1::SampleRecord>> Read(const std::string& device_id,
                                                             uint64_t from_sequence,
                                                             size_t max_records) const;
@@ -128,8 +152,8 @@ class SampleStore {
   struct Location {
     uint64_t sequence;
     uint32_t segment;
-    uint64_t offset;   // of the record body
-    uint32_t length;   // of the record body
+    uint64_t offset;   // of the record's first fragment
+    uint64_t end;      // of its last fragment
     uint32_t samples;  // the batch's sample_count
   };
   // One device's durable records, in sequence order, and their total size.
@@ -145,9 +169,13 @@ class SampleStore {
 
   explicit SampleStore(SampleStoreOptions options);
   absl::Status Recover();
-  absl::Status OpenSegmentForAppend(uint32_t segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // Writes `data` at the end of the current segment and fdatasyncs it (if options_.sync).
-  absl::Status WriteAndSync(absl::string_view data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Opens `segment` for appends; an empty (or new) one gets a header with a new nonce and
+  // is synced, else its nonce is `nonce`.
+  absl::Status OpenSegmentForAppend(uint32_t segment, uint64_t nonce)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes `data` at the end of the current segment, then fdatasyncs it if `sync`.
+  absl::Status WriteAndSync(absl::string_view data, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   std::string SegmentPath(uint32_t segment) const;
   void FlushLoop();
   void CommitGroup(std::vector<Pending>& group);
@@ -166,6 +194,7 @@ class SampleStore {
   int fd_ ABSL_GUARDED_BY(write_mu_) = -1;
   uint32_t segment_ ABSL_GUARDED_BY(write_mu_) = 0;
   uint64_t segment_size_ ABSL_GUARDED_BY(write_mu_) = 0;
+  uint64_t nonce_ ABSL_GUARDED_BY(write_mu_) = 0;  // the current segment's
 
   // The index of durable records; read by Read/HighestDurable.
   mutable absl::Mutex index_mu_;

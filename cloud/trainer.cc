@@ -26,6 +26,7 @@
 #include "distill/model/safetensors.h"
 #include "distill/model/trainable.h"
 #include "distill/replay_buffer.h"
+#include "nlohmann/json.hpp"
 #include "proto/wire.h"
 
 namespace cdcca::cloud {
@@ -50,6 +51,87 @@ absl::StatusOr<compress::NamedTensors> TensorsFromSafetensors(absl::string_view 
   return out;
 }
 
+// What a decoded sample holds in memory: its features as floats, token ids and kept indices,
+// and for a frame its bytes plus the float tokens the tower turns it into.
+uint64_t DecodedSampleBytes(const compress::UplinkSample& s) {
+  uint64_t bytes = s.features.size() * sizeof(float) +
+                   (s.prompt_tokens.size() + s.answer_tokens.size()) * sizeof(uint32_t) +
+                   s.kept_indices.size() * sizeof(uint16_t);
+  if (!s.frame.empty()) {
+    bytes += s.frame.size() + uint64_t{s.kept_indices.size()} * s.feature_dim * sizeof(float);
+  }
+  return bytes;
+}
+
+// One unusable sample (or a whole batch: sample_id unknown) and why.
+struct QuarantineEntry {
+  uint64_t sequence = 0;
+  bool whole_batch = true;
+  uint64_t sample_id = 0;  // when !whole_batch
+  uint64_t samples = 0;
+  std::string reason;
+};
+
+// A device's quarantine file: totals and the newest entries, JSON.
+struct QuarantineLog {
+  static constexpr size_t kRecent = 64;
+  uint64_t samples = 0;
+  // The highest batch sequence an entry names: a job that meets entries at or below it again
+  // is a retry after a crash between this file and the cursor's commit; they are not counted
+  // twice.
+  uint64_t through_sequence = 0;
+  std::vector<QuarantineEntry> recent;  // oldest first
+
+  std::string Encode() const {
+    nlohmann::json j = {{"samples", samples}, {"through_sequence", through_sequence}};
+    nlohmann::json entries = nlohmann::json::array();
+    for (const QuarantineEntry& e : recent) {
+      nlohmann::json x = {{"sequence", e.sequence}, {"samples", e.samples}, {"reason", e.reason}};
+      if (!e.whole_batch) x["sample_id"] = e.sample_id;
+      entries.push_back(std::move(x));
+    }
+    j["recent"] = std::move(entries);
+    return j.dump(1) + "\n";
+  }
+
+  static absl::StatusOr<QuarantineLog> Decode(const std::string& bytes, const std::string& path) {
+    QuarantineLog log;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(bytes);
+      log.samples = j.at("samples").get<uint64_t>();
+      log.through_sequence = j.at("through_sequence").get<uint64_t>();
+      for (const nlohmann::json& x : j.at("recent")) {
+        QuarantineEntry e;
+        e.sequence = x.at("sequence").get<uint64_t>();
+        e.samples = x.at("samples").get<uint64_t>();
+        e.reason = x.at("reason").get<std::string>();
+        e.whole_batch = !x.contains("sample_id");
+        if (!e.whole_batch) e.sample_id = x.at("sample_id").get<uint64_t>();
+        log.recent.push_back(std::move(e));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": not a quarantine file: ", e.what()));
+    }
+    return log;
+  }
+
+  // Adds the entries not already counted; returns whether anything changed.
+  bool Add(const std::vector<QuarantineEntry>& entries) {
+    bool changed = false;
+    uint64_t through = through_sequence;
+    for (const QuarantineEntry& e : entries) {
+      if (e.sequence <= through_sequence) continue;
+      samples += e.samples;
+      recent.push_back(e);
+      through = std::max(through, e.sequence);
+      changed = true;
+    }
+    through_sequence = through;
+    if (recent.size() > kRecent) recent.erase(recent.begin(), recent.end() - kRecent);
+    return changed;
+  }
+};
+
 [[noreturn]] void InjectedCrash(const char* where) {
   std::fprintf(stderr, "cdcca-cloud: test fault injected %s\n", where);
   std::fflush(stderr);
@@ -70,6 +152,10 @@ struct PerDeviceStrategy::Impl {
     compress::NamedTensors mirror;  // fp32 CPU; equals the device's state at `version`
     compress::DeltaEncoder encoder;
     std::unique_ptr<distill::ReplayBuffer> replay;
+    QuarantineLog quarantine;
+    // Jobs that failed in training at cursor `failed_cursor`, in a row (not persisted).
+    uint64_t failed_cursor = 0;
+    int failed_attempts = 0;
     bool loaded = false;
     // A copy of the fields above for State(), which must not wait for a running job.
     absl::Mutex info_mu;
@@ -82,6 +168,9 @@ struct PerDeviceStrategy::Impl {
       info.state_digest = digest;
       info.consumed_sequence = consumed;
       info.jobs = jobs;
+      info.quarantined_samples = quarantine.samples;
+      info.last_quarantine_reason =
+          quarantine.recent.empty() ? "" : quarantine.recent.back().reason;
       info_valid = true;
     }
   };
@@ -100,6 +189,34 @@ struct PerDeviceStrategy::Impl {
 
   std::string StatePath(const std::string& id) const {
     return absl::StrCat(options.state_dir, "/", id, ".mirror");
+  }
+  std::string QuarantinePath(const std::string& id) const {
+    return absl::StrCat(options.state_dir, "/", id, ".quarantine");
+  }
+
+  // Records `entries` durably in the device's quarantine file and logs each. Call before
+  // the cursor moves past them. Caller holds d.mu.
+  absl::Status Quarantine(const std::string& id, Device& d,
+                          const std::vector<QuarantineEntry>& entries) {
+    if (entries.empty()) return absl::OkStatus();
+    for (const QuarantineEntry& e : entries) {
+      nlohmann::json event = {{"event", "sample_quarantined"},
+                              {"device_id", id},
+                              {"sequence", e.sequence},
+                              {"samples", e.samples},
+                              {"reason", e.reason}};
+      if (!e.whole_batch) event["sample_id"] = e.sample_id;
+      std::fprintf(stderr, "%s\n", event.dump().c_str());
+    }
+    QuarantineLog updated = d.quarantine;
+    if (!updated.Add(entries)) return absl::OkStatus();
+    if (absl::Status s = internal::WriteFileAtomically(QuarantinePath(id), updated.Encode());
+        !s.ok()) {
+      return s;
+    }
+    d.quarantine = std::move(updated);
+    d.PublishInfo();
+    return absl::OkStatus();
   }
 
   Device* Get(const std::string& id) {
@@ -134,6 +251,18 @@ struct PerDeviceStrategy::Impl {
     d.encoder = compress::DeltaEncoder(EncoderOptions(id));
     d.replay = std::make_unique<distill::ReplayBuffer>(options.replay_capacity,
                                                        compress::Hash64(id.data(), id.size()));
+    d.quarantine = QuarantineLog();
+    if (absl::StatusOr<std::string> q = internal::ReadFile(QuarantinePath(id)); q.ok()) {
+      absl::StatusOr<QuarantineLog> log = QuarantineLog::Decode(*q, QuarantinePath(id));
+      if (!log.ok()) return log.status();
+      d.quarantine = *std::move(log);
+    } else if (!absl::IsNotFound(q.status())) {
+      return q.status();
+    }
+    // Batches renumbered after the log lost its tail are new samples, not retries of the
+    // quarantined ones.
+    d.quarantine.through_sequence =
+        std::min(d.quarantine.through_sequence, samples->HighestDurable(id));
     absl::StatusOr<std::string> bytes = internal::ReadFile(StatePath(id));
     if (absl::IsNotFound(bytes.status())) {
       d.mirror = CloneTensors(trainer->base_trainable());
@@ -225,76 +354,141 @@ struct PerDeviceStrategy::Impl {
 
   absl::StatusOr<JobReport> RunJob(const std::string& id, Device& d) {
     if (absl::Status s = Load(id, d); !s.ok()) return s;
-    absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
-        samples->Read(id, d.consumed + 1, options.max_batches_per_job);
-    if (!records.ok()) return records.status();
-    if (records->empty()) return absl::NotFoundError(absl::StrCat("no new samples of ", id));
+    absl::StatusOr<StoredBatches> stored =
+        samples->ReadEach(id, d.consumed + 1, options.max_batches_per_job);
+    if (!stored.ok()) return stored.status();  // I/O: the scheduler retries later
+    const std::vector<store::v1::SampleRecord>& records = stored->records;
+    const std::vector<UnreadableBatch>& unreadable = stored->unreadable;
+    if (records.empty() && unreadable.empty()) {
+      return absl::NotFoundError(absl::StrCat("no new samples of ", id));
+    }
 
     JobReport report;
     report.device_id = id;
     report.base_version = d.version;
     report.new_version = d.version + 1;
-    report.first_sequence = records->front().batch().sequence();
+    std::vector<QuarantineEntry> quarantine;
+    const auto quarantine_batch = [&](uint64_t seq, uint64_t count, const absl::Status& why) {
+      quarantine.push_back({seq, true, 0, count, std::string(why.ToString())});
+      report.quarantined_samples += count;
+    };
     std::vector<compress::UplinkSample> batch_samples;
+    std::vector<uint64_t> sample_batch;                      // each sample's sequence
+    std::vector<std::pair<uint64_t, uint64_t>> job_batches;  // sequence, samples
     uint64_t decoded_bytes = 0;
-    for (const store::v1::SampleRecord& r : *records) {
-      const uint64_t seq = r.batch().sequence();
+    // The readable and the unreadable batches, in sequence order.
+    for (size_t r = 0, u = 0; r < records.size() || u < unreadable.size();) {
+      if (u < unreadable.size() &&
+          (r == records.size() || unreadable[u].sequence < records[r].batch().sequence())) {
+        // Acked, then rotted on disk: it reads back DATA_LOSS now and would on every retry.
+        const UnreadableBatch& bad = unreadable[u++];
+        if (report.first_sequence == 0) report.first_sequence = bad.sequence;
+        quarantine_batch(bad.sequence, bad.samples, bad.status);
+        job_batches.emplace_back(bad.sequence, 0);
+        report.last_sequence = bad.sequence;
+        continue;
+      }
+      const store::v1::SampleRecord& record = records[r++];
+      const uint64_t seq = record.batch().sequence();
+      if (report.first_sequence == 0) report.first_sequence = seq;
       absl::StatusOr<CheckedBatch> checked =
-          DecodeCheckedPayload(r.batch().payload(), trainer->spec());
+          DecodeCheckedPayload(record.batch().payload(), trainer->spec());
       if (!checked.ok()) {
-        // Ingest checks every batch against the model, but a log written by an older
-        // version may hold one that does not fit: skip it (the cursor moves past it) and
-        // say so, rather than failing every later job of the device.
-        std::fprintf(stderr,
-                     "{\"event\":\"batch_skipped\",\"device_id\":\"%s\",\"sequence\":%llu,"
-                     "\"error\":\"%s\"}\n",
-                     id.c_str(), static_cast<unsigned long long>(seq),
-                     absl::StrReplaceAll(checked.status().ToString(),
-                                         {{"\\", "/"}, {"\"", "'"}, {"\n", " "}})
-                         .c_str());
-        ++report.skipped_batches;
+        // Ingest checks every batch against the model, but a log written by an older version
+        // may hold one that does not fit.
+        quarantine_batch(seq, record.batch().sample_count(), checked.status());
+        job_batches.emplace_back(seq, 0);
         report.last_sequence = seq;
         continue;
+      }
+      uint64_t bytes = 0;
+      for (const compress::UplinkSample& sample : checked->samples) {
+        bytes += DecodedSampleBytes(sample);
       }
       // Bounded jobs: the batch that would pass a bound waits for the next job.
       if (!batch_samples.empty() &&
           (batch_samples.size() + checked->samples.size() > options.max_samples_per_job ||
-           decoded_bytes + checked->decoded_bytes > options.max_decoded_bytes_per_job)) {
+           decoded_bytes + bytes > options.max_decoded_bytes_per_job)) {
         break;
       }
-      decoded_bytes += checked->decoded_bytes;
-      for (compress::UplinkSample& s : checked->samples) batch_samples.push_back(std::move(s));
+      decoded_bytes += bytes;
+      job_batches.emplace_back(seq, checked->samples.size());
+      for (compress::UplinkSample& sample : checked->samples) {
+        batch_samples.push_back(std::move(sample));
+        sample_batch.push_back(seq);
+      }
       report.last_sequence = seq;
     }
+    // Quarantines every usable batch of the job too (with `why`), and moves the cursor past.
+    const auto quarantine_job = [&](const absl::Status& why) -> absl::Status {
+      for (const auto& [seq, count] : job_batches) {
+        if (count > 0) quarantine_batch(seq, count, why);
+      }
+      if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
+      return SkipTo(id, d, report.last_sequence);
+    };
     if (batch_samples.empty()) {
+      if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
       if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
-      return absl::NotFoundError(absl::StrCat("no decodable samples in batches ",
+      return absl::NotFoundError(absl::StrCat("no usable samples in batches ",
                                               report.first_sequence, "-", report.last_sequence));
     }
-    report.samples = static_cast<int64_t>(batch_samples.size());
+    // A job that fails in training at the same cursor kMaxJobAttempts times in a row gives
+    // up on its batches: the failure comes from what they hold, or no retry would help.
+    const auto training_failed = [&](const absl::Status& why) -> absl::Status {
+      if (d.failed_cursor != d.consumed) d.failed_attempts = 0;
+      d.failed_cursor = d.consumed;
+      if (++d.failed_attempts < kMaxJobAttempts) return why;
+      d.failed_attempts = 0;
+      const absl::Status reason =
+          absl::Status(why.code(), absl::StrCat("the job failed ", kMaxJobAttempts,
+                                                " times on these batches: ", why.message()));
+      if (absl::Status s = quarantine_job(reason); !s.ok()) return s;
+      return absl::DataLossError(absl::StrCat("job of ", id, " on batches ", report.first_sequence,
+                                              "-", report.last_sequence, ": ", reason.message(),
+                                              "; batches quarantined, mirror unchanged"));
+    };
 
     try {
       absl::StatusOr<internal::MirrorJob> result =
-          trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
-      if (!result.ok()) return result.status();
+          options.fault == "train_error"
+              ? absl::InternalError("test fault: training fails")
+              : trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
+      if (!result.ok()) return training_failed(result.status());
+      // Samples the trainer could not use (a frame that does not decode): the job went on
+      // without them.
+      std::vector<bool> rejected(batch_samples.size(), false);
+      size_t rejected_count = 0;
+      for (const auto& [index, why] : result->rejected) {
+        if (index >= batch_samples.size() || rejected[index]) continue;
+        rejected[index] = true;
+        ++rejected_count;
+        quarantine.push_back(
+            {sample_batch[index], false, batch_samples[index].sample_id, 1, why.ToString()});
+        ++report.quarantined_samples;
+      }
+      report.samples = static_cast<int64_t>(batch_samples.size() - rejected_count);
+      if (report.samples <= 0) {
+        if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
+        if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+        return absl::NotFoundError(absl::StrCat("no usable samples in batches ",
+                                                report.first_sequence, "-", report.last_sequence));
+      }
       // Uplinked features are finite (the codec checks) but may be large enough to overflow
-      // training: a non-finite result must never become an update. The batches are passed
-      // over (a retry would fail the same way) and the mirror stays.
+      // training: a non-finite result must never become an update. The batches are
+      // quarantined (a retry would fail the same way) and the mirror stays.
       for (const auto& [name, t] : result->trainable) {
         if (torch::isfinite(t).all().item<bool>()) continue;
-        std::fprintf(stderr,
-                     "{\"event\":\"job_non_finite\",\"device_id\":\"%s\",\"tensor\":\"%s\","
-                     "\"batches\":[%llu,%llu]}\n",
-                     id.c_str(), name.c_str(),
-                     static_cast<unsigned long long>(report.first_sequence),
-                     static_cast<unsigned long long>(report.last_sequence));
         trainer->Forget(id);  // phi/psi may have been fitted to the same features
-        if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+        const absl::Status why = absl::DataLossError(
+            absl::StrCat("training on them took ", name, " to a non-finite value"));
+        if (absl::Status s = quarantine_job(why); !s.ok()) return s;
         return absl::DataLossError(absl::StrCat("the job on batches ", report.first_sequence, "-",
                                                 report.last_sequence, " of ", id, " trained ", name,
                                                 " to a non-finite value; "
-                                                "batches passed over, mirror unchanged"));
+                                                "batches quarantined, mirror unchanged"));
       }
+      d.failed_attempts = 0;
       report.replay_samples = result->stats.replay_samples;
       report.steps = result->stats.steps;
       report.train_seconds = result->stats.train_seconds;
@@ -344,6 +538,7 @@ struct PerDeviceStrategy::Impl {
       f.residual = encoder.SerializeState();
       f.update = payload->bytes;
       f.snapshot = *snapshot;
+      if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
       if (absl::Status s = internal::WriteFileAtomically(StatePath(id), EncodeMirrorFile(f));
           !s.ok()) {
         return s;
@@ -360,7 +555,12 @@ struct PerDeviceStrategy::Impl {
       d.digest = digest;
       ++d.jobs;
       d.PublishInfo();
-      d.replay->Add(batch_samples);
+      std::vector<compress::UplinkSample> usable;
+      usable.reserve(batch_samples.size());
+      for (size_t i = 0; i < batch_samples.size(); ++i) {
+        if (!rejected[i]) usable.push_back(std::move(batch_samples[i]));
+      }
+      d.replay->Add(usable);
       if (options.fault == "after_commit") InjectedCrash("after the commit");
       if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
                                               std::move(payload->bytes));
@@ -372,7 +572,8 @@ struct PerDeviceStrategy::Impl {
         return s;
       }
     } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("job of ", id, ": ", e.what_without_backtrace()));
+      return training_failed(
+          absl::InternalError(absl::StrCat("job of ", id, ": ", e.what_without_backtrace())));
     }
     return report;
   }
@@ -598,11 +799,15 @@ void JobScheduler::Run(const std::string& device_id) {
     --running_;
     --executing_;
     d.last_job = clock_->Now();
+    if (report.ok() || absl::IsNotFound(report.status())) d.retry_delay = absl::ZeroDuration();
     if (report.ok()) {
       ++jobs_done_;
     } else if (!absl::IsNotFound(report.status())) {
       ++jobs_failed_;
-      d.retry_at = clock_->Now() + options_.retry_after;
+      d.retry_delay = d.retry_delay == absl::ZeroDuration()
+                          ? options_.retry_after
+                          : std::min(d.retry_delay * 2, options_.max_retry_after);
+      d.retry_at = clock_->Now() + d.retry_delay;
     }
     dirty_ = true;
     callback = callback_;

@@ -28,6 +28,15 @@
 // crash came in between (or the store's copy is missing or damaged). So after a restart
 // every device resumes with its mirror, version, cursor and residual intact, and no sample
 // is trained twice or skipped. The replay buffer is not persisted (it restarts empty).
+//
+// Every unusable sample ends (PerDeviceStrategy): a stored batch that reads back damaged or
+// does not decode, a sample the trainer cannot use (a frame that does not decode), and the
+// batches of a job whose training goes non-finite or fails kMaxJobAttempts times at the same
+// cursor are quarantined: written with their reason to <state_dir>/<device_id>.quarantine
+// (before the cursor moves past them, so a restart does not retry them), counted in
+// State(), and the job goes on with the rest. No cursor is retried forever because of its
+// samples; a job that fails on I/O (a state file that cannot be written) is retried by the
+// scheduler with a growing delay, its samples untouched.
 #ifndef CDCCA_CLOUD_TRAINER_H_
 #define CDCCA_CLOUD_TRAINER_H_
 
@@ -64,9 +73,9 @@ struct JobReport {
   uint64_t first_sequence = 0;  // uplink batches consumed: [first_sequence, last_sequence]
   uint64_t last_sequence = 0;
   int64_t samples = 0;  // this round's samples trained on
-  // Stored batches in [first_sequence, last_sequence] that do not fit the model (written
-  // before ingest checked them): skipped, logged, and consumed so they never block a job.
-  int skipped_batches = 0;
+  // Samples in [first_sequence, last_sequence] the job could not use (a batch that reads
+  // back damaged or does not decode, a frame that does not decode): quarantined, consumed.
+  uint64_t quarantined_samples = 0;
   int64_t replay_samples = 0;
   int steps = 0;
   double train_seconds = 0;
@@ -89,11 +98,17 @@ struct JobReport {
 
 // What a strategy knows of one device, for health output and tests.
 struct DeviceTrainingState {
-  uint64_t version = 0;            // mirror version (0 = the pretrained base)
-  uint64_t state_digest = 0;       // compress::StateDigest of the mirror
-  uint64_t consumed_sequence = 0;  // highest uplink batch trained on
-  uint64_t jobs = 0;               // jobs run since the process started
+  uint64_t version = 0;                // mirror version (0 = the pretrained base)
+  uint64_t state_digest = 0;           // compress::StateDigest of the mirror
+  uint64_t consumed_sequence = 0;      // highest uplink batch trained on
+  uint64_t jobs = 0;                   // jobs run since the process started
+  uint64_t quarantined_samples = 0;    // ever, persisted
+  std::string last_quarantine_reason;  // "" if none
 };
+
+// Jobs of one device that fail while training at the same cursor before its batches are
+// quarantined.
+inline constexpr int kMaxJobAttempts = 3;
 
 // Decides what a device's next update is. Implementations are thread-safe; the scheduler
 // never runs two jobs for the same device at once but may run jobs of different devices
@@ -105,8 +120,9 @@ class TrainerStrategy {
   // update store lacks. Call once, before the first job.
   virtual absl::Status Recover() = 0;
   // Trains `device_id` on its durable samples after its cursor and publishes one update.
-  // NOT_FOUND if there are no new samples; the cursor then stays. On any error the mirror,
-  // cursor and residual are unchanged (the job can simply be retried).
+  // NOT_FOUND if there are no new usable samples (the cursor moves past unusable ones). On
+  // any other error the mirror and residual are unchanged; the cursor stays unless the
+  // job's batches were quarantined (the error says so).
   virtual absl::StatusOr<JobReport> RunJob(const std::string& device_id) = 0;
   // The highest uplink sequence the device's jobs have consumed (0 = none).
   virtual uint64_t ConsumedSequence(const std::string& device_id) const = 0;
@@ -160,9 +176,10 @@ struct PerDeviceStrategyOptions {
   std::string train_device = "cpu";
   // Most uplink batches one job reads (the rest wait for the next job). Default: 64.
   size_t max_batches_per_job = 64;
-  // Most samples and decoded batch bytes (the codec bodies) one job takes; the batch that
-  // would pass either bound waits for the next job (a job always takes its first batch).
-  // Defaults: 8192 samples, 512 MiB.
+  // Most samples and decoded bytes one job takes (what the decoded samples hold in memory:
+  // features as floats, token ids, frames and the float tokens a frame becomes); the batch
+  // that would pass either bound waits for the next job (a job always takes its first
+  // batch). Defaults: 8192 samples, 512 MiB.
   uint64_t max_samples_per_job = 8192;
   uint64_t max_decoded_bytes_per_job = 512ull << 20;
   // Per-batch bounds of SampleSpec (cloud/uplink_check.h); Spec() hands them, with the
@@ -177,8 +194,9 @@ struct PerDeviceStrategyOptions {
   size_t replay_capacity = 256;
   // Test-only fault injection: "after_train" (process exits after training, before the
   // state file is written) or "after_commit" (after the state file, before publishing to
-  // the update store). The process _exit()s with code 86 at that point. "" = off. The
-  // program reads it from the environment variable CDCCA_TEST_FAULT.
+  // the update store). The process _exit()s with code 86 at that point. "train_error": every
+  // training run fails (INTERNAL) instead. "" = off. The program reads it from the
+  // environment variable CDCCA_TEST_FAULT.
   std::string fault;
 };
 
@@ -223,8 +241,10 @@ struct JobSchedulerOptions {
   absl::Duration trigger_interval = absl::Seconds(60);
   // Jobs running at once (different devices). Default: 1.
   int threads = 1;
-  // A failed job is retried after this long. Default: 5 s.
+  // A failed job is retried after this long, doubled after each further failure of the
+  // device's jobs up to max_retry_after. Defaults: 5 s, 5 min.
   absl::Duration retry_after = absl::Seconds(5);
+  absl::Duration max_retry_after = absl::Minutes(5);
   // What the triggers' time is read from (not owned; must outlive the scheduler).
   // nullptr = Clock::Real(); the harness injects a VirtualClock.
   Clock* clock = nullptr;
@@ -262,7 +282,8 @@ class JobScheduler final : public CloudObserver {
     bool running = false;
     absl::Time last_job = absl::InfinitePast();  // set to now when first seen
     absl::Time retry_at = absl::InfinitePast();
-    absl::Time triggered_at;  // real time the running job was triggered
+    absl::Duration retry_delay = absl::ZeroDuration();  // after the last failure
+    absl::Time triggered_at;                            // real time the running job was triggered
   };
 
   void Loop();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "cloud/internal/record_log.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "datasets/tokenizer.h"
@@ -24,6 +25,7 @@ namespace {
 
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
+using ::testing::HasSubstr;
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -230,19 +232,129 @@ TEST_F(TrainerTest, CursorIsClampedToTheDurableLogAndRenumberedBatchesAreTrained
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
 }
 
-// Regression (issue 20, attack finding 3): a stored batch that decodes but does not fit the
-// model (from a log written before ingest checked batches) failed every job of its device,
-// every few seconds, forever; its later valid batches were never trained.
-TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsSkippedNotFatal) {
+// A stored batch that decodes but does not fit the model (from a log written before ingest
+// checked batches) is quarantined with its reason; the device's later batches train.
+TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsQuarantinedNotFatal) {
   MakeStrategy();
   Uplink("dev-a", 1, 2, /*grid=*/family_.vision.NumTokens() * 4);
   Uplink("dev-a", 2, 3);
   ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(report.skipped_batches, 1);
+  EXPECT_EQ(report.quarantined_samples, 2u);
   EXPECT_EQ(report.first_sequence, 1u);
   EXPECT_EQ(report.last_sequence, 2u);
   EXPECT_EQ(report.samples, 3);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 2u);
+  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason, HasSubstr("grid"));
+}
+
+// Flips a byte in the body of `device`'s stored batch `sequence` (the store stays open: the
+// record rots after start-up).
+void DamageStoredBatch(const std::string& segment, const std::string& device, uint64_t sequence) {
+  std::string data;
+  {
+    std::ifstream in(segment, std::ios::binary);
+    data.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::vector<bool> match;
+  ASSERT_OK_AND_ASSIGN(
+      internal::SegmentScan scan, internal::ScanSegment(data, [&](absl::string_view body) {
+        store::v1::SampleRecord r;
+        r.ParseFromArray(body.data(), static_cast<int>(body.size()));
+        match.push_back(r.device_id() == device && r.batch().sequence() == sequence);
+        return true;
+      }));
+  for (size_t i = 0; i < scan.records.size(); ++i) {
+    if (!match[i]) continue;
+    const uint64_t at = (scan.records[i].span.offset + scan.records[i].span.end) / 2;
+    std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(data[at] ^ 0x5a));
+    return;
+  }
+  FAIL() << "no stored batch " << sequence << " of " << device;
+}
+
+// A record that rots after it was acked reads back DATA_LOSS on every try: the job
+// quarantines it (persisted: a restart does not try it again), trains on the good batches
+// around it and publishes its update.
+TEST_F(TrainerTest, RottenRecordAmongGoodOnesIsQuarantinedAndTheJobGoesOn) {
+  MakeStrategy();
+  Uplink("dev-a", 1, 3);
+  Uplink("dev-a", 2, 4);
+  Uplink("dev-a", 3, 2);
+  DamageStoredBatch(dir_.path() + "/samples/seg-00000001.log", "dev-a", 2);
+  ASSERT_THAT(samples_->Read("dev-a", 1, 10), StatusIs(absl::StatusCode::kDataLoss));
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(report.first_sequence, 1u);
+  EXPECT_EQ(report.last_sequence, 3u);
+  EXPECT_EQ(report.samples, 5);
+  EXPECT_EQ(report.quarantined_samples, 4u);
+  EXPECT_OK(updates_->UpdateAfter("dev-a", 0).status());
+  DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.consumed_sequence, 3u);
+  EXPECT_EQ(state.quarantined_samples, 4u);
+  EXPECT_THAT(state.last_quarantine_reason, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+
+  // After a restart the quarantine is still counted, and nothing is retried.
+  OpenStores();
+  MakeStrategy();
+  state = strategy_->State("dev-a");
+  EXPECT_EQ(state.quarantined_samples, 4u);
+  EXPECT_EQ(state.consumed_sequence, 3u);
+  EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Training that fails at the same cursor ends: after kMaxJobAttempts failures the job's
+// batches are quarantined and the cursor moves on; the device's next batches are trained.
+TEST_F(TrainerTest, JobThatKeepsFailingAtOneCursorQuarantinesItsBatches) {
+  PerDeviceStrategyOptions failing = Options();
+  failing.fault = "train_error";
+  ASSERT_OK_AND_ASSIGN(strategy_,
+                       PerDeviceStrategy::Create(failing, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  Uplink("dev-a", 1, 3);
+  Uplink("dev-a", 2, 2);
+  for (int attempt = 1; attempt < kMaxJobAttempts; ++attempt) {
+    EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kInternal));
+    EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 0u);
+  }
+  EXPECT_THAT(strategy_->RunJob("dev-a"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("quarantined")));
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 5u);
+  EXPECT_EQ(strategy_->State("dev-a").version, 0u);
+  // The same device, training again: its next batch becomes an update.
+  MakeStrategy();
+  Uplink("dev-a", 3, 2);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.first_sequence, 3u);
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 5u);
+}
+
+// The job's bound counts what the decoded samples hold (floats), not the codec's body: int8
+// features are 4x smaller on the wire than in memory.
+TEST_F(TrainerTest, JobBoundCountsDecodedFloatsNotTheCodecBody) {
+  PerDeviceStrategyOptions o = Options();
+  const int tokens = family_.vision.NumTokens() / 2, dim = family_.vision.d_vis;
+  const uint64_t floats_per_batch = uint64_t{3} * tokens * dim * sizeof(float);
+  // Room for two batches' int8 bodies (about a quarter of their floats), not for two
+  // batches' floats.
+  o.max_decoded_bytes_per_job = floats_per_batch * 3 / 2;
+  ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    Uplink("dev-a", seq, 3, 0, 1.0f, compress::FeaturePrecision::kInt8);
+  }
+  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(first.last_sequence, 1u);
+  EXPECT_EQ(first.samples, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(second.first_sequence, 2u);
+  EXPECT_EQ(second.last_sequence, 2u);
 }
 
 // Features are finite on the wire, but an int8 payload's scale lets them be huge: a job they
@@ -257,6 +369,8 @@ TEST_F(TrainerTest, HugeFeaturesNeverBecomeANonFiniteUpdate) {
   EXPECT_EQ(strategy_->State("dev-a").state_digest, base);
   EXPECT_EQ(strategy_->State("dev-a").version, 0u);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 3u);
+  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason, HasSubstr("non-finite"));
   Uplink("dev-a", 2, 3);
   ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
   // The next batch trains normally (the learner's fitted projections were dropped too).
@@ -317,10 +431,9 @@ TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
 }
 
-// Regression (issue 20, attack finding 4): the scheduler read every pending record to count
-// its samples (1.2 GB RSS for a 1 GiB backlog at startup). It counts from the store's index
-// now: with every payload on disk made unreadable, the trigger still fires (the job itself is
-// what reads, and fails).
+// The scheduler counts pending samples from the store's index, never from payloads: with
+// every payload on disk made unreadable, the trigger still fires (the job itself is what
+// reads them, and quarantines them).
 TEST_F(TrainerTest, SchedulerCountsSamplesFromTheIndexWithoutReadingPayloads) {
   MakeStrategy();
   Uplink("dev-a", 1, 4);
@@ -342,11 +455,14 @@ TEST_F(TrainerTest, SchedulerCountsSamplesFromTheIndexWithoutReadingPayloads) {
   so.trigger_interval = absl::InfiniteDuration();
   so.retry_after = absl::Hours(1);
   JobScheduler scheduler(so, strategy_.get(), samples_.get());
+  // The job runs, reads both batches back damaged and quarantines them.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (scheduler.jobs_failed() == 0 && absl::Now() < deadline) {
+  while (strategy_->State("dev-a").quarantined_samples < 8 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(scheduler.jobs_failed(), 1u);
+  EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 8u);
+  EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
+  ASSERT_TRUE(scheduler.WaitIdle(absl::Seconds(60)));
 }
 
 TEST_F(TrainerTest, SchedulerTriggersOnTime) {

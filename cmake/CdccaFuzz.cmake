@@ -15,8 +15,10 @@
 #     SECONDS 15            # run time per ctest run (default 15)
 #     MAX_LEN 8192          # largest input libFuzzer builds (default 8192 bytes)
 #     MALLOC_LIMIT_MB 512   # any single allocation above this is a finding (default 512)
-#     PKG_DEPS libfoo)      # pkg-config modules beyond the default set (Abseil status/
+#     PKG_DEPS libfoo       # pkg-config modules beyond the default set (Abseil status/
 #                           # strings/containers, libzstd, nlohmann_json)
+#     DEPENDS_TARGETS cdcca_proto)  # targets that generate some of SOURCES (the build
+#                           # tree is on the include path: "proto/store.pb.h")
 # The entry defines `extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t)`; the
 # seed generator is an ordinary add_executable (gcc, may link project libraries) declared
 # before the call inside `if(CDCCA_FUZZ_ENABLED)`, so that it is not built for nothing. A decoder whose bytes end in a Hash64 checksum can use
@@ -58,7 +60,7 @@ function(cdcca_add_fuzzer name)
     return()
   endif()
   cmake_parse_arguments(F "" "SEED_GENERATOR;SECONDS;MAX_LEN;MALLOC_LIMIT_MB"
-                        "SOURCES;SEED_FILES;PKG_DEPS" ${ARGN})
+                        "SOURCES;SEED_FILES;PKG_DEPS;DEPENDS_TARGETS" ${ARGN})
   if(NOT F_SECONDS)
     set(F_SECONDS 15)
   endif()
@@ -77,6 +79,7 @@ function(cdcca_add_fuzzer name)
       return()
     endif()
     list(APPEND _ldflags ${_F_EXTRA_${name}_LDFLAGS})
+    list(APPEND _cflags ${_F_EXTRA_${name}_CFLAGS_OTHER})
   endif()
   set(_sources)
   set(_headers)
@@ -96,11 +99,15 @@ function(cdcca_add_fuzzer name)
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/fuzz
     COMMAND ${CDCCA_CLANGXX} -std=c++17 -O1 -g -fno-omit-frame-pointer
             -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-            ${_cflags} -I${PROJECT_SOURCE_DIR} ${_sources} -o ${_out} ${_ldflags}
+            ${_cflags} -I${PROJECT_SOURCE_DIR} -I${CMAKE_BINARY_DIR} ${_sources} -o ${_out}
+            ${_ldflags}
     DEPENDS ${_sources} ${_headers}
     COMMENT "clang libFuzzer: ${name}_fuzzer"
     VERBATIM)
   add_custom_target(${name}_fuzzer ALL DEPENDS ${_out})
+  if(F_DEPENDS_TARGETS)
+    add_dependencies(${name}_fuzzer ${F_DEPENDS_TARGETS})
+  endif()
   set(_args ${_out} ${CMAKE_CURRENT_BINARY_DIR}/fuzz_work/${name} ${F_SECONDS} ${F_MAX_LEN}
             ${F_MALLOC_LIMIT_MB})
   if(F_SEED_GENERATOR)

@@ -377,6 +377,39 @@ TEST(TransportE2eTest, TlsAndMutualTls) {
   EXPECT_THAT(cloud.Client(0, untrusting)->Health(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
+// A client CA alone means mutual TLS: a device without a certificate is refused; only the
+// explicit allow_token_only_devices lets one in on its token.
+TEST(TransportE2eTest, ClientCaRequiresACertificateUnlessTokenOnlyDevicesAreAllowed) {
+  TempDir dir;
+  testing::TestPki pki;
+  ASSERT_TRUE(testing::GenerateTestPki(dir.path(), &pki));
+  device::CloudClientOptions no_cert;
+  no_cert.max_attempts = 1;
+  no_cert.call_timeout = absl::Seconds(3);
+  no_cert.tls.root_ca_path = pki.ca_cert;
+  device::CloudClientOptions with_cert = no_cert;
+  with_cert.tls.cert_chain_path = pki.client_cert;
+  with_cert.tls.private_key_path = pki.client_key;
+  for (const bool allow : {false, true}) {
+    SCOPED_TRACE(allow ? "allow_token_only_devices" : "client CA alone");
+    CloudFixtureOptions options;
+    options.data_dir = dir.path() + (allow ? "/allow" : "/strict");
+    options.devices = 1;
+    options.server.listen_address = "127.0.0.1:0";
+    options.server.tls = {pki.server_cert, pki.server_key, pki.ca_cert,
+                          /*require_client_cert=*/false, /*allow_token_only_devices=*/allow};
+    CloudFixture cloud(options);
+    ASSERT_OK(cloud.Start());
+    auto token_only = cloud.Client(0, no_cert);
+    if (allow) {
+      ASSERT_OK(token_only->Register(Registration()));
+    } else {
+      EXPECT_THAT(token_only->Register(Registration()), StatusIs(absl::StatusCode::kUnavailable));
+    }
+    ASSERT_OK(cloud.Client(0, with_cert)->Register(Registration()));
+  }
+}
+
 // Regression (issue 20, part 4 and attack finding 5): with mutual TLS a certificate issued
 // to one device carried another device's token and acted as that device.
 TEST(TransportE2eTest, MutualTlsCertificateMustStandForTheTokensDevice) {

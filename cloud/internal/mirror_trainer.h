@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +33,10 @@ struct MirrorJob {
   compress::NamedTensors trainable;  // the trained set, fp32 CPU, base_trainable()'s order
   distill::JobStats stats;
   std::vector<std::string> notes;  // what the job log says beyond the numbers
+  // Samples (indices into Train's `samples`) the trainer could not use, and why; the job
+  // trained without them. When it holds every sample, nothing was trained (`trainable` is
+  // empty).
+  std::vector<std::pair<size_t, absl::Status>> rejected;
 };
 
 class MirrorTrainer {
@@ -46,7 +51,9 @@ class MirrorTrainer {
   virtual const SampleSpec& spec() const = 0;
   // Trains the student with `mirror` as its trainable set on `samples` (and replayed ones
   // from `replay`); `version` is the mirror's (it varies the job's seed). The learner state
-  // that persists between a device's jobs (phi, psi) is kept per `device_id`.
+  // that persists between a device's jobs (phi, psi) is kept per `device_id`. A sample it
+  // cannot use (a frame that does not decode) is left out and listed in MirrorJob::rejected;
+  // an error means the job as a whole failed.
   virtual absl::StatusOr<MirrorJob> Train(const std::string& device_id,
                                           const compress::NamedTensors& mirror,
                                           const std::vector<compress::UplinkSample>& samples,
