@@ -322,8 +322,9 @@ TEST(SampleStoreTest, FlipInTheLastAckedRecordOfTheNewestSegmentIsDamageNotATorn
 }
 
 // A crash can cut the newest segment anywhere in the group commit it was writing: a cut at
-// every byte of that group (its record spans a block boundary) is a torn tail, never damage;
-// every record that is whole before the cut is kept, and the log takes appends after it.
+// every byte of that group (its record spans a block boundary, then its SYNC fragment) is a
+// torn tail, never damage; every record that is whole before the cut is kept, and the log
+// takes appends after it.
 TEST(SampleStoreTest, TruncationAtEveryByteOfTheTailIsATornTail) {
   TempDir dir;
   const std::string seg = dir.file("seg-00000001.log");
@@ -356,7 +357,8 @@ TEST(SampleStoreTest, TruncationAtEveryByteOfTheTailIsATornTail) {
     EXPECT_EQ(stats.damaged_ranges, 0u);
     const bool third_whole = cut >= third.end;
     EXPECT_EQ(store->HighestDurable("d"), third_whole ? 3u : 2u);
-    const uint64_t kept = third_whole ? third.end : third.offset;
+    // The whole file ends with the group's SYNC fragment: nothing is torn.
+    const uint64_t kept = cut == full.size() ? cut : third_whole ? third.end : third.offset;
     EXPECT_EQ(stats.truncated_tail_bytes, cut - kept);
     EXPECT_EQ(static_cast<uint64_t>(FileSize(seg)), kept);
     ASSERT_OK(store->AppendAndWait("d", Batch(third_whole ? 4 : 3, 50)));

@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
 #include "cloud/internal/file_io.h"
@@ -421,6 +420,13 @@ struct PerDeviceStrategy::Impl {
     }
     // Quarantines every usable batch of the job too (with `why`), and moves the cursor past.
     const auto quarantine_job = [&](const absl::Status& why) -> absl::Status {
+      // Whole batches now: single samples of them listed before are counted in these.
+      for (const QuarantineEntry& e : quarantine) {
+        if (!e.whole_batch) report.quarantined_samples -= e.samples;
+      }
+      quarantine.erase(std::remove_if(quarantine.begin(), quarantine.end(),
+                                      [](const QuarantineEntry& e) { return !e.whole_batch; }),
+                       quarantine.end());
       for (const auto& [seq, count] : job_batches) {
         if (count > 0) quarantine_batch(seq, count, why);
       }
@@ -452,7 +458,8 @@ struct PerDeviceStrategy::Impl {
     try {
       absl::StatusOr<internal::MirrorJob> result =
           options.fault == "train_error"
-              ? absl::InternalError("test fault: training fails")
+              ? absl::StatusOr<internal::MirrorJob>(
+                    absl::InternalError("test fault: training fails"))
               : trainer->Train(id, d.mirror, batch_samples, d.replay.get(), d.version);
       if (!result.ok()) return training_failed(result.status());
       // Samples the trainer could not use (a frame that does not decode): the job went on

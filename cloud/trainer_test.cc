@@ -12,11 +12,14 @@
 #include "cloud/internal/record_log.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
+#include "datasets/formats.h"
+#include "datasets/image.h"
 #include "datasets/tokenizer.h"
 #include "distill/model/checkpoint.h"
 #include "distill/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -305,6 +308,70 @@ TEST_F(TrainerTest, RottenRecordAmongGoodOnesIsQuarantinedAndTheJobGoesOn) {
   EXPECT_EQ(state.quarantined_samples, 4u);
   EXPECT_EQ(state.consumed_sequence, 3u);
   EXPECT_THAT(strategy_->RunJob("dev-a"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// On a Hugging Face pair the job recomputes tokens from uplinked JPEG frames: a frame that
+// passes ingest (its header declares the tower's size) but does not decode is quarantined
+// with its reason, and the job trains on the other samples and publishes its update.
+TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
+  PerDeviceStrategyOptions o;
+  o.teacher_dir = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
+  o.student_base_dir = o.teacher_dir;
+  o.state_dir = dir_.path() + "/trainer";
+  o.max_steps = 2;
+  o.batch_size = 2;
+  o.torch_threads = 1;
+  o.bits_per_param = 4.0;
+  absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> created =
+      PerDeviceStrategy::Create(o, samples_.get(), updates_.get());
+  if (absl::IsUnimplemented(created.status())) {
+    GTEST_SKIP() << "built without Hugging Face tokenizers: " << created.status();
+  }
+  ASSERT_OK(created);
+  strategy_ = *std::move(created);
+  ASSERT_OK(strategy_->Recover());
+  const SampleSpec spec = strategy_->Spec();
+  ASSERT_GT(spec.frame_width, 0u);
+  datasets::Image image(static_cast<int>(spec.frame_width), static_cast<int>(spec.frame_height));
+  std::mt19937 rng(5);
+  for (uint8_t& p : image.pixels) p = static_cast<uint8_t>(rng());
+  ASSERT_OK_AND_ASSIGN(std::string good, datasets::EncodeJpeg(image, 90));
+  const std::string bad = cdcca::testing::JpegHeader(static_cast<int>(spec.frame_width),
+                                                     static_cast<int>(spec.frame_height)) +
+                          std::string(64, '\x5a');
+  std::vector<compress::UplinkSample> batch(3);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    compress::UplinkSample& s = batch[i];
+    s.sample_id = 100 + i;
+    s.grid_tokens = spec.grid_tokens;
+    s.feature_dim = spec.feature_dim;
+    s.kept_indices = {0, 1, 2, 3};
+    s.prompt_tokens = {5, 6, 7};
+    s.answer_tokens = {8, 9};
+    s.frame = i == 1 ? bad : good;
+  }
+  ASSERT_OK_AND_ASSIGN(std::string payload,
+                       compress::EncodeUplinkBatch(batch, compress::FeaturePrecision::kJpeg));
+  v1::UplinkBatch b;
+  b.set_sequence(1);
+  b.set_sample_count(3);
+  b.set_codec_version(1);
+  b.set_payload(payload);
+  ASSERT_OK(CheckUplinkBatch(b, spec).status()) << "the bad frame passes ingest";
+  ASSERT_OK(samples_->AppendAndWait("dev-a", b).status());
+
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(report.new_version, 1u);
+  EXPECT_EQ(report.samples, 2);
+  EXPECT_EQ(report.quarantined_samples, 1u);
+  EXPECT_OK(updates_->UpdateAfter("dev-a", 0).status());
+  const DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.consumed_sequence, 1u);
+  EXPECT_EQ(state.quarantined_samples, 1u);
+  EXPECT_THAT(state.last_quarantine_reason, HasSubstr("sample 101"));
+  std::ifstream in(dir_.path() + "/trainer/dev-a.quarantine");
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(file, HasSubstr("\"sample_id\": 101"));
 }
 
 // Training that fails at the same cursor ends: after kMaxJobAttempts failures the job's

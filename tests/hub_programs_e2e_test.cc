@@ -208,7 +208,8 @@ TEST_F(HubProgramsTest, FramesTravelAsJpegAndTheCloudRecomputesTheTokens) {
   std::vector<nlohmann::json> jobs = Jobs();
   ASSERT_FALSE(jobs.empty());
   EXPECT_GT(jobs[0].value("samples", 0), 0);
-  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"), ::testing::Not(HasSubstr("batch_skipped")));
+  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"),
+              ::testing::Not(HasSubstr("sample_quarantined")));
   StopCloud();
   // What the cloud stored are frames with kept indices, not tokens.
   cloud::SampleStoreOptions so;
