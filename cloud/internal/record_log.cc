@@ -345,12 +345,12 @@ absl::StatusOr<SegmentScan> ScanSegment(absl::string_view data,
         break;
       case FragmentType::kSync: {
         drop_record("record without its last fragment");
-        const uint64_t nonce = GetLe(f.payload.data(), 8);
         if (f.payload.size() != kSyncPayloadBytes || GetLe(f.payload.data() + 8, 8) != pos ||
-            (scan.nonce_known && nonce != scan.nonce)) {
+            (scan.nonce_known && GetLe(f.payload.data(), 8) != scan.nonce)) {
           begin_damage(pos, "sync fragment of another segment or place");
           break;
         }
+        const uint64_t nonce = GetLe(f.payload.data(), 8);
         scan.nonce_known = true;
         scan.nonce = nonce;
         close_damage(pos);
