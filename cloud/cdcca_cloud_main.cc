@@ -108,9 +108,11 @@ ABSL_FLAG(int64_t, max_batch_samples, 1024,
 ABSL_FLAG(int64_t, max_batch_decoded_mib, 16,
           "uplink: most bytes one batch may decompress to, MiB; a batch past it is refused at "
           "ingest, before anything is decompressed");
-ABSL_FLAG(int64_t, device_quota_mib, 0,
-          "uplink: most MiB one device may store in the sample log; past it Uplink answers "
-          "RESOURCE_EXHAUSTED (0 = no quota)");
+ABSL_FLAG(int64_t, device_quota_mib, 1024,
+          "uplink: most MiB of one device's samples its jobs have not consumed yet that the "
+          "sample log holds; past it Uplink answers RESOURCE_EXHAUSTED (0 = no quota). "
+          "Consumed samples are released and their segment files deleted once all of a "
+          "file's samples are");
 ABSL_FLAG(int64_t, replay_capacity, 256, "replay buffer per device, samples (0 = none)");
 ABSL_FLAG(int64_t, byte_budget, 0,
           "per-device byte budget of one update (0 = the device's Register capability, else "
@@ -413,7 +415,9 @@ int main(int argc, char** argv) {
             {"stored_batches", (*samples)->Stats().records},
             {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
             {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
-            {"sample_log_truncated_tail_bytes", (*samples)->Stats().truncated_tail_bytes}};
+            {"sample_log_truncated_tail_bytes", (*samples)->Stats().truncated_tail_bytes},
+            {"sample_log_bytes", (*samples)->Stats().bytes},
+            {"sample_log_deleted_segments", (*samples)->Stats().deleted_segments}};
         if (scheduler != nullptr) {
           s["jobs_done"] = scheduler->jobs_done();
           s["jobs_failed"] = scheduler->jobs_failed();
@@ -424,6 +428,7 @@ int main(int argc, char** argv) {
             auto record = (*registry)->Get(id);
             quarantined += t.quarantined_samples;
             devices[id] = {{"mirror_version", t.version},
+                           {"sample_log_bytes", (*samples)->DeviceBytes(id)},
                            {"quarantined_samples", t.quarantined_samples},
                            {"last_quarantine_reason", t.last_quarantine_reason},
                            {"mirror_digest", absl::StrFormat("%016x", t.state_digest)},

@@ -144,6 +144,7 @@ absl::Status SampleStore::Recover() {
       if (log.records.empty() || e.sequence > log.records.back().sequence) {
         log.records.push_back({e.sequence, segments[i], r.span.offset, r.span.end, e.samples});
         log.bytes += r.span.end - r.span.offset;
+        ++live_records_[segments[i]];
         ++stats_.records;
       }
     }
@@ -173,6 +174,7 @@ absl::Status SampleStore::Recover() {
                           : OpenSegmentForAppend(segments.empty() ? 1 : segments.back() + 1, 0);
   if (!s.ok()) return s;
   stats_.bytes += segment_size_ - (reopen ? newest_kept : 0);  // a header written
+  current_segment_ = segment_;
   return absl::OkStatus();
 }
 
@@ -309,6 +311,10 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
         io_status = WriteAndSync(buffer, /*sync=*/options_.sync);
         if (io_status.ok()) io_status = OpenSegmentForAppend(segment_ + 1, 0);
         if (!io_status.ok()) break;
+        {
+          absl::MutexLock lock(&index_mu_);
+          current_segment_ = segment_;
+        }
         appended += writer.offset() - writer_start + segment_size_;
         buffer.clear();
         writer = internal::LogWriter(segment_size_, nonce_);
@@ -357,6 +363,7 @@ void SampleStore::CommitGroup(std::vector<Pending>& group) {
       DeviceLog& log = index_[group[i].device_id];
       log.records.push_back(outcomes[i].loc);
       log.bytes += outcomes[i].loc.end - outcomes[i].loc.offset;
+      ++live_records_[outcomes[i].loc.segment];
       ++stats_.records;
       synced = true;
     }
@@ -411,6 +418,42 @@ uint64_t SampleStore::DeviceBytes(const std::string& device_id) const {
   absl::MutexLock lock(&index_mu_);
   auto it = index_.find(device_id);
   return it == index_.end() ? 0 : it->second.bytes;
+}
+
+absl::Status SampleStore::Release(const std::string& device_id, uint64_t through_sequence) {
+  std::vector<uint32_t> empty;
+  {
+    absl::MutexLock lock(&index_mu_);
+    auto it = index_.find(device_id);
+    if (it == index_.end()) return absl::OkStatus();
+    DeviceLog& log = it->second;
+    size_t n = 0;
+    // The newest record stays: it carries the device's highest sequence across a restart.
+    while (n + 1 < log.records.size() && log.records[n].sequence <= through_sequence) {
+      const Location& loc = log.records[n];
+      log.bytes -= loc.end - loc.offset;
+      auto live = live_records_.find(loc.segment);
+      if (live != live_records_.end() && --live->second == 0) {
+        live_records_.erase(live);
+        if (loc.segment != current_segment_) empty.push_back(loc.segment);
+      }
+      ++n;
+    }
+    log.records.erase(log.records.begin(), log.records.begin() + n);
+    stats_.released_records += n;
+  }
+  if (empty.empty()) return absl::OkStatus();
+  std::sort(empty.begin(), empty.end());
+  for (uint32_t segment : empty) {
+    const std::string path = SegmentPath(segment);
+    struct stat st {};
+    const uint64_t size = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    if (::unlink(path.c_str()) != 0) return internal::ErrnoStatus("unlink", path, errno);
+    absl::MutexLock lock(&index_mu_);
+    stats_.bytes -= std::min(stats_.bytes, size);
+    ++stats_.deleted_segments;
+  }
+  return internal::SyncDir(options_.dir);
 }
 
 std::vector<std::string> SampleStore::Devices() const {

@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,10 +57,11 @@ struct SampleStoreOptions {
   uint64_t segment_bytes = 64ull << 20;
   // fdatasync before acking. Turn off only to measure what syncing costs.
   bool sync = true;
-  // Most bytes (framing included) one device may have in the log; an append past it fails
-  // with RESOURCE_EXHAUSTED. The log keeps every batch (no retention yet), so this bounds
-  // what a device can ever store in one data directory. 0 = no quota. Default: 0.
-  uint64_t max_device_bytes = 0;
+  // Most bytes (framing included) of one device's unreleased records; an append past it
+  // fails with RESOURCE_EXHAUSTED. Released records (Release) stop counting at once, so a
+  // device whose samples are consumed is never blocked for good. 0 = no quota.
+  // Default: 1 GiB.
+  uint64_t max_device_bytes = 1ull << 30;
 };
 
 struct AppendResult {
@@ -74,6 +76,8 @@ struct SampleStoreStats {
   uint64_t truncated_tail_bytes = 0;  // bytes of torn tail removed on open
   uint64_t damaged_ranges = 0;        // corrupt ranges skipped on open (records after kept)
   uint64_t damaged_bytes = 0;         // their bytes
+  uint64_t released_records = 0;      // records released since open (Release)
+  uint64_t deleted_segments = 0;      // segment files deleted since open, all records released
 };
 
 // One damaged place found on open: a torn tail (truncated) or a corrupt range (skipped).
@@ -126,8 +130,18 @@ class SampleStore {
   uint64_t SampleCount(const std::string& device_id, uint64_t from_sequence,
                        uint64_t to_sequence) const;
 
-  // Bytes of the device's durable records, framing included.
+  // Bytes of the device's unreleased durable records, framing included: what its quota
+  // counts and what it holds on disk (a released record's bytes stay on disk until every
+  // record of its segment is released, and are counted nowhere).
   uint64_t DeviceBytes(const std::string& device_id) const;
+
+  // Releases the device's records with sequence <= through_sequence (a job consumed them;
+  // the trainer's replay buffer holds its own copies): they stop counting against its quota
+  // and are no longer read, and every segment file whose records are all released (the
+  // current one aside) is deleted, oldest first. The device's newest record is kept, so a
+  // restart still knows its highest sequence. I/O errors deleting a file are returned; the
+  // release itself holds.
+  absl::Status Release(const std::string& device_id, uint64_t through_sequence);
 
   // The first max_records durable records of `device_id` with sequence >= from_sequence,
   // in order: those that read back intact, and those that do not (each with its DATA_LOSS
@@ -199,6 +213,10 @@ class SampleStore {
   // The index of durable records; read by Read/HighestDurable.
   mutable absl::Mutex index_mu_;
   std::unordered_map<std::string, DeviceLog> index_ ABSL_GUARDED_BY(index_mu_);
+  // Unreleased records per segment that holds any.
+  std::map<uint32_t, uint64_t> live_records_ ABSL_GUARDED_BY(index_mu_);
+  // The segment appends go to (never deleted); written under write_mu_ and index_mu_.
+  uint32_t current_segment_ ABSL_GUARDED_BY(index_mu_) = 0;
   SampleStoreStats stats_ ABSL_GUARDED_BY(index_mu_);
   std::vector<SampleLogDamage> damage_ ABSL_GUARDED_BY(index_mu_);
 

@@ -389,6 +389,50 @@ TEST(SampleStoreTest, SegmentOfFormatOneIsRefusedWithAClearMessage) {
                AllOf(HasSubstr("seg-00000001.log"), HasSubstr("format 1"), HasSubstr("aside"))));
 }
 
+// Retention: a device at its quota is blocked only until its records are released; segment
+// files whose records are all released are deleted, oldest first, and a restart still knows
+// each device's highest sequence.
+TEST(SampleStoreTest, ReleasedRecordsLeaveTheQuotaAndWhollyReleasedSegmentsAreDeleted) {
+  TempDir dir;
+  SampleStoreOptions options;
+  options.dir = dir.path();
+  options.segment_bytes = 64 << 10;
+  options.max_device_bytes = 40 << 10;
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, SampleStore::Open(options));
+    uint64_t seq = 1;
+    for (; seq <= 100; ++seq) {
+      absl::StatusOr<AppendResult> r = store->AppendAndWait("cam", Batch(seq, 4000));
+      if (!r.ok()) {
+        EXPECT_THAT(r, StatusIs(absl::StatusCode::kResourceExhausted));
+        break;
+      }
+      // Another device shares the segments, released as it goes.
+      ASSERT_OK(store->AppendAndWait("other", Batch(seq, 4000)));
+      ASSERT_OK(store->Release("other", seq));
+    }
+    ASSERT_LT(seq, 100u) << "the quota never bit";
+    EXPECT_LE(store->DeviceBytes("cam"), options.max_device_bytes);
+    // A job consumed everything: the device appends again, and the segments it filled go.
+    ASSERT_OK(store->Release("cam", seq - 1));
+    EXPECT_EQ(store->HighestDurable("cam"), seq - 1);
+    EXPECT_LT(store->DeviceBytes("cam"), 5000u) << "only the newest record is held";
+    for (uint64_t more = seq; more < seq + 30; ++more) {
+      ASSERT_OK(store->AppendAndWait("cam", Batch(more, 4000)));
+      ASSERT_OK(store->Release("cam", more - 1));
+    }
+    EXPECT_GT(store->Stats().deleted_segments, 0u);
+    EXPECT_EQ(FileSize(dir.file("seg-00000001.log")), -1) << "the oldest segment is deleted";
+    EXPECT_EQ(store->HighestDurable("cam"), seq + 29);
+  }
+  ASSERT_OK_AND_ASSIGN(auto store, SampleStore::Open(options));
+  ASSERT_OK_AND_ASSIGN(auto records, store->Read("cam", 0, 1000));
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(store->HighestDurable("cam"), records.back().batch().sequence());
+  EXPECT_GE(store->HighestDurable("cam"), 30u);
+  EXPECT_EQ(store->Stats().damaged_ranges, 0u);
+}
+
 TEST(SampleStoreTest, RotatesSegmentsAndReadsAcrossThem) {
   TempDir dir;
   {

@@ -306,6 +306,7 @@ struct PerDeviceStrategy::Impl {
     }
     d.loaded = true;
     d.PublishInfo();
+    (void)ReleaseConsumed(id, d);
     // Publish what the file committed if the update store lacks it (a crash between commit
     // and publish, or a damaged store file that the store refused to load).
     if (d.version > 0) {
@@ -348,6 +349,21 @@ struct PerDeviceStrategy::Impl {
     }
     d.consumed = last_sequence;
     d.PublishInfo();
+    return ReleaseConsumed(id, d);
+  }
+
+  // Lets the sample log delete what the device's jobs have consumed (the replay buffer holds
+  // its own copies). A failure to delete a file is logged: the records are released anyway,
+  // and the next release tries the file again.
+  absl::Status ReleaseConsumed(const std::string& id, const Device& d) {
+    if (absl::Status s = samples->Release(id, d.consumed); !s.ok()) {
+      std::fprintf(
+          stderr, "%s\n",
+          nlohmann::json(
+              {{"event", "sample_log_release_failed"}, {"device_id", id}, {"error", s.ToString()}})
+              .dump()
+              .c_str());
+    }
     return absl::OkStatus();
   }
 
@@ -568,6 +584,7 @@ struct PerDeviceStrategy::Impl {
         if (!rejected[i]) usable.push_back(std::move(batch_samples[i]));
       }
       d.replay->Add(usable);
+      (void)ReleaseConsumed(id, d);
       if (options.fault == "after_commit") InjectedCrash("after the commit");
       if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
                                               std::move(payload->bytes));
