@@ -105,6 +105,19 @@ class TrainerTest : public ::testing::Test {
     ASSERT_OK(samples_->AppendAndWait(device, b).status());
   }
 
+  // Uplinks three batches of 3 samples of dev-a at `precision`; the strategy's job bounds
+  // must let its first job take batch 1 alone, and the next one batch 2 alone.
+  void ExpectOneBatchPerJob(compress::FeaturePrecision precision) {
+    for (uint64_t seq = 1; seq <= 3; ++seq) Uplink("dev-a", seq, 3, 0, 1.0f, precision);
+    EXPECT_EQ(samples_->SampleCount("dev-a", 1, 3), 9u);
+    ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
+    EXPECT_EQ(first.last_sequence, 1u);
+    EXPECT_EQ(first.samples, 3);
+    ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+    EXPECT_EQ(second.first_sequence, 2u);
+    EXPECT_EQ(second.last_sequence, 2u);
+  }
+
   // The pretrained student's trainable set, as the device holds it at version 0.
   compress::NamedTensors DeviceState() {
     auto family = model::LoadFamily(checkpoint_, model::Precision::kInt8);
@@ -430,15 +443,7 @@ TEST_F(TrainerTest, JobBoundCountsDecodedFloatsNotTheCodecBody) {
   o.max_decoded_bytes_per_job = floats_per_batch * 3 / 2;
   ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
   ASSERT_OK(strategy_->Recover());
-  for (uint64_t seq = 1; seq <= 3; ++seq) {
-    Uplink("dev-a", seq, 3, 0, 1.0f, compress::FeaturePrecision::kInt8);
-  }
-  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(first.last_sequence, 1u);
-  EXPECT_EQ(first.samples, 3);
-  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(second.first_sequence, 2u);
-  EXPECT_EQ(second.last_sequence, 2u);
+  ExpectOneBatchPerJob(compress::FeaturePrecision::kInt8);
 }
 
 // Features are finite on the wire, but an int8 payload's scale lets them be huge: a job they
@@ -467,14 +472,7 @@ TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {
   o.max_samples_per_job = 5;
   ASSERT_OK_AND_ASSIGN(strategy_, PerDeviceStrategy::Create(o, samples_.get(), updates_.get()));
   ASSERT_OK(strategy_->Recover());
-  for (uint64_t seq = 1; seq <= 3; ++seq) Uplink("dev-a", seq, 3);
-  EXPECT_EQ(samples_->SampleCount("dev-a", 1, 3), 9u);
-  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(first.last_sequence, 1u);
-  EXPECT_EQ(first.samples, 3);
-  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
-  EXPECT_EQ(second.first_sequence, 2u);
-  EXPECT_EQ(second.last_sequence, 2u);
+  ExpectOneBatchPerJob(compress::FeaturePrecision::kFp16);
   // The model's shape reaches the service's ingest check.
   EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(family_.vision.NumTokens()));
   EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(family_.vision.d_vis));
