@@ -391,7 +391,7 @@ TEST_F(HarnessTest, HubPairRefusesWhatItCannotRun) {
   e.methods = {"cd-cca"};
   e.uts.score = "probe_entropy";
   EXPECT_THAT(CheckExperiment(e, "x").message(), HasSubstr("scores its visual tokens by"));
-  e.uts.score = "variance_probe";
+  e.uts.score = "vis";
   Experiment family = TinyExperiment({"cd-cca"});
   family.uts.precision = "jpeg";
   EXPECT_THAT(CheckExperiment(family, "x").message(), HasSubstr("needs a Hugging Face pair"));
