@@ -147,6 +147,7 @@ struct QuarantineLog {
 struct PerDeviceStrategy::Impl {
   // A held-out sample of the update guard and the answers known for it.
   struct HoldoutEntry {
+    uint64_t sequence = 0;  // the uplink batch it came in
     std::shared_ptr<const compress::UplinkSample> sample;
     bool teacher_known = false;
     std::string teacher;  // MirrorTrainer::TeacherAnswers
@@ -379,8 +380,16 @@ struct PerDeviceStrategy::Impl {
   // Lets the sample log delete what the device's jobs have consumed (the replay buffer holds
   // its own copies). A failure to delete a file is logged: the records are released anyway,
   // and the next release tries the file again.
+  // With the guard on, the batches that hold the held-out pool stay (a restart rebuilds
+  // the pool from them), and nothing is released before the pool is built.
   absl::Status ReleaseConsumed(const std::string& id, const Device& d) {
-    if (absl::Status s = samples->Release(id, d.consumed); !s.ok()) {
+    uint64_t through = d.consumed;
+    if (options.guard.enabled) {
+      if (!d.holdout_built) return absl::OkStatus();
+      if (!d.holdout.empty()) through = std::min(through, d.holdout.front()->sequence - 1);
+    }
+    if (through == 0) return absl::OkStatus();
+    if (absl::Status s = samples->Release(id, through); !s.ok()) {
       std::fprintf(
           stderr, "%s\n",
           nlohmann::json(
@@ -398,6 +407,7 @@ struct PerDeviceStrategy::Impl {
     for (size_t i = 0; i < batch.size(); ++i) {
       if (options.guard.enabled && IsHeldOut(id, sequence, i, options.guard.holdout_fraction)) {
         auto entry = std::make_shared<HoldoutEntry>();
+        entry->sequence = sequence;
         entry->sample = std::make_shared<const compress::UplinkSample>(std::move(batch[i]));
         held->push_back(std::move(entry));
       } else if (train != nullptr) {

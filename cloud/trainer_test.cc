@@ -364,7 +364,8 @@ TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsQuarantinedNotFatal) {
   EXPECT_EQ(report.samples, 3);
   EXPECT_EQ(strategy_->ConsumedSequence("dev-a"), 2u);
   EXPECT_EQ(strategy_->State("dev-a").quarantined_samples, 2u);
-  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason, HasSubstr("outside the limits"));
+  EXPECT_THAT(strategy_->State("dev-a").last_quarantine_reason,
+              HasSubstr("but the cloud's model expects"));
 }
 
 // Flips a byte in the body of `device`'s stored batch `sequence` (the store stays open: the

@@ -451,7 +451,7 @@ TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
   EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | akd-random@0.75 |")));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("| cd-cca@0.25 | cd-cca |")));
   // The report names the uplink's settings, the stage-2 score included.
-  EXPECT_THAT(md, HasSubstr("stage 2 50% of each kept frame's visual tokens by `variance_probe`"));
+  EXPECT_THAT(md, HasSubstr("stage 2 50% of each kept frame's visual tokens by `vis`"));
 }
 
 // Several seeds: per-seed paired differences, their mean, the standard error across seeds

@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cloud/internal/record_log.h"
 #include "cloud/sample_store.h"
 #include "cloud/update_store.h"
 #include "datasets/scene.h"
@@ -308,14 +309,16 @@ TEST_F(ProgramsTest, ADeviceRenumbersItsQueueAfterTheCloudLostTheTailOfItsLog) {
     ASSERT_OK_AND_ASSIGN(auto store, cloud::SampleStore::Open(so));
     ASSERT_EQ(store->HighestDurable("dev-a"), acked);
   }
-  // The newest record (the device's last acked batch) loses its last byte.
+  // The newest record (the device's last acked batch) loses its last byte: the segment ends
+  // with that record's group commit's SYNC fragment, which goes with it.
   std::string newest;
   for (const auto& e : std::filesystem::directory_iterator(cloud_data_ + "/samples")) {
     const std::string name = e.path().string();
     if (absl::EndsWith(name, ".log") && name > newest) newest = name;
   }
   ASSERT_FALSE(newest.empty());
-  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) - 1);
+  std::filesystem::resize_file(
+      newest, std::filesystem::file_size(newest) - cloud::internal::kSyncFragmentBytes - 1);
 
   // The device comes back first and queues while the cloud is away.
   a = StartDevice("dev-a");
