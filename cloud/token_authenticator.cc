@@ -27,10 +27,10 @@ using BadLine = std::function<absl::Status(absl::string_view why)>;
 
 // Calls `entry(first, second, bad)` for every `<first> <second>` line of `text`, skipping
 // blank lines and '#' comments; `bad(why)` makes the error that names origin:line.
-absl::Status ForEachPair(
-    absl::string_view text, absl::string_view origin, absl::string_view expected,
-    const std::function<absl::Status(absl::string_view, absl::string_view, const BadLine&)>&
-        entry) {
+absl::Status ForEachPair(absl::string_view text, absl::string_view origin,
+                         absl::string_view expected,
+                         const std::function<absl::Status(absl::string_view, absl::string_view,
+                                                          const BadLine&)>& entry) {
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
@@ -72,8 +72,7 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::FromStri
                                   " printable bytes"));
         }
         if (!devices.insert(std::string(device)).second) return bad("device id listed twice");
-        if (!auth->device_by_token_hash_.emplace(wire::Sha256(token), std::string(device))
-                 .second) {
+        if (!auth->device_by_token_hash_.emplace(wire::Sha256(token), std::string(device)).second) {
           return bad("token listed twice");
         }
         return absl::OkStatus();
@@ -82,7 +81,8 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::FromStri
   return auth;
 }
 
-absl::StatusOr<std::string> TokenAuthenticator::Authenticate(absl::string_view authorization) const {
+absl::StatusOr<std::string> TokenAuthenticator::Authenticate(
+    absl::string_view authorization) const {
   if (authorization.empty()) {
     return absl::UnauthenticatedError(
         "missing bearer token: send metadata `authorization: Bearer <token>`");
@@ -99,18 +99,19 @@ absl::StatusOr<std::string> TokenAuthenticator::Authenticate(absl::string_view a
 absl::StatusOr<CertificateMap> ParseCertificateMap(absl::string_view text,
                                                    absl::string_view origin) {
   CertificateMap map;
-  absl::Status status = ForEachPair(
-      text, origin, "<certificate name> <device_id>",
-      [&](absl::string_view name, absl::string_view device, const BadLine& bad) {
-        if (name.size() > 256 || !PrintableNoSpace(name)) {
-          return bad("certificate name must be 1-256 printable bytes");
-        }
-        if (absl::Status s = wire::ValidateDeviceId(device); !s.ok()) return bad(s.message());
-        if (!map.emplace(std::string(name), std::string(device)).second) {
-          return bad("certificate name listed twice");
-        }
-        return absl::OkStatus();
-      });
+  absl::Status status =
+      ForEachPair(text, origin, "<certificate name> <device_id>",
+                  [&](absl::string_view name, absl::string_view device, const BadLine& bad) {
+                    if (name.size() > 256 || !PrintableNoSpace(name)) {
+                      return bad("certificate name must be 1-256 printable bytes");
+                    }
+                    if (absl::Status s = wire::ValidateDeviceId(device); !s.ok())
+                      return bad(s.message());
+                    if (!map.emplace(std::string(name), std::string(device)).second) {
+                      return bad("certificate name listed twice");
+                    }
+                    return absl::OkStatus();
+                  });
   if (!status.ok()) return status;
   return map;
 }

@@ -274,7 +274,8 @@ struct PerDeviceStrategy::Impl {
     d.replay = std::make_unique<distill::ReplayBuffer>(options.replay_capacity,
                                                        compress::Hash64(id.data(), id.size()));
     d.quarantine = QuarantineLog();
-    if (absl::StatusOr<std::string> q = storage::ReadFile(*options.env, QuarantinePath(id)); q.ok()) {
+    if (absl::StatusOr<std::string> q = storage::ReadFile(*options.env, QuarantinePath(id));
+        q.ok()) {
       absl::StatusOr<QuarantineLog> log = QuarantineLog::Decode(*q, QuarantinePath(id));
       if (!log.ok()) return log.status();
       d.quarantine = *std::move(log);

@@ -21,9 +21,9 @@
 #include "gtest/gtest.h"
 #include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
-#include "tests/testing/jpeg_header.h"
 #include "storage/fault_injection_env.h"
 #include "tests/testing/fault_walk.h"
+#include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 

@@ -20,8 +20,7 @@ constexpr uint32_t kSealKind = storage::SealKind("UPDS");
 constexpr uint32_t kSealFormat = 2;
 
 std::string FileName(bool snapshot, uint64_t version) {
-  return absl::StrFormat("%s%020u%s", snapshot ? kSnapshotPrefix : kUpdatePrefix, version,
-                         kSuffix);
+  return absl::StrFormat("%s%020u%s", snapshot ? kSnapshotPrefix : kUpdatePrefix, version, kSuffix);
 }
 
 // Parses "update-<20 digits>.pb" / "snapshot-<20 digits>.pb".
@@ -99,8 +98,8 @@ absl::Status UpdateStore::PutUpdate(const std::string& device_id, uint64_t base_
                                     uint64_t new_version, uint64_t state_digest,
                                     std::string payload) {
   if (new_version <= base_version) {
-    return absl::InvalidArgumentError(absl::StrCat("update version ", new_version,
-                                                   " is not newer than its base ", base_version));
+    return absl::InvalidArgumentError(
+        absl::StrCat("update version ", new_version, " is not newer than its base ", base_version));
   }
   StoredUpdate u{base_version, new_version, state_digest, "", nullptr};
   u.payload = std::make_shared<const std::string>(std::move(payload));
@@ -117,17 +116,16 @@ absl::Status UpdateStore::PutSnapshot(const std::string& device_id, uint64_t ver
 absl::Status UpdateStore::Put(const std::string& device_id, bool snapshot, StoredUpdate u) {
   if (absl::Status s = wire::ValidateDeviceId(device_id); !s.ok()) return s;
   if (u.payload->size() > wire::kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("payload of ", u.payload->size(),
-                                                   " bytes exceeds ", wire::kMaxPayloadBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of ", u.payload->size(), " bytes exceeds ", wire::kMaxPayloadBytes));
   }
   u.sha256 = wire::Sha256(*u.payload);
   absl::MutexLock lock(&mu_);
   DeviceUpdates& d = devices_[device_id];
   auto& kind = snapshot ? d.snapshots : d.updates;
   if (!snapshot && !kind.empty() && u.new_version <= kind.rbegin()->first) {
-    return absl::InvalidArgumentError(absl::StrCat("update version ", u.new_version,
-                                                   " is not newer than the stored ",
-                                                   kind.rbegin()->first));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update version ", u.new_version, " is not newer than the stored ", kind.rbegin()->first));
   }
   store::v1::StoredPayload stored;
   stored.set_device_id(device_id);
@@ -164,9 +162,9 @@ absl::StatusOr<StoredUpdate> UpdateStore::UpdateAfter(const std::string& device_
     return absl::NotFoundError(absl::StrCat("no update newer than version ", base_version));
   }
   if (base_version > latest) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device reports version ", base_version, " but the cloud's newest is ",
-                     latest, "; fetch a snapshot to resync"));
+    return absl::FailedPreconditionError(absl::StrCat("device reports version ", base_version,
+                                                      " but the cloud's newest is ", latest,
+                                                      "; fetch a snapshot to resync"));
   }
   for (const auto& [version, u] : it->second.updates) {
     if (u.base_version == base_version) return u;
@@ -186,8 +184,8 @@ absl::StatusOr<StoredUpdate> UpdateStore::Snapshot(const std::string& device_id,
   if (version == 0) return it->second.snapshots.rbegin()->second;
   auto s = it->second.snapshots.find(version);
   if (s == it->second.snapshots.end()) {
-    return absl::NotFoundError(absl::StrCat("no snapshot of version ", version, " for device ",
-                                            device_id));
+    return absl::NotFoundError(
+        absl::StrCat("no snapshot of version ", version, " for device ", device_id));
   }
   return s->second;
 }
@@ -217,8 +215,8 @@ absl::StatusOr<uint64_t> UpdateStore::DigestOf(const std::string& device_id,
       return s->second.state_digest;
     }
   }
-  return absl::NotFoundError(absl::StrCat("no record of version ", version, " for device ",
-                                          device_id));
+  return absl::NotFoundError(
+      absl::StrCat("no record of version ", version, " for device ", device_id));
 }
 
 }  // namespace cdcca::cloud

@@ -54,8 +54,8 @@ class UpdateStore {
 
   // Stores the update that takes `device_id` from base_version to new_version. new_version
   // must be newer than the device's newest update; INVALID_ARGUMENT otherwise.
-  absl::Status PutUpdate(const std::string& device_id, uint64_t base_version,
-                         uint64_t new_version, uint64_t state_digest, std::string payload);
+  absl::Status PutUpdate(const std::string& device_id, uint64_t base_version, uint64_t new_version,
+                         uint64_t state_digest, std::string payload);
 
   // Stores the full trainable state of `device_id` at `version`.
   absl::Status PutSnapshot(const std::string& device_id, uint64_t version, uint64_t state_digest,

@@ -113,7 +113,9 @@ absl::StatusOr<uint64_t> UplinkQueue::Enqueue(uint64_t model_version, uint32_t s
   batch.set_sample_count(sample_count);
   batch.set_codec_version(codec_version);
   batch.set_payload(std::move(payload));
-  if (absl::Status s = storage::WriteFileAtomically(*options_.env, BatchPath(next_), storage::Seal(kBatchKind, kSealFormat, batch.SerializeAsString()));
+  if (absl::Status s = storage::WriteFileAtomically(
+          *options_.env, BatchPath(next_),
+          storage::Seal(kBatchKind, kSealFormat, batch.SerializeAsString()));
       !s.ok()) {
     return s;
   }
@@ -138,8 +140,9 @@ std::vector<v1::UplinkBatch> UplinkQueue::Peek(size_t max_batches, uint64_t max_
 
 absl::Status UplinkQueue::SaveState(uint64_t done, uint64_t offset) {
   // Recorded first: a crash after it only leaves files that Load removes.
-  if (absl::Status s =
-          storage::WriteFileAtomically(*options_.env, options_.dir + "/acked", storage::Seal(kAckedKind, kSealFormat, absl::StrCat(done, " ", offset, "\n")));
+  if (absl::Status s = storage::WriteFileAtomically(
+          *options_.env, options_.dir + "/acked",
+          storage::Seal(kAckedKind, kSealFormat, absl::StrCat(done, " ", offset, "\n")));
       !s.ok()) {
     return s;
   }

@@ -17,10 +17,10 @@
 #include "datasets/tokenizer.h"
 #include "model/family/checkpoint.h"
 #include "model/family/scene_eval.h"
-#include "model/runtime/threads.h"
 #include "model/family/token_probe.h"
 #include "model/family/token_scores.h"
 #include "model/family/trainable.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::distill {

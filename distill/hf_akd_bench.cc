@@ -32,9 +32,9 @@
 #include "absl/strings/str_split.h"
 #include "distill/akd.h"
 #include "distill/hf_akd.h"
-#include "model/runtime/gpu_memory.h"
 #include "model/arch/hf_model.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/gpu_memory.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, teacher, "", "teacher's Hugging Face folder");

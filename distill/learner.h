@@ -24,10 +24,10 @@
 
 #include "absl/status/statusor.h"
 #include "compress/uplink_codec.h"
-#include "model/family/blip2_tower.h"
-#include "model/family/trainable.h"
 #include "distill/replay_buffer.h"
 #include "distill/sample_batch.h"
+#include "model/family/blip2_tower.h"
+#include "model/family/trainable.h"
 
 namespace cdcca::distill {
 

@@ -3,8 +3,8 @@
 #include <openssl/evp.h>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace cdcca::wire {
 

@@ -30,8 +30,8 @@
 #include "device/inference_runtime.h"
 #include "distill/learner.h"
 #include "model/family/checkpoint.h"
-#include "model/hub/safetensors.h"
 #include "model/family/trainable.h"
+#include "model/hub/safetensors.h"
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
 

@@ -83,10 +83,10 @@ struct DeviceRound {
   bool update_withheld = false;
   int64_t guard_pool = 0;
   double guard_before = 0, guard_after = 0;
-  uint64_t version = 0;         // model version the device runs after the round
-  uint64_t state_digest = 0;    // of the device's trainable set after the round
-  bool in_sync = true;          // device digest == cloud mirror digest
-  double answer_ms = 0;         // mean per-frame answer latency on the device
+  uint64_t version = 0;       // model version the device runs after the round
+  uint64_t state_digest = 0;  // of the device's trainable set after the round
+  bool in_sync = true;        // device digest == cloud mirror digest
+  double answer_ms = 0;       // mean per-frame answer latency on the device
 };
 
 struct MethodResult {

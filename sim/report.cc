@@ -29,7 +29,7 @@ struct RoundSummary {
   double uplink_seconds = 0, downlink_seconds = 0, job_seconds = 0;
   double queue_seconds = 0, queue_max = 0;  // scheduler: sum and max over the round's jobs
   double frames = 0, kept_samples = 0, kept_tokens = 0;
-  double updates = 0;  // devices that received an update this round
+  double updates = 0;   // devices that received an update this round
   double withheld = 0;  // devices whose update the cloud's guard withheld this round
   bool in_sync = true;
 };

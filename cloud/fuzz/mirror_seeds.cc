@@ -16,10 +16,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   using cdcca::cloud::internal::MirrorFile;
-  const std::string tensors = cdcca::model::fuzz::SafetensorsSeed(
-      {{"norm.weight", "F32", 4, {48}}, {"layers.0.q_lora.A", "F32", 4, {4, 40}},
-       {"scalar", "F32", 4, {}}},
-      {{"version", "1"}});
+  const std::string tensors =
+      cdcca::model::fuzz::SafetensorsSeed({{"norm.weight", "F32", 4, {48}},
+                                           {"layers.0.q_lora.A", "F32", 4, {4, 40}},
+                                           {"scalar", "F32", 4, {}}},
+                                          {{"version", "1"}});
   const cdcca::compress::fuzz::FuzzSet mirror = cdcca::compress::fuzz::MakeFuzzSet(0.5f);
   const cdcca::compress::fuzz::FuzzSet fresh = cdcca::compress::fuzz::MakeFuzzSet(0.53f);
   cdcca::compress::DeltaEncoderOptions options;
@@ -55,8 +56,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     // Flag 3: reseal the file and the blobs' own checksums (see mirror_fuzzer.cc).
-    if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++), bytes,
-                                          3)) {
+    if (!cdcca::compress::fuzz::WriteSeed(argv[1], "seed_" + std::to_string(written++), bytes, 3)) {
       return 1;
     }
   }

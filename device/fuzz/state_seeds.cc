@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
       cdcca::device::internal::EncodeTrainableStateFile(0, 0, SafetensorsSeed({})),
       cdcca::device::internal::EncodeTrainableStateFile(
           3, 0xfeed,
-          SafetensorsSeed({{"query_tokens", "F32", 4, {3, 8}}, {"lora.B", "F32", 4, {8, 2}},
+          SafetensorsSeed({{"query_tokens", "F32", 4, {3, 8}},
+                           {"lora.B", "F32", 4, {8, 2}},
                            {"gate", "F32", 4, {}}})),
   };
   int written = 0;

@@ -34,9 +34,8 @@ absl::StatusOr<torch::Tensor> MergeBlip2Queries(const torch::Tensor& text_embeds
   torch::Tensor per_row = mask.sum(1);
   if (!per_row.eq(queries.size(1)).all().item<bool>()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "BLIP-2 inputs: every row needs ", queries.size(1), " image tokens (id ",
-        *image_token_id, "), a row has ", per_row.min().item<int64_t>(), " to ",
-        per_row.max().item<int64_t>()));
+        "BLIP-2 inputs: every row needs ", queries.size(1), " image tokens (id ", *image_token_id,
+        "), a row has ", per_row.min().item<int64_t>(), " to ", per_row.max().item<int64_t>()));
   }
   return text_embeds.masked_scatter(mask.unsqueeze(-1).expand_as(text_embeds), q);
 }

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "model/arch/blip2.h"
-#include "model/hub/hf_folder.h"
-#include "model/arch/hf_model.h"
-#include "model/hub/safetensors.h"
 #include "gtest/gtest.h"
+#include "model/arch/blip2.h"
+#include "model/arch/hf_model.h"
+#include "model/hub/hf_folder.h"
+#include "model/hub/safetensors.h"
 
 namespace cdcca::model {
 namespace {
@@ -39,9 +39,11 @@ void CheckFixture(const std::string& variant, bool through_hf_model,
   const std::string dir = legacy_dir.empty() ? fixture : legacy_dir;
   absl::StatusOr<nlohmann::json> expected = ReadJsonFile(fixture + "/expected.json");
   ASSERT_TRUE(expected.ok()) << expected.status();
-  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(fixture + "/expected_pixels.safetensors");
+  absl::StatusOr<SafetensorsContents> pixels =
+      ReadSafetensors(fixture + "/expected_pixels.safetensors");
   ASSERT_TRUE(pixels.ok()) << pixels.status();
-  std::map<std::string, torch::Tensor> pixel_by_case(pixels->tensors.begin(), pixels->tensors.end());
+  std::map<std::string, torch::Tensor> pixel_by_case(pixels->tensors.begin(),
+                                                     pixels->tensors.end());
 
   absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status();
@@ -130,7 +132,8 @@ TEST(Blip2ParityTest, Int8WeightsLoadSmallerAndAnswer) {
   absl::StatusOr<std::unique_ptr<MultimodalModel>> int8 = LoadHfModel(dir, o);
   ASSERT_TRUE(int8.ok()) << int8.status();
   EXPECT_LT((*int8)->ResidentBytes(), (*fp32)->ResidentBytes());
-  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(dir + "/expected_pixels.safetensors");
+  absl::StatusOr<SafetensorsContents> pixels =
+      ReadSafetensors(dir + "/expected_pixels.safetensors");
   ASSERT_TRUE(pixels.ok()) << pixels.status();
   MultimodalInputs in;
   in.pixel_values = pixels->tensors[0].second.unsqueeze(0);

@@ -4,8 +4,8 @@
 #include <optional>
 #include <vector>
 
-#include "model/arch/blip2_inputs.h"
 #include "gtest/gtest.h"
+#include "model/arch/blip2_inputs.h"
 
 namespace cdcca::model {
 namespace {
@@ -24,8 +24,7 @@ TEST(Blip2InputsTest, ScatterAndPrependGiveTheSameSequence) {
 
   std::vector<int64_t> expanded = ExpandBlip2InputIds(prompt, 2, 99);
   torch::Tensor ids = torch::tensor(expanded, torch::kLong).unsqueeze(0);
-  absl::StatusOr<torch::Tensor> scattered =
-      MergeBlip2Queries(table.index({ids}), ids, queries, 99);
+  absl::StatusOr<torch::Tensor> scattered = MergeBlip2Queries(table.index({ids}), ids, queries, 99);
   ASSERT_TRUE(scattered.ok()) << scattered.status();
 
   torch::Tensor plain = torch::tensor(prompt, torch::kLong).unsqueeze(0);
@@ -44,8 +43,7 @@ TEST(Blip2InputsTest, WrongImageTokenCountIsAnError) {
   absl::StatusOr<torch::Tensor> merged =
       MergeBlip2Queries(torch::zeros({1, 3, 4}), ids, torch::zeros({1, 2, 4}), 99);
   ASSERT_FALSE(merged.ok());
-  EXPECT_NE(merged.status().message().find("2 image tokens"), std::string::npos)
-      << merged.status();
+  EXPECT_NE(merged.status().message().find("2 image tokens"), std::string::npos) << merged.status();
 }
 
 }  // namespace

@@ -21,8 +21,8 @@
 
 #include <string>
 
-#include "model/hub/blip2_config.h"
 #include "model/arch/hf_linear.h"
+#include "model/hub/blip2_config.h"
 
 namespace cdcca::model {
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/hub/hf_config.h"
 #include "model/arch/hf_linear.h"
+#include "model/hub/hf_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {

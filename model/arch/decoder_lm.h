@@ -21,10 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/hub/hf_config.h"
-#include "model/hub/hf_folder.h"
 #include "model/arch/hf_linear.h"
 #include "model/arch/rope.h"
+#include "model/hub/hf_config.h"
+#include "model/hub/hf_folder.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {

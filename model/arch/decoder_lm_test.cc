@@ -8,9 +8,9 @@
 #include <cmath>
 #include <fstream>
 
-#include "model/runtime/generation.h"
 #include "model/arch/rope.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/generation.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 

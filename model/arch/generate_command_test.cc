@@ -1,7 +1,7 @@
 // `cdcca generate` end to end (tokenizer + image processor + model) against transformers on
-// every model fixture (LLaVA, BLIP-2, InstructBLIP): identical input_ids and greedy tokens, first logits within 1e-4 of the
-// largest. The images go through OpenCV decoding and the PIL-exact resize here, so this also
-// checks that the pixels the model sees are the processor's.
+// every model fixture (LLaVA, BLIP-2, InstructBLIP): identical input_ids and greedy tokens, first
+// logits within 1e-4 of the largest. The images go through OpenCV decoding and the PIL-exact resize
+// here, so this also checks that the pixels the model sees are the processor's.
 #include "model/arch/generate_command.h"
 
 #include <gmock/gmock.h>
@@ -50,9 +50,9 @@ TEST_P(GenerateCommandTest, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCommandTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2",
-                                           "llava_clip_llama_gqa_rope", "llava_clip_llama_bias_yarn",
-                                           "llava_clip_llama_dynamic", "blip2_llama",
-                                           "instructblip_llama"));
+                                           "llava_clip_llama_gqa_rope",
+                                           "llava_clip_llama_bias_yarn", "llava_clip_llama_dynamic",
+                                           "blip2_llama", "instructblip_llama"));
 
 TEST(GenerateCommandErrorsTest, NameTheCause) {
   GenerateRequest r;

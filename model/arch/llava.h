@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 #include "model/arch/clip_vision.h"
 #include "model/arch/decoder_lm.h"
-#include "model/hub/hf_config.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/hf_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {

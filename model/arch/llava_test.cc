@@ -18,8 +18,8 @@
 namespace cdcca::model {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 std::string FixtureDir(const std::string& variant) {
   return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
@@ -36,7 +36,8 @@ struct Case {
 std::vector<Case> ReadCases(const std::string& dir) {
   std::ifstream in(dir + "/expected.json");
   json expected = json::parse(in);
-  absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(dir + "/expected_pixels.safetensors");
+  absl::StatusOr<SafetensorsContents> pixels =
+      ReadSafetensors(dir + "/expected_pixels.safetensors");
   EXPECT_TRUE(pixels.ok()) << pixels.status();
   std::vector<Case> cases;
   int i = 0;
@@ -93,12 +94,12 @@ TEST_P(LlavaParityTest, ExpandsTheImagePlaceholderAsTheProcessor) {
     }
     EXPECT_EQ(model->ExpandImageTokens(collapsed), c.input_ids);
   }
-  EXPECT_EQ(model->ExpandPrompt("a <image> b"),
-            "a " + [&] {
-              std::string s;
-              for (int64_t i = 0; i < config.NumImageTokens(); ++i) s += "<image>";
-              return s;
-            }() + " b");
+  EXPECT_EQ(
+      model->ExpandPrompt("a <image> b"), "a " + [&] {
+        std::string s;
+        for (int64_t i = 0; i < config.NumImageTokens(); ++i) s += "<image>";
+        return s;
+      }() + " b");
 }
 
 // The static-cache loop (static_decode.h: fused projections, preallocated cache, masked
@@ -217,8 +218,9 @@ TEST(LlavaTest, BadInputsAreErrorsNamingTheCause) {
   config["text_config"]["hidden_size"] = 48;  // misshaped against the checkpoint
   config["text_config"]["head_dim"] = 12;
   std::ofstream(tmp.file("config.json")) << config.dump();
-  EXPECT_THAT(LoadHfModel(tmp.path(), {}).status(),
-              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors")));
+  EXPECT_THAT(
+      LoadHfModel(tmp.path(), {}).status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors")));
   HfModelOptions bad;
   bad.precision = "int3";
   EXPECT_THAT(LoadHfModel(dir, bad).status(),

@@ -1,5 +1,7 @@
 // Shapes, names and hand-checkable properties of the BLIP-2 ViT and Q-Former (parity with
 // transformers is checked against the fixtures in blip2_test.cc).
+#include "model/arch/qformer.h"
+
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -9,12 +11,11 @@
 #include <set>
 #include <string>
 
-#include "model/arch/blip2.h"
-#include "model/hub/blip2_config.h"
-#include "model/arch/blip2_vision.h"
-#include "model/arch/qformer.h"
-#include "model/hub/safetensors.h"
 #include "gtest/gtest.h"
+#include "model/arch/blip2.h"
+#include "model/arch/blip2_vision.h"
+#include "model/hub/blip2_config.h"
+#include "model/hub/safetensors.h"
 
 namespace cdcca::model {
 namespace {
@@ -67,15 +68,21 @@ std::map<std::string, std::vector<int64_t>> Shapes(const torch::nn::Module& m) {
 }
 
 TEST(Blip2ConfigTest, ParsesSectionsAndOverridesEncoderWidth) {
-  nlohmann::json j = {
-      {"model_type", "instructblip"},
-      {"num_query_tokens", 4},
-      {"image_token_index", 301},
-      {"vision_config", {{"hidden_size", 32}, {"num_attention_heads", 4},
-                         {"image_size", 30}, {"patch_size", 6}, {"hidden_act", "gelu"}}},
-      {"qformer_config", {{"hidden_size", 24}, {"num_attention_heads", 4},
-                          {"encoder_hidden_size", 999}, {"cross_attention_frequency", 1}}},
-      {"text_config", {{"model_type", "llama"}}}};
+  nlohmann::json j = {{"model_type", "instructblip"},
+                      {"num_query_tokens", 4},
+                      {"image_token_index", 301},
+                      {"vision_config",
+                       {{"hidden_size", 32},
+                        {"num_attention_heads", 4},
+                        {"image_size", 30},
+                        {"patch_size", 6},
+                        {"hidden_act", "gelu"}}},
+                      {"qformer_config",
+                       {{"hidden_size", 24},
+                        {"num_attention_heads", 4},
+                        {"encoder_hidden_size", 999},
+                        {"cross_attention_frequency", 1}}},
+                      {"text_config", {{"model_type", "llama"}}}};
   absl::StatusOr<Blip2Config> c = ParseBlip2Config(j, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->instruct);
@@ -169,7 +176,8 @@ TEST(Blip2VisionTest, FusedQkvIsThreeLinearsWithQAndVBiasesAndNoKBias) {
   torch::Tensor k = torch::nn::functional::linear(x, w.slice(0, 16, 32));
   torch::Tensor v = torch::nn::functional::linear(x, w.slice(0, 32, 48), v_bias);
   auto heads = [](const torch::Tensor& t) { return t.view({2, 5, 2, 8}).transpose(1, 2); };
-  torch::Tensor p = torch::softmax(torch::matmul(heads(q), heads(k).transpose(-1, -2)) / std::sqrt(8.0), -1);
+  torch::Tensor p =
+      torch::softmax(torch::matmul(heads(q), heads(k).transpose(-1, -2)) / std::sqrt(8.0), -1);
   torch::Tensor ctx = torch::matmul(p, heads(v)).transpose(1, 2).reshape({2, 5, 16});
   torch::Tensor expected = attn->projection->forward(ctx);
   EXPECT_TRUE(torch::allclose(attn->forward(x), expected, 1e-5, 1e-6));
@@ -177,8 +185,8 @@ TEST(Blip2VisionTest, FusedQkvIsThreeLinearsWithQAndVBiasesAndNoKBias) {
 
 // Writes `module`'s parameters as a Hugging Face folder (config.json + model.safetensors)
 // under `prefix`, optionally with the ViT's fused qkv bias split into q_bias / v_bias.
-std::string WriteFolder(const std::string& name, torch::nn::Module& module, const std::string& prefix,
-                        bool split_qkv_bias) {
+std::string WriteFolder(const std::string& name, torch::nn::Module& module,
+                        const std::string& prefix, bool split_qkv_bias) {
   const std::string dir = ::testing::TempDir() + "/" + name;
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type": "blip-2"})";
@@ -214,11 +222,13 @@ TEST(Blip2VisionTest, LoadsFusedOrSplitQkvBiasFromHfNames) {
   torch::NoGradGuard no_grad;
   torch::Tensor pixels = torch::randn({1, 3, 12, 12});
   // What fp16 storage leaves of the weights.
-  for (auto& p : reference->named_parameters()) p.value().set_data(p.value().to(torch::kHalf).to(torch::kFloat));
+  for (auto& p : reference->named_parameters())
+    p.value().set_data(p.value().to(torch::kHalf).to(torch::kFloat));
   torch::Tensor expected = reference->forward(pixels);
   for (bool split : {false, true}) {
     SCOPED_TRACE(split ? "q_bias/v_bias" : "qkv.bias");
-    const std::string dir = WriteFolder(split ? "vit_split" : "vit_fused", *reference, "vision_model.", split);
+    const std::string dir =
+        WriteFolder(split ? "vit_split" : "vit_fused", *reference, "vision_model.", split);
     absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
     ASSERT_TRUE(folder.ok()) << folder.status();
     Blip2VisionModel loaded(c);
@@ -323,8 +333,9 @@ TEST(QFormerTest, InstructBlipWithEmptyInstructionEqualsBlip2Path) {
   torch::Tensor expected = blip2->forward(queries, image);
   torch::Tensor empty = torch::zeros({1, 0}, torch::kLong);
   EXPECT_TRUE(torch::allclose(instruct->forward(queries, image), expected, 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(instruct->forward(queries, image, empty, torch::zeros({1, 0}, torch::kLong)),
-                              expected, 1e-5, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(instruct->forward(queries, image, empty, torch::zeros({1, 0}, torch::kLong)),
+                      expected, 1e-5, 1e-6));
   // With an instruction the queries read it through self-attention.
   torch::Tensor ids = torch::tensor({{5, 9, 2}}, torch::kLong);
   torch::Tensor with_text = instruct->forward(queries, image, ids);

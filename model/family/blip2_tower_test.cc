@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model/hub/hf_folder.h"
 #include "model/arch/hf_model.h"
+#include "model/hub/hf_folder.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 

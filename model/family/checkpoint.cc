@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "model/hub/fnv.h"
 #include "model/arch/hf_linear.h"
+#include "model/hub/fnv.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model/hub/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::model {

@@ -21,9 +21,9 @@
 #include "datasets/metrics.h"
 #include "datasets/tokenizer.h"
 #include "model/family/scene_eval.h"
-#include "model/runtime/threads.h"
 #include "model/family/token_probe.h"
 #include "model/family/trainable.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {

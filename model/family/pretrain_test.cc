@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "model/family/blip2_tower.h"
 #include "model/family/checkpoint.h"
 #include "model/family/config.h"
 #include "model/family/vision_encoder.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {

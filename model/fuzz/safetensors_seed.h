@@ -27,7 +27,8 @@ inline std::string SafetensorsSeed(const std::vector<SeedTensor>& tensors,
   for (const SeedTensor& t : tensors) {
     uint64_t bytes = t.element_bytes;
     for (int64_t d : t.shape) bytes *= d;
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string head = header.dump();

@@ -27,15 +27,14 @@ int main(int argc, char** argv) {
     return std::fclose(f) == 0 && ok;
   };
   for (const auto& d : dtypes) {
-    if (!write(SafetensorsSeed({{"layers.0.w", d.dtype, d.bytes, {2, 3}},
-                                {"norm", d.dtype, d.bytes, {3}}}))) {
+    if (!write(SafetensorsSeed(
+            {{"layers.0.w", d.dtype, d.bytes, {2, 3}}, {"norm", d.dtype, d.bytes, {3}}}))) {
       return 1;
     }
   }
-  if (!write(SafetensorsSeed({{"scalar", "F32", 4, {}},
-                              {"empty", "F32", 4, {0, 4}},
-                              {"q", "F16", 2, {1, 2, 2}}},
-                             {{"version", "3"}, {"format", "pt"}})) ||
+  if (!write(SafetensorsSeed(
+          {{"scalar", "F32", 4, {}}, {"empty", "F32", 4, {0, 4}}, {"q", "F16", 2, {1, 2, 2}}},
+          {{"version", "3"}, {"format", "pt"}})) ||
       !write(SafetensorsSeed({}))) {
     return 1;
   }

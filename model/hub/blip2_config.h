@@ -8,9 +8,8 @@
 #ifndef CDCCA_MODEL_HUB_BLIP2_CONFIG_H_
 #define CDCCA_MODEL_HUB_BLIP2_CONFIG_H_
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -28,7 +27,7 @@ struct Blip2VisionConfig {
   int64_t patch_size = 14;
   double layer_norm_eps = 1e-6;
   std::string hidden_act = "gelu";  // transformers' ACT2FN name (hf_linear.h Activation)
-  bool qkv_bias = true;  // q and v biases (k never has one)
+  bool qkv_bias = true;             // q and v biases (k never has one)
   // Derived: (image_size / patch_size)^2 patches + the class token.
   int64_t NumPositions() const;
 };

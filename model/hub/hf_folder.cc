@@ -42,9 +42,9 @@ constexpr NameRule kNameRules[] = {
 
 bool ParseDtype(const std::string& name, torch::ScalarType* t) {
   static const std::pair<const char*, torch::ScalarType> kDtypes[] = {
-      {"F64", torch::kDouble}, {"F32", torch::kFloat}, {"F16", torch::kHalf},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kLong}, {"I32", torch::kInt},
-      {"I16", torch::kShort}, {"I8", torch::kChar}, {"U8", torch::kByte},
+      {"F64", torch::kDouble},    {"F32", torch::kFloat}, {"F16", torch::kHalf},
+      {"BF16", torch::kBFloat16}, {"I64", torch::kLong},  {"I32", torch::kInt},
+      {"I16", torch::kShort},     {"I8", torch::kChar},   {"U8", torch::kByte},
       {"BOOL", torch::kBool}};
   for (const auto& [n, type] : kDtypes) {
     if (name == n) {
@@ -156,7 +156,8 @@ absl::Status HfFolder::IndexFile(const std::string& path) {
     }
     uint64_t numel = 1;
     for (int64_t s : e.shape) {
-      if (s < 0) return absl::DataLossError(absl::StrCat(path, ": tensor ", e.disk_name, ": bad shape"));
+      if (s < 0)
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", e.disk_name, ": bad shape"));
       numel *= static_cast<uint64_t>(s);
     }
     if (numel * c10::elementSize(e.dtype) != e.bytes) {
@@ -165,8 +166,8 @@ absl::Status HfFolder::IndexFile(const std::string& path) {
     }
     if (e.offset + e.bytes > size) {
       return absl::DataLossError(absl::StrCat(path, ": truncated: tensor ", e.disk_name,
-                                              " ends at byte ", e.offset + e.bytes,
-                                              ", file has ", size));
+                                              " ends at byte ", e.offset + e.bytes, ", file has ",
+                                              size));
     }
     std::string name = e.disk_name;
     for (const NameRule& r : kNameRules) {
@@ -236,14 +237,15 @@ absl::Status HfFolder::LoadInto(torch::nn::Module& module, const std::string& pr
     const std::string mod_prefix = item.key().empty() ? prefix : prefix + item.key() + ".";
     auto* sink = dynamic_cast<HfTensorSink*>(&m);
     std::vector<std::pair<std::string, torch::Tensor>> slots;
-    for (const auto& p : m.named_parameters(/*recurse=*/false)) slots.emplace_back(p.key(), p.value());
+    for (const auto& p : m.named_parameters(/*recurse=*/false))
+      slots.emplace_back(p.key(), p.value());
     for (const auto& b : m.named_buffers(/*recurse=*/false)) slots.emplace_back(b.key(), b.value());
     for (auto& [local, slot] : slots) {
       const std::string name = mod_prefix + local;
       auto it = tensors_.find(name);
       if (it == tensors_.end()) {
-        return absl::NotFoundError(absl::StrCat(dir_, ": tensor ", name, " missing (expected shape ",
-                                                ShapeString(slot.sizes()), ")"));
+        return absl::NotFoundError(absl::StrCat(
+            dir_, ": tensor ", name, " missing (expected shape ", ShapeString(slot.sizes()), ")"));
       }
       if (c10::IntArrayRef(it->second.shape) != slot.sizes()) {
         return absl::InvalidArgumentError(absl::StrCat(

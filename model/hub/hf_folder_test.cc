@@ -17,9 +17,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 TEST(HfFolderTest, LoadsSingleFileAndConvertsDtypes) {
   testing::TempDir dir;
@@ -59,10 +57,10 @@ TEST(HfFolderTest, ReadsShardsThroughTheIndexAndTranslatesOldLlavaNames) {
       "multi_modal_projector.linear_1.bias": "model-00002-of-00002.safetensors"}})");
   ASSERT_OK_AND_ASSIGN(HfFolder f, HfFolder::Open(dir.path()));
   EXPECT_EQ(f.layout(), HfFolder::NameLayout::kTransformers4);
-  EXPECT_THAT(f.Names(), ::testing::ElementsAre("lm_head.weight",
-                                                "model.language_model.norm.weight",
-                                                "model.multi_modal_projector.linear_1.bias",
-                                                "model.vision_tower.vision_model.post_layernorm.bias"));
+  EXPECT_THAT(f.Names(),
+              ::testing::ElementsAre("lm_head.weight", "model.language_model.norm.weight",
+                                     "model.multi_modal_projector.linear_1.bias",
+                                     "model.vision_tower.vision_model.post_layernorm.bias"));
   ASSERT_OK_AND_ASSIGN(torch::Tensor head, f.Load("lm_head.weight", torch::kFloat));
   EXPECT_EQ(head.sizes().vec(), (std::vector<int64_t>{5, 4}));
   EXPECT_FLOAT_EQ(head[4][3].item<float>(), 2.0f);

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "datasets/formats.h"
-#include "model/hub/image_processor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/hub/image_processor.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 

@@ -20,11 +20,11 @@ struct DtypeInfo {
   uint64_t bytes;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {SafetensorsDtype::kF64, "F64", 8},   {SafetensorsDtype::kF32, "F32", 4},
-    {SafetensorsDtype::kF16, "F16", 2},   {SafetensorsDtype::kBF16, "BF16", 2},
-    {SafetensorsDtype::kI64, "I64", 8},   {SafetensorsDtype::kI32, "I32", 4},
-    {SafetensorsDtype::kI16, "I16", 2},   {SafetensorsDtype::kI8, "I8", 1},
-    {SafetensorsDtype::kU8, "U8", 1},     {SafetensorsDtype::kBool, "BOOL", 1},
+    {SafetensorsDtype::kF64, "F64", 8}, {SafetensorsDtype::kF32, "F32", 4},
+    {SafetensorsDtype::kF16, "F16", 2}, {SafetensorsDtype::kBF16, "BF16", 2},
+    {SafetensorsDtype::kI64, "I64", 8}, {SafetensorsDtype::kI32, "I32", 4},
+    {SafetensorsDtype::kI16, "I16", 2}, {SafetensorsDtype::kI8, "I8", 1},
+    {SafetensorsDtype::kU8, "U8", 1},   {SafetensorsDtype::kBool, "BOOL", 1},
 };
 
 // The format is little-endian; so is every machine this builds for (x86-64, aarch64).
@@ -57,7 +57,8 @@ absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& name, const json& 
   const auto dtype = v.find("dtype");
   if (dtype == v.end() || !dtype->is_string() ||
       !ParseSafetensorsDtype(dtype->get_ref<const std::string&>(), &e.dtype)) {
-    return Lost(name, absl::StrCat("unsupported dtype ", dtype == v.end() ? "(none)" : dtype->dump()));
+    return Lost(name,
+                absl::StrCat("unsupported dtype ", dtype == v.end() ? "(none)" : dtype->dump()));
   }
   const auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array()) return Lost(name, "shape is not an array");

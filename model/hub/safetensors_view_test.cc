@@ -26,10 +26,10 @@ std::string File(const std::string& header, size_t data_bytes) {
 }
 
 TEST(SafetensorsViewTest, ReadsNamesDtypesShapesAndRangesInFileOrder) {
-  const std::string bytes = File(
-      R"({"__metadata__":{"k":"v"},"b":{"dtype":"F16","shape":[3],"data_offsets":[8,14]},)"
-      R"("a":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]}})",
-      14);
+  const std::string bytes =
+      File(R"({"__metadata__":{"k":"v"},"b":{"dtype":"F16","shape":[3],"data_offsets":[8,14]},)"
+           R"("a":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]}})",
+           14);
   ASSERT_OK_AND_ASSIGN(SafetensorsView v, ParseSafetensors(bytes));
   ASSERT_EQ(v.tensors.size(), 2u);
   EXPECT_EQ(v.tensors[0].name, "a");
@@ -43,10 +43,9 @@ TEST(SafetensorsViewTest, ReadsNamesDtypesShapesAndRangesInFileOrder) {
 }
 
 TEST(SafetensorsViewTest, EmptyTensorsMayShareAnOffset) {
-  const std::string bytes =
-      File(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
-           R"("z":{"dtype":"F32","shape":[0,7],"data_offsets":[0,0]}})",
-           4);
+  const std::string bytes = File(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                 R"("z":{"dtype":"F32","shape":[0,7],"data_offsets":[0,0]}})",
+                                 4);
   ASSERT_OK_AND_ASSIGN(SafetensorsView v, ParseSafetensors(bytes));
   EXPECT_EQ(v.tensors.size(), 2u);
 }
@@ -54,10 +53,10 @@ TEST(SafetensorsViewTest, EmptyTensorsMayShareAnOffset) {
 // Regression (fuzzing): a shape whose element count overflows 64 bits wrapped to 0 and
 // matched an empty byte range; torch::empty then threw on the real shape.
 TEST(SafetensorsViewTest, ShapeWhoseSizeOverflowsIsDataLoss) {
-  EXPECT_THAT(ParseSafetensors(File(
-                  R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
-                  0)),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("tensor w")));
+  EXPECT_THAT(
+      ParseSafetensors(
+          File(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0)),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("tensor w")));
 }
 
 // Regression: float, negative or out-of-range numbers were converted with undefined
@@ -95,9 +94,8 @@ TEST(SafetensorsViewTest, MalformedLayoutsAreDataLoss) {
                                     R"("b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
                                     3)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overlaps")));
-  EXPECT_THAT(
-      ParseSafetensors(File(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 2)),
-      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("trailing")));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 2)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("trailing")));
   EXPECT_THAT(ParseSafetensors(std::string("\xff\0\0\0\0\0\0\0{}", 10)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("past the end")));
   EXPECT_THAT(ParseSafetensors("abc"), StatusIs(absl::StatusCode::kDataLoss));

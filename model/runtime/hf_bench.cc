@@ -26,9 +26,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "model/runtime/gpu_memory.h"
 #include "model/arch/hf_model.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/gpu_memory.h"
 #include "model/runtime/static_decode.h"
 #include "nlohmann/json.hpp"
 

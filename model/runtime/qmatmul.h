@@ -23,9 +23,8 @@ namespace cdcca::model {
 
 // x [..., in] fp32 CPU; q as QuantizeWeight(W [out, in], precision, group) made it; bias
 // [out] fp32 or undefined. Returns [..., out] fp32.
-torch::Tensor QuantizedLinear(const torch::Tensor& x, const QuantizedWeight& q,
-                              Precision precision, int64_t in_features, int64_t group,
-                              const torch::Tensor& bias);
+torch::Tensor QuantizedLinear(const torch::Tensor& x, const QuantizedWeight& q, Precision precision,
+                              int64_t in_features, int64_t group, const torch::Tensor& bias);
 
 }  // namespace cdcca::model
 

@@ -6,9 +6,9 @@
 #include <sstream>
 #include <string>
 
-#include "model/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::tokenizer {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "model/tokenizer/components.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/tokenizer/components.h"
 
 namespace cdcca::tokenizer {
 namespace {
