@@ -159,13 +159,22 @@ absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg) {
     while (pos < jpeg.size() && byte(pos) == 0xFF) ++pos;
     if (pos >= jpeg.size()) return bad("ends inside a marker");
     const uint8_t code = byte(pos++);
-    if (code == 0xD8 || code == 0x01 || (code >= 0xD0 && code <= 0xD7)) continue;  // no length
     if (code == 0xD9 || code == 0xDA) return bad("no frame header before the first scan");
+    // Only the segments a decoder reads before a frame header (APPn, COM, DQT, DHT, DRI,
+    // DAC) are skipped by their length. A decoder takes any other byte after 0xFF for
+    // something else (0x00 is a stuffed byte: libjpeg goes on looking for a marker inside
+    // what this reader would skip), so the size it decodes could differ from the one read
+    // here: refused.
+    const bool table_or_app = (code >= 0xE0 && code <= 0xEF) || code == 0xFE || code == 0xDB ||
+                              code == 0xC4 || code == 0xDD || code == 0xCC;
+    const bool frame_header = code >= 0xC0 && code <= 0xCF && !table_or_app && code != 0xC8;
+    if (!table_or_app && !frame_header) {
+      return bad(absl::StrCat("marker 0x", absl::Hex(code, absl::kZeroPad2),
+                              " before the frame header"));
+    }
     if (pos + 2 > jpeg.size()) return bad("ends inside a segment length");
     const size_t length = (size_t{byte(pos)} << 8) | byte(pos + 1);
     if (length < 2 || pos + length > jpeg.size()) return bad("a segment runs past the end");
-    const bool frame_header =
-        code >= 0xC0 && code <= 0xCF && code != 0xC4 && code != 0xC8 && code != 0xCC;
     if (frame_header) {
       if (length < 8) return bad("a short frame header");
       JpegSize size;

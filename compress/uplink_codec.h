@@ -92,8 +92,9 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
 // The width and height a JPEG declares in its start-of-frame segment, read without decoding
 // (so a receiver can refuse a frame of the wrong size before any decoder allocates for it).
 // INVALID_ARGUMENT for bytes that are not a baseline or progressive JPEG with a frame header
-// before its first scan, or that declare a zero size or other than 1 or 3 components. Never
-// reads outside `jpeg`.
+// before its first scan, that hold before it a marker other than APPn, COM, DQT, DHT, DRI or
+// DAC (so a decoder finds the same frame header), or that declare a zero size or other than 1
+// or 3 components. Never reads outside `jpeg`.
 struct JpegSize {
   int width = 0;
   int height = 0;

@@ -151,6 +151,20 @@ TEST(UplinkCodecTest, ReadsTheSizeAJpegDeclaresAndRefusesWhatIsNotOne) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4 components")));
   // A Huffman table (0xC4) is not a frame header; a scan before any frame header is refused.
   EXPECT_FALSE(ReadJpegSize(JpegHeader(64, 48, 3, 0xC4)).ok());
+  // A decoder takes 0xFF 0x00 for a stuffed byte and looks for markers inside what a
+  // length would skip: a segment hiding another frame header there is refused, as is any
+  // marker a decoder does not skip by its length before the frame header.
+  const std::string hidden = JpegHeader(4096, 4096).substr(2);
+  std::string forged = "\xFF\xD8\xFF";
+  forged += {'\0', 0, static_cast<char>(hidden.size() + 2)};
+  forged += hidden + JpegHeader(64, 48).substr(2);
+  EXPECT_THAT(ReadJpegSize(forged),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("marker 0x00 before")));
+  for (const char code : {'\x01', '\xD0', '\xD8', '\xC8', '\xF0', '\x7F'}) {
+    std::string marker = "\xFF\xD8\xFF";
+    marker += {code, 0, 2};
+    EXPECT_FALSE(ReadJpegSize(marker + JpegHeader(64, 48).substr(2)).ok()) << int{code};
+  }
   EXPECT_THAT(ReadJpegSize(std::string("\x89PNG\r\n\x1a\n", 8)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("start-of-image")));
 }
