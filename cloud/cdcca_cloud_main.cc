@@ -117,6 +117,10 @@ ABSL_FLAG(int64_t, device_quota_mib, 1024,
           "Consumed samples are released and their segment files deleted once all of a "
           "file's samples are");
 ABSL_FLAG(int64_t, replay_capacity, 256, "replay buffer per device, samples (0 = none)");
+ABSL_FLAG(int64_t, max_resident_mirrors, 64,
+          "most devices whose mirror and replay buffer stay in memory between jobs (least "
+          "recently used evicted first; an evicted device reloads from its state file, its "
+          "replay buffer empty); 0 = no bound");
 ABSL_FLAG(int64_t, byte_budget, 0,
           "per-device byte budget of one update (0 = the device's Register capability, else "
           "--bits_per_param alone)");
@@ -313,6 +317,8 @@ int main(int argc, char** argv) {
     so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
     so.replay_capacity =
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
+    so.max_resident_mirrors =
+        static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_max_resident_mirrors)));
     so.guard.enabled = absl::GetFlag(FLAGS_guard);
     so.guard.holdout_fraction = absl::GetFlag(FLAGS_guard_holdout_fraction);
     if (!(so.guard.holdout_fraction >= 0 && so.guard.holdout_fraction < 1)) {
@@ -514,6 +520,8 @@ int main(int argc, char** argv) {
                            {"holdout_pool", t.holdout_pool}};
           }
           s["devices"] = devices;
+          s["resident_mirrors"] = strategy->ResidentMirrors();
+          s["mirror_evictions"] = strategy->MirrorEvictions();
           s["updates_withheld"] = withheld;
           s["quarantined_samples"] = quarantined;
         }

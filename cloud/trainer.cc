@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
@@ -175,7 +176,11 @@ struct PerDeviceStrategy::Impl {
     // Jobs that failed in training at cursor `failed_cursor`, in a row (not persisted).
     uint64_t failed_cursor = 0;
     int failed_attempts = 0;
+    // Whether the fields above are in memory (Load); Evict drops them again.
     bool loaded = false;
+    // When the device last left a Load'ing call (Impl::tick's value): the resident device
+    // with the smallest one is evicted first. Guarded by Impl::mu.
+    uint64_t last_used = 0;
     // A copy of the fields above for State(), which must not wait for a running job.
     absl::Mutex info_mu;
     DeviceTrainingState info ABSL_GUARDED_BY(info_mu);
@@ -207,6 +212,10 @@ struct PerDeviceStrategy::Impl {
 
   mutable absl::Mutex mu;  // guards the map (not the devices' contents)
   std::unordered_map<std::string, std::unique_ptr<Device>> devices ABSL_GUARDED_BY(mu);
+  uint64_t tick ABSL_GUARDED_BY(mu) = 0;
+  // Devices whose state is in memory (Device::loaded), in no order.
+  absl::flat_hash_set<std::string> resident ABSL_GUARDED_BY(mu);
+  uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
 
   std::string StatePath(const std::string& id) const {
     return absl::StrCat(options.state_dir, "/", id, ".mirror");
@@ -246,6 +255,74 @@ struct PerDeviceStrategy::Impl {
     std::unique_ptr<Device>& d = devices[id];
     if (d == nullptr) d = std::make_unique<Device>();
     return d.get();
+  }
+
+  // After a call that Load'ed `id` (its d.mu released): marks it the most recently used and
+  // evicts the least recently used resident devices beyond max_resident_mirrors. A device
+  // whose job or call is running (its mu held) is skipped: the bound may be passed by the
+  // devices in use at once, never by idle ones.
+  void Touch(const std::string& id) {
+    std::vector<std::pair<uint64_t, std::string>> idle;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = devices.find(id);
+      if (it != devices.end()) it->second->last_used = ++tick;
+      if (options.max_resident_mirrors == 0 || resident.size() <= options.max_resident_mirrors) {
+        return;
+      }
+      for (const std::string& r : resident) idle.emplace_back(devices.at(r)->last_used, r);
+    }
+    std::sort(idle.begin(), idle.end());
+    size_t excess = idle.size() - options.max_resident_mirrors;
+    for (const auto& [used, r] : idle) {
+      if (excess == 0) break;
+      Device* d = nullptr;
+      {
+        absl::MutexLock lock(&mu);
+        d = devices.at(r).get();
+      }
+      if (!d->mu.TryLock()) continue;
+      if (d->loaded) {
+        Evict(r, *d);
+        --excess;
+      }
+      d->mu.Unlock();
+    }
+  }
+
+  // Whether the device has a state or quarantine file (NOT_FOUND for both: it never
+  // trained; any other answer counts as having one).
+  bool HasStateFiles(const std::string& id) const {
+    for (const std::string& path : {StatePath(id), QuarantinePath(id)}) {
+      if (!absl::IsNotFound(options.env->OpenForRead(path).status())) return true;
+    }
+    return false;
+  }
+
+  void MarkLoaded(const std::string& id, Device& d) {
+    d.loaded = true;
+    d.PublishInfo();
+    absl::MutexLock lock(&mu);
+    resident.insert(id);
+  }
+
+  // Drops what Load brought into memory: the mirror, the encoder's residual, the replay
+  // buffer, the held-out pool and the learner's state between jobs. All but the replay
+  // buffer and the learner's state are on disk or in the sample log, and the next Load
+  // brings them back; those two restart empty, as after a restart. State() keeps answering
+  // from the published info. Caller holds d.mu.
+  void Evict(const std::string& id, Device& d) {
+    d.mirror = compress::NamedTensors();
+    d.encoder = compress::DeltaEncoder();
+    d.replay.reset();
+    d.holdout.clear();
+    d.holdout_built = false;
+    d.quarantine = QuarantineLog();
+    trainer->Forget(id);
+    d.loaded = false;
+    absl::MutexLock lock(&mu);
+    resident.erase(id);
+    ++evictions;
   }
 
   compress::DeltaEncoderOptions EncoderOptions(const std::string& id) const {
@@ -292,8 +369,7 @@ struct PerDeviceStrategy::Impl {
       d.version = 0;
       d.consumed = 0;
       d.digest = base_digest;
-      d.loaded = true;
-      d.PublishInfo();
+      MarkLoaded(id, d);
       return absl::OkStatus();
     }
     if (!bytes.ok()) return bytes.status();
@@ -329,8 +405,7 @@ struct PerDeviceStrategy::Impl {
       }
       d.consumed = durable;
     }
-    d.loaded = true;
-    d.PublishInfo();
+    MarkLoaded(id, d);
     (void)ReleaseConsumed(id, d);
     // Publish what the file committed if the update store lacks it (a crash between commit
     // and publish, or a damaged store file that the store refused to load).
@@ -889,8 +964,11 @@ absl::Status PerDeviceStrategy::Recover() {
     const std::string id(stem);
     if (!wire::ValidateDeviceId(id).ok()) continue;
     Impl::Device* d = impl_->Get(id);
-    absl::MutexLock lock(&d->mu);
-    if (absl::Status s = impl_->Load(id, *d); !s.ok()) return s;
+    {
+      absl::MutexLock lock(&d->mu);
+      if (absl::Status s = impl_->Load(id, *d); !s.ok()) return s;
+    }
+    impl_->Touch(id);
   }
   return absl::OkStatus();
 }
@@ -898,8 +976,13 @@ absl::Status PerDeviceStrategy::Recover() {
 absl::StatusOr<JobReport> PerDeviceStrategy::RunJob(const std::string& device_id) {
   if (absl::Status s = wire::ValidateDeviceId(device_id); !s.ok()) return s;
   Impl::Device* d = impl_->Get(device_id);
-  absl::MutexLock lock(&d->mu);
-  return impl_->RunJob(device_id, *d);
+  absl::StatusOr<JobReport> report;
+  {
+    absl::MutexLock lock(&d->mu);
+    report = impl_->RunJob(device_id, *d);
+  }
+  impl_->Touch(device_id);
+  return report;
 }
 
 uint64_t PerDeviceStrategy::ConsumedSequence(const std::string& device_id) const {
@@ -912,11 +995,22 @@ DeviceTrainingState PerDeviceStrategy::State(const std::string& device_id) const
     absl::MutexLock lock(&d->info_mu);
     if (d->info_valid) return d->info;
   }
-  // Not loaded yet: load it (no job can be running on a device that was never loaded).
-  absl::MutexLock lock(&d->mu);
-  if (!impl_->Load(device_id, *d).ok()) return DeviceTrainingState{};
-  absl::MutexLock info_lock(&d->info_mu);
-  return d->info;
+  // Not loaded yet. A device with no state file holds the pretrained base: answered
+  // without bringing a mirror into memory (the status file asks for every registered
+  // device). Else load it (no job can be running on a device that was never loaded).
+  DeviceTrainingState info;
+  if (!impl_->HasStateFiles(device_id)) {
+    info.state_digest = impl_->base_digest;
+    return info;
+  }
+  {
+    absl::MutexLock lock(&d->mu);
+    if (!impl_->Load(device_id, *d).ok()) return DeviceTrainingState{};
+    absl::MutexLock info_lock(&d->info_mu);
+    info = d->info;
+  }
+  impl_->Touch(device_id);
+  return info;
 }
 
 void PerDeviceStrategy::OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {
@@ -926,9 +1020,24 @@ void PerDeviceStrategy::OnApplied(const std::string& device_id, uint64_t version
 
 absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& device_id) const {
   Impl::Device* d = impl_->Get(device_id);
-  absl::MutexLock lock(&d->mu);
-  if (absl::Status s = impl_->Load(device_id, *d); !s.ok()) return s;
-  return model::EncodeSafetensors(d->mirror, {{"version", std::to_string(d->version)}});
+  absl::StatusOr<std::string> state;
+  {
+    absl::MutexLock lock(&d->mu);
+    if (absl::Status s = impl_->Load(device_id, *d); !s.ok()) return s;
+    state = model::EncodeSafetensors(d->mirror, {{"version", std::to_string(d->version)}});
+  }
+  impl_->Touch(device_id);
+  return state;
+}
+
+size_t PerDeviceStrategy::ResidentMirrors() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->resident.size();
+}
+
+uint64_t PerDeviceStrategy::MirrorEvictions() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->evictions;
 }
 
 uint64_t PerDeviceStrategy::BaseDigest() const { return impl_->base_digest; }

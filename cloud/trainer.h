@@ -29,6 +29,12 @@
 // every device resumes with its mirror, version, cursor and residual intact, and no sample
 // is trained twice or skipped. The replay buffer is not persisted (it restarts empty).
 //
+// Memory (PerDeviceStrategy): a device's state (mirror, residual, replay buffer, held-out
+// pool) is loaded on demand, by its first job or call, and at most max_resident_mirrors idle
+// devices keep it in memory between jobs; the least recently used leave first and come back
+// from their state files as after a restart. Recover() reads every state file once (to
+// republish what a crash left unpublished) and keeps only the bound.
+//
 // The update guard (PerDeviceStrategyOptions::guard, cloud/update_guard.h): a job's samples
 // that IsHeldOut picks never train; they join the device's held-out pool (the newest
 // pool_capacity of them). After training, before anything is committed, the strategy scores
@@ -222,6 +228,12 @@ struct PerDeviceStrategyOptions {
   double bits_per_param = 2.0;
   // Replay buffer capacity per device, in samples (0 = no replay). Default: 256.
   size_t replay_capacity = 256;
+  // Most devices whose mirror, encoder residual, replay buffer and held-out pool stay in
+  // memory between their jobs (least recently used evicted first; devices in a job at the
+  // moment do not count as evictable). An evicted device loads again from its state file
+  // on its next job, as after a restart: its replay buffer and the learner's state between
+  // jobs restart empty. 0 = no bound. Default: 64.
+  size_t max_resident_mirrors = 64;
   // The update guard (cloud/update_guard.h): held-out samples per device, and the rule that
   // withholds an update that does not raise their agreement with the teacher beyond noise.
   UpdateGuardOptions guard;
@@ -258,6 +270,10 @@ class PerDeviceStrategy final : public TrainerStrategy {
   uint64_t VisionFingerprint() const;
   // What an uplinked batch must be for this model (for CloudServiceOptions::sample_spec).
   SampleSpec Spec() const;
+  // Devices whose state is in memory now (at most max_resident_mirrors, plus devices in a
+  // call at the moment), and how many were evicted since the start.
+  size_t ResidentMirrors() const;
+  uint64_t MirrorEvictions() const;
 
   struct Impl;
 

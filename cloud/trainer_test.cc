@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 
@@ -226,6 +227,60 @@ TEST_F(TrainerTest, RestartKeepsMirrorCursorAndResidual) {
   ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-a"));
   EXPECT_EQ(next.base_version, 1u);
   EXPECT_EQ(next.samples, 2);
+}
+
+// With more devices than max_resident_mirrors, the least recently used idle ones leave
+// memory and come back from their state files: same mirror, same version, and the next
+// update still takes the device exactly to the mirror (the encoder's residual came back too).
+TEST_F(TrainerTest, MirrorsBeyondTheBoundAreEvictedAndReloadFromTheirStateFiles) {
+  PerDeviceStrategyOptions options = Options();
+  options.max_resident_mirrors = 2;
+  ASSERT_OK_AND_ASSIGN(strategy_,
+                       PerDeviceStrategy::Create(options, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  std::map<std::string, std::string> states;
+  for (const std::string device : {"dev-0", "dev-1", "dev-2", "dev-3"}) {
+    Uplink(device, 1, 4);
+    ASSERT_OK(strategy_->RunJob(device).status());
+    ASSERT_OK_AND_ASSIGN(states[device], strategy_->MirrorState(device));
+    EXPECT_LE(strategy_->ResidentMirrors(), 2u);
+  }
+  EXPECT_EQ(strategy_->MirrorEvictions(), 2u);
+  // A device that never trained is answered without a mirror in memory.
+  EXPECT_EQ(strategy_->State("dev-new").state_digest, strategy_->BaseDigest());
+  EXPECT_EQ(strategy_->State("dev-0").version, 1u);  // evicted: answered from what it published
+  EXPECT_EQ(strategy_->ResidentMirrors(), 2u);
+  EXPECT_EQ(strategy_->MirrorEvictions(), 2u);
+
+  // dev-0 comes back as it left, and its next update lands the device on the mirror.
+  ASSERT_OK_AND_ASSIGN(std::string reloaded, strategy_->MirrorState("dev-0"));
+  EXPECT_EQ(reloaded, states["dev-0"]);
+  EXPECT_EQ(strategy_->MirrorEvictions(), 3u);
+  Uplink("dev-0", 2, 3);
+  ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-0"));
+  EXPECT_EQ(next.base_version, 1u);
+  EXPECT_EQ(next.new_version, 2u);
+  compress::NamedTensors device = DeviceState();
+  for (uint64_t v = 0; v < 2; ++v) {
+    ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-0", v));
+    ASSERT_OK(compress::ApplyUpdate(*update.payload, v, device).status());
+  }
+  EXPECT_EQ(compress::StateDigest(device), next.state_digest);
+  EXPECT_LE(strategy_->ResidentMirrors(), 2u);
+
+  // A restart brings every device's state back but keeps only the bound in memory.
+  OpenStores();
+  ASSERT_OK_AND_ASSIGN(strategy_,
+                       PerDeviceStrategy::Create(options, samples_.get(), updates_.get()));
+  ASSERT_OK(strategy_->Recover());
+  EXPECT_EQ(strategy_->ResidentMirrors(), 2u);
+  for (const std::string device : {"dev-1", "dev-2", "dev-3"}) {
+    EXPECT_EQ(strategy_->State(device).version, 1u) << device;
+    ASSERT_OK_AND_ASSIGN(std::string after, strategy_->MirrorState(device));
+    EXPECT_EQ(after, states[device]) << device;
+  }
+  EXPECT_EQ(strategy_->State("dev-0").version, 2u);
+  EXPECT_LE(strategy_->ResidentMirrors(), 2u);
 }
 
 TEST_F(TrainerTest, RecoverRepublishesACommittedUpdateTheStoreLacks) {
