@@ -209,13 +209,14 @@ int Run(const std::string& template_dir) {
       "acks | ack p50 ms | ack p99 ms | errors | jobs done | RSS after MiB | peak RSS MiB | "
       "resident after start / end | evictions |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
-  std::printf("| %lld | %d | %d | %.2f | %.0f | %zu | %.1f | %.1f | %d | %llu | %.0f | %.0f | "
-              "%zu / %zu | %llu |\n",
-              static_cast<long long>(absl::GetFlag(FLAGS_max_resident_mirrors)), devices, devices,
-              start_s, rss_start, all.size(), pct(0.5), pct(0.99), errors.load(),
-              static_cast<unsigned long long>(scheduler->jobs_done()), rss_end,
-              std::max(hwm_start, hwm_end), resident_start, (*strategy)->ResidentMirrors(),
-              static_cast<unsigned long long>((*strategy)->MirrorEvictions()));
+  std::printf(
+      "| %lld | %d | %d | %.2f | %.0f | %zu | %.1f | %.1f | %d | %llu | %.0f | %.0f | "
+      "%zu / %zu | %llu |\n",
+      static_cast<long long>(absl::GetFlag(FLAGS_max_resident_mirrors)), devices, devices, start_s,
+      rss_start, all.size(), pct(0.5), pct(0.99), errors.load(),
+      static_cast<unsigned long long>(scheduler->jobs_done()), rss_end,
+      std::max(hwm_start, hwm_end), resident_start, (*strategy)->ResidentMirrors(),
+      static_cast<unsigned long long>((*strategy)->MirrorEvictions()));
   forward.to = nullptr;
   scheduler.reset();  // waits for a running job, which reads the stores
   cloud.Stop();

@@ -476,12 +476,22 @@ struct PerDeviceStrategy::Impl {
     return absl::OkStatus();
   }
 
-  // The held-out samples of one decoded batch move to `held`, the others to `train`.
+  // The held-out samples of one decoded batch move to `held`, the others to `train`. A
+  // held-out sample the trainer cannot use (MirrorTrainer::CheckSample) goes to neither: it
+  // is listed in `unusable` when given (a job's first sight of it; a rebuild of the pool
+  // from the log drops it silently, as it was quarantined then).
   void SplitHeldOut(const std::string& id, uint64_t sequence,
                     std::vector<compress::UplinkSample>& batch,
-                    std::vector<compress::UplinkSample>* train, HoldoutPool* held) const {
+                    std::vector<compress::UplinkSample>* train, HoldoutPool* held,
+                    std::vector<QuarantineEntry>* unusable = nullptr) const {
     for (size_t i = 0; i < batch.size(); ++i) {
       if (options.guard.enabled && IsHeldOut(id, sequence, i, options.guard.holdout_fraction)) {
+        if (absl::Status usable = trainer->CheckSample(batch[i]); !usable.ok()) {
+          if (unusable != nullptr) {
+            unusable->push_back({sequence, false, batch[i].sample_id, 1, usable.ToString()});
+          }
+          continue;
+        }
         auto entry = std::make_shared<HoldoutEntry>();
         entry->sequence = sequence;
         entry->sample = std::make_shared<const compress::UplinkSample>(std::move(batch[i]));
@@ -725,7 +735,9 @@ struct PerDeviceStrategy::Impl {
         std::vector<compress::UplinkSample> batch(std::make_move_iterator(next),
                                                   std::make_move_iterator(next + count));
         next += static_cast<std::ptrdiff_t>(count);
-        SplitHeldOut(id, seq, batch, &train_samples, &fresh);
+        const size_t listed = quarantine.size();
+        SplitHeldOut(id, seq, batch, &train_samples, &fresh, &quarantine);
+        report.quarantined_samples += quarantine.size() - listed;
         train_batch.resize(train_samples.size(), seq);
       }
     }

@@ -12,7 +12,9 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cloud/internal/record_log.h"
+#include "cloud/update_guard.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "datasets/formats.h"
@@ -485,24 +487,34 @@ TEST_F(TrainerTest, RottenRecordAmongGoodOnesIsQuarantinedAndTheJobGoesOn) {
 // On a Hugging Face pair the job recomputes tokens from uplinked JPEG frames: a frame that
 // passes ingest (its header declares the tower's size) but does not decode is quarantined
 // with its reason, and the job trains on the other samples and publishes its update.
-TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
+// A Hugging Face pair's strategy on the tiny LLaVA fixture (teacher and student), guard as
+// `guard` says; false if the build has no Hugging Face tokenizers.
+bool MakeHubStrategy(const std::string& state_dir, SampleStore* samples, UpdateStore* updates,
+                     const UpdateGuardOptions& guard,
+                     std::unique_ptr<PerDeviceStrategy>* strategy) {
   PerDeviceStrategyOptions o;
   o.teacher_dir = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
   o.student_base_dir = o.teacher_dir;
-  o.state_dir = dir_.path() + "/trainer";
+  o.state_dir = state_dir;
   o.max_steps = 2;
   o.batch_size = 2;
   o.torch_threads = 1;
   o.bits_per_param = 4.0;
+  o.guard = guard;
   absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> created =
-      PerDeviceStrategy::Create(o, samples_.get(), updates_.get());
-  if (absl::IsUnimplemented(created.status())) {
-    GTEST_SKIP() << "built without Hugging Face tokenizers: " << created.status();
-  }
-  ASSERT_OK(created);
-  strategy_ = *std::move(created);
-  ASSERT_OK(strategy_->Recover());
-  const SampleSpec spec = strategy_->Spec();
+      PerDeviceStrategy::Create(o, samples, updates);
+  if (absl::IsUnimplemented(created.status())) return false;
+  EXPECT_OK(created);
+  if (!created.ok()) return false;
+  *strategy = *std::move(created);
+  EXPECT_OK((*strategy)->Recover());
+  return true;
+}
+
+// Uplinks batch 1 of `device`: three frames (samples 100-102) of which sample 101 passes the
+// ingest check (a well-formed header of the right size) but does not decode.
+void UplinkFramesOneUndecodable(const SampleSpec& spec, const std::string& device,
+                                SampleStore* samples) {
   ASSERT_GT(spec.frame_width, 0u);
   datasets::Image image(static_cast<int>(spec.frame_width), static_cast<int>(spec.frame_height));
   std::mt19937 rng(5);
@@ -530,7 +542,17 @@ TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
   b.set_codec_version(1);
   b.set_payload(payload);
   ASSERT_OK(CheckUplinkBatch(b, spec).status()) << "the bad frame passes ingest";
-  ASSERT_OK(samples_->AppendAndWait("dev-a", b).status());
+  ASSERT_OK(samples->AppendAndWait(device, b).status());
+}
+
+TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
+  UpdateGuardOptions guard;
+  guard.enabled = false;
+  if (!MakeHubStrategy(dir_.path() + "/trainer", samples_.get(), updates_.get(), guard,
+                       &strategy_)) {
+    GTEST_SKIP() << "built without Hugging Face tokenizers";
+  }
+  UplinkFramesOneUndecodable(strategy_->Spec(), "dev-a", samples_.get());
 
   ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
   EXPECT_EQ(report.new_version, 1u);
@@ -544,6 +566,36 @@ TEST_F(TrainerTest, UndecodableFrameIsQuarantinedAndTheJobTrainsTheOthers) {
   std::ifstream in(dir_.path() + "/trainer/dev-a.quarantine");
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(file, HasSubstr("\"sample_id\": 101"));
+}
+
+// The same frame among the guard's held-out samples: quarantined when the job first sees it,
+// never in the pool, so the guard can answer the pool and the job goes on (else every guarded
+// job of the device would fail on it).
+TEST_F(TrainerTest, UndecodableHeldOutFrameIsQuarantinedNotScored) {
+  UpdateGuardOptions guard;
+  guard.holdout_fraction = 0.5;
+  guard.min_pool = 1;
+  // A device whose sample 101 is held out and sample 100 trains.
+  std::string device;
+  for (int i = 0; device.empty(); ++i) {
+    const std::string id = absl::StrCat("dev-", i);
+    if (IsHeldOut(id, 1, 1, 0.5) && !IsHeldOut(id, 1, 0, 0.5)) device = id;
+  }
+  if (!MakeHubStrategy(dir_.path() + "/trainer", samples_.get(), updates_.get(), guard,
+                       &strategy_)) {
+    GTEST_SKIP() << "built without Hugging Face tokenizers";
+  }
+  UplinkFramesOneUndecodable(strategy_->Spec(), device, samples_.get());
+
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob(device));
+  EXPECT_EQ(report.quarantined_samples, 1u);
+  EXPECT_GE(report.samples, 1);
+  EXPECT_EQ(report.samples + report.held_out_samples, 2);
+  const DeviceTrainingState state = strategy_->State(device);
+  EXPECT_EQ(state.consumed_sequence, 1u);
+  EXPECT_EQ(state.quarantined_samples, 1u);
+  EXPECT_EQ(state.holdout_pool, static_cast<uint64_t>(report.held_out_samples));
+  EXPECT_THAT(state.last_quarantine_reason, HasSubstr("sample 101"));
 }
 
 // Training that fails at the same cursor ends: after kMaxJobAttempts failures the job's

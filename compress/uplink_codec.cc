@@ -169,8 +169,8 @@ absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg) {
                               code == 0xC4 || code == 0xDD || code == 0xCC;
     const bool frame_header = code >= 0xC0 && code <= 0xCF && !table_or_app && code != 0xC8;
     if (!table_or_app && !frame_header) {
-      return bad(absl::StrCat("marker 0x", absl::Hex(code, absl::kZeroPad2),
-                              " before the frame header"));
+      return bad(
+          absl::StrCat("marker 0x", absl::Hex(code, absl::kZeroPad2), " before the frame header"));
     }
     if (pos + 2 > jpeg.size()) return bad("ends inside a segment length");
     const size_t length = (size_t{byte(pos)} << 8) | byte(pos + 1);

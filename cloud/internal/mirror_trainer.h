@@ -59,6 +59,12 @@ class MirrorTrainer {
                                           const compress::NamedTensors& mirror,
                                           const std::vector<compress::UplinkSample>& samples,
                                           distill::ReplayBuffer* replay, uint64_t version) = 0;
+  // Whether a sample can be answered and trained on at all (a frame decodes to the tower's
+  // input); cheap, no model runs. The held-out pool takes only samples that pass, so that
+  // one unusable sample can never fail every guarded job after it.
+  virtual absl::Status CheckSample(const compress::UplinkSample& sample) const {
+    return absl::OkStatus();
+  }
   // Drops what persists between `device_id`'s jobs (after a job that went non-finite, whose
   // learner state may be too, or whose update was withheld); its next job starts it afresh.
   virtual void Forget(const std::string& device_id) = 0;
