@@ -409,6 +409,19 @@ int main(int argc, char** argv) {
            {"reason", cdcca::wire::RefusalReasonName(d.reason())}});
     }
 
+    absl::StatusOr<RollbackResult> OnRollback(const std::string& id, uint64_t device_version,
+                                              uint64_t to_version) override {
+      if (scheduler_ == nullptr) return CloudObserver::OnRollback(id, device_version, to_version);
+      absl::StatusOr<RollbackResult> r = scheduler_->OnRollback(id, device_version, to_version);
+      if (!r.ok()) {
+        Log({{"event", "rollback_refused"},
+             {"device_id", id},
+             {"device_version", device_version},
+             {"error", r.status().ToString()}});
+      }
+      return r;
+    }
+
    private:
     JobScheduler* const scheduler_;
   } observer(scheduler.get());
@@ -517,6 +530,7 @@ int main(int argc, char** argv) {
                            {"device_version", record.ok() ? record->applied_version() : 0},
                            {"device_in_sync", record.ok() && record->in_sync()},
                            {"updates_withheld", t.updates_withheld},
+                           {"rollbacks", t.rollbacks},
                            {"holdout_pool", t.holdout_pool}};
           }
           s["devices"] = devices;

@@ -538,6 +538,38 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
   return reactor;
 }
 
+// ---- Rollback -------------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CloudService::Rollback(grpc::CallbackServerContext* ctx,
+                                                 const v1::RollbackRequest* request,
+                                                 v1::RollbackReply* reply) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status bad = wire::ValidateDeviceId(request->device_id());
+  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
+  if (bad.ok()) bad = registry_->Get(request->device_id()).status();
+  if (bad.ok() && observer_ == nullptr) {
+    bad = absl::UnimplementedError("this cloud trains no model: there is nothing to roll back");
+  }
+  if (!bad.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(bad));
+    return reactor;
+  }
+  // Waits for a job of the device that is running: never on the reaction thread.
+  io_pool_.Schedule([this, reactor, request, reply] {
+    absl::StatusOr<RollbackResult> result =
+        observer_->OnRollback(request->device_id(), request->version(), request->to_version());
+    if (!result.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(result.status()));
+      return;
+    }
+    reply->set_new_version(result->new_version);
+    reply->set_restored_version(result->restored_version);
+    reply->set_state_digest(result->state_digest);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 // ---- Health ---------------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CloudService::Health(grpc::CallbackServerContext* ctx,

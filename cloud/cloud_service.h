@@ -33,6 +33,14 @@ namespace cdcca::cloud {
 
 // Told about what devices do; called from service threads, so implementations must be
 // thread-safe and return quickly (hand real work to their own threads).
+// What a rollback made: the new version, the older version whose state it holds, and that
+// state's digest.
+struct RollbackResult {
+  uint64_t new_version = 0;
+  uint64_t restored_version = 0;
+  uint64_t state_digest = 0;
+};
+
 class CloudObserver {
  public:
   virtual ~CloudObserver() = default;
@@ -47,6 +55,12 @@ class CloudObserver {
                                const absl::Status& status) {}
   // The device reports it dropped a batch the cloud had refused for good.
   virtual void OnBatchDropped(const std::string& device_id, const v1::DroppedBatch& dropped) {}
+  // The device asks to return to an older state (the Rollback RPC): the trainer behind the
+  // observer does it (TrainerStrategy::Rollback) or says why not. Runs on an I/O thread.
+  virtual absl::StatusOr<RollbackResult> OnRollback(const std::string& device_id,
+                                                    uint64_t device_version, uint64_t to_version) {
+    return absl::UnimplementedError("this cloud trains no model: there is nothing to roll back");
+  }
 };
 
 // Uplink refusals of one device since the service started, by reason
@@ -109,6 +123,9 @@ class CloudService final
   grpc::ServerUnaryReactor* ReportApplied(grpc::CallbackServerContext* ctx,
                                           const v1::ReportAppliedRequest* request,
                                           v1::ReportAppliedReply* reply) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* ctx,
+                                     const v1::RollbackRequest* request,
+                                     v1::RollbackReply* reply) override;
   grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* ctx,
                                    const v1::HealthRequest* request,
                                    v1::HealthReply* reply) override;

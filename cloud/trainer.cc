@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "cloud/device_registry.h"
 #include "cloud/internal/mirror_file.h"
@@ -165,6 +166,7 @@ struct PerDeviceStrategy::Impl {
     uint64_t digest = 0;
     uint64_t jobs = 0;
     uint64_t withheld = 0;          // updates the guard withheld since the start
+    uint64_t rollbacks = 0;         // since the start
     compress::NamedTensors mirror;  // fp32 CPU; equals the device's state at `version`
     compress::DeltaEncoder encoder;
     std::unique_ptr<distill::ReplayBuffer> replay;
@@ -193,6 +195,7 @@ struct PerDeviceStrategy::Impl {
       info.consumed_sequence = consumed;
       info.jobs = jobs;
       info.updates_withheld = withheld;
+      info.rollbacks = rollbacks;
       info.holdout_pool = holdout.size();
       info.quarantined_samples = quarantine.samples;
       info.last_quarantine_reason =
@@ -636,6 +639,101 @@ struct PerDeviceStrategy::Impl {
     return report;
   }
 
+  // Moves the device back to the state it had at `to_version` (0 = the version before its
+  // newest) as a new version: see TrainerStrategy::Rollback. Caller holds d.mu.
+  absl::StatusOr<RollbackResult> Rollback(const std::string& id, Device& d, uint64_t device_version,
+                                          uint64_t to_version) {
+    if (absl::Status s = Load(id, d); !s.ok()) return s;
+    if (d.version == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(id, " runs the pretrained base: there is nothing to roll back"));
+    }
+    if (device_version != d.version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(id, " reports version ", device_version, " but its mirror is at version ",
+                       d.version, ": apply the newest update (or resync) first, then roll back"));
+    }
+    const uint64_t to = to_version == 0 ? d.version - 1 : to_version;
+    if (to >= d.version) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a rollback goes to a version before ", d.version, ", not to ", to_version));
+    }
+    compress::NamedTensors target;
+    if (to == 0) {
+      target = CloneTensors(trainer->base_trainable());
+    } else {
+      absl::StatusOr<StoredUpdate> kept = updates->Snapshot(id, to);
+      if (!kept.ok() || kept->new_version != to) {
+        return absl::NotFoundError(absl::StrCat(
+            "no snapshot of version ", to, " of ", id,
+            " is kept any more (the update store keeps the newest ones); choose a newer one"));
+      }
+      absl::StatusOr<compress::NamedTensors> state = TensorsFromSafetensors(*kept->payload);
+      if (!state.ok()) return state.status();
+      if (compress::StateDigest(*state) != kept->state_digest) {
+        return absl::DataLossError(
+            absl::StrCat("the snapshot of version ", to, " of ", id, " does not match its digest"));
+      }
+      target = *std::move(state);
+    }
+    const uint64_t digest = compress::StateDigest(target);
+    // The update a device at d.version fetches: DWC towards the target without a byte cap
+    // (a one-off); it cannot land exactly on the target, so such a device finds its digest
+    // differs and loads the new version's snapshot, which is the target exactly. The
+    // residual restarts empty: what the rolled-back jobs trained is dropped.
+    compress::DeltaEncoderOptions uncapped = d.encoder.options();
+    uncapped.byte_budget = 0;
+    uncapped.bits_per_param = 0;
+    compress::DeltaEncoder encoder(uncapped);
+    absl::StatusOr<compress::UpdatePayload> payload =
+        encoder.Encode(target, d.mirror, d.version, d.version + 1);
+    if (!payload.ok()) return payload.status();
+    absl::StatusOr<std::string> snapshot =
+        model::EncodeSafetensors(target, {{"version", std::to_string(d.version + 1)}});
+    if (!snapshot.ok()) return snapshot.status();
+    const compress::DeltaEncoder fresh(d.encoder.options());
+    MirrorFile f;
+    f.version = d.version + 1;
+    f.consumed = d.consumed;
+    f.digest = digest;
+    f.mirror = *snapshot;
+    f.residual = fresh.SerializeState();
+    f.update = payload->bytes;
+    f.snapshot = *snapshot;
+    if (absl::Status s =
+            storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
+        !s.ok()) {
+      return s;
+    }
+    // Committed (Load republishes it after a crash from here on).
+    const uint64_t from = d.version;
+    d.mirror = std::move(target);
+    d.encoder = fresh;
+    d.version = f.version;
+    d.digest = digest;
+    ++d.rollbacks;
+    trainer->Forget(id);  // the learner state was fitted along with the dropped updates
+    d.PublishInfo();
+    std::fprintf(stderr, "%s\n",
+                 nlohmann::json({{"event", "device_rolled_back"},
+                                 {"device_id", id},
+                                 {"from_version", from},
+                                 {"restored_version", to},
+                                 {"new_version", f.version},
+                                 {"state_digest", absl::StrFormat("%016x", digest)}})
+                     .dump()
+                     .c_str());
+    if (absl::Status s = updates->PutUpdate(id, from, f.version, digest, std::move(payload->bytes));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
+        !s.ok()) {
+      return s;
+    }
+    return RollbackResult{f.version, to, digest};
+  }
+
   absl::StatusOr<JobReport> RunJob(const std::string& id, Device& d) {
     if (absl::Status s = Load(id, d); !s.ok()) return s;
     absl::StatusOr<StoredBatches> stored =
@@ -997,6 +1095,20 @@ absl::StatusOr<JobReport> PerDeviceStrategy::RunJob(const std::string& device_id
   return report;
 }
 
+absl::StatusOr<RollbackResult> PerDeviceStrategy::Rollback(const std::string& device_id,
+                                                           uint64_t device_version,
+                                                           uint64_t to_version) {
+  if (absl::Status s = wire::ValidateDeviceId(device_id); !s.ok()) return s;
+  Impl::Device* d = impl_->Get(device_id);
+  absl::StatusOr<RollbackResult> result;
+  {
+    absl::MutexLock lock(&d->mu);
+    result = impl_->Rollback(device_id, *d, device_version, to_version);
+  }
+  impl_->Touch(device_id);
+  return result;
+}
+
 uint64_t PerDeviceStrategy::ConsumedSequence(const std::string& device_id) const {
   return State(device_id).consumed_sequence;
 }
@@ -1096,6 +1208,12 @@ void JobScheduler::OnSamplesStored(const std::string& device_id, uint64_t highes
   if (d.last_job == absl::InfinitePast()) d.last_job = clock_->Now();
   d.highest_durable = std::max(d.highest_durable, highest_durable);
   dirty_ = true;
+}
+
+absl::StatusOr<RollbackResult> JobScheduler::OnRollback(const std::string& device_id,
+                                                        uint64_t device_version,
+                                                        uint64_t to_version) {
+  return strategy_->Rollback(device_id, device_version, to_version);
 }
 
 void JobScheduler::OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {

@@ -138,6 +138,7 @@ struct DeviceTrainingState {
   // until the device's first job since the start rebuilds it).
   uint64_t updates_withheld = 0;
   uint64_t holdout_pool = 0;
+  uint64_t rollbacks = 0;  // Rollback()s since the process started
 };
 
 // Jobs of one device that fail while training at the same cursor before its batches are
@@ -164,6 +165,18 @@ class TrainerStrategy {
   // The device reported `version` with a digest that matched (in_sync) or not; the
   // service already tells it to resync from the newest snapshot.
   virtual void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {}
+  // Returns the device, which runs `device_version`, to its state at `to_version` (0 = the
+  // version before its newest): committed and published as a new version (new_version =
+  // device_version + 1) whose state is exactly that older state, its residual empty, the
+  // cursor where it was (the rolled-back jobs' samples stay consumed). The device loads the
+  // new version's snapshot; a device that fetches the update instead finds its digest
+  // differs and resyncs to that snapshot. FAILED_PRECONDITION if the device does not run
+  // the mirror's version (or runs the pretrained base), INVALID_ARGUMENT for a version not
+  // before it, NOT_FOUND if the update store no longer keeps that version's snapshot.
+  virtual absl::StatusOr<RollbackResult> Rollback(const std::string& device_id,
+                                                  uint64_t device_version, uint64_t to_version) {
+    return absl::UnimplementedError("this trainer cannot roll a device back");
+  }
 };
 
 struct PerDeviceStrategyOptions {
@@ -259,6 +272,8 @@ class PerDeviceStrategy final : public TrainerStrategy {
   uint64_t ConsumedSequence(const std::string& device_id) const override;
   DeviceTrainingState State(const std::string& device_id) const override;
   void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
+  absl::StatusOr<RollbackResult> Rollback(const std::string& device_id, uint64_t device_version,
+                                          uint64_t to_version) override;
 
   // The mirror's trainable set of `device_id` as a safetensors blob (what a snapshot holds).
   absl::StatusOr<std::string> MirrorState(const std::string& device_id) const;
@@ -310,6 +325,9 @@ class JobScheduler final : public CloudObserver {
 
   void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) override;
   void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
+  // The strategy's Rollback (it waits for a job of the device that is running).
+  absl::StatusOr<RollbackResult> OnRollback(const std::string& device_id, uint64_t device_version,
+                                            uint64_t to_version) override;
 
   // Blocks until no job runs and no device has reached its trigger, or `timeout` passed.
   // Returns false on timeout. For tests and the harness.

@@ -528,6 +528,29 @@ absl::Status DeviceAgent::Report(bool allow_resync) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::RollbackReply> DeviceAgent::RollBack(uint64_t to_version) {
+  absl::MutexLock link(&link_mu_);
+  if (absl::Status s = RegisterWithCloud(); !s.ok()) return s;
+  if (absl::Status s = PullUpdate(); !s.ok()) return s;
+  const uint64_t from = runtime_->version();
+  absl::StatusOr<v1::RollbackReply> reply = client_->Rollback(from, to_version);
+  if (!reply.ok()) return reply.status();
+  if (absl::Status s = Resync(reply->new_version()); !s.ok()) return s;
+  if (runtime_->version() != reply->new_version() ||
+      runtime_->StateDigest() != reply->state_digest()) {
+    return absl::DataLossError(absl::StrFormat(
+        "after the rollback the device runs version %d digest %016x, not the cloud's %d %016x",
+        runtime_->version(), runtime_->StateDigest(), reply->new_version(), reply->state_digest()));
+  }
+  LogEvent("rolled_back", absl::StrFormat("from version %d to the state of version %d as "
+                                          "version %d, digest %016x",
+                                          from, reply->restored_version(), reply->new_version(),
+                                          reply->state_digest()));
+  absl::MutexLock lock(&mu_);
+  ++stats_.rollbacks;
+  return reply;
+}
+
 absl::Status DeviceAgent::SyncOnce() {
   absl::MutexLock link(&link_mu_);
   bool registered;

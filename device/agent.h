@@ -132,6 +132,7 @@ struct AgentStats {
   double update_seconds = 0;
   uint64_t updates_applied = 0;
   uint64_t resyncs = 0;           // snapshots loaded
+  uint64_t rollbacks = 0;         // RollBack()s that completed
   uint64_t rejected_updates = 0;  // payloads that failed verification or apply
   uint64_t version = 0;
   uint64_t state_digest = 0;
@@ -172,6 +173,14 @@ class DeviceAgent {
   // queued, fetch and apply an update (resyncing as needed). For tests and the harness;
   // do not mix with Start().
   absl::Status SyncOnce();
+
+  // Returns the device to its state at `to_version` (0 = the one before its newest
+  // update), with the cloud (CloudClient::Rollback): registers if needed, brings the
+  // device to the cloud's newest version first, then loads the snapshot of the new version
+  // the cloud made, saves it and reports it. The cloud's error as it is where it refuses
+  // (a device on the pretrained base, a version no longer kept). Synchronous; call before
+  // Start() or after Stop().
+  absl::StatusOr<v1::RollbackReply> RollBack(uint64_t to_version);
 
   AgentStats Stats() const;
 

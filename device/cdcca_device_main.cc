@@ -52,6 +52,13 @@
 
 ABSL_FLAG(std::string, cloud, "",
           "host:port of cdcca-cloud; empty = run offline (no uplink, no updates)");
+ABSL_FLAG(bool, rollback, false,
+          "with --cloud: before answering, return this device to its state before its newest "
+          "update (or to --rollback_to_version's) together with the cloud, as a new version; "
+          "exits with an error if the cloud refuses");
+ABSL_FLAG(int64_t, rollback_to_version, 0,
+          "with --rollback: the older version whose state to return to (0 = the one before "
+          "the newest)");
 ABSL_FLAG(std::string, device_id, "",
           "this device's id (1-64 of [A-Za-z0-9._-]); must match its token");
 ABSL_FLAG(std::string, token, "", "bearer token (prefer --token_file: flags show up in ps)");
@@ -159,12 +166,13 @@ std::string StatusJson(const AgentStats& s, int64_t failed_frames) {
       "\"queued_batches\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
       "\"dropped_batches\":%d,\"dropped_batches_by_reason\":%s,\"uplink_backoffs\":%d,"
       "\"renumbered\":%d,"
-      "\"updates_applied\":%d,\"resyncs\":%d,\"rejected_updates\":%d,\"registered\":%s,"
+      "\"updates_applied\":%d,\"resyncs\":%d,\"rollbacks\":%d,\"rejected_updates\":%d,"
+      "\"registered\":%s,"
       "\"link_up\":%s,\"in_sync\":%s}",
       s.version, s.state_digest, s.answered, failed_frames, s.kept_samples, s.dropped_samples,
       s.unsent_samples, s.batches_queued, s.queue.batches, s.batches_acked, s.uplink_bytes,
       s.dropped_batches, nlohmann::json(s.dropped_batches_by_reason).dump(), s.uplink_backoffs,
-      s.renumbered, s.updates_applied, s.resyncs, s.rejected_updates,
+      s.renumbered, s.updates_applied, s.resyncs, s.rollbacks, s.rejected_updates,
       s.registered ? "true" : "false", s.link_up ? "true" : "false", s.in_sync ? "true" : "false");
 }
 
@@ -573,6 +581,13 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(s.version), static_cast<unsigned long long>(s.state_digest),
         s.queue.batches,
         JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao.uts.score)))).c_str());
+  }
+  if (absl::GetFlag(FLAGS_rollback)) {
+    if (offline) return Fail(absl::InvalidArgumentError("--rollback needs --cloud"));
+    const int64_t to = absl::GetFlag(FLAGS_rollback_to_version);
+    if (to < 0) return Fail(absl::InvalidArgumentError("--rollback_to_version must be >= 0"));
+    auto rolled = (*agent)->RollBack(static_cast<uint64_t>(to));
+    if (!rolled.ok()) return Fail(rolled.status());
   }
   if (!offline) (*agent)->Start();
 

@@ -164,8 +164,8 @@ absl::StatusOr<FetchedPayload> CloudClient::Download(Open open) {
       if (!have_info) {
         bad = absl::DataLossError("payload stream did not start with its info");
       } else if (chunk.offset() != out.bytes.size()) {
-        bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
-                                               out.bytes.size()));
+        bad = absl::DataLossError(
+            absl::StrCat("chunk at offset ", chunk.offset(), ", expected ", out.bytes.size()));
       } else if (out.bytes.size() + chunk.data().size() > out.info.total_bytes()) {
         bad = absl::DataLossError("payload stream runs past its announced size");
       } else {
@@ -236,6 +236,19 @@ absl::StatusOr<v1::ReportAppliedReply> CloudClient::ReportApplied(uint64_t versi
     if (!s.ok()) return wire::FromGrpcStatus(s);
     return reply;
   });
+}
+
+absl::StatusOr<v1::RollbackReply> CloudClient::Rollback(uint64_t version, uint64_t to_version) {
+  v1::RollbackRequest req;
+  req.set_device_id(options_.device_id);
+  req.set_version(version);
+  req.set_to_version(to_version);
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  v1::RollbackReply reply;
+  grpc::Status s = stub_->Rollback(&ctx, req, &reply);
+  if (!s.ok()) return wire::FromGrpcStatus(s);
+  return reply;
 }
 
 absl::StatusOr<v1::HealthReply> CloudClient::Health() {

@@ -75,6 +75,11 @@ class CloudClient {
   absl::StatusOr<FetchedPayload> FetchSnapshot(uint64_t version);
 
   absl::StatusOr<v1::ReportAppliedReply> ReportApplied(uint64_t version, uint64_t state_digest);
+  // Asks the cloud to return this device, which runs `version`, to its state at `to_version`
+  // (0 = the one before `version`) as a new version. One attempt, no retries: a rollback
+  // is not repeated blindly (a lost reply is harmless: the device's next update pass
+  // fetches the new version and resyncs to it).
+  absl::StatusOr<v1::RollbackReply> Rollback(uint64_t version, uint64_t to_version);
   absl::StatusOr<v1::HealthReply> Health();
 
   ClientStats stats() const;

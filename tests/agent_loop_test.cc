@@ -30,8 +30,21 @@
 namespace cdcca {
 namespace {
 
+using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::TempDir;
 using ::cdcca::testing::WaitUntil;
+using ::testing::HasSubstr;
+
+// What the program's JobScheduler does for a Rollback RPC: the strategy's Rollback.
+class RollbackToStrategy final : public cloud::CloudObserver {
+ public:
+  cloud::TrainerStrategy* strategy = nullptr;
+  absl::StatusOr<cloud::RollbackResult> OnRollback(const std::string& device_id,
+                                                   uint64_t device_version,
+                                                   uint64_t to_version) override {
+    return strategy->Rollback(device_id, device_version, to_version);
+  }
+};
 
 class AgentLoopTest : public ::testing::Test {
  protected:
@@ -55,20 +68,12 @@ class AgentLoopTest : public ::testing::Test {
     fo.devices = 1;
     fo.server.listen_address = "127.0.0.1:0";
     fo.server.insecure = true;
+    fo.observer = &rollback_;
     cloud_ = std::make_unique<testing::CloudFixture>(fo);
     ASSERT_OK(cloud_->Start());
-    cloud::PerDeviceStrategyOptions so;
-    so.checkpoint_dir = checkpoint_;
-    so.student_precision = "int8";
-    so.state_dir = dir_.path() + "/cloud/trainer";
-    so.max_steps = 3;
-    so.batch_size = 4;
-    so.torch_threads = 1;
-    // The loop under test moves every uplinked sample into a job and every job's update to
-    // the device; whether an update helps is the guard's test (cloud/trainer_test.cc).
-    so.guard.enabled = false;
-    ASSERT_OK_AND_ASSIGN(
-        strategy_, cloud::PerDeviceStrategy::Create(so, cloud_->samples(), cloud_->updates()));
+    ASSERT_OK_AND_ASSIGN(strategy_, cloud::PerDeviceStrategy::Create(
+                                        StrategyOptions(), cloud_->samples(), cloud_->updates()));
+    rollback_.strategy = strategy_.get();
 
     device::RuntimeOptions ro;
     ro.checkpoint_dir = checkpoint_;
@@ -81,6 +86,20 @@ class AgentLoopTest : public ::testing::Test {
     co.initial_backoff = absl::Milliseconds(10);
     co.call_timeout = absl::Seconds(5);
     client_ = cloud_->Client(0, co);
+  }
+
+  cloud::PerDeviceStrategyOptions StrategyOptions() const {
+    cloud::PerDeviceStrategyOptions so;
+    so.checkpoint_dir = checkpoint_;
+    so.student_precision = "int8";
+    so.state_dir = dir_.path() + "/cloud/trainer";
+    so.max_steps = 3;
+    so.batch_size = 4;
+    so.torch_threads = 1;
+    // The loop under test moves every uplinked sample into a job and every job's update to
+    // the device; whether an update helps is the guard's test (cloud/trainer_test.cc).
+    so.guard.enabled = false;
+    return so;
   }
 
   device::AgentOptions Options() const {
@@ -108,6 +127,7 @@ class AgentLoopTest : public ::testing::Test {
 
   TempDir dir_;
   std::string checkpoint_;
+  RollbackToStrategy rollback_;
   std::unique_ptr<testing::CloudFixture> cloud_;
   std::unique_ptr<cloud::PerDeviceStrategy> strategy_;
   std::unique_ptr<device::InferenceRuntime> runtime_;
@@ -168,6 +188,79 @@ TEST_F(AgentLoopTest, RoundTripAndResyncOfADivergedState) {
   EXPECT_TRUE(s.in_sync);
   EXPECT_EQ(s.state_digest, strategy_->State("dev-0").state_digest);
   EXPECT_NE(s.state_digest, wrong);
+}
+
+// A device returns to the state before its newest update together with the cloud: a new
+// version whose state is exactly the older one, on the device and the mirror alike, and the
+// next update trains from there. Refused on the pretrained base, and for a version the device
+// does not run; durable across a restart of the cloud's trainer.
+TEST_F(AgentLoopTest, RollsBackToTheStateBeforeTheNewestUpdateWithTheCloud) {
+  ASSERT_OK_AND_ASSIGN(auto agent,
+                       device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+  EXPECT_THAT(agent->RollBack(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("nothing to roll back")));
+  std::vector<uint64_t> digests;
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_OK(agent->Process(Frames(8, 1 + 10 * round)).status());
+    ASSERT_OK(agent->SyncOnce());
+    ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
+    digests.push_back(report.state_digest);
+    ASSERT_OK(agent->SyncOnce());
+  }
+  ASSERT_NE(digests[0], digests[1]);
+  ASSERT_EQ(agent->Stats().version, 2u);
+
+  ASSERT_OK_AND_ASSIGN(v1::RollbackReply reply, agent->RollBack(0));
+  EXPECT_EQ(reply.new_version(), 3u);
+  EXPECT_EQ(reply.restored_version(), 1u);
+  EXPECT_EQ(reply.state_digest(), digests[0]);
+  device::AgentStats s = agent->Stats();
+  EXPECT_EQ(s.version, 3u);
+  EXPECT_EQ(s.state_digest, digests[0]);
+  EXPECT_EQ(runtime_->StateDigest(), digests[0]);
+  EXPECT_TRUE(s.in_sync);
+  EXPECT_EQ(s.rollbacks, 1u);
+  cloud::DeviceTrainingState mirror = strategy_->State("dev-0");
+  EXPECT_EQ(mirror.version, 3u);
+  EXPECT_EQ(mirror.state_digest, digests[0]);
+  EXPECT_EQ(mirror.rollbacks, 1u);
+  // The cloud refuses a rollback from a version the device does not run.
+  EXPECT_THAT(client_->Rollback(2, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("mirror is at version 3")));
+
+  // The next update trains from the restored state and lands the device on the mirror.
+  ASSERT_OK(agent->Process(Frames(8, 31)).status());
+  ASSERT_OK(agent->SyncOnce());
+  ASSERT_OK_AND_ASSIGN(cloud::JobReport next, strategy_->RunJob("dev-0"));
+  EXPECT_EQ(next.base_version, 3u);
+  ASSERT_OK(agent->SyncOnce());
+  EXPECT_EQ(agent->Stats().version, 4u);
+  EXPECT_EQ(agent->Stats().state_digest, next.state_digest);
+  EXPECT_TRUE(agent->Stats().in_sync);
+
+  // A rollback the agent did not ask for (another caller with the device's token): the
+  // agent's next rollback first catches up, through the update, whose digest differs from
+  // the restored state's, and the snapshot it then resyncs to.
+  ASSERT_OK_AND_ASSIGN(reply, client_->Rollback(4, 0));
+  EXPECT_EQ(reply.new_version(), 5u);
+  EXPECT_EQ(reply.state_digest(), digests[0]);
+  ASSERT_OK_AND_ASSIGN(reply, agent->RollBack(0));
+  EXPECT_EQ(reply.new_version(), 6u);
+  EXPECT_EQ(reply.restored_version(), 4u);
+  EXPECT_EQ(reply.state_digest(), next.state_digest);
+  EXPECT_EQ(agent->Stats().state_digest, next.state_digest);
+  EXPECT_TRUE(agent->Stats().in_sync);
+  EXPECT_THAT(client_->Rollback(6, 6), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(client_->Rollback(6, 0).status());  // to the state of 5, digests[0]
+
+  // The trainer restarted on its state files holds the last rollback.
+  ASSERT_OK_AND_ASSIGN(strategy_, cloud::PerDeviceStrategy::Create(
+                                      StrategyOptions(), cloud_->samples(), cloud_->updates()));
+  rollback_.strategy = strategy_.get();
+  ASSERT_OK(strategy_->Recover());
+  mirror = strategy_->State("dev-0");
+  EXPECT_EQ(mirror.version, 7u);
+  EXPECT_EQ(mirror.state_digest, digests[0]);
 }
 
 // Applying an update under every injected file fault at every step of the device's state

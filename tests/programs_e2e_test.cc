@@ -123,7 +123,8 @@ class ProgramsTest : public ::testing::Test {
 
   std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
 
-  std::unique_ptr<Child> StartDevice(const std::string& id, const std::string& fault = "") {
+  std::unique_ptr<Child> StartDevice(const std::string& id, const std::string& fault = "",
+                                     const std::vector<std::string>& extra = {}) {
     std::filesystem::create_directories(DeviceDir(id));
     std::filesystem::remove(DeviceDir(id) + "/status.json");  // only this run's status counts
     std::vector<std::string> args = {CDCCA_DEVICE_BINARY,
@@ -145,6 +146,7 @@ class ProgramsTest : public ::testing::Test {
                                      "--poll_ms=300",
                                      "--max_attempts=2",
                                      "--status_file=" + DeviceDir(id) + "/status.json"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::ofstream(dir_.path() + "/prompts")
         << "what is in the picture?\nhow many items are there?\n";
     return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", fault);
@@ -249,6 +251,55 @@ TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
   }
   nlohmann::json cs = ReadJson(dir_.path() + "/cloud-status.json");
   EXPECT_GE(cs.value("jobs_done", 0ull), 2u) << cs.dump();
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+// `cdcca-device --rollback`: the device returns, together with the cloud, to its state
+// before its newest update, as a new version whose digest on both ends is the older one's.
+TEST_F(ProgramsTest, DeviceRollsBackToItsStateBeforeTheNewestUpdate) {
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  {
+    std::unique_ptr<Child> a = StartDevice("dev-a");
+    ASSERT_TRUE(WaitInSync("dev-a", 2, absl::Minutes(3))) << ReadText(dir_.path() + "/cloud.log");
+    a->Signal(SIGTERM);
+    ASSERT_EQ(a->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir("dev-a") + "/device.log");
+  }
+  // The cloud trains what the device left; then its mirror stays where it is.
+  uint64_t newest = 0;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        nlohmann::json d = ReadJson(dir_.path() + "/cloud-status.json")["devices"]["dev-a"];
+        newest = d.value("mirror_version", 0ull);
+        return d.value("consumed_sequence", 0ull) == d.value("durable_sequence", 1ull);
+      },
+      absl::Minutes(2)))
+      << ReadText(dir_.path() + "/cloud.log");
+  ASSERT_GE(newest, 2u);
+
+  std::unique_ptr<Child> rolled = StartDevice("dev-a", "", {"--rollback", "--frames=2"});
+  ASSERT_EQ(rolled->Wait(absl::Minutes(2)), 0) << ReadText(DeviceDir("dev-a") + "/device.log");
+  const std::string log = ReadText(DeviceDir("dev-a") + "/device.log");
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("from version ", newest, " to the state of version ",
+                                          newest - 1, " as version ", newest + 1)));
+  EXPECT_EQ(CloudDigest("dev-a", newest + 1), CloudDigest("dev-a", newest - 1));
+  nlohmann::json s = DeviceStatus("dev-a");
+  EXPECT_EQ(s.value("rollbacks", 0ull), 1u) << s.dump();
+  if (s.value("version", 0ull) == newest + 1) {  // no job on its two frames ran before it exited
+    EXPECT_EQ(s.value("digest", std::string()), CloudDigest("dev-a", newest - 1)) << s.dump();
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return ReadJson(dir_.path() + "/cloud-status.json")["devices"]["dev-a"].value("rollbacks",
+                                                                                      0ull) == 1u;
+      },
+      absl::Seconds(30)));
+
+  // On the pretrained base there is nothing to roll back: the program says so and fails.
+  std::unique_ptr<Child> fresh = StartDevice("dev-b", "", {"--rollback", "--frames=1"});
+  EXPECT_NE(fresh->Wait(absl::Minutes(2)), 0);
+  EXPECT_THAT(ReadText(DeviceDir("dev-b") + "/device.log"), HasSubstr("nothing to roll back"));
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
