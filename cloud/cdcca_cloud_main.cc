@@ -77,8 +77,9 @@ ABSL_FLAG(std::string, teacher, "",
 ABSL_FLAG(std::string, student_base, "",
           "a Hugging Face pair: the student's folder, the model devices run before adaptation");
 ABSL_FLAG(std::string, teacher_template, "auto",
-          "a Hugging Face pair: the teacher's prompt template (auto: llava for LLaVA, none for "
-          "BLIP-2; none; llava; vicuna; chatml)");
+          "a Hugging Face pair: the teacher's prompt (auto: the folder's chat template where it "
+          "has one, else llava for LLaVA and none for BLIP-2; chat; none; llava; vicuna; "
+          "chatml)");
 ABSL_FLAG(std::string, student_template, "auto",
           "a Hugging Face pair: the student's prompt template, as the devices' --hf_template");
 ABSL_FLAG(std::string, teacher_precision, "",

@@ -88,11 +88,11 @@ class HubMirrorTrainer final : public MirrorTrainer {
       if (!folder.ok()) return folder.status();
       t->fingerprint_ = model::HubBaseFingerprint(*folder, options.student_precision, t->adapters_,
                                                   compress::StateDigest(t->base_trainable_));
-      absl::StatusOr<std::string> teacher_template =
-          model::ResolvePromptTemplate(options.teacher_template, t->teacher_->model_type());
+      absl::StatusOr<model::PromptFormat> teacher_template = model::ResolvePromptFormat(
+          options.teacher_template, t->teacher_->model_type(), options.teacher_dir);
       if (!teacher_template.ok()) return teacher_template.status();
-      absl::StatusOr<std::string> student_template =
-          model::ResolvePromptTemplate(options.student_template, t->student_->model_type());
+      absl::StatusOr<model::PromptFormat> student_template = model::ResolvePromptFormat(
+          options.student_template, t->student_->model_type(), options.student_base_dir);
       if (!student_template.ok()) return student_template.status();
       t->teacher_side_ = distill::PairSideOf(*t->teacher_, options.teacher_dir, *teacher_template);
       t->student_side_ =

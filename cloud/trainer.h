@@ -187,8 +187,9 @@ struct PerDeviceStrategyOptions {
   // student's (the devices' model before adaptation), LLaVA, BLIP-2 or InstructBLIP, sharing
   // the vision tower. The mirror loads the student at student_precision with the devices'
   // adapters (LoRA on the LM's q/v; lora_mlp adds the MLP; AdapterOptions seed 0). Prompts are
-  // put in each side's template ("auto": llava's for LLaVA, none for the BLIP-2 family;
-  // "none"; or a name `cdcca generate --template` knows). The teacher runs at
+  // put in each side's prompt format (model::ResolvePromptFormat on that side's folder:
+  // "auto" is its chat template where it has one, else llava's for LLaVA and none for the
+  // BLIP-2 family; "chat", "none" or a named template). The teacher runs at
   // teacher_precision ("" = bf16 on CUDA, fp32 on the CPU).
   std::string teacher_dir;
   std::string student_base_dir;

@@ -76,8 +76,9 @@ ABSL_FLAG(std::string, precision, "int8",
           "storage of the student's frozen base: fp32, int8 or int4 (Hugging Face folders "
           "also bf16, fp16)");
 ABSL_FLAG(std::string, hf_template, "auto",
-          "Hugging Face folders: prompt template around each question (llava, vicuna, chatml, "
-          "none; auto = llava for LLaVA, none for BLIP-2 / InstructBLIP)");
+          "Hugging Face folders: prompt around each question: auto = the folder's chat "
+          "template where it has one, else llava for LLaVA and none for BLIP-2 / InstructBLIP; "
+          "chat; llava; vicuna; chatml; none");
 ABSL_FLAG(int, max_new_tokens, 32,
           "Hugging Face folders: longest answer, in tokens (at most 64 with --cloud)");
 ABSL_FLAG(int64_t, lora_rank, 8,
@@ -343,10 +344,10 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       cdcca::model::HfAnswerer::Load(absl::GetFlag(FLAGS_checkpoint_dir),
                                      absl::GetFlag(FLAGS_precision), "cpu");
   if (!answerer.ok()) return Fail(answerer.status());
-  absl::StatusOr<std::string> resolved = cdcca::model::ResolvePromptTemplate(
-      absl::GetFlag(FLAGS_hf_template), (*answerer)->model_type());
-  if (!resolved.ok()) return Fail(resolved.status());
-  const std::string template_name = *resolved;
+  absl::StatusOr<cdcca::model::PromptFormat> format =
+      cdcca::model::ResolvePromptFormat(absl::GetFlag(FLAGS_hf_template), (*answerer)->model_type(),
+                                        absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!format.ok()) return Fail(format.status());
   cdcca::device::UtsOptions uts;
   uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
@@ -387,7 +388,7 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   while (!g_stop && (max_frames == 0 || frame_index < max_frames) &&
          (*source)->Next(&image, &name)) {
     const std::string& question = prompts[static_cast<size_t>(frame_index) % prompts.size()];
-    absl::StatusOr<std::string> prompt = cdcca::model::ApplyPromptTemplate(template_name, question);
+    absl::StatusOr<std::string> prompt = format->Apply(question);
     if (!prompt.ok()) return Fail(prompt.status());
     absl::StatusOr<cdcca::model::GenerateReply> reply = (*answerer)->AnswerRgb(
         image.pixels.data(), image.width, image.height, name, *prompt, max_new,

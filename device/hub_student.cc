@@ -21,10 +21,10 @@ namespace {
 
 class HubStudentImpl final : public HubStudent {
  public:
-  HubStudentImpl(std::unique_ptr<model::HfAnswerer> answerer, std::string template_name,
+  HubStudentImpl(std::unique_ptr<model::HfAnswerer> answerer, model::PromptFormat format,
                  int max_new_tokens)
       : answerer_(std::move(answerer)),
-        template_(std::move(template_name)),
+        format_(std::move(format)),
         max_new_tokens_(max_new_tokens) {}
 
   absl::Status Init(const RuntimeOptions& options) {
@@ -45,7 +45,7 @@ class HubStudentImpl final : public HubStudent {
   }
 
   absl::StatusOr<AnswerResult> Answer(const Frame& frame) override {
-    absl::StatusOr<std::string> prompt = model::ApplyPromptTemplate(template_, frame.question);
+    absl::StatusOr<std::string> prompt = format_.Apply(frame.question);
     if (!prompt.ok()) return prompt.status();
     model::VisualTokenReply visual;
     absl::StatusOr<model::GenerateReply> reply = answerer_->AnswerRgbFromTokens(
@@ -84,7 +84,7 @@ class HubStudentImpl final : public HubStudent {
           "UTS stage 2 on a Hugging Face folder needs the frame the tokens came from");
     }
     const Frame& frame = *visual.source;
-    absl::StatusOr<std::string> prompt = model::ApplyPromptTemplate(template_, frame.question);
+    absl::StatusOr<std::string> prompt = format_.Apply(frame.question);
     if (!prompt.ok()) return prompt.status();
     absl::StatusOr<model::VisualTokenReply> reply = answerer_->VisualTokenVarianceRgb(
         frame.image.pixels.data(), frame.image.width, frame.image.height, "frame", *prompt, passes,
@@ -116,7 +116,7 @@ class HubStudentImpl final : public HubStudent {
 
  private:
   std::unique_ptr<model::HfAnswerer> answerer_;
-  std::string template_;
+  model::PromptFormat format_;
   int max_new_tokens_;
   uint64_t base_fingerprint_ = 0;
   uint64_t vision_fingerprint_ = 0;
@@ -129,10 +129,10 @@ absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions&
     absl::StatusOr<std::unique_ptr<model::HfAnswerer>> answerer =
         model::HfAnswerer::Load(options.checkpoint_dir, options.precision, "cpu");
     if (!answerer.ok()) return answerer.status();
-    absl::StatusOr<std::string> template_name =
-        model::ResolvePromptTemplate(options.hub_template, (*answerer)->model_type());
-    if (!template_name.ok()) return template_name.status();
-    auto student = std::make_unique<HubStudentImpl>(*std::move(answerer), *template_name,
+    absl::StatusOr<model::PromptFormat> format = model::ResolvePromptFormat(
+        options.hub_template, (*answerer)->model_type(), options.checkpoint_dir);
+    if (!format.ok()) return format.status();
+    auto student = std::make_unique<HubStudentImpl>(*std::move(answerer), *std::move(format),
                                                     options.max_answer_tokens);
     if (absl::Status s = student->Init(options); !s.ok()) return s;
     return std::unique_ptr<HubStudent>(std::move(student));

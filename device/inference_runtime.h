@@ -35,8 +35,9 @@ struct RuntimeOptions {
   // every core; model/runtime/threads.h).
   int threads = 0;
   // A Hugging Face folder (LLaVA, BLIP-2, InstructBLIP) as checkpoint_dir: the prompt
-  // template a question is put in ("auto": llava's for LLaVA, none for the BLIP-2 family;
-  // "none"; or a name cdcca generate --template knows), and the adapters the cloud trains
+  // prompt a question is put in (model::ResolvePromptFormat: "auto" is the folder's chat
+  // template where it has one, else llava's for LLaVA and none for the BLIP-2 family;
+  // "chat", "none" or a named template), and the adapters the cloud trains
   // (LoRA on the LM's q/v, rank and alpha; MLP too with lora_mlp). They must be the cloud's:
   // the base fingerprint Register compares covers them.
   std::string hub_template = "auto";

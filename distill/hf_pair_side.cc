@@ -22,7 +22,7 @@ std::vector<int64_t> Widen(const std::vector<int32_t>& ids) {
 }  // namespace
 
 HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
-                      const std::string& template_name) {
+                      model::PromptFormat format) {
   HfPairSide side;
   side.model = &answerer.model();
   const tokenizer::Tokenizer* tok = &answerer.tokenizer();
@@ -42,8 +42,8 @@ HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
       return Widen(*ids);
     };
   }
-  side.format_prompt = [template_name](const std::string& prompt) {
-    return model::ApplyPromptTemplate(template_name, prompt);
+  side.format_prompt = [format = std::move(format)](const std::string& prompt) {
+    return format.Apply(prompt);
   };
   std::string bytes = FileBytes(dir + "/tokenizer.json");
   if (bytes.empty()) bytes = FileBytes(dir + "/tokenizer.model");

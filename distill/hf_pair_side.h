@@ -12,11 +12,11 @@
 namespace cdcca::distill {
 
 // A loaded folder as one side of a pair: its model, its tokenizer as the text codec (the
-// tokenizer's identity is a hash of tokenizer.json, else tokenizer.model), and the named
-// prompt template (model::ApplyPromptTemplate; "" = the prompt as given). The answerer must
-// outlive the side.
+// tokenizer's identity is a hash of tokenizer.json, else tokenizer.model), and its prompt
+// format (model::ResolvePromptFormat: the folder's chat template, a named template, or the
+// prompt as given). The answerer must outlive the side.
 HfPairSide PairSideOf(model::HfAnswerer& answerer, const std::string& dir,
-                      const std::string& template_name);
+                      model::PromptFormat format);
 
 }  // namespace cdcca::distill
 

@@ -185,10 +185,16 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
-  const std::string student_template = absl::GetFlag(FLAGS_template);
-  std::string teacher_template = absl::GetFlag(FLAGS_teacher_template);
-  if (teacher_template.empty()) teacher_template = student_template;
-  absl::StatusOr<std::string> device_prompt = model::ApplyPromptTemplate(student_template, prompt);
+  const std::string student_name = absl::GetFlag(FLAGS_template);
+  std::string teacher_name = absl::GetFlag(FLAGS_teacher_template);
+  if (teacher_name.empty()) teacher_name = student_name;
+  absl::StatusOr<model::PromptFormat> student_template =
+      model::ResolvePromptFormat(student_name, (*student)->model_type(), student_dir);
+  if (!student_template.ok()) return Fail(kName, student_template.status());
+  absl::StatusOr<model::PromptFormat> teacher_template =
+      model::ResolvePromptFormat(teacher_name, (*teacher)->model_type(), teacher_dir);
+  if (!teacher_template.ok()) return Fail(kName, teacher_template.status());
+  absl::StatusOr<std::string> device_prompt = student_template->Apply(prompt);
   if (!device_prompt.ok()) return Fail(kName, device_prompt.status());
 
   // The device's side: answer, then UTS stage 2 keeps the top tokens by variance.
@@ -243,8 +249,8 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
 
   // The cloud's side.
   absl::StatusOr<std::unique_ptr<HfPairDistiller>> job = HfPairDistiller::Create(
-      PairSideOf(**teacher, teacher_dir, teacher_template),
-      PairSideOf(**student, student_dir, student_template), settings.learner, settings.job);
+      PairSideOf(**teacher, teacher_dir, *teacher_template),
+      PairSideOf(**student, student_dir, *student_template), settings.learner, settings.job);
   if (!job.ok()) return Fail(kName, job.status());
   absl::StatusOr<HfJobResult> result = (*job)->Run(samples);
   if (!result.ok()) return Fail(kName, result.status());

@@ -34,14 +34,14 @@ double Seconds(Clock::time_point since) {
 constexpr char kHubScore[] = "vis";
 
 // DA (%) of `answerer`'s greedy answers on every question of `scenes`.
-absl::StatusOr<double> Accuracy(model::HfAnswerer& answerer, const std::string& template_name,
+absl::StatusOr<double> Accuracy(model::HfAnswerer& answerer, const model::PromptFormat& format,
                                 const std::vector<ds::Sample>& scenes, int max_answer_tokens,
                                 int* questions) {
   ds::VqaAccumulator acc;
   for (size_t i = 0; i < scenes.size(); ++i) {
     const ds::Sample& s = scenes[i];
     for (const ds::VqaItem& q : s.questions) {
-      absl::StatusOr<std::string> prompt = model::ApplyPromptTemplate(template_name, q.question);
+      absl::StatusOr<std::string> prompt = format.Apply(q.question);
       if (!prompt.ok()) return prompt.status();
       absl::StatusOr<model::GenerateReply> r =
           answerer.AnswerRgb(s.image.pixels.data(), s.image.width, s.image.height,
@@ -102,11 +102,13 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
       model::HfAnswerer::Load(pair.student_base_dir, o.precision, pair.device);
   if (!student.ok()) return student.status();
   if (absl::Status s = (*student)->model().AddAdapters(pair.adapters); !s.ok()) return s;
-  absl::StatusOr<std::string> teacher_template = model::ResolvePromptTemplate(
-      pair.teacher_template.empty() ? "auto" : pair.teacher_template, (*teacher)->model_type());
+  absl::StatusOr<model::PromptFormat> teacher_template =
+      model::ResolvePromptFormat(pair.teacher_template.empty() ? "auto" : pair.teacher_template,
+                                 (*teacher)->model_type(), pair.teacher_dir);
   if (!teacher_template.ok()) return teacher_template.status();
-  absl::StatusOr<std::string> student_template = model::ResolvePromptTemplate(
-      pair.student_template.empty() ? "auto" : pair.student_template, (*student)->model_type());
+  absl::StatusOr<model::PromptFormat> student_template =
+      model::ResolvePromptFormat(pair.student_template.empty() ? "auto" : pair.student_template,
+                                 (*student)->model_type(), pair.student_base_dir);
   if (!student_template.ok()) return student_template.status();
   const distill::HfPairSide teacher_side =
       distill::PairSideOf(**teacher, pair.teacher_dir, *teacher_template);
@@ -147,8 +149,7 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
     for (size_t si = 0; si < scenes->stream.size(); ++si) {
       const ds::Sample& scene = scenes->stream[si];
       for (const ds::VqaItem& q : scene.questions) {
-        absl::StatusOr<std::string> prompt =
-            model::ApplyPromptTemplate(*student_template, q.question);
+        absl::StatusOr<std::string> prompt = student_template->Apply(q.question);
         if (!prompt.ok()) return prompt.status();
         const std::string source_name = absl::StrCat("stream scene ", si);
         model::VisualTokenReply visual;
