@@ -77,9 +77,14 @@ absl::StatusOr<std::string> PostgresBinDir() {
 }
 
 std::vector<std::string> PostgresServer::AsServerUser(std::vector<std::string> args) const {
-  if (!drop_privileges_) return args;
-  std::vector<std::string> wrapped = {kSetpriv, absl::StrCat("--reuid=", uid_),
-                                      absl::StrCat("--regid=", gid_), "--clear-groups", "--"};
+  // The kernel sends SIGINT (fast shutdown) to the server when the thread that started it
+  // ends, so a test process that crashes or is killed leaves no server behind.
+  std::vector<std::string> wrapped = {kSetpriv, "--pdeathsig", "SIGINT"};
+  if (drop_privileges_) {
+    wrapped.insert(wrapped.end(), {absl::StrCat("--reuid=", uid_), absl::StrCat("--regid=", gid_),
+                                   "--clear-groups"});
+  }
+  wrapped.push_back("--");
   wrapped.insert(wrapped.end(), args.begin(), args.end());
   return wrapped;
 }
@@ -87,6 +92,7 @@ std::vector<std::string> PostgresServer::AsServerUser(std::vector<std::string> a
 absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(absl::Duration timeout) {
   absl::StatusOr<std::string> bin = PostgresBinDir();
   if (!bin.ok()) return bin.status();
+  if (!fs::exists(kSetpriv)) return absl::NotFoundError("setpriv (util-linux) is missing");
   auto server = std::unique_ptr<PostgresServer>(new PostgresServer());
   server->bin_dir_ = *bin;
   if (::geteuid() == 0) {
@@ -95,7 +101,6 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(absl::Dura
     if (pw == nullptr) pw = ::getpwnam("nobody");
     if (pw == nullptr)
       return absl::NotFoundError("no user postgres or nobody to run PostgreSQL as");
-    if (!fs::exists(kSetpriv)) return absl::NotFoundError("setpriv (util-linux) is missing");
     server->drop_privileges_ = true;
     server->uid_ = pw->pw_uid;
     server->gid_ = pw->pw_gid;

@@ -9,7 +9,10 @@
 //   absl::StatusOr<std::string> conninfo = (*server)->CreateDatabase();
 //
 // The destructor stops the server (fast shutdown: open sessions are ended) and removes the
-// directory. Not thread-safe; the conninfo strings may be used from any thread.
+// directory. Should the test process die first, the kernel stops the server when the thread
+// that started it ends (setpriv --pdeathsig): call Start and Restart from a thread that
+// outlives the server, such as the test's main thread. Not thread-safe; the conninfo
+// strings may be used from any thread.
 #ifndef CDCCA_TESTS_TESTING_POSTGRES_SERVER_H_
 #define CDCCA_TESTS_TESTING_POSTGRES_SERVER_H_
 
@@ -64,7 +67,8 @@ class PostgresServer {
   PostgresServer();
   // Starts the server on port_ and waits until it accepts connections.
   absl::Status Launch(absl::Duration timeout);
-  // args, run as the unprivileged user when this process is root.
+  // args wrapped in setpriv: stopped when the starting thread ends, and run as the
+  // unprivileged user when this process is root.
   std::vector<std::string> AsServerUser(std::vector<std::string> args) const;
 
   TempDir dir_;  // destroyed last: the server stops before its directory goes
