@@ -50,11 +50,7 @@ MATCHER_P2(Appended, duplicate, highest, "") {
 class PgStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::PostgresServer*> server = testing::SharedPostgresServer();
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::StatusOr<std::string> conninfo = (*server)->CreateDatabase();
-    ASSERT_TRUE(conninfo.ok()) << conninfo.status();
-    conninfo_ = *conninfo;
+    ASSERT_OK_AND_ASSIGN(conninfo_, testing::CreateSharedPostgresDatabase());
     store_ = OpenStore();
     ASSERT_NE(store_, nullptr);
   }

@@ -22,11 +22,7 @@ using ::testing::HasSubstr;
 class PgSchemaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::PostgresServer*> server = testing::SharedPostgresServer();
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::StatusOr<std::string> conninfo = (*server)->CreateDatabase();
-    ASSERT_TRUE(conninfo.ok()) << conninfo.status();
-    conninfo_ = *conninfo;
+    ASSERT_OK_AND_ASSIGN(conninfo_, testing::CreateSharedPostgresDatabase());
   }
 
   std::unique_ptr<Connection> Connect() {
@@ -99,6 +95,21 @@ TEST_F(PgSchemaTest, TransactionRollsBackUnlessCommitted) {
   EXPECT_EQ(Count(*conn, "SELECT count(*) FROM t"), 1);
 }
 
+// A server that stops under a session: the session's next statement is UNAVAILABLE (the
+// outcome of anything in flight unknown), and a new connection finds every commit.
+TEST_F(PgSchemaTest, AServerRestartEndsSessionsAndKeepsCommits) {
+  std::unique_ptr<Connection> conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  ASSERT_OK(conn->ExecScript("CREATE TABLE t (k integer)"));
+  ASSERT_OK(conn->Exec("INSERT INTO t VALUES (1)").status());
+  ASSERT_OK((*testing::SharedPostgresServer())->Restart());
+  EXPECT_THAT(conn->Exec("SELECT count(*) FROM t"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(conn->ok());
+  std::unique_ptr<Connection> fresh = Connect();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(Count(*fresh, "SELECT count(*) FROM t"), 1);
+}
+
 TEST_F(PgSchemaTest, MigrationIsIdempotent) {
   std::unique_ptr<Connection> conn = Connect();
   ASSERT_NE(conn, nullptr);
@@ -142,9 +153,7 @@ TEST_F(PgSchemaTest, ConcurrentMigrationsApplyEachMigrationOnce) {
   EXPECT_EQ(Count(*conns[0], "SELECT count(*) FROM b"), 1);
 
   // The same with the store's own schema on a fresh database.
-  absl::StatusOr<std::string> fresh = (*testing::SharedPostgresServer())->CreateDatabase();
-  ASSERT_TRUE(fresh.ok()) << fresh.status();
-  conninfo_ = *fresh;
+  ASSERT_OK_AND_ASSIGN(conninfo_, testing::CreateSharedPostgresDatabase());
   conns.clear();
   for (int i = 0; i < kProcesses; ++i) {
     conns.push_back(Connect());

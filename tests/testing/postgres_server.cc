@@ -223,4 +223,10 @@ absl::StatusOr<PostgresServer*> SharedPostgresServer() {
   return server->value().get();
 }
 
+absl::StatusOr<std::string> CreateSharedPostgresDatabase() {
+  absl::StatusOr<PostgresServer*> server = SharedPostgresServer();
+  if (!server.ok()) return server.status();
+  return (*server)->CreateDatabase();
+}
+
 }  // namespace cdcca::testing

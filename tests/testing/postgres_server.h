@@ -85,6 +85,9 @@ class PostgresServer {
 // is returned on every call) and stopped when the binary exits.
 absl::StatusOr<PostgresServer*> SharedPostgresServer();
 
+// A new database on SharedPostgresServer(): its ConnInfo, or why there is none.
+absl::StatusOr<std::string> CreateSharedPostgresDatabase();
+
 }  // namespace cdcca::testing
 
 #endif  // CDCCA_TESTS_TESTING_POSTGRES_SERVER_H_
