@@ -62,10 +62,9 @@ absl::string_view Head(absl::string_view sql) {
 
 // ---- Params --------------------------------------------------------------------------------
 
-void Params::Add(uint32_t type_oid, std::string value, bool is_null) {
+void Params::Add(uint32_t type_oid, std::string value) {
   types_.push_back(type_oid);
   values_.push_back(std::move(value));
-  nulls_.push_back(is_null);
 }
 
 Params& Params::Text(absl::string_view value) {
@@ -93,11 +92,6 @@ Params& Params::Time(absl::Time value) {
   Add(kTimestamptzOid, BigEndian(static_cast<uint64_t>(micros), 8));
   return *this;
 }
-Params& Params::Null() {
-  Add(0, "", /*is_null=*/true);
-  return *this;
-}
-
 // ---- Result --------------------------------------------------------------------------------
 
 Result::Result(pg_result* result) : result_(result) {}
@@ -188,11 +182,25 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
     return absl::UnavailableError(absl::StrCat("cannot connect to PostgreSQL: ", message));
   }
   auto connection = std::unique_ptr<Connection>(new Connection(conn));
-  // Warnings and notices (e.g. "relation already exists, skipping") are not errors.
-  if (absl::Status s = connection->ExecScript("SET client_min_messages = warning"); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = connection->SetUpSession(); !s.ok()) return s;
   return connection;
+}
+
+absl::Status Connection::SetUpSession() {
+  // Notices (e.g. "relation already exists, skipping") are not errors: keep them quiet.
+  const std::string query = "SET client_min_messages = warning";
+  Result result(PQexec(conn_, query.c_str()));
+  return StatusOf(result.result_, query);
+}
+
+absl::Status Connection::Reset() {
+  PQreset(conn_);
+  if (PQstatus(conn_) != CONNECTION_OK) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reconnect to PostgreSQL: ",
+                     absl::StripTrailingAsciiWhitespace(PQerrorMessage(conn_))));
+  }
+  return SetUpSession();
 }
 
 Connection::~Connection() { PQfinish(conn_); }
@@ -223,7 +231,7 @@ absl::StatusOr<Result> Connection::Exec(absl::string_view sql, const Params& par
   std::vector<int> lengths(n);
   std::vector<int> formats(n, 1);
   for (int i = 0; i < n; ++i) {
-    values[i] = params.nulls_[i] ? nullptr : params.values_[i].data();
+    values[i] = params.values_[i].data();
     lengths[i] = static_cast<int>(params.values_[i].size());
   }
   const std::string query(sql);

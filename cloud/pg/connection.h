@@ -44,17 +44,15 @@ class Params {
   Params& Int32(int32_t value);            // integer
   Params& Bool(bool value);
   Params& Time(absl::Time value);  // timestamptz, microsecond precision
-  Params& Null();                  // an untyped NULL (the server infers the type)
 
   size_t size() const { return values_.size(); }
 
  private:
   friend class Connection;
-  void Add(uint32_t type_oid, std::string value, bool is_null = false);
+  void Add(uint32_t type_oid, std::string value);
 
   std::vector<uint32_t> types_;
   std::vector<std::string> values_;
-  std::vector<bool> nulls_;
 };
 
 // One statement's result rows, in binary format. Column accessors check the column's type
@@ -105,8 +103,13 @@ class Connection {
   // Runs a script of statements that carry no values (schema migrations).
   absl::Status ExecScript(absl::string_view sql);
 
-  // False once the connection to the server is lost; a lost connection is not reopened.
+  // False once the connection to the server is lost (a statement failed with UNAVAILABLE).
   bool ok() const;
+
+  // Reconnects with the same parameters (PQreset). UNAVAILABLE while the server cannot be
+  // reached. Any transaction of the lost session is gone: the server rolled it back, unless
+  // its COMMIT had been received.
+  absl::Status Reset();
 
   // Test-only: runs before every statement (Exec and ExecScript) with its SQL; a non-OK
   // status is returned in place of the statement's, which is then never sent. Empty = none.
@@ -116,6 +119,8 @@ class Connection {
  private:
   friend class Transaction;
   explicit Connection(pg_conn* conn) : conn_(conn) {}
+  // Settings every session of this layer runs with.
+  absl::Status SetUpSession();
   // The status of a finished statement: OK, or the server's error mapped to a code.
   absl::Status StatusOf(pg_result* result, absl::string_view sql) const;
 
@@ -139,8 +144,6 @@ class Transaction {
   // Sends COMMIT. OK only when the server committed; otherwise nothing of the transaction
   // holds, except after UNAVAILABLE, when the outcome of a COMMIT in flight is unknown.
   absl::Status Commit();
-
-  Connection* connection() const { return conn_; }
 
  private:
   explicit Transaction(Connection* conn) : conn_(conn) {}

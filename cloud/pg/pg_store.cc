@@ -86,12 +86,18 @@ absl::StatusOr<std::unique_ptr<PgStore>> PgStore::Open(const PgStoreOptions& opt
   return std::unique_ptr<PgStore>(new PgStore(options, std::move(conn)));
 }
 
+absl::Status PgStore::ReconnectIfLost() {
+  if (conn_->ok()) return absl::OkStatus();
+  return conn_->Reset();
+}
+
 // ---- device registry -----------------------------------------------------------------------
 
 absl::StatusOr<store::v1::DeviceRecord> PgStore::Register(const std::string& device_id,
                                                           uint64_t model_fingerprint,
                                                           const v1::Capabilities& capabilities) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   // The update's WHERE leaves a device of another fingerprint untouched: no row returned.
   PG_ASSIGN_OR_RETURN(
       Result r,
@@ -122,6 +128,7 @@ absl::Status PgStore::SetApplied(const std::string& device_id, uint64_t version,
                                  bool in_sync) {
   PG_RETURN_IF_ERROR(CheckOrdered(version, "version"));
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec(
@@ -137,6 +144,7 @@ absl::Status PgStore::SetApplied(const std::string& device_id, uint64_t version,
 
 absl::StatusOr<store::v1::DeviceRecord> PgStore::GetDevice(const std::string& device_id) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(Result r, conn_->Exec(absl::StrCat("SELECT ", kDeviceColumns,
                                                          " FROM devices WHERE device_id = $1"),
                                             Params().Text(device_id)));
@@ -151,6 +159,7 @@ absl::Status PgStore::SetTokenHash(const std::string& device_id, const std::stri
     return absl::InvalidArgumentError("a token hash is a 32-byte SHA-256");
   }
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   absl::StatusOr<Result> r =
       conn_->Exec("UPDATE devices SET token_sha256 = $2 WHERE device_id = $1",
                   Params().Text(device_id).Bytes(token_sha256));
@@ -169,6 +178,7 @@ absl::Status PgStore::SetTokenHash(const std::string& device_id, const std::stri
 
 absl::StatusOr<std::string> PgStore::DeviceForTokenHash(const std::string& token_sha256) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT device_id FROM devices WHERE token_sha256 = $1",
                                             Params().Bytes(token_sha256)));
   if (r.rows() == 0) return absl::NotFoundError("no device has this token");
@@ -187,6 +197,7 @@ absl::StatusOr<uint64_t> PgStore::HighestSequenceLocked(const std::string& devic
 
 absl::StatusOr<uint64_t> PgStore::HighestSequence(const std::string& device_id) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   return HighestSequenceLocked(device_id);
 }
 
@@ -197,6 +208,7 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
   v1::UplinkBatch stored = batch;
   stored.clear_dropped();
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(conn_.get()));
   // Read committed: the highest sequence seen is committed, so a duplicate found here is
   // durable before it is reported. No gap can be stored: a sequence is inserted only
@@ -231,6 +243,7 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> PgStore::ReadBatches(
     const std::string& device_id, uint64_t after_sequence, int max_batches) {
   PG_RETURN_IF_ERROR(CheckOrdered(after_sequence, "sequence"));
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec(
@@ -259,6 +272,7 @@ absl::StatusOr<uint64_t> PgStore::SampleCount(const std::string& device_id, uint
   PG_RETURN_IF_ERROR(CheckOrdered(from_sequence, "sequence"));
   to_sequence = std::min(to_sequence, kMaxOrdered);
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec(
@@ -274,6 +288,7 @@ absl::StatusOr<uint64_t> PgStore::SampleCount(const std::string& device_id, uint
 
 absl::StatusOr<MirrorState> PgStore::LoadMirror(const std::string& device_id) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT version, consumed_sequence, state FROM "
                                             "mirror_states WHERE device_id = $1",
                                             Params().Text(device_id)));
@@ -313,6 +328,7 @@ absl::StatusOr<uint64_t> PgStore::LatestVersionLocked(const std::string& device_
 
 absl::StatusOr<uint64_t> PgStore::LatestVersion(const std::string& device_id) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   return LatestVersionLocked(device_id);
 }
 
@@ -320,6 +336,7 @@ absl::StatusOr<StoredPayload> PgStore::UpdateAfter(const std::string& device_id,
                                                    uint64_t base_version) {
   PG_RETURN_IF_ERROR(CheckOrdered(base_version, "version"));
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   // One snapshot of the table for both reads: the newest version and the update on top of
   // base_version agree.
   PG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(conn_.get()));
@@ -350,6 +367,7 @@ absl::StatusOr<StoredPayload> PgStore::UpdateAfter(const std::string& device_id,
 absl::StatusOr<StoredPayload> PgStore::Snapshot(const std::string& device_id, uint64_t version) {
   PG_RETURN_IF_ERROR(CheckOrdered(version, "version"));
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec(absl::StrCat("SELECT ", kPayloadColumns,
@@ -368,6 +386,7 @@ absl::StatusOr<StoredPayload> PgStore::Snapshot(const std::string& device_id, ui
 
 absl::Status PgStore::ScheduleJob(const std::string& device_id, absl::Time due_at) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   return conn_
       ->Exec(
           "INSERT INTO jobs (device_id, due_at) VALUES ($1, $2) ON CONFLICT (device_id) DO "
@@ -380,6 +399,7 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
                                                           absl::Duration lease) {
   if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("a lease must be positive");
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   // SKIP LOCKED: a row another trainer is leasing (or publishing) is passed over, never
   // waited for; the lock is re-checked against the row's newest version, so a row leased
   // meanwhile is not taken.
@@ -406,6 +426,7 @@ absl::Status PgStore::Heartbeat(JobLease* lease, absl::Duration lease_duration) 
     return absl::InvalidArgumentError("a lease must be positive");
   }
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec("UPDATE jobs SET lease_expires_at = clock_timestamp() + $4 * interval "
@@ -425,6 +446,7 @@ absl::Status PgStore::Heartbeat(JobLease* lease, absl::Duration lease_duration) 
 
 absl::Status PgStore::ReleaseLease(const JobLease& lease, absl::Time due_at) {
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = $4 "
@@ -474,6 +496,7 @@ absl::Status PgStore::Publish(const JobLease& lease, const Publication& p) {
         "version ", p.base_version, " cannot make version ", new_version));
   }
   absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(conn_.get()));
   // The job row stays locked until the commit: no other trainer can lease it meanwhile.
   PG_RETURN_IF_ERROR(LockHeldLease(lease));

@@ -22,10 +22,10 @@
 // the caller (wire::ValidateDeviceId).
 //
 // Errors: those of cloud/pg/connection.h. After UNAVAILABLE the outcome of the call's
-// transaction is unknown (the connection dropped around COMMIT) and the store is unusable;
-// open a new one. Every call here is idempotent or checked against the stored state, so
-// retrying after one that may have committed is safe: a resent batch is a duplicate, a
-// republished job fails its lease check.
+// transaction is unknown (the connection dropped around COMMIT); the next call reconnects
+// (and is UNAVAILABLE while the server cannot be reached). Every call here is idempotent or
+// checked against the stored state, so retrying one that may have committed is safe: a
+// resent batch is a duplicate, a republished job fails its lease check.
 //
 // Thread-safe; the calls of one store are serialized on its one connection: open a store
 // per thread that needs to run in parallel.
@@ -202,6 +202,8 @@ class PgStore {
  private:
   PgStore(PgStoreOptions options, std::unique_ptr<Connection> conn)
       : options_(std::move(options)), conn_(std::move(conn)) {}
+  // Reopens the session if the last call lost it.
+  absl::Status ReconnectIfLost() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> HighestSequenceLocked(const std::string& device_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> LatestVersionLocked(const std::string& device_id)

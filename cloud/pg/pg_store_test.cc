@@ -44,7 +44,12 @@ v1::UplinkBatch Batch(uint64_t sequence, uint32_t samples = 2) {
 auto NoJob() { return ::testing::Not(Optional(::testing::_)); }
 
 MATCHER_P2(Appended, duplicate, highest, "") {
-  return arg.ok() && arg->duplicate == duplicate && arg->highest_sequence == highest;
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  *result_listener << "duplicate " << arg->duplicate << ", highest " << arg->highest_sequence;
+  return arg->duplicate == duplicate && arg->highest_sequence == highest;
 }
 
 class PgStoreTest : public ::testing::Test {
@@ -146,6 +151,18 @@ TEST_F(PgStoreTest, ConcurrentResendsAreStoredExactlyOnce) {
   }
   EXPECT_EQ(Query("SELECT count(*) FROM samples"), std::to_string(kBatches));
   EXPECT_EQ(Query("SELECT count(DISTINCT sequence) FROM samples"), std::to_string(kBatches));
+}
+
+// The server restarts between two appends: the call that meets the lost session is
+// UNAVAILABLE (never an ack without a commit), a later call reconnects, and a resend of the
+// batch is stored once.
+TEST_F(PgStoreTest, AppendReconnectsAfterAServerRestart) {
+  ASSERT_OK(store_->Append("d", Batch(1)).status());
+  ASSERT_OK((*testing::SharedPostgresServer())->Restart());
+  EXPECT_THAT(store_->Append("d", Batch(2)), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(store_->Append("d", Batch(2)), Appended(false, 2u));
+  EXPECT_THAT(store_->Append("d", Batch(2)), Appended(true, 2u));
+  EXPECT_EQ(Query("SELECT count(*) FROM samples"), "2");
 }
 
 // ---- registry ------------------------------------------------------------------------------
