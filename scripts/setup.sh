@@ -11,6 +11,7 @@ CDCCA_PACKAGES=(
   libzstd-dev zlib1g-dev libabsl-dev libopencv-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libpcre2-dev libicu-dev
+  postgresql libpq-dev nginx
   clang libclang-rt-14-dev
   dataset-fashion-mnist
 )
