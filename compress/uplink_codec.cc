@@ -236,12 +236,16 @@ bool KnownPrecision(FeaturePrecision p) {
 
 // A row's scale for `levels` quantization steps each side of zero. max|x| / levels
 // underflows to 0 when max|x| is a tiny subnormal: x / 0 would be NaN or inf, and casting
-// that to an integer is undefined. Such a row is zero at that precision.
+// that to an integer is undefined. Such a row is zero at that precision. Near the float
+// range's top, max|x| / levels rounded up can make the receiver's levels * scale overflow
+// to infinity (a value it refuses as non-finite): the scale steps down until that product is
+// finite, which moves the largest values by a relative 1e-7 at most.
 float RowScale(const float* row, size_t dim, float levels) {
   float max_abs = 0;
   for (size_t c = 0; c < dim; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
   float scale = max_abs / levels;
-  if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
+  if (!(scale > 0) || !std::isfinite(scale)) return 1.0f;
+  while (!std::isfinite(scale * levels)) scale = std::nextafter(scale, 0.0f);
   return scale;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -240,6 +241,25 @@ TEST(UplinkCodecTest, Int8RowOfTinySubnormalsGetsAPositiveScale) {
   }
   ASSERT_OK_AND_ASSIGN(auto decoded, DecodeUplinkBatch(payload));
   for (float f : decoded[0].features) EXPECT_LE(std::fabs(f), 1e-43f);
+}
+
+// Rows at the top of the float range: what the encoder accepts decodes to finite values
+// within half a step (max|x| / levels rounded up, times levels, would overflow).
+TEST(UplinkCodecTest, RowsNearTheFloatMaximumDecodeFinite) {
+  const float big = std::numeric_limits<float>::max();
+  for (FeaturePrecision p : {FeaturePrecision::kInt8, FeaturePrecision::kInt4}) {
+    UplinkSample s = MakeSample(9, 2, 4);
+    s.features = {big, -big, 0.5f * big, 0.0f, -big, 1.0f, big, -0.25f * big};
+    ASSERT_OK_AND_ASSIGN(std::string payload, EncodeUplinkBatch({s}, p));
+    ASSERT_OK_AND_ASSIGN(auto decoded, DecodeUplinkBatch(payload));
+    const float levels = p == FeaturePrecision::kInt8 ? 127.0f : 7.0f;
+    for (size_t i = 0; i < s.features.size(); ++i) {
+      const float y = decoded[0].features[i];
+      EXPECT_TRUE(std::isfinite(y)) << FeaturePrecisionName(p) << " feature " << i;
+      EXPECT_LE(std::fabs(static_cast<double>(y) - s.features[i]), 0.5001 * big / levels)
+          << FeaturePrecisionName(p) << " feature " << i;
+    }
+  }
 }
 
 TEST(UplinkCodecTest, EncoderRejectsSamplesOutsideTheBounds) {
