@@ -11,7 +11,6 @@
 #include "absl/synchronization/mutex.h"
 #include "cloud/internal/mirror_trainer.h"
 #include "compress/named_tensors.h"
-#include "datasets/formats.h"
 #include "distill/greedy_answers.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
@@ -187,17 +186,8 @@ class HubMirrorTrainer final : public MirrorTrainer {
 
   absl::Status CheckSample(const compress::UplinkSample& s) const override {
     if (s.frame.empty()) return absl::OkStatus();
-    const std::string source = absl::StrCat("the frame of sample ", s.sample_id);
-    absl::StatusOr<compress::JpegSize> declared = compress::ReadJpegSize(s.frame);
-    if (!declared.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": ", declared.status().message()));
-    }
-    absl::StatusOr<datasets::Image> image = datasets::DecodeImageRgb(s.frame, source);
-    if (!image.ok()) return image.status();
-    if (image->width != declared->width || image->height != declared->height) {
-      return absl::DataLossError(absl::StrCat(source, ": decoded to another size than declared"));
-    }
-    return absl::OkStatus();
+    return student_->DecodeTowerFrame(s.frame, absl::StrCat("the frame of sample ", s.sample_id))
+        .status();
   }
 
   absl::StatusOr<std::vector<std::string>> TeacherAnswers(

@@ -1119,16 +1119,18 @@ DeviceTrainingState PerDeviceStrategy::State(const std::string& device_id) const
     absl::MutexLock lock(&d->info_mu);
     if (d->info_valid) return d->info;
   }
-  // Not loaded yet. A device with no state file holds the pretrained base: answered
-  // without bringing a mirror into memory (the status file asks for every registered
-  // device). Else load it (no job can be running on a device that was never loaded).
+  // Not loaded yet. A device with no state file holds the pretrained base: its info is
+  // published once without bringing a mirror into memory (the status file asks for every
+  // registered device on every tick); its first job's Load replaces it. Else load it.
   DeviceTrainingState info;
-  if (!impl_->HasStateFiles(device_id)) {
-    info.state_digest = impl_->base_digest;
-    return info;
-  }
   {
     absl::MutexLock lock(&d->mu);
+    if (!d->loaded && !impl_->HasStateFiles(device_id)) {
+      d->digest = impl_->base_digest;
+      d->PublishInfo();
+      absl::MutexLock info_lock(&d->info_mu);
+      return d->info;
+    }
     if (!impl_->Load(device_id, *d).ok()) return DeviceTrainingState{};
     absl::MutexLock info_lock(&d->info_mu);
     info = d->info;

@@ -194,8 +194,8 @@ absl::StatusOr<std::string> HfAnswerer::TowerInputJpeg(const uint8_t* rgb, int w
   return datasets::EncodeJpeg(image, quality);
 }
 
-absl::StatusOr<VisualTokenReply> HfAnswerer::TowerTokensOfJpeg(absl::string_view jpeg,
-                                                               const std::string& source) {
+absl::StatusOr<datasets::Image> HfAnswerer::DecodeTowerFrame(absl::string_view jpeg,
+                                                             const std::string& source) const {
   absl::StatusOr<std::pair<int, int>> expected = TowerInputSize();
   if (!expected.ok()) return expected.status();
   absl::StatusOr<compress::JpegSize> declared = compress::ReadJpegSize(jpeg);
@@ -212,6 +212,13 @@ absl::StatusOr<VisualTokenReply> HfAnswerer::TowerTokensOfJpeg(absl::string_view
   if (image->width != expected->first || image->height != expected->second) {
     return absl::DataLossError(absl::StrCat(source, ": decoded to another size than declared"));
   }
+  return image;
+}
+
+absl::StatusOr<VisualTokenReply> HfAnswerer::TowerTokensOfJpeg(absl::string_view jpeg,
+                                                               const std::string& source) {
+  absl::StatusOr<datasets::Image> image = DecodeTowerFrame(jpeg, source);
+  if (!image.ok()) return image.status();
   RgbImage rgb;
   rgb.width = image->width;
   rgb.height = image->height;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "datasets/image.h"
 
 namespace cdcca::tokenizer {
 class Tokenizer;
@@ -100,6 +101,10 @@ class HfAnswerer {
   // another size or not a JPEG, DATA_LOSS for one that does not decode; `source` names it.
   absl::StatusOr<VisualTokenReply> TowerTokensOfJpeg(absl::string_view jpeg,
                                                      const std::string& source);
+  // The first step of TowerTokensOfJpeg alone, no model run: the frame checked and decoded
+  // to the tower's input size, with the same errors.
+  absl::StatusOr<datasets::Image> DecodeTowerFrame(absl::string_view jpeg,
+                                                   const std::string& source) const;
 
   // config.json's model_type: "llava", "blip-2" or "instructblip".
   std::string model_type() const;
