@@ -10,6 +10,7 @@
 // Logs are JSON lines on stderr ({"event": ...}). Health: the Health RPC (no token needed)
 // and, with --status_file, a JSON file rewritten every few seconds.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -35,6 +36,10 @@
 #include "cloud/cloud_service.h"
 #include "cloud/data_dir_lock.h"
 #include "cloud/trainer.h"
+#ifdef CDCCA_HAVE_POSTGRESQL
+#include "cloud/cluster_roles.h"
+#include "cloud/pg/pg_cloud_store.h"
+#endif
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
 #include "storage/env.h"
@@ -47,6 +52,24 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory of the sample log (samples/), update store (updates/), device registry "
           "(registry/) and per-device mirrors (trainer/); created if missing. One process per "
           "directory: it is locked (DIR/LOCK) while this one runs, and a second refuses to start");
+ABSL_FLAG(std::string, store, "",
+          "where the cloud's state lives: empty = files under --data_dir (one process); "
+          "postgresql://user@host:port/db (or a libpq key=value string) = a PostgreSQL "
+          "database that several cdcca-cloud processes share (fronts and trainers, --role). "
+          "The schema is created and migrated by the program; --data_dir then holds only "
+          "this process's lock and the trainer's quarantine records");
+ABSL_FLAG(std::string, role, "all",
+          "with --store: front (serves devices over gRPC, trains nothing, keeps no device "
+          "state between calls), trainer (runs due jobs from the shared queue, serves "
+          "nothing), or all (both in one process)");
+ABSL_FLAG(std::string, trainer_id, "",
+          "with --store: the name this trainer's job leases carry (empty = host:pid)");
+ABSL_FLAG(double, lease_s, 30,
+          "with --store: a job lease's length, s, renewed every third of it while the job runs; "
+          "a trainer that dies loses its jobs to the other trainers after this long");
+ABSL_FLAG(int, store_sessions, 4,
+          "with --store: PostgreSQL sessions of this process (appends commit on them "
+          "concurrently, sharing WAL flushes)");
 ABSL_FLAG(std::string, tokens, "", "token file: one `<device_id> <token>` per line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
@@ -245,29 +268,81 @@ int main(int argc, char** argv) {
   // Held until exit, before any store opens: a second process on this directory stops here.
   auto data_dir_lock = DataDirLock::Acquire(data_dir);
   if (!data_dir_lock.ok()) return Fail(data_dir_lock.status());
-  if (absl::GetFlag(FLAGS_tokens).empty()) {
-    return Fail(absl::InvalidArgumentError("--tokens is required (see --help)"));
+  const std::string store_url = absl::GetFlag(FLAGS_store);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "all" && role != "front" && role != "trainer") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--role must be front, trainer or all, not '", role, "'")));
   }
-  auto auth = TokenAuthenticator::FromFile(absl::GetFlag(FLAGS_tokens));
-  if (!auth.ok()) return Fail(auth.status());
-  auto registry = DeviceRegistry::Open(data_dir + "/registry");
-  if (!registry.ok()) return Fail(registry.status());
-  SampleStoreOptions sample_options;
-  sample_options.dir = data_dir + "/samples";
-  sample_options.max_device_bytes =
-      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_device_quota_mib))) << 20;
-  auto samples = SampleStore::Open(sample_options);
-  if (!samples.ok()) return Fail(samples.status());
-  for (const SampleLogDamage& d : (*samples)->Damage()) {
-    Log({{"event", d.torn_tail ? "sample_log_torn_tail" : "sample_log_corrupt"},
-         {"file", d.path},
-         {"offset", d.offset},
-         {"bytes", d.bytes},
-         {"why", d.why},
-         {"action", d.torn_tail ? "truncated (never acked)" : "skipped; intact records kept"}});
+  if (role != "all" && store_url.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--role front and --role trainer share their state through --store "
+        "postgresql://...; without --store the one process is both (--role all)"));
   }
-  auto updates = UpdateStore::Open({data_dir + "/updates", 16});
-  if (!updates.ok()) return Fail(updates.status());
+  const bool serves = role != "trainer";
+  const bool trains = role != "front";
+  std::unique_ptr<TokenAuthenticator> auth;
+  if (serves) {
+    if (absl::GetFlag(FLAGS_tokens).empty()) {
+      return Fail(absl::InvalidArgumentError("--tokens is required (see --help)"));
+    }
+    auto loaded = TokenAuthenticator::FromFile(absl::GetFlag(FLAGS_tokens));
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = *std::move(loaded);
+  }
+  // The stores: files under --data_dir (embedded), or the shared PostgreSQL database.
+  std::unique_ptr<DeviceRegistry> file_registry;
+  std::unique_ptr<SampleStore> file_samples;
+  std::unique_ptr<UpdateStore> file_updates;
+  DeviceStore* registry = nullptr;
+  SampleLog* samples = nullptr;
+  UpdateLog* updates = nullptr;
+#ifdef CDCCA_HAVE_POSTGRESQL
+  std::unique_ptr<pg::PgCloudStore> shared;
+  std::unique_ptr<pg::PgMirrorStates> shared_states;
+#endif
+  if (store_url.empty()) {
+    auto opened_registry = DeviceRegistry::Open(data_dir + "/registry");
+    if (!opened_registry.ok()) return Fail(opened_registry.status());
+    file_registry = *std::move(opened_registry);
+    SampleStoreOptions sample_options;
+    sample_options.dir = data_dir + "/samples";
+    sample_options.max_device_bytes =
+        static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_device_quota_mib))) << 20;
+    auto opened_samples = SampleStore::Open(sample_options);
+    if (!opened_samples.ok()) return Fail(opened_samples.status());
+    file_samples = *std::move(opened_samples);
+    for (const SampleLogDamage& d : file_samples->Damage()) {
+      Log({{"event", d.torn_tail ? "sample_log_torn_tail" : "sample_log_corrupt"},
+           {"file", d.path},
+           {"offset", d.offset},
+           {"bytes", d.bytes},
+           {"why", d.why},
+           {"action", d.torn_tail ? "truncated (never acked)" : "skipped; intact records kept"}});
+    }
+    auto opened_updates = UpdateStore::Open({data_dir + "/updates", 16});
+    if (!opened_updates.ok()) return Fail(opened_updates.status());
+    file_updates = *std::move(opened_updates);
+    registry = file_registry.get();
+    samples = file_samples.get();
+    updates = file_updates.get();
+  } else {
+#ifdef CDCCA_HAVE_POSTGRESQL
+    pg::PgCloudStoreOptions pg_options;
+    pg_options.conninfo = store_url;
+    pg_options.sessions = std::max(1, absl::GetFlag(FLAGS_store_sessions));
+    auto opened = pg::PgCloudStore::Open(pg_options);
+    if (!opened.ok()) return Fail(opened.status());
+    shared = *std::move(opened);
+    shared_states = std::make_unique<pg::PgMirrorStates>(shared.get());
+    registry = shared.get();
+    samples = shared.get();
+    updates = shared.get();
+#else
+    return Fail(absl::UnimplementedError(
+        "this cdcca-cloud was built without PostgreSQL (libpq-dev): --store is unavailable"));
+#endif
+  }
 
   // Per-batch bounds of the ingest check (the codec's own limits: 4096 samples, 64 MiB).
   const uint32_t max_batch_samples =
@@ -299,6 +374,9 @@ int main(int argc, char** argv) {
     so.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
     so.student_precision = absl::GetFlag(FLAGS_student_precision);
     so.state_dir = data_dir + "/trainer";
+#ifdef CDCCA_HAVE_POSTGRESQL
+    so.mirror_states = shared_states.get();
+#endif
     so.learner = absl::GetFlag(FLAGS_learner);
     so.distill_config = absl::GetFlag(FLAGS_distill_config);
     so.max_steps = absl::GetFlag(FLAGS_max_steps);
@@ -331,59 +409,103 @@ int main(int argc, char** argv) {
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_guard_min_pool)));
     so.guard.z = absl::GetFlag(FLAGS_guard_z);
     if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
-    auto created = PerDeviceStrategy::Create(so, samples->get(), updates->get(), registry->get());
+    auto created = PerDeviceStrategy::Create(so, samples, updates, registry);
     if (!created.ok()) return Fail(created.status());
     strategy = *std::move(created);
     if (absl::Status s = strategy->Recover(); !s.ok()) return Fail(s);
-    JobSchedulerOptions jo;
-    jo.trigger_samples = std::max(1, absl::GetFlag(FLAGS_trigger_samples));
-    const double interval = absl::GetFlag(FLAGS_trigger_interval_s);
-    jo.trigger_interval = interval > 0 ? absl::Seconds(interval) : absl::InfiniteDuration();
-    jo.threads = std::max(1, absl::GetFlag(FLAGS_trainer_threads));
-    scheduler = std::make_unique<JobScheduler>(jo, strategy.get(), samples->get());
-    scheduler->SetJobCallback([](const absl::StatusOr<JobReport>& r) {
-      if (!r.ok()) {
-        if (!absl::IsNotFound(r.status())) {
-          Log({{"event", "job_failed"}, {"error", r.status().ToString()}});
-        }
-        return;
-      }
-      Log({{"event", "job"},
-           {"device_id", r->device_id},
-           {"base_version", r->base_version},
-           {"new_version", r->new_version},
-           {"state_digest", absl::StrFormat("%016x", r->state_digest)},
-           {"batches", {r->first_sequence, r->last_sequence}},
-           {"samples", r->samples},
-           {"quarantined_samples", r->quarantined_samples},
-           {"replay_samples", r->replay_samples},
-           {"steps", r->steps},
-           {"queue_s", r->queue_seconds},
-           {"train_s", r->train_seconds},
-           {"loss_first", r->loss_first},
-           {"loss_last", r->loss_last},
-           {"payload_bytes", r->payload_bytes},
-           {"bits_per_param", r->bits_per_param},
-           {"relative_error", r->relative_error},
-           {"budget_raised_to", r->budget_raised_to},
-           {"train_device", r->train_device},
-           {"held_out_samples", r->held_out_samples},
-           {"update_withheld", r->update_withheld},
-           {"guard",
-            {{"pool", r->guard.pool},
-             {"before", r->guard.before},
-             {"after", r->guard.after},
-             {"gain", r->guard.gain},
-             {"se", r->guard.se},
-             {"decision", r->guard.decision}}},
-           {"notes", r->notes}});
-    });
   }
+  // What each job did, logged as one JSON line (the embedded scheduler's and the shared
+  // queue's workers alike).
+  const auto log_job = [](const absl::StatusOr<JobReport>& r) {
+    if (!r.ok()) {
+      if (!absl::IsNotFound(r.status())) {
+        Log({{"event", "job_failed"}, {"error", r.status().ToString()}});
+      }
+      return;
+    }
+    Log({{"event", "job"},
+         {"device_id", r->device_id},
+         {"base_version", r->base_version},
+         {"new_version", r->new_version},
+         {"state_digest", absl::StrFormat("%016x", r->state_digest)},
+         {"batches", {r->first_sequence, r->last_sequence}},
+         {"samples", r->samples},
+         {"quarantined_samples", r->quarantined_samples},
+         {"replay_samples", r->replay_samples},
+         {"steps", r->steps},
+         {"queue_s", r->queue_seconds},
+         {"train_s", r->train_seconds},
+         {"loss_first", r->loss_first},
+         {"loss_last", r->loss_last},
+         {"payload_bytes", r->payload_bytes},
+         {"bits_per_param", r->bits_per_param},
+         {"relative_error", r->relative_error},
+         {"budget_raised_to", r->budget_raised_to},
+         {"train_device", r->train_device},
+         {"held_out_samples", r->held_out_samples},
+         {"update_withheld", r->update_withheld},
+         {"guard",
+          {{"pool", r->guard.pool},
+           {"before", r->guard.before},
+           {"after", r->guard.after},
+           {"gain", r->guard.gain},
+           {"se", r->guard.se},
+           {"decision", r->guard.decision}}},
+         {"notes", r->notes}});
+  };
+  const double interval = absl::GetFlag(FLAGS_trigger_interval_s);
+  const absl::Duration trigger_interval =
+      interval > 0 ? absl::Seconds(interval) : absl::InfiniteDuration();
+  const int trigger_samples = std::max(1, absl::GetFlag(FLAGS_trigger_samples));
+  // The job triggers: the embedded scheduler, or (shared store) the queue of due jobs that
+  // fronts fill and trainers' workers drain.
+  CloudObserver* trigger = nullptr;
+#ifdef CDCCA_HAVE_POSTGRESQL
+  std::unique_ptr<JobQueueTrigger> queue_trigger;
+  std::unique_ptr<JobWorker> worker;
+#endif
+  if (store_url.empty() && strategy != nullptr) {
+    JobSchedulerOptions jo;
+    jo.trigger_samples = trigger_samples;
+    jo.trigger_interval = trigger_interval;
+    jo.threads = std::max(1, absl::GetFlag(FLAGS_trainer_threads));
+    scheduler = std::make_unique<JobScheduler>(jo, strategy.get(), file_samples.get());
+    scheduler->SetJobCallback(log_job);
+    trigger = scheduler.get();
+  }
+#ifdef CDCCA_HAVE_POSTGRESQL
+  if (!store_url.empty()) {
+    if (serves) {
+      queue_trigger = std::make_unique<JobQueueTrigger>(
+          JobQueueTriggerOptions{trigger_samples, trigger_interval}, shared.get());
+      trigger = queue_trigger.get();
+    }
+    if (trains) {
+      if (strategy == nullptr) {
+        return Fail(absl::InvalidArgumentError(
+            "--role trainer (or all) on --store needs a model: --checkpoint_dir or "
+            "--teacher with --student_base"));
+      }
+      JobWorkerOptions wo;
+      wo.owner = absl::GetFlag(FLAGS_trainer_id);
+      if (wo.owner.empty()) {
+        char host[256] = {};
+        ::gethostname(host, sizeof(host) - 1);
+        wo.owner = absl::StrCat(host, ":", ::getpid());
+      }
+      wo.threads = std::max(1, absl::GetFlag(FLAGS_trainer_threads));
+      wo.lease = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_lease_s)));
+      worker = std::make_unique<JobWorker>(wo, shared.get(), shared_states.get(), strategy.get());
+      worker->SetJobCallback(log_job);
+      Log({{"event", "trainer_started"}, {"owner", wo.owner}, {"threads", wo.threads}});
+    }
+  }
+#endif
 
   // Tells the scheduler, and logs what devices report.
   class Observer final : public CloudObserver {
    public:
-    explicit Observer(JobScheduler* scheduler) : scheduler_(scheduler) {}
+    explicit Observer(CloudObserver* scheduler) : scheduler_(scheduler) {}
     void OnSamplesStored(const std::string& id, uint64_t highest) override {
       if (scheduler_ != nullptr) scheduler_->OnSamplesStored(id, highest);
     }
@@ -424,8 +546,8 @@ int main(int argc, char** argv) {
     }
 
    private:
-    JobScheduler* const scheduler_;
-  } observer(scheduler.get());
+    CloudObserver* const scheduler_;
+  } observer(trigger);
 
   uint64_t fingerprint = strategy != nullptr ? strategy->BaseFingerprint() : 0;
   const std::string fingerprint_flag = absl::GetFlag(FLAGS_expected_fingerprint);
@@ -452,31 +574,38 @@ int main(int argc, char** argv) {
   service_options.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
   service_options.uts.set_mc_passes(
       static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_uts_mc_passes))));
-  CloudService service(service_options, auth->get(), registry->get(), samples->get(),
-                       updates->get(), &observer);
-  ServerOptions server_options;
-  server_options.listen_address = absl::GetFlag(FLAGS_listen);
-  server_options.insecure = absl::GetFlag(FLAGS_insecure);
-  server_options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                        absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_require_client_cert),
-                        absl::GetFlag(FLAGS_allow_token_only_devices)};
-  auto server = CloudServer::Start(server_options, &service);
-  if (!server.ok()) return Fail(server.status());
-  Log({{"event", "serving"},
-       {"port", (*server)->port()},
-       {"tokens", (*auth)->size()},
-       {"data_dir", data_dir},
-       {"trainer", strategy != nullptr},
-       {"fingerprint", absl::StrFormat("%016x", fingerprint)},
-       {"vision_fingerprint",
-        absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
-       {"tls", !absl::GetFlag(FLAGS_insecure)}});
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    if (absl::Status s =
-            storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
-                                         absl::StrCat((*server)->port(), "\n"));
-        !s.ok()) {
-      return Fail(s);
+  std::unique_ptr<CloudService> service;
+  std::unique_ptr<CloudServer> server;
+  if (serves) {
+    service = std::make_unique<CloudService>(service_options, auth.get(), registry, samples,
+                                             updates, &observer);
+    ServerOptions server_options;
+    server_options.listen_address = absl::GetFlag(FLAGS_listen);
+    server_options.insecure = absl::GetFlag(FLAGS_insecure);
+    server_options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                          absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_require_client_cert),
+                          absl::GetFlag(FLAGS_allow_token_only_devices)};
+    auto started = CloudServer::Start(server_options, service.get());
+    if (!started.ok()) return Fail(started.status());
+    server = *std::move(started);
+    Log({{"event", "serving"},
+         {"port", server->port()},
+         {"role", role},
+         {"store", store_url.empty() ? "files" : "postgresql"},
+         {"tokens", auth->size()},
+         {"data_dir", data_dir},
+         {"trainer", strategy != nullptr},
+         {"fingerprint", absl::StrFormat("%016x", fingerprint)},
+         {"vision_fingerprint",
+          absl::StrFormat("%016x", service_options.expected_vision_fingerprint)},
+         {"tls", !absl::GetFlag(FLAGS_insecure)}});
+    if (!absl::GetFlag(FLAGS_port_file).empty()) {
+      if (absl::Status s =
+              storage::WriteFileAtomically(*storage::Env::Default(), absl::GetFlag(FLAGS_port_file),
+                                           absl::StrCat(server->port(), "\n"));
+          !s.ok()) {
+        return Fail(s);
+      }
     }
   }
 
@@ -491,18 +620,20 @@ int main(int argc, char** argv) {
         nlohmann::json s = {
             {"status", "SERVING"},
             {"uptime_s", absl::ToInt64Seconds(absl::Now() - started)},
-            {"registered_devices", (*registry)->size()},
-            {"stored_batches", (*samples)->Stats().records},
-            {"sample_log_damaged_ranges", (*samples)->Stats().damaged_ranges},
-            {"sample_log_damaged_bytes", (*samples)->Stats().damaged_bytes},
-            {"sample_log_truncated_tail_bytes", (*samples)->Stats().truncated_tail_bytes},
-            {"sample_log_bytes", (*samples)->Stats().bytes},
-            {"sample_log_deleted_segments", (*samples)->Stats().deleted_segments}};
+            {"role", role},
+            {"registered_devices", registry->size()},
+            {"stored_batches", samples->Stats().records},
+            {"sample_log_damaged_ranges", samples->Stats().damaged_ranges},
+            {"sample_log_damaged_bytes", samples->Stats().damaged_bytes},
+            {"sample_log_truncated_tail_bytes", samples->Stats().truncated_tail_bytes},
+            {"sample_log_bytes", samples->Stats().bytes},
+            {"sample_log_deleted_segments", samples->Stats().deleted_segments}};
         // Uplink refusals since start: by reason over all devices, and per device with the
         // drops each device reported.
         nlohmann::json refused = nlohmann::json::object();
         nlohmann::json refusals = nlohmann::json::object();
-        for (const auto& [id, r] : service.Refusals()) {
+        for (const auto& [id, r] :
+             service != nullptr ? service->Refusals() : std::map<std::string, DeviceRefusals>{}) {
           for (const auto& [reason, n] : r.refused) {
             refused[reason] = refused.value(reason, uint64_t{0}) + n;
           }
@@ -516,18 +647,18 @@ int main(int argc, char** argv) {
           nlohmann::json devices = nlohmann::json::object();
           uint64_t withheld = 0;
           uint64_t quarantined = 0;
-          for (const std::string& id : (*registry)->DeviceIds()) {
+          for (const std::string& id : file_registry->DeviceIds()) {
             DeviceTrainingState t = strategy->State(id);
             withheld += t.updates_withheld;
-            auto record = (*registry)->Get(id);
+            auto record = file_registry->Get(id);
             quarantined += t.quarantined_samples;
             devices[id] = {{"mirror_version", t.version},
-                           {"sample_log_bytes", (*samples)->DeviceBytes(id)},
+                           {"sample_log_bytes", file_samples->DeviceBytes(id)},
                            {"quarantined_samples", t.quarantined_samples},
                            {"last_quarantine_reason", t.last_quarantine_reason},
                            {"mirror_digest", absl::StrFormat("%016x", t.state_digest)},
                            {"consumed_sequence", t.consumed_sequence},
-                           {"durable_sequence", (*samples)->HighestDurable(id)},
+                           {"durable_sequence", file_samples->HighestDurable(id)},
                            {"device_version", record.ok() ? record->applied_version() : 0},
                            {"device_in_sync", record.ok() && record->in_sync()},
                            {"updates_withheld", t.updates_withheld},
@@ -540,6 +671,14 @@ int main(int argc, char** argv) {
           s["updates_withheld"] = withheld;
           s["quarantined_samples"] = quarantined;
         }
+#ifdef CDCCA_HAVE_POSTGRESQL
+        if (worker != nullptr) {
+          s["jobs_done"] = worker->jobs_done();
+          s["jobs_failed"] = worker->jobs_failed();
+          s["job_leases_lost"] = worker->leases_lost();
+          s["resident_mirrors"] = strategy->ResidentMirrors();
+        }
+#endif
         (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file, s.dump() + "\n");
       } while (!stop_status.WaitForNotificationWithTimeout(
           absl::Seconds(absl::GetFlag(FLAGS_status_interval_s))));
@@ -549,9 +688,12 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   Log({{"event", "shutting_down"}, {"signal", signal_number}});
-  (*server)->Shutdown(absl::Seconds(5));
+  if (server != nullptr) server->Shutdown(absl::Seconds(5));
   stop_status.Notify();
   if (status_thread.joinable()) status_thread.join();
   scheduler.reset();  // waits for a running job; its state file commits or not, atomically
+#ifdef CDCCA_HAVE_POSTGRESQL
+  worker.reset();  // waits for running jobs; each publishes under its lease or not at all
+#endif
   return 0;
 }

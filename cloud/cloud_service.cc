@@ -104,7 +104,7 @@ void SetError(const absl::Status& status, v1::Error* error) {
 }  // namespace
 
 CloudService::CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
-                           DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,
+                           DeviceStore* registry, SampleLog* samples, UpdateLog* updates,
                            CloudObserver* observer)
     : options_(std::move(options)),
       auth_(auth),
@@ -208,10 +208,15 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
       return;
     }
     const std::string& id = request->device_id();
-    const uint64_t latest = updates_->LatestVersion(id);
+    absl::StatusOr<uint64_t> latest = updates_->Newest(id);
+    absl::StatusOr<uint64_t> durable = samples_->Durable(id);
+    if (!latest.ok() || !durable.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(!latest.ok() ? latest.status() : durable.status()));
+      return;
+    }
     reply->set_assigned_model_version(record->applied_version());
-    reply->set_latest_update_version(latest);
-    reply->set_next_uplink_sequence(samples_->HighestDurable(id) + 1);
+    reply->set_latest_update_version(*latest);
+    reply->set_next_uplink_sequence(*durable + 1);
     *reply->mutable_uts() = options_.uts;
     absl::StatusOr<StoredUpdate> next = updates_->UpdateAfter(id, request->model_version());
     reply->set_resync_required(next.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -232,7 +237,12 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
       return;
     }
     device_id_ = *device;
-    ack_.set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
+    if (!durable.ok()) {
+      Finish(wire::ToGrpcStatus(durable.status()));
+      return;
+    }
+    ack_.set_highest_durable_sequence(*durable);
     StartRead(&message_);
   }
 
@@ -273,7 +283,12 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
   void CheckAndStore(v1::UplinkBatch batch) {
     const uint64_t seq = batch.sequence();
     // A resend of a stored batch was checked when it was stored.
-    if (seq > service_->samples_->HighestDurable(device_id_)) {
+    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
+    if (!durable.ok()) {
+      Reject(durable.status(), seq);
+      return;
+    }
+    if (seq > *durable) {
       absl::StatusOr<CheckedBatch> checked =
           CheckUplinkBatch(batch, service_->options_.sample_spec);
       if (!checked.ok()) {
@@ -322,7 +337,9 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
   }
 
   void FinishWithAck() {
-    ack_.set_highest_durable_sequence(service_->samples_->HighestDurable(device_id_));
+    // Else the ack keeps the highest sequence it last saw durable.
+    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
+    if (durable.ok()) ack_.set_highest_durable_sequence(*durable);
     grpc::Slice slice(ack_.SerializeAsString());
     *reply_ = grpc::ByteBuffer(&slice, 1);
     Finish(grpc::Status::OK);
@@ -515,7 +532,7 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
                                                   " differs from the cloud mirror's ", *expected)),
                  reply->mutable_error());
       }
-    } else if (request->version() == 0 && updates_->LatestVersion(id) == 0) {
+    } else if (request->version() == 0 && updates_->Newest(id).value_or(1) == 0) {
       in_sync = true;  // the pretrained base, before any update: nothing to compare yet
     } else {
       SetError(expected.status(), reply->mutable_error());

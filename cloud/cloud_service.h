@@ -21,11 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cloud/device_registry.h"
 #include "cloud/internal/work_pool.h"
-#include "cloud/sample_store.h"
+#include "cloud/stores.h"
 #include "cloud/token_authenticator.h"
-#include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
 #include "proto/cdcca.grpc.pb.h"
 
@@ -105,9 +103,8 @@ struct CloudServiceOptions {
 class CloudService final
     : public v1::Cloud::WithRawCallbackMethod_Uplink<v1::Cloud::CallbackService> {
  public:
-  CloudService(CloudServiceOptions options, const TokenAuthenticator* auth,
-               DeviceRegistry* registry, SampleStore* samples, UpdateStore* updates,
-               CloudObserver* observer = nullptr);
+  CloudService(CloudServiceOptions options, const TokenAuthenticator* auth, DeviceStore* registry,
+               SampleLog* samples, UpdateLog* updates, CloudObserver* observer = nullptr);
   ~CloudService() override;
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -152,9 +149,9 @@ class CloudService final
   // Constant after construction.
   const CloudServiceOptions options_;
   const TokenAuthenticator* const auth_;
-  DeviceRegistry* const registry_;
-  SampleStore* const samples_;
-  UpdateStore* const updates_;
+  DeviceStore* const registry_;
+  SampleLog* const samples_;
+  UpdateLog* const updates_;
   CloudObserver* const observer_;
   const absl::Time started_;
 

@@ -19,12 +19,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cloud/stores.h"
 #include "proto/store.pb.h"
 #include "storage/env.h"
 
 namespace cdcca::cloud {
 
-class DeviceRegistry {
+class DeviceRegistry final : public DeviceStore {
  public:
   // Every file call goes through `env` (not owned; must outlive the registry).
   static absl::StatusOr<std::unique_ptr<DeviceRegistry>> Open(
@@ -34,17 +35,17 @@ class DeviceRegistry {
   // fingerprint gets FAILED_PRECONDITION: its base model differs from the one it had.
   absl::StatusOr<store::v1::DeviceRecord> Register(const std::string& device_id,
                                                    uint64_t model_fingerprint,
-                                                   const v1::Capabilities& capabilities);
+                                                   const v1::Capabilities& capabilities) override;
 
   // Records the version a device reports it runs, with its digest and whether it matched.
   absl::Status SetApplied(const std::string& device_id, uint64_t version, uint64_t digest,
-                          bool in_sync);
+                          bool in_sync) override;
 
   // NOT_FOUND if the device never registered.
-  absl::StatusOr<store::v1::DeviceRecord> Get(const std::string& device_id) const;
+  absl::StatusOr<store::v1::DeviceRecord> Get(const std::string& device_id) const override;
 
   std::vector<std::string> DeviceIds() const;
-  size_t size() const;
+  size_t size() const override;
 
  private:
   DeviceRegistry(std::string dir, storage::Env* env) : dir_(std::move(dir)), env_(env) {}

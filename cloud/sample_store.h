@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "cloud/stores.h"
 #include "proto/store.pb.h"
 #include "storage/env.h"
 
@@ -67,22 +68,6 @@ struct SampleStoreOptions {
   storage::Env* env = storage::Env::Default();
 };
 
-struct AppendResult {
-  bool duplicate = false;        // the batch was a resend of a stored one
-  uint64_t highest_durable = 0;  // the device's highest durable sequence after this
-};
-
-struct SampleStoreStats {
-  uint64_t records = 0;               // durable records
-  uint64_t bytes = 0;                 // bytes of segment files, framing included
-  uint64_t group_commits = 0;         // fdatasync calls that made appended records durable
-  uint64_t truncated_tail_bytes = 0;  // bytes of torn tail removed on open
-  uint64_t damaged_ranges = 0;        // corrupt ranges skipped on open (records after kept)
-  uint64_t damaged_bytes = 0;         // their bytes
-  uint64_t released_records = 0;      // records released since open (Release)
-  uint64_t deleted_segments = 0;      // segment files deleted since open, all records released
-};
-
 // One damaged place found on open: a torn tail (truncated) or a corrupt range (skipped).
 struct SampleLogDamage {
   std::string path;  // the segment file
@@ -92,22 +77,8 @@ struct SampleLogDamage {
   std::string why;
 };
 
-// A stored batch that reads back damaged (DATA_LOSS): it rotted after it was acked.
-struct UnreadableBatch {
-  uint64_t sequence = 0;
-  uint32_t samples = 0;  // its sample_count, from the index
-  absl::Status status;   // DATA_LOSS saying what is wrong
-};
-
-struct StoredBatches {
-  std::vector<store::v1::SampleRecord> records;  // in sequence order
-  std::vector<UnreadableBatch> unreadable;       // in sequence order
-};
-
-class SampleStore {
+class SampleStore final : public SampleLog {
  public:
-  using AppendCallback = std::function<void(absl::StatusOr<AppendResult>)>;
-
   // Opens (or creates) the store in options.dir and rebuilds its index by scanning.
   static absl::StatusOr<std::unique_ptr<SampleStore>> Open(const SampleStoreOptions& options);
 
@@ -119,7 +90,7 @@ class SampleStore {
 
   // Queues `batch` for `device_id`. `done` runs exactly once, on the flusher thread, after the
   // record is durable (or with the error that stopped it). It must not block for long.
-  void Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done);
+  void Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done) override;
 
   // Append() that waits for its callback.
   absl::StatusOr<AppendResult> AppendAndWait(const std::string& device_id, v1::UplinkBatch batch);
@@ -144,13 +115,13 @@ class SampleStore {
   // current one aside) is deleted, oldest first. The device's newest record is kept, so a
   // restart still knows its highest sequence. I/O errors deleting a file are returned; the
   // release itself holds.
-  absl::Status Release(const std::string& device_id, uint64_t through_sequence);
+  absl::Status Release(const std::string& device_id, uint64_t through_sequence) override;
 
   // The first max_records durable records of `device_id` with sequence >= from_sequence,
   // in order: those that read back intact, and those that do not (each with its DATA_LOSS
   // status). Fails only on an I/O error (open, read), which a later call may not meet.
   absl::StatusOr<StoredBatches> ReadEach(const std::string& device_id, uint64_t from_sequence,
-                                         size_t max_records) const;
+                                         size_t max_records) const override;
 
   // ReadEach's records; DATA_LOSS if any of them reads back damaged.
   absl::StatusOr<std::vector<store::v1::SampleRecord>> Read(const std::string& device_id,
@@ -160,7 +131,16 @@ class SampleStore {
   // Ids of every device with at least one durable record.
   std::vector<std::string> Devices() const;
 
-  SampleStoreStats Stats() const;
+  SampleStoreStats Stats() const override;
+
+  // SampleLog's fallible forms of HighestDurable and SampleCount (they cannot fail here).
+  absl::StatusOr<uint64_t> Durable(const std::string& device_id) const override {
+    return HighestDurable(device_id);
+  }
+  absl::StatusOr<uint64_t> CountSamples(const std::string& device_id, uint64_t from_sequence,
+                                        uint64_t to_sequence) const override {
+    return SampleCount(device_id, from_sequence, to_sequence);
+  }
 
   // What recovery found damaged when the store was opened (empty for a clean log).
   std::vector<SampleLogDamage> Damage() const;

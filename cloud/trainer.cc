@@ -55,6 +55,30 @@ absl::StatusOr<compress::NamedTensors> TensorsFromSafetensors(absl::string_view 
   return out;
 }
 
+// The default MirrorStates: one file per device, <dir>/<device>.mirror, written atomically
+// (temp, fsync, rename, fsync dir). The trainer publishes the update after the commit.
+class StateFiles final : public MirrorStates {
+ public:
+  StateFiles(storage::Env* env, std::string dir) : env_(env), dir_(std::move(dir)) {}
+  absl::StatusOr<MirrorFile> Read(const std::string& device_id) override {
+    absl::StatusOr<std::string> bytes = storage::ReadFile(*env_, Path(device_id));
+    if (!bytes.ok()) return bytes.status();
+    return DecodeMirrorFile(*bytes, Path(device_id));
+  }
+  absl::Status Commit(const std::string& device_id, const MirrorFile& state,
+                      bool /*new_version*/) override {
+    return storage::WriteFileAtomically(*env_, Path(device_id), EncodeMirrorFile(state));
+  }
+  bool PublishesOnCommit() const override { return false; }
+
+ private:
+  std::string Path(const std::string& device_id) const {
+    return absl::StrCat(dir_, "/", device_id, ".mirror");
+  }
+  storage::Env* const env_;
+  const std::string dir_;
+};
+
 // What a decoded sample holds in memory: its features as floats, token ids and kept indices,
 // and for a frame its bytes plus the float tokens the tower turns it into.
 uint64_t DecodedSampleBytes(const compress::UplinkSample& s) {
@@ -205,9 +229,12 @@ struct PerDeviceStrategy::Impl {
   };
 
   PerDeviceStrategyOptions options;
-  SampleStore* samples = nullptr;
-  UpdateStore* updates = nullptr;
-  DeviceRegistry* registry = nullptr;
+  SampleLog* samples = nullptr;
+  UpdateLog* updates = nullptr;
+  DeviceStore* registry = nullptr;
+  // Where committed states live: options.mirror_states, else own_states (the files).
+  MirrorStates* states = nullptr;
+  std::unique_ptr<MirrorStates> own_states;
 
   // Constant after Create: the frozen models and what they train.
   std::unique_ptr<internal::MirrorTrainer> trainer;
@@ -296,6 +323,7 @@ struct PerDeviceStrategy::Impl {
   // Whether the device has a state or quarantine file (NOT_FOUND for both: it never
   // trained; any other answer counts as having one).
   bool HasStateFiles(const std::string& id) const {
+    if (states != own_states.get()) return true;  // a shared store: ask it by loading
     for (const std::string& path : {StatePath(id), QuarantinePath(id)}) {
       if (!absl::IsNotFound(options.env->OpenForRead(path).status())) return true;
     }
@@ -364,10 +392,11 @@ struct PerDeviceStrategy::Impl {
     }
     // Batches renumbered after the log lost its tail are new samples, not retries of the
     // quarantined ones.
-    d.quarantine.through_sequence =
-        std::min(d.quarantine.through_sequence, samples->HighestDurable(id));
-    absl::StatusOr<std::string> bytes = storage::ReadFile(*options.env, StatePath(id));
-    if (absl::IsNotFound(bytes.status())) {
+    absl::StatusOr<uint64_t> durable = samples->Durable(id);
+    if (!durable.ok()) return durable.status();
+    d.quarantine.through_sequence = std::min(d.quarantine.through_sequence, *durable);
+    absl::StatusOr<MirrorFile> f = states->Read(id);
+    if (absl::IsNotFound(f.status())) {
       d.mirror = CloneTensors(trainer->base_trainable());
       d.version = 0;
       d.consumed = 0;
@@ -375,8 +404,6 @@ struct PerDeviceStrategy::Impl {
       MarkLoaded(id, d);
       return absl::OkStatus();
     }
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<MirrorFile> f = DecodeMirrorFile(*bytes, StatePath(id));
     if (!f.ok()) return f.status();
     absl::StatusOr<compress::NamedTensors> mirror = TensorsFromSafetensors(f->mirror);
     if (!mirror.ok()) return mirror.status();
@@ -392,27 +419,23 @@ struct PerDeviceStrategy::Impl {
     // The cursor never points past the durable log: if the sample log lost its tail (a torn
     // write after a crash), the device renumbers from the log's end, and a cursor left
     // beyond it would skip those new batches forever. Commit the clamped cursor at once.
-    const uint64_t durable = samples->HighestDurable(id);
-    if (d.consumed > durable) {
+    if (d.consumed > *durable) {
       std::fprintf(stderr,
                    "{\"event\":\"cursor_clamped\",\"device_id\":\"%s\",\"consumed\":%llu,"
                    "\"durable\":%llu}\n",
                    id.c_str(), static_cast<unsigned long long>(d.consumed),
-                   static_cast<unsigned long long>(durable));
+                   static_cast<unsigned long long>(*durable));
       MirrorFile clamped = *f;
-      clamped.consumed = durable;
-      if (absl::Status s =
-              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(clamped));
-          !s.ok()) {
-        return s;
-      }
-      d.consumed = durable;
+      clamped.consumed = *durable;
+      if (absl::Status s = states->Commit(id, clamped, /*new_version=*/false); !s.ok()) return s;
+      d.consumed = *durable;
     }
     MarkLoaded(id, d);
     (void)ReleaseConsumed(id, d);
     // Publish what the file committed if the update store lacks it (a crash between commit
-    // and publish, or a damaged store file that the store refused to load).
-    if (d.version > 0) {
+    // and publish, or a damaged store file that the store refused to load). A store that
+    // publishes with the commit cannot lack it.
+    if (d.version > 0 && !states->PublishesOnCommit()) {
       absl::StatusOr<StoredUpdate> update = updates->UpdateAfter(id, d.version - 1);
       if (!update.ok() || update->new_version != d.version) {
         absl::Status s = updates->PutUpdate(id, d.version - 1, d.version, d.digest, f->update);
@@ -432,12 +455,9 @@ struct PerDeviceStrategy::Impl {
   // that give nothing to train on. Caller holds d.mu.
   absl::Status SkipTo(const std::string& id, Device& d, uint64_t last_sequence) {
     MirrorFile f;
-    absl::StatusOr<std::string> file = storage::ReadFile(*options.env, StatePath(id));
-    if (file.ok()) {
-      absl::StatusOr<MirrorFile> old = DecodeMirrorFile(*file, StatePath(id));
-      if (old.ok()) f = *std::move(old);
-    }
-    if (!file.ok() || f.mirror.empty()) {
+    absl::StatusOr<MirrorFile> old = states->Read(id);
+    if (old.ok()) f = *std::move(old);
+    if (!old.ok() || f.mirror.empty()) {
       absl::StatusOr<std::string> m = model::EncodeSafetensors(d.mirror, {});
       if (!m.ok()) return m.status();
       f.mirror = *std::move(m);
@@ -446,11 +466,7 @@ struct PerDeviceStrategy::Impl {
       f.digest = d.digest;
     }
     f.consumed = last_sequence;
-    if (absl::Status s =
-            storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = states->Commit(id, f, /*new_version=*/false); !s.ok()) return s;
     d.consumed = last_sequence;
     d.PublishInfo();
     return ReleaseConsumed(id, d);
@@ -524,11 +540,11 @@ struct PerDeviceStrategy::Impl {
     uint64_t span = 16;
     while (options.guard.enabled && to >= 1 && pool.size() < options.guard.pool_capacity) {
       const uint64_t from = to > span ? to - span + 1 : 1;
-      absl::StatusOr<std::vector<store::v1::SampleRecord>> records =
-          samples->Read(id, from, static_cast<size_t>(to - from + 1));
-      if (!records.ok()) return records.status();
+      absl::StatusOr<StoredBatches> stored =
+          samples->ReadEach(id, from, static_cast<size_t>(to - from + 1));
+      if (!stored.ok()) return stored.status();
       HoldoutPool older;
-      for (const store::v1::SampleRecord& r : *records) {
+      for (const store::v1::SampleRecord& r : stored->records) {
         const uint64_t seq = r.batch().sequence();
         if (seq > to) break;
         absl::StatusOr<CheckedBatch> checked =
@@ -700,11 +716,7 @@ struct PerDeviceStrategy::Impl {
     f.residual = fresh.SerializeState();
     f.update = payload->bytes;
     f.snapshot = *snapshot;
-    if (absl::Status s =
-            storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = states->Commit(id, f, /*new_version=*/true); !s.ok()) return s;
     // Committed (Load republishes it after a crash from here on).
     const uint64_t from = d.version;
     d.mirror = std::move(target);
@@ -723,13 +735,16 @@ struct PerDeviceStrategy::Impl {
                                  {"state_digest", absl::StrFormat("%016x", digest)}})
                      .dump()
                      .c_str());
-    if (absl::Status s = updates->PutUpdate(id, from, f.version, digest, std::move(payload->bytes));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
-        !s.ok()) {
-      return s;
+    if (!states->PublishesOnCommit()) {
+      if (absl::Status s =
+              updates->PutUpdate(id, from, f.version, digest, std::move(payload->bytes));
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
+          !s.ok()) {
+        return s;
+      }
     }
     return RollbackResult{f.version, to, digest};
   }
@@ -975,11 +990,7 @@ struct PerDeviceStrategy::Impl {
       f.update = payload->bytes;
       f.snapshot = *snapshot;
       if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
-      if (absl::Status s =
-              storage::WriteFileAtomically(*options.env, StatePath(id), EncodeMirrorFile(f));
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = states->Commit(id, f, /*new_version=*/true); !s.ok()) return s;
       // Committed: from here the job's result survives a crash (Load republishes it).
       d.mirror = std::move(mirror);
       {
@@ -1009,14 +1020,16 @@ struct PerDeviceStrategy::Impl {
       d.replay->Add(usable);
       (void)ReleaseConsumed(id, d);
       if (options.fault == "after_commit") InjectedCrash("after the commit");
-      if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
-                                              std::move(payload->bytes));
-          !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
-          !s.ok()) {
-        return s;
+      if (!states->PublishesOnCommit()) {
+        if (absl::Status s = updates->PutUpdate(id, report.base_version, report.new_version, digest,
+                                                std::move(payload->bytes));
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = updates->PutSnapshot(id, f.version, digest, std::move(f.snapshot));
+            !s.ok()) {
+          return s;
+        }
       }
     } catch (const c10::Error& e) {
       return training_failed(
@@ -1030,8 +1043,8 @@ PerDeviceStrategy::PerDeviceStrategy(std::unique_ptr<Impl> impl) : impl_(std::mo
 PerDeviceStrategy::~PerDeviceStrategy() = default;
 
 absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
-    const PerDeviceStrategyOptions& options, SampleStore* samples, UpdateStore* updates,
-    DeviceRegistry* registry) {
+    const PerDeviceStrategyOptions& options, SampleLog* samples, UpdateLog* updates,
+    DeviceStore* registry) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("state_dir is required");
   if (options.train_device != "cpu" && options.train_device != "cuda") {
     return absl::InvalidArgumentError(
@@ -1042,6 +1055,12 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   impl->samples = samples;
   impl->updates = updates;
   impl->registry = registry;
+  if (options.mirror_states != nullptr) {
+    impl->states = options.mirror_states;
+  } else {
+    impl->own_states = std::make_unique<StateFiles>(options.env, options.state_dir);
+    impl->states = impl->own_states.get();
+  }
   if (options.env == nullptr) return absl::InvalidArgumentError("env is null");
   if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
 
@@ -1061,6 +1080,8 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
 }
 
 absl::Status PerDeviceStrategy::Recover() {
+  // A shared store publishes with each commit: there is nothing a crash left to republish.
+  if (impl_->states != impl_->own_states.get()) return absl::OkStatus();
   // A state file found here may be one whose rename never became durable (the process
   // before stopped between the rename and the directory sync); make it durable before
   // anything is published from it, or a power loss could leave an update without its mirror.
@@ -1154,6 +1175,15 @@ absl::StatusOr<std::string> PerDeviceStrategy::MirrorState(const std::string& de
   }
   impl_->Touch(device_id);
   return state;
+}
+
+void PerDeviceStrategy::DropUnless(const std::string& device_id, uint64_t version,
+                                   uint64_t consumed) {
+  Impl::Device* d = impl_->Get(device_id);
+  absl::MutexLock lock(&d->mu);
+  if (d->loaded && (d->version != version || d->consumed != consumed)) {
+    impl_->Evict(device_id, *d);
+  }
 }
 
 size_t PerDeviceStrategy::ResidentMirrors() const {

@@ -78,6 +78,7 @@
 #include "cloud/device_registry.h"
 #include "cloud/internal/work_pool.h"
 #include "cloud/sample_store.h"
+#include "cloud/stores.h"
 #include "cloud/update_guard.h"
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
@@ -206,6 +207,11 @@ struct PerDeviceStrategyOptions {
   std::string state_dir;
   // Every call on the state files goes through it (not owned; must outlive the strategy).
   storage::Env* env = storage::Env::Default();
+  // Where each device's committed state lives (not owned; must outlive the strategy).
+  // nullptr = a file per device in state_dir. A shared store (cloud/pg/pg_cloud_store.h)
+  // commits and publishes a job's result in one transaction under the job's lease; then
+  // Recover() has nothing to republish, and the quarantine files stay in state_dir.
+  MirrorStates* mirror_states = nullptr;
   // Cloud learner: "akd", "pl", "pkd" or "cwd"; "" = distill_config's, else "akd".
   std::string learner;
   // Optional distill settings JSON (configs/distill/akd.json layout); "" = the learner's
@@ -264,8 +270,8 @@ class PerDeviceStrategy final : public TrainerStrategy {
   // Loads the family (teacher and student base once). `samples` and `updates` must outlive
   // the strategy; `registry` (optional) supplies devices' byte budgets.
   static absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> Create(
-      const PerDeviceStrategyOptions& options, SampleStore* samples, UpdateStore* updates,
-      DeviceRegistry* registry = nullptr);
+      const PerDeviceStrategyOptions& options, SampleLog* samples, UpdateLog* updates,
+      DeviceStore* registry = nullptr);
   ~PerDeviceStrategy() override;
 
   absl::Status Recover() override;
@@ -290,6 +296,10 @@ class PerDeviceStrategy final : public TrainerStrategy {
   // call at the moment), and how many were evicted since the start.
   size_t ResidentMirrors() const;
   uint64_t MirrorEvictions() const;
+  // Drops the device's state from memory unless it is at `version` with cursor `consumed`
+  // (what the shared store holds): another process trained it since, and its next call
+  // loads the stored state. Waits for a call of the device that is running.
+  void DropUnless(const std::string& device_id, uint64_t version, uint64_t consumed);
 
   struct Impl;
 

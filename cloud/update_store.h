@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cloud/stores.h"
 #include "storage/env.h"
 
 namespace cdcca::cloud {
@@ -38,16 +39,7 @@ struct UpdateStoreOptions {
   storage::Env* env = storage::Env::Default();
 };
 
-// One stored payload. `payload` is shared and immutable, so serving it copies nothing.
-struct StoredUpdate {
-  uint64_t base_version = 0;  // for snapshots: equal to new_version
-  uint64_t new_version = 0;
-  uint64_t state_digest = 0;  // digest of the trainable state after applying
-  std::string sha256;         // of *payload, 32 raw bytes
-  std::shared_ptr<const std::string> payload;
-};
-
-class UpdateStore {
+class UpdateStore final : public UpdateLog {
  public:
   // Opens (or creates) the store and loads every stored payload's index.
   static absl::StatusOr<std::unique_ptr<UpdateStore>> Open(const UpdateStoreOptions& options);
@@ -55,27 +47,31 @@ class UpdateStore {
   // Stores the update that takes `device_id` from base_version to new_version. new_version
   // must be newer than the device's newest update; INVALID_ARGUMENT otherwise.
   absl::Status PutUpdate(const std::string& device_id, uint64_t base_version, uint64_t new_version,
-                         uint64_t state_digest, std::string payload);
+                         uint64_t state_digest, std::string payload) override;
 
   // Stores the full trainable state of `device_id` at `version`.
   absl::Status PutSnapshot(const std::string& device_id, uint64_t version, uint64_t state_digest,
-                           std::string payload);
+                           std::string payload) override;
 
   // The update that applies on top of `base_version`:
   //   NOT_FOUND           nothing newer than base_version exists (the device is current);
   //   FAILED_PRECONDITION base_version is unknown (too old, or ahead of the cloud): resync.
   absl::StatusOr<StoredUpdate> UpdateAfter(const std::string& device_id,
-                                           uint64_t base_version) const;
+                                           uint64_t base_version) const override;
 
   // The newest snapshot, or the one of `version` (0 = newest). NOT_FOUND if absent.
-  absl::StatusOr<StoredUpdate> Snapshot(const std::string& device_id, uint64_t version) const;
+  absl::StatusOr<StoredUpdate> Snapshot(const std::string& device_id,
+                                        uint64_t version) const override;
 
   // The newest version the cloud holds for the device (update or snapshot); 0 if none.
   uint64_t LatestVersion(const std::string& device_id) const;
+  absl::StatusOr<uint64_t> Newest(const std::string& device_id) const override {
+    return LatestVersion(device_id);
+  }
 
   // The state digest recorded for `version` (from its update or snapshot). NOT_FOUND if the
   // store has no record of that version.
-  absl::StatusOr<uint64_t> DigestOf(const std::string& device_id, uint64_t version) const;
+  absl::StatusOr<uint64_t> DigestOf(const std::string& device_id, uint64_t version) const override;
 
  private:
   struct DeviceUpdates {

@@ -304,6 +304,46 @@ absl::StatusOr<MirrorState> PgStore::LoadMirror(const std::string& device_id) {
   return mirror;
 }
 
+absl::StatusOr<MirrorState> PgStore::MirrorCursor(const std::string& device_id) {
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT version, consumed_sequence FROM "
+                                            "mirror_states WHERE device_id = $1",
+                                            Params().Text(device_id)));
+  if (r.rows() == 0) {
+    return absl::NotFoundError(absl::StrCat("no mirror published for device ", device_id));
+  }
+  MirrorState mirror;
+  PG_ASSIGN_OR_RETURN(int64_t version, r.Int64(0, 0));
+  PG_ASSIGN_OR_RETURN(int64_t consumed, r.Int64(0, 1));
+  mirror.version = static_cast<uint64_t>(version);
+  mirror.consumed_sequence = static_cast<uint64_t>(consumed);
+  return mirror;
+}
+
+absl::StatusOr<uint64_t> PgStore::DigestOf(const std::string& device_id, uint64_t version) {
+  PG_RETURN_IF_ERROR(CheckOrdered(version, "version"));
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT state_digest FROM updates WHERE device_id = "
+                                            "$1 AND new_version = $2 LIMIT 1",
+                                            Params().Text(device_id).Int64(Ordered(version))));
+  if (r.rows() == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("no update or snapshot of version ", version, " of ", device_id));
+  }
+  PG_ASSIGN_OR_RETURN(int64_t digest, r.Int64(0, 0));
+  return static_cast<uint64_t>(digest);
+}
+
+absl::StatusOr<uint64_t> PgStore::DeviceCount() {
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT count(*) FROM devices"));
+  PG_ASSIGN_OR_RETURN(int64_t n, r.Int64(0, 0));
+  return static_cast<uint64_t>(n);
+}
+
 absl::StatusOr<StoredPayload> PgStore::PayloadRow(const Result& r, int row) {
   StoredPayload p;
   PG_ASSIGN_OR_RETURN(p.snapshot, r.Bool(row, 0));
@@ -449,14 +489,16 @@ absl::Status PgStore::ReleaseLease(const JobLease& lease, absl::Time due_at) {
   PG_RETURN_IF_ERROR(ReconnectIfLost());
   PG_ASSIGN_OR_RETURN(
       Result r,
-      conn_->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = $4 "
+      conn_->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = CASE "
+                  "WHEN $5 THEN NULL ELSE $4::timestamptz END "
                   "WHERE device_id = $1 AND lease_owner = $2 AND fencing_token = $3 AND "
                   "lease_expires_at > clock_timestamp()",
                   Params()
                       .Text(lease.device_id)
                       .Text(lease.owner)
                       .Int64(lease.fencing_token)
-                      .Time(due_at)));
+                      .Time(due_at == absl::InfiniteFuture() ? absl::UnixEpoch() : due_at)
+                      .Bool(due_at == absl::InfiniteFuture())));
   if (r.affected() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(LeaseName(lease), " is no longer held"));
   }

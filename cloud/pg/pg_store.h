@@ -126,6 +126,8 @@ class PgStore {
                           bool in_sync);
   // NOT_FOUND if the device never registered.
   absl::StatusOr<store::v1::DeviceRecord> GetDevice(const std::string& device_id);
+  // Registered devices.
+  absl::StatusOr<uint64_t> DeviceCount();
   // Stores the SHA-256 of the device's bearer token (32 bytes), replacing any earlier one.
   // NOT_FOUND if the device never registered; ALREADY_EXISTS if another device has it.
   absl::Status SetTokenHash(const std::string& device_id, const std::string& token_sha256);
@@ -156,6 +158,8 @@ class PgStore {
 
   // The device's mirror as last published; NOT_FOUND if no job published one.
   absl::StatusOr<MirrorState> LoadMirror(const std::string& device_id);
+  // LoadMirror's version and cursor without the state (state is empty).
+  absl::StatusOr<MirrorState> MirrorCursor(const std::string& device_id);
   // The update that applies on top of `base_version`: NOT_FOUND when nothing newer exists
   // (the device is current); FAILED_PRECONDITION when base_version is unknown (too old,
   // or ahead of the cloud): the device must resync from a snapshot.
@@ -164,6 +168,9 @@ class PgStore {
   absl::StatusOr<StoredPayload> Snapshot(const std::string& device_id, uint64_t version);
   // The newest version stored for the device (update or snapshot); 0 if none.
   absl::StatusOr<uint64_t> LatestVersion(const std::string& device_id);
+  // The state digest of `version` (from its update or snapshot); NOT_FOUND if neither is
+  // stored.
+  absl::StatusOr<uint64_t> DigestOf(const std::string& device_id, uint64_t version);
 
   // ---- job queue ----
 
@@ -182,7 +189,8 @@ class PgStore {
   // newer lease replaced it); the trainer must then stop the job and publish nothing.
   absl::Status Heartbeat(JobLease* lease, absl::Duration lease_duration);
   // Gives a live lease back without publishing: the job is due again at `due_at` (a failed
-  // job's retry). FAILED_PRECONDITION when the lease is no longer held.
+  // job's retry), or not due at all for absl::InfiniteFuture() (it found nothing to do).
+  // FAILED_PRECONDITION when the lease is no longer held.
   absl::Status ReleaseLease(const JobLease& lease, absl::Time due_at);
   // Publishes a job's result in one transaction: the device's mirror state, the update
   // from base_version (if any), the snapshot (if any), the pruning of older updates and

@@ -1,0 +1,180 @@
+#include "cloud/cluster_roles.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::cloud {
+namespace {
+
+void Log(const nlohmann::json& event) {
+  std::fprintf(stderr, "%s\n", event.dump().c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+// ---- JobQueueTrigger --------------------------------------------------------------------------
+
+void JobQueueTrigger::OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {
+  pg::PgCloudStore::Session session = store_->Borrow();
+  uint64_t consumed = 0;
+  absl::StatusOr<pg::MirrorState> cursor = session->MirrorCursor(device_id);
+  absl::Status status = cursor.status();
+  if (cursor.ok()) {
+    consumed = cursor->consumed_sequence;
+  } else if (absl::IsNotFound(cursor.status())) {
+    status = absl::OkStatus();  // never trained: every stored sample is new
+  }
+  absl::Time due = absl::InfiniteFuture();
+  if (status.ok()) {
+    absl::StatusOr<uint64_t> fresh =
+        consumed >= highest_durable
+            ? absl::StatusOr<uint64_t>(0)
+            : session->SampleCount(device_id, consumed + 1, highest_durable);
+    status = fresh.status();
+    if (fresh.ok() && *fresh >= static_cast<uint64_t>(std::max(1, options_.trigger_samples))) {
+      due = absl::Now();
+    } else if (fresh.ok() && *fresh > 0 && options_.trigger_interval != absl::InfiniteDuration()) {
+      due = absl::Now() + options_.trigger_interval;
+    }
+  }
+  if (status.ok() && due != absl::InfiniteFuture()) status = session->ScheduleJob(device_id, due);
+  if (!status.ok()) {
+    Log({{"event", "job_schedule_failed"},
+         {"device_id", device_id},
+         {"error", status.ToString()},
+         {"action", "the device's next batch schedules again"}});
+  }
+}
+
+absl::StatusOr<RollbackResult> JobQueueTrigger::OnRollback(const std::string& device_id,
+                                                           uint64_t /*device_version*/,
+                                                           uint64_t /*to_version*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "rollback of ", device_id,
+      " is not offered by a cloud on a shared store yet (cdcca-cloud --store); the embedded "
+      "cloud (--data_dir alone) offers it"));
+}
+
+// ---- JobWorker --------------------------------------------------------------------------------
+
+JobWorker::JobWorker(JobWorkerOptions options, pg::PgCloudStore* store, pg::PgMirrorStates* states,
+                     PerDeviceStrategy* strategy)
+    : options_(std::move(options)), store_(store), states_(states), strategy_(strategy) {
+  for (int i = 0; i < std::max(1, options_.threads); ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+JobWorker::~JobWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void JobWorker::SetJobCallback(std::function<void(const absl::StatusOr<JobReport>&)> callback) {
+  absl::MutexLock lock(&mu_);
+  callback_ = std::move(callback);
+}
+
+void JobWorker::Loop() {
+  const auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  };
+  while (!stopping()) {
+    absl::StatusOr<std::optional<pg::JobLease>> lease =
+        store_->Borrow()->LeaseJob(options_.owner, options_.lease);
+    if (lease.ok() && lease->has_value()) {
+      RunLeased(**lease);
+      continue;
+    }
+    if (!lease.ok()) {
+      Log({{"event", "job_lease_failed"}, {"error", lease.status().ToString()}});
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll);
+  }
+}
+
+void JobWorker::RunLeased(const pg::JobLease& leased) {
+  const std::string& id = leased.device_id;
+  // Another trainer may have run this device's jobs since this one held its state.
+  absl::StatusOr<pg::MirrorState> cursor = store_->Borrow()->MirrorCursor(id);
+  if (cursor.ok()) {
+    strategy_->DropUnless(id, cursor->version, cursor->consumed_sequence);
+  } else if (absl::IsNotFound(cursor.status())) {
+    strategy_->DropUnless(id, 0, 0);
+  }
+  states_->Hold(leased);
+
+  // Renews the lease every third of its length until the job ends.
+  absl::Mutex beat_mu;
+  bool job_done = false;
+  bool lost = false;
+  std::thread heartbeat([&] {
+    pg::JobLease lease = leased;
+    absl::MutexLock lock(&beat_mu);
+    while (!beat_mu.AwaitWithTimeout(absl::Condition(&job_done), options_.lease / 3)) {
+      beat_mu.Unlock();
+      absl::Status s = store_->Borrow()->Heartbeat(&lease, options_.lease);
+      beat_mu.Lock();
+      if (absl::IsFailedPrecondition(s)) {
+        lost = true;
+        return;
+      }
+    }
+  });
+  absl::StatusOr<JobReport> report = strategy_->RunJob(id);
+  {
+    absl::MutexLock lock(&beat_mu);
+    job_done = true;
+  }
+  heartbeat.join();
+  const bool published = states_->Forget(id);
+
+  absl::Duration retry = absl::ZeroDuration();
+  if (report.ok() || published) {
+    ++jobs_done_;
+    absl::MutexLock lock(&mu_);
+    retry_delay_.erase(id);
+  } else if (absl::IsNotFound(report.status())) {
+    // Nothing new to train: the job is not due until a front schedules it again.
+    if (absl::Status s = store_->Borrow()->ReleaseLease(leased, absl::InfiniteFuture());
+        !s.ok() && !absl::IsFailedPrecondition(s)) {
+      Log({{"event", "job_release_failed"}, {"device_id", id}, {"error", s.ToString()}});
+    }
+  } else {
+    ++jobs_failed_;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Duration& delay = retry_delay_[id];
+      delay = delay == absl::ZeroDuration() ? options_.retry_after
+                                            : std::min(delay * 2, options_.max_retry_after);
+      retry = delay;
+    }
+    absl::Status s = store_->Borrow()->ReleaseLease(leased, absl::Now() + retry);
+    if (absl::IsFailedPrecondition(s) || lost) {
+      ++leases_lost_;
+      Log({{"event", "job_lease_lost"},
+           {"device_id", id},
+           {"fencing_token", leased.fencing_token},
+           {"action", "nothing of the job was published; the lease's new holder runs it"}});
+    } else if (!s.ok()) {
+      Log({{"event", "job_release_failed"}, {"device_id", id}, {"error", s.ToString()}});
+    }
+  }
+  std::function<void(const absl::StatusOr<JobReport>&)> callback;
+  {
+    absl::MutexLock lock(&mu_);
+    callback = callback_;
+  }
+  if (callback) callback(report);
+}
+
+}  // namespace cdcca::cloud

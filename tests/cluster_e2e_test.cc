@@ -1,0 +1,318 @@
+// The cloud past one process, end to end: a real PostgreSQL (started by the test, as an
+// unprivileged user when root), `cdcca-cloud --store ... --role front` and `--role trainer`
+// processes, and real `cdcca-device` processes on loopback with a random-init `tiny` family.
+//   1. Two fronts and two trainers: every device, whichever front it uplinks to, reaches its
+//      updates and ends in sync with the digest the store recorded; nothing acked is lost.
+//   2. A trainer dies in the middle of a job (after training, before its commit): it loses
+//      only its lease, and another trainer runs the job once the lease expired.
+//   3. PostgreSQL stops under load: the front refuses uplinks meanwhile (no ack without a
+//      commit), and after the restart the devices resume and nothing acked is lost.
+//   4. A second process on a --data_dir in use refuses to start.
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cloud/pg/pg_store.h"
+#include "datasets/scene.h"
+#include "datasets/shifts.h"
+#include "datasets/test_images.h"
+#include "datasets/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/family/checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "opencv2/imgcodecs.hpp"
+#include "opencv2/imgproc.hpp"
+#include "tests/testing/child_process.h"
+#include "tests/testing/postgres_server.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+
+namespace cdcca {
+namespace {
+
+using ::cdcca::testing::Child;
+using ::cdcca::testing::PostgresServer;
+using ::cdcca::testing::ReadJson;
+using ::cdcca::testing::ReadText;
+using ::cdcca::testing::TempDir;
+using ::cdcca::testing::WaitUntil;
+using ::testing::HasSubstr;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(11);
+    ASSERT_OK_AND_ASSIGN(
+        model::FamilyConfig family,
+        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
+    model::VisionEncoder encoder(family.vision);
+    model::Blip2Tower teacher(family.teacher), student(family.student);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : teacher->parameters()) p.mul_(2.0);
+    }
+    checkpoint_ = dir_.path() + "/family";
+    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
+                                datasets::Tokenizer::SceneLanguage().tokens()));
+    images_ = dir_.path() + "/images";
+    std::filesystem::create_directories(images_);
+    datasets::ImageSet set = datasets::SyntheticImageSet(datasets::Split::kTest);
+    const auto& shifts = datasets::AllImageShifts();
+    for (int i = 0; i < 12; ++i) {
+      datasets::Rng rng(100 + i);
+      datasets::Scene scene = datasets::RenderScene(set, datasets::SceneOptions{}, rng);
+      ASSERT_OK(datasets::ApplyShift(shifts[i % shifts.size()], 1 + i % 5, 7 + i, scene.image));
+      cv::Mat rgb(scene.image.height, scene.image.width, CV_8UC3, scene.image.pixels.data());
+      cv::Mat bgr;
+      cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+      ASSERT_TRUE(cv::imwrite(absl::StrCat(images_, "/scene-", 100 + i, ".png"), bgr));
+    }
+    std::ofstream tokens(dir_.path() + "/tokens");
+    for (const char c : std::string("abcd")) {
+      tokens << "dev-" << c << " token-" << std::string(16, c) << "\n";
+    }
+    std::ofstream(dir_.path() + "/prompts") << "what is in the picture?\n";
+
+    absl::StatusOr<std::unique_ptr<PostgresServer>> server = PostgresServer::Start();
+    ASSERT_OK(server.status());
+    postgres_ = *std::move(server);
+    ASSERT_OK_AND_ASSIGN(conninfo_, postgres_->CreateDatabase());
+  }
+
+  // A cdcca-cloud process of `role` named `name` (its data dir, log and status file).
+  // Fronts return once serving (their port in *port).
+  std::unique_ptr<Child> StartCloud(const std::string& role, const std::string& name,
+                                    int* port = nullptr, const std::string& fault = "") {
+    const std::string port_file = dir_.path() + "/" + name + ".port";
+    ::unlink(port_file.c_str());
+    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
+                                     "--store=" + conninfo_,
+                                     "--role=" + role,
+                                     "--data_dir=" + dir_.path() + "/" + name,
+                                     "--checkpoint_dir=" + checkpoint_,
+                                     "--student_precision=int8",
+                                     "--trigger_samples=4",
+                                     "--trigger_interval_s=3",
+                                     "--max_steps=3",
+                                     "--batch_size=4",
+                                     "--torch_threads=1",
+                                     "--bits_per_param=4",
+                                     "--lease_s=3",
+                                     "--store_sessions=2",
+                                     "--uts_keep_fraction=0.6",
+                                     "--uts_mc_passes=2",
+                                     "--status_file=" + dir_.path() + "/" + name + ".status",
+                                     "--status_interval_s=0.5"};
+    if (role != "trainer") {
+      args.insert(args.end(), {"--tokens=" + dir_.path() + "/tokens", "--insecure",
+                               "--listen=127.0.0.1:0", "--port_file=" + port_file});
+    }
+    auto child = std::make_unique<Child>(args, Log(name), fault);
+    if (port != nullptr) {
+      *port = 0;
+      WaitUntil(
+          [&] {
+            std::ifstream in(port_file);
+            return static_cast<bool>(in >> *port) && *port > 0;
+          },
+          absl::Minutes(2));
+    }
+    return child;
+  }
+
+  std::string Log(const std::string& name) const { return dir_.path() + "/" + name + ".log"; }
+  std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
+
+  std::unique_ptr<Child> StartDevice(const std::string& id, int port) {
+    std::filesystem::create_directories(DeviceDir(id));
+    std::vector<std::string> args = {CDCCA_DEVICE_BINARY,
+                                     absl::StrCat("--cloud=127.0.0.1:", port),
+                                     "--insecure",
+                                     "--device_id=" + id,
+                                     "--token=token-" + std::string(16, id.back()),
+                                     "--checkpoint_dir=" + checkpoint_,
+                                     "--precision=int8",
+                                     "--threads=1",
+                                     "--state_dir=" + DeviceDir(id) + "/state",
+                                     "--input=" + images_,
+                                     "--loop",
+                                     "--fps=8",
+                                     "--prompts_file=" + dir_.path() + "/prompts",
+                                     "--output=" + DeviceDir(id) + "/answers.jsonl",
+                                     "--uplink_batch_samples=2",
+                                     "--uplink_max_age_s=1",
+                                     "--poll_ms=300",
+                                     "--max_attempts=2",
+                                     "--status_file=" + DeviceDir(id) + "/status.json"};
+    return std::make_unique<Child>(args, DeviceDir(id) + "/device.log");
+  }
+
+  nlohmann::json DeviceStatus(const std::string& id) {
+    return ReadJson(DeviceDir(id) + "/status.json");
+  }
+
+  bool WaitInSync(const std::string& id, uint64_t version, absl::Duration timeout) {
+    return WaitUntil(
+        [&] {
+          nlohmann::json s = DeviceStatus(id);
+          return s.value("version", 0ull) >= version && s.value("in_sync", false);
+        },
+        timeout);
+  }
+
+  std::unique_ptr<cloud::pg::PgStore> Store() {
+    absl::StatusOr<std::unique_ptr<cloud::pg::PgStore>> store =
+        cloud::pg::PgStore::Open({conninfo_});
+    EXPECT_OK(store.status());
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  // Stops the device and checks it against the store: its digest is the one recorded for
+  // its version, and every batch it saw acked is stored.
+  void StopAndCheck(const std::string& id, Child& device) {
+    device.Signal(SIGTERM);
+    ASSERT_EQ(device.Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir(id) + "/device.log");
+    nlohmann::json s = DeviceStatus(id);
+    const uint64_t version = s.value("version", 0ull);
+    EXPECT_GE(version, 1u) << id;
+    std::unique_ptr<cloud::pg::PgStore> store = Store();
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(uint64_t digest, store->DigestOf(id, version));
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+    EXPECT_EQ(s.value("digest", std::string()), hex) << id << " " << s.dump();
+    ASSERT_OK_AND_ASSIGN(uint64_t highest, store->HighestSequence(id));
+    EXPECT_GE(highest, s.value("acked", 0ull)) << id;
+    EXPECT_GT(s.value("acked", 0ull), 0u) << id;
+  }
+
+  TempDir dir_;
+  std::string checkpoint_, images_, conninfo_;
+  std::unique_ptr<PostgresServer> postgres_;
+};
+
+TEST_F(ClusterTest, TwoFrontsAndTwoTrainersBringEveryDeviceInSync) {
+  int port0 = 0, port1 = 0;
+  std::unique_ptr<Child> front0 = StartCloud("front", "front-0", &port0);
+  ASSERT_GT(port0, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> front1 = StartCloud("front", "front-1", &port1);
+  ASSERT_GT(port1, 0) << ReadText(Log("front-1"));
+  std::unique_ptr<Child> trainer0 = StartCloud("trainer", "trainer-0");
+  std::unique_ptr<Child> trainer1 = StartCloud("trainer", "trainer-1");
+  std::vector<std::pair<std::string, std::unique_ptr<Child>>> devices;
+  devices.emplace_back("dev-a", StartDevice("dev-a", port0));
+  devices.emplace_back("dev-b", StartDevice("dev-b", port1));
+  devices.emplace_back("dev-c", StartDevice("dev-c", port0));
+  devices.emplace_back("dev-d", StartDevice("dev-d", port1));
+  for (auto& [id, device] : devices) {
+    ASSERT_TRUE(WaitInSync(id, 2, absl::Minutes(4)))
+        << id << "\n"
+        << ReadText(DeviceDir(id) + "/device.log") << "\ntrainer-0:\n"
+        << ReadText(Log("trainer-0")) << "\ntrainer-1:\n"
+        << ReadText(Log("trainer-1"));
+  }
+  for (auto& [id, device] : devices) StopAndCheck(id, *device);
+  // Both trainers took jobs from the one queue.
+  const uint64_t done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
+  const uint64_t done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+  EXPECT_GE(done0 + done1, 8u) << done0 << " + " << done1;
+  // A front trains nothing.
+  EXPECT_THAT(ReadText(Log("front-0")), ::testing::Not(HasSubstr("\"event\":\"job\"")));
+  for (Child* c : {front0.get(), front1.get(), trainer0.get(), trainer1.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
+  }
+}
+
+TEST_F(ClusterTest, ATrainerThatDiesInAJobLosesOnlyItsLease) {
+  int port = 0;
+  std::unique_ptr<Child> front = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  // This trainer exits (code 86) after training its first job, before publishing it.
+  std::unique_ptr<Child> doomed = StartCloud("trainer", "trainer-0", nullptr, "after_train");
+  std::unique_ptr<Child> device = StartDevice("dev-a", port);
+  ASSERT_EQ(doomed->Wait(absl::Minutes(3)), 86) << ReadText(Log("trainer-0"));
+  std::unique_ptr<cloud::pg::PgStore> store = Store();
+  ASSERT_NE(store, nullptr);
+  EXPECT_THAT(store->LatestVersion("dev-a"), ::cdcca::testing::IsOkAndHolds(0u));
+  // The job's lease (3 s) runs out; the other trainer takes the job and publishes it.
+  const absl::Time died = absl::Now();
+  std::unique_ptr<Child> survivor = StartCloud("trainer", "trainer-1");
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(2))) << ReadText(Log("trainer-1"));
+  EXPECT_LT(absl::Now() - died, absl::Minutes(2));
+  StopAndCheck("dev-a", *device);
+  EXPECT_THAT(ReadText(Log("trainer-1")), HasSubstr("\"event\":\"job\""));
+  // One update per version: each version's update applies on the one before it.
+  ASSERT_OK_AND_ASSIGN(uint64_t latest, store->LatestVersion("dev-a"));
+  for (uint64_t v = 0; v < latest; ++v) {
+    ASSERT_OK_AND_ASSIGN(cloud::pg::StoredPayload update, store->UpdateAfter("dev-a", v));
+    EXPECT_EQ(update.new_version, v + 1);
+  }
+}
+
+TEST_F(ClusterTest, FrontsRefuseUplinksWhilePostgresIsDownAndDevicesResume) {
+  int port = 0;
+  std::unique_ptr<Child> front = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> trainer = StartCloud("trainer", "trainer-0");
+  std::unique_ptr<Child> a = StartDevice("dev-a", port);
+  std::unique_ptr<Child> b = StartDevice("dev-b", port);
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3))) << ReadText(Log("trainer-0"));
+  ASSERT_OK(postgres_->Stop());
+  // Calls fail with UNAVAILABLE while the store is away (the front says why); the device
+  // backs off and retries, and nothing is acked without a commit between its attempts.
+  const auto store_errors = [&] {
+    const std::string log = ReadText(DeviceDir("dev-a") + "/device.log");
+    size_t n = 0;
+    for (size_t at = log.find("reconnect to PostgreSQL"); at != std::string::npos;
+         at = log.find("reconnect to PostgreSQL", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return store_errors() >= 1; }, absl::Minutes(1)))
+      << ReadText(DeviceDir("dev-a") + "/device.log");
+  const uint64_t acked_while_down = DeviceStatus("dev-a").value("acked", 0ull);
+  const size_t errors = store_errors();
+  ASSERT_TRUE(WaitUntil([&] { return store_errors() >= errors + 2; }, absl::Minutes(1)));
+  EXPECT_EQ(DeviceStatus("dev-a").value("acked", 0ull), acked_while_down);
+  ASSERT_OK(postgres_->Restart());
+  const uint64_t before = DeviceStatus("dev-a").value("version", 0ull);
+  ASSERT_TRUE(WaitInSync("dev-a", before + 1, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-a") + "/device.log") << ReadText(Log("trainer-0"));
+  ASSERT_TRUE(WaitInSync("dev-b", 1, absl::Minutes(3)));
+  StopAndCheck("dev-a", *a);
+  StopAndCheck("dev-b", *b);
+  front->Signal(SIGTERM);
+  EXPECT_EQ(front->Wait(absl::Seconds(60)), 0);
+  trainer->Signal(SIGTERM);
+  EXPECT_EQ(trainer->Wait(absl::Seconds(60)), 0);
+}
+
+TEST_F(ClusterTest, ASecondProcessOnADataDirInUseRefuses) {
+  int port = 0;
+  std::unique_ptr<Child> first = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  std::vector<std::string> args = {CDCCA_CLOUD_BINARY, "--data_dir=" + dir_.path() + "/front-0",
+                                   "--tokens=" + dir_.path() + "/tokens", "--insecure",
+                                   "--listen=127.0.0.1:0"};
+  Child second(args, Log("second"));
+  EXPECT_EQ(second.Wait(absl::Seconds(60)), 1);
+  EXPECT_THAT(ReadText(Log("second")), HasSubstr("in use by another cdcca-cloud process"));
+  first->Signal(SIGTERM);
+  EXPECT_EQ(first->Wait(absl::Seconds(60)), 0);
+}
+
+}  // namespace
+}  // namespace cdcca
