@@ -1,11 +1,8 @@
 #include "tests/testing/postgres_server.h"
 
-#include <arpa/inet.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/free_port.h"
 #include "tests/testing/wait.h"
 
 namespace cdcca::testing {
@@ -26,23 +24,6 @@ namespace fs = std::filesystem;
 
 constexpr char kSetpriv[] = "/usr/bin/setpriv";
 constexpr char kUser[] = "cdcca";
-
-// A port the kernel picks as free on 127.0.0.1 (free when this returns; the server may
-// still lose a race for it, which Start retries).
-absl::StatusOr<int> FreeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  if (!ok) return absl::InternalError("cannot bind a loopback port");
-  return static_cast<int>(ntohs(addr.sin_port));
-}
 
 std::string Tail(const std::string& text, size_t bytes = 2000) {
   return text.size() <= bytes ? text : text.substr(text.size() - bytes);
