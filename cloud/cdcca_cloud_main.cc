@@ -26,6 +26,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,13 @@ ABSL_FLAG(std::string, client_cert_map, "",
           "mutual TLS: file of `<certificate name> <device_id>` lines. A client certificate "
           "must stand for the device of the call's token: its CN or a SAN equal to the "
           "device id, or mapped to it here; else PERMISSION_DENIED");
+ABSL_FLAG(std::string, proxy_client_cert_header, "",
+          "behind a proxy that ends mutual TLS (nginx): the request header in which it passes "
+          "the client certificate it verified, percent-escaped PEM (nginx: grpc_set_header "
+          "X-Client-Cert $ssl_client_escaped_cert; here x-client-cert). The certificate must "
+          "stand for the token's device as with --client_ca; calls without it are refused "
+          "unless --allow_token_only_devices. Only where nothing but the proxy reaches this "
+          "process");
 ABSL_FLAG(bool, insecure, false, "serve plaintext (loopback experiments only; prints a warning)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, expected_fingerprint, "",
@@ -565,6 +573,9 @@ int main(int argc, char** argv) {
     service_options.sample_spec.max_samples_per_batch = max_batch_samples;
     service_options.sample_spec.max_decoded_bytes_per_batch = max_batch_decoded_bytes;
   }
+  service_options.proxy_client_cert_header =
+      absl::AsciiStrToLower(absl::GetFlag(FLAGS_proxy_client_cert_header));
+  service_options.allow_token_only_devices = absl::GetFlag(FLAGS_allow_token_only_devices);
   if (!absl::GetFlag(FLAGS_client_cert_map).empty()) {
     auto map = ReadCertificateMap(absl::GetFlag(FLAGS_client_cert_map));
     if (!map.ok()) return Fail(map.status());

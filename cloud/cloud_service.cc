@@ -130,6 +130,24 @@ absl::StatusOr<std::string> CloudService::Authenticate(grpc::CallbackServerConte
     return absl::PermissionDeniedError(
         absl::StrCat("the token belongs to device ", *device, ", not to ", claimed));
   }
+  // Mutual TLS ended at a proxy: the certificate it verified, in the header it sets.
+  if (!options_.proxy_client_cert_header.empty()) {
+    auto it = md.find(options_.proxy_client_cert_header);
+    if (it == md.end() || it->second.empty()) {
+      if (!options_.allow_token_only_devices) {
+        return absl::UnauthenticatedError(
+            "no client certificate came through the proxy: every device needs one here");
+      }
+    } else {
+      absl::StatusOr<std::vector<std::string>> names =
+          CertificateNamesFromEscapedPem(absl::string_view(it->second.data(), it->second.size()));
+      if (!names.ok()) return absl::UnauthenticatedError(names.status().message());
+      if (absl::Status s = CheckCertificateIdentity(*names, options_.client_certificates, *device);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
   // Mutual TLS: the certificate must be the device's own, so a leaked token is useless
   // without that device's key, and one device's key cannot carry another's token.
   const std::shared_ptr<const grpc::AuthContext> peer = ctx->auth_context();

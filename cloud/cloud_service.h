@@ -3,8 +3,9 @@
 // batches durably before acking them, and streams updates and snapshots in chunks from
 // any byte offset.
 //
-// Reactions stay short: uplink appends go to the SampleStore's group-commit thread, and
-// registry writes run on a small pool; payloads are served from memory.
+// Reactions stay short: uplink appends go to the sample log's commit thread (SampleStore's group
+// commit, or the shared store's sessions), and registry writes run on a small pool; payloads are
+// served from memory.
 //
 // What the payloads mean (UTS samples, DWC updates) is not this class's business; the
 // trainer side plugs in through CloudObserver and the stores.
@@ -90,6 +91,15 @@ struct CloudServiceOptions {
   // without --client_ca or with --allow_token_only_devices, or plaintext) are decided by the
   // token alone.
   CertificateMap client_certificates;
+  // Behind a proxy that terminates (mutual) TLS, e.g. nginx: the client certificate the
+  // proxy verified arrives in this request header as percent-escaped PEM (nginx:
+  // `grpc_set_header X-Client-Cert $ssl_client_escaped_cert;`, lower-case here), and binds
+  // the call to the token's device as a certificate of this server's own TLS session does.
+  // A call without the header is refused (UNAUTHENTICATED) unless allow_token_only_devices.
+  // Set it only where nothing but the proxy can reach this server: the header is trusted as
+  // the proxy's word. "" = off.
+  std::string proxy_client_cert_header;
+  bool allow_token_only_devices = false;
   // Fault injection for tests: the first FetchUpdate/FetchSnapshot stream that has sent this
   // many payload bytes ends with UNAVAILABLE, as a broken link would. 0 = off.
   uint64_t inject_cut_fetch_after_bytes = 0;

@@ -1,6 +1,7 @@
 #include "cloud/token_authenticator.h"
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -8,6 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "openssl/bio.h"
+#include "openssl/pem.h"
+#include "openssl/x509.h"
+#include "openssl/x509v3.h"
 #include "proto/wire.h"
 #include "storage/env.h"
 
@@ -135,6 +140,68 @@ absl::Status CheckCertificateIdentity(const std::vector<std::string>& names,
       "the client certificate (", names.empty() ? "no CN or SAN" : absl::StrJoin(names, ", "),
       ") does not stand for device ", device_id,
       "; issue the device a certificate with its id as CN or SAN, or map the name to it"));
+}
+
+absl::StatusOr<std::vector<std::string>> CertificateNamesFromEscapedPem(absl::string_view escaped) {
+  constexpr size_t kMaxBytes = 16 << 10;
+  if (escaped.size() > 3 * kMaxBytes) {
+    return absl::InvalidArgumentError("the proxied client certificate exceeds 16 KiB");
+  }
+  std::string pem;
+  pem.reserve(escaped.size());
+  for (size_t i = 0; i < escaped.size(); ++i) {
+    if (escaped[i] != '%') {
+      pem.push_back(escaped[i]);
+      continue;
+    }
+    const auto hex = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    const int hi = i + 2 < escaped.size() ? hex(escaped[i + 1]) : -1;
+    const int lo = i + 2 < escaped.size() ? hex(escaped[i + 2]) : -1;
+    if (hi < 0 || lo < 0) {
+      return absl::InvalidArgumentError("the proxied client certificate is badly escaped");
+    }
+    pem.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  if (pem.size() > kMaxBytes) {
+    return absl::InvalidArgumentError("the proxied client certificate exceeds 16 KiB");
+  }
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  if (bio == nullptr) return absl::ResourceExhaustedError("cannot read the certificate");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError("the proxied client certificate is not a PEM certificate");
+  }
+  std::vector<std::string> names;
+  const X509_NAME* subject = X509_get_subject_name(cert.get());
+  for (int i = X509_NAME_get_index_by_NID(subject, NID_commonName, -1); i >= 0;
+       i = X509_NAME_get_index_by_NID(subject, NID_commonName, i)) {
+    const ASN1_STRING* data = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, i));
+    unsigned char* utf8 = nullptr;
+    const int n = ASN1_STRING_to_UTF8(&utf8, data);
+    if (n >= 0) names.emplace_back(reinterpret_cast<const char*>(utf8), static_cast<size_t>(n));
+    OPENSSL_free(utf8);
+  }
+  GENERAL_NAMES* sans = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
+  if (sans != nullptr) {
+    for (int i = 0; i < sk_GENERAL_NAME_num(sans); ++i) {
+      const GENERAL_NAME* name = sk_GENERAL_NAME_value(sans, i);
+      if (name->type != GEN_DNS && name->type != GEN_URI && name->type != GEN_EMAIL) continue;
+      const ASN1_IA5STRING* text = name->d.ia5;
+      names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+                         static_cast<size_t>(ASN1_STRING_length(text)));
+    }
+    GENERAL_NAMES_free(sans);
+  }
+  return names;
 }
 
 }  // namespace cdcca::cloud

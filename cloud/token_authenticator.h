@@ -13,11 +13,11 @@
 #include <memory>
 #include <string>
 #include <vector>
-#include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace cdcca::cloud {
 
@@ -56,6 +56,13 @@ absl::StatusOr<CertificateMap> ReadCertificateMap(const std::string& path);
 // `device_id` under `map`; PERMISSION_DENIED naming the certificate's names otherwise.
 absl::Status CheckCertificateIdentity(const std::vector<std::string>& names,
                                       const CertificateMap& map, const std::string& device_id);
+
+// The names a client certificate stands for (its subject's CN, then its DNS, URI and email
+// subject alternative names), from the certificate as a TLS-terminating proxy passes it on:
+// PEM, percent-escaped (nginx's $ssl_client_escaped_cert). INVALID_ARGUMENT for anything
+// that is not one PEM certificate of at most 16 KiB. The proxy verified the certificate;
+// this only reads it.
+absl::StatusOr<std::vector<std::string>> CertificateNamesFromEscapedPem(absl::string_view escaped);
 
 }  // namespace cdcca::cloud
 

@@ -317,7 +317,7 @@ start_nginx() {
       gsub(/@PREFIX@/, prefix); gsub(/@STATUS_LISTEN@/, status); gsub(/@LISTEN@/, listen)
       gsub(/@GENERATION@/, "1"); gsub(/@WORKERS@/, "1")
       gsub(/@STREAM_IDLE_TIMEOUT@/, "600s"); gsub(/@CONNECT_TIMEOUT@/, "2s")
-      gsub(/@FAIL_TIMEOUT@/, "5s")
+      gsub(/@FAIL_TIMEOUT@/, "5s"); gsub(/@LISTEN_SSL@/, ""); gsub(/@TLS@/, "")
       if ($0 !~ /@BACKEND@/) { print; next }
       n = split(backends, b, " ")
       for (i = 1; i <= n; i++) { line = $0; gsub(/@BACKEND@/, b[i], line); print line }

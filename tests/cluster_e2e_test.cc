@@ -1,8 +1,15 @@
 // The cloud past one process, end to end: a real PostgreSQL (started by the test, as an
 // unprivileged user when root), `cdcca-cloud --store ... --role front` and `--role trainer`
 // processes, and real `cdcca-device` processes on loopback with a random-init `tiny` family.
-//   1. Two fronts and two trainers: every device, whichever front it uplinks to, reaches its
-//      updates and ends in sync with the digest the store recorded; nothing acked is lost.
+//   1. Two fronts behind nginx (grpc_pass) and two trainers: every device dials nginx's one
+//      address, reaches its updates and ends in sync with the digest the store recorded;
+//      nothing acked is lost.
+//   1a. Fifty devices (the device agent in this process: its runtime, UTS, encoder, uplink
+//      queue and client) through nginx onto two fronts and two trainers: every device ends
+//      in sync with the store's digest, and each device's stored batches are exactly its
+//      sequences 1..n, each once.
+//   1b. A front killed (-9) in the middle of the devices' streams: they reconnect through
+//      nginx to the other front and resume; nothing acked is lost.
 //   2. A trainer dies in the middle of a job (after training, before its commit): it loses
 //      only its lease, and another trainer runs the job once the lease expired.
 //   3. PostgreSQL stops under load: the front refuses uplinks meanwhile (no ack without a
@@ -21,11 +28,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cloud/pg/connection.h"
 #include "cloud/pg/pg_store.h"
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "datasets/test_images.h"
 #include "datasets/tokenizer.h"
+#include "device/agent.h"
+#include "device/cloud_client.h"
+#include "device/inference_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/family/checkpoint.h"
@@ -33,6 +44,7 @@
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "tests/testing/child_process.h"
+#include "tests/testing/nginx_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -42,12 +54,18 @@ namespace cdcca {
 namespace {
 
 using ::cdcca::testing::Child;
+using ::cdcca::testing::NginxProxyOptions;
+using ::cdcca::testing::NginxServer;
 using ::cdcca::testing::PostgresServer;
 using ::cdcca::testing::ReadJson;
 using ::cdcca::testing::ReadText;
 using ::cdcca::testing::TempDir;
 using ::cdcca::testing::WaitUntil;
 using ::testing::HasSubstr;
+
+constexpr int kFleet = 50;
+std::string FleetId(int i) { return absl::StrCat("fleet-", i); }
+std::string FleetToken(int i) { return absl::StrCat("token-fleet-", 1000 + i, "-xxxxxxxx"); }
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -82,6 +100,7 @@ class ClusterTest : public ::testing::Test {
     for (const char c : std::string("abcd")) {
       tokens << "dev-" << c << " token-" << std::string(16, c) << "\n";
     }
+    for (int i = 0; i < kFleet; ++i) tokens << FleetId(i) << " " << FleetToken(i) << "\n";
     std::ofstream(dir_.path() + "/prompts") << "what is in the picture?\n";
 
     absl::StatusOr<std::unique_ptr<PostgresServer>> server = PostgresServer::Start();
@@ -129,6 +148,16 @@ class ClusterTest : public ::testing::Test {
           absl::Minutes(2));
     }
     return child;
+  }
+
+  // nginx passing every call to the fronts at `ports`; null (with the failure recorded)
+  // when it cannot start.
+  std::unique_ptr<NginxServer> StartNginx(const std::vector<int>& ports) {
+    NginxProxyOptions options;
+    for (int port : ports) options.backends.push_back(absl::StrCat("127.0.0.1:", port));
+    absl::StatusOr<std::unique_ptr<NginxServer>> nginx = NginxServer::Start(options);
+    EXPECT_OK(nginx.status());
+    return nginx.ok() ? *std::move(nginx) : nullptr;
   }
 
   std::string Log(const std::string& name) const { return dir_.path() + "/" + name + ".log"; }
@@ -208,13 +237,14 @@ TEST_F(ClusterTest, TwoFrontsAndTwoTrainersBringEveryDeviceInSync) {
   ASSERT_GT(port0, 0) << ReadText(Log("front-0"));
   std::unique_ptr<Child> front1 = StartCloud("front", "front-1", &port1);
   ASSERT_GT(port1, 0) << ReadText(Log("front-1"));
+  std::unique_ptr<NginxServer> nginx = StartNginx({port0, port1});
+  ASSERT_NE(nginx, nullptr);
   std::unique_ptr<Child> trainer0 = StartCloud("trainer", "trainer-0");
   std::unique_ptr<Child> trainer1 = StartCloud("trainer", "trainer-1");
   std::vector<std::pair<std::string, std::unique_ptr<Child>>> devices;
-  devices.emplace_back("dev-a", StartDevice("dev-a", port0));
-  devices.emplace_back("dev-b", StartDevice("dev-b", port1));
-  devices.emplace_back("dev-c", StartDevice("dev-c", port0));
-  devices.emplace_back("dev-d", StartDevice("dev-d", port1));
+  for (const std::string id : {"dev-a", "dev-b", "dev-c", "dev-d"}) {
+    devices.emplace_back(id, StartDevice(id, nginx->port()));
+  }
   for (auto& [id, device] : devices) {
     ASSERT_TRUE(WaitInSync(id, 2, absl::Minutes(4)))
         << id << "\n"
@@ -227,9 +257,152 @@ TEST_F(ClusterTest, TwoFrontsAndTwoTrainersBringEveryDeviceInSync) {
   const uint64_t done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
   const uint64_t done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
   EXPECT_GE(done0 + done1, 8u) << done0 << " + " << done1;
-  // A front trains nothing.
+  // A front trains nothing; nginx spread the devices' calls over both fronts.
   EXPECT_THAT(ReadText(Log("front-0")), ::testing::Not(HasSubstr("\"event\":\"job\"")));
+  const std::string access = ReadText(nginx->access_log_path());
+  EXPECT_THAT(access, HasSubstr(absl::StrCat("127.0.0.1:", port0)));
+  EXPECT_THAT(access, HasSubstr(absl::StrCat("127.0.0.1:", port1)));
   for (Child* c : {front0.get(), front1.get(), trainer0.get(), trainer1.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
+  }
+}
+
+TEST_F(ClusterTest, FiftyAgentsThroughNginxEndInSyncWithEachBatchStoredOnce) {
+  int port0 = 0, port1 = 0;
+  std::unique_ptr<Child> front0 = StartCloud("front", "front-0", &port0);
+  ASSERT_GT(port0, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> front1 = StartCloud("front", "front-1", &port1);
+  ASSERT_GT(port1, 0) << ReadText(Log("front-1"));
+  std::unique_ptr<NginxServer> nginx = StartNginx({port0, port1});
+  ASSERT_NE(nginx, nullptr);
+  std::unique_ptr<Child> trainer0 = StartCloud("trainer", "trainer-0");
+  std::unique_ptr<Child> trainer1 = StartCloud("trainer", "trainer-1");
+
+  struct Fleet {
+    std::unique_ptr<device::InferenceRuntime> runtime;
+    std::unique_ptr<device::CloudClient> client;
+    std::unique_ptr<device::DeviceAgent> agent;
+  };
+  std::vector<Fleet> fleet(kFleet);
+  for (int i = 0; i < kFleet; ++i) {
+    device::RuntimeOptions ro;
+    ro.checkpoint_dir = checkpoint_;
+    ro.precision = "int8";
+    ro.threads = 1;
+    ro.max_answer_tokens = 3;
+    ASSERT_OK_AND_ASSIGN(fleet[i].runtime, device::InferenceRuntime::Load(ro));
+    device::CloudClientOptions co;
+    co.target = nginx->address();
+    co.device_id = FleetId(i);
+    co.token = FleetToken(i);
+    co.insecure = true;
+    co.max_attempts = 3;
+    co.initial_backoff = absl::Milliseconds(20);
+    co.call_timeout = absl::Seconds(10);
+    ASSERT_OK_AND_ASSIGN(fleet[i].client, device::CloudClient::Create(co));
+    device::AgentOptions ao;
+    ao.state_dir = DeviceDir(FleetId(i));
+    ao.uts.keep_fraction = 0;  // every answer passes stage 1
+    ao.uts.entropy_alpha = 0;
+    ao.uts.mc_passes = 2;
+    ao.uts.token_ratio = 0.5f;
+    ao.batch_samples = 2;
+    ASSERT_OK_AND_ASSIGN(fleet[i].agent, device::DeviceAgent::Create(ao, fleet[i].runtime.get(),
+                                                                     fleet[i].client.get()));
+  }
+  const auto frames = [](int seed) {
+    std::vector<device::Frame> out(4);
+    for (int k = 0; k < 4; ++k) {
+      out[k].image = datasets::Image(64, 64);
+      for (size_t p = 0; p < out[k].image.pixels.size(); ++p) {
+        out[k].image.pixels[p] = static_cast<uint8_t>((p * 131 + (seed + k) * 977) % 251);
+      }
+      out[k].question = "what is in the picture?";
+    }
+    return out;
+  };
+  // Rounds of answering and syncing until every device runs an update and matches.
+  const absl::Time deadline = absl::Now() + absl::Minutes(6);
+  for (int round = 0;; ++round) {
+    int done = 0;
+    for (int i = 0; i < kFleet; ++i) {
+      device::AgentStats st = fleet[i].agent->Stats();
+      if (st.version >= 1 && st.in_sync && round > 1) {
+        ++done;
+        continue;
+      }
+      if (round < 3) ASSERT_OK(fleet[i].agent->Process(frames(100 * i + round)).status());
+      (void)fleet[i].agent->SyncOnce();  // errors are retried next round
+    }
+    if (done == kFleet) break;
+    ASSERT_LT(absl::Now(), deadline) << done << " of " << kFleet << " in sync\n"
+                                     << ReadText(Log("trainer-0")).substr(0, 4000);
+  }
+  std::unique_ptr<cloud::pg::PgStore> store = Store();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<cloud::pg::Connection> conn,
+                       cloud::pg::Connection::Open(conninfo_));
+  for (int i = 0; i < kFleet; ++i) {
+    const std::string id = FleetId(i);
+    device::AgentStats st = fleet[i].agent->Stats();
+    ASSERT_OK_AND_ASSIGN(uint64_t digest, store->DigestOf(id, st.version));
+    EXPECT_EQ(st.state_digest, digest) << id;
+    ASSERT_OK_AND_ASSIGN(
+        cloud::pg::Result rows,
+        conn->Exec("SELECT count(*), coalesce(max(sequence), 0) FROM samples WHERE device_id = $1",
+                   cloud::pg::Params().Text(id)));
+    ASSERT_OK_AND_ASSIGN(int64_t stored, rows.Int64(0, 0));
+    ASSERT_OK_AND_ASSIGN(int64_t highest, rows.Int64(0, 1));
+    EXPECT_EQ(stored, highest) << id;  // sequences 1..highest, each once
+    EXPECT_EQ(static_cast<uint64_t>(highest), st.batches_acked) << id;
+    EXPECT_GT(st.batches_acked, 0u) << id;
+  }
+  const uint64_t done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
+  const uint64_t done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+  EXPECT_GE(done0 + done1, static_cast<uint64_t>(kFleet));
+  for (Child* c : {front0.get(), front1.get(), trainer0.get(), trainer1.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
+  }
+}
+
+TEST_F(ClusterTest, AFrontKilledMidStreamLeavesItsDevicesToTheOtherFront) {
+  int port0 = 0, port1 = 0;
+  std::unique_ptr<Child> front0 = StartCloud("front", "front-0", &port0);
+  ASSERT_GT(port0, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> front1 = StartCloud("front", "front-1", &port1);
+  ASSERT_GT(port1, 0) << ReadText(Log("front-1"));
+  std::unique_ptr<NginxServer> nginx = StartNginx({port0, port1});
+  ASSERT_NE(nginx, nullptr);
+  std::unique_ptr<Child> trainer = StartCloud("trainer", "trainer-0");
+  std::unique_ptr<Child> a = StartDevice("dev-a", nginx->port());
+  std::unique_ptr<Child> b = StartDevice("dev-b", nginx->port());
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(3))) << ReadText(Log("trainer-0"));
+  ASSERT_TRUE(WaitInSync("dev-b", 1, absl::Minutes(3))) << ReadText(Log("trainer-0"));
+  // Kill the front while batches stream through it.
+  const std::string upstream0 = absl::StrCat("upstream=127.0.0.1:", port0);
+  const auto calls_on_front0 = [&] {
+    const std::string log = ReadText(nginx->access_log_path());
+    size_t n = 0;
+    for (size_t at = log.find(upstream0); at != std::string::npos;
+         at = log.find(upstream0, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t seen = calls_on_front0();
+  ASSERT_TRUE(WaitUntil([&] { return calls_on_front0() > seen; }, absl::Minutes(1)));
+  front0->Kill();
+  const uint64_t va = DeviceStatus("dev-a").value("version", 0ull);
+  const uint64_t vb = DeviceStatus("dev-b").value("version", 0ull);
+  ASSERT_TRUE(WaitInSync("dev-a", va + 1, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-a") + "/device.log");
+  ASSERT_TRUE(WaitInSync("dev-b", vb + 1, absl::Minutes(3)))
+      << ReadText(DeviceDir("dev-b") + "/device.log");
+  StopAndCheck("dev-a", *a);
+  StopAndCheck("dev-b", *b);
+  for (Child* c : {front1.get(), trainer.get()}) {
     c->Signal(SIGTERM);
     EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
   }

@@ -14,12 +14,18 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "device/cloud_client.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "proto/cdcca.grpc.pb.h"
+#include "proto/wire.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/nginx_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_pki.h"
 #include "tests/testing/transport_fixture.h"
 #include "tests/testing/wait.h"
 
@@ -39,14 +45,15 @@ constexpr int kDevices = 8;
 // A cdcca-cloud process in its embedded mode on a loopback port it picks.
 class CloudProcess {
  public:
-  CloudProcess(const std::string& data_dir, const std::string& tokens)
+  CloudProcess(const std::string& data_dir, const std::string& tokens,
+               const std::vector<std::string>& extra = {})
       : log_(data_dir + ".log"), port_file_(data_dir + ".port") {
     std::filesystem::create_directories(data_dir);
-    child_ = std::make_unique<Child>(
-        std::vector<std::string>{CDCCA_CLOUD_BINARY, "--data_dir=" + data_dir,
-                                 "--tokens=" + tokens, "--insecure", "--listen=127.0.0.1:0",
-                                 "--port_file=" + port_file_},
-        log_);
+    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,     "--data_dir=" + data_dir,
+                                     "--tokens=" + tokens,   "--insecure",
+                                     "--listen=127.0.0.1:0", "--port_file=" + port_file_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    child_ = std::make_unique<Child>(args, log_);
   }
 
   // "127.0.0.1:<port>" once the server wrote its port; "" after 30 s without it.
@@ -82,9 +89,9 @@ class NginxProxyTest : public ::testing::Test {
   }
 
   // Starts a backend named `name` and returns its address ("" when it did not start).
-  std::string StartBackend(const std::string& name) {
+  std::string StartBackend(const std::string& name, const std::vector<std::string>& extra = {}) {
     backends_.push_back(
-        std::make_unique<CloudProcess>(dir_.file(name), dir_.file("tokens")));
+        std::make_unique<CloudProcess>(dir_.file(name), dir_.file("tokens"), extra));
     const std::string address = backends_.back()->WaitForAddress();
     EXPECT_NE(address, "") << name << " did not start: " << backends_.back()->log();
     return address;
@@ -93,8 +100,7 @@ class NginxProxyTest : public ::testing::Test {
   // A client of `target` as device `device`. One attempt per call unless told: a call that
   // fails is not hidden by the client's own retries.
   std::unique_ptr<device::CloudClient> Client(const std::string& target, int device,
-                                              const std::string& token = "",
-                                              int max_attempts = 1) {
+                                              const std::string& token = "", int max_attempts = 1) {
     device::CloudClientOptions o;
     o.target = target;
     o.device_id = absl::StrCat("dev-", device);
@@ -209,6 +215,82 @@ TEST_F(NginxProxyTest, RefusedReloadKeepsTheRunningConfiguration) {
   EXPECT_EQ(nginx->Reload({}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_OK(Client(nginx->address(), 1)->Health().status());
   EXPECT_TRUE(nginx->running());
+}
+
+// Mutual TLS ending at nginx: nginx verifies the device's certificate and passes it on in
+// X-Client-Cert; the front (--proxy_client_cert_header) binds it to the token's device as it
+// binds a certificate of its own TLS session, so a token still needs its device's key.
+TEST_F(NginxProxyTest, MutualTlsEndsAtNginxAndTheCertificateStillBindsTheDevice) {
+  // A PKI nginx's unprivileged user can read (the keys are throwaway, made by this test).
+  const std::string pki_dir = dir_.file("pki");
+  std::filesystem::create_directories(pki_dir);
+  testing::TestPki pki;
+  ASSERT_TRUE(testing::GenerateTestPki(pki_dir, &pki));
+  ASSERT_TRUE(testing::IssueClientCert(pki_dir, "dev1", "dev-1"));
+  for (const std::string& p : {dir_.path(), pki_dir}) {
+    std::filesystem::permissions(p, std::filesystem::perms(0755));
+  }
+  for (const auto& f : std::filesystem::directory_iterator(pki_dir)) {
+    std::filesystem::permissions(f.path(), std::filesystem::perms(0644));
+  }
+  const std::string front = StartBackend("a", {"--proxy_client_cert_header=x-client-cert"});
+  ASSERT_FALSE(front.empty());
+  NginxProxyOptions options;
+  options.backends = {front};
+  options.tls_cert = pki.server_cert;
+  options.tls_key = pki.server_key;
+  options.client_ca = pki.ca_cert;
+  absl::StatusOr<std::unique_ptr<NginxServer>> nginx = NginxServer::Start(options);
+  ASSERT_OK(nginx.status());
+
+  const auto client = [&](int device, const std::string& cert, const std::string& key) {
+    device::CloudClientOptions o;
+    o.target = absl::StrCat("localhost:", (*nginx)->port());
+    o.device_id = absl::StrCat("dev-", device);
+    o.token = tokens_[device];
+    o.max_attempts = 1;
+    o.call_timeout = absl::Seconds(10);
+    o.tls.root_ca_path = pki.ca_cert;
+    o.tls.cert_chain_path = cert;
+    o.tls.private_key_path = key;
+    return std::move(device::CloudClient::Create(o)).value();
+  };
+  const std::string dev1_cert = pki_dir + "/dev1.pem", dev1_key = pki_dir + "/dev1.key";
+  // Each device with its own certificate and token.
+  EXPECT_OK(client(0, pki.client_cert, pki.client_key)->Register(v1::RegisterRequest()).status());
+  EXPECT_OK(client(1, dev1_cert, dev1_key)->Register(v1::RegisterRequest()).status());
+  // dev-1's token carried by dev-0's key: refused by the front.
+  absl::StatusOr<v1::RegisterReply> borrowed =
+      client(1, pki.client_cert, pki.client_key)->Register(v1::RegisterRequest());
+  EXPECT_EQ(borrowed.status().code(), absl::StatusCode::kPermissionDenied) << borrowed.status();
+  // A client cannot bring a certificate of its own choosing in the header: nginx replaces
+  // it with the one it verified (dev-0's here), so dev-1's token stays refused.
+  {
+    const auto pem = [](const std::string& path) { return ReadText(path); };
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = pem(pki.ca_cert);
+    ssl.pem_cert_chain = pem(pki.client_cert);
+    ssl.pem_private_key = pem(pki.client_key);
+    std::unique_ptr<v1::Cloud::Stub> stub = v1::Cloud::NewStub(grpc::CreateChannel(
+        absl::StrCat("localhost:", (*nginx)->port()), grpc::SslCredentials(ssl)));
+    std::string forged;
+    for (unsigned char c : pem(dev1_cert)) absl::StrAppend(&forged, absl::StrFormat("%%%02X", c));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(wire::kAuthMetadataKey, absl::StrCat(wire::kBearerPrefix, tokens_[1]));
+    ctx.AddMetadata("x-client-cert", forged);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterRequest request;
+    request.set_device_id("dev-1");
+    v1::RegisterReply reply;
+    const grpc::Status forged_call = stub->Register(&ctx, request, &reply);
+    EXPECT_EQ(forged_call.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << forged_call.error_message();
+  }
+  // No certificate: nginx ends the handshake; nothing reaches the front.
+  EXPECT_FALSE(client(0, "", "")->Register(v1::RegisterRequest()).ok());
+  // A front behind the proxy refuses a call that brings no certificate through it.
+  absl::StatusOr<v1::RegisterReply> direct = Client(front, 0)->Register(v1::RegisterRequest());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kUnauthenticated) << direct.status();
 }
 
 }  // namespace

@@ -40,6 +40,17 @@ std::string Tail(const std::string& text, size_t bytes = 2000) {
 }
 
 // nginx's time syntax: whole seconds, at least 1 ("600s").
+// The server block's certificate directives for `options` (none for cleartext).
+std::string TlsDirectives(const NginxProxyOptions& options) {
+  if (options.tls_cert.empty()) return "";
+  std::string out = absl::StrCat("ssl_certificate ", options.tls_cert, "; ssl_certificate_key ",
+                                 options.tls_key, ";");
+  if (!options.client_ca.empty()) {
+    absl::StrAppend(&out, " ssl_client_certificate ", options.client_ca, "; ssl_verify_client on;");
+  }
+  return out;
+}
+
 std::string NginxSeconds(absl::Duration d) {
   return absl::StrCat(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1)))),
                       "s");
@@ -152,15 +163,17 @@ std::string NginxServer::Config() const {
       absl::StrAppend(&config, line, "\n");
     }
   }
-  return absl::StrReplaceAll(
-      config, {{"@PREFIX@", dir()},
-               {"@LISTEN@", absl::StrCat("127.0.0.1:", port_)},
-               {"@STATUS_LISTEN@", absl::StrCat("127.0.0.1:", status_port_)},
-               {"@GENERATION@", absl::StrCat(generation_)},
-               {"@WORKERS@", absl::StrCat(options_.workers)},
-               {"@STREAM_IDLE_TIMEOUT@", NginxSeconds(options_.stream_idle_timeout)},
-               {"@CONNECT_TIMEOUT@", NginxSeconds(options_.connect_timeout)},
-               {"@FAIL_TIMEOUT@", NginxSeconds(options_.fail_timeout)}});
+  return absl::StrReplaceAll(config,
+                             {{"@PREFIX@", dir()},
+                              {"@LISTEN@", absl::StrCat("127.0.0.1:", port_)},
+                              {"@STATUS_LISTEN@", absl::StrCat("127.0.0.1:", status_port_)},
+                              {"@GENERATION@", absl::StrCat(generation_)},
+                              {"@WORKERS@", absl::StrCat(options_.workers)},
+                              {"@STREAM_IDLE_TIMEOUT@", NginxSeconds(options_.stream_idle_timeout)},
+                              {"@CONNECT_TIMEOUT@", NginxSeconds(options_.connect_timeout)},
+                              {"@FAIL_TIMEOUT@", NginxSeconds(options_.fail_timeout)},
+                              {"@LISTEN_SSL@", options_.tls_cert.empty() ? "" : "ssl"},
+                              {"@TLS@", TlsDirectives(options_)}});
 }
 
 absl::Status NginxServer::WriteConfig(const std::string& path) const {
@@ -181,7 +194,7 @@ std::string NginxServer::LogTails() const {
 }
 
 absl::StatusOr<std::unique_ptr<NginxServer>> NginxServer::Start(NginxProxyOptions options,
-                                                                 absl::Duration timeout) {
+                                                                absl::Duration timeout) {
   if (options.backends.empty()) return absl::InvalidArgumentError("nginx needs a backend");
   if (options.workers < 1) return absl::InvalidArgumentError("nginx needs a worker");
   absl::StatusOr<std::string> binary = NginxBinary();
@@ -254,8 +267,8 @@ absl::Status NginxServer::Launch(absl::Duration timeout) {
   if (probe >= 0) ::close(probe);
   if (probe < 0) {
     Stop().IgnoreError();
-    return absl::DeadlineExceededError(absl::StrCat(
-        "nginx not ready after ", absl::FormatDuration(timeout), ": ", LogTails()));
+    return absl::DeadlineExceededError(
+        absl::StrCat("nginx not ready after ", absl::FormatDuration(timeout), ": ", LogTails()));
   }
   return absl::OkStatus();
 }
@@ -269,14 +282,13 @@ absl::Status NginxServer::Reload(std::vector<std::string> backends, absl::Durati
   absl::Status written = WriteConfig(next);
   if (written.ok()) {
     const std::string out = dir_.file("nginx-t.out");
-    Child check(AsServerUser({binary_, "-t", "-q", "-p", dir() + "/", "-c", next, "-e",
-                              error_log_path()}),
-                out);
+    Child check(
+        AsServerUser({binary_, "-t", "-q", "-p", dir() + "/", "-c", next, "-e", error_log_path()}),
+        out);
     const int code = check.Wait(timeout);
     if (code != 0) {
-      written = absl::InvalidArgumentError(
-          absl::StrCat("nginx refused the configuration (nginx -t exit ", code,
-                       "): ", Tail(ReadText(out))));
+      written = absl::InvalidArgumentError(absl::StrCat(
+          "nginx refused the configuration (nginx -t exit ", code, "): ", Tail(ReadText(out))));
     }
   }
   if (!written.ok()) {

@@ -54,6 +54,12 @@ struct NginxProxyOptions {
   // How long a backend that failed a connection is left out before nginx tries it again.
   // Default: 5 s.
   absl::Duration fail_timeout = absl::Seconds(5);
+  // TLS towards the devices, ended at nginx: its certificate chain and key (PEM files;
+  // empty = cleartext). With client_ca, every device must present a certificate signed by
+  // it (ssl_verify_client on), which nginx passes on in the X-Client-Cert header.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string client_ca;
 };
 
 class NginxServer {

@@ -13,6 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
+#include "cloud/device_registry.h"
+#include "cloud/sample_store.h"
+#include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
 #include "device/cloud_client.h"
 
