@@ -68,9 +68,10 @@ ABSL_FLAG(std::string, trainer_id, "",
 ABSL_FLAG(double, lease_s, 30,
           "with --store: a job lease's length, s, renewed every third of it while the job runs; "
           "a trainer that dies loses its jobs to the other trainers after this long");
-ABSL_FLAG(int, store_sessions, 4,
-          "with --store: PostgreSQL sessions of this process (appends commit on them "
-          "concurrently, sharing WAL flushes)");
+ABSL_FLAG(int, store_sessions, 16,
+          "with --store: PostgreSQL sessions of a front (appends commit on them concurrently, "
+          "sharing WAL flushes; as many service threads wait on them); a trainer alone opens "
+          "--trainer_threads + 2");
 ABSL_FLAG(std::string, tokens, "", "token file: one `<device_id> <token>` per line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
@@ -179,7 +180,9 @@ ABSL_FLAG(double, trigger_interval_s, 60,
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads per job (0 = automatic: 1, the BLAS threads matrix products)");
-ABSL_FLAG(std::string, device, "cpu", "where jobs train: cpu or cuda (falls back to cpu)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where jobs train: cpu, cuda, or cuda:N (the N-th GPU only: one trainer per GPU); "
+          "falls back to cpu without CUDA");
 ABSL_FLAG(double, uts_keep_fraction, 0.25,
           "UTS setting sent to devices: fraction of frames stage 1 keeps (0 = device default)");
 ABSL_FLAG(
@@ -338,7 +341,8 @@ int main(int argc, char** argv) {
 #ifdef CDCCA_HAVE_POSTGRESQL
     pg::PgCloudStoreOptions pg_options;
     pg_options.conninfo = store_url;
-    pg_options.sessions = std::max(1, absl::GetFlag(FLAGS_store_sessions));
+    pg_options.sessions = serves ? std::max(1, absl::GetFlag(FLAGS_store_sessions))
+                                 : std::max(1, absl::GetFlag(FLAGS_trainer_threads)) + 2;
     auto opened = pg::PgCloudStore::Open(pg_options);
     if (!opened.ok()) return Fail(opened.status());
     shared = *std::move(opened);
@@ -392,6 +396,15 @@ int main(int argc, char** argv) {
     so.batch_size = absl::GetFlag(FLAGS_batch_size);
     so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
     so.train_device = absl::GetFlag(FLAGS_device);
+    if (absl::StartsWith(so.train_device, "cuda:")) {
+      // One GPU for this process: the others are hidden before anything touches CUDA.
+      int index = -1;
+      if (!absl::SimpleAtoi(so.train_device.substr(5), &index) || index < 0) {
+        return Fail(absl::InvalidArgumentError("--device must be cpu, cuda or cuda:N"));
+      }
+      ::setenv("CUDA_VISIBLE_DEVICES", std::to_string(index).c_str(), 1);
+      so.train_device = "cuda";
+    }
     so.max_batches_per_job =
         static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_batches_per_job)));
     so.byte_budget = static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_byte_budget)));
@@ -573,6 +586,9 @@ int main(int argc, char** argv) {
     service_options.sample_spec.max_samples_per_batch = max_batch_samples;
     service_options.sample_spec.max_decoded_bytes_per_batch = max_batch_decoded_bytes;
   }
+  // On the shared store the service's threads wait on the database: one per session.
+  if (!store_url.empty())
+    service_options.io_threads = std::max(2, absl::GetFlag(FLAGS_store_sessions));
   service_options.proxy_client_cert_header =
       absl::AsciiStrToLower(absl::GetFlag(FLAGS_proxy_client_cert_header));
   service_options.allow_token_only_devices = absl::GetFlag(FLAGS_allow_token_only_devices);

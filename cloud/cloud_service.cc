@@ -1,6 +1,7 @@
 #include "cloud/cloud_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -255,12 +256,6 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
       return;
     }
     device_id_ = *device;
-    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
-    if (!durable.ok()) {
-      Finish(wire::ToGrpcStatus(durable.status()));
-      return;
-    }
-    ack_.set_highest_durable_sequence(*durable);
     StartRead(&message_);
   }
 
@@ -300,13 +295,17 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
 
   void CheckAndStore(v1::UplinkBatch batch) {
     const uint64_t seq = batch.sequence();
-    // A resend of a stored batch was checked when it was stored.
-    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
-    if (!durable.ok()) {
-      Reject(durable.status(), seq);
-      return;
+    // A resend of a stored batch was checked when it was stored. The log is asked once per
+    // stream; after that this stream's own appends say how far it is.
+    if (!durable_.has_value()) {
+      absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
+      if (!durable.ok()) {
+        Reject(durable.status(), seq);
+        return;
+      }
+      durable_ = *durable;
     }
-    if (seq > *durable) {
+    if (seq > *durable_) {
       absl::StatusOr<CheckedBatch> checked =
           CheckUplinkBatch(batch, service_->options_.sample_spec);
       if (!checked.ok()) {
@@ -336,6 +335,7 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
       for (const v1::DroppedBatch& d : dropped) service_->RecordDropped(device_id_, d);
     }
     ack_.set_highest_durable_sequence(result->highest_durable);
+    durable_ = std::max(durable_.value_or(0), result->highest_durable);
     if (service_->observer_ != nullptr && !result->duplicate) {
       service_->observer_->OnSamplesStored(device_id_, result->highest_durable);
     }
@@ -355,9 +355,14 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
   }
 
   void FinishWithAck() {
-    // Else the ack keeps the highest sequence it last saw durable.
-    absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
-    if (durable.ok()) ack_.set_highest_durable_sequence(*durable);
+    // The highest durable sequence: what this stream's last append said, else the log's
+    // (a failure to ask leaves it 0: the device learns it at its next Register).
+    if (durable_.has_value()) {
+      ack_.set_highest_durable_sequence(*durable_);
+    } else if (absl::StatusOr<uint64_t> durable = service_->samples_->Durable(device_id_);
+               durable.ok()) {
+      ack_.set_highest_durable_sequence(*durable);
+    }
     grpc::Slice slice(ack_.SerializeAsString());
     *reply_ = grpc::ByteBuffer(&slice, 1);
     Finish(grpc::Status::OK);
@@ -368,6 +373,9 @@ class CloudService::UplinkReactor : public grpc::ServerReadReactor<grpc::ByteBuf
   std::string device_id_;
   grpc::ByteBuffer message_;
   v1::UplinkAck ack_;
+  // The device's highest durable sequence as this stream last learned it (the first batch
+  // asks the log; each append reports it).
+  std::optional<uint64_t> durable_;
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* CloudService::Uplink(grpc::CallbackServerContext* ctx,

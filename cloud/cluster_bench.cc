@@ -14,8 +14,9 @@
 // batches/s, p50/p99 ack latency, errors, and PostgreSQL's bytes per stored sample (the
 // samples table with its index and TOAST, over the samples it holds).
 // Trainers: --train_devices devices of --checkpoint_dir, each with a backlog of batches, are
-// trained by 1 and then 2 `cdcca-cloud --role trainer` processes (one LibTorch thread each,
-// one uplink batch per job, --max_steps per job) for --train_seconds; prints jobs/hour.
+// trained by 1 and then 2 `cdcca-cloud --role trainer` processes (one LibTorch thread and one
+// OpenBLAS thread each, one uplink batch per job, --max_steps per job) for --train_seconds;
+// prints jobs/hour.
 #include <signal.h>
 #include <unistd.h>
 
@@ -56,6 +57,9 @@ ABSL_FLAG(int, train_devices, 16, "devices with a backlog for the trainer run");
 ABSL_FLAG(int, train_batches, 60, "backlog batches per device (one job each)");
 ABSL_FLAG(double, train_seconds, 60, "duration of each trainer run, s");
 ABSL_FLAG(int, max_steps, 20, "training steps per job in the trainer run");
+ABSL_FLAG(int, store_sessions, 16, "PostgreSQL sessions per front (cdcca-cloud --store_sessions)");
+ABSL_FLAG(bool, uplink, true, "run the uplink part");
+ABSL_FLAG(bool, trainers, true, "run the trainer part");
 
 namespace cdcca {
 namespace {
@@ -139,11 +143,15 @@ absl::StatusOr<Front> StartFront(const std::string& conninfo,
                                  const cloud::TokenAuthenticator* auth) {
   Front f;
   absl::StatusOr<std::unique_ptr<cloud::pg::PgCloudStore>> store =
-      cloud::pg::PgCloudStore::Open({conninfo, 4, 16});
+      cloud::pg::PgCloudStore::Open({conninfo, absl::GetFlag(FLAGS_store_sessions), 16});
   if (!store.ok()) return store.status();
   f.store = *std::move(store);
-  f.service = std::make_unique<cloud::CloudService>(cloud::CloudServiceOptions{}, auth,
-                                                    f.store.get(), f.store.get(), f.store.get());
+  // As cdcca-cloud on --store: as many service threads as sessions, since those threads
+  // wait on the database.
+  cloud::CloudServiceOptions options;
+  options.io_threads = absl::GetFlag(FLAGS_store_sessions);
+  f.service = std::make_unique<cloud::CloudService>(options, auth, f.store.get(), f.store.get(),
+                                                    f.store.get());
   cloud::ServerOptions so;
   so.listen_address = "127.0.0.1:0";
   so.insecure = true;
@@ -230,8 +238,11 @@ int Uplink(testing::PostgresServer& postgres) {
     for (Front& f : running) f.server->Shutdown(absl::Seconds(2));
   }
   const size_t batch_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_batch_kib)) << 10;
-  std::printf("## Uplink: %d devices, one batch (4 samples, ~%zu KiB) per call, %.0f s each\n\n",
-              clients, batch_bytes >> 10, absl::GetFlag(FLAGS_seconds));
+  std::printf(
+      "## Uplink: %d devices, one batch (4 samples, ~%zu KiB) per call, %.0f s each; %d "
+      "PostgreSQL sessions per front\n\n",
+      clients, batch_bytes >> 10, absl::GetFlag(FLAGS_seconds),
+      absl::GetFlag(FLAGS_store_sessions));
   std::printf(
       "| store and path | acked batches/s | of embedded direct | ack p50 ms | ack p99 ms | "
       "errors |\n|---|---:|---:|---:|---:|---:|\n");
@@ -242,33 +253,6 @@ int Uplink(testing::PostgresServer& postgres) {
   std::printf("\nPostgreSQL bytes per stored sample (samples table, index and TOAST): %.0f\n\n",
               bytes_per_sample);
   return 0;
-}
-
-// A batch of 4 samples that fits the model (as cloud/start_bench.cc makes them).
-v1::UplinkBatch ModelBatch(const cloud::SampleSpec& spec, int device, uint64_t sequence) {
-  std::mt19937_64 rng(device * 1000003ull + sequence);
-  std::normal_distribution<float> normal;
-  std::vector<compress::UplinkSample> samples(4);
-  for (size_t i = 0; i < samples.size(); ++i) {
-    compress::UplinkSample& s = samples[i];
-    s.sample_id = sequence * 10 + i;
-    s.grid_tokens = spec.grid_tokens;
-    s.feature_dim = spec.feature_dim;
-    for (uint32_t k = 0; k < spec.grid_tokens; k += 2) s.kept_indices.push_back(k);
-    for (size_t k = 0; k < s.kept_indices.size() * spec.feature_dim; ++k) {
-      s.features.push_back(normal(rng));
-    }
-    const uint32_t vocab = std::max<uint32_t>(spec.vocab_size, 16);
-    s.prompt_tokens = {1, static_cast<uint32_t>(4 + rng() % (vocab - 8)), 3};
-    s.answer_tokens = {static_cast<uint32_t>(4 + rng() % (vocab - 8))};
-  }
-  v1::UplinkBatch b;
-  b.set_sequence(sequence);
-  b.set_sample_count(static_cast<uint32_t>(samples.size()));
-  b.set_codec_version(1);
-  b.set_payload(
-      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16)).value());
-  return b;
 }
 
 uint64_t JobsDone(const std::string& status_path) {
@@ -288,12 +272,15 @@ double JobsPerHour(testing::PostgresServer& postgres, const cloud::SampleSpec& s
       const std::string id = absl::StrCat("dev-", d);
       if (!s->Register(id, fingerprint, {}).ok()) return 0;
       for (int b = 1; b <= absl::GetFlag(FLAGS_train_batches); ++b) {
-        if (!s->Append(id, ModelBatch(spec, d, b)).ok()) return 0;
+        if (!s->Append(id, testing::MakeModelBatch(spec, d, b)).ok()) return 0;
       }
       if (!s->ScheduleJob(id, absl::Now()).ok()) return 0;
     }
   }
   testing::TempDir dir;
+  // One core per trainer: its LibTorch thread and one BLAS thread (OpenBLAS would spread
+  // each product over every core, and two trainers would then fight over both).
+  ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
   std::vector<std::unique_ptr<Child>> running;
   std::vector<std::string> status;
   for (int t = 0; t < trainers; ++t) {
@@ -368,6 +355,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", postgres.status().ToString().c_str());
     return 1;
   }
-  if (int rc = cdcca::Uplink(**postgres); rc != 0) return rc;
-  return cdcca::Trainers(**postgres);
+  if (absl::GetFlag(FLAGS_uplink)) {
+    if (int rc = cdcca::Uplink(**postgres); rc != 0) return rc;
+  }
+  return absl::GetFlag(FLAGS_trainers) ? cdcca::Trainers(**postgres) : 0;
 }

@@ -20,30 +20,10 @@ void Log(const nlohmann::json& event) {
 
 // ---- JobQueueTrigger --------------------------------------------------------------------------
 
-void JobQueueTrigger::OnSamplesStored(const std::string& device_id, uint64_t highest_durable) {
-  pg::PgCloudStore::Session session = store_->Borrow();
-  uint64_t consumed = 0;
-  absl::StatusOr<pg::MirrorState> cursor = session->MirrorCursor(device_id);
-  absl::Status status = cursor.status();
-  if (cursor.ok()) {
-    consumed = cursor->consumed_sequence;
-  } else if (absl::IsNotFound(cursor.status())) {
-    status = absl::OkStatus();  // never trained: every stored sample is new
-  }
-  absl::Time due = absl::InfiniteFuture();
-  if (status.ok()) {
-    absl::StatusOr<uint64_t> fresh =
-        consumed >= highest_durable
-            ? absl::StatusOr<uint64_t>(0)
-            : session->SampleCount(device_id, consumed + 1, highest_durable);
-    status = fresh.status();
-    if (fresh.ok() && *fresh >= static_cast<uint64_t>(std::max(1, options_.trigger_samples))) {
-      due = absl::Now();
-    } else if (fresh.ok() && *fresh > 0 && options_.trigger_interval != absl::InfiniteDuration()) {
-      due = absl::Now() + options_.trigger_interval;
-    }
-  }
-  if (status.ok() && due != absl::InfiniteFuture()) status = session->ScheduleJob(device_id, due);
+void JobQueueTrigger::OnSamplesStored(const std::string& device_id, uint64_t /*highest_durable*/) {
+  absl::Status status = store_->Borrow()->TriggerJob(
+      device_id, static_cast<uint64_t>(std::max(1, options_.trigger_samples)),
+      options_.trigger_interval);
   if (!status.ok()) {
     Log({{"event", "job_schedule_failed"},
          {"device_id", device_id},

@@ -64,33 +64,6 @@ std::pair<double, double> RssMiB() {
 
 std::string DeviceId(int i) { return absl::StrCat("dev-", i); }
 
-// A batch of 4 samples that fits the model: its token grid, width and vocabulary.
-v1::UplinkBatch Batch(const cloud::SampleSpec& spec, int device, uint64_t sequence) {
-  std::mt19937_64 rng(device * 1000003ull + sequence);
-  std::normal_distribution<float> normal;
-  std::vector<compress::UplinkSample> samples(4);
-  for (size_t i = 0; i < samples.size(); ++i) {
-    compress::UplinkSample& s = samples[i];
-    s.sample_id = sequence * 10 + i;
-    s.grid_tokens = spec.grid_tokens;
-    s.feature_dim = spec.feature_dim;
-    for (uint32_t k = 0; k < spec.grid_tokens; k += 2) s.kept_indices.push_back(k);
-    for (size_t k = 0; k < s.kept_indices.size() * spec.feature_dim; ++k) {
-      s.features.push_back(normal(rng));
-    }
-    const uint32_t vocab = std::max<uint32_t>(spec.vocab_size, 16);
-    s.prompt_tokens = {1, static_cast<uint32_t>(4 + rng() % (vocab - 8)), 3};
-    s.answer_tokens = {static_cast<uint32_t>(4 + rng() % (vocab - 8))};
-  }
-  v1::UplinkBatch b;
-  b.set_sequence(sequence);
-  b.set_sample_count(static_cast<uint32_t>(samples.size()));
-  b.set_codec_version(1);
-  b.set_payload(
-      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16)).value());
-  return b;
-}
-
 PerDeviceStrategyOptions StrategyOptions(const std::string& data_dir) {
   PerDeviceStrategyOptions o;
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -123,9 +96,9 @@ int Populate(const std::string& dir) {
   const cloud::SampleSpec spec = (*strategy)->Spec();
   for (int i = 0; i < devices; ++i) {
     if (!(*registry)->Register(DeviceId(i), (*strategy)->BaseFingerprint(), {}).ok() ||
-        !(*samples)->AppendAndWait(DeviceId(i), Batch(spec, i, 1)).ok() ||
+        !(*samples)->AppendAndWait(DeviceId(i), testing::MakeModelBatch(spec, i, 1)).ok() ||
         !(*strategy)->RunJob(DeviceId(i)).ok() ||
-        !(*samples)->AppendAndWait(DeviceId(i), Batch(spec, i, 2)).ok()) {
+        !(*samples)->AppendAndWait(DeviceId(i), testing::MakeModelBatch(spec, i, 2)).ok()) {
       std::fprintf(stderr, "populating device %d failed\n", i);
       return 1;
     }
@@ -183,7 +156,7 @@ int Run(const std::string& template_dir) {
   for (int d = 0; d < clients; ++d) {
     threads.emplace_back([&, d] {
       for (uint64_t seq = 3; !stop.load(); ++seq) {
-        v1::UplinkBatch batch = Batch(spec, d, seq);
+        v1::UplinkBatch batch = testing::MakeModelBatch(spec, d, seq);
         const absl::Time sent = absl::Now();
         auto ack = links[d]->Uplink({batch});
         if (!ack.ok() || ack->has_error() || ack->highest_durable_sequence() != seq) {

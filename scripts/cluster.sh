@@ -290,7 +290,10 @@ start_trainer() {
   mkdir -p "$dir/$name"
   rm -f "$run/$name.status.json"
   mapfile -t flags < <(cloud_flags "$name")
-  launch "$name" "$build/cloud/cdcca-cloud" --role=trainer "${flags[@]}"
+  # One core per CPU trainer: its LibTorch thread and one BLAS thread (docs/BENCHMARKS.md,
+  # "Cloud on PostgreSQL").
+  OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" launch "$name" "$build/cloud/cdcca-cloud" \
+    --role=trainer "${flags[@]}"
 }
 
 # A front answers once it wrote its port and accepts connections on it.

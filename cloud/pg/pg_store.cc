@@ -209,10 +209,23 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
   stored.clear_dropped();
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
-  PG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(conn_.get()));
-  // Read committed: the highest sequence seen is committed, so a duplicate found here is
-  // durable before it is reported. No gap can be stored: a sequence is inserted only
-  // when its predecessor is committed (rows are never deleted).
+  // One statement, its own transaction: the batch is inserted only when it follows the
+  // highest committed sequence (so no gap can be stored: rows are never deleted), and the
+  // call returns after its commit. A concurrent insert of the same sequence makes it wait
+  // for that transaction; if that commits, this inserts nothing.
+  PG_ASSIGN_OR_RETURN(
+      Result r,
+      conn_->Exec("INSERT INTO samples (device_id, sequence, sample_count, batch) "
+                  "SELECT $1, $2, $3, $4 WHERE $2 = 1 + coalesce((SELECT max(sequence) FROM "
+                  "samples WHERE device_id = $1), 0) ON CONFLICT DO NOTHING RETURNING sequence",
+                  Params()
+                      .Text(device_id)
+                      .Int64(Ordered(batch.sequence()))
+                      .Int32(static_cast<int32_t>(batch.sample_count()))
+                      .Bytes(stored.SerializeAsString())));
+  if (r.rows() == 1) return AppendOutcome{false, batch.sequence()};
+  // Not inserted: a duplicate of a committed batch, or a sequence that skips ahead. The
+  // highest sequence read here is committed, so a duplicate is durable before it is reported.
   PG_ASSIGN_OR_RETURN(uint64_t highest, HighestSequenceLocked(device_id));
   if (batch.sequence() <= highest) return AppendOutcome{true, highest};
   if (batch.sequence() > highest + 1) {
@@ -220,23 +233,9 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
         absl::StrCat("device ", device_id, ": batch sequence ", batch.sequence(),
                      " skips ahead of the highest stored ", highest));
   }
-  // A concurrent insert of the same sequence makes this wait for its transaction: if that
-  // commits, this inserts nothing and the batch is a duplicate of a committed one.
-  PG_ASSIGN_OR_RETURN(
-      Result r, conn_->Exec("INSERT INTO samples (device_id, sequence, sample_count, batch) "
-                            "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING sequence",
-                            Params()
-                                .Text(device_id)
-                                .Int64(Ordered(batch.sequence()))
-                                .Int32(static_cast<int32_t>(batch.sample_count()))
-                                .Bytes(stored.SerializeAsString())));
-  if (r.rows() == 0) {
-    PG_ASSIGN_OR_RETURN(uint64_t now_highest, HighestSequenceLocked(device_id));
-    return AppendOutcome{true, now_highest};
-  }
-  PG_RETURN_IF_ERROR(txn.Commit());
-  // A later sequence can be inserted only after this one committed.
-  return AppendOutcome{false, batch.sequence()};
+  // Its predecessor committed between the two statements: the device resends.
+  return absl::AbortedError(absl::StrCat("device ", device_id, ": batch ", batch.sequence(),
+                                         " raced its predecessor's commit; send it again"));
 }
 
 absl::StatusOr<std::vector<store::v1::SampleRecord>> PgStore::ReadBatches(
@@ -432,6 +431,27 @@ absl::Status PgStore::ScheduleJob(const std::string& device_id, absl::Time due_a
           "INSERT INTO jobs (device_id, due_at) VALUES ($1, $2) ON CONFLICT (device_id) DO "
           "UPDATE SET due_at = least(coalesce(jobs.due_at, excluded.due_at), excluded.due_at)",
           Params().Text(device_id).Time(due_at))
+      .status();
+}
+
+absl::Status PgStore::TriggerJob(const std::string& device_id, uint64_t min_samples,
+                                 absl::Duration max_wait) {
+  const bool waits = max_wait != absl::InfiniteDuration();
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  return conn_
+      ->Exec(
+          "INSERT INTO jobs (device_id, due_at) SELECT $1, CASE WHEN fresh >= $2 THEN now() "
+          "ELSE now() + $3 * interval '1 microsecond' END FROM (SELECT coalesce(sum("
+          "sample_count), 0) AS fresh FROM samples WHERE device_id = $1 AND sequence > "
+          "coalesce((SELECT consumed_sequence FROM mirror_states WHERE device_id = $1), 0)) f "
+          "WHERE f.fresh >= $2 OR ($4 AND f.fresh > 0) ON CONFLICT (device_id) DO UPDATE SET "
+          "due_at = least(coalesce(jobs.due_at, excluded.due_at), excluded.due_at)",
+          Params()
+              .Text(device_id)
+              .Int64(static_cast<int64_t>(std::min<uint64_t>(min_samples, kMaxOrdered)))
+              .Int64(waits ? Micros(max_wait) : 0)
+              .Bool(waits))
       .status();
 }
 

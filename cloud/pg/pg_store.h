@@ -178,6 +178,11 @@ class PgStore {
   // job being run stays leased; it stays due after its publication if samples remain
   // beyond what it consumed (Publish).
   absl::Status ScheduleJob(const std::string& device_id, absl::Time due_at);
+  // A front's trigger after a stored batch, in one statement: makes the device's job due
+  // now when at least min_samples samples lie past its mirror's cursor, else due after
+  // max_wait when any do (InfiniteDuration: only the former), or earlier if it already was.
+  absl::Status TriggerJob(const std::string& device_id, uint64_t min_samples,
+                          absl::Duration max_wait);
   // Leases the job due longest ago that no live lease holds (never leased, released, or
   // with its lease expired), for `lease` from now (server clock), to `owner`: its fencing
   // token is incremented and returned. nullopt when no job is due now; under contention it

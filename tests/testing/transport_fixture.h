@@ -157,6 +157,36 @@ inline v1::UplinkBatch MakeBatch(int device, uint64_t seq, size_t bytes = 2048) 
   return b;
 }
 
+// A batch of 4 samples that fits a model's SampleSpec (its token grid, feature width and
+// vocabulary): half the tokens kept, random features, one-token answers. Deterministic in
+// (device, sequence).
+inline v1::UplinkBatch MakeModelBatch(const cloud::SampleSpec& spec, int device,
+                                      uint64_t sequence) {
+  std::mt19937_64 rng(device * 1000003ull + sequence);
+  std::normal_distribution<float> normal;
+  std::vector<compress::UplinkSample> samples(4);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    compress::UplinkSample& s = samples[i];
+    s.sample_id = sequence * 10 + i;
+    s.grid_tokens = spec.grid_tokens;
+    s.feature_dim = spec.feature_dim;
+    for (uint32_t k = 0; k < spec.grid_tokens; k += 2) s.kept_indices.push_back(k);
+    for (size_t k = 0; k < s.kept_indices.size() * spec.feature_dim; ++k) {
+      s.features.push_back(normal(rng));
+    }
+    const uint32_t vocab = std::max<uint32_t>(spec.vocab_size, 16);
+    s.prompt_tokens = {1, static_cast<uint32_t>(4 + rng() % (vocab - 8)), 3};
+    s.answer_tokens = {static_cast<uint32_t>(4 + rng() % (vocab - 8))};
+  }
+  v1::UplinkBatch b;
+  b.set_sequence(sequence);
+  b.set_sample_count(static_cast<uint32_t>(samples.size()));
+  b.set_codec_version(1);
+  b.set_payload(
+      std::move(compress::EncodeUplinkBatch(samples, compress::FeaturePrecision::kFp16)).value());
+  return b;
+}
+
 }  // namespace cdcca::testing
 
 #endif  // CDCCA_TESTS_TESTING_TRANSPORT_FIXTURE_H_
