@@ -204,6 +204,19 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Check(e.job.batch_size >= 1 && e.job.batch_size <= 4096, where,
                                 "batch_size", "must be 1-4096"));
   }
+  if (auto it = j.find("cloud"); it != j.end()) {
+    const std::string where = w + ": cloud";
+    CDCCA_RETURN_IF_ERROR(Read(*it, "store", where, &e.cloud.store));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "fronts", where, &e.cloud.fronts));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "trainers", where, &e.cloud.trainers));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.cloud.store == "files" || e.cloud.store == "postgresql", where, "store",
+              absl::StrCat("must be files or postgresql, not \"", e.cloud.store, "\"")));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.cloud.fronts >= 1 && e.cloud.fronts <= 16, where, "fronts", "must be 1-16"));
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.cloud.trainers >= 1 && e.cloud.trainers <= 16, where, "trainers", "must be 1-16"));
+  }
   if (auto it = j.find("link"); it != j.end()) {
     const std::string where = w + ": link";
     CDCCA_RETURN_IF_ERROR(Read(*it, "up_mbit_s", where, &e.link.up_mbit_s));

@@ -96,6 +96,19 @@ struct JobSettings {
   int guard_min_pool = 16;
 };
 
+// Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"
+// (default: one in-process cloud on the embedded stores, its scheduler on the harness's
+// clock) or "postgresql": a PostgreSQL server started for the run, `fronts` services on it
+// behind nginx (the devices' one address) and `trainers` workers leasing jobs from its queue,
+// each trainer with its own copy of the models (docs/ARCHITECTURE.md, "Scaling"). With
+// "postgresql" the harness makes each round's jobs due once the round's uplink is stored,
+// and the trainers run them as the program's trainers do.
+struct CloudSettings {
+  std::string store = "files";
+  int fronts = 1;
+  int trainers = 1;
+};
+
 struct Experiment {
   std::string name;
   std::string task = "vqa";  // or "caption"
@@ -120,6 +133,7 @@ struct Experiment {
   std::vector<std::string> methods;
   UtsSettings uts;
   JobSettings job;
+  CloudSettings cloud;
   LinkSettings link;
   double downlink_bits_per_param = 2.0;
   // Distill settings every cloud method trains with (configs/distill layout); each method

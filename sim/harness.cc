@@ -34,6 +34,12 @@
 #include "model/hub/safetensors.h"
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
+#ifdef CDCCA_SIM_CLUSTER
+#include "cloud/cluster_roles.h"
+#include "cloud/pg/pg_cloud_store.h"
+#include "tests/testing/nginx_server.h"
+#include "tests/testing/postgres_server.h"
+#endif
 
 namespace cdcca::sim {
 
@@ -328,13 +334,151 @@ struct Cloud {
   std::unique_ptr<cloud::CloudService> service;
   std::unique_ptr<cloud::CloudServer> server;
   std::vector<std::string> tokens;
+  int port = 0;              // where the devices dial: the server, or nginx in front of the fronts
+  uint64_t base_digest = 0;  // the pretrained student's trainable set
+
+#ifdef CDCCA_SIM_CLUSTER
+  // "cloud": {"store": "postgresql"}: the database, fronts behind nginx, trainers.
+  struct Front {
+    std::unique_ptr<cloud::pg::PgCloudStore> store;
+    std::unique_ptr<cloud::CloudService> service;
+    std::unique_ptr<cloud::CloudServer> server;
+  };
+  struct Trainer {
+    std::unique_ptr<cloud::pg::PgCloudStore> store;
+    std::unique_ptr<cloud::pg::PgMirrorStates> states;
+    std::unique_ptr<cloud::PerDeviceStrategy> strategy;
+    std::unique_ptr<cloud::JobWorker> worker;  // destroyed first: it runs on the others
+  };
+  std::unique_ptr<testing::PostgresServer> postgres;
+  std::unique_ptr<cloud::pg::PgCloudStore> control;  // the harness's own session
+  std::vector<Front> fronts;
+  std::unique_ptr<testing::NginxServer> nginx;
+  std::vector<Trainer> trainers;
+#endif
+  bool shared() const {
+#ifdef CDCCA_SIM_CLUSTER
+    return control != nullptr;
+#else
+    return false;
+#endif
+  }
 
   ~Cloud() {
     if (server) server->Shutdown(absl::Milliseconds(200));
+#ifdef CDCCA_SIM_CLUSTER
+    trainers.clear();  // workers stop (a running job finishes) before the servers go
+    for (Front& f : fronts) f.server->Shutdown(absl::Milliseconds(200));
+#endif
   }
 };
 
 std::string DeviceId(int i) { return absl::StrCat("device-", i); }
+
+// The cloud of "cloud": {"store": "postgresql"}: a PostgreSQL server for the run, e.cloud.fronts
+// services on it behind nginx, and e.cloud.trainers workers, each with its own strategy (its
+// own copy of the models) committing through the database under job leases. No trigger
+// runs on the fronts: the harness makes a round's jobs due once its uplink is stored.
+absl::Status StartSharedCloud(const Experiment& e, cloud::PerDeviceStrategyOptions po,
+                              const std::string& dir, Cloud& c) {
+#ifdef CDCCA_SIM_CLUSTER
+  absl::StatusOr<std::unique_ptr<testing::PostgresServer>> postgres =
+      testing::PostgresServer::Start();
+  if (!postgres.ok()) return postgres.status();
+  c.postgres = std::move(*postgres);
+  absl::StatusOr<std::string> conninfo = c.postgres->CreateDatabase();
+  if (!conninfo.ok()) return conninfo.status();
+  auto control = cloud::pg::PgCloudStore::Open({*conninfo, 2, 16});
+  if (!control.ok()) return control.status();
+  c.control = std::move(*control);
+  for (int t = 0; t < e.cloud.trainers; ++t) {
+    Cloud::Trainer trainer;
+    auto store = cloud::pg::PgCloudStore::Open({*conninfo, e.job.workers + 2, 16});
+    if (!store.ok()) return store.status();
+    trainer.store = std::move(*store);
+    trainer.states = std::make_unique<cloud::pg::PgMirrorStates>(trainer.store.get());
+    cloud::PerDeviceStrategyOptions to = po;
+    to.state_dir = absl::StrCat(dir, "/trainer-", t);
+    to.mirror_states = trainer.states.get();
+    auto strategy = cloud::PerDeviceStrategy::Create(to, trainer.store.get(), trainer.store.get(),
+                                                     trainer.store.get());
+    if (!strategy.ok()) return strategy.status();
+    trainer.strategy = std::move(*strategy);
+    cloud::JobWorkerOptions wo;
+    wo.owner = absl::StrCat("trainer-", t);
+    wo.threads = e.job.workers;
+    wo.poll = absl::Milliseconds(20);
+    trainer.worker = std::make_unique<cloud::JobWorker>(
+        wo, trainer.store.get(), trainer.states.get(), trainer.strategy.get());
+    trainer.worker->SetJobCallback([&c](const absl::StatusOr<cloud::JobReport>& r) {
+      absl::MutexLock lock(&c.jobs_mu);
+      if (r.ok()) {
+        c.reports[r->device_id] = *r;
+      } else if (!absl::IsNotFound(r.status())) {
+        c.failures.push_back(r.status());
+      }
+    });
+    c.trainers.push_back(std::move(trainer));
+  }
+  const cloud::PerDeviceStrategy& model = *c.trainers.front().strategy;
+  c.base_digest = model.BaseDigest();
+  cloud::CloudServiceOptions svc;
+  svc.expected_fingerprint = model.BaseFingerprint();
+  svc.expected_vision_fingerprint = model.VisionFingerprint();
+  svc.sample_spec = model.Spec();
+  svc.io_threads = 16;
+  testing::NginxProxyOptions proxy;
+  for (int f = 0; f < e.cloud.fronts; ++f) {
+    Cloud::Front front;
+    auto store = cloud::pg::PgCloudStore::Open({*conninfo, 16, 16});
+    if (!store.ok()) return store.status();
+    front.store = std::move(*store);
+    front.service = std::make_unique<cloud::CloudService>(svc, c.auth.get(), front.store.get(),
+                                                          front.store.get(), front.store.get());
+    cloud::ServerOptions server;
+    server.listen_address = "127.0.0.1:0";
+    server.insecure = true;  // loopback only
+    auto started = cloud::CloudServer::Start(server, front.service.get());
+    if (!started.ok()) return started.status();
+    front.server = std::move(*started);
+    proxy.backends.push_back(absl::StrCat("127.0.0.1:", front.server->port()));
+    c.fronts.push_back(std::move(front));
+  }
+  auto nginx = testing::NginxServer::Start(proxy);
+  if (!nginx.ok()) return nginx.status();
+  c.nginx = std::move(*nginx);
+  c.port = c.nginx->port();
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError(
+      "\"cloud\": {\"store\": \"postgresql\"} needs a build with libpq and nginx "
+      "(scripts/setup.sh)");
+#endif
+}
+
+// The digest of the state a device at `version` holds on the cloud's side.
+uint64_t MirrorDigest(Cloud& c, const std::string& id, uint64_t version) {
+#ifdef CDCCA_SIM_CLUSTER
+  if (c.shared()) {
+    if (version == 0) return c.base_digest;
+    return c.control->DigestOf(id, version).value_or(0);
+  }
+#endif
+  return c.strategy->State(id).state_digest;
+}
+
+// Makes the jobs of `ids` due now on the shared cloud (what a front's trigger does).
+absl::Status TriggerJobs(Cloud& c, const std::vector<std::string>& ids) {
+#ifdef CDCCA_SIM_CLUSTER
+  for (const std::string& id : ids) {
+    if (absl::Status s = c.control->Borrow()->TriggerJob(id, 1, absl::InfiniteDuration());
+        !s.ok()) {
+      return s;
+    }
+  }
+#endif
+  return absl::OkStatus();
+}
 
 absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::string& dir,
                         std::mt19937_64& rng, Clock* clock, Cloud& c) {
@@ -384,10 +528,12 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.guard.holdout_fraction = e.job.guard_holdout_fraction;
   po.guard.z = e.job.guard_z;
   po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
+  if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());
   if (!strategy.ok()) return strategy.status();
   c.strategy = std::move(*strategy);
+  c.base_digest = c.strategy->BaseDigest();
   if (absl::Status s = c.strategy->Recover(); !s.ok()) return s;
   // The program's scheduler on the virtual clock: a job per device once the trigger
   // interval has passed with new samples; no sample-count trigger, so that a job never
@@ -418,6 +564,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   auto started = cloud::CloudServer::Start(server, c.service.get());
   if (!started.ok()) return started.status();
   c.server = std::move(*started);
+  c.port = c.server->port();
   return absl::OkStatus();
 }
 
@@ -540,8 +687,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     d.runtime = std::move(*runtime);
     result.trainable_parameters = d.runtime->TrainableParameters();
     if (plan->kind == MethodKind::kCloud) {
-      auto link = LinkEmulator::Start(LinkFor(e, options.seed + static_cast<uint64_t>(i)),
-                                      c.server->port());
+      auto link = LinkEmulator::Start(LinkFor(e, options.seed + static_cast<uint64_t>(i)), c.port);
       if (!link.ok()) return link.status();
       d.link = std::move(*link);
       device::CloudClientOptions co;
@@ -725,7 +871,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
 
     // 3-4. Every uplink is durable: the trigger interval passes and the scheduler runs a
     // job per device with new samples; then the devices' link loops fetch and apply them.
-    if (c.scheduler) {
+    if (c.scheduler || c.shared()) {
       std::vector<int> expected;
       std::vector<LinkStats> link_before;
       std::vector<device::AgentStats> agent_before;
@@ -738,6 +884,11 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       }
       progress(absl::StrCat("round ", round + 1, ": cloud jobs"));
       clock.Advance(kTriggerInterval);
+      if (c.shared()) {
+        std::vector<std::string> ids;
+        for (int i : expected) ids.push_back(DeviceId(i));
+        if (absl::Status s = TriggerJobs(c, ids); !s.ok()) return s;
+      }
       std::map<std::string, cloud::JobReport> reports;
       auto jobs_done = [&] {
         absl::MutexLock lock(&c.jobs_mu);
@@ -793,7 +944,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
             st.update_seconds - agent_before[static_cast<size_t>(i)].update_seconds;
         r.downlink_wire_bytes =
             d.link->Stats().bytes_down - link_before[static_cast<size_t>(i)].bytes_down;
-        r.in_sync = st.state_digest == c.strategy->State(DeviceId(i)).state_digest;
+        r.in_sync = st.state_digest == MirrorDigest(c, DeviceId(i), st.version);
       }
     }
 

@@ -232,6 +232,39 @@ TEST_F(HarnessTest, GuardIsReportedPerRound) {
   EXPECT_EQ(results["methods"][0]["updates_withheld_per_round"], nlohmann::json({2.0, 2.0}));
 }
 
+#ifdef CDCCA_SIM_CLUSTER
+// "cloud": {"store": "postgresql"}: the same rounds on a PostgreSQL server, two fronts behind
+// nginx and two trainers. Every round ends with each device on its new version in sync with
+// the store, and the first round (a fresh mirror on either cloud, the same samples) trains
+// exactly what the embedded cloud trains.
+TEST_F(HarnessTest, TheScaledCloudRunsTheRoundsInSync) {
+  Experiment e = TinyExperiment({"cd-cca"});
+  HarnessOptions options;
+  options.seed = 3;
+  options.work_dir = dir_.path() + "/embedded";
+  ASSERT_OK_AND_ASSIGN(RunResult embedded, RunExperiment(e, options));
+  e.cloud.store = "postgresql";
+  e.cloud.fronts = 2;
+  e.cloud.trainers = 2;
+  options.work_dir = dir_.path() + "/scaled";
+  ASSERT_OK_AND_ASSIGN(RunResult scaled, RunExperiment(e, options));
+  ASSERT_EQ(scaled.methods[0].rounds.size(), embedded.methods[0].rounds.size());
+  for (size_t k = 0; k < scaled.methods[0].rounds.size(); ++k) {
+    const DeviceRound& r = scaled.methods[0].rounds[k];
+    const DeviceRound& base = embedded.methods[0].rounds[k];
+    SCOPED_TRACE(absl::StrCat("device ", r.device, " round ", r.round));
+    if (r.round == 0) continue;
+    EXPECT_TRUE(r.in_sync);
+    EXPECT_EQ(r.version, static_cast<uint64_t>(r.round));
+    EXPECT_GT(r.downlink_payload_bytes, 0u);
+    if (r.round == 1) {
+      EXPECT_EQ(r.state_digest, base.state_digest);
+      EXPECT_EQ(r.uplink_payload_bytes, base.uplink_payload_bytes);
+    }
+  }
+}
+#endif
+
 // A fleet runs the deployed round: the devices stream and uplink at once, the programs'
 // scheduler holds every device's job in flight together (one worker: the later jobs
 // queue), and a rerun with the same seed gives the same accuracies, uplink, updates and
