@@ -497,8 +497,11 @@ int main(int argc, char** argv) {
 #ifdef CDCCA_HAVE_POSTGRESQL
   if (!store_url.empty()) {
     if (serves) {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
       queue_trigger = std::make_unique<JobQueueTrigger>(
-          JobQueueTriggerOptions{trigger_samples, trigger_interval}, shared.get());
+          JobQueueTriggerOptions{trigger_samples, trigger_interval}, shared.get(), strategy.get(),
+          shared_states.get(), absl::StrCat("front ", host, ":", ::getpid()));
       trigger = queue_trigger.get();
     }
     if (trains) {

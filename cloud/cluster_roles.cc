@@ -33,12 +33,52 @@ void JobQueueTrigger::OnSamplesStored(const std::string& device_id, uint64_t /*h
 }
 
 absl::StatusOr<RollbackResult> JobQueueTrigger::OnRollback(const std::string& device_id,
-                                                           uint64_t /*device_version*/,
-                                                           uint64_t /*to_version*/) {
-  return absl::UnimplementedError(absl::StrCat(
-      "rollback of ", device_id,
-      " is not offered by a cloud on a shared store yet (cdcca-cloud --store); the embedded "
-      "cloud (--data_dir alone) offers it"));
+                                                           uint64_t device_version,
+                                                           uint64_t to_version) {
+  if (strategy_ == nullptr || states_ == nullptr) {
+    return absl::UnimplementedError(
+        "this front has no model (--checkpoint_dir or a Hugging Face pair): it cannot roll a "
+        "device back");
+  }
+  // The device's job lease, as a trainer's job holds it: no job of the device runs while the
+  // rollback does, and the rollback publishes only while it holds the lease.
+  const absl::Duration lease_length = absl::Seconds(30);
+  std::optional<pg::JobLease> lease;
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (true) {
+    absl::StatusOr<std::optional<pg::JobLease>> leased =
+        store_->Borrow()->LeaseDeviceJob(device_id, owner_, lease_length);
+    if (!leased.ok()) return leased.status();
+    if (leased->has_value()) {
+      lease = **leased;
+      break;
+    }
+    if (absl::Now() > give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "a job of ", device_id, " has run for over a minute: roll back once it finished"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  absl::StatusOr<pg::MirrorState> cursor = store_->Borrow()->MirrorCursor(device_id);
+  if (cursor.ok()) {
+    strategy_->DropUnless(device_id, cursor->version, cursor->consumed_sequence);
+  } else if (absl::IsNotFound(cursor.status())) {
+    strategy_->DropUnless(device_id, 0, 0);
+  } else {
+    (void)store_->Borrow()->ReleaseLease(*lease, absl::InfiniteFuture());
+    return cursor.status();
+  }
+  states_->Hold(*lease);
+  absl::StatusOr<RollbackResult> result =
+      strategy_->Rollback(device_id, device_version, to_version);
+  if (!states_->Forget(device_id)) {
+    (void)store_->Borrow()->ReleaseLease(*lease, absl::InfiniteFuture());
+  }
+  // Samples that arrived meanwhile make the job due again (the lease's end cleared it).
+  (void)store_->Borrow()->TriggerJob(device_id,
+                                     static_cast<uint64_t>(std::max(1, options_.trigger_samples)),
+                                     options_.trigger_interval);
+  return result;
 }
 
 // ---- JobWorker --------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 //   JobQueueTrigger  a front's CloudObserver: after each stored batch it makes the
 //                    device's job due in the shared job queue, now once the device has
 //                    trigger_samples samples past its mirror's cursor, else after
-//                    trigger_interval. A front holds no device state between calls.
+//                    trigger_interval; and it serves Rollback under the device's job lease.
+//                    A front holds no device state between calls.
 //   JobWorker        a trainer's loop: leases the job due longest ago (no two trainers
 //                    hold one job), renews the lease while the job runs, and runs it with
 //                    PerDeviceStrategy, whose commit publishes the result under the lease
@@ -41,9 +42,17 @@ struct JobQueueTriggerOptions {
 
 class JobQueueTrigger final : public CloudObserver {
  public:
-  // `store` must outlive the trigger.
-  JobQueueTrigger(JobQueueTriggerOptions options, pg::PgCloudStore* store)
-      : options_(options), store_(store) {}
+  // `store` must outlive the trigger. With `strategy` (committing through `states`), the
+  // front also serves Rollback: it leases the device's job (waiting up to a minute for a
+  // running one), and the strategy's rollback publishes under that lease.
+  JobQueueTrigger(JobQueueTriggerOptions options, pg::PgCloudStore* store,
+                  PerDeviceStrategy* strategy = nullptr, pg::PgMirrorStates* states = nullptr,
+                  std::string owner = "front")
+      : options_(options),
+        store_(store),
+        strategy_(strategy),
+        states_(states),
+        owner_(std::move(owner)) {}
   // Runs on the store's append thread, after the batch committed. A failure to schedule
   // is logged; the device's next batch schedules again, and a trainer's publication keeps
   // the job due while samples remain.
@@ -54,6 +63,9 @@ class JobQueueTrigger final : public CloudObserver {
  private:
   const JobQueueTriggerOptions options_;
   pg::PgCloudStore* const store_;
+  PerDeviceStrategy* const strategy_;
+  pg::PgMirrorStates* const states_;
+  const std::string owner_;
 };
 
 struct JobWorkerOptions {

@@ -14,7 +14,8 @@
 //      only its lease, and another trainer runs the job once the lease expired.
 //   3. PostgreSQL stops under load: the front refuses uplinks meanwhile (no ack without a
 //      commit), and after the restart the devices resume and nothing acked is lost.
-//   4. A second process on a --data_dir in use refuses to start.
+//   4. A device rolls back through a front (the rollback holds the device's job lease).
+//   5. A second process on a --data_dir in use refuses to start.
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -163,7 +164,8 @@ class ClusterTest : public ::testing::Test {
   std::string Log(const std::string& name) const { return dir_.path() + "/" + name + ".log"; }
   std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
 
-  std::unique_ptr<Child> StartDevice(const std::string& id, int port) {
+  std::unique_ptr<Child> StartDevice(const std::string& id, int port,
+                                     const std::vector<std::string>& extra = {}) {
     std::filesystem::create_directories(DeviceDir(id));
     std::vector<std::string> args = {CDCCA_DEVICE_BINARY,
                                      absl::StrCat("--cloud=127.0.0.1:", port),
@@ -184,6 +186,7 @@ class ClusterTest : public ::testing::Test {
                                      "--poll_ms=300",
                                      "--max_attempts=2",
                                      "--status_file=" + DeviceDir(id) + "/status.json"};
+    args.insert(args.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(args, DeviceDir(id) + "/device.log");
   }
 
@@ -471,6 +474,53 @@ TEST_F(ClusterTest, FrontsRefuseUplinksWhilePostgresIsDownAndDevicesResume) {
   EXPECT_EQ(front->Wait(absl::Seconds(60)), 0);
   trainer->Signal(SIGTERM);
   EXPECT_EQ(trainer->Wait(absl::Seconds(60)), 0);
+}
+
+// `cdcca-device --rollback` through a front: the front leases the device's job and the
+// rollback publishes under that lease, as a new version whose digest is the older one's.
+TEST_F(ClusterTest, ADeviceRollsBackThroughAFront) {
+  int port = 0;
+  std::unique_ptr<Child> front = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> trainer = StartCloud("trainer", "trainer-0");
+  {
+    std::unique_ptr<Child> a = StartDevice("dev-a", port);
+    ASSERT_TRUE(WaitInSync("dev-a", 2, absl::Minutes(3))) << ReadText(Log("trainer-0"));
+    a->Signal(SIGTERM);
+    ASSERT_EQ(a->Wait(absl::Seconds(60)), 0) << ReadText(DeviceDir("dev-a") + "/device.log");
+  }
+  // The trainers take what the device left; then its mirror stays where it is.
+  std::unique_ptr<cloud::pg::PgStore> store = Store();
+  ASSERT_NE(store, nullptr);
+  uint64_t newest = 0;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<cloud::pg::MirrorState> m = store->MirrorCursor("dev-a");
+        absl::StatusOr<uint64_t> highest = store->HighestSequence("dev-a");
+        if (!m.ok() || !highest.ok()) return false;
+        newest = m->version;
+        return m->consumed_sequence == *highest;
+      },
+      absl::Minutes(2)))
+      << ReadText(Log("trainer-0"));
+  ASSERT_GE(newest, 2u);
+  std::unique_ptr<Child> rolled = StartDevice("dev-a", port, {"--rollback", "--frames=2"});
+  ASSERT_EQ(rolled->Wait(absl::Minutes(2)), 0)
+      << ReadText(DeviceDir("dev-a") + "/device.log") << ReadText(Log("front-0"));
+  EXPECT_THAT(ReadText(DeviceDir("dev-a") + "/device.log"),
+              HasSubstr(absl::StrCat("from version ", newest, " to the state of version ",
+                                     newest - 1, " as version ", newest + 1)));
+  ASSERT_OK_AND_ASSIGN(uint64_t restored, store->DigestOf("dev-a", newest + 1));
+  ASSERT_OK_AND_ASSIGN(uint64_t older, store->DigestOf("dev-a", newest - 1));
+  EXPECT_EQ(restored, older);
+  // On the pretrained base there is nothing to roll back: the program says so and fails.
+  std::unique_ptr<Child> fresh = StartDevice("dev-b", port, {"--rollback", "--frames=1"});
+  EXPECT_NE(fresh->Wait(absl::Minutes(2)), 0);
+  EXPECT_THAT(ReadText(DeviceDir("dev-b") + "/device.log"), HasSubstr("nothing to roll back"));
+  for (Child* c : {front.get(), trainer.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
+  }
 }
 
 TEST_F(ClusterTest, ASecondProcessOnADataDirInUseRefuses) {

@@ -481,6 +481,33 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
   return std::optional<JobLease>(std::move(job));
 }
 
+absl::StatusOr<std::optional<JobLease>> PgStore::LeaseDeviceJob(const std::string& device_id,
+                                                                const std::string& owner,
+                                                                absl::Duration lease) {
+  if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("a lease must be positive");
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  // The device's job row, not due unless it was: the lease is on the row, not on due work.
+  PG_RETURN_IF_ERROR(conn_
+                         ->Exec("INSERT INTO jobs (device_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                                Params().Text(device_id))
+                         .status());
+  PG_ASSIGN_OR_RETURN(
+      Result r,
+      conn_->Exec("UPDATE jobs SET lease_owner = $2, lease_expires_at = clock_timestamp() + $3 "
+                  "* interval '1 microsecond', fencing_token = fencing_token + 1 "
+                  "WHERE device_id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= "
+                  "clock_timestamp()) RETURNING fencing_token, lease_expires_at",
+                  Params().Text(device_id).Text(owner).Int64(Micros(lease))));
+  if (r.rows() == 0) return std::optional<JobLease>();
+  JobLease job;
+  job.device_id = device_id;
+  job.owner = owner;
+  PG_ASSIGN_OR_RETURN(job.fencing_token, r.Int64(0, 0));
+  PG_ASSIGN_OR_RETURN(job.expires_at, r.Time(0, 1));
+  return std::optional<JobLease>(std::move(job));
+}
+
 absl::Status PgStore::Heartbeat(JobLease* lease, absl::Duration lease_duration) {
   if (lease_duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("a lease must be positive");

@@ -189,6 +189,12 @@ class PgStore {
   // may also say nullopt while a job is due (another trainer took the row it looked at):
   // call again later. Two calls never get the same job while the first's lease lives.
   absl::StatusOr<std::optional<JobLease>> LeaseJob(const std::string& owner, absl::Duration lease);
+  // Leases `device_id`'s job whether it is due or not (work on the device outside a job, such
+  // as a rollback, under the same lease and fencing as a job). nullopt while another lease of
+  // it lives (a job of the device runs): call again later.
+  absl::StatusOr<std::optional<JobLease>> LeaseDeviceJob(const std::string& device_id,
+                                                         const std::string& owner,
+                                                         absl::Duration lease);
   // Extends a live lease to `lease` from now and updates lease->expires_at.
   // FAILED_PRECONDITION when the lease is no longer held (expired, or another trainer's
   // newer lease replaced it); the trainer must then stop the job and publish nothing.
