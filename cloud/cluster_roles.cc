@@ -74,10 +74,7 @@ absl::StatusOr<RollbackResult> JobQueueTrigger::OnRollback(const std::string& de
   if (!states_->Forget(device_id)) {
     (void)store_->Borrow()->ReleaseLease(*lease, absl::InfiniteFuture());
   }
-  // Samples that arrived meanwhile make the job due again (the lease's end cleared it).
-  (void)store_->Borrow()->TriggerJob(device_id,
-                                     static_cast<uint64_t>(std::max(1, options_.trigger_samples)),
-                                     options_.trigger_interval);
+  // Publish and ReleaseLease leave the job due if samples arrived meanwhile.
   return result;
 }
 

@@ -537,7 +537,10 @@ absl::Status PgStore::ReleaseLease(const JobLease& lease, absl::Time due_at) {
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = CASE "
-                  "WHEN $5 THEN NULL ELSE $4::timestamptz END "
+                  "WHEN NOT $5 THEN $4::timestamptz WHEN EXISTS (SELECT 1 FROM samples WHERE "
+                  "samples.device_id = $1 AND sequence > coalesce((SELECT consumed_sequence FROM "
+                  "mirror_states WHERE mirror_states.device_id = $1), 0)) THEN now() ELSE NULL "
+                  "END "
                   "WHERE device_id = $1 AND lease_owner = $2 AND fencing_token = $3 AND "
                   "lease_expires_at > clock_timestamp()",
                   Params()

@@ -200,8 +200,9 @@ class PgStore {
   // newer lease replaced it); the trainer must then stop the job and publish nothing.
   absl::Status Heartbeat(JobLease* lease, absl::Duration lease_duration);
   // Gives a live lease back without publishing: the job is due again at `due_at` (a failed
-  // job's retry), or not due at all for absl::InfiniteFuture() (it found nothing to do).
-  // FAILED_PRECONDITION when the lease is no longer held.
+  // job's retry); with absl::InfiniteFuture() (the lease found nothing to do) it is due now
+  // if samples lie past the mirror's cursor (a batch stored while the lease was held) and
+  // not due otherwise. FAILED_PRECONDITION when the lease is no longer held.
   absl::Status ReleaseLease(const JobLease& lease, absl::Time due_at);
   // Publishes a job's result in one transaction: the device's mirror state, the update
   // from base_version (if any), the snapshot (if any), the pruning of older updates and

@@ -394,6 +394,41 @@ TEST_F(PgStoreTest, HeartbeatKeepsTheLeaseAndReleaseGivesItBack) {
               IsOkAndHolds(Optional(Field(&JobLease::owner, "u"))));
 }
 
+// A device's job leased outside the queue (a rollback): exclusive with the queue's leases,
+// not due because of it, and ended like any lease.
+TEST_F(PgStoreTest, LeaseDeviceJobExcludesTheQueueAndReleasesNotDue) {
+  std::unique_ptr<PgStore> other = OpenStore();
+  ASSERT_NE(other, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> held,
+                       store_->LeaseDeviceJob("d", "front", absl::Minutes(1)));
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->device_id, "d");
+  EXPECT_THAT(Query("SELECT due_at FROM jobs WHERE device_id = 'd'"), "NULL");
+  // Neither another front nor a trainer gets it while the lease lives, due or not.
+  EXPECT_THAT(other->LeaseDeviceJob("d", "front-2", absl::Minutes(1)), IsOkAndHolds(NoJob()));
+  ASSERT_OK(other->ScheduleJob("d", absl::Now() - absl::Seconds(1)));
+  EXPECT_THAT(other->LeaseJob("t", absl::Minutes(1)), IsOkAndHolds(NoJob()));
+  // Given back not due: the queue has nothing; leased again, the fencing token grew.
+  ASSERT_OK(store_->ReleaseLease(*held, absl::InfiniteFuture()));
+  EXPECT_THAT(Query("SELECT due_at FROM jobs WHERE device_id = 'd'"), "NULL");
+  EXPECT_THAT(other->LeaseJob("t", absl::Minutes(1)), IsOkAndHolds(NoJob()));
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> again,
+                       other->LeaseDeviceJob("d", "front-2", absl::Minutes(1)));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_GT(again->fencing_token, held->fencing_token);
+  EXPECT_THAT(store_->ReleaseLease(*held, absl::Now()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // A batch stored while a lease is held keeps the job due when the lease is given back.
+  v1::UplinkBatch batch;
+  batch.set_sequence(1);
+  batch.set_sample_count(1);
+  batch.set_payload("x");
+  ASSERT_OK(store_->Append("d", batch).status());
+  ASSERT_OK(other->ReleaseLease(*again, absl::InfiniteFuture()));
+  EXPECT_THAT(store_->LeaseJob("t", absl::Minutes(1)),
+              IsOkAndHolds(Optional(Field(&JobLease::device_id, "d"))));
+}
+
 // A fault at each statement of a publication in turn (the N-th statement fails, N = 1, 2,
 // ... until the publication goes through): after every failure nothing of it is stored
 // and the lease is still held, so the same publication can be retried.
