@@ -10,8 +10,9 @@
 //      sequences 1..n, each once.
 //   1b. A front killed (-9) in the middle of the devices' streams: they reconnect through
 //      nginx to the other front and resume; nothing acked is lost.
-//   2. A trainer dies in the middle of a job (after training, before its commit): it loses
-//      only its lease, and another trainer runs the job once the lease expired.
+//   2. A trainer dies in the middle of a job (after training, before its commit; and killed
+//      with SIGKILL while it trains): it loses only its lease, and another trainer runs the
+//      job once the lease expired.
 //   3. PostgreSQL stops under load: the front refuses uplinks meanwhile (no ack without a
 //      commit), and after the restart the devices resume and nothing acked is lost.
 //   4. A device rolls back through a front (the rollback holds the device's job lease).
@@ -113,7 +114,8 @@ class ClusterTest : public ::testing::Test {
   // A cdcca-cloud process of `role` named `name` (its data dir, log and status file).
   // Fronts return once serving (their port in *port).
   std::unique_ptr<Child> StartCloud(const std::string& role, const std::string& name,
-                                    int* port = nullptr, const std::string& fault = "") {
+                                    int* port = nullptr, const std::string& fault = "",
+                                    const std::vector<std::string>& extra = {}) {
     const std::string port_file = dir_.path() + "/" + name + ".port";
     ::unlink(port_file.c_str());
     std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
@@ -138,6 +140,7 @@ class ClusterTest : public ::testing::Test {
       args.insert(args.end(), {"--tokens=" + dir_.path() + "/tokens", "--insecure",
                                "--listen=127.0.0.1:0", "--port_file=" + port_file});
     }
+    args.insert(args.end(), extra.begin(), extra.end());  // later flags win
     auto child = std::make_unique<Child>(args, Log(name), fault);
     if (port != nullptr) {
       *port = 0;
@@ -434,6 +437,48 @@ TEST_F(ClusterTest, ATrainerThatDiesInAJobLosesOnlyItsLease) {
   for (uint64_t v = 0; v < latest; ++v) {
     ASSERT_OK_AND_ASSIGN(cloud::pg::StoredPayload update, store->UpdateAfter("dev-a", v));
     EXPECT_EQ(update.new_version, v + 1);
+  }
+}
+
+// The same with SIGKILL: a trainer whose jobs take long is killed while it holds a job's
+// lease; the other trainer, running all along, publishes the job once the lease expired.
+TEST_F(ClusterTest, ATrainerKilledMidJobLeavesTheJobToTheOther) {
+  int port = 0;
+  std::unique_ptr<Child> front = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> slow =
+      StartCloud("trainer", "trainer-0", nullptr, "", {"--max_steps=100000"});
+  std::unique_ptr<Child> device = StartDevice("dev-a", port);
+  // The slow trainer holds the device's job once it leased it.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<cloud::pg::Connection> conn,
+                       cloud::pg::Connection::Open(conninfo_));
+  const auto holder = [&]() -> std::string {
+    absl::StatusOr<cloud::pg::Result> r = conn->Exec(
+        "SELECT coalesce(lease_owner, '') FROM jobs WHERE device_id = 'dev-a' AND "
+        "lease_expires_at > clock_timestamp()");
+    if (!r.ok() || r->rows() == 0) return "";
+    return r->Bytes(0, 0).value_or("");
+  };
+  ASSERT_TRUE(WaitUntil([&] { return !holder().empty(); }, absl::Minutes(2)))
+      << ReadText(Log("trainer-0"));
+  const std::string slow_owner = holder();
+  std::unique_ptr<Child> other = StartCloud("trainer", "trainer-1");
+  slow->Kill();  // SIGKILL, mid-job
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(2))) << ReadText(Log("trainer-1"));
+  EXPECT_THAT(ReadText(Log("trainer-1")), HasSubstr("\"event\":\"job\""));
+  EXPECT_THAT(ReadText(Log("trainer-0")), ::testing::Not(HasSubstr("\"event\":\"job\"")));
+  EXPECT_NE(holder(), slow_owner);
+  StopAndCheck("dev-a", *device);
+  std::unique_ptr<cloud::pg::PgStore> store = Store();
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(uint64_t latest, store->LatestVersion("dev-a"));
+  for (uint64_t v = 0; v < latest; ++v) {
+    ASSERT_OK_AND_ASSIGN(cloud::pg::StoredPayload update, store->UpdateAfter("dev-a", v));
+    EXPECT_EQ(update.new_version, v + 1);
+  }
+  for (Child* c : {front.get(), other.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
   }
 }
 
