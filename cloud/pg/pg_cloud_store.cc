@@ -126,8 +126,10 @@ absl::StatusOr<StoredBatches> PgCloudStore::ReadEach(const std::string& device_i
   return out;
 }
 
-absl::Status PgCloudStore::Release(const std::string& /*device_id*/,
-                                   uint64_t /*through_sequence*/) {
+absl::Status PgCloudStore::Release(const std::string& device_id, uint64_t through_sequence) {
+  absl::StatusOr<uint64_t> deleted = Borrow()->Release(device_id, through_sequence);
+  if (!deleted.ok()) return deleted.status();
+  released_records_.fetch_add(*deleted, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -135,6 +137,7 @@ SampleStoreStats PgCloudStore::Stats() const {
   SampleStoreStats stats;
   stats.records = appended_records_.load(std::memory_order_relaxed);
   stats.bytes = appended_bytes_.load(std::memory_order_relaxed);
+  stats.released_records = released_records_.load(std::memory_order_relaxed);
   return stats;
 }
 

@@ -57,9 +57,10 @@ class PgCloudStore final : public DeviceStore, public SampleLog, public UpdateLo
   absl::StatusOr<store::v1::DeviceRecord> Get(const std::string& device_id) const override;
   size_t size() const override;
 
-  // SampleLog. Release keeps the batches (the held-out pool of the update guard is rebuilt
-  // from them; the PostgreSQL log has no retention yet). Stats counts this process's
-  // appends since it opened the store.
+  // SampleLog. Release deletes what the device's jobs consumed (the trainer keeps the
+  // batches of the update guard's held-out pool, which a restart rebuilds from them) but the
+  // device's newest batch. Stats counts this process's appends and releases since it opened
+  // the store.
   void Append(const std::string& device_id, v1::UplinkBatch batch, AppendCallback done) override;
   absl::StatusOr<uint64_t> Durable(const std::string& device_id) const override;
   absl::StatusOr<uint64_t> CountSamples(const std::string& device_id, uint64_t from_sequence,
@@ -111,6 +112,7 @@ class PgCloudStore final : public DeviceStore, public SampleLog, public UpdateLo
   mutable std::vector<PgStore*> idle_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> appended_records_{0};
   std::atomic<uint64_t> appended_bytes_{0};
+  std::atomic<uint64_t> released_records_{0};
   std::unique_ptr<internal::WorkPool> appends_;  // destroyed first: its closures borrow
 };
 

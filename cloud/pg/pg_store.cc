@@ -210,9 +210,9 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
   // One statement, its own transaction: the batch is inserted only when it follows the
-  // highest committed sequence (so no gap can be stored: rows are never deleted), and the
-  // call returns after its commit. A concurrent insert of the same sequence makes it wait
-  // for that transaction; if that commits, this inserts nothing.
+  // highest committed sequence (so no gap can be stored; Release never deletes the newest),
+  // and the call returns after its commit. A concurrent insert of the same sequence makes it
+  // wait for that transaction; if that commits, this inserts nothing.
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec("INSERT INTO samples (device_id, sequence, sample_count, batch) "
@@ -264,6 +264,18 @@ absl::StatusOr<std::vector<store::v1::SampleRecord>> PgStore::ReadBatches(
     record.set_received_unix_ms(absl::ToUnixMillis(received));
   }
   return records;
+}
+
+absl::StatusOr<uint64_t> PgStore::Release(const std::string& device_id, uint64_t through_sequence) {
+  PG_RETURN_IF_ERROR(CheckOrdered(through_sequence, "sequence"));
+  absl::MutexLock lock(&mu_);
+  PG_RETURN_IF_ERROR(ReconnectIfLost());
+  // The newest row stays: Append and HighestSequence read the highest sequence from it.
+  PG_ASSIGN_OR_RETURN(
+      Result r, conn_->Exec("DELETE FROM samples WHERE device_id = $1 AND sequence <= $2 AND "
+                            "sequence < (SELECT max(sequence) FROM samples WHERE device_id = $1)",
+                            Params().Text(device_id).Int64(Ordered(through_sequence))));
+  return static_cast<uint64_t>(r.affected());
 }
 
 absl::StatusOr<uint64_t> PgStore::SampleCount(const std::string& device_id, uint64_t from_sequence,

@@ -149,6 +149,9 @@ class PgStore {
   absl::StatusOr<std::vector<store::v1::SampleRecord>> ReadBatches(const std::string& device_id,
                                                                    uint64_t after_sequence,
                                                                    int max_batches);
+  // Deletes the device's batches with sequence <= through_sequence (its jobs consumed them),
+  // except its newest, which keeps its highest sequence; returns how many were deleted.
+  absl::StatusOr<uint64_t> Release(const std::string& device_id, uint64_t through_sequence);
   // Samples in the device's stored batches with from_sequence <= sequence <= to_sequence
   // (each batch's sample_count); reads no payload.
   absl::StatusOr<uint64_t> SampleCount(const std::string& device_id, uint64_t from_sequence,

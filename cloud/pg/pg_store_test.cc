@@ -126,6 +126,24 @@ TEST_F(PgStoreTest, AppendStoresEachSequenceOnceAndRefusesSkipAhead) {
   EXPECT_THAT(store_->SampleCount("d1", 2, ~uint64_t{0}), IsOkAndHolds(5u));
 }
 
+// Retention: consumed batches are deleted, the newest is kept, and the sequence goes on.
+TEST_F(PgStoreTest, ReleaseDeletesConsumedBatchesButTheNewest) {
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    ASSERT_THAT(store_->Append("d", Batch(seq)), Appended(false, seq));
+  }
+  ASSERT_THAT(store_->Append("e", Batch(1)), Appended(false, 1u));
+  EXPECT_THAT(store_->Release("d", 2), IsOkAndHolds(2u));
+  EXPECT_EQ(Query("SELECT string_agg(sequence::text, ',' ORDER BY sequence) FROM samples WHERE "
+                  "device_id = 'd'"),
+            "3,4");
+  EXPECT_THAT(store_->Release("d", 10), IsOkAndHolds(1u));  // 4, the newest, stays
+  EXPECT_THAT(store_->HighestSequence("d"), IsOkAndHolds(4u));
+  EXPECT_THAT(store_->Append("d", Batch(2)), Appended(true, 4u));  // a resend of a released one
+  EXPECT_THAT(store_->Append("d", Batch(5)), Appended(false, 5u));
+  EXPECT_THAT(store_->ReadBatches("d", 0, 100), IsOkAndHolds(::testing::SizeIs(2)));
+  EXPECT_EQ(Query("SELECT count(*) FROM samples WHERE device_id = 'e'"), "1");  // per device
+}
+
 // Two fronts receive the same device's stream at once (a reconnect while the old stream
 // lives): every batch is stored exactly once and each call reports the truth.
 TEST_F(PgStoreTest, ConcurrentResendsAreStoredExactlyOnce) {
