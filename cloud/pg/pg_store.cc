@@ -298,35 +298,31 @@ absl::StatusOr<uint64_t> PgStore::SampleCount(const std::string& device_id, uint
 // ---- mirrors and updates -------------------------------------------------------------------
 
 absl::StatusOr<MirrorState> PgStore::LoadMirror(const std::string& device_id) {
-  absl::MutexLock lock(&mu_);
-  PG_RETURN_IF_ERROR(ReconnectIfLost());
-  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT version, consumed_sequence, state FROM "
-                                            "mirror_states WHERE device_id = $1",
-                                            Params().Text(device_id)));
-  if (r.rows() == 0) {
-    return absl::NotFoundError(absl::StrCat("no mirror published for device ", device_id));
-  }
-  MirrorState mirror;
-  PG_ASSIGN_OR_RETURN(int64_t version, r.Int64(0, 0));
-  PG_ASSIGN_OR_RETURN(int64_t consumed, r.Int64(0, 1));
-  PG_ASSIGN_OR_RETURN(mirror.state, r.Bytes(0, 2));
-  mirror.version = static_cast<uint64_t>(version);
-  mirror.consumed_sequence = static_cast<uint64_t>(consumed);
-  return mirror;
+  return ReadMirror(device_id, /*with_state=*/true);
 }
 
 absl::StatusOr<MirrorState> PgStore::MirrorCursor(const std::string& device_id) {
+  return ReadMirror(device_id, /*with_state=*/false);
+}
+
+absl::StatusOr<MirrorState> PgStore::ReadMirror(const std::string& device_id, bool with_state) {
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
-  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec("SELECT version, consumed_sequence FROM "
-                                            "mirror_states WHERE device_id = $1",
-                                            Params().Text(device_id)));
+  PG_ASSIGN_OR_RETURN(Result r,
+                      conn_->Exec(with_state ? "SELECT version, consumed_sequence, state FROM "
+                                               "mirror_states WHERE device_id = $1"
+                                             : "SELECT version, consumed_sequence FROM "
+                                               "mirror_states WHERE device_id = $1",
+                                  Params().Text(device_id)));
   if (r.rows() == 0) {
     return absl::NotFoundError(absl::StrCat("no mirror published for device ", device_id));
   }
   MirrorState mirror;
   PG_ASSIGN_OR_RETURN(int64_t version, r.Int64(0, 0));
   PG_ASSIGN_OR_RETURN(int64_t consumed, r.Int64(0, 1));
+  if (with_state) {
+    PG_ASSIGN_OR_RETURN(mirror.state, r.Bytes(0, 2));
+  }
   mirror.version = static_cast<uint64_t>(version);
   mirror.consumed_sequence = static_cast<uint64_t>(consumed);
   return mirror;

@@ -232,6 +232,8 @@ class PgStore {
   absl::StatusOr<uint64_t> LatestVersionLocked(const std::string& device_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StoredPayload> PayloadRow(const Result& result, int row);
+  // The device's mirror row; its state only `with_state` (LoadMirror and MirrorCursor).
+  absl::StatusOr<MirrorState> ReadMirror(const std::string& device_id, bool with_state);
   // FAILED_PRECONDITION unless the job row of lease.device_id, locked FOR UPDATE by this
   // call (inside the caller's transaction), still holds `lease`.
   absl::Status LockHeldLease(const JobLease& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
