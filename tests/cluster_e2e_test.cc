@@ -48,6 +48,7 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/nginx_server.h"
 #include "tests/testing/postgres_server.h"
+#include "tests/testing/program_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -73,31 +74,10 @@ class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(11);
-    ASSERT_OK_AND_ASSIGN(
-        model::FamilyConfig family,
-        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
-    model::VisionEncoder encoder(family.vision);
-    model::Blip2Tower teacher(family.teacher), student(family.student);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : teacher->parameters()) p.mul_(2.0);
-    }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(testing::SaveRandomTinyFamily(checkpoint_));
     images_ = dir_.path() + "/images";
-    std::filesystem::create_directories(images_);
-    datasets::ImageSet set = datasets::SyntheticImageSet(datasets::Split::kTest);
-    const auto& shifts = datasets::AllImageShifts();
-    for (int i = 0; i < 12; ++i) {
-      datasets::Rng rng(100 + i);
-      datasets::Scene scene = datasets::RenderScene(set, datasets::SceneOptions{}, rng);
-      ASSERT_OK(datasets::ApplyShift(shifts[i % shifts.size()], 1 + i % 5, 7 + i, scene.image));
-      cv::Mat rgb(scene.image.height, scene.image.width, CV_8UC3, scene.image.pixels.data());
-      cv::Mat bgr;
-      cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
-      ASSERT_TRUE(cv::imwrite(absl::StrCat(images_, "/scene-", 100 + i, ".png"), bgr));
-    }
+    ASSERT_OK(testing::WriteShiftedScenes(images_));
     std::ofstream tokens(dir_.path() + "/tokens");
     for (const char c : std::string("abcd")) {
       tokens << "dev-" << c << " token-" << std::string(16, c) << "\n";

@@ -38,6 +38,7 @@
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "tests/testing/child_process.h"
+#include "tests/testing/program_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -55,36 +56,11 @@ using ::testing::HasSubstr;
 class ProgramsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // A random-init tiny family: nothing here depends on the model being any good.
     torch::manual_seed(11);
-    ASSERT_OK_AND_ASSIGN(
-        model::FamilyConfig family,
-        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
-    model::VisionEncoder encoder(family.vision);
-    model::Blip2Tower teacher(family.teacher), student(family.student);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : teacher->parameters()) p.mul_(2.0);
-    }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
-
-    // Shifted scenes: synthetic glyphs on the scene generator, a different shift per image.
+    ASSERT_OK(testing::SaveRandomTinyFamily(checkpoint_));
     images_ = dir_.path() + "/images";
-    std::filesystem::create_directories(images_);
-    datasets::ImageSet set = datasets::SyntheticImageSet(datasets::Split::kTest);
-    const auto& shifts = datasets::AllImageShifts();
-    for (int i = 0; i < 12; ++i) {
-      datasets::Rng rng(100 + i);
-      datasets::Scene scene = datasets::RenderScene(set, datasets::SceneOptions{}, rng);
-      datasets::ImageShift shift = shifts[i % shifts.size()];
-      ASSERT_OK(datasets::ApplyShift(shift, 1 + i % 5, 7 + i, scene.image));
-      cv::Mat rgb(scene.image.height, scene.image.width, CV_8UC3, scene.image.pixels.data());
-      cv::Mat bgr;
-      cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
-      ASSERT_TRUE(cv::imwrite(absl::StrCat(images_, "/scene-", 100 + i, ".png"), bgr));
-    }
+    ASSERT_OK(testing::WriteShiftedScenes(images_));
     std::ofstream(dir_.path() + "/tokens") << "dev-a token-aaaaaaaaaaaaaaaa\n"
                                            << "dev-b token-bbbbbbbbbbbbbbbb\n";
     cloud_data_ = dir_.path() + "/cloud";
