@@ -175,13 +175,25 @@ class HubMirrorTrainer final : public MirrorTrainer {
     return out;
   }
 
-  // An uplinked sample as the job reads it (the frame's tokens for a jpeg sample).
+  // An uplinked sample as the job reads it. A jpeg sample is complete: every token of its
+  // frame, the kept ones present (the teacher labels it from all of them).
   absl::StatusOr<distill::HfSample> JobSample(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (s.frame.empty()) return distill::HfSampleFromUplink(s, student_side_);
-    absl::StatusOr<compress::UplinkSample> tokens = TokensOfFrame(s);
+    absl::StatusOr<std::vector<float>> tokens = TokensOfFrame(s);
     if (!tokens.ok()) return tokens.status();
-    return distill::HfSampleFromUplink(*tokens, student_side_);
+    compress::UplinkSample kept = s;
+    kept.frame.clear();
+    kept.features.clear();
+    for (uint16_t k : s.kept_indices) {
+      if (k >= s.grid_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat("sample ", s.sample_id, ": kept token ", k,
+                                                       " outside its grid of ", s.grid_tokens));
+      }
+      const float* row = tokens->data() + static_cast<size_t>(k) * s.feature_dim;
+      kept.features.insert(kept.features.end(), row, row + s.feature_dim);
+    }
+    return distill::CompleteHfSample(kept, *tokens, student_side_);
   }
 
   absl::Status CheckSample(const compress::UplinkSample& s) const override {
@@ -212,8 +224,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
     return Answers(student_side_, samples);
   }
 
-  // `side`'s greedy answers to the samples as the job reads them: the decoded text,
-  // lower-cased (the teacher's and the student's tokenizers may differ in case handling).
+  // `side`'s greedy answers to the samples as the job reads them (every token of a complete
+  // sample, as the device answered it): the decoded text, lower-cased (the teacher's and the
+  // student's tokenizers may differ in case handling).
   absl::StatusOr<std::vector<std::string>> Answers(
       const distill::HfPairSide& side, const std::vector<const compress::UplinkSample*>& samples)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -223,6 +236,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
       for (const compress::UplinkSample* s : samples) {
         absl::StatusOr<distill::HfSample> h = JobSample(*s);
         if (!h.ok()) return h.status();
+        if (h->complete) h->present = torch::Tensor();
         absl::StatusOr<std::string> text =
             distill::GreedyAnswer(side, *h, settings_.job.max_answer_tokens);
         if (!text.ok()) return text.status();
@@ -234,9 +248,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
     return out;
   }
 
-  // A jpeg sample as the tokens it stands for: the student's tower (the pair's, the devices')
-  // on the decoded frame, the rows of the kept indices.
-  absl::StatusOr<compress::UplinkSample> TokensOfFrame(const compress::UplinkSample& s)
+  // A jpeg sample's tokens: the student's tower (the pair's, the devices') on the decoded
+  // frame, grid_tokens x feature_dim values row by row.
+  absl::StatusOr<std::vector<float>> TokensOfFrame(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string source = absl::StrCat("the frame of sample ", s.sample_id);
     absl::StatusOr<model::VisualTokenReply> tokens = student_->TowerTokensOfJpeg(s.frame, source);
@@ -246,14 +260,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
                                                      tokens->dim, " tokens, but it says ",
                                                      s.grid_tokens, "x", s.feature_dim));
     }
-    compress::UplinkSample out = s;
-    out.frame.clear();
-    out.features.reserve(s.kept_indices.size() * s.feature_dim);
-    for (uint16_t k : s.kept_indices) {
-      const float* row = tokens->features.data() + static_cast<size_t>(k) * s.feature_dim;
-      out.features.insert(out.features.end(), row, row + s.feature_dim);
-    }
-    return out;
+    return std::move(tokens->features);
   }
 
   void Forget(const std::string& device_id) override {

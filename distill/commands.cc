@@ -34,6 +34,10 @@ ABSL_FLAG(std::string, token_scores, "vis,attention_variance",
           "default; ablations: variance_probe, attention_variance, attention_cv, attention_mass, "
           "probe_entropy)");
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
+ABSL_FLAG(bool, teacher_all_arms, false,
+          "adapt-eval on a Hugging Face pair: add to each UTS and random arm its twin whose "
+          "teacher labels every sample from all its tokens (as from an uplinked frame) while "
+          "the student trains on the kept ones (learner key student_reads_all=true: on all)");
 ABSL_FLAG(
     double, keep_fraction, 0.0,
     "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by entropy (0 = all)");
@@ -114,6 +118,16 @@ absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
   }
   if (absl::GetFlag(FLAGS_random_arm)) {
     o.arms.push_back({absl::StrCat("random-", pct), TokenSelection::kRandom, ratio, ""});
+  }
+  if (absl::GetFlag(FLAGS_teacher_all_arms)) {
+    const size_t n = o.arms.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (o.arms[i].selection == TokenSelection::kAll) continue;
+      UplinkArm twin = o.arms[i];
+      twin.name += "+teacher-all";
+      twin.teacher_all_tokens = true;
+      o.arms.push_back(twin);
+    }
   }
   for (absl::string_view l :
        absl::StrSplit(absl::GetFlag(FLAGS_learners), ',', absl::SkipEmpty())) {

@@ -121,18 +121,21 @@ struct HfPairDistiller::State {
     return TokenInputsOf(s.tokens, s.present, ids, qformer, d);
   }
 
-  // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits.
+  // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits. The teacher reads
+  // every token of a complete sample, the student what StudentView says.
   absl::Status Prepare(const HfSample& sample, PreparedSample* out, std::string* label) {
     torch::NoGradGuard no_grad;
+    HfSample teacher_view = sample;
+    if (sample.complete) teacher_view.present = torch::Tensor();
     out->tokens = Row(sample.tokens.to(device, torch::kFloat));
-    out->present = PresentRow(sample, device);
+    out->present = PresentRow(teacher_view, device);
     absl::StatusOr<std::vector<int64_t>> t_prompt = PromptIds(teacher, sample.prompt);
     if (!t_prompt.ok()) return t_prompt.status();
     absl::StatusOr<std::vector<int64_t>> t_qformer = QformerIds(teacher, sample.prompt);
     if (!t_qformer.ok()) return t_qformer.status();
     std::vector<int64_t> answer;
     absl::StatusOr<std::string> text =
-        GreedyAnswer(teacher, sample, options.max_answer_tokens, &answer);
+        GreedyAnswer(teacher, teacher_view, options.max_answer_tokens, &answer);
     if (!text.ok()) return text.status();
     *label = *std::move(text);
     const int64_t t_eos_id = FirstEos(*teacher.model);
@@ -168,6 +171,8 @@ struct HfPairDistiller::State {
     torch::Tensor r = f->representation[0].narrow(0, p, a).to(device);
     out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
     if (use_kl) out->teacher_logits = f->logits[0].narrow(0, p - 1, a).to(device);
+    // What the student trains on.
+    if (!(sample.complete && config.student_reads_all)) out->present = PresentRow(sample, device);
     return absl::OkStatus();
   }
 
@@ -574,6 +579,27 @@ absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample
   h.prompt = student.decode(
       std::vector<int64_t>(sample.prompt_tokens.begin(), sample.prompt_tokens.end()));
   return h;
+}
+
+absl::StatusOr<HfSample> CompleteHfSample(const compress::UplinkSample& sample,
+                                          const std::vector<float>& all_features,
+                                          const HfPairSide& student) {
+  // The kept indices and the prompt are checked as an uplinked sample's, the grid from the
+  // sample with every row kept.
+  absl::StatusOr<HfSample> kept = HfSampleFromUplink(sample, student);
+  if (!kept.ok()) return kept.status();
+  const size_t want = static_cast<size_t>(sample.grid_tokens) * sample.feature_dim;
+  if (all_features.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample ", sample.sample_id, ": ", all_features.size(),
+                     " feature values for a grid of ", sample.grid_tokens, "x",
+                     sample.feature_dim));
+  }
+  kept->tokens = torch::tensor(all_features, torch::kFloat)
+                     .reshape({static_cast<int64_t>(sample.grid_tokens),
+                               static_cast<int64_t>(sample.feature_dim)});
+  kept->complete = true;
+  return kept;
 }
 
 }  // namespace cdcca::distill

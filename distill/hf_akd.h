@@ -67,6 +67,12 @@ struct HfSample {
   torch::Tensor tokens;   // [N, D] float: the tower's output tokens (dropped ones: any value)
   torch::Tensor present;  // [N] bool, true = kept by UTS; undefined = all kept
   std::string prompt;     // the user's question, before any template
+  // Every row of `tokens` is the frame's real token, the dropped ones too (the cloud
+  // recomputed them from an uplinked frame): the teacher labels the sample and gives its
+  // targets from all of them, and the student trains on `present` or, with
+  // DistillConfig::student_reads_all, on all of them. False: rows outside `present` are
+  // placeholders and both models read only `present`.
+  bool complete = false;
 };
 
 // An uplinked sample (compress/uplink_codec.h) as the job reads it: its kept tokens in their
@@ -75,6 +81,14 @@ struct HfSample {
 // whose features or indices do not match its grid.
 absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample,
                                             const HfPairSide& student);
+
+// A complete sample (HfSample::complete): every token of the grid from `all_features`
+// (grid_tokens x feature_dim values, row by row: the tower's output on the sample's frame),
+// present = the sample's kept indices. InvalidArgument as HfSampleFromUplink, or for
+// `all_features` of another size.
+absl::StatusOr<HfSample> CompleteHfSample(const compress::UplinkSample& sample,
+                                          const std::vector<float>& all_features,
+                                          const HfPairSide& student);
 
 struct HfJobResult {
   // The student's trainable set after the job (TrainableParameters order), fp32 CPU clones.

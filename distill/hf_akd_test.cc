@@ -5,7 +5,8 @@
 // - the trainable set: the paper's members under the checkpoint's names, LoRA drawn from the
 //   seed alone, nothing else changes in a job;
 // - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
-//   why it does not, an int8 student trains on the CPU.
+//   why it does not, an int8 student trains on the CPU;
+// - a complete sample (every token of the frame): the teacher labels it from all its tokens.
 #include "distill/hf_akd.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,8 @@
 #include <map>
 #include <set>
 
+#include "compress/named_tensors.h"
+#include "distill/greedy_answers.h"
 #include "model/arch/hf_model.h"
 #include "model/hub/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
@@ -301,6 +304,71 @@ TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
   }
 }
 
+// A complete sample (the cloud recomputed every token from the frame): the teacher labels it
+// from all its tokens, whatever UTS kept; the student trains on the kept ones unless
+// student_reads_all. Masks that keep two tokens make the teacher's answer differ from its
+// all-token one on some sample (checked first, so the test can tell the two apart).
+TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
+  std::unique_ptr<Side> teacher = LoadSide(GetParam());
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(teacher, nullptr);
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  const int64_t n = c.tokens.size(0);
+  std::vector<HfSample> kept_only, complete;
+  std::vector<std::string> masked_labels, all_labels;
+  torch::manual_seed(11);
+  for (int i = 0; i < 6; ++i) {
+    HfSample s;
+    s.tokens = c.tokens + 0.5 * torch::randn_like(c.tokens);
+    s.present = torch::zeros({n}, torch::kBool);
+    s.present[i % n] = true;
+    s.present[(i + 3) % n] = true;
+    s.prompt = c.prompt;
+    HfSample all = s;
+    all.present = torch::Tensor();
+    ASSERT_OK_AND_ASSIGN(std::string masked, GreedyAnswer(teacher->side, s, 4));
+    ASSERT_OK_AND_ASSIGN(std::string full, GreedyAnswer(teacher->side, all, 4));
+    masked_labels.push_back(masked);
+    all_labels.push_back(full);
+    kept_only.push_back(s);
+    s.complete = true;
+    complete.push_back(s);
+  }
+  ASSERT_NE(masked_labels, all_labels) << "the masks never change the teacher's answer";
+
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  JobOptions o;
+  o.max_steps = 3;
+  o.batch_size = 2;
+  o.max_answer_tokens = 4;
+  const compress::NamedTensors start =
+      compress::Fp32Clones(student->model->TrainableParameters());
+  auto run = [&](const std::vector<HfSample>& samples, bool student_reads_all) {
+    EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+    DistillConfig c2 = config;
+    c2.student_reads_all = student_reads_all;
+    absl::StatusOr<std::unique_ptr<HfPairDistiller>> job =
+        HfPairDistiller::Create(teacher->side, student->side, c2, o);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return (*job)->Run(samples);
+  };
+  ASSERT_OK_AND_ASSIGN(HfJobResult on_kept, run(kept_only, false));
+  EXPECT_EQ(on_kept.pseudo_labels, masked_labels);
+  ASSERT_OK_AND_ASSIGN(HfJobResult teacher_all, run(complete, false));
+  EXPECT_EQ(teacher_all.pseudo_labels, all_labels);
+  ASSERT_OK_AND_ASSIGN(HfJobResult both_all, run(complete, true));
+  EXPECT_EQ(both_all.pseudo_labels, all_labels);
+  // The same labels and steps; only what the student reads differs, and so does its state.
+  bool differs = false;
+  for (size_t i = 0; i < teacher_all.trainable.size(); ++i) {
+    differs = differs ||
+              !torch::equal(teacher_all.trainable[i].second, both_all.trainable[i].second);
+  }
+  EXPECT_TRUE(differs);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfPairJobTest,
                          ::testing::Values("llava_clip_llama", "blip2_llama",
                                            "instructblip_llama"));
@@ -409,6 +477,26 @@ TEST(HfSampleFromUplinkTest, PlacesTheKeptTokensInTheirRowsAndDecodesThePrompt) 
   short_features.features.pop_back();
   EXPECT_THAT(HfSampleFromUplink(short_features, side).status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
+  compress::UplinkSample u;
+  u.sample_id = 4;
+  u.grid_tokens = 3;
+  u.feature_dim = 2;
+  u.kept_indices = {2};
+  u.features = {5, 6};
+  u.prompt_tokens = {1, 40};
+  const HfPairSide side = IdsAsTextSide(nullptr);
+  absl::StatusOr<HfSample> h = CompleteHfSample(u, {1, 2, 3, 4, 5, 6}, side);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->complete);
+  EXPECT_TRUE(torch::equal(h->tokens, torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).reshape({3, 2})));
+  EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, false, true})));
+  EXPECT_EQ(h->prompt, "1 40");
+  EXPECT_THAT(CompleteHfSample(u, {1, 2, 3, 4, 5}, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(HfSampleFromUplink(u, side)->complete);
 }
 
 }  // namespace

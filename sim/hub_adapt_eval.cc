@@ -75,7 +75,8 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
   for (distill::UplinkArm arm : o.arms) {
     if (arm.selection == distill::TokenSelection::kUts) {
       arm.score = kHubScore;
-      arm.name = absl::StrCat("uts-", kHubScore, "-", std::lround(100 * arm.token_ratio));
+      arm.name = absl::StrCat("uts-", kHubScore, "-", std::lround(100 * arm.token_ratio),
+                              arm.teacher_all_tokens ? "+teacher-all" : "");
       scores_needed = true;
     }
     bool seen = false;
@@ -212,12 +213,20 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
       double kept = 0;
       for (const compress::UplinkSample& u : *uplink) {
         kept += static_cast<double>(u.kept_indices.size()) / u.grid_tokens;
-        absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(u, student_side);
+        // A teacher-all arm's sample carries every token, as the cloud recomputes them from an
+        // uplinked frame, and the kept ones as present.
+        absl::StatusOr<distill::HfSample> h =
+            arm.teacher_all_tokens
+                ? distill::CompleteHfSample(u, obs.samples[u.sample_id].features, student_side)
+                : distill::HfSampleFromUplink(u, student_side);
         if (!h.ok()) return h.status();
         job_samples.push_back(*std::move(h));
       }
       kept /= static_cast<double>(uplink->size());
       for (size_t li = 0; li < learners.size(); ++li) {
+        // student_reads_all changes only a teacher-all arm's job (its samples are complete);
+        // elsewhere it would repeat the learner without it.
+        if (learners[li].student_reads_all && !arm.teacher_all_tokens) continue;
         t0 = Clock::now();
         if (absl::Status st = compress::CopyInto(start, (*student)->model().TrainableParameters());
             !st.ok()) {
