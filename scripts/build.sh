@@ -14,6 +14,15 @@ export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 # Paths under the checkout hash as relative ones, so worktrees and clones share the cache.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 
+# A full build tree takes about 2.6 GB (line-table debug info, CDCCA_DEBUG_INFO) and ccache
+# up to CCACHE_MAXSIZE more: say so up front rather than fail at a link.
+mkdir -p "$build"
+free_mb=$(df -Pm "$build" | awk 'NR == 2 {print $4}')
+if [ -n "$free_mb" ] && [ "$free_mb" -lt 4096 ]; then
+  echo "build.sh: only ${free_mb} MB free under $build; a full build needs about 2.6 GB" \
+    "plus the compiler cache (${CCACHE_MAXSIZE})" >&2
+fi
+
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if [ ! -f "$build/CMakeCache.txt" ]; then
