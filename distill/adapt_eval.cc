@@ -264,14 +264,11 @@ absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& o) {
   const std::vector<DistillConfig>& learners = *parsed;
   std::vector<std::string> score_kinds;
   for (const UplinkArm& arm : o.arms) {
-    if (arm.teacher_all_tokens || std::any_of(learners.begin(), learners.end(),
-                                              [](const DistillConfig& c) {
-                                                return c.student_reads_all;
-                                              })) {
+    if (arm.teacher_all_tokens) {
       return absl::InvalidArgumentError(
-          "a teacher that reads all tokens of a sample (--teacher_all_arms, student_reads_all) "
-          "runs on Hugging Face pairs (--teacher DIR --student_base DIR); a family's learner "
-          "reads the kept tokens only");
+          "a teacher that reads all tokens of a sample (--teacher_all_arms) runs on Hugging Face "
+          "pairs (--teacher DIR --student_base DIR); a family's learner reads the kept tokens "
+          "only");
     }
     if (arm.selection != TokenSelection::kUts) continue;
     if (!model::ParseTokenScore(arm.score).ok()) return model::ParseTokenScore(arm.score).status();

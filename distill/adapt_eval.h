@@ -41,9 +41,9 @@ struct UplinkArm {
   TokenSelection selection = TokenSelection::kAll;
   float token_ratio = 1.0f;  // fraction of the grid kept (kUts, kRandom)
   std::string score;         // model::TokenScoreKind name (kUts)
-  // The teacher labels each sample from all its tokens (as the cloud does from an uplinked
-  // frame) while the student trains on the kept ones (distill/hf_akd.h HfSample::complete).
-  // Hugging Face pairs only (sim/hub_adapt_eval.h).
+  // The teacher labels each sample from all its tokens while the student trains on the kept
+  // ones (distill/hf_akd.h HfSample::complete). Hugging Face pairs only
+  // (sim/hub_adapt_eval.h).
   bool teacher_all_tokens = false;
 };
 

@@ -31,9 +31,6 @@ TEST(ParseLearnerSpecTest, AppliesOverridesToThePreset) {
   EXPECT_FALSE(akd.normalize);
   ASSERT_OK_AND_ASSIGN(DistillConfig pl, ParseLearnerSpec("pl"));
   EXPECT_EQ(pl.feature_loss, FeatureLoss::kNone);
-  EXPECT_FALSE(pl.student_reads_all);
-  ASSERT_OK_AND_ASSIGN(DistillConfig pl_all, ParseLearnerSpec("pl+student_reads_all=true"));
-  EXPECT_TRUE(pl_all.student_reads_all);
   EXPECT_THAT(ParseLearnerSpec("akd+l_query").status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseLearnerSpec("akd+bogus=1").status(),
@@ -177,13 +174,10 @@ TEST(RunAdaptEvalTest, RunsEndToEndOnTinyModels) {
   }
 
   // A teacher that reads all tokens is the Hugging Face pairs' (sim/hub_adapt_eval.h): a
-  // family's learner refuses it, by arm or by learner, before any work.
+  // family's learner refuses it before any work.
   AdaptEvalOptions teacher_all = o;
   teacher_all.arms[1].teacher_all_tokens = true;
   EXPECT_THAT(RunAdaptEval(teacher_all).status(), StatusIs(absl::StatusCode::kInvalidArgument));
-  AdaptEvalOptions student_all = o;
-  student_all.learners = {"pl+student_reads_all=true"};
-  EXPECT_THAT(RunAdaptEval(student_all).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

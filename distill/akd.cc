@@ -52,8 +52,6 @@ absl::Status ReadLearner(const Json& j, DistillConfig& c) {
       c.ridge_lambda = v.get<double>();
     } else if (key == "cwd_tau") {
       c.cwd_tau = v.get<double>();
-    } else if (key == "student_reads_all") {
-      c.student_reads_all = v.get<bool>();
     } else if (key != "comment") {
       return absl::InvalidArgumentError(absl::StrCat("unknown learner key '", key, "'"));
     }

@@ -55,10 +55,6 @@ struct DistillConfig {
   bool ridge_init = true;      // fit phi/psi by ridge regression at their first job
   double ridge_lambda = 1e-2;  // relative to the mean diagonal of X^T X
   double cwd_tau = 1.0;        // kChannelWise temperature
-  // A complete sample (distill/hf_akd.h HfSample::complete: the cloud recomputed every visual
-  // token from the uplinked frame) is labelled by the teacher from all its tokens; the student
-  // trains on the tokens UTS kept (false) or on all of them (true).
-  bool student_reads_all = false;
 };
 
 // "akd", "pl", "pkd", "cwd" with the weights of configs/distill/akd.json's defaults.

@@ -36,8 +36,8 @@ ABSL_FLAG(std::string, token_scores, "vis,attention_variance",
 ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
 ABSL_FLAG(bool, teacher_all_arms, false,
           "adapt-eval on a Hugging Face pair: add to each UTS and random arm its twin whose "
-          "teacher labels every sample from all its tokens (as from an uplinked frame) while "
-          "the student trains on the kept ones (learner key student_reads_all=true: on all)");
+          "teacher labels every sample from all its tokens while the student trains on the "
+          "kept ones");
 ABSL_FLAG(
     double, keep_fraction, 0.0,
     "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by entropy (0 = all)");

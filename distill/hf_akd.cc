@@ -122,7 +122,7 @@ struct HfPairDistiller::State {
   }
 
   // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits. The teacher reads
-  // every token of a complete sample, the student what StudentView says.
+  // every token of a complete sample, the student its present ones.
   absl::Status Prepare(const HfSample& sample, PreparedSample* out, std::string* label) {
     torch::NoGradGuard no_grad;
     HfSample teacher_view = sample;
@@ -171,8 +171,7 @@ struct HfPairDistiller::State {
     torch::Tensor r = f->representation[0].narrow(0, p, a).to(device);
     out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
     if (use_kl) out->teacher_logits = f->logits[0].narrow(0, p - 1, a).to(device);
-    // What the student trains on.
-    if (!(sample.complete && config.student_reads_all)) out->present = PresentRow(sample, device);
+    out->present = PresentRow(sample, device);  // what the student trains on
     return absl::OkStatus();
   }
 

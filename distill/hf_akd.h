@@ -69,9 +69,8 @@ struct HfSample {
   std::string prompt;     // the user's question, before any template
   // Every row of `tokens` is the frame's real token, the dropped ones too (the cloud
   // recomputed them from an uplinked frame): the teacher labels the sample and gives its
-  // targets from all of them, and the student trains on `present` or, with
-  // DistillConfig::student_reads_all, on all of them. False: rows outside `present` are
-  // placeholders and both models read only `present`.
+  // targets from all of them; the student trains on `present`. False: rows outside
+  // `present` are placeholders and both models read only `present`.
   bool complete = false;
 };
 
@@ -84,7 +83,7 @@ absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample
 
 // A complete sample (HfSample::complete): every token of the grid from `all_features`
 // (grid_tokens x feature_dim values, row by row: the tower's output on the sample's frame),
-// present = the sample's kept indices. InvalidArgument as HfSampleFromUplink, or for
+// present = the sample's kept indices (the caller may widen it: the cloud's student reads all). InvalidArgument as HfSampleFromUplink, or for
 // `all_features` of another size.
 absl::StatusOr<HfSample> CompleteHfSample(const compress::UplinkSample& sample,
                                           const std::vector<float>& all_features,

@@ -305,9 +305,9 @@ TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
 }
 
 // A complete sample (the cloud recomputed every token from the frame): the teacher labels it
-// from all its tokens, whatever UTS kept; the student trains on the kept ones unless
-// student_reads_all. Masks that keep two tokens make the teacher's answer differ from its
-// all-token one on some sample (checked first, so the test can tell the two apart).
+// from all its tokens, whatever UTS kept; the student trains on its present ones. Masks that
+// keep two tokens make the teacher's answer differ from its all-token one on some sample
+// (checked first, so the test can tell the two apart).
 TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
   std::unique_ptr<Side> teacher = LoadSide(GetParam());
   std::unique_ptr<Side> student = LoadSide(GetParam());
@@ -345,20 +345,20 @@ TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
   o.max_answer_tokens = 4;
   const compress::NamedTensors start =
       compress::Fp32Clones(student->model->TrainableParameters());
-  auto run = [&](const std::vector<HfSample>& samples, bool student_reads_all) {
+  auto run = [&](const std::vector<HfSample>& samples) {
     EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
-    DistillConfig c2 = config;
-    c2.student_reads_all = student_reads_all;
     absl::StatusOr<std::unique_ptr<HfPairDistiller>> job =
-        HfPairDistiller::Create(teacher->side, student->side, c2, o);
+        HfPairDistiller::Create(teacher->side, student->side, config, o);
     EXPECT_TRUE(job.ok()) << job.status();
     return (*job)->Run(samples);
   };
-  ASSERT_OK_AND_ASSIGN(HfJobResult on_kept, run(kept_only, false));
+  ASSERT_OK_AND_ASSIGN(HfJobResult on_kept, run(kept_only));
   EXPECT_EQ(on_kept.pseudo_labels, masked_labels);
-  ASSERT_OK_AND_ASSIGN(HfJobResult teacher_all, run(complete, false));
+  ASSERT_OK_AND_ASSIGN(HfJobResult teacher_all, run(complete));
   EXPECT_EQ(teacher_all.pseudo_labels, all_labels);
-  ASSERT_OK_AND_ASSIGN(HfJobResult both_all, run(complete, true));
+  std::vector<HfSample> complete_student_all = complete;
+  for (HfSample& s : complete_student_all) s.present = torch::Tensor();
+  ASSERT_OK_AND_ASSIGN(HfJobResult both_all, run(complete_student_all));
   EXPECT_EQ(both_all.pseudo_labels, all_labels);
   // The same labels and steps; only what the student reads differs, and so does its state.
   bool differs = false;

@@ -224,9 +224,6 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
       }
       kept /= static_cast<double>(uplink->size());
       for (size_t li = 0; li < learners.size(); ++li) {
-        // student_reads_all changes only a teacher-all arm's job (its samples are complete);
-        // elsewhere it would repeat the learner without it.
-        if (learners[li].student_reads_all && !arm.teacher_all_tokens) continue;
         t0 = Clock::now();
         if (absl::Status st = compress::CopyInto(start, (*student)->model().TrainableParameters());
             !st.ok()) {

@@ -15,10 +15,9 @@
 // pseudo-labels.
 //
 // A teacher-all arm (UplinkArm::teacher_all_tokens, name "+teacher-all") gives the job
-// complete samples (distill::CompleteHfSample: every token, the arm's kept ones present), as
-// the cloud does for an uplinked frame: the teacher labels from all tokens, the student trains
-// on the kept ones, or on all with a student_reads_all learner (run on teacher-all arms only:
-// elsewhere it would repeat the learner without it).
+// complete samples (distill::CompleteHfSample: every token, the arm's kept ones present): the
+// teacher labels from all tokens, the student trains on the kept ones. (Both on all tokens is
+// the "all" arm, which is what the cloud does with an uplinked frame.)
 //
 // UTS arms score by VIS whatever score they name; an arm's name says "vis". Not thread-safe.
 #ifndef CDCCA_SIM_HUB_ADAPT_EVAL_H_

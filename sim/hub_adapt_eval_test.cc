@@ -89,22 +89,22 @@ TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
   EXPECT_DOUBLE_EQ(r2->rows[0].terms[0].last, r->rows[0].terms[0].last);
 }
 
-// A teacher-all arm (the teacher labels from every token, as from an uplinked frame) runs
-// beside its kept-tokens twin, and a student_reads_all learner only on it.
+// A teacher-all arm (the teacher labels from every token, the student trains on the kept
+// ones) runs beside its kept-tokens twin.
 TEST(HubAdaptEvalTest, ATeacherAllArmRunsBesideItsTwin) {
   distill::AdaptEvalOptions o = SmallRun();
   distill::UplinkArm twin = o.arms[1];
   twin.teacher_all_tokens = true;
   o.arms = {o.arms[0], o.arms[1], twin};
-  o.learners = {"pl", "pl+student_reads_all=true"};
+  o.learners = {"pl", "akd"};
   absl::StatusOr<distill::AdaptReport> r =
       RunHubAdaptEval(o, Pair("llava_clip_llama", "llava_clip_llama"));
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<std::string> rows;
   for (const distill::AdaptRow& row : r->rows) rows.push_back(row.arm + " / " + row.learner);
-  EXPECT_EQ(rows, (std::vector<std::string>{"all / pl", "uts-vis-50 / pl",
-                                            "uts-vis-50+teacher-all / pl",
-                                            "uts-vis-50+teacher-all / pl+student_reads_all=true"}));
+  EXPECT_EQ(rows, (std::vector<std::string>{"all / pl", "all / akd", "uts-vis-50 / pl",
+                                            "uts-vis-50 / akd", "uts-vis-50+teacher-all / pl",
+                                            "uts-vis-50+teacher-all / akd"}));
   for (const distill::AdaptRow& row : r->rows) {
     EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
     if (row.arm != "all") EXPECT_NEAR(row.tokens_kept, 0.5, 0.05) << row.arm;
