@@ -86,6 +86,10 @@ ABSL_FLAG(int64_t, lora_rank, 8,
           "--lora_rank; Register refuses a mismatch)");
 ABSL_FLAG(double, lora_alpha, 16.0, "Hugging Face folders with --cloud: LoRA alpha");
 ABSL_FLAG(bool, lora_mlp, false, "Hugging Face folders with --cloud: LoRA on the LM's MLP too");
+ABSL_FLAG(bool, family_as_hub, false,
+          "read a cdcca family folder as the Hugging Face BLIP-2 folder it is, as a downloaded "
+          "checkpoint is read (its cloud must run the pair: cdcca-cloud --teacher DIR/teacher "
+          "--student_base DIR)");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -466,7 +470,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
   }
-  const bool hub_folder = internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir));
+  const bool hub_folder = internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir),
+                                                absl::GetFlag(FLAGS_family_as_hub));
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty() && !hub_folder) {
     return Fail(absl::InvalidArgumentError("--state_dir is required"));
@@ -494,6 +499,7 @@ int main(int argc, char** argv) {
   runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   runtime_options.precision = absl::GetFlag(FLAGS_precision);
   runtime_options.threads = absl::GetFlag(FLAGS_threads);
+  runtime_options.family_as_hub = absl::GetFlag(FLAGS_family_as_hub);
   if (hub_folder) {
     const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
     if (max_new < 1 || max_new > 64) {

@@ -72,14 +72,14 @@ torch::Tensor ImagesToTensor(const std::vector<Frame>& frames, int size) {
 
 namespace internal {
 
-bool IsHubFolder(const std::string& dir) {
+bool IsHubFolder(const std::string& dir, bool family_as_hub) {
   std::ifstream in(dir + "/config.json");
   if (!in) return false;
   nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
     return false;
   }
-  if (config.contains("cdcca") && config["cdcca"].is_object() &&
+  if (!family_as_hub && config.contains("cdcca") && config["cdcca"].is_object() &&
       config["cdcca"].contains("family")) {
     return false;
   }
@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
     return absl::InvalidArgumentError("max_answer_tokens must be in 1-64");
   }
   model::SetIntraOpThreads(options.threads);
-  if (internal::IsHubFolder(options.checkpoint_dir)) {
+  if (internal::IsHubFolder(options.checkpoint_dir, options.family_as_hub)) {
     absl::StatusOr<std::unique_ptr<internal::HubStudent>> hub = internal::LoadHubStudent(options);
     if (!hub.ok()) return hub.status();
     auto impl = std::make_unique<Impl>();

@@ -44,6 +44,11 @@ struct RuntimeOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   bool lora_mlp = false;
+  // Read a cdcca family folder (its student: a Hugging Face BLIP-2 folder) as any downloaded
+  // checkpoint is read, with the options above, instead of as a family (token probe, the
+  // family's trainable set). Its cloud must then run the pair (`cdcca-cloud --teacher
+  // DIR/teacher --student_base DIR`): the trainable sets differ.
+  bool family_as_hub = false;
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

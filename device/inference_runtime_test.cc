@@ -86,6 +86,37 @@ class InferenceRuntimeTest : public ::testing::Test {
   std::unique_ptr<InferenceRuntime> runtime_;
 };
 
+// family_as_hub reads the family's student folder as any downloaded BLIP-2 checkpoint: the
+// Hugging Face path (frames can be sent, the trainable set is the Hub adapters' under the
+// checkpoint's names, not the family's), and it answers.
+TEST_F(InferenceRuntimeTest, AFamilyReadAsAHubFolderTakesTheHubPath) {
+  EXPECT_FALSE(runtime_->CanSendFrames());
+  RuntimeOptions options;
+  options.checkpoint_dir = dir_.path();
+  options.precision = "fp32";
+  options.threads = 1;
+  options.family_as_hub = true;
+  absl::StatusOr<std::unique_ptr<InferenceRuntime>> hub = InferenceRuntime::Load(options);
+  if (absl::IsUnimplemented(hub.status())) GTEST_SKIP() << "built without Hugging Face support";
+  ASSERT_OK(hub);
+  EXPECT_TRUE((*hub)->CanSendFrames());
+  auto names = [](const InferenceRuntime& r) {
+    std::vector<std::string> out;
+    absl::StatusOr<std::string> state = r.SaveTrainableState();
+    EXPECT_OK(state);
+    absl::StatusOr<model::SafetensorsContents> decoded = model::DecodeSafetensors(*state);
+    EXPECT_OK(decoded);
+    for (const auto& [name, t] : decoded->tensors) out.push_back(name);
+    return out;
+  };
+  const std::vector<std::string> family_names = names(*runtime_), hub_names = names(**hub);
+  ASSERT_FALSE(hub_names.empty());
+  EXPECT_NE(hub_names, family_names);
+  ASSERT_OK_AND_ASSIGN(std::vector<AnswerResult> answers,
+                       (*hub)->Answer({MakeFrame(1, "what is the item ?")}));
+  ASSERT_EQ(answers.size(), 1u);
+}
+
 TEST_F(InferenceRuntimeTest, BatchedAnswersEqualOneByOne) {
   std::vector<Frame> frames = {MakeFrame(1, "what is the item ?"),
                                MakeFrame(2, "how many items are there ?"),

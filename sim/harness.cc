@@ -676,6 +676,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     progress(absl::StrCat("loading device ", i));
     device::RuntimeOptions ro;
     ro.checkpoint_dir = e.hub() ? e.student_base : e.checkpoint;
+    ro.family_as_hub = e.hub();  // a pair's student is read as a Hub folder, a family's too
     ro.lora_rank = e.lora_rank;
     ro.lora_alpha = e.lora_alpha;
     ro.lora_mlp = e.lora_mlp;

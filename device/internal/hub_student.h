@@ -54,10 +54,10 @@ class HubStudent {
 // Hugging Face tokenizers.
 absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options);
 
-// Whether `dir` is a folder as published on the Hub (config.json's model_type is llava,
-// blip-2 or instructblip and it is not a cdcca family, whose config.json also holds
-// cdcca.family).
-bool IsHubFolder(const std::string& dir);
+// Whether `dir` is read as a folder published on the Hub: config.json's model_type is llava,
+// blip-2 or instructblip and, unless `family_as_hub`, it is not a cdcca family (whose
+// config.json also holds cdcca.family).
+bool IsHubFolder(const std::string& dir, bool family_as_hub = false);
 
 }  // namespace cdcca::device::internal
 
