@@ -177,9 +177,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
 
   // An uplinked sample as the job reads it. A jpeg sample is complete: the teacher labels it
   // from every token of its frame, and the student trains on all of them too, as the device
-  // answers (issue 37: labels from all tokens taught to a student reading the kept half lost
-  // 1-6 points against training it on all; docs/RESULTS.md, "A teacher that sees what it
-  // labels").
+  // answers (issue 37: all-token labels taught to a student reading the kept half did 1-3
+  // points worse than both reading that half, and both reading all did best; docs/RESULTS.md,
+  // "A teacher that sees what it labels").
   absl::StatusOr<distill::HfSample> JobSample(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (s.frame.empty()) return distill::HfSampleFromUplink(s, student_side_);
