@@ -2,7 +2,8 @@
 // with the tiny random LLaVA fixture as both teacher and student (fp32, so they answer
 // alike), a job trained away from the teacher's labels (a negative CE weight) lowers the
 // held-out agreement, and its update is withheld: no update, the device stays at version 0,
-// the batches are consumed.
+// the batches are consumed. An uplinked frame is answered by both sides from every token of
+// it, whatever UTS kept, as the device answered it.
 #include <torch/torch.h>
 
 #include <fstream>
@@ -10,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "cloud/internal/mirror_trainer.h"
 #include "cloud/sample_store.h"
 #include "cloud/trainer.h"
 #include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
+#include "datasets/formats.h"
+#include "model/arch/hf_answerer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -120,6 +124,77 @@ TEST(HubGuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
   EXPECT_EQ(state.state_digest, strategy->BaseDigest());
   EXPECT_EQ(state.consumed_sequence, 2u);
   EXPECT_EQ(state.updates_withheld, 1u);
+}
+
+// The teacher labels an uplinked frame (and the guard scores the mirror on it) from every
+// token of the frame, not from the two UTS kept: its answers equal those to the same tokens
+// uplinked in full, and differ from those to the two kept tokens alone on some frame (checked
+// first, so the test can tell the two apart).
+TEST(HubGuardTest, AFrameIsAnsweredFromEveryTokenOfIt) {
+  const std::string pair = Fixture("llava_clip_llama");
+  PerDeviceStrategyOptions o;
+  o.teacher_dir = pair;
+  o.student_base_dir = pair;
+  o.teacher_precision = "fp32";
+  o.student_precision = "fp32";
+  o.lora_rank = 4;
+  o.lora_alpha = 8;
+  o.max_answer_tokens = 4;
+  o.torch_threads = 1;
+  absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =
+      internal::CreateHubMirrorTrainer(o);
+  if (absl::IsUnimplemented(trainer.status())) GTEST_SKIP() << "no Hugging Face tokenizers";
+  ASSERT_OK(trainer);
+  const SampleSpec spec = (*trainer)->spec();
+  ASSERT_GT(spec.frame_width, 0u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<model::HfAnswerer> tower,
+                       model::HfAnswerer::Load(pair, "fp32", "cpu"));
+  const std::vector<uint32_t> question = Question(pair);
+  std::vector<compress::UplinkSample> frames, full, kept;
+  std::mt19937 rng(7);
+  for (uint64_t i = 0; i < 6; ++i) {
+    datasets::Image image(static_cast<int>(spec.frame_width), static_cast<int>(spec.frame_height));
+    for (uint8_t& p : image.pixels) p = static_cast<uint8_t>(rng());
+    ASSERT_OK_AND_ASSIGN(std::string jpeg, datasets::EncodeJpeg(image, 90));
+    ASSERT_OK_AND_ASSIGN(model::VisualTokenReply tokens, tower->TowerTokensOfJpeg(jpeg, "frame"));
+    compress::UplinkSample s;
+    s.sample_id = i;
+    s.grid_tokens = spec.grid_tokens;
+    s.feature_dim = spec.feature_dim;
+    s.prompt_tokens = question;
+    s.kept_indices = {static_cast<uint16_t>(i), static_cast<uint16_t>(i + 2)};
+    compress::UplinkSample f = s;
+    f.frame = jpeg;
+    frames.push_back(f);
+    for (uint16_t k : s.kept_indices) {
+      const float* row = tokens.features.data() + static_cast<size_t>(k) * spec.feature_dim;
+      s.features.insert(s.features.end(), row, row + spec.feature_dim);
+    }
+    kept.push_back(s);
+    s.kept_indices.clear();
+    for (uint32_t k = 0; k < spec.grid_tokens; ++k) s.kept_indices.push_back(k);
+    s.features = tokens.features;
+    full.push_back(s);
+  }
+  auto pointers = [](const std::vector<compress::UplinkSample>& v) {
+    std::vector<const compress::UplinkSample*> out;
+    for (const compress::UplinkSample& s : v) out.push_back(&s);
+    return out;
+  };
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> teacher_kept,
+                       (*trainer)->TeacherAnswers(pointers(kept)));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> teacher_full,
+                       (*trainer)->TeacherAnswers(pointers(full)));
+  ASSERT_NE(teacher_kept, teacher_full) << "two tokens never change the teacher's answer";
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> teacher_frames,
+                       (*trainer)->TeacherAnswers(pointers(frames)));
+  EXPECT_EQ(teacher_frames, teacher_full);
+  const compress::NamedTensors& base = (*trainer)->base_trainable();
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> student_frames,
+                       (*trainer)->StudentAnswers(base, pointers(frames)));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> student_full,
+                       (*trainer)->StudentAnswers(base, pointers(full)));
+  EXPECT_EQ(student_frames, student_full);
 }
 
 }  // namespace
