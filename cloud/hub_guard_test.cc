@@ -17,9 +17,9 @@
 #include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
 #include "datasets/formats.h"
-#include "model/arch/hf_answerer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/arch/hf_answerer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -50,6 +50,18 @@ std::vector<uint32_t> Question(const std::string& fixture) {
   return ids;
 }
 
+// The fixture `pair` as teacher and student, both fp32 (so they answer alike), LoRA rank 4.
+PerDeviceStrategyOptions PairOptions(const std::string& pair) {
+  PerDeviceStrategyOptions o;
+  o.teacher_dir = pair;
+  o.student_base_dir = pair;
+  o.teacher_precision = "fp32";
+  o.student_precision = "fp32";
+  o.lora_rank = 4;
+  o.lora_alpha = 8;
+  return o;
+}
+
 TEST(HubGuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
   torch::manual_seed(5);
   TempDir dir;
@@ -61,13 +73,7 @@ TEST(HubGuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
                        UpdateStore::Open({dir.path() + "/updates", 16}));
   const std::string config = dir.path() + "/distill.json";
   std::ofstream(config) << R"({"learner": {"l_ce": -1.0}, "job": {"lr": 0.05}})";
-  PerDeviceStrategyOptions o;
-  o.teacher_dir = pair;
-  o.student_base_dir = pair;
-  o.teacher_precision = "fp32";
-  o.student_precision = "fp32";
-  o.lora_rank = 4;
-  o.lora_alpha = 8;
+  PerDeviceStrategyOptions o = PairOptions(pair);
   o.state_dir = dir.path() + "/trainer";
   o.learner = "pl";
   o.distill_config = config;
@@ -132,13 +138,7 @@ TEST(HubGuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
 // first, so the test can tell the two apart).
 TEST(HubGuardTest, AFrameIsAnsweredFromEveryTokenOfIt) {
   const std::string pair = Fixture("llava_clip_llama");
-  PerDeviceStrategyOptions o;
-  o.teacher_dir = pair;
-  o.student_base_dir = pair;
-  o.teacher_precision = "fp32";
-  o.student_precision = "fp32";
-  o.lora_rank = 4;
-  o.lora_alpha = 8;
+  PerDeviceStrategyOptions o = PairOptions(pair);
   o.max_answer_tokens = 4;
   o.torch_threads = 1;
   absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
@@ -176,28 +177,21 @@ class HubMirrorTrainer final : public MirrorTrainer {
   }
 
   // An uplinked sample as the job reads it. A jpeg sample is complete: the teacher labels it
-  // from every token of its frame, and the student trains on all of them too, as the device
-  // answers (issue 37: all-token labels taught to a student reading the kept half did 1-3
-  // points worse than both reading that half, and both reading all did best; docs/RESULTS.md,
-  // "A teacher that sees what it labels").
+  // from every token of its frame, and the student trains on all of them too, since the
+  // device answers from all of them (a student taught all-token labels from only the kept
+  // tokens does worse: docs/RESULTS.md, "A teacher that sees what it labels").
   absl::StatusOr<distill::HfSample> JobSample(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (s.frame.empty()) return distill::HfSampleFromUplink(s, student_side_);
     absl::StatusOr<std::vector<float>> tokens = TokensOfFrame(s);
     if (!tokens.ok()) return tokens.status();
-    compress::UplinkSample kept = s;
-    kept.frame.clear();
-    kept.features.clear();
-    for (uint16_t k : s.kept_indices) {
-      if (k >= s.grid_tokens) {
-        return absl::InvalidArgumentError(absl::StrCat("sample ", s.sample_id, ": kept token ", k,
-                                                       " outside its grid of ", s.grid_tokens));
-      }
-      const float* row = tokens->data() + static_cast<size_t>(k) * s.feature_dim;
-      kept.features.insert(kept.features.end(), row, row + s.feature_dim);
-    }
-    absl::StatusOr<distill::HfSample> h = distill::CompleteHfSample(kept, *tokens, student_side_);
-    if (h.ok()) h->present = torch::Tensor();
+    compress::UplinkSample all = s;  // every token of the frame present
+    all.frame.clear();
+    all.kept_indices.resize(s.grid_tokens);
+    std::iota(all.kept_indices.begin(), all.kept_indices.end(), uint16_t{0});
+    all.features = *std::move(tokens);
+    absl::StatusOr<distill::HfSample> h = distill::HfSampleFromUplink(all, student_side_);
+    if (h.ok()) h->complete = true;
     return h;
   }
 

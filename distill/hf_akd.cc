@@ -589,10 +589,9 @@ absl::StatusOr<HfSample> CompleteHfSample(const compress::UplinkSample& sample,
   if (!kept.ok()) return kept.status();
   const size_t want = static_cast<size_t>(sample.grid_tokens) * sample.feature_dim;
   if (all_features.size() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sample ", sample.sample_id, ": ", all_features.size(),
-                     " feature values for a grid of ", sample.grid_tokens, "x",
-                     sample.feature_dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample ", sample.sample_id, ": ", all_features.size(), " feature values for a grid of ",
+        sample.grid_tokens, "x", sample.feature_dim));
   }
   kept->tokens = torch::tensor(all_features, torch::kFloat)
                      .reshape({static_cast<int64_t>(sample.grid_tokens),

@@ -83,8 +83,8 @@ absl::StatusOr<HfSample> HfSampleFromUplink(const compress::UplinkSample& sample
 
 // A complete sample (HfSample::complete): every token of the grid from `all_features`
 // (grid_tokens x feature_dim values, row by row: the tower's output on the sample's frame),
-// present = the sample's kept indices (the caller may widen it: the cloud's student reads all). InvalidArgument as HfSampleFromUplink, or for
-// `all_features` of another size.
+// present = the sample's kept indices (the caller may widen it: the cloud's student reads all).
+// InvalidArgument as HfSampleFromUplink, or for `all_features` of another size.
 absl::StatusOr<HfSample> CompleteHfSample(const compress::UplinkSample& sample,
                                           const std::vector<float>& all_features,
                                           const HfPairSide& student);

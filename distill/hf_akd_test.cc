@@ -246,14 +246,21 @@ model::NamedTensors Frozen(torch::nn::Module& m, const model::NamedTensors& trai
   return out;
 }
 
+// Teacher and student from one fixture folder, the student with its adapters.
+void LoadPair(const std::string& variant, std::unique_ptr<Side>* teacher,
+              std::unique_ptr<Side>* student) {
+  *teacher = LoadSide(variant);
+  *student = LoadSide(variant);
+  ASSERT_NE(*teacher, nullptr);
+  ASSERT_NE(*student, nullptr);
+  ASSERT_OK((*student)->model->AddAdapters({}));
+}
+
 class HfPairJobTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
-  std::unique_ptr<Side> teacher = LoadSide(GetParam());
-  std::unique_ptr<Side> student = LoadSide(GetParam());
-  ASSERT_NE(teacher, nullptr);
-  ASSERT_NE(student, nullptr);
-  ASSERT_OK(student->model->AddAdapters({}));
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
   Case c = FirstCase(GetParam(), *student->model);
   // The student's norms and LoRA move away from the teacher first, so there is a gap to close.
   {
@@ -309,11 +316,8 @@ TEST_P(HfPairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
 // keep two tokens make the teacher's answer differ from its all-token one on some sample
 // (checked first, so the test can tell the two apart).
 TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
-  std::unique_ptr<Side> teacher = LoadSide(GetParam());
-  std::unique_ptr<Side> student = LoadSide(GetParam());
-  ASSERT_NE(teacher, nullptr);
-  ASSERT_NE(student, nullptr);
-  ASSERT_OK(student->model->AddAdapters({}));
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
   Case c = FirstCase(GetParam(), *student->model);
   const int64_t n = c.tokens.size(0);
   std::vector<HfSample> kept_only, complete;
@@ -343,8 +347,7 @@ TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
   o.max_steps = 3;
   o.batch_size = 2;
   o.max_answer_tokens = 4;
-  const compress::NamedTensors start =
-      compress::Fp32Clones(student->model->TrainableParameters());
+  const compress::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
   auto run = [&](const std::vector<HfSample>& samples) {
     EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
     absl::StatusOr<std::unique_ptr<HfPairDistiller>> job =
@@ -363,8 +366,8 @@ TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
   // The same labels and steps; only what the student reads differs, and so does its state.
   bool differs = false;
   for (size_t i = 0; i < teacher_all.trainable.size(); ++i) {
-    differs = differs ||
-              !torch::equal(teacher_all.trainable[i].second, both_all.trainable[i].second);
+    differs =
+        differs || !torch::equal(teacher_all.trainable[i].second, both_all.trainable[i].second);
   }
   EXPECT_TRUE(differs);
 }
@@ -491,7 +494,8 @@ TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
   absl::StatusOr<HfSample> h = CompleteHfSample(u, {1, 2, 3, 4, 5, 6}, side);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_TRUE(h->complete);
-  EXPECT_TRUE(torch::equal(h->tokens, torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).reshape({3, 2})));
+  EXPECT_TRUE(
+      torch::equal(h->tokens, torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).reshape({3, 2})));
   EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, false, true})));
   EXPECT_EQ(h->prompt, "1 40");
   EXPECT_THAT(CompleteHfSample(u, {1, 2, 3, 4, 5}, side).status(),
