@@ -249,6 +249,44 @@ TEST_F(HubProgramsTest, FramesTravelAsJpegAndTheCloudRecomputesTheTokens) {
   }
 }
 
+// A cdcca family served as the Hugging Face pair it is: the device reads the family's folder
+// as a downloaded checkpoint (--family_as_hub) and uplinks frames, the cloud's teacher and
+// mirror read every token of them, and the device ends on the mirror's digest.
+TEST_F(HubProgramsTest, AFamilyRunsAsAPairWithFramesUplinked) {
+  nlohmann::json s;
+  RunDeviceToFirstUpdate(std::string(CDCCA_SOURCE_DIR) + "/models/small",
+                         {"--family_as_hub", "--uplink_precision=jpeg"}, &s);
+  if (HasFatalFailure()) return;
+  std::vector<nlohmann::json> jobs = Jobs();
+  ASSERT_FALSE(jobs.empty());
+  EXPECT_GT(jobs[0].value("samples", 0), 0);
+  StopCloud();
+}
+
+// The same family's folder without --family_as_hub is read as a family, whose model is not
+// the pair's: Register refuses it, saying what to pass, and nothing is acked.
+TEST_F(HubProgramsTest, AFamilyReadAsAFamilyIsRefusedByItsPairsCloud) {
+  const std::string folder = std::string(CDCCA_SOURCE_DIR) + "/models/small";
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder);
+  std::string log;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        log = ReadText(DeviceDir() + "/device.log");
+        return absl::StrContains(log, "--family_as_hub");
+      },
+      absl::Minutes(2)))
+      << log;
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  const nlohmann::json status = DeviceStatus();
+  ASSERT_TRUE(status.contains("acked")) << "the device wrote no status file";
+  EXPECT_EQ(status["acked"].get<uint64_t>(), 0u);
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
 TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   const std::string folder = Fixture("llava_clip_llama");
   std::unique_ptr<Child> cloud = StartCloud(folder, folder);
