@@ -101,11 +101,12 @@ ABSL_FLAG(std::string, expected_fingerprint, "",
           "hex fingerprint of the student base devices must run; empty = the checkpoint's "
           "(0 = accept any)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "model family directory: teacher, student base, encoder and config.json (as written "
-          "by `cdcca pretrain`); empty = transport only, no training");
+          "a cdcca family (as written by `cdcca pretrain`), served as the pair it is: "
+          "--teacher=DIR/teacher --student_base=DIR; empty (and no pair) = transport only, no "
+          "training");
 ABSL_FLAG(std::string, teacher, "",
-          "a Hugging Face pair instead of --checkpoint_dir: the teacher's folder (LLaVA, BLIP-2 "
-          "or InstructBLIP), which must share its vision tower with --student_base");
+          "a teacher-student pair instead of --checkpoint_dir: the teacher's folder (LLaVA, "
+          "BLIP-2 or InstructBLIP), which must share its vision tower with --student_base");
 ABSL_FLAG(std::string, student_base, "",
           "a Hugging Face pair: the student's folder, the model devices run before adaptation");
 ABSL_FLAG(std::string, teacher_template, "auto",

@@ -203,8 +203,7 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
             : absl::StrFormat(
                   "device %s runs vision tower %016x, but the teacher reads tokens of tower "
                   "%016x: a teacher-student pair must share one vision tower (run a student of "
-                  "the teacher's family; a cdcca family's folder served as a Hugging Face pair "
-                  "is read so on the device with cdcca-device --family_as_hub)",
+                  "the teacher's family)",
                   request->device_id(), request->vision_fingerprint(),
                   options_.expected_vision_fingerprint));
   }
@@ -213,8 +212,7 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
     bad = absl::FailedPreconditionError(absl::StrFormat(
         "model fingerprint %016x does not match the cloud's student base %016x: install the "
         "base model the cloud serves, at its precision (and, for a Hugging Face folder, with "
-        "its adapters: --lora_rank, --lora_alpha, --lora_mlp; a cdcca family's folder served "
-        "as a Hugging Face pair is read so with cdcca-device --family_as_hub)",
+        "its adapters: --lora_rank, --lora_alpha, --lora_mlp)",
         request->model_fingerprint(), options_.expected_fingerprint));
   }
   if (!bad.ok()) {

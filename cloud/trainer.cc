@@ -26,14 +26,44 @@
 #include "distill/akd.h"
 #include "distill/learner.h"
 #include "distill/replay_buffer.h"
-#include "model/family/checkpoint.h"
-#include "model/family/trainable.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
 #include "storage/env.h"
 
 namespace cdcca::cloud {
+
+namespace internal {
+
+absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOptions& options) {
+  distill::DistillSettings settings;
+  if (!options.distill_config.empty()) {
+    absl::StatusOr<distill::DistillSettings> s =
+        distill::LoadDistillSettings(options.distill_config);
+    if (!s.ok()) return s.status();
+    settings = *std::move(s);
+    if (!options.learner.empty()) {
+      absl::StatusOr<distill::DistillConfig> c =
+          distill::WithFeatureTermOf(options.learner, settings.learner);
+      if (!c.ok()) return c.status();
+      settings.learner = *std::move(c);
+    }
+  } else {
+    absl::StatusOr<distill::DistillConfig> c =
+        distill::PresetDistillConfig(options.learner.empty() ? "akd" : options.learner);
+    if (!c.ok()) return c.status();
+    settings.learner = *std::move(c);
+  }
+  if (options.max_steps > 0) settings.job.max_steps = options.max_steps;
+  if (options.time_budget_s > 0) settings.job.time_budget_s = options.time_budget_s;
+  if (options.batch_size > 0) settings.job.batch_size = options.batch_size;
+  if (options.max_answer_tokens > 0) settings.job.max_answer_tokens = options.max_answer_tokens;
+  if (options.torch_threads > 0) settings.job.num_threads = options.torch_threads;
+  return settings;
+}
+
+}  // namespace internal
+
 namespace {
 
 using internal::DecodeMirrorFile;
@@ -1050,8 +1080,18 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("train device must be cpu or cuda, not '", options.train_device, "'"));
   }
+  PerDeviceStrategyOptions pair = options;
+  if (!options.checkpoint_dir.empty()) {
+    if (!options.teacher_dir.empty() || !options.student_base_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "give either a family (checkpoint_dir) or a teacher-student pair (teacher_dir and "
+          "student_base_dir), not both");
+    }
+    pair.teacher_dir = options.checkpoint_dir + "/teacher";
+    pair.student_base_dir = options.checkpoint_dir;
+  }
   auto impl = std::make_unique<Impl>();
-  impl->options = options;
+  impl->options = pair;
   impl->samples = samples;
   impl->updates = updates;
   impl->registry = registry;
@@ -1064,15 +1104,8 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   if (options.env == nullptr) return absl::InvalidArgumentError("env is null");
   if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
 
-  const bool hub = !options.teacher_dir.empty() || !options.student_base_dir.empty();
-  if (hub && !options.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "give either a family (checkpoint_dir) or a Hugging Face pair (teacher_dir and "
-        "student_base_dir), not both");
-  }
   absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =
-      hub ? internal::CreateHubMirrorTrainer(options)
-          : internal::CreateFamilyMirrorTrainer(options);
+      internal::CreateHubMirrorTrainer(pair);
   if (!trainer.ok()) return trainer.status();
   impl->trainer = *std::move(trainer);
   impl->base_digest = compress::StateDigest(impl->trainer->base_trainable());

@@ -181,17 +181,16 @@ class TrainerStrategy {
 };
 
 struct PerDeviceStrategyOptions {
-  // Family directory (encoder/teacher/student safetensors + config.json), as written by
-  // `cdcca pretrain` or model::SaveFamily.
+  // A cdcca family (`cdcca pretrain --out DIR`), read as the pair it is: teacher_dir =
+  // DIR/teacher, student_base_dir = DIR.
   std::string checkpoint_dir;
-  // Or a Hugging Face pair (issue 21) instead of a family: the teacher's folder and the
-  // student's (the devices' model before adaptation), LLaVA, BLIP-2 or InstructBLIP, sharing
-  // the vision tower. The mirror loads the student at student_precision with the devices'
-  // adapters (LoRA on the LM's q/v; lora_mlp adds the MLP; AdapterOptions seed 0). Prompts are
-  // put in each side's prompt format (model::ResolvePromptFormat on that side's folder:
-  // "auto" is its chat template where it has one, else llava's for LLaVA and none for the
-  // BLIP-2 family; "chat", "none" or a named template). The teacher runs at
-  // teacher_precision ("" = bf16 on CUDA, fp32 on the CPU).
+  // Or a teacher-student pair of model folders: the teacher's folder and the student's (the
+  // devices' model before adaptation), LLaVA, BLIP-2 or InstructBLIP, sharing the vision tower. The
+  // mirror loads the student at student_precision with the devices' adapters (LoRA on the LM's q/v;
+  // lora_mlp adds the MLP; AdapterOptions seed 0). Prompts are put in each side's prompt format
+  // (model::ResolvePromptFormat on that side's folder: "auto" is its chat template where it has
+  // one, else llava's for LLaVA and none for the BLIP-2 family; "chat", "none" or a named
+  // template). The teacher runs at teacher_precision ("" = bf16 on CUDA, fp32 on the CPU).
   std::string teacher_dir;
   std::string student_base_dir;
   std::string teacher_template = "auto";

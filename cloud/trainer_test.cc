@@ -22,6 +22,8 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/arch/hf_answerer.h"
+#include "model/arch/hf_model.h"
 #include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
 #include "storage/fault_injection_env.h"
@@ -94,7 +96,7 @@ class TrainerTest : public ::testing::Test {
               compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16) {
     std::mt19937_64 rng(sequence * 7 + device.size());
     std::normal_distribution<float> normal;
-    const int tokens = grid != 0 ? grid : family_.vision.NumTokens(), dim = family_.vision.d_vis;
+    const int tokens = grid != 0 ? grid : GridTokens(), dim = family_.vision.d_vis;
     std::vector<compress::UplinkSample> batch(n);
     for (int i = 0; i < n; ++i) {
       compress::UplinkSample& s = batch[i];
@@ -131,15 +133,18 @@ class TrainerTest : public ::testing::Test {
   }
 
   // The pretrained student's trainable set, as the device holds it at version 0.
+  // (The device reads the family's student folder at int8 with the default adapters, as the
+  // mirror does.)
   compress::NamedTensors DeviceState() {
-    auto family = model::LoadFamily(checkpoint_, model::Precision::kInt8);
-    EXPECT_OK(family);
-    compress::NamedTensors out;
-    for (auto& [name, t] : model::TrainableParameters(*family->student)) {
-      out.emplace_back(name, t.detach().clone());
-    }
-    return out;
+    absl::StatusOr<std::unique_ptr<model::HfAnswerer>> student =
+        model::HfAnswerer::Load(checkpoint_, "int8", "cpu");
+    EXPECT_OK(student);
+    EXPECT_OK((*student)->model().AddAdapters(model::AdapterOptions{}));
+    return compress::Fp32Clones((*student)->model().TrainableParameters());
   }
+
+  // The visual tokens a device uplinks per frame (the ViT's class token, then the patches).
+  int GridTokens() const { return family_.vision.NumTokens(); }
 
   TempDir dir_;
   storage::Env* env_ = storage::Env::Default();  // of the stores and the state files
@@ -412,7 +417,7 @@ TEST_F(TrainerTest, CursorIsClampedToTheDurableLogAndRenumberedBatchesAreTrained
 // checked batches) is quarantined with its reason; the device's later batches train.
 TEST_F(TrainerTest, StoredBatchThatDoesNotFitTheModelIsQuarantinedNotFatal) {
   MakeStrategy();
-  Uplink("dev-a", 1, 2, /*grid=*/family_.vision.NumTokens() * 4);
+  Uplink("dev-a", 1, 2, /*grid=*/GridTokens() * 4);
   Uplink("dev-a", 2, 3);
   ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
   EXPECT_EQ(report.quarantined_samples, 2u);
@@ -630,7 +635,7 @@ TEST_F(TrainerTest, JobThatKeepsFailingAtOneCursorQuarantinesItsBatches) {
 // features are 4x smaller on the wire than in memory.
 TEST_F(TrainerTest, JobBoundCountsDecodedFloatsNotTheCodecBody) {
   PerDeviceStrategyOptions o = Options();
-  const int tokens = family_.vision.NumTokens() / 2, dim = family_.vision.d_vis;
+  const int tokens = GridTokens() / 2, dim = family_.vision.d_vis;
   const uint64_t floats_per_batch = uint64_t{3} * tokens * dim * sizeof(float);
   // Room for two batches' int8 bodies (about a quarter of their floats), not for two
   // batches' floats.
@@ -668,7 +673,7 @@ TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {
   ASSERT_OK(strategy_->Recover());
   ExpectOneBatchPerJob(compress::FeaturePrecision::kFp16);
   // The model's shape reaches the service's ingest check.
-  EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(family_.vision.NumTokens()));
+  EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(GridTokens()));
   EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(family_.vision.d_vis));
 }
 

@@ -70,26 +70,21 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "name to check the cloud's certificate against (optional)");
 ABSL_FLAG(bool, insecure, false, "plaintext to the cloud (loopback experiments only)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "model family directory (encoder + student + config.json), or a Hugging Face "
-          "LLaVA / BLIP-2 / InstructBLIP folder (answers offline, see --hf_template)");
+          "the student's folder: a Hugging Face LLaVA / BLIP-2 / InstructBLIP folder, "
+          "downloaded or written by cdcca pretrain (a family's student is a BLIP-2 folder; "
+          "without --cloud it answers offline, see --hf_template)");
 ABSL_FLAG(std::string, precision, "int8",
-          "storage of the student's frozen base: fp32, int8 or int4 (Hugging Face folders "
-          "also bf16, fp16)");
+          "storage of the student's frozen base: fp32, bf16, fp16, int8 or int4");
 ABSL_FLAG(std::string, hf_template, "auto",
-          "Hugging Face folders: prompt around each question: auto = the folder's chat "
+          "prompt around each question: auto = the folder's chat "
           "template where it has one, else llava for LLaVA and none for BLIP-2 / InstructBLIP; "
           "chat; llava; vicuna; chatml; none");
-ABSL_FLAG(int, max_new_tokens, 32,
-          "Hugging Face folders: longest answer, in tokens (at most 64 with --cloud)");
+ABSL_FLAG(int, max_new_tokens, 32, "longest answer, in tokens (at most 64 with --cloud)");
 ABSL_FLAG(int64_t, lora_rank, 8,
-          "Hugging Face folders with --cloud: LoRA rank on the LM's q and v (the cloud's "
+          "with --cloud: LoRA rank on the LM's q and v (the cloud's "
           "--lora_rank; Register refuses a mismatch)");
-ABSL_FLAG(double, lora_alpha, 16.0, "Hugging Face folders with --cloud: LoRA alpha");
-ABSL_FLAG(bool, lora_mlp, false, "Hugging Face folders with --cloud: LoRA on the LM's MLP too");
-ABSL_FLAG(bool, family_as_hub, false,
-          "read a cdcca family folder as the Hugging Face BLIP-2 folder it is, as a downloaded "
-          "checkpoint is read (its cloud must run the pair: cdcca-cloud --teacher DIR/teacher "
-          "--student_base DIR)");
+ABSL_FLAG(double, lora_alpha, 16.0, "with --cloud: LoRA alpha");
+ABSL_FLAG(bool, lora_mlp, false, "with --cloud: LoRA on the LM's MLP too");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -121,7 +116,7 @@ ABSL_FLAG(double, uts_token_ratio, 0.5,
           "local default: fraction of visual tokens UTS stage 2 keeps");
 ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 2");
 ABSL_FLAG(double, uts_dropout, 0.1,
-          "Hugging Face folders: rate at which UTS stage 2 drops visual tokens in each pass");
+          "rate of UTS stage 2's element-wise dropout on the visual tokens in each pass");
 ABSL_FLAG(std::string, uplink_precision, "fp16",
           "precision of the kept visual tokens the device uplinks (fp16 | int8 | int4), or, on a "
           "Hugging Face folder, "
@@ -470,12 +465,13 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
   }
-  const bool hub_folder = internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir),
-                                                absl::GetFlag(FLAGS_family_as_hub));
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (state_dir.empty() && !hub_folder) {
-    return Fail(absl::InvalidArgumentError("--state_dir is required"));
+  if (!internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir))) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", absl::GetFlag(FLAGS_checkpoint_dir),
+        " is not a model folder: its config.json must name a llava, blip-2 or instructblip "
+        "model_type")));
   }
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   std::vector<std::string> prompts;
   if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
     std::ifstream in(absl::GetFlag(FLAGS_prompts_file));
@@ -488,10 +484,15 @@ int main(int argc, char** argv) {
   } else {
     prompts.push_back(absl::GetFlag(FLAGS_prompt));
   }
-  // A Hub folder without a cloud answers offline (and reports what UTS would uplink); with
-  // one, it runs the collaborative loop as a family does.
-  if (hub_folder && absl::GetFlag(FLAGS_cloud).empty()) return RunHubFolder(prompts);
-  if (hub_folder && state_dir.empty()) {
+  // Without a cloud the device answers offline (and reports what UTS would uplink); with
+  // one, it runs the collaborative loop.
+  if (absl::GetFlag(FLAGS_cloud).empty()) {
+    if (absl::GetFlag(FLAGS_rollback)) {
+      return Fail(absl::InvalidArgumentError("--rollback needs --cloud"));
+    }
+    return RunHubFolder(prompts);
+  }
+  if (state_dir.empty()) {
     return Fail(absl::InvalidArgumentError("--state_dir is required with --cloud"));
   }
 
@@ -499,8 +500,7 @@ int main(int argc, char** argv) {
   runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   runtime_options.precision = absl::GetFlag(FLAGS_precision);
   runtime_options.threads = absl::GetFlag(FLAGS_threads);
-  runtime_options.family_as_hub = absl::GetFlag(FLAGS_family_as_hub);
-  if (hub_folder) {
+  {
     const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
     if (max_new < 1 || max_new > 64) {
       return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-64 with --cloud"));
@@ -515,9 +515,8 @@ int main(int argc, char** argv) {
       InferenceRuntime::Load(runtime_options);
   if (!runtime.ok()) return Fail(runtime.status());
 
-  const bool offline = absl::GetFlag(FLAGS_cloud).empty();
   std::unique_ptr<CloudClient> client;
-  if (!offline) {
+  {
     CloudClientOptions co;
     co.target = absl::GetFlag(FLAGS_cloud);
     co.device_id = absl::GetFlag(FLAGS_device_id);
@@ -584,19 +583,17 @@ int main(int argc, char** argv) {
         "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
         "\"digest\":\"%016llx\",\"queued_batches\":%zu,\"token_score\":%s}\n",
         JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
-        JsonString(offline ? "offline" : absl::GetFlag(FLAGS_cloud)).c_str(),
-        static_cast<unsigned long long>(s.version), static_cast<unsigned long long>(s.state_digest),
-        s.queue.batches,
+        JsonString(absl::GetFlag(FLAGS_cloud)).c_str(), static_cast<unsigned long long>(s.version),
+        static_cast<unsigned long long>(s.state_digest), s.queue.batches,
         JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao.uts.score)))).c_str());
   }
   if (absl::GetFlag(FLAGS_rollback)) {
-    if (offline) return Fail(absl::InvalidArgumentError("--rollback needs --cloud"));
     const int64_t to = absl::GetFlag(FLAGS_rollback_to_version);
     if (to < 0) return Fail(absl::InvalidArgumentError("--rollback_to_version must be >= 0"));
     auto rolled = (*agent)->RollBack(static_cast<uint64_t>(to));
     if (!rolled.ok()) return Fail(rolled.status());
   }
-  if (!offline) (*agent)->Start();
+  (*agent)->Start();
 
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
   const double fps = absl::GetFlag(FLAGS_fps);
@@ -657,7 +654,7 @@ int main(int argc, char** argv) {
 
   // Linger: let the queue drain and updates arrive before exiting.
   const absl::Time linger_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  while (!offline && !g_stop && absl::Now() < linger_end) {
+  while (!g_stop && absl::Now() < linger_end) {
     AgentStats s = (*agent)->Stats();
     write_status();
     if (s.queue.batches == 0 && (s.in_sync || s.version == 0) && s.registered &&

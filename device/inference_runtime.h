@@ -1,10 +1,11 @@
-// InferenceRuntime: the device's student MLLM. Answers (image, question) pairs with greedy
-// decoding and a KV cache, batching frames that wait together; scores visual tokens for UTS
-// stage 2; and applies DWC updates to the trainable set in place while serving.
+// InferenceRuntime: the device's student MLLM, any LLaVA, BLIP-2 or InstructBLIP folder (the
+// project's families are BLIP-2 folders, read the same way). Answers (image, question) pairs
+// with greedy decoding and a KV cache; scores visual tokens for UTS stage 2; and applies DWC
+// updates to the trainable set in place while serving.
 //
-// Concurrency: Answer/TokenScores take a reader lock, ApplyUpdate/LoadTrainableState a
-// writer lock, so no answer ever sees a half-applied update; readers run concurrently with
-// each other. LibTorch's intra-op threads are set once at Load (options.threads).
+// Concurrency: every call is thread-safe. The model is not: answers, scores and updates take
+// one lock in turn, so no answer ever sees a half-applied update. LibTorch's intra-op threads
+// are set once at Load (options.threads).
 //
 // The header is torch-free (pimpl), so the agent loop and tests compile fast.
 #ifndef CDCCA_DEVICE_INFERENCE_RUNTIME_H_
@@ -24,9 +25,11 @@
 namespace cdcca::device {
 
 struct RuntimeOptions {
-  // Directory of a pretrained family (`cdcca pretrain --out DIR`): encoder, student, config.
+  // The student's folder: a Hugging Face LLaVA, BLIP-2 or InstructBLIP folder, downloaded or
+  // written by `cdcca pretrain` (a cdcca family's student is a BLIP-2 folder).
   std::string checkpoint_dir;
-  // Storage of the student's frozen base: "fp32", "int8" or "int4". Default: "int8".
+  // Storage of the student's frozen base: "fp32", "bf16", "fp16", "int8" or "int4".
+  // Default: "int8".
   std::string precision = "int8";
   // Longest answer generated, in tokens (1-64; captions need datasets::kMaxCaptionTokens).
   // Default: 6.
@@ -34,8 +37,7 @@ struct RuntimeOptions {
   // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
   // every core; model/runtime/threads.h).
   int threads = 0;
-  // A Hugging Face folder (LLaVA, BLIP-2, InstructBLIP) as checkpoint_dir: the prompt
-  // prompt a question is put in (model::ResolvePromptFormat: "auto" is the folder's chat
+  // The prompt a question is put in (model::ResolvePromptFormat: "auto" is the folder's chat
   // template where it has one, else llava's for LLaVA and none for the BLIP-2 family;
   // "chat", "none" or a named template), and the adapters the cloud trains
   // (LoRA on the LM's q/v, rank and alpha; MLP too with lora_mlp). They must be the cloud's:
@@ -44,11 +46,6 @@ struct RuntimeOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   bool lora_mlp = false;
-  // Read a cdcca family folder (its student: a Hugging Face BLIP-2 folder) as any downloaded
-  // checkpoint is read, with the options above, instead of as a family (token probe, the
-  // family's trainable set). Its cloud must then run the pair (`cdcca-cloud --teacher
-  // DIR/teacher --student_base DIR`): the trainable sets differ.
-  bool family_as_hub = false;
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.
@@ -63,8 +60,8 @@ struct VisualTokens {
   int tokens = 0;
   int dim = 0;
   std::vector<float> values;
-  // Hugging Face folders: the frame the tokens came from, which UTS stage 2 reads again
-  // (its passes run from the pixels). Null for cdcca families.
+  // The frame the tokens came from, which UTS stage 2 reads again (its passes run from the
+  // pixels) and the jpeg uplink sends.
   std::shared_ptr<const Frame> source;
 };
 
@@ -79,32 +76,29 @@ struct AnswerResult {
 
 class InferenceRuntime {
  public:
-  // Loads the encoder and the student (a cdcca family, or a Hugging Face folder with its
-  // adapters). INVALID_ARGUMENT for a bad precision; the loader's errors (NOT_FOUND,
+  // Loads the student and adds its adapters. INVALID_ARGUMENT for a folder that is no
+  // LLaVA, BLIP-2 or InstructBLIP folder or a bad precision; the loader's errors (NOT_FOUND,
   // DATA_LOSS naming the file or tensor) otherwise.
   static absl::StatusOr<std::unique_ptr<InferenceRuntime>> Load(const RuntimeOptions& options);
   ~InferenceRuntime();
 
-  // Answers every frame, as one batch. Thread-safe.
+  // Answers every frame, in order.
   absl::StatusOr<std::vector<AnswerResult>> Answer(const std::vector<Frame>& frames);
 
-  // UTS stage 2 for one frame: `passes` stochastic dropout passes over the part above the
-  // encoder, as one batched forward; returns one score per visual token (see TokenScore).
-  // With dropout_p == 0 the variance-based scores are all zero. Scores with
-  // EffectiveScore(score); FAILED_PRECONDITION for probe_entropy without a probe. Thread-safe.
-  // The dropout masks come from LibTorch's process-wide generator; with `seed`, that
-  // generator is reseeded with it for this call under a process-wide lock, so the scores
-  // depend on the inputs and the seed only, not on what other threads draw (several devices
-  // in one process: the harness).
+  // UTS stage 2 for one frame: `passes` stochastic dropout passes (VIS, model/arch/hf_model.h
+  // VisualTokenPassOptions) from the frame `visual` came from, as one batched forward;
+  // returns one score per visual token, scored with EffectiveScore(score): vis,
+  // attention_variance or attention_mass (FAILED_PRECONDITION for the probe's scores).
+  // dropout_p must be in (0, 1). The draw depends on `seed` alone when given (several
+  // devices in one process: the harness), else on the runtime's own count of draws.
   absl::StatusOr<std::vector<float>> TokenScores(const VisualTokens& visual, int passes,
                                                  float dropout_p, TokenScore score,
                                                  std::optional<uint64_t> seed = std::nullopt);
 
-  // The score TokenScores computes for `score`: itself, except variance_probe on a family
-  // without probe.safetensors, which falls back to attention_variance (the product with the
-  // probe's entropy taken as constant).
+  // The score TokenScores computes for `score`: itself, except variance_probe, which falls
+  // back to attention_variance (the product with the probe's entropy taken as constant: no
+  // downloaded checkpoint has the project's token probe).
   TokenScore EffectiveScore(TokenScore score) const;
-  bool has_probe() const;
 
   // Applies a DWC update payload in place (compress::ApplyUpdate) under the writer lock.
   // The payload must apply to version(); on any error the weights are untouched.
@@ -119,9 +113,8 @@ class InferenceRuntime {
   // resized and cropped to the vision tower's input, as JPEG at `quality` (1-100).
   // FAILED_PRECONDITION where CanSendFrames() is false. Thread-safe.
   absl::StatusOr<std::string> FrameJpeg(const VisualTokens& visual, int quality = 90);
-  // Whether FrameJpeg works: a Hugging Face folder whose image processor has a fixed output
-  // size (the cloud recomputes the tokens with the tower the pair shares; a cdcca family's
-  // cloud takes tokens only).
+  // Whether FrameJpeg works: the folder's image processor has a fixed output size (the cloud
+  // recomputes the tokens with the tower the pair shares).
   bool CanSendFrames() const;
 
   uint64_t version() const;

@@ -8,7 +8,7 @@
 //    sample per batch, and amortized in batches of 16), next to the raw frame sizes.
 // 3. Where the kept tokens fall on frames whose one half is corrupted (VIS diagnostic): the
 //    share of kept patch tokens in the corrupted half per shift and pooled, at 25/50/75% kept,
-//    for VIS (the default), its ablations the checkpoint supports, and random tokens.
+//    for VIS (the default), the attention ablations, and random tokens.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,7 +28,8 @@
 #include "device/inference_runtime.h"
 #include "device/uts.h"
 
-ABSL_FLAG(std::string, checkpoint, "models/small", "pretrained family directory");
+ABSL_FLAG(std::string, checkpoint, "models/small",
+          "the student's folder (a family's, or any Hugging Face folder)");
 ABSL_FLAG(std::string, precision, "int8", "student base: fp32, int8 or int4");
 ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
 ABSL_FLAG(int, frames, 64, "frames per measurement");
@@ -246,10 +247,6 @@ int Main() {
   }
   std::vector<TokenScore> kinds = {TokenScore::kVis, TokenScore::kAttentionVariance,
                                    TokenScore::kAttentionMass};
-  if (runtime->has_probe()) {
-    kinds.push_back(TokenScore::kVarianceProbe);
-    kinds.push_back(TokenScore::kProbeEntropy);
-  }
   const std::vector<float> ratios = {0.25f, 0.5f, 0.75f};
   const int per_shift = std::max(2, absl::GetFlag(FLAGS_diagnostic_frames));
   std::printf(

@@ -29,8 +29,9 @@ std::vector<std::vector<int64_t>> GreedyAnswers(model::Blip2Tower& tower, const 
 // `side`'s greedy answer to `sample`, at most max_new_tokens: the prompt in the side's
 // template and tokenizer, the sample's present tokens as the visual input, no gradients.
 // Returns the decoded text with surrounding whitespace stripped; `ids` (optional) receives
-// the answer's ids without the EOS (the pseudo-label HfPairDistiller trains on). Errors of
-// the codec or the model.
+// the answer's ids without the EOS (the pseudo-label HfPairDistiller trains on). An answer
+// ends before an image placeholder id (model::MultimodalModel::image_token_id), which a
+// model read back would take for an image position. Errors of the codec or the model.
 absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
                                          int max_new_tokens, std::vector<int64_t>* ids = nullptr);
 

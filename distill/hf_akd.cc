@@ -18,6 +18,80 @@
 #include "distill/losses.h"
 
 namespace cdcca::distill {
+
+absl::StatusOr<std::vector<int64_t>> SidePromptIds(const HfPairSide& side,
+                                                   const std::string& prompt) {
+  std::string text = prompt;
+  if (side.format_prompt) {
+    absl::StatusOr<std::string> f = side.format_prompt(prompt);
+    if (!f.ok()) return f.status();
+    text = *f;
+  }
+  absl::StatusOr<std::vector<int64_t>> ids = side.encode(text, /*special=*/true);
+  if (!ids.ok()) return ids.status();
+  return side.model->ExpandImageTokens(*ids);
+}
+
+absl::StatusOr<std::vector<int64_t>> SideQformerIds(const HfPairSide& side,
+                                                    const std::string& prompt) {
+  if (side.model->model_type() != "instructblip") return std::vector<int64_t>{};
+  if (!side.qformer_encode) {
+    return absl::InvalidArgumentError("an InstructBLIP side needs its Q-Former tokenizer");
+  }
+  return side.qformer_encode(prompt);
+}
+
+HfTextBatch CollateHfRows(const std::vector<HfTextRow>& rows, torch::Device device) {
+  int64_t width = 0, q_width = 0;
+  for (const HfTextRow& r : rows) {
+    width = std::max<int64_t>(width, r.prompt->size() + r.answer->size());
+    q_width = std::max<int64_t>(q_width, r.qformer->size());
+  }
+  const int64_t b = static_cast<int64_t>(rows.size());
+  torch::Tensor ids = torch::zeros({b, width}, torch::kLong);
+  torch::Tensor mask = torch::zeros({b, width}, torch::kLong);
+  torch::Tensor targets = torch::full({b, width}, -1, torch::kLong);
+  torch::Tensor answer_mask = torch::zeros({b, width}, torch::kBool);
+  torch::Tensor q_ids = torch::zeros({b, q_width}, torch::kLong);
+  torch::Tensor q_mask = torch::zeros({b, q_width}, torch::kLong);
+  HfTextBatch batch;
+  std::vector<torch::Tensor> tokens, present;
+  for (int64_t r = 0; r < b; ++r) {
+    const HfTextRow& x = rows[static_cast<size_t>(r)];
+    std::vector<int64_t> row = *x.prompt;
+    row.insert(row.end(), x.answer->begin(), x.answer->end());
+    const int64_t n = static_cast<int64_t>(row.size());
+    const int64_t pad = width - n;
+    const int64_t a = static_cast<int64_t>(x.answer->size());
+    ids[r].narrow(0, pad, n).copy_(torch::tensor(row, torch::kLong));
+    mask[r].narrow(0, pad, n).fill_(1);
+    // logits at position t predict token t + 1: the answer's predictors are the a positions
+    // before the last.
+    targets[r].narrow(0, width - a - 1, a).copy_(torch::tensor(*x.answer, torch::kLong));
+    answer_mask[r].narrow(0, width - a, a).fill_(true);
+    if (!x.qformer->empty()) {
+      const int64_t qn = static_cast<int64_t>(x.qformer->size());
+      // The Q-Former reads its instruction right-padded, as the processor pads it.
+      q_ids[r].narrow(0, 0, qn).copy_(torch::tensor(*x.qformer, torch::kLong));
+      q_mask[r].narrow(0, 0, qn).fill_(1);
+    }
+    tokens.push_back(x.tokens);
+    present.push_back(x.present);
+    batch.answer_lengths.push_back(a);
+  }
+  batch.inputs.visual_tokens = torch::cat(tokens);
+  batch.inputs.visual_present = torch::cat(present);
+  batch.inputs.input_ids = ids.to(device);
+  batch.inputs.attention_mask = mask.to(device);
+  if (q_width > 0) {
+    batch.inputs.qformer_input_ids = q_ids.to(device);
+    batch.inputs.qformer_attention_mask = q_mask.to(device);
+  }
+  batch.targets = targets.to(device);
+  batch.answer_mask = answer_mask.to(device);
+  return batch;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -35,14 +109,6 @@ struct PreparedSample {
   torch::Tensor teacher_logits;           // [P, V] when the KL term runs
 };
 
-// A left-padded batch of prompt + answer rows.
-struct Batch {
-  model::TokenInputs inputs;
-  torch::Tensor targets;      // [B, T] int64: the next token where it is an answer token, else -1
-  torch::Tensor answer_mask;  // [B, T] bool: positions holding answer tokens
-  std::vector<int64_t> answer_lengths;
-};
-
 int64_t FirstEos(const model::MultimodalModel& m) {
   const std::vector<int64_t> eos = m.eos_token_ids();
   return eos.empty() ? -1 : eos[0];
@@ -52,28 +118,6 @@ torch::Tensor Row(const torch::Tensor& t) { return t.unsqueeze(0); }
 
 torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
   return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
-}
-
-// The side's prompt ids: its template, its tokenizer (with specials), image tokens expanded.
-absl::StatusOr<std::vector<int64_t>> PromptIds(const HfPairSide& side, const std::string& prompt) {
-  std::string text = prompt;
-  if (side.format_prompt) {
-    absl::StatusOr<std::string> f = side.format_prompt(prompt);
-    if (!f.ok()) return f.status();
-    text = *f;
-  }
-  absl::StatusOr<std::vector<int64_t>> ids = side.encode(text, /*special=*/true);
-  if (!ids.ok()) return ids.status();
-  return side.model->ExpandImageTokens(*ids);
-}
-
-// InstructBLIP's Q-Former ids of the prompt; empty for the other models.
-absl::StatusOr<std::vector<int64_t>> QformerIds(const HfPairSide& side, const std::string& prompt) {
-  if (side.model->model_type() != "instructblip") return std::vector<int64_t>{};
-  if (!side.qformer_encode) {
-    return absl::InvalidArgumentError("an InstructBLIP side needs its Q-Former tokenizer");
-  }
-  return side.qformer_encode(prompt);
 }
 
 // One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`.
@@ -129,9 +173,9 @@ struct HfPairDistiller::State {
     if (sample.complete) teacher_view.present = torch::Tensor();
     out->tokens = Row(sample.tokens.to(device, torch::kFloat));
     out->present = PresentRow(teacher_view, device);
-    absl::StatusOr<std::vector<int64_t>> t_prompt = PromptIds(teacher, sample.prompt);
+    absl::StatusOr<std::vector<int64_t>> t_prompt = SidePromptIds(teacher, sample.prompt);
     if (!t_prompt.ok()) return t_prompt.status();
-    absl::StatusOr<std::vector<int64_t>> t_qformer = QformerIds(teacher, sample.prompt);
+    absl::StatusOr<std::vector<int64_t>> t_qformer = SideQformerIds(teacher, sample.prompt);
     if (!t_qformer.ok()) return t_qformer.status();
     std::vector<int64_t> answer;
     absl::StatusOr<std::string> text =
@@ -151,10 +195,10 @@ struct HfPairDistiller::State {
       const int64_t s_eos = FirstEos(*student.model);
       if (s_eos >= 0) out->student_answer.push_back(s_eos);
     }
-    absl::StatusOr<std::vector<int64_t>> s_prompt = PromptIds(student, sample.prompt);
+    absl::StatusOr<std::vector<int64_t>> s_prompt = SidePromptIds(student, sample.prompt);
     if (!s_prompt.ok()) return s_prompt.status();
     out->student_prompt = *s_prompt;
-    absl::StatusOr<std::vector<int64_t>> s_qformer = QformerIds(student, sample.prompt);
+    absl::StatusOr<std::vector<int64_t>> s_qformer = SideQformerIds(student, sample.prompt);
     if (!s_qformer.ok()) return s_qformer.status();
     out->student_qformer = *s_qformer;
 
@@ -175,61 +219,20 @@ struct HfPairDistiller::State {
     return absl::OkStatus();
   }
 
-  Batch Collate(const std::vector<PreparedSample>& pool, const std::vector<int64_t>& rows) const {
-    int64_t width = 0, q_width = 0;
+  HfTextBatch Collate(const std::vector<PreparedSample>& pool,
+                      const std::vector<int64_t>& rows) const {
+    std::vector<HfTextRow> text;
     for (int64_t i : rows) {
-      const PreparedSample& s = pool[i];
-      width = std::max<int64_t>(width, s.student_prompt.size() + s.student_answer.size());
-      q_width = std::max<int64_t>(q_width, s.student_qformer.size());
+      const PreparedSample& x = pool[static_cast<size_t>(i)];
+      text.push_back(
+          {x.tokens, x.present, &x.student_prompt, &x.student_answer, &x.student_qformer});
     }
-    const int64_t b = static_cast<int64_t>(rows.size());
-    torch::Tensor ids = torch::zeros({b, width}, torch::kLong);
-    torch::Tensor mask = torch::zeros({b, width}, torch::kLong);
-    torch::Tensor targets = torch::full({b, width}, -1, torch::kLong);
-    torch::Tensor answer_mask = torch::zeros({b, width}, torch::kBool);
-    torch::Tensor q_ids = torch::zeros({b, q_width}, torch::kLong);
-    torch::Tensor q_mask = torch::zeros({b, q_width}, torch::kLong);
-    Batch batch;
-    std::vector<torch::Tensor> tokens, present;
-    for (int64_t r = 0; r < b; ++r) {
-      const PreparedSample& s = pool[rows[r]];
-      std::vector<int64_t> row = s.student_prompt;
-      row.insert(row.end(), s.student_answer.begin(), s.student_answer.end());
-      const int64_t n = static_cast<int64_t>(row.size());
-      const int64_t pad = width - n;
-      const int64_t a = static_cast<int64_t>(s.student_answer.size());
-      ids[r].narrow(0, pad, n).copy_(torch::tensor(row, torch::kLong));
-      mask[r].narrow(0, pad, n).fill_(1);
-      // logits at position t predict token t + 1: the answer's predictors are the a positions
-      // before the last.
-      targets[r].narrow(0, width - a - 1, a).copy_(torch::tensor(s.student_answer, torch::kLong));
-      answer_mask[r].narrow(0, width - a, a).fill_(true);
-      if (!s.student_qformer.empty()) {
-        const int64_t qn = static_cast<int64_t>(s.student_qformer.size());
-        // The Q-Former reads its instruction right-padded, as the processor pads it.
-        q_ids[r].narrow(0, 0, qn).copy_(torch::tensor(s.student_qformer, torch::kLong));
-        q_mask[r].narrow(0, 0, qn).fill_(1);
-      }
-      tokens.push_back(s.tokens);
-      present.push_back(s.present);
-      batch.answer_lengths.push_back(a);
-    }
-    batch.inputs.visual_tokens = torch::cat(tokens);
-    batch.inputs.visual_present = torch::cat(present);
-    batch.inputs.input_ids = ids.to(device);
-    batch.inputs.attention_mask = mask.to(device);
-    if (q_width > 0) {
-      batch.inputs.qformer_input_ids = q_ids.to(device);
-      batch.inputs.qformer_attention_mask = q_mask.to(device);
-    }
-    batch.targets = targets.to(device);
-    batch.answer_mask = answer_mask.to(device);
-    return batch;
+    return CollateHfRows(text, device);
   }
 
   // The student's R as the teacher's is kept: per answer position [B, P, H] with mask [B, P],
   // or the answer mean [B, 1, H].
-  std::pair<torch::Tensor, torch::Tensor> StudentRepr(const Batch& batch,
+  std::pair<torch::Tensor, torch::Tensor> StudentRepr(const HfTextBatch& batch,
                                                       const torch::Tensor& representation) const {
     const int64_t b = representation.size(0), width = representation.size(1);
     if (!same_tokenizer) {
@@ -278,7 +281,7 @@ struct HfPairDistiller::State {
       for (int64_t i = begin; i < std::min<int64_t>(pool.size(), begin + chunk); ++i) {
         rows.push_back(i);
       }
-      Batch batch = Collate(pool, rows);
+      HfTextBatch batch = Collate(pool, rows);
       absl::StatusOr<model::TokenForward> f = student.model->ForwardTokens(batch.inputs);
       if (!f.ok()) return;  // Run's first step reports the same error
       torch::Tensor present = f->queries_present.to(device);
@@ -369,7 +372,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
     if (s.UsesFeatures() && !s.phi) {
       // Widths from one student pass (no grad) and the teacher's kept features.
       torch::NoGradGuard no_grad;
-      Batch one = s.Collate(pool, {0});
+      HfTextBatch one = s.Collate(pool, {0});
       absl::StatusOr<model::TokenForward> f = student.ForwardTokens(one.inputs);
       if (!f.ok()) return f.status();
       s.phi = torch::nn::Linear(f->queries.size(-1), pool[0].teacher_queries.size(-1));
@@ -416,7 +419,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
         }
         rows.push_back(order[cursor++]);
       }
-      Batch batch = s.Collate(pool, rows);
+      HfTextBatch batch = s.Collate(pool, rows);
       absl::StatusOr<model::TokenForward> f = student.ForwardTokens(batch.inputs);
       if (!f.ok()) return f.status();
       std::vector<std::pair<std::string, torch::Tensor>> terms;
@@ -511,9 +514,9 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
                                          int max_new_tokens, std::vector<int64_t>* ids) {
   torch::NoGradGuard no_grad;
   const torch::Device device = side.model->device();
-  absl::StatusOr<std::vector<int64_t>> prompt = PromptIds(side, sample.prompt);
+  absl::StatusOr<std::vector<int64_t>> prompt = SidePromptIds(side, sample.prompt);
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<std::vector<int64_t>> qformer = QformerIds(side, sample.prompt);
+  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, sample.prompt);
   if (!qformer.ok()) return qformer.status();
   model::GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
@@ -524,6 +527,10 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
       g);
   if (!gen.ok()) return gen.status();
   std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
+  // The image placeholder cannot be part of an answer that is read back (it would stand for
+  // an image position): the answer ends before it, as at an EOS.
+  const int64_t image = side.model->image_token_id();
+  answer.erase(std::find(answer.begin(), answer.end(), image), answer.end());
   std::string text(absl::StripAsciiWhitespace(side.decode(answer)));
   if (ids != nullptr) *ids = std::move(answer);
   return text;

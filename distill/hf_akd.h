@@ -62,6 +62,34 @@ struct HfPairSide {
 // build), so the KL term applies as for identical tokenizer files. `model` is not owned.
 HfPairSide IdsAsTextSide(model::MultimodalModel* model);
 
+// The LM ids `side` reads `prompt` as: its template, its tokenizer (with specials), the image
+// placeholder expanded. Errors of the template or the codec.
+absl::StatusOr<std::vector<int64_t>> SidePromptIds(const HfPairSide& side,
+                                                   const std::string& prompt);
+// InstructBLIP's Q-Former ids of `prompt` (InvalidArgument without a Q-Former codec); empty
+// for the other models.
+absl::StatusOr<std::vector<int64_t>> SideQformerIds(const HfPairSide& side,
+                                                    const std::string& prompt);
+
+// One row of a training batch: a sample's visual input ([1, N, D] tokens and [1, N] present,
+// on the model's device) and its ids (not owned; they outlive the call).
+struct HfTextRow {
+  torch::Tensor tokens, present;
+  const std::vector<int64_t>* prompt;   // the expanded LM prompt
+  const std::vector<int64_t>* answer;   // the answer, EOS included where the label has one
+  const std::vector<int64_t>* qformer;  // InstructBLIP's Q-Former ids, else empty
+};
+
+// Rows of prompt + answer, left-padded (the Q-Former's ids right-padded, as the processor
+// pads them), for ForwardTokens.
+struct HfTextBatch {
+  model::TokenInputs inputs;
+  torch::Tensor targets;      // [B, T] int64: the next token where it is an answer token, else -1
+  torch::Tensor answer_mask;  // [B, T] bool: positions holding answer tokens
+  std::vector<int64_t> answer_lengths;
+};
+HfTextBatch CollateHfRows(const std::vector<HfTextRow>& rows, torch::Device device);
+
 // One uplinked sample as the job reads it.
 struct HfSample {
   torch::Tensor tokens;   // [N, D] float: the tower's output tokens (dropped ones: any value)

@@ -6,7 +6,9 @@
 //   seed alone, nothing else changes in a job;
 // - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
 //   why it does not, an int8 student trains on the CPU;
-// - a complete sample (every token of the frame): the teacher labels it from all its tokens.
+// - a complete sample (every token of the frame): the teacher labels it from all its tokens;
+// - the device learners (distill/hf_self_learner.h): TENT moves the norms alone and lowers
+//   its entropy, CoTTA's stochastic restore returns the set to its source state.
 #include "distill/hf_akd.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 
 #include "compress/named_tensors.h"
 #include "distill/greedy_answers.h"
+#include "distill/hf_self_learner.h"
 #include "model/arch/hf_model.h"
 #include "model/hub/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
@@ -501,6 +504,102 @@ TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
   EXPECT_THAT(CompleteHfSample(u, {1, 2, 3, 4, 5}, side).status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_FALSE(HfSampleFromUplink(u, side)->complete);
+}
+
+class HfSelfLearnerTest : public ::testing::TestWithParam<std::string> {};
+
+// TENT on the student's own answers: its entropy falls, the norm parameters of the trainable
+// set move, and nothing else in it or in the model does.
+TEST_P(HfSelfLearnerTest, TentMovesTheNormsAloneAndLowersItsEntropy) {
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  JobOptions o;
+  o.max_steps = 15;
+  o.batch_size = 3;
+  o.lr = 3e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfSelfLearner> tent,
+                       HfSelfLearner::Create("tent", student->side, o));
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  model::NamedTensors frozen =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  torch::manual_seed(3);
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, tent->Run(Samples(c, 6)));
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("entropy"));
+  EXPECT_LT(terms["entropy"].last, terms["entropy"].first);
+  ASSERT_EQ(r.trainable.size(), before.size());
+  int norms_moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const bool moved = !torch::equal(r.trainable[i].second, before[i].second.to(torch::kFloat));
+    if (IsNormParameterName(before[i].first)) {
+      norms_moved += moved;
+    } else {
+      EXPECT_FALSE(moved) << before[i].first;
+    }
+  }
+  EXPECT_GT(norms_moved, 0);
+  model::NamedTensors after =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, frozen[i].second)) << frozen[i].first;
+  }
+}
+
+// CoTTA trains the whole trainable set toward its EMA's soft labels; with every element
+// restored after every step (restore_prob 1) the job ends where it started, and with none
+// restored it moves. Its EMA carries over to the next job.
+TEST_P(HfSelfLearnerTest, CottaRestoresToTheSourceStateItsProbabilitySays) {
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 3;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  const compress::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  CottaConfig always;
+  always.restore_prob = 1.0;
+  always.confidence_threshold = 2.0;  // always unsure: the augmented views run too
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfSelfLearner> restored,
+                       HfSelfLearner::Create("cotta", student->side, o, always));
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, restored->Run(Samples(c, 4)));
+  EXPECT_EQ(compress::StateDigest(r.trainable), compress::StateDigest(start));
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  EXPECT_TRUE(terms.count("soft_ce") && terms.count("confidence"));
+
+  CottaConfig never;
+  never.restore_prob = 0.0;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfSelfLearner> cotta,
+                       HfSelfLearner::Create("cotta", student->side, o, never));
+  ASSERT_OK_AND_ASSIGN(HfJobResult first, cotta->Run(Samples(c, 4)));
+  EXPECT_NE(compress::StateDigest(first.trainable), compress::StateDigest(start));
+  ASSERT_OK_AND_ASSIGN(HfJobResult second, cotta->Run(Samples(c, 4)));
+  EXPECT_NE(compress::StateDigest(second.trainable), compress::StateDigest(first.trainable));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfSelfLearnerTest,
+                         ::testing::Values("llava_clip_llama", "blip2_llama",
+                                           "instructblip_llama"));
+
+TEST(HfSelfLearnerCreateTest, RefusesUnknownLearnersAndMissingCodecs) {
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  ASSERT_OK(HfSelfLearner::Create("cotta", student->side, JobOptions{}).status());
+  EXPECT_THAT(HfSelfLearner::Create("akd", student->side, JobOptions{}),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  HfPairSide no_codec = student->side;
+  no_codec.decode = nullptr;
+  EXPECT_THAT(HfSelfLearner::Create("tent", no_codec, JobOptions{}),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

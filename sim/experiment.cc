@@ -240,22 +240,13 @@ absl::Status CheckExperiment(const Experiment& e, const std::string& source_name
                  "is required with the other: a Hugging Face pair names the teacher's folder and "
                  "the devices' student folder");
   }
-  CDCCA_RETURN_IF_ERROR(Check(e.hub() || e.uts.precision != "jpeg", w + ": uts", "precision",
-                              "jpeg (frames instead of tokens) needs a Hugging Face pair: a "
-                              "cdcca family's cloud takes visual tokens only"));
-  if (!e.hub()) return absl::OkStatus();
-  CDCCA_RETURN_IF_ERROR(Check(e.uts.score == "vis", w + ": uts", "score",
-                              absl::StrCat("\"", e.uts.score,
-                                           "\" is for cdcca families: a Hugging Face student "
-                                           "scores its visual tokens by vis (Eq. 3)")));
-  for (const std::string& m : e.methods) {
-    const std::string base = ParseMethodName(m).base;
-    CDCCA_RETURN_IF_ERROR(Check(base != "tent" && base != "cotta", w, "methods",
-                                absl::StrCat("has \"", m,
-                                             "\", which adapts a cdcca family on the device; a "
-                                             "Hugging Face pair runs source-only and the cloud "
-                                             "methods")));
-  }
+  const std::string& score = e.uts.score;
+  CDCCA_RETURN_IF_ERROR(Check(
+      score == "vis" || score == "attention_variance" || score == "attention_mass", w + ": uts",
+      "score",
+      absl::StrCat("\"", score,
+                   "\": the device scores its visual tokens by vis (Eq. 3), attention_variance "
+                   "or attention_mass")));
   return absl::OkStatus();
 }
 

@@ -28,9 +28,10 @@
 #include "device/agent.h"
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
-#include "distill/learner.h"
-#include "model/family/checkpoint.h"
-#include "model/family/trainable.h"
+#include "distill/hf_pair_side.h"
+#include "distill/hf_self_learner.h"
+#include "model/arch/hf_answerer.h"
+#include "model/hub/chat_template.h"
 #include "model/hub/safetensors.h"
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
@@ -314,9 +315,11 @@ struct Device {
   std::unique_ptr<LinkEmulator> link;
   std::unique_ptr<device::CloudClient> client;
   std::unique_ptr<device::DeviceAgent> agent;
-  // Device-side adaptation (tent, cotta).
-  model::Blip2Tower student{nullptr};
-  std::unique_ptr<distill::Learner> learner;
+  // Device-side adaptation (tent, cotta) on a copy of the student the runtime loads: its
+  // trainable set goes into the runtime after each round's job.
+  std::unique_ptr<model::HfAnswerer> learner_model;
+  distill::HfPairSide learner_side;
+  std::unique_ptr<distill::HfSelfLearner> learner;
 };
 
 struct Cloud {
@@ -676,7 +679,6 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     progress(absl::StrCat("loading device ", i));
     device::RuntimeOptions ro;
     ro.checkpoint_dir = e.hub() ? e.student_base : e.checkpoint;
-    ro.family_as_hub = e.hub();  // a pair's student is read as a Hub folder, a family's too
     ro.lora_rank = e.lora_rank;
     ro.lora_alpha = e.lora_alpha;
     ro.lora_mlp = e.lora_mlp;
@@ -719,10 +721,25 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       d.agent = std::move(*agent);
       d.agent->Start();  // the program's sync loop: registers, uplinks, polls, applies
     } else if (plan->kind == MethodKind::kDevice) {
-      auto family = model::LoadFamily(e.checkpoint, *model::ParsePrecision(e.precision));
-      if (!family.ok()) return family.status();
-      d.student = family->student;
-      auto learner = distill::MakeLearner(plan->learner, model::Blip2Tower(nullptr));
+      auto answerer = model::HfAnswerer::Load(ro.checkpoint_dir, ro.precision, "cpu");
+      if (!answerer.ok()) return answerer.status();
+      d.learner_model = *std::move(answerer);
+      model::AdapterOptions adapters;
+      adapters.lora_rank = ro.lora_rank;
+      adapters.lora_alpha = ro.lora_alpha;
+      adapters.lora_mlp = ro.lora_mlp;
+      if (absl::Status s = d.learner_model->model().AddAdapters(adapters); !s.ok()) return s;
+      auto format = model::ResolvePromptFormat(ro.hub_template, d.learner_model->model_type(),
+                                               ro.checkpoint_dir);
+      if (!format.ok()) return format.status();
+      d.learner_side = distill::PairSideOf(*d.learner_model, ro.checkpoint_dir, *format);
+      distill::JobOptions jo;
+      jo.max_steps = e.job.max_steps;
+      jo.batch_size = e.job.batch_size;
+      jo.max_answer_tokens = e.AnswerTokens();
+      if (e.job.lr > 0) jo.lr = e.job.lr;
+      jo.seed = options.seed;  // the learner varies it per job
+      auto learner = distill::HfSelfLearner::Create(plan->learner, d.learner_side, jo);
       if (!learner.ok()) return learner.status();
       d.learner = std::move(*learner);
     }
@@ -765,7 +782,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
   }
 
   PeakCounter streaming;
-  absl::Mutex device_learners;  // tent / cotta jobs draw from LibTorch's generator
+  absl::Mutex device_learners;  // tent / cotta jobs, one at a time (they use every core)
   const absl::Time first_round = clock.Now();
   for (int round = 0; round < e.rounds; ++round) {
     // Every round starts at a fixed point of virtual time (sample ids and triggers repeat).
@@ -846,17 +863,15 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
         acked_after[static_cast<size_t>(i)] = after.queue.acked;
       } else if (d.learner) {
         progress(absl::StrCat("round ", round + 1, " device ", i, ": adapting on the device"));
-        distill::JobOptions jo;
-        jo.max_steps = e.job.max_steps;
-        jo.batch_size = e.job.batch_size;
-        jo.max_answer_tokens = e.AnswerTokens();
-        if (e.job.lr > 0) jo.lr = e.job.lr;
-        jo.seed = options.seed + static_cast<uint64_t>(round);
-        jo.num_threads = e.threads;
-        jo.train_in_place = true;
+        std::vector<distill::HfSample> samples;
+        for (const compress::UplinkSample& u : local) {
+          auto sample = distill::HfSampleFromUplink(u, d.learner_side);
+          if (!sample.ok()) return sample.status();
+          samples.push_back(*std::move(sample));
+        }
         absl::MutexLock lock(&device_learners);
         const auto t0 = SteadyClock::now();
-        auto job = d.learner->Run(local, nullptr, d.student, jo);
+        auto job = d.learner->Run(samples);
         if (!job.ok()) return job.status();
         r.job_seconds = Since(t0);
         auto bytes = model::EncodeSafetensors(job->trainable, {});

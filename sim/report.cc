@@ -363,12 +363,14 @@ std::string MarkdownReport(const RunResult& run) {
   if (!e.paper_table.empty()) absl::StrAppend(&md, "Reproduces the paper's ", e.paper_table, ". ");
   absl::StrAppend(&md, e.description, "\n\n");
   const std::string models =
-      e.hub()
-          ? absl::StrFormat(
-                "Teacher `%s`, student `%s` (Hugging Face folders; LoRA r %d, "
-                "alpha %g%s on the devices)",
-                e.teacher, e.student_base, e.lora_rank, e.lora_alpha, e.lora_mlp ? ", MLP too" : "")
-          : absl::StrFormat("Models `%s`", e.checkpoint);
+      e.hub() ? absl::StrFormat("Teacher `%s`, student `%s` (LoRA r %d, alpha %g%s on the devices)",
+                                e.teacher, e.student_base, e.lora_rank, e.lora_alpha,
+                                e.lora_mlp ? ", MLP too" : "")
+              : absl::StrFormat(
+                    "Models `%s` (teacher `%s/teacher`, student `%s`; LoRA r %d, alpha %g%s on the "
+                    "devices)",
+                    e.checkpoint, e.checkpoint, e.checkpoint, e.lora_rank, e.lora_alpha,
+                    e.lora_mlp ? ", MLP too" : "");
   absl::StrAppendFormat(&md,
                         "%s (%s student base), %d device(s), %d round(s) of %d frames, "
                         "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",
@@ -384,12 +386,8 @@ std::string MarkdownReport(const RunResult& run) {
       &md,
       "UTS uplink of the cloud methods (`NAME@R` and the UTS ablations change it): stage 1 keeps "
       "%s, stage 2 %.0f%% of each kept frame's visual tokens by `%s` (%d dropout passes at "
-      "p = %.2f%s); %s.\n\n",
+      "p = %.2f); %s.\n\n",
       stage1, 100 * e.uts.token_ratio, e.uts.score, e.uts.mc_passes, e.uts.dropout_p,
-      e.hub() ? "; a Hugging Face student scores by vis"
-      : e.uts.score == "variance_probe"
-          ? "; the attention variance alone for a family without a token probe"
-          : "",
       e.uts.precision == "jpeg"
           ? std::string("the device sends the frame as JPEG (quality 90, at the tower's input "
                         "size) with the kept indices, and the cloud recomputes the tokens")

@@ -459,19 +459,6 @@ TEST_F(AgentLoopTest, ATransientRefusalBacksOffOnTheAgentsClock) {
   EXPECT_TRUE(s.registered);
 }
 
-// The jpeg uplink needs a Hugging Face student: a cdcca family cannot send frames, and an
-// agent asked to is refused before it starts.
-TEST_F(AgentLoopTest, AFamilyCannotSendFrames) {
-  EXPECT_FALSE(runtime_->CanSendFrames());
-  ASSERT_OK_AND_ASSIGN(std::vector<device::AnswerResult> a, runtime_->Answer(Frames(1, 3)));
-  EXPECT_EQ(runtime_->FrameJpeg(a[0].visual).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  device::AgentOptions o = Options();
-  o.uts.precision = compress::FeaturePrecision::kJpeg;
-  EXPECT_EQ(device::DeviceAgent::Create(o, runtime_.get(), client_.get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 // On a Hugging Face folder the device sends the frame at the tower's input size, and the
 // tokens the cloud recomputes from it (HfAnswerer::TowerTokensOfJpeg, what the Hub mirror
 // trainer runs) are the device's own up to the JPEG's loss; a frame of another size is refused

@@ -14,6 +14,7 @@
 //      what it cannot encode, and goes on in sync.
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -55,21 +56,19 @@ class HubProgramsTest : public ::testing::Test {
   std::unique_ptr<Child> StartCloud(const std::string& teacher, const std::string& student,
                                     std::vector<std::string> extra = {}) {
     const std::string port_file = dir_.path() + "/port";
-    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
-                                     "--data_dir=" + cloud_data_,
-                                     "--tokens=" + dir_.path() + "/tokens",
-                                     "--insecure",
-                                     "--listen=127.0.0.1:0",
-                                     "--port_file=" + port_file,
-                                     "--teacher=" + teacher,
-                                     "--student_base=" + student,
-                                     "--trigger_samples=2",
-                                     "--trigger_interval_s=2",
-                                     "--max_steps=4",
-                                     "--batch_size=2",
-                                     "--torch_threads=1",
-                                     "--uts_keep_fraction=0.6",
-                                     "--uts_mc_passes=2"};
+    std::vector<std::string> args = {
+        CDCCA_CLOUD_BINARY,    "--data_dir=" + cloud_data_, "--tokens=" + dir_.path() + "/tokens",
+        "--insecure",          "--listen=127.0.0.1:0",      "--port_file=" + port_file,
+        "--trigger_samples=2", "--trigger_interval_s=2",    "--max_steps=4",
+        "--batch_size=2",      "--torch_threads=1",         "--uts_keep_fraction=0.6",
+        "--uts_mc_passes=2"};
+    // A family's folder alone (teacher empty) is passed as --checkpoint_dir.
+    if (teacher.empty()) {
+      args.push_back("--checkpoint_dir=" + student);
+    } else {
+      args.push_back("--teacher=" + teacher);
+      args.push_back("--student_base=" + student);
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log");
     for (int i = 0; i < 1200 && port_ == 0 && child->Wait(absl::ZeroDuration()) == -1; ++i) {
@@ -135,10 +134,12 @@ class HubProgramsTest : public ::testing::Test {
   // until the device runs an update in sync with the mirror; then the device is stopped and
   // its status (version, digest equal to the cloud's, batches acked) checked into `status`.
   // The cloud keeps running (cloud_) until StopCloud().
+  // The cloud serves `teacher` and `folder` as its pair (teacher empty: `folder` is a family,
+  // served by its folder alone).
   void RunDeviceToFirstUpdate(const std::string& folder,
-                              const std::vector<std::string>& device_flags,
-                              nlohmann::json* status) {
-    cloud_ = StartCloud(folder, folder);
+                              const std::vector<std::string>& device_flags, nlohmann::json* status,
+                              std::optional<std::string> teacher = std::nullopt) {
+    cloud_ = StartCloud(teacher.value_or(folder), folder);
     ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
     std::unique_ptr<Child> device = StartDevice(folder, device_flags);
     ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
@@ -249,42 +250,19 @@ TEST_F(HubProgramsTest, FramesTravelAsJpegAndTheCloudRecomputesTheTokens) {
   }
 }
 
-// A cdcca family served as the Hugging Face pair it is: the device reads the family's folder
-// as a downloaded checkpoint (--family_as_hub) and uplinks frames, the cloud's teacher and
-// mirror read every token of them, and the device ends on the mirror's digest.
-TEST_F(HubProgramsTest, AFamilyRunsAsAPairWithFramesUplinked) {
+// A cdcca family served by its folder alone (cdcca-cloud --checkpoint_dir) is the pair
+// DIR/teacher, DIR: the device reads the same folder as any downloaded BLIP-2 checkpoint and
+// uplinks frames, the cloud's teacher and mirror read every token of them, and the device
+// ends on the mirror's digest.
+TEST_F(HubProgramsTest, AFamilyRunsAsThePairItIsWithFramesUplinked) {
   nlohmann::json s;
   RunDeviceToFirstUpdate(std::string(CDCCA_SOURCE_DIR) + "/models/small",
-                         {"--family_as_hub", "--uplink_precision=jpeg"}, &s);
+                         {"--uplink_precision=jpeg"}, &s, /*teacher=*/"");
   if (HasFatalFailure()) return;
   std::vector<nlohmann::json> jobs = Jobs();
   ASSERT_FALSE(jobs.empty());
   EXPECT_GT(jobs[0].value("samples", 0), 0);
   StopCloud();
-}
-
-// The same family's folder without --family_as_hub is read as a family, whose model is not
-// the pair's: Register refuses it, saying what to pass, and nothing is acked.
-TEST_F(HubProgramsTest, AFamilyReadAsAFamilyIsRefusedByItsPairsCloud) {
-  const std::string folder = std::string(CDCCA_SOURCE_DIR) + "/models/small";
-  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
-  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
-  std::unique_ptr<Child> device = StartDevice(folder);
-  std::string log;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        log = ReadText(DeviceDir() + "/device.log");
-        return absl::StrContains(log, "--family_as_hub");
-      },
-      absl::Minutes(2)))
-      << log;
-  device->Signal(SIGTERM);
-  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
-  const nlohmann::json status = DeviceStatus();
-  ASSERT_TRUE(status.contains("acked")) << "the device wrote no status file";
-  EXPECT_EQ(status["acked"].get<uint64_t>(), 0u);
-  cloud->Signal(SIGTERM);
-  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
 
 TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {

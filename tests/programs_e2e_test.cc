@@ -33,6 +33,7 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/arch/hf_model.h"
 #include "model/family/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
@@ -302,10 +303,12 @@ TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
     absl::SleepFor(absl::Milliseconds(300));
     log = ReadText(DeviceDir("dev-a") + "/device.log");
   }
-  EXPECT_THAT(log, HasSubstr("runs vision tower " +
-                             model::FingerprintHex(model::ModuleFingerprint(*other))));
-  EXPECT_THAT(log, HasSubstr("tokens of tower " +
-                             model::FingerprintHex(model::ModuleFingerprint(*family.encoder))));
+  // The towers as the device and the cloud's teacher read them from their folders.
+  ASSERT_OK_AND_ASSIGN(uint64_t device_tower, model::HfVisionFingerprint(other_dir));
+  ASSERT_OK_AND_ASSIGN(uint64_t teacher_tower, model::HfVisionFingerprint(cloud_dir + "/teacher"));
+  EXPECT_NE(device_tower, teacher_tower);
+  EXPECT_THAT(log, HasSubstr("runs vision tower " + model::FingerprintHex(device_tower)));
+  EXPECT_THAT(log, HasSubstr("tokens of tower " + model::FingerprintHex(teacher_tower)));
   device->Signal(SIGTERM);
   EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
   const nlohmann::json status = DeviceStatus("dev-a");

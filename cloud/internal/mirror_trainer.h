@@ -2,12 +2,10 @@
 // strategy owns the per-device bookkeeping (state files, cursor, encoder, replay buffer,
 // publishing); a MirrorTrainer owns the frozen models and trains one device's mirror.
 //
-//   FamilyMirrorTrainer  a cdcca family (checkpoint_dir): model::Blip2Tower teacher and
-//                        student base, distill::DistillLearner per device.
-//   HubMirrorTrainer     a Hugging Face pair (teacher_dir, student_base_dir; issue 21): the
-//                        student loaded at the devices' precision with the adapters they
-//                        run, distill::HfPairDistiller per device. Jobs run one at a time (one
-//                        student model is shared).
+// HubMirrorTrainer, the one implementation: a teacher-student pair of model folders
+// (teacher_dir, student_base_dir; a cdcca family is the pair DIR/teacher, DIR), the student
+// loaded at the devices' precision with the adapters they run, distill::HfPairDistiller per
+// device. Jobs run one at a time (one student model is shared).
 //
 // Thread-safety: Train, TeacherAnswers and StudentAnswers may run concurrently for different
 // devices, never for one device at once.
@@ -82,8 +80,6 @@ class MirrorTrainer {
       const std::vector<const compress::UplinkSample*>& samples) = 0;
 };
 
-absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateFamilyMirrorTrainer(
-    const PerDeviceStrategyOptions& options);
 // Unimplemented where the build has no Hugging Face tokenizers.
 absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateHubMirrorTrainer(
     const PerDeviceStrategyOptions& options);

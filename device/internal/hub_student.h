@@ -54,10 +54,9 @@ class HubStudent {
 // Hugging Face tokenizers.
 absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options);
 
-// Whether `dir` is read as a folder published on the Hub: config.json's model_type is llava,
-// blip-2 or instructblip and, unless `family_as_hub`, it is not a cdcca family (whose
-// config.json also holds cdcca.family).
-bool IsHubFolder(const std::string& dir, bool family_as_hub = false);
+// Whether `dir` is a model folder the device reads: config.json's model_type is llava,
+// blip-2 or instructblip (a cdcca family's student folder is a blip-2 one).
+bool IsHubFolder(const std::string& dir);
 
 }  // namespace cdcca::device::internal
 

@@ -19,18 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "distill/hf_self_learner.h"  // CottaConfig
 #include "distill/learner.h"
 
 namespace cdcca::distill {
-
-struct CottaConfig {
-  double ema_decay = 0.999;           // teacher = decay * teacher + (1 - decay) * student
-  double restore_prob = 0.01;         // per element and step
-  int augmentations = 4;              // views averaged when unsure
-  double confidence_threshold = 0.9;  // mean max-probability below which to average
-  double noise_std = 0.1;             // feature noise, relative to each token's RMS
-  double token_drop = 0.1;            // probability of hiding a kept token in a view
-};
 
 class CottaLearner : public Learner {
  public:

@@ -2,16 +2,9 @@
 
 #include <torch/torch.h>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
 #include "distill/losses.h"
 
 namespace cdcca::distill {
-
-bool IsNormParameterName(const std::string& name) {
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  return parts.size() >= 2 && absl::EndsWith(parts[parts.size() - 2], "norm");
-}
 
 model::NamedTensors TentLearner::TrainedParameters(model::Blip2Tower& student) {
   model::NamedTensors out;

@@ -9,12 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "distill/hf_self_learner.h"  // IsNormParameterName
 #include "distill/learner.h"
 
 namespace cdcca::distill {
-
-// True for the parameters TENT adapts: those of a module whose name ends in "norm".
-bool IsNormParameterName(const std::string& name);
 
 class TentLearner : public Learner {
  public:

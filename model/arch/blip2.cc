@@ -357,6 +357,7 @@ class Blip2MultimodalModel : public MultimodalModel {
   }
 
   std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t image_token_id() const override { return model_->config().image_token_id.value_or(-1); }
   int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*model_); }
   torch::Device device() const override { return device_; }
 

@@ -180,6 +180,9 @@ class MultimodalModel {
       const MultimodalInputs& inputs, const VisualTokenPassOptions& options) = 0;
   // The ids generation stops at (generation_config.json, else config.json).
   virtual std::vector<int64_t> eos_token_ids() const = 0;
+  // The id that stands for an image position in the LM's input, or -1 where the model has
+  // none (a BLIP-2 config without image_token_index prepends its queries instead).
+  virtual int64_t image_token_id() const = 0;
   // Bytes of weights held (quantized weights at their packed size).
   virtual int64_t ResidentBytes() = 0;
   virtual torch::Device device() const = 0;

@@ -203,6 +203,7 @@ class LlavaModel : public MultimodalModel {
   }
 
   std::vector<int64_t> eos_token_ids() const override { return eos_; }
+  int64_t image_token_id() const override { return llava_->config().image_token_id; }
   int64_t ResidentBytes() override { return cdcca::model::ResidentBytes(*llava_); }
   torch::Device device() const override { return device_; }
 
