@@ -63,8 +63,8 @@ const Command kCommands[] = {
 #endif
 #if defined(CDCCA_HAVE_ADAPT) && defined(CDCCA_HAVE_HF_ADAPT)
     {"adapt-eval",
-     "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog (a Hugging Face "
-     "pair: --teacher DIR --student_base DIR)",
+     "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog, on a family "
+     "(--checkpoint DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
      cdcca::sim::AdaptEvalAnyPairCommand},
 #elif defined(CDCCA_HAVE_ADAPT)
     {"adapt-eval", "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog",

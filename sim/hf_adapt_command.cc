@@ -287,17 +287,13 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
 }
 
 int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
-  if (absl::GetFlag(FLAGS_student_base).empty() && absl::GetFlag(FLAGS_teacher).empty()) {
-    return distill::AdaptEvalCommand(args);
-  }
   constexpr char kName[] = "adapt-eval";
   if (!args.empty()) {
     std::fprintf(stderr, "%s: unexpected argument %s\n", kName, args[0].c_str());
     return 2;
   }
-  if (absl::GetFlag(FLAGS_student_base).empty() || absl::GetFlag(FLAGS_teacher).empty()) {
-    std::fprintf(
-        stderr, "%s: a Hugging Face pair needs both --teacher DIR and --student_base DIR\n", kName);
+  if (absl::GetFlag(FLAGS_student_base).empty() != absl::GetFlag(FLAGS_teacher).empty()) {
+    std::fprintf(stderr, "%s: a pair needs both --teacher DIR and --student_base DIR\n", kName);
     return 2;
   }
   absl::StatusOr<distill::AdaptEvalOptions> o = distill::AdaptEvalOptionsFromFlags();
@@ -305,6 +301,10 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   HubPairOptions pair;
   pair.teacher_dir = absl::GetFlag(FLAGS_teacher);
   pair.student_base_dir = absl::GetFlag(FLAGS_student_base);
+  if (pair.teacher_dir.empty()) {  // a family (--checkpoint): the pair it is
+    pair.teacher_dir = o->checkpoint_dir + "/teacher";
+    pair.student_base_dir = o->checkpoint_dir;
+  }
   pair.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
   pair.student_template = absl::GetFlag(FLAGS_template);
   pair.teacher_template = absl::GetFlag(FLAGS_teacher_template);

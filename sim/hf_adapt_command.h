@@ -26,9 +26,9 @@ namespace cdcca::sim {
 
 int HfAdaptCommand(const std::vector<std::string>& args);
 int ExportAdapterCommand(const std::vector<std::string>& args);
-// `cdcca adapt-eval`: on a Hugging Face pair when --teacher / --student_base are given
-// (sim/hub_adapt_eval.h, with hf-adapt's --template, --teacher_template, --teacher_precision,
-// --device and --lora_* flags), else the family experiment (distill/commands.h).
+// `cdcca adapt-eval` (sim/hub_adapt_eval.h) on the pair --teacher / --student_base, or on the
+// family --checkpoint DIR read as its pair (DIR/teacher, DIR), with hf-adapt's --template,
+// --teacher_template, --teacher_precision, --device and --lora_* flags.
 int AdaptEvalAnyPairCommand(const std::vector<std::string>& args);
 
 }  // namespace cdcca::sim

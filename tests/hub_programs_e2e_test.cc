@@ -388,6 +388,46 @@ TEST_F(HubProgramsTest, LongQuestionsAreAnsweredAndTheirRefusedBatchesDropped) {
   StopCloud();
 }
 
+// `cdcca adapt-eval --checkpoint DIR` reads a family as the pair it is (DIR/teacher, DIR): a
+// family folder made of the BLIP-2 fixture (as student and as teacher) runs; the same folder
+// without its teacher/ is refused naming the teacher's folder, and half a pair is refused.
+TEST(AdaptEvalProgramTest, AFamilyIsReadAsThePairItIs) {
+  TempDir dir;
+  const std::string family = dir.path() + "/family";
+  const std::string fixture =
+      std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/blip2_llama";
+  std::filesystem::copy(fixture, family, std::filesystem::copy_options::recursive);
+  auto run = [&](const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> args = {
+        CDCCA_TOOL_BINARY,
+        "adapt-eval",
+        "--shift=fog",
+        "--severity=4",
+        "--stream_scenes=2",
+        "--test_scenes=1",
+        "--job_steps=2",
+        "--learners=pl",
+        "--precision=fp32",
+        "--threads=1",
+        "--distill_config=" + std::string(CDCCA_SOURCE_DIR) + "/configs/distill/akd.json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child child(args, log);
+    return child.Wait(absl::Minutes(3));
+  };
+  const std::string log = dir.path() + "/no_teacher.log";
+  EXPECT_EQ(run({"--checkpoint=" + family}, log), 1) << ReadText(log);
+  EXPECT_THAT(ReadText(log), HasSubstr(family + "/teacher"));
+  std::filesystem::copy(fixture, family + "/teacher", std::filesystem::copy_options::recursive);
+  const std::string ok_log = dir.path() + "/family.log";
+  ASSERT_EQ(run({"--checkpoint=" + family, "--out=" + dir.path() + "/report"}, ok_log), 0)
+      << ReadText(ok_log);
+  const nlohmann::json report = nlohmann::json::parse(ReadText(dir.path() + "/report.json"));
+  ASSERT_TRUE(report.contains("rows")) << report.dump();
+  EXPECT_FALSE(report["rows"].empty());
+  const std::string half_log = dir.path() + "/half.log";
+  EXPECT_EQ(run({"--teacher=" + family}, half_log), 2) << ReadText(half_log);
+}
+
 TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFrames) {
   TempDir dir;
   const std::string fixtures = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf";
