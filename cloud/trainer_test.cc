@@ -24,13 +24,13 @@
 #include "gtest/gtest.h"
 #include "model/arch/hf_answerer.h"
 #include "model/arch/hf_model.h"
-#include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
 #include "storage/fault_injection_env.h"
 #include "tests/testing/fault_walk.h"
 #include "tests/testing/jpeg_header.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_family.h"
 
 namespace cdcca::cloud {
 namespace {
@@ -43,17 +43,8 @@ class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(3);
-    ASSERT_OK_AND_ASSIGN(family_, model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) +
-                                                          "/configs/models/tiny.json"));
-    model::VisionEncoder encoder(family_.vision);
-    model::Blip2Tower teacher(family_.teacher), student(family_.student);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : teacher->parameters()) p.mul_(2.0);
-    }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family_, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(testing::WriteTinyFamily(checkpoint_));
     OpenStores();
   }
 
@@ -93,13 +84,17 @@ class TrainerTest : public ::testing::Test {
   // Appends one batch of `n` random samples as uplink sequence `sequence`; `grid` 0 = the
   // model's token grid.
   void Uplink(const std::string& device, uint64_t sequence, int n, int grid = 0, float scale = 1.0f,
-              compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16) {
+              compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16,
+              int distinct = 0) {
     std::mt19937_64 rng(sequence * 7 + device.size());
     std::normal_distribution<float> normal;
-    const int tokens = grid != 0 ? grid : GridTokens(), dim = family_.vision.d_vis;
+    const int tokens = grid != 0 ? grid : GridTokens(), dim = testing::kTinyFamilyDim;
     std::vector<compress::UplinkSample> batch(n);
     for (int i = 0; i < n; ++i) {
       compress::UplinkSample& s = batch[i];
+      // With `distinct` > 0, sample i repeats the content (features, prompt) of sample
+      // i % distinct of any batch: what a job learns on some carries over to the others.
+      if (distinct > 0) rng.seed(static_cast<uint64_t>(i % distinct) + 1000);
       s.sample_id = sequence * 100 + i;
       s.grid_tokens = tokens;
       s.feature_dim = dim;
@@ -144,11 +139,10 @@ class TrainerTest : public ::testing::Test {
   }
 
   // The visual tokens a device uplinks per frame (the ViT's class token, then the patches).
-  int GridTokens() const { return family_.vision.NumTokens(); }
+  static int GridTokens() { return testing::kTinyFamilyTokens; }
 
   TempDir dir_;
   storage::Env* env_ = storage::Env::Default();  // of the stores and the state files
-  model::FamilyConfig family_;
   std::string checkpoint_;
   std::unique_ptr<SampleStore> samples_;
   std::unique_ptr<UpdateStore> updates_;
@@ -635,7 +629,7 @@ TEST_F(TrainerTest, JobThatKeepsFailingAtOneCursorQuarantinesItsBatches) {
 // features are 4x smaller on the wire than in memory.
 TEST_F(TrainerTest, JobBoundCountsDecodedFloatsNotTheCodecBody) {
   PerDeviceStrategyOptions o = Options();
-  const int tokens = GridTokens() / 2, dim = family_.vision.d_vis;
+  const int tokens = GridTokens() / 2, dim = testing::kTinyFamilyDim;
   const uint64_t floats_per_batch = uint64_t{3} * tokens * dim * sizeof(float);
   // Room for two batches' int8 bodies (about a quarter of their floats), not for two
   // batches' floats.
@@ -674,7 +668,7 @@ TEST_F(TrainerTest, JobTakesAtMostItsSampleBoundAndLeavesTheRestForTheNext) {
   ExpectOneBatchPerJob(compress::FeaturePrecision::kFp16);
   // The model's shape reaches the service's ingest check.
   EXPECT_EQ(strategy_->Spec().grid_tokens, static_cast<uint32_t>(GridTokens()));
-  EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(family_.vision.d_vis));
+  EXPECT_EQ(strategy_->Spec().feature_dim, static_cast<uint32_t>(testing::kTinyFamilyDim));
 }
 
 TEST_F(TrainerTest, DamagedStateFileIsDataLoss) {
@@ -699,24 +693,14 @@ TEST_F(TrainerTest, DamagedStateFileIsDataLoss) {
 // them from a student moved off the teacher raises it and ships.
 class GuardTest : public TrainerTest, public ::testing::WithParamInterface<std::string> {
  protected:
-  // `offset` moves the student's LoRA weights off the teacher's (0 = identical).
+  // `offset` moves the student's final LM norm, a member of its trainable set, off the
+  // teacher's (noise of `offset` times its RMS; 0 = identical).
   void SaveTwinFamily(float offset) {
-    model::FamilyConfig twin = family_;
-    twin.teacher = twin.student;
-    model::VisionEncoder encoder(twin.vision);
-    model::Blip2Tower teacher(twin.teacher), student(twin.student);
-    {
-      torch::NoGradGuard no_grad;
-      auto from = teacher->named_parameters();
-      for (auto& p : student->named_parameters()) p.value().copy_(from[p.key()]);
-      // LoRA only: a family's adapter prompts must start at zero gates.
-      for (auto& [name, t] : model::TrainableParameters(*student)) {
-        if (name.find("lora") != std::string::npos) t.add_(offset * torch::randn_like(t));
-      }
-    }
     checkpoint_ = dir_.path() + "/twin";
-    ASSERT_OK(model::SaveFamily(checkpoint_, twin, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(testing::WriteTinyFamily(checkpoint_, /*teacher_scale=*/1.0));
+    if (offset > 0) {
+      ASSERT_OK(testing::PerturbWeights(checkpoint_, "language_model.model.norm.", 1.0, offset, 7));
+    }
   }
 
   // The guard on, half the samples held out, the paired rule from 8 held-out samples; the
@@ -787,8 +771,9 @@ TEST_P(GuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
 TEST_P(GuardTest, AnUpdateThatHelpsShips) {
   SaveTwinFamily(0.2f);
   Start(GuardOptions(1.0, /*steps=*/80));
-  Uplink("dev-a", 1, 24);
-  Uplink("dev-a", 2, 24);
+  // Four inputs repeated: the held-out samples are inputs the job trains on, under other ids.
+  Uplink("dev-a", 1, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
+  Uplink("dev-a", 2, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
   ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
   EXPECT_GE(report.guard.pool, 8);
   EXPECT_GT(report.guard.after, report.guard.before);

@@ -15,10 +15,10 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/family/checkpoint.h"
 #include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_family.h"
 
 namespace cdcca::device {
 namespace {
@@ -30,14 +30,7 @@ class InferenceRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(5);
-    auto family =
-        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json");
-    ASSERT_OK(family);
-    family_ = *family;
-    model::VisionEncoder encoder(family_.vision);
-    model::Blip2Tower teacher(family_.teacher), student(family_.student);
-    ASSERT_OK(model::SaveFamily(dir_.path(), family_, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(testing::WriteTinyFamily(dir_.path()));
     RuntimeOptions options;
     options.checkpoint_dir = dir_.path();
     options.precision = "fp32";
@@ -79,7 +72,6 @@ class InferenceRuntimeTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  model::FamilyConfig family_;
   std::unique_ptr<InferenceRuntime> runtime_;
 };
 
@@ -113,7 +105,7 @@ TEST_F(InferenceRuntimeTest, BatchedAnswersEqualOneByOne) {
     EXPECT_EQ(one[0].answer_ids, batch[i].answer_ids) << i;
     EXPECT_NEAR(one[0].entropy, batch[i].entropy, 1e-4) << i;
     EXPECT_GE(batch[i].entropy, 0.0f);
-    EXPECT_EQ(batch[i].visual.tokens, family_.vision.NumTokens());
+    EXPECT_EQ(batch[i].visual.tokens, testing::kTinyFamilyTokens);
     EXPECT_EQ(batch[i].visual.values.size(),
               static_cast<size_t>(batch[i].visual.tokens * batch[i].visual.dim));
     EXPECT_GT(batch[i].latency_ms, 0.0);

@@ -17,11 +17,11 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/family/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "sim/report.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_family.h"
 
 namespace cdcca::sim {
 namespace {
@@ -39,13 +39,7 @@ class HarnessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(11);
-    ASSERT_OK_AND_ASSIGN(
-        model::FamilyConfig family,
-        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
-    model::VisionEncoder encoder(family.vision);
-    model::Blip2Tower teacher(family.teacher), student(family.student);
-    ASSERT_OK(model::SaveFamily(dir_.path() + "/model", family, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(::cdcca::testing::WriteTinyFamily(dir_.path() + "/model", /*teacher_scale=*/1.0));
   }
 
   Experiment TinyExperiment(std::vector<std::string> methods) const {
@@ -123,8 +117,8 @@ TEST_F(HarnessTest, EveryMethodRunsAndTheBooksBalance) {
                    std::to_string(r.round));
       EXPECT_GT(r.kept_samples, 0);
       EXPECT_LT(r.kept_samples, r.frames);  // stage 1 drops some
-      // Stage 2 keeps a quarter of the 64 visual tokens of every kept sample.
-      EXPECT_EQ(r.kept_tokens, r.kept_samples * 16);
+      // Stage 2 keeps a quarter of the 17 visual tokens of every kept sample (4, rounded).
+      EXPECT_EQ(r.kept_tokens, r.kept_samples * 4);
       EXPECT_GT(r.uplink_payload_bytes, 0u);
       EXPECT_GE(r.uplink_wire_bytes, r.uplink_payload_bytes);  // framing on top
       EXPECT_GT(r.downlink_payload_bytes, 0u);

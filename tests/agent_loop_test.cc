@@ -19,11 +19,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/arch/hf_answerer.h"
-#include "model/family/checkpoint.h"
 #include "storage/fault_injection_env.h"
 #include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_family.h"
 #include "tests/testing/transport_fixture.h"
 #include "tests/testing/wait.h"
 
@@ -50,18 +50,8 @@ class AgentLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(21);
-    ASSERT_OK_AND_ASSIGN(
-        model::FamilyConfig family,
-        model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json"));
-    model::VisionEncoder encoder(family.vision);
-    model::Blip2Tower teacher(family.teacher), student(family.student);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : teacher->parameters()) p.mul_(2.0);
-    }
     checkpoint_ = dir_.path() + "/family";
-    ASSERT_OK(model::SaveFamily(checkpoint_, family, encoder, teacher, student, "",
-                                datasets::Tokenizer::SceneLanguage().tokens()));
+    ASSERT_OK(testing::WriteTinyFamily(checkpoint_));
 
     testing::CloudFixtureOptions fo;
     fo.data_dir = dir_.path() + "/cloud";

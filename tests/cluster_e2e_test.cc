@@ -1,6 +1,6 @@
 // The cloud past one process, end to end: a real PostgreSQL (started by the test, as an
 // unprivileged user when root), `cdcca-cloud --store ... --role front` and `--role trainer`
-// processes, and real `cdcca-device` processes on loopback with a random-init `tiny` family.
+// processes, and real `cdcca-device` processes on loopback with the tiny family.
 //   1. Two fronts behind nginx (grpc_pass) and two trainers: every device dials nginx's one
 //      address, reaches its updates and ends in sync with the digest the store recorded;
 //      nothing acked is lost.
@@ -41,7 +41,6 @@
 #include "device/inference_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/family/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"

@@ -1,6 +1,6 @@
 // What the program tests (tests/programs_e2e_test.cc, tests/cluster_e2e_test.cc) give the
-// real cdcca-cloud and cdcca-device: a random-init `tiny` family and a folder of shifted
-// scenes. Nothing here depends on the model being any good.
+// real cdcca-cloud and cdcca-device: the tiny family and a folder of shifted scenes. Nothing here
+// depends on the model being any good.
 #ifndef CDCCA_TESTS_TESTING_PROGRAM_FIXTURES_H_
 #define CDCCA_TESTS_TESTING_PROGRAM_FIXTURES_H_
 
@@ -14,28 +14,15 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "datasets/test_images.h"
-#include "datasets/tokenizer.h"
-#include "model/family/checkpoint.h"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
+#include "tests/testing/tiny_family.h"
 
 namespace cdcca::testing {
 
-// Saves configs/models/tiny.json, randomly initialised, into `dir`, its teacher's weights
-// doubled so that teacher and student differ. Draws from LibTorch's generator: seed it first.
-inline absl::Status SaveRandomTinyFamily(const std::string& dir) {
-  absl::StatusOr<model::FamilyConfig> family =
-      model::LoadFamilyConfig(std::string(CDCCA_SOURCE_DIR) + "/configs/models/tiny.json");
-  if (!family.ok()) return family.status();
-  model::VisionEncoder encoder(family->vision);
-  model::Blip2Tower teacher(family->teacher), student(family->student);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : teacher->parameters()) p.mul_(2.0);
-  }
-  return model::SaveFamily(dir, *family, encoder, teacher, student, "",
-                           datasets::Tokenizer::SceneLanguage().tokens());
-}
+// The tiny family (tests/testing/tiny_family.h) in `dir`, its teacher's weights doubled so
+// that teacher and student differ.
+inline absl::Status SaveRandomTinyFamily(const std::string& dir) { return WriteTinyFamily(dir); }
 
 // Writes `count` scenes of synthetic glyphs into `dir` as scene-<100 + i>.png, each under a
 // different shift and severity (deterministic).
