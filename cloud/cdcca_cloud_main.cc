@@ -175,6 +175,9 @@ ABSL_FLAG(int64_t, guard_min_pool, 16,
 ABSL_FLAG(double, guard_z, 1.0,
           "update guard: an update ships when its gain in agreement exceeds this many paired "
           "standard errors");
+ABSL_FLAG(double, guard_confident_fraction, 1.0,
+          "update guard: share of the held-out pool compared, in (0, 1]: the samples the "
+          "teacher answers most surely (lowest answer-token entropy)");
 ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
@@ -430,6 +433,10 @@ int main(int argc, char** argv) {
     so.guard.min_pool =
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_guard_min_pool)));
     so.guard.z = absl::GetFlag(FLAGS_guard_z);
+    so.guard.confident_fraction = absl::GetFlag(FLAGS_guard_confident_fraction);
+    if (!(so.guard.confident_fraction > 0 && so.guard.confident_fraction <= 1)) {
+      return Fail(absl::InvalidArgumentError("--guard_confident_fraction must be in (0, 1]"));
+    }
     if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
     auto created = PerDeviceStrategy::Create(so, samples, updates, registry);
     if (!created.ok()) return Fail(created.status());

@@ -202,9 +202,10 @@ class HubMirrorTrainer final : public MirrorTrainer {
   }
 
   absl::StatusOr<std::vector<std::string>> TeacherAnswers(
-      const std::vector<const compress::UplinkSample*>& samples) override {
+      const std::vector<const compress::UplinkSample*>& samples,
+      std::vector<double>* entropies) override {
     absl::MutexLock lock(&mu_);
-    return Answers(teacher_side_, samples);
+    return Answers(teacher_side_, samples, entropies);
   }
 
   absl::StatusOr<std::vector<std::string>> StudentAnswers(
@@ -225,20 +226,24 @@ class HubMirrorTrainer final : public MirrorTrainer {
 
   // `side`'s greedy answers to the samples as the job reads them (every token of a frame, as
   // the device answered it): the decoded text, lower-cased (the teacher's and the
-  // student's tokenizers may differ in case handling).
+  // student's tokenizers may differ in case handling); `entropies` (optional) receives each
+  // answer's mean token entropy.
   absl::StatusOr<std::vector<std::string>> Answers(
-      const distill::HfPairSide& side, const std::vector<const compress::UplinkSample*>& samples)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const distill::HfPairSide& side, const std::vector<const compress::UplinkSample*>& samples,
+      std::vector<double>* entropies = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::string> out;
+    if (entropies != nullptr) entropies->clear();
     try {
       side.model->module().eval();
       for (const compress::UplinkSample* s : samples) {
         absl::StatusOr<distill::HfSample> h = JobSample(*s);
         if (!h.ok()) return h.status();
-        absl::StatusOr<std::string> text =
-            distill::GreedyAnswer(side, *h, settings_.job.max_answer_tokens);
+        double entropy = 0;
+        absl::StatusOr<std::string> text = distill::GreedyAnswer(
+            side, *h, settings_.job.max_answer_tokens, nullptr, entropies ? &entropy : nullptr);
         if (!text.ok()) return text.status();
         out.push_back(absl::AsciiStrToLower(*text));
+        if (entropies != nullptr) entropies->push_back(entropy);
       }
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("greedy answers: ", e.what_without_backtrace()));

@@ -206,7 +206,8 @@ struct PerDeviceStrategy::Impl {
     uint64_t sequence = 0;  // the uplink batch it came in
     std::shared_ptr<const compress::UplinkSample> sample;
     bool teacher_known = false;
-    std::string teacher;  // MirrorTrainer::TeacherAnswers
+    std::string teacher;         // MirrorTrainer::TeacherAnswers
+    double teacher_entropy = 0;  // and how sure the teacher was of it
     bool student_known = false;
     uint64_t student_version = 0;  // the mirror version `student` was answered with
     std::string student;
@@ -621,11 +622,14 @@ struct PerDeviceStrategy::Impl {
       return absl::OkStatus();
     };
     if (!need_teacher.empty()) {
+      std::vector<double> entropies;
       absl::StatusOr<std::vector<std::string>> t =
-          trainer->TeacherAnswers(samples_of(need_teacher));
+          trainer->TeacherAnswers(samples_of(need_teacher), &entropies);
       if (absl::Status s = check(t, need_teacher.size(), "the teacher"); !s.ok()) return s;
+      entropies.resize(need_teacher.size(), 0.0);
       for (size_t i = 0; i < need_teacher.size(); ++i) {
         need_teacher[i]->teacher = std::move((*t)[i]);
+        need_teacher[i]->teacher_entropy = entropies[i];
         need_teacher[i]->teacher_known = true;
       }
     }
@@ -641,8 +645,10 @@ struct PerDeviceStrategy::Impl {
     }
     absl::StatusOr<std::vector<std::string>> a = trainer->StudentAnswers(after, all);
     if (absl::Status s = check(a, all.size(), "the updated mirror"); !s.ok()) return s;
+    std::vector<double> entropies;
+    for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
     std::vector<bool> before_agrees, after_agrees;
-    for (size_t i = 0; i < pool.size(); ++i) {
+    for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
       before_agrees.push_back(pool[i]->student == pool[i]->teacher);
       after_agrees.push_back((*a)[i] == pool[i]->teacher);
     }

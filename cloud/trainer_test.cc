@@ -785,6 +785,21 @@ TEST_P(GuardTest, AnUpdateThatHelpsShips) {
   EXPECT_EQ(strategy_->State("dev-a").updates_withheld, 0u);
 }
 
+// With confident_fraction the guard compares only the held-out samples the teacher answers
+// most surely: half the pool here, rounded up.
+TEST_P(GuardTest, ComparesTheTeachersSurestShareOfThePool) {
+  SaveTwinFamily(0.0f);
+  PerDeviceStrategyOptions o = GuardOptions(-1.0);
+  o.guard.confident_fraction = 0.5;
+  Start(o);
+  Uplink("dev-a", 1, 24);
+  Uplink("dev-a", 2, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+  ASSERT_GE(report.held_out_samples, 8);
+  EXPECT_EQ(report.guard.pool, (report.held_out_samples + 1) / 2);
+  EXPECT_DOUBLE_EQ(report.guard.before, 1.0);  // the student is the teacher
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryLearner, GuardTest, ::testing::Values("pl", "akd", "pkd", "cwd"));
 
 TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {

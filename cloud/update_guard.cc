@@ -8,6 +8,19 @@
 
 namespace cdcca::cloud {
 
+std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction) {
+  std::vector<size_t> order(entropies.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (fraction >= 1) return order;
+  const size_t keep = static_cast<size_t>(
+      std::ceil(std::max(0.0, fraction) * static_cast<double>(entropies.size())));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return entropies[a] < entropies[b]; });
+  order.resize(std::min(keep, order.size()));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
 bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction) {
   if (!(fraction > 0)) return false;
   std::string key = device_id;

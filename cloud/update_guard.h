@@ -28,7 +28,17 @@ struct UpdateGuardOptions {
   // The margin: an update ships when its gain in agreement exceeds z paired standard errors.
   // Default: 1.0 (about 84 % one-sided confidence that the update helps).
   double z = 1.0;
+  // Share of the held-out pool the comparison counts, in (0, 1]: the samples whose teacher
+  // answers most surely (lowest mean answer-token entropy; ties by pool order). Agreement
+  // with a sure teacher is closer to being right than agreement with an unsure one, at the
+  // cost of a smaller pool. Default: 1 (every held-out sample).
+  double confident_fraction = 1.0;
 };
+
+// The indices of `entropies` the comparison counts under `fraction`
+// (UpdateGuardOptions::confident_fraction): the ceil(fraction * n) lowest, ties to the lower index,
+// ascending. All of them for a fraction >= 1.
+std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction);
 
 // Whether sample `index` of uplink batch `sequence` of `device_id` is held out: a hash of the
 // three against `fraction`, so the choice is the same in every job and after a restart, and

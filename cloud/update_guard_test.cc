@@ -103,4 +103,15 @@ TEST(JudgeUpdateTest, StandardErrorIsThePairedOne) {
 }
 
 }  // namespace
+// The comparison counts the teacher's surest share: the lowest entropies, ties to the lower
+// index, returned in pool order; a fraction of 1 counts everything.
+TEST(ConfidentSamplesTest, KeepsTheLowestEntropiesInPoolOrder) {
+  const std::vector<double> e = {0.9, 0.1, 0.5, 0.1, 2.0};
+  EXPECT_EQ(ConfidentSamples(e, 1.0), (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(ConfidentSamples(e, 0.5), (std::vector<size_t>{1, 2, 3}));  // ceil(2.5) = 3
+  EXPECT_EQ(ConfidentSamples(e, 0.2), (std::vector<size_t>{1}));
+  EXPECT_EQ(ConfidentSamples(e, 0.4), (std::vector<size_t>{1, 3}));
+  EXPECT_TRUE(ConfidentSamples({}, 0.5).empty());
+}
+
 }  // namespace cdcca::cloud

@@ -32,8 +32,11 @@ std::vector<std::vector<int64_t>> GreedyAnswers(model::Blip2Tower& tower, const 
 // the answer's ids without the EOS (the pseudo-label HfPairDistiller trains on). An answer
 // ends before an image placeholder id (model::MultimodalModel::image_token_id), which a
 // model read back would take for an image position. Errors of the codec or the model.
+// `entropy` (optional) receives the mean entropy (nats) of the distributions the answer's
+// tokens were chosen from, EOS included (model::MeanStepEntropy): how sure the side is.
 absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
-                                         int max_new_tokens, std::vector<int64_t>* ids = nullptr);
+                                         int max_new_tokens, std::vector<int64_t>* ids = nullptr,
+                                         double* entropy = nullptr);
 
 }  // namespace cdcca::distill
 

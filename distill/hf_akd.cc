@@ -511,7 +511,8 @@ absl::StatusOr<HfJobResult> HfPairDistiller::RunFrom(const compress::NamedTensor
 }
 
 absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
-                                         int max_new_tokens, std::vector<int64_t>* ids) {
+                                         int max_new_tokens, std::vector<int64_t>* ids,
+                                         double* entropy) {
   torch::NoGradGuard no_grad;
   const torch::Device device = side.model->device();
   absl::StatusOr<std::vector<int64_t>> prompt = SidePromptIds(side, sample.prompt);
@@ -521,11 +522,13 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
   model::GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = side.model->eos_token_ids();
+  g.keep_step_logits = entropy != nullptr;
   absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(
       TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
                     *prompt, *qformer, device),
       g);
   if (!gen.ok()) return gen.status();
+  if (entropy != nullptr) *entropy = model::MeanStepEntropy(*gen, 0);
   std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
   // The image placeholder cannot be part of an answer that is read back (it would stand for
   // an image position): the answer ends before it, as at an EOS.

@@ -531,6 +531,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.guard.holdout_fraction = e.job.guard_holdout_fraction;
   po.guard.z = e.job.guard_z;
   po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
+  po.guard.confident_fraction = e.job.guard_confident_fraction;
   if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());

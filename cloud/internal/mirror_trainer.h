@@ -70,8 +70,11 @@ class MirrorTrainer {
   // The update guard's two sides (cloud/update_guard.h), one answer per sample, each a string
   // that equals another exactly when the two answers are the same answer:
   // the teacher's greedy answer from what it labels a job's sample from (its pseudo-label),
+  // and with `entropies` the mean entropy (nats) of its answer tokens per sample (how sure it
+  // is: distill::GreedyAnswer's),
   virtual absl::StatusOr<std::vector<std::string>> TeacherAnswers(
-      const std::vector<const compress::UplinkSample*>& samples) = 0;
+      const std::vector<const compress::UplinkSample*>& samples,
+      std::vector<double>* entropies = nullptr) = 0;
   // and the student's greedy answer on the same input with `mirror` as its trainable set:
   // what the device answers with that state. May run concurrently with Train for another
   // device (it waits where the trainer shares one student).
