@@ -123,6 +123,9 @@ ABSL_FLAG(int64_t, lora_rank, 8,
 ABSL_FLAG(double, lora_alpha, 16.0, "a Hugging Face pair: LoRA alpha (the devices' --lora_alpha)");
 ABSL_FLAG(bool, lora_mlp, false,
           "a Hugging Face pair: LoRA on the LM's MLP too (the devices' --lora_mlp)");
+ABSL_FLAG(bool, lora_qformer, false,
+          "LoRA on the student's Q-Former attention query and value too (BLIP-2, "
+          "InstructBLIP; the devices' --lora_qformer)");
 ABSL_FLAG(std::string, student_precision, "int8",
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
@@ -388,6 +391,7 @@ int main(int argc, char** argv) {
     so.lora_rank = absl::GetFlag(FLAGS_lora_rank);
     so.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     so.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+    so.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
     so.student_precision = absl::GetFlag(FLAGS_student_precision);
     so.state_dir = data_dir + "/trainer";
 #ifdef CDCCA_HAVE_POSTGRESQL

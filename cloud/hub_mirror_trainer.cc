@@ -48,6 +48,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
     t->adapters_.lora_rank = options.lora_rank;
     t->adapters_.lora_alpha = options.lora_alpha;
     t->adapters_.lora_mlp = options.lora_mlp;
+    t->adapters_.lora_qformer = options.lora_qformer;
     try {
       // The teacher's tower must be the devices' (Register compares these).
       absl::StatusOr<uint64_t> teacher_vision = model::HfVisionFingerprint(options.teacher_dir);

@@ -199,6 +199,7 @@ struct PerDeviceStrategyOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   bool lora_mlp = false;
+  bool lora_qformer = false;  // the Q-Former's query and value too (AdapterOptions)
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
   // computes with exactly that base, dequantized. Default: "int8" (the device default).
   std::string student_precision = "int8";

@@ -85,6 +85,9 @@ ABSL_FLAG(int64_t, lora_rank, 8,
           "--lora_rank; Register refuses a mismatch)");
 ABSL_FLAG(double, lora_alpha, 16.0, "with --cloud: LoRA alpha");
 ABSL_FLAG(bool, lora_mlp, false, "with --cloud: LoRA on the LM's MLP too");
+ABSL_FLAG(bool, lora_qformer, false,
+          "with --cloud: LoRA on the Q-Former's attention query and value too (BLIP-2, "
+          "InstructBLIP; the cloud's --lora_qformer)");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -510,6 +513,7 @@ int main(int argc, char** argv) {
     runtime_options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
     runtime_options.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     runtime_options.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+    runtime_options.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   }
   absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
       InferenceRuntime::Load(runtime_options);

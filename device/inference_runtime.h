@@ -46,6 +46,7 @@ struct RuntimeOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   bool lora_mlp = false;
+  bool lora_qformer = false;  // BLIP-2 / InstructBLIP: the Q-Former's query and value too
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

@@ -19,6 +19,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "compress/named_tensors.h"
 #include "distill/greedy_answers.h"
 #include "distill/hf_self_learner.h"
@@ -504,6 +505,72 @@ TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
   EXPECT_THAT(CompleteHfSample(u, {1, 2, 3, 4, 5}, side).status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_FALSE(HfSampleFromUplink(u, side)->complete);
+}
+
+// lora_qformer adds LoRA on the Q-Former's query and value (self and cross) to the trainable
+// set, under the checkpoint's names, leaves the LM's LoRA draw as it was, and trains: a job
+// moves the Q-Former's factors. LLaVA has no Q-Former and refuses it.
+TEST(QFormerLoraTest, TheQFormersQueryAndValueTrainUnderTheCheckpointsNames) {
+  for (const std::string variant : {"blip2_llama", "instructblip_llama"}) {
+    SCOPED_TRACE(variant);
+    std::unique_ptr<Side> plain = LoadSide(variant), with = LoadSide(variant);
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(with, nullptr);
+    ASSERT_OK(plain->model->AddAdapters({}));
+    model::AdapterOptions q;
+    q.lora_qformer = true;
+    ASSERT_OK(with->model->AddAdapters(q));
+    std::map<std::string, torch::Tensor> base;
+    for (auto& [n, t] : plain->model->TrainableParameters()) base[n] = t;
+    int qformer_factors = 0;
+    for (auto& [n, t] : with->model->TrainableParameters()) {
+      if (base.count(n)) {
+        EXPECT_TRUE(torch::equal(t, base[n])) << n;  // the LM's draw is unchanged
+        continue;
+      }
+      EXPECT_EQ(n.rfind("qformer.", 0), 0u) << n;
+      EXPECT_TRUE(absl::EndsWith(n, ".query.lora_a") || absl::EndsWith(n, ".query.lora_b") ||
+                  absl::EndsWith(n, ".value.lora_a") || absl::EndsWith(n, ".value.lora_b"))
+          << n;
+      ++qformer_factors;
+    }
+    EXPECT_GT(qformer_factors, 0);
+    EXPECT_EQ(qformer_factors % 4, 0);  // A and B of query and value per attention
+
+    // A job trains them.
+    std::unique_ptr<Side> teacher = LoadSide(variant);
+    ASSERT_NE(teacher, nullptr);
+    Case c = FirstCase(variant, *with->model);
+    ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+    JobOptions o;
+    o.max_steps = 5;
+    o.batch_size = 3;
+    o.lr = 1e-2;
+    o.max_answer_tokens = 4;
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(5);
+      for (auto& [name, t] : with->model->TrainableParameters()) {
+        if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
+      }
+    }
+    const compress::NamedTensors before = compress::Fp32Clones(with->model->TrainableParameters());
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                         HfPairDistiller::Create(teacher->side, with->side, config, o));
+    ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 4)));
+    int qformer_moved = 0;
+    for (size_t i = 0; i < before.size(); ++i) {
+      if (before[i].first.rfind("qformer.", 0) != 0) continue;
+      qformer_moved += !torch::equal(r.trainable[i].second, before[i].second);
+    }
+    EXPECT_GT(qformer_moved, 0);
+  }
+  std::unique_ptr<Side> llava = LoadSide("llava_clip_llama");
+  ASSERT_NE(llava, nullptr);
+  model::AdapterOptions q;
+  q.lora_qformer = true;
+  EXPECT_THAT(llava->model->AddAdapters(q),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 class HfSelfLearnerTest : public ::testing::TestWithParam<std::string> {};

@@ -100,6 +100,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(Read(j, "lora_rank", w, &e.lora_rank));
   CDCCA_RETURN_IF_ERROR(Read(j, "lora_alpha", w, &e.lora_alpha));
   CDCCA_RETURN_IF_ERROR(Read(j, "lora_mlp", w, &e.lora_mlp));
+  CDCCA_RETURN_IF_ERROR(Read(j, "lora_qformer", w, &e.lora_qformer));
   CDCCA_RETURN_IF_ERROR(
       Check(e.lora_rank >= 1 && e.lora_rank <= 1024, w, "lora_rank", "must be 1-1024"));
   CDCCA_RETURN_IF_ERROR(Check(e.lora_alpha > 0, w, "lora_alpha", "must be > 0"));

@@ -124,6 +124,7 @@ struct Experiment {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   bool lora_mlp = false;
+  bool lora_qformer = false;  // "lora_qformer": the Q-Former's query and value too
   std::string precision = "int8";
   int devices = 1;
   int rounds = 3;

@@ -505,12 +505,13 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   if (!updates.ok()) return updates.status();
   c.updates = std::move(*updates);
   cloud::PerDeviceStrategyOptions po;
+  po.lora_rank = e.lora_rank;  // the devices' adapters (a family's too)
+  po.lora_alpha = e.lora_alpha;
+  po.lora_mlp = e.lora_mlp;
+  po.lora_qformer = e.lora_qformer;
   if (e.hub()) {
     po.teacher_dir = e.teacher;
     po.student_base_dir = e.student_base;
-    po.lora_rank = e.lora_rank;
-    po.lora_alpha = e.lora_alpha;
-    po.lora_mlp = e.lora_mlp;
   } else {
     po.checkpoint_dir = e.checkpoint;
   }
@@ -683,6 +684,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     ro.lora_rank = e.lora_rank;
     ro.lora_alpha = e.lora_alpha;
     ro.lora_mlp = e.lora_mlp;
+    ro.lora_qformer = e.lora_qformer;
     ro.precision = e.precision;
     ro.threads = e.threads;
     ro.max_answer_tokens = e.AnswerTokens();
@@ -729,6 +731,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       adapters.lora_rank = ro.lora_rank;
       adapters.lora_alpha = ro.lora_alpha;
       adapters.lora_mlp = ro.lora_mlp;
+      adapters.lora_qformer = ro.lora_qformer;
       if (absl::Status s = d.learner_model->model().AddAdapters(adapters); !s.ok()) return s;
       auto format = model::ResolvePromptFormat(ro.hub_template, d.learner_model->model_type(),
                                                ro.checkpoint_dir);

@@ -37,6 +37,8 @@ ABSL_FLAG(int, answer_tokens, 16, "hf-adapt: longest pseudo-label the teacher ge
 ABSL_FLAG(int64_t, lora_rank, 8, "hf-adapt: LoRA rank on the LM's q and v");
 ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)");
 ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
+ABSL_FLAG(bool, lora_qformer, false,
+          "hf-adapt: LoRA on the Q-Former's attention query and value too (BLIP-2, InstructBLIP)");
 // --keep_fraction (UTS stage 1 as the share of frames kept by answer entropy, the running
 // quantile over the frames so far as on a device; 0 = every frame) is adapt-eval's flag.
 ABSL_DECLARE_FLAG(double, keep_fraction);
@@ -183,6 +185,7 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
   const std::string student_name = absl::GetFlag(FLAGS_template);
@@ -313,6 +316,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.adapters.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   pair.adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   pair.adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  pair.adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   return distill::WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
 }
 

@@ -356,6 +356,15 @@ std::string SummaryTable(const RunResult& run) {
   return out;
 }
 
+namespace {
+
+// Where the devices' LoRA sits beyond the LM's q and v.
+std::string AdapterExtras(const Experiment& e) {
+  return absl::StrCat(e.lora_mlp ? ", MLP too" : "", e.lora_qformer ? ", Q-Former too" : "");
+}
+
+}  // namespace
+
 std::string MarkdownReport(const RunResult& run) {
   const Experiment& e = run.experiment;
   const bool mc = ShowMc(run);
@@ -363,14 +372,14 @@ std::string MarkdownReport(const RunResult& run) {
   if (!e.paper_table.empty()) absl::StrAppend(&md, "Reproduces the paper's ", e.paper_table, ". ");
   absl::StrAppend(&md, e.description, "\n\n");
   const std::string models =
-      e.hub() ? absl::StrFormat("Teacher `%s`, student `%s` (LoRA r %d, alpha %g%s on the devices)",
-                                e.teacher, e.student_base, e.lora_rank, e.lora_alpha,
-                                e.lora_mlp ? ", MLP too" : "")
-              : absl::StrFormat(
-                    "Models `%s` (teacher `%s/teacher`, student `%s`; LoRA r %d, alpha %g%s on the "
-                    "devices)",
-                    e.checkpoint, e.checkpoint, e.checkpoint, e.lora_rank, e.lora_alpha,
-                    e.lora_mlp ? ", MLP too" : "");
+      e.hub()
+          ? absl::StrFormat("Teacher `%s`, student `%s` (LoRA r %d, alpha %g%s on the devices)",
+                            e.teacher, e.student_base, e.lora_rank, e.lora_alpha, AdapterExtras(e))
+          : absl::StrFormat(
+                "Models `%s` (teacher `%s/teacher`, student `%s`; LoRA r %d, alpha %g%s on the "
+                "devices)",
+                e.checkpoint, e.checkpoint, e.checkpoint, e.lora_rank, e.lora_alpha,
+                AdapterExtras(e));
   absl::StrAppendFormat(&md,
                         "%s (%s student base), %d device(s), %d round(s) of %d frames, "
                         "evaluation on %d held-out scenes per round, seed %d, %.0f s.\n\n",

@@ -1,7 +1,10 @@
 #include "model/arch/blip2.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/arch/blip2_inputs.h"
 
@@ -362,17 +365,39 @@ class Blip2MultimodalModel : public MultimodalModel {
   torch::Device device() const override { return device_; }
 
   absl::Status AddAdapters(const AdapterOptions& options) override {
-    return AddDecoderLora(*model_->language_model, options);
+    if (absl::Status s = AddDecoderLora(*model_->language_model, options); !s.ok()) return s;
+    if (!options.lora_qformer) return absl::OkStatus();
+    at::Generator gen = at::detail::createCPUGenerator(options.seed + 1);
+    for (const auto& layer : *model_->qformer->encoder->layer) {
+      auto* l = layer->as<QFormerLayerImpl>();
+      for (QFormerAttention* a : {&l->attention, &l->crossattention}) {
+        if (a->is_empty()) continue;
+        AddLinearLora((*a)->attention->query, options, gen);
+        AddLinearLora((*a)->attention->value, options, gen);
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Module names -> the checkpoint's: the LM body and the query tokens sit where the folder
   // had them (FindBlip2Prefixes).
   NamedTensors TrainableParameters() override {
     const Blip2Prefixes& p = prefixes_;
+    // The Q-Former's LoRA factors (lora_qformer) are trainable too; its other weights not.
+    auto qformer_lora = [](const std::string& name) {
+      return absl::StartsWith(name, "qformer.") &&
+             (absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b"));
+    };
     return SelectHfTrainable(
-        *model_, "language_model.", [](const std::string& name) { return name == "query_tokens"; },
+        *model_, "language_model.",
+        [qformer_lora](const std::string& name) {
+          return name == "query_tokens" || qformer_lora(name);
+        },
         [&p](const std::string& name) {
           if (name == "query_tokens") return p.query_tokens;
+          if (absl::StartsWith(name, "qformer.")) {
+            return p.qformer + name.substr(std::string("qformer.").size());
+          }
           return p.lm_body + name.substr(std::string("language_model.").size());
         });
   }

@@ -246,6 +246,15 @@ absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torc
   }
 }
 
+void AddLinearLora(HfLinear& linear, const AdapterOptions& options, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  linear->AddLora(options.lora_rank, options.lora_alpha);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(linear->options().in_features));
+  torch::Tensor a = torch::empty(linear->lora_a.sizes(), torch::kFloat);
+  a.uniform_(-bound, bound, gen);
+  linear->lora_a.copy_(a);
+}
+
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
   if (options.lora_rank <= 0) {
     return absl::InvalidArgumentError(
@@ -264,14 +273,7 @@ absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
   // A is drawn on the CPU from a generator of its own, whatever device the model is on, so a
   // device and its mirror start equal and nobody else's random stream moves.
   at::Generator gen = at::detail::createCPUGenerator(options.seed);
-  torch::NoGradGuard no_grad;
-  auto add = [&](HfLinear& linear) {
-    linear->AddLora(options.lora_rank, options.lora_alpha);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(linear->options().in_features));
-    torch::Tensor a = torch::empty(linear->lora_a.sizes(), torch::kFloat);
-    a.uniform_(-bound, bound, gen);
-    linear->lora_a.copy_(a);
-  };
+  auto add = [&](HfLinear& linear) { AddLinearLora(linear, options, gen); };
   for (const auto& layer : *lm.layers) {
     auto* l = layer->as<DecoderLayerImpl>();
     add(l->self_attn->q_proj);

@@ -131,6 +131,10 @@ struct AdapterOptions {
   int64_t lora_rank = 8;     // > 0
   double lora_alpha = 16.0;  // the LoRA product is scaled by alpha / rank
   bool lora_mlp = false;     // LoRA on the MLP's three projections too
+  // BLIP-2 / InstructBLIP: LoRA on the Q-Former's attention query and value too (self- and
+  // cross-attention, every layer), where the student reads the image; drawn from seed + 1, so
+  // the LM's LoRA is the same with it or without. LLaVA refuses it.
+  bool lora_qformer = false;
   // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
   // start equal. LibTorch's process-wide generator is saved and restored around the draw.
   uint64_t seed = 0;
@@ -240,6 +244,10 @@ absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torc
 // LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
 // options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
+
+// LoRA of options' rank and alpha on one linear: A drawn uniform(+-1/sqrt(in)) from `gen` (a
+// CPU generator, whatever device the model is on), B zero. For the loaders' adapters.
+void AddLinearLora(HfLinear& linear, const AdapterOptions& options, at::Generator& gen);
 
 // The identity of a folder's vision tower, which Register compares between a device and its
 // cloud's teacher (issue 21): a hash over the tower's tensors as stored (names below the

@@ -208,6 +208,10 @@ class LlavaModel : public MultimodalModel {
   torch::Device device() const override { return device_; }
 
   absl::Status AddAdapters(const AdapterOptions& options) override {
+    if (options.lora_qformer) {
+      return absl::InvalidArgumentError(
+          "lora_qformer: LLaVA has no Q-Former (it is for BLIP-2 and InstructBLIP)");
+    }
     return AddDecoderLora(llava_->language_model(), options);
   }
 

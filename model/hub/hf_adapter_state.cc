@@ -39,6 +39,7 @@ absl::Status SaveHfAdapterState(const HfAdapterState& state, const std::string& 
                       {"lora_rank", state.adapters.lora_rank},
                       {"lora_alpha", state.adapters.lora_alpha},
                       {"lora_mlp", state.adapters.lora_mlp},
+                      {"lora_qformer", state.adapters.lora_qformer},
                       {"seed", state.adapters.seed},
                       {"tensors", state.trainable.size()}};
   if (!state.info.is_null()) j["info"] = state.info;
@@ -76,6 +77,7 @@ absl::StatusOr<HfAdapterState> LoadHfAdapterState(const std::string& dir) {
     state.adapters.lora_rank = j->at("lora_rank").get<int64_t>();
     state.adapters.lora_alpha = j->at("lora_alpha").get<double>();
     state.adapters.lora_mlp = j->at("lora_mlp").get<bool>();
+    state.adapters.lora_qformer = j->value("lora_qformer", false);  // absent before it existed
     state.adapters.seed = j->at("seed").get<uint64_t>();
     if (j->contains("info")) state.info = (*j)["info"];
   } catch (const nlohmann::json::exception& e) {
@@ -123,9 +125,28 @@ absl::Status ApplyHfAdapterState(const HfAdapterState& state, MultimodalModel& m
   return absl::OkStatus();
 }
 
+namespace {
+
+// PEFT's target_modules as a regex over module names: the LM's adapted kinds, and the
+// Q-Former's where it has LoRA.
+std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std::string>& qformer) {
+  auto alternatives = [](const std::set<std::string>& kinds) {
+    std::string alt;
+    for (const std::string& t : kinds) absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
+    return alt;
+  };
+  std::string regex = absl::StrCat(".*language_model.*\\.(", alternatives(lm), ")");
+  if (!qformer.empty()) {
+    regex = absl::StrCat("(", regex, ")|(.*qformer.*\\.(", alternatives(qformer), "))");
+  }
+  return regex;
+}
+
+}  // namespace
+
 absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& out_dir) {
   NamedTensors lora, rest;
-  std::set<std::string> targets;
+  std::set<std::string> lm_targets, qformer_targets;
   std::map<std::string, int> factors;  // module -> A and B seen
   for (const auto& [name, t] : state.trainable) {
     const bool a = absl::EndsWith(name, ".lora_a"), b = absl::EndsWith(name, ".lora_b");
@@ -135,7 +156,8 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
     }
     const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
     factors[module] += a ? 1 : 2;
-    targets.insert(module.substr(module.rfind('.') + 1));
+    (absl::StrContains(module, "qformer.") ? qformer_targets : lm_targets)
+        .insert(module.substr(module.rfind('.') + 1));
     lora.emplace_back(
         absl::StrCat("base_model.model.", module, a ? ".lora_A" : ".lora_B", ".weight"), t);
   }
@@ -161,17 +183,9 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
       {"inference_mode", true},
       {"modules_to_save", nullptr},
       // Names of the adapted linears, restricted to the language model (the Q-Former and the
-      // vision tower also have q/v-like names in some architectures).
-      {"target_modules", absl::StrCat(
-                             ".*language_model.*\\.(",
-                             [&] {
-                               std::string alt;
-                               for (const std::string& t : targets) {
-                                 absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
-                               }
-                               return alt;
-                             }(),
-                             ")")}};
+      // vision tower also have q/v-like names in some architectures), and to the Q-Former's
+      // query and value where it has LoRA (lora_qformer).
+      {"target_modules", PeftTargetRegex(lm_targets, qformer_targets)}};
   if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
       !s.ok()) {
     return s;
@@ -186,7 +200,7 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
   const std::string readme = absl::StrCat(
       "# cdcca adapter export\n\n"
       "The adapted student of `",
-      state.base_model, "`: a PEFT LoRA adapter (LoRA on the language model's ", targets.size(),
+      state.base_model, "`: a PEFT LoRA adapter (LoRA on the language model's ", lm_targets.size(),
       " projection kinds) plus the other adapted tensors (norms, biases",
       ", query tokens or projector biases) in `non_lora.safetensors`.\n\n"
       "```python\n"
@@ -241,6 +255,8 @@ uint64_t HubBaseFingerprint(uint64_t folder_fingerprint, const std::string& prec
   h = Fnv1a(h, &adapters.lora_alpha, sizeof(adapters.lora_alpha));
   const uint8_t mlp = adapters.lora_mlp ? 1 : 0;
   h = Fnv1a(h, &mlp, 1);
+  // Hashed only when on, so every fingerprint without it stays what it was.
+  if (adapters.lora_qformer) h = Fnv1a(h, "qformer", 7);
   h = Fnv1a(h, &adapters.seed, sizeof(adapters.seed));
   return Fnv1a(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }

@@ -164,5 +164,44 @@ TEST(HfAdapterStateTest, ExportUsesPeftNamesAndKeepsTheRestApart) {
   EXPECT_EQ(ExportPeftAdapter(s, TempDir("half")).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A state with the Q-Former's LoRA (lora_qformer) round-trips with its option, exports its
+// Q-Former factors beside the LM's with a target regex that names both, and changes the base
+// fingerprint, which stays what it was without it.
+TEST(HfAdapterStateTest, QFormerLoraRoundTripsExportsAndIsFingerprinted) {
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(FixtureDir("blip2_llama"), {});
+  ASSERT_OK(m.status());
+  AdapterOptions o;
+  o.lora_rank = 4;
+  o.seed = 3;
+  o.lora_qformer = true;
+  ASSERT_OK((*m)->AddAdapters(o));
+  HfAdapterState s = StateOf(**m, "blip2_llama");
+  s.adapters.lora_qformer = true;
+  const std::string dir = TempDir("qformer_state");
+  ASSERT_OK(SaveHfAdapterState(s, dir));
+  ASSERT_OK_AND_ASSIGN(HfAdapterState loaded, LoadHfAdapterState(dir));
+  EXPECT_TRUE(loaded.adapters.lora_qformer);
+  EXPECT_EQ(loaded.trainable.size(), s.trainable.size());
+
+  const std::string out = TempDir("qformer_export");
+  ASSERT_OK(ExportPeftAdapter(s, out));
+  ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                       ReadSafetensors(out + "/adapter_model.safetensors"));
+  int qformer = 0;
+  for (const auto& [name, t] : lora.tensors) qformer += name.find(".qformer.") != std::string::npos;
+  EXPECT_GT(qformer, 0);
+  std::ifstream in(out + "/adapter_config.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c["target_modules"],
+            "(.*language_model.*\\.(q_proj|v_proj))|(.*qformer.*\\.(query|value))");
+
+  AdapterOptions plain = o;
+  plain.lora_qformer = false;
+  EXPECT_NE(HubBaseFingerprint(1, "fp32", o, 2), HubBaseFingerprint(1, "fp32", plain, 2));
+  AdapterOptions mlp = plain;
+  mlp.lora_mlp = true;
+  EXPECT_NE(HubBaseFingerprint(1, "fp32", mlp, 2), HubBaseFingerprint(1, "fp32", plain, 2));
+}
+
 }  // namespace
 }  // namespace cdcca::model
