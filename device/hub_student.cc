@@ -73,13 +73,6 @@ class HubStudentImpl final : public HubStudent {
 
   absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes, float dropout_p,
                                             uint64_t seed, TokenScore kind) override {
-    if (kind != TokenScore::kVis && kind != TokenScore::kAttentionVariance &&
-        kind != TokenScore::kAttentionMass) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token score ", model::TokenScoreName(kind),
-                       ": a Hugging Face folder scores visual tokens by vis, attention_variance or "
-                       "attention_mass"));
-    }
     if (visual.source == nullptr) {
       return absl::InvalidArgumentError(
           "UTS stage 2 on a Hugging Face folder needs the frame the tokens came from");

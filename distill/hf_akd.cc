@@ -92,6 +92,19 @@ HfTextBatch CollateHfRows(const std::vector<HfTextRow>& rows, torch::Device devi
   return batch;
 }
 
+void LossTermHistory::Add(const std::vector<std::pair<std::string, torch::Tensor>>& terms) {
+  if (names_.empty()) {
+    for (const auto& [name, t] : terms) names_.push_back(name);
+  }
+  for (const auto& [name, t] : terms) values_[name].push_back(t.item<double>());
+}
+
+std::vector<LossTerm> LossTermHistory::Summaries() const {
+  std::vector<LossTerm> out;
+  for (const std::string& name : names_) out.push_back(SummarizeLossTerm(name, values_.at(name)));
+  return out;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -406,8 +419,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
   std::vector<int64_t> order(pool.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
   size_t cursor = order.size();
-  std::map<std::string, std::vector<double>> history;
-  std::vector<std::string> names;
+  LossTermHistory history;
   const Clock::time_point train_start = Clock::now();
   try {
     for (int step = 0; step < s.options.max_steps; ++step) {
@@ -456,10 +468,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
       optimizer.zero_grad();
       total.backward();
       optimizer.step();
-      if (names.empty()) {
-        for (const auto& [name, t] : terms) names.push_back(name);
-      }
-      for (const auto& [name, t] : terms) history[name].push_back(t.item<double>());
+      history.Add(terms);
       result.stats.steps = step + 1;
       result.stats.samples_seen += static_cast<int64_t>(rows.size());
     }
@@ -472,9 +481,7 @@ absl::StatusOr<HfJobResult> HfPairDistiller::Run(const std::vector<HfSample>& sa
       result.stats.train_seconds > 0 ? result.stats.samples_seen / result.stats.train_seconds : 0;
   result.stats.current_samples = static_cast<int64_t>(samples.size());
   result.stats.device = s.device.str();
-  for (const std::string& name : names) {
-    result.stats.terms.push_back(SummarizeLossTerm(name, history[name]));
-  }
+  result.stats.terms = history.Summaries();
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : trainable) {
     t.set_requires_grad(false);

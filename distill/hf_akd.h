@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,6 +126,18 @@ struct HfJobResult {
   std::vector<std::string> pseudo_labels;  // the teacher's answer per sample
   // What the job log should say beyond the numbers, e.g. why the KL term was left out.
   std::vector<std::string> notes;
+};
+
+// A job's loss terms, one value per step each, summarised (SummarizeLossTerm) in the order
+// the first step gave them.
+class LossTermHistory {
+ public:
+  void Add(const std::vector<std::pair<std::string, torch::Tensor>>& terms);
+  std::vector<LossTerm> Summaries() const;
+
+ private:
+  std::vector<std::string> names_;
+  std::map<std::string, std::vector<double>> values_;
 };
 
 class HfPairDistiller {

@@ -230,8 +230,7 @@ absl::StatusOr<HfJobResult> HfSelfLearner::Run(const std::vector<HfSample>& samp
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
   size_t cursor = order.size();
   HfJobResult result;
-  std::map<std::string, std::vector<double>> history;
-  std::vector<std::string> names;
+  LossTermHistory history;
   const Clock::time_point start = Clock::now();
   try {
     for (int step = 0; step < s.options.max_steps; ++step) {
@@ -273,10 +272,7 @@ absl::StatusOr<HfJobResult> HfSelfLearner::Run(const std::vector<HfSample>& samp
       total.backward();
       optimizer.step();
       if (s.is_cotta()) s.AfterCottaStep(trainable);
-      if (names.empty()) {
-        for (const auto& [name, t] : terms) names.push_back(name);
-      }
-      for (const auto& [name, t] : terms) history[name].push_back(t.item<double>());
+      history.Add(terms);
       result.stats.steps = step + 1;
       result.stats.samples_seen += static_cast<int64_t>(rows.size());
     }
@@ -290,9 +286,7 @@ absl::StatusOr<HfJobResult> HfSelfLearner::Run(const std::vector<HfSample>& samp
       result.stats.train_seconds > 0 ? result.stats.samples_seen / result.stats.train_seconds : 0;
   result.stats.current_samples = static_cast<int64_t>(samples.size());
   result.stats.device = device.str();
-  for (const std::string& name : names) {
-    result.stats.terms.push_back(SummarizeLossTerm(name, history[name]));
-  }
+  result.stats.terms = history.Summaries();
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : trainable) {
     result.trainable.emplace_back(name,

@@ -31,8 +31,8 @@ class HubStudent {
   // EOS), the mean answer-token entropy and the tower's tokens.
   virtual absl::StatusOr<AnswerResult> Answer(const Frame& frame) = 0;
   // Stage 2 for the frame `visual` came from, `passes` passes: per token VIS (kVis), the
-  // attention mass's variance (kAttentionVariance) or mean (kAttentionMass); other kinds are
-  // InvalidArgument.
+  // attention mass's variance (kAttentionVariance) or mean (kAttentionMass), the kinds
+  // InferenceRuntime::TokenScores lets through (it refuses the others before calling).
   virtual absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes,
                                                     float dropout_p, uint64_t seed,
                                                     TokenScore kind) = 0;
