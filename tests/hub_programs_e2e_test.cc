@@ -388,6 +388,18 @@ TEST_F(HubProgramsTest, LongQuestionsAreAnsweredAndTheirRefusedBatchesDropped) {
   StopCloud();
 }
 
+// A --checkpoint_dir that is no model folder (a typo, or a family's parent folder) is refused
+// before anything loads, saying what the folder must hold.
+TEST(DeviceProgramTest, AFolderThatIsNoModelIsRefused) {
+  TempDir dir;
+  const std::string log = dir.path() + "/device.log";
+  Child device({CDCCA_DEVICE_BINARY, "--checkpoint_dir=" + dir.path() + "/no-such-model",
+                "--input=scenes:fog:4", "--frames=1"},
+               log);
+  EXPECT_EQ(device.Wait(absl::Minutes(1)), 1) << ReadText(log);
+  EXPECT_THAT(ReadText(log), HasSubstr("is not a model folder"));
+}
+
 // `cdcca adapt-eval --checkpoint DIR` reads a family as the pair it is (DIR/teacher, DIR): a
 // family folder made of the BLIP-2 fixture (as student and as teacher) runs; the same folder
 // without its teacher/ is refused naming the teacher's folder, and half a pair is refused.
