@@ -24,7 +24,6 @@
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
-#include "distill/learner.h"
 #include "distill/replay_buffer.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"

@@ -1,34 +1,30 @@
-// Adapter-based Knowledge Distillation (paper Sec. 3.3) and the cloud-side baselines that
-// share its machinery: pseudo-label only ("pl"), PKD ("pkd", Pearson-correlation feature
-// KD) and channel-wise divergence ("cwd"). One learner, configured by which feature loss
-// aligns the student's query-adapter output Q and representation R with the teacher's.
-//
-// Per job: the teacher (eval, no grad) answers every sample greedily on the masked token set
-// the device kept - those answers are the pseudo-labels - and, teacher-forced on them,
-// gives Q_t and R_t (and its logits for the optional KL term); this is computed once per
-// job, since the teacher does not change. Each step the student, teacher-forced on the same
-// text, minimises
+// The settings of Adapter-based Knowledge Distillation (paper Sec. 3.3) and of the cloud
+// baselines that share its job: pseudo-label only ("pl"), PKD ("pkd", Pearson-correlation
+// feature KD) and channel-wise divergence ("cwd"). One job (distill::HfPairDistiller,
+// distill/hf_akd.h), configured by which feature loss aligns the student's query output Q and
+// representation R with the teacher's through the cloud-only maps phi and psi:
 //   l_ce * CE(student, pseudo-labels)
 //   + l_query * D(Q_t, phi(Q_s)) + l_repr * D(R_t, psi(R_s))
 //   + l_kl * T^2 * KL(softmax(teacher / T) || softmax(student / T))
-// where D is the configured feature loss and phi, psi are cloud-only linear maps from the
-// student's widths to the teacher's, trained jointly and kept across jobs (per learner, so
-// per device). With normalize, D = MSE of layer-normed features: teacher and student live
-// at different scales, and the prototype showed unnormalised MSE pulling the student off
-// its task. With ridge_init, phi and psi start at the ridge-regression fit of the teacher's
-// features on the student's over the job's samples, so the alignment terms begin by
-// measuring real disagreement rather than a random projection's error.
+// With normalize, D = MSE of layer-normed features: teacher and student live at different
+// scales, and the prototype showed unnormalised MSE pulling the student off its task. With
+// ridge_init, phi and psi start at the ridge-regression fit of the teacher's features on the
+// student's over the job's samples, so the alignment terms begin by measuring real
+// disagreement rather than a random projection's error.
 //
-// Teacher and student must have the same number of queries (L).
+// Thread-safety: plain values; the functions are pure (RidgeFit writes only its `linear`).
 #ifndef CDCCA_DISTILL_AKD_H_
 #define CDCCA_DISTILL_AKD_H_
+
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "distill/learner.h"
+#include "distill/job.h"
 
 namespace cdcca::distill {
 
@@ -40,7 +36,7 @@ enum class FeatureLoss {
 };
 
 struct DistillConfig {
-  std::string name = "akd";  // reported by Learner::name()
+  std::string name = "akd";  // the learner's name in job reports
   FeatureLoss feature_loss = FeatureLoss::kMse;
   double l_ce = 1.0;
   double l_query = 0.1;
@@ -67,6 +63,12 @@ absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name);
 // thing under test differs.
 absl::StatusOr<DistillConfig> WithFeatureTermOf(const std::string& name, DistillConfig shared);
 
+// A learner written "base[+key=value]...", e.g. "akd+l_query=0" or "akd+l_kl=0.5+temperature=2":
+// the preset `base` with the overrides applied; keys are DistillConfig fields as in
+// configs/distill/*.json. The config's name is the whole spec. INVALID_ARGUMENT for an
+// unknown base or key, or a part without "=".
+absl::StatusOr<DistillConfig> ParseLearnerSpec(const std::string& spec);
+
 // Reads a config: {"learner": {...DistillConfig fields..., "feature_loss": "mse"|"none"|
 // "pearson"|"channel_wise"}, "job": {...JobOptions fields...}}. Either section may be absent
 // (defaults: PresetDistillConfig(name) / JobOptions{}); unknown keys are INVALID_ARGUMENT.
@@ -86,44 +88,6 @@ torch::Tensor FeatureDistance(const DistillConfig& config, const torch::Tensor& 
 // the bias column is barely penalised.
 void RidgeFit(const torch::Tensor& x, const torch::Tensor& y, double lambda,
               torch::nn::Linear& linear);
-
-class DistillLearner : public Learner {
- public:
-  // `teacher` is shared, used read-only under NoGradGuard and put in eval() mode.
-  DistillLearner(model::Blip2Tower teacher, DistillConfig config);
-
-  std::string name() const override { return config_.name; }
-  bool uses_teacher() const override { return true; }
-  const DistillConfig& config() const { return config_; }
-
-  // phi (queries) and psi (representation); null before the first job or for "pl".
-  torch::nn::Linear phi() const { return phi_; }
-  torch::nn::Linear psi() const { return psi_; }
-
- protected:
-  absl::Status Prepare(const SamplePool& pool, model::Blip2Tower& student,
-                       const JobOptions& options) override;
-  std::vector<torch::Tensor> ExtraParameters() override;
-  Terms Loss(const SamplePool& pool, const std::vector<int64_t>& batch, model::Blip2Tower& student,
-             const JobOptions& options) override;
-
- private:
-  bool UsesFeatures() const;
-  torch::Tensor FeatureTerm(const torch::Tensor& teacher, const torch::Tensor& student,
-                            const torch::Tensor& mask) const;
-  void FitProjections(const SamplePool& pool, model::Blip2Tower& student,
-                      const JobOptions& options);
-
-  model::Blip2Tower teacher_;
-  DistillConfig config_;
-  torch::nn::Linear phi_{nullptr};
-  torch::nn::Linear psi_{nullptr};
-  // Teacher outputs for the current job's pool (on the job device).
-  std::vector<std::vector<int64_t>> answers_;  // pseudo-labels, EOS included
-  torch::Tensor queries_;                      // [P, L, qa_t]
-  std::vector<torch::Tensor> representation_;  // per sample [prompt + answer, d_t]
-  std::vector<torch::Tensor> answer_logits_;   // per sample [answer, V] (l_kl > 0 only)
-};
 
 }  // namespace cdcca::distill
 

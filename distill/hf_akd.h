@@ -1,5 +1,5 @@
-// AKD on Hugging Face teacher-student pairs (issue 21): the cloud's job when teacher and
-// student are Hub folders (BLIP-2, InstructBLIP, LLaVA) rather than a cdcca family.
+// AKD on Hugging Face teacher-student pairs: the cloud's job, teacher and student being Hub
+// folders (BLIP-2, InstructBLIP, LLaVA; a cdcca family's folder is read as its BLIP-2 pair).
 //
 // The pair shares the vision tower, so the tokens a device uplinks (the tower's output,
 // hf_model.h VisualTokenPasses::tokens, with the tokens UTS dropped marked absent) are what
@@ -35,14 +35,14 @@
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
-#include "distill/learner.h"
+#include "distill/job.h"
 #include "model/arch/hf_model.h"
 
 namespace cdcca::distill {
 
 // One side of the pair: a loaded model and its text codec. The codec is a pair of functions
 // so this module needs no tokenizer library (the GPU build has none); programs bind
-// tokenizer::Tokenizer's Encode / Decode (distill/hf_pair.h).
+// tokenizer::Tokenizer's Encode / Decode (distill/hf_pair_side.h).
 struct HfPairSide {
   model::MultimodalModel* model = nullptr;  // not owned
   // Ids of a text; `special` adds the tokenizer's special tokens (BOS).

@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "distill/hf_akd.h"
-#include "distill/learner.h"
+#include "distill/job.h"
 
 namespace cdcca::distill {
 

@@ -6,7 +6,7 @@ set -euo pipefail
 
 CDCCA_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas0-pthread libgloo-dev
+  libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libzstd-dev zlib1g-dev libabsl-dev libopencv-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev

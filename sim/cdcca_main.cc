@@ -13,9 +13,6 @@
 #ifdef CDCCA_HAVE_PRETRAIN
 #include "model/family/commands.h"
 #endif
-#ifdef CDCCA_HAVE_ADAPT
-#include "distill/commands.h"
-#endif
 #ifdef CDCCA_HAVE_HF_COMMANDS
 #include "model/arch/generate_command.h"
 #endif
@@ -61,14 +58,11 @@ const Command kCommands[] = {
     {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
      cdcca::model::ModelEvalCommand},
 #endif
-#if defined(CDCCA_HAVE_ADAPT) && defined(CDCCA_HAVE_HF_ADAPT)
+#ifdef CDCCA_HAVE_HF_ADAPT
     {"adapt-eval",
      "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog, on a family "
      "(--checkpoint DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
      cdcca::sim::AdaptEvalAnyPairCommand},
-#elif defined(CDCCA_HAVE_ADAPT)
-    {"adapt-eval", "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog",
-     cdcca::distill::AdaptEvalCommand},
 #endif
 #ifdef CDCCA_HAVE_TOKENIZERS
     {"tokenize", "ids of a text as transformers gives them: --model DIR --text TEXT",

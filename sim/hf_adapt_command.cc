@@ -3,20 +3,25 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "datasets/domain.h"
 #include "datasets/formats.h"
+#include "datasets/shifts.h"
 #include "device/uts.h"
-#include "distill/commands.h"
 #include "model/hub/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
+#include "sim/adapt_eval.h"
 #include "sim/hub_adapt_eval.h"
 
 ABSL_FLAG(std::string, teacher, "", "hf-adapt: the teacher's Hugging Face folder");
@@ -39,9 +44,9 @@ ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)")
 ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
 ABSL_FLAG(bool, lora_qformer, false,
           "hf-adapt: LoRA on the Q-Former's attention query and value too (BLIP-2, InstructBLIP)");
-// --keep_fraction (UTS stage 1 as the share of frames kept by answer entropy, the running
-// quantile over the frames so far as on a device; 0 = every frame) is adapt-eval's flag.
-ABSL_DECLARE_FLAG(double, keep_fraction);
+ABSL_FLAG(double, keep_fraction, 0.0,
+          "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by answer entropy "
+          "(hf-adapt: the running quantile over the frames so far, as on a device; 0 = all)");
 ABSL_FLAG(double, entropy_alpha, -1.0,
           "hf-adapt: UTS stage 1 with a fixed threshold instead: keep frames whose answer's mean "
           "token entropy (nats) exceeds it; < 0 = off");
@@ -51,6 +56,33 @@ ABSL_FLAG(double, uts_dropout, 0.1, "hf-adapt: UTS stage 2's token dropout rate"
 ABSL_FLAG(uint64_t, job_seed, 0, "hf-adapt: seed of the batches and the dropout masks");
 ABSL_FLAG(std::string, state, "", "export-adapter: the adapted state folder (hf-adapt --out)");
 
+ABSL_FLAG(std::string, shift, "fog",
+          "adapt-eval: image shift name (fog, brightness, ...), 'text', or 'multimodal:NAME'");
+ABSL_FLAG(int, severity, 4, "adapt-eval: severity 1-5 of the image shift");
+ABSL_FLAG(int, stream_scenes, 1000,
+          "adapt-eval: stream scenes the device answers (5 questions each)");
+ABSL_FLAG(int, test_scenes, 300, "adapt-eval: held-out shifted test scenes (5 questions each)");
+ABSL_FLAG(double, token_ratio, 0.5,
+          "adapt-eval: fraction of visual tokens the UTS and random arms keep");
+ABSL_FLAG(std::string, token_scores, "vis",
+          "adapt-eval: comma-separated UTS stage-2 scores, one arm each; a pair scores by VIS "
+          "(the device's score) whatever the name, so arms of one ratio are one arm");
+ABSL_FLAG(bool, random_arm, true, "adapt-eval: add the random-token arm at the same ratio");
+ABSL_FLAG(bool, teacher_all_arms, false,
+          "adapt-eval on a Hugging Face pair: add to each UTS and random arm its twin whose "
+          "teacher labels every sample from all its tokens while the student trains on the "
+          "kept ones");
+ABSL_FLAG(std::string, learners, "pl,akd,akd+l_query=0,akd+l_repr=0,pl+l_kl=0.5,akd+l_kl=0.5",
+          "adapt-eval: comma-separated learner specs base[+key=value]...");
+ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json",
+          "adapt-eval: its \"job\" section gives the job options");
+ABSL_FLAG(int, job_steps, 0, "adapt-eval: steps per job (0 = the config's)");
+ABSL_FLAG(double, job_lr, 0, "adapt-eval: learning rate (0 = the config's)");
+ABSL_FLAG(int, job_batch, 0, "adapt-eval: batch size (0 = the config's)");
+ABSL_FLAG(int, mc_passes, 8, "adapt-eval: UTS stochastic passes M");
+ABSL_FLAG(double, dropout_p, 0.1, "adapt-eval: UTS dropout probability");
+ABSL_FLAG(uint64_t, seed, 1, "adapt-eval: scenes, passes, random tokens and jobs");
+
 // Shared with `cdcca generate` / `answer` (model/arch/generate_command.cc) and `cdcca eval`.
 ABSL_DECLARE_FLAG(std::string, images);
 ABSL_DECLARE_FLAG(std::string, prompt);
@@ -58,6 +90,9 @@ ABSL_DECLARE_FLAG(std::string, template);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, out);
+// Defined by the model's or the datasets' commands.
+ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(std::string, fashion_mnist_dir);
 
 namespace cdcca::sim {
 
@@ -73,6 +108,8 @@ using distill::PresetDistillConfig;
 using distill::WithFeatureTermOf;
 
 namespace {
+
+namespace ds = ::cdcca::datasets;
 
 // --images: a folder (its .png/.jpg/.jpeg/.bmp files in name order) or a comma list of files.
 absl::StatusOr<std::vector<std::string>> ImageList(const std::string& spec) {
@@ -100,6 +137,98 @@ absl::StatusOr<std::vector<std::string>> ImageList(const std::string& spec) {
 int Fail(const char* command, const absl::Status& s) {
   std::fprintf(stderr, "%s: %s\n", command, std::string(s.message()).c_str());
   return 1;
+}
+
+// adapt-eval's shift from --shift and --severity.
+absl::StatusOr<ds::DomainSpec> DomainFromFlags() {
+  const std::string shift = absl::GetFlag(FLAGS_shift);
+  const int severity = absl::GetFlag(FLAGS_severity);
+  if (shift == "text") return ds::TextShiftDomain();
+  std::string image = shift;
+  const bool multimodal = absl::StartsWith(shift, "multimodal:");
+  if (multimodal) image = shift.substr(std::string("multimodal:").size());
+  absl::StatusOr<ds::ImageShift> s = ds::ImageShiftFromName(image);
+  if (!s.ok()) return s.status();
+  if (severity < 1 || severity > 5) return absl::InvalidArgumentError("severity must be 1-5");
+  ds::DomainSpec d =
+      multimodal ? ds::MultimodalShiftDomain(*s, severity) : ds::ImageShiftDomain(*s, severity);
+  d.name = absl::StrCat(shift, " severity ", severity);
+  return d;
+}
+
+// adapt-eval's options from its flags (shift, scenes, UTS, arms, learners, job);
+// InvalidArgument for a bad shift, errors of the settings file.
+absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
+  AdaptEvalOptions o;
+  o.fashion_mnist_dir = absl::GetFlag(FLAGS_fashion_mnist_dir);
+  const char* env = std::getenv("CDCCA_FASHION_MNIST_DIR");
+  if (env != nullptr && o.fashion_mnist_dir == "/usr/share/datasets/fashion-mnist")
+    o.fashion_mnist_dir = env;
+  absl::StatusOr<ds::DomainSpec> domain = DomainFromFlags();
+  if (!domain.ok()) return domain.status();
+  o.domain = *domain;
+  o.stream_scenes = absl::GetFlag(FLAGS_stream_scenes);
+  o.test_scenes = absl::GetFlag(FLAGS_test_scenes);
+  o.mc_passes = absl::GetFlag(FLAGS_mc_passes);
+  o.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_dropout_p));
+  o.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_keep_fraction));
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  o.precision = precision.empty() ? std::string("int8") : precision;
+  o.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<DistillSettings> settings =
+      LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
+  if (!settings.ok()) return settings.status();
+  o.job = settings->job;
+  o.job.seed = o.seed;
+  if (absl::GetFlag(FLAGS_job_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_job_steps);
+  if (absl::GetFlag(FLAGS_job_lr) > 0) o.job.lr = absl::GetFlag(FLAGS_job_lr);
+  if (absl::GetFlag(FLAGS_job_batch) > 0) o.job.batch_size = absl::GetFlag(FLAGS_job_batch);
+  o.max_answer_tokens = o.job.max_answer_tokens;
+
+  const float ratio = static_cast<float>(absl::GetFlag(FLAGS_token_ratio));
+  const int pct = static_cast<int>(std::lround(100 * ratio));
+  o.arms.push_back({"all", TokenSelection::kAll, 1.0f, ""});
+  for (absl::string_view score :
+       absl::StrSplit(absl::GetFlag(FLAGS_token_scores), ',', absl::SkipEmpty())) {
+    o.arms.push_back(
+        {absl::StrCat("uts-", score, "-", pct), TokenSelection::kUts, ratio, std::string(score)});
+  }
+  if (absl::GetFlag(FLAGS_random_arm)) {
+    o.arms.push_back({absl::StrCat("random-", pct), TokenSelection::kRandom, ratio, ""});
+  }
+  if (absl::GetFlag(FLAGS_teacher_all_arms)) {
+    const size_t n = o.arms.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (o.arms[i].selection == TokenSelection::kAll) continue;
+      UplinkArm twin = o.arms[i];
+      twin.name += "+teacher-all";
+      twin.teacher_all_tokens = true;
+      o.arms.push_back(twin);
+    }
+  }
+  for (absl::string_view l :
+       absl::StrSplit(absl::GetFlag(FLAGS_learners), ',', absl::SkipEmpty())) {
+    o.learners.emplace_back(l);
+  }
+  return o;
+}
+
+// Prints the report's table on stdout and writes --out.md / --out.json; an error on stderr
+// prefixed with `cdcca COMMAND:`. Returns the exit code (0, or 1 for an error).
+int WriteAdaptReport(const std::string& command, const absl::StatusOr<AdaptReport>& report) {
+  if (!report.ok()) {
+    std::fprintf(stderr, "cdcca %s: %s\n", command.c_str(), report.status().ToString().c_str());
+    return 1;
+  }
+  const std::string md = report->Markdown();
+  std::printf("%s", md.c_str());
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (!out.empty()) {
+    std::ofstream(out + ".md") << md;
+    std::ofstream(out + ".json") << report->Json() << "\n";
+    std::fprintf(stderr, "wrote %s.md and %s.json\n", out.c_str(), out.c_str());
+  }
+  return 0;
 }
 
 }  // namespace
@@ -299,14 +428,16 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: a pair needs both --teacher DIR and --student_base DIR\n", kName);
     return 2;
   }
-  absl::StatusOr<distill::AdaptEvalOptions> o = distill::AdaptEvalOptionsFromFlags();
+  absl::StatusOr<AdaptEvalOptions> o = AdaptEvalOptionsFromFlags();
   if (!o.ok()) return Fail(kName, o.status());
   HubPairOptions pair;
   pair.teacher_dir = absl::GetFlag(FLAGS_teacher);
   pair.student_base_dir = absl::GetFlag(FLAGS_student_base);
   if (pair.teacher_dir.empty()) {  // a family (--checkpoint): the pair it is
-    pair.teacher_dir = o->checkpoint_dir + "/teacher";
-    pair.student_base_dir = o->checkpoint_dir;
+    std::string family = absl::GetFlag(FLAGS_checkpoint);
+    if (family.empty()) family = "models/small";
+    pair.teacher_dir = family + "/teacher";
+    pair.student_base_dir = family;
   }
   pair.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
   pair.student_template = absl::GetFlag(FLAGS_template);
@@ -317,7 +448,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   pair.adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   pair.adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
-  return distill::WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
+  return WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
 }
 
 int ExportAdapterCommand(const std::vector<std::string>& args) {

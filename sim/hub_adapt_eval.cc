@@ -57,8 +57,7 @@ absl::StatusOr<double> Accuracy(model::HfAnswerer& answerer, const model::Prompt
 
 }  // namespace
 
-absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOptions& o,
-                                                     const HubPairOptions& pair) {
+absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o, const HubPairOptions& pair) {
   auto say = [&](const std::string& line) {
     if (o.progress) {
       o.progress(line);
@@ -66,21 +65,21 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   };
-  absl::StatusOr<std::vector<distill::DistillConfig>> parsed = distill::CheckAdaptEvalOptions(o);
+  absl::StatusOr<std::vector<distill::DistillConfig>> parsed = CheckAdaptEvalOptions(o);
   if (!parsed.ok()) return parsed.status();
   const std::vector<distill::DistillConfig>& learners = *parsed;
   // One UTS arm per ratio: the Hub model's score is the attention-mass variance.
-  std::vector<distill::UplinkArm> arms;
+  std::vector<UplinkArm> arms;
   bool scores_needed = false;
-  for (distill::UplinkArm arm : o.arms) {
-    if (arm.selection == distill::TokenSelection::kUts) {
+  for (UplinkArm arm : o.arms) {
+    if (arm.selection == TokenSelection::kUts) {
       arm.score = kHubScore;
       arm.name = absl::StrCat("uts-", kHubScore, "-", std::lround(100 * arm.token_ratio),
                               arm.teacher_all_tokens ? "+teacher-all" : "");
       scores_needed = true;
     }
     bool seen = false;
-    for (const distill::UplinkArm& a : arms) seen = seen || a.name == arm.name;
+    for (const UplinkArm& a : arms) seen = seen || a.name == arm.name;
     if (!seen) arms.push_back(arm);
   }
 
@@ -116,10 +115,10 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
   const distill::HfPairSide student_side =
       distill::PairSideOf(**student, pair.student_base_dir, *student_template);
 
-  absl::StatusOr<distill::AdaptScenes> scenes = distill::GenerateAdaptScenes(o);
+  absl::StatusOr<AdaptScenes> scenes = GenerateAdaptScenes(o);
   if (!scenes.ok()) return scenes.status();
 
-  distill::AdaptReport report;
+  AdaptReport report;
   report.domain = o.domain.name;
   report.device = pair.device;
   try {
@@ -143,7 +142,7 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
 
     // ---- the device on the stream ----
     t0 = Clock::now();
-    distill::StreamObservation obs;
+    StreamObservation obs;
     if (scores_needed) obs.scene_scores.emplace_back(kHubScore, std::vector<std::vector<float>>());
     ds::VqaAccumulator device_acc;
     std::vector<const ds::VqaItem*> stream_items;  // by sample id
@@ -190,7 +189,7 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
         stream_items.push_back(&q);
       }
     }
-    const std::vector<bool> keep = distill::Stage1Keep(obs.samples, o.keep_fraction);
+    const std::vector<bool> keep = Stage1Keep(obs.samples, o.keep_fraction);
     report.stream_samples = static_cast<int64_t>(obs.samples.size());
     report.stage1_samples = std::count(keep.begin(), keep.end(), true);
     report.device_accuracy_stream = device_acc.Overall();
@@ -202,9 +201,9 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
     // ---- one job per (arm, learner), each from the same student state ----
     std::vector<double> all_gain(learners.size(), std::numeric_limits<double>::quiet_NaN());
     std::mt19937_64 rng(o.seed ^ 0x5deece66dull);
-    for (const distill::UplinkArm& arm : arms) {
+    for (const UplinkArm& arm : arms) {
       absl::StatusOr<std::vector<compress::UplinkSample>> uplink =
-          distill::BuildArmUplink(obs, keep, arm, rng);
+          BuildArmUplink(obs, keep, arm, rng);
       if (!uplink.ok()) return uplink.status();
       if (uplink->empty()) {
         return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, " uplinks nothing"));
@@ -244,7 +243,7 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
         absl::StatusOr<double> adapted =
             Accuracy(**student, *student_template, scenes->test, o.max_answer_tokens, nullptr);
         if (!adapted.ok()) return adapted.status();
-        distill::AdaptRow row;
+        AdaptRow row;
         row.arm = arm.name;
         row.learner = learners[li].name;
         row.samples = static_cast<int64_t>(uplink->size());
@@ -252,7 +251,7 @@ absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOpt
         row.teacher_uplink_accuracy = labels.Overall();
         row.accuracy = *adapted;
         row.gain = *adapted - report.source_accuracy;
-        if (arm.selection == distill::TokenSelection::kAll) all_gain[li] = row.gain;
+        if (arm.selection == TokenSelection::kAll) all_gain[li] = row.gain;
         row.recovered = 100.0 * row.gain / all_gain[li];
         row.terms = result->stats.terms;
         row.job_seconds = Seconds(t0);

@@ -1,13 +1,12 @@
-// `cdcca adapt-eval` on a Hugging Face teacher-student pair (issue 21: "the harness and
-// cdcca adapt-eval run on any pair"): the experiment of distill/adapt_eval.h with Hub folders
-// in place of a cdcca family, on the same benchmark scenes and the same report.
+// `cdcca adapt-eval` on a Hugging Face teacher-student pair (a cdcca family's folder is read
+// as its BLIP-2 pair): the experiment of sim/adapt_eval.h on its benchmark scenes.
 //
 // The student (at the device's precision) answers every stream question from its vision
 // tower's tokens (HfAnswerer::AnswerRgbFromTokens: greedy, mean answer-token entropy) and,
 // when a UTS arm asks for it, scores the tokens by VIS (the paper's Eq. 3 as
 // model/arch/hf_model.h defines it, VisualTokenVarianceRgb, M passes as one batch); stage 1
 // keeps the
-// top keep_fraction by entropy (distill::Stage1Keep). Each (arm, learner) job starts from the
+// top keep_fraction by entropy (Stage1Keep). Each (arm, learner) job starts from the
 // same student state, runs the cloud's job (HfPairDistiller on HfSampleFromUplink of the arm's
 // uplink: pseudo-labels as text, the KL only with identical tokenizers), and the adapted
 // student answers the held-out test scenes; DA is the official VQA accuracy of its decoded
@@ -26,8 +25,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "distill/adapt_eval.h"
 #include "model/arch/hf_model.h"
+#include "sim/adapt_eval.h"
 
 namespace cdcca::sim {
 
@@ -41,12 +40,12 @@ struct HubPairOptions {
   model::AdapterOptions adapters;  // the student's trainable set
 };
 
-// Runs the experiment; `options.checkpoint_dir` and `threads`/`force_cpu` are not read.
+// Runs the experiment.
 // Errors: FailedPrecondition for a pair whose vision towers differ; InvalidArgument for bad
 // options (no arm, no learner, scenes < 1, unknown learner); the loaders' errors; Internal
 // for a LibTorch error.
-absl::StatusOr<distill::AdaptReport> RunHubAdaptEval(const distill::AdaptEvalOptions& options,
-                                                     const HubPairOptions& pair);
+absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& options,
+                                            const HubPairOptions& pair);
 
 }  // namespace cdcca::sim
 

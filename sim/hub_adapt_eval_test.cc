@@ -22,17 +22,17 @@ std::string Fixture(const std::string& name) {
   return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + name;
 }
 
-distill::AdaptEvalOptions SmallRun() {
-  distill::AdaptEvalOptions o;
+AdaptEvalOptions SmallRun() {
+  AdaptEvalOptions o;
   o.domain = datasets::ImageShiftDomain(datasets::ImageShift::kFog, 4);
   o.domain.name = "fog severity 4";
   o.stream_scenes = 2;
   o.test_scenes = 1;
   o.mc_passes = 4;
   o.keep_fraction = 0.5f;
-  o.arms = {{"all", distill::TokenSelection::kAll, 1.0f, ""},
-            {"uts-variance_probe-50", distill::TokenSelection::kUts, 0.5f, "variance_probe"},
-            {"random-50", distill::TokenSelection::kRandom, 0.5f, ""}};
+  o.arms = {{"all", TokenSelection::kAll, 1.0f, ""},
+            {"uts-variance_probe-50", TokenSelection::kUts, 0.5f, "variance_probe"},
+            {"random-50", TokenSelection::kRandom, 0.5f, ""}};
   o.learners = {"pl", "akd"};
   o.job.max_steps = 3;
   o.job.batch_size = 2;
@@ -54,7 +54,7 @@ HubPairOptions Pair(const std::string& teacher, const std::string& student) {
 }
 
 TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
-  absl::StatusOr<distill::AdaptReport> r =
+  absl::StatusOr<AdaptReport> r =
       RunHubAdaptEval(SmallRun(), Pair("llava_clip_llama", "llava_clip_llama"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->stream_samples, 10);  // five questions a scene
@@ -64,7 +64,7 @@ TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
   ASSERT_EQ(r->rows.size(), 6u);
   // The UTS arm scores by VIS, and says so.
   EXPECT_EQ(r->rows[2].arm, "uts-vis-50");
-  for (const distill::AdaptRow& row : r->rows) {
+  for (const AdaptRow& row : r->rows) {
     EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
     if (row.arm == "all") {
       EXPECT_DOUBLE_EQ(row.tokens_kept, 1.0);
@@ -77,10 +77,10 @@ TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
     EXPECT_FALSE(row.terms.empty());
   }
   // Each job starts from the same student: the same arm and learner again gives the same row.
-  distill::AdaptEvalOptions again = SmallRun();
+  AdaptEvalOptions again = SmallRun();
   again.arms = {again.arms[0]};
   again.learners = {"pl"};
-  absl::StatusOr<distill::AdaptReport> r2 =
+  absl::StatusOr<AdaptReport> r2 =
       RunHubAdaptEval(again, Pair("llava_clip_llama", "llava_clip_llama"));
   ASSERT_TRUE(r2.ok()) << r2.status();
   ASSERT_EQ(r2->rows.size(), 1u);
@@ -92,20 +92,19 @@ TEST(HubAdaptEvalTest, EveryArmAndLearnerIsMeasuredFromTheSameStudent) {
 // A teacher-all arm (the teacher labels from every token, the student trains on the kept
 // ones) runs beside its kept-tokens twin.
 TEST(HubAdaptEvalTest, ATeacherAllArmRunsBesideItsTwin) {
-  distill::AdaptEvalOptions o = SmallRun();
-  distill::UplinkArm twin = o.arms[1];
+  AdaptEvalOptions o = SmallRun();
+  UplinkArm twin = o.arms[1];
   twin.teacher_all_tokens = true;
   o.arms = {o.arms[0], o.arms[1], twin};
   o.learners = {"pl", "akd"};
-  absl::StatusOr<distill::AdaptReport> r =
-      RunHubAdaptEval(o, Pair("llava_clip_llama", "llava_clip_llama"));
+  absl::StatusOr<AdaptReport> r = RunHubAdaptEval(o, Pair("llava_clip_llama", "llava_clip_llama"));
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<std::string> rows;
-  for (const distill::AdaptRow& row : r->rows) rows.push_back(row.arm + " / " + row.learner);
+  for (const AdaptRow& row : r->rows) rows.push_back(row.arm + " / " + row.learner);
   EXPECT_EQ(rows, (std::vector<std::string>{"all / pl", "all / akd", "uts-vis-50 / pl",
                                             "uts-vis-50 / akd", "uts-vis-50+teacher-all / pl",
                                             "uts-vis-50+teacher-all / akd"}));
-  for (const distill::AdaptRow& row : r->rows) {
+  for (const AdaptRow& row : r->rows) {
     EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
     if (row.arm != "all") EXPECT_NEAR(row.tokens_kept, 0.5, 0.05) << row.arm;
   }
@@ -114,7 +113,7 @@ TEST(HubAdaptEvalTest, ATeacherAllArmRunsBesideItsTwin) {
 TEST(HubAdaptEvalTest, RefusesAPairWithTwoTowersAndBadOptions) {
   EXPECT_THAT(RunHubAdaptEval(SmallRun(), Pair("llava_siglip_qwen2", "llava_clip_llama")).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  distill::AdaptEvalOptions no_learner = SmallRun();
+  AdaptEvalOptions no_learner = SmallRun();
   no_learner.learners.clear();
   EXPECT_THAT(RunHubAdaptEval(no_learner, Pair("llava_clip_llama", "llava_clip_llama")).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));

@@ -23,7 +23,7 @@
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
-#include "distill/learner.h"
+#include "distill/job.h"
 #include "distill/replay_buffer.h"
 
 namespace cdcca::cloud::internal {

@@ -5,33 +5,29 @@
 //   - how much of the gain that the cloud gets from all visual tokens does it still get
 //     from the UTS-selected half, and does UTS beat random tokens at the same ratio?
 //
-// Steps: load a family; generate a stream of shifted scenes (train-split images) and
-// held-out shifted test scenes (test-split images); run the device's student on the stream
-// as the device runtime does (greedy answers, mean answer-token entropy, UTS stage-2 token
-// scores from M stochastic passes, model::VisualTokenScores); build one uplink set per arm
-// (all tokens, UTS top ratio per score kind, random at the same ratio; optionally only the
-// samples that pass a stage-1 entropy quantile); run one cloud job per (arm, learner) from
-// the same starting student mirror; evaluate each adapted student on the test scenes (DA,
-// official VQA metric, every token present, as the device answers).
+// This header defines the experiment: its options and arms, the scenes, how an arm builds
+// its uplink from what the device observed, and the report. sim/hub_adapt_eval.h runs it on
+// a teacher-student pair.
 //
-// Deterministic for a seed on CPU (CUDA kernels may differ in the last bits).
-// Not thread-safe: sets torch's process-wide thread count and seed.
-#ifndef CDCCA_DISTILL_ADAPT_EVAL_H_
-#define CDCCA_DISTILL_ADAPT_EVAL_H_
+// Thread-safety: plain values; the functions are pure but GenerateAdaptScenes (which uses
+// LibTorch's intra-op pool) and BuildArmUplink (which advances `rng`).
+#ifndef CDCCA_SIM_ADAPT_EVAL_H_
+#define CDCCA_SIM_ADAPT_EVAL_H_
 
 #include <cstdint>
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "compress/uplink_codec.h"
 #include "datasets/domain.h"
 #include "distill/akd.h"
-#include "distill/learner.h"
+#include "distill/job.h"
 
-namespace cdcca::distill {
+namespace cdcca::sim {
 
 // How an arm picks the visual tokens of each uplinked sample.
 enum class TokenSelection { kAll, kUts, kRandom };
@@ -40,22 +36,15 @@ struct UplinkArm {
   std::string name;  // "all", "uts-attention_cv-50", "random-50"
   TokenSelection selection = TokenSelection::kAll;
   float token_ratio = 1.0f;  // fraction of the grid kept (kUts, kRandom)
-  std::string score;         // model::TokenScoreKind name (kUts)
+  std::string score;         // the stage-2 token score's name (kUts)
   // The teacher labels each sample from all its tokens while the student trains on the kept
-  // ones (distill/hf_akd.h HfSample::complete). Hugging Face pairs only
-  // (sim/hub_adapt_eval.h).
+  // ones (distill/hf_akd.h HfSample::complete).
   bool teacher_all_tokens = false;
 };
 
-// One learner of the experiment: a preset name with optional overrides, written
-// "base[+key=value]...", e.g. "akd+l_query=0" or "akd+l_kl=0.5+temperature=2". Keys are
-// DistillConfig fields as in configs/distill/*.json.
-absl::StatusOr<DistillConfig> ParseLearnerSpec(const std::string& spec);
-
 struct AdaptEvalOptions {
-  std::string checkpoint_dir = "models/small";
   std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
-  std::string precision = "int8";  // the device student's base; the cloud mirror is its fp32
+  std::string precision = "int8";  // the device student's base (the teacher's is the pair's)
   // Domains of the stream and the test scenes (their splits are forced to train / test).
   datasets::DomainSpec domain;
   int stream_scenes = 1000;  // 5 questions each = the samples the device answers
@@ -67,12 +56,10 @@ struct AdaptEvalOptions {
   // of the stream's entropies; 0 or 1 = keep every sample.
   float keep_fraction = 0.0f;
   std::vector<UplinkArm> arms;        // at least one; "all" is the reference of "recovered"
-  std::vector<std::string> learners;  // ParseLearnerSpec specs, at least one
-  JobOptions job;                     // shared by every job (seed included)
+  std::vector<std::string> learners;  // distill::ParseLearnerSpec specs, at least one
+  distill::JobOptions job;            // shared by every job (seed included)
   int max_answer_tokens = 6;          // device answers and evaluation
   uint64_t seed = 1;                  // scenes, dropout passes, random selection
-  int threads = 0;                    // torch intra-op threads; 0 = automatic (1)
-  bool force_cpu = false;
   // Progress lines (stderr by default when null).
   std::function<void(const std::string&)> progress;
 };
@@ -85,10 +72,10 @@ struct AdaptRow {
   // DA % of the teacher's answers on (up to 1000 of) the uplinked samples, from the kept
   // tokens only: how good the pseudo-labels of this arm are.
   double teacher_uplink_accuracy = 0;
-  double accuracy = 0;          // DA %, adapted student on the test scenes
-  double gain = 0;              // accuracy - source accuracy (points)
-  double recovered = 0;         // gain / gain of arm "all" with the same learner, %; NaN if none
-  std::vector<LossTerm> terms;  // the job's loss terms
+  double accuracy = 0;   // DA %, adapted student on the test scenes
+  double gain = 0;       // accuracy - source accuracy (points)
+  double recovered = 0;  // gain / gain of arm "all" with the same learner, %; NaN if none
+  std::vector<distill::LossTerm> terms;  // the job's loss terms
   double job_seconds = 0;
 };
 
@@ -102,7 +89,9 @@ struct AdaptReport {
   std::vector<AdaptRow> rows;
   std::string device;  // "cpu" / "cuda:0"
 
+  // The rows as a Markdown table followed by each job's loss terms.
   std::string Markdown() const;
+  // Every field, rows included, as an indented JSON object ("recovered": null for NaN).
   std::string Json() const;
 };
 
@@ -140,15 +129,12 @@ std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
 // rule of device::SelectTokens with every token present.
 std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio);
 
-// The learners the options name (ParseLearnerSpec), after checking what every run needs: an
-// arm and a learner, scenes >= 1, mc_passes 1-64, dropout_p in [0, 1). InvalidArgument
+// The learners the options name (distill::ParseLearnerSpec), after checking what every run needs:
+// an arm and a learner, scenes >= 1, mc_passes 1-64, dropout_p in [0, 1). InvalidArgument
 // otherwise.
-absl::StatusOr<std::vector<DistillConfig>> CheckAdaptEvalOptions(const AdaptEvalOptions& options);
+absl::StatusOr<std::vector<distill::DistillConfig>> CheckAdaptEvalOptions(
+    const AdaptEvalOptions& options);
 
-// Runs the whole experiment. Errors: the loaders' (NOT_FOUND, DATA_LOSS), INVALID_ARGUMENT
-// for bad options, INTERNAL for a LibTorch error.
-absl::StatusOr<AdaptReport> RunAdaptEval(const AdaptEvalOptions& options);
+}  // namespace cdcca::sim
 
-}  // namespace cdcca::distill
-
-#endif  // CDCCA_DISTILL_ADAPT_EVAL_H_
+#endif  // CDCCA_SIM_ADAPT_EVAL_H_

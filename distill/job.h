@@ -1,0 +1,61 @@
+// What every adaptation job shares: its options, its loss-term summaries and its statistics.
+// The jobs themselves are distill::HfPairDistiller (AKD and the cloud baselines,
+// distill/hf_akd.h) and distill::HfSelfLearner (TENT and CoTTA on the device,
+// distill/hf_self_learner.h).
+//
+// Thread-safety: plain values; SummarizeLossTerm is pure.
+#ifndef CDCCA_DISTILL_JOB_H_
+#define CDCCA_DISTILL_JOB_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cdcca::distill {
+
+struct JobOptions {
+  int max_steps = 200;  // optimizer steps of a job, > 0
+  int batch_size = 16;
+  double lr = 1e-3;           // AdamW
+  double weight_decay = 0.0;  // AdamW's decoupled decay
+  uint64_t seed = 0;          // batch order, replay draws, dropout, augmentations
+  // Share of each batch drawn from replayed samples (when a replay buffer is given and
+  // holds samples). In [0, 1). Default: 0.25.
+  double replay_fraction = 0.25;
+  int max_answer_tokens = 6;  // greedy pseudo-label / self-label length bound
+  // Read from the settings file (and time_budget_s, num_threads from cdcca-cloud's flags),
+  // but honoured by no job: a job runs max_steps on its sides' devices with LibTorch's
+  // process-wide thread count and the student in eval() mode (no dropout).
+  double time_budget_s = 0.0;    // wall-clock seconds of the training loop; 0 = no bound
+  int num_threads = 0;           // torch intra-op threads; 0 = automatic
+  bool use_cuda = true;          // train on CUDA when available
+  bool student_dropout = false;  // train the student with its config dropout on
+};
+
+// One loss term over a job: value at the first step, mean of the last min(10, steps) steps,
+// and mean over all steps.
+struct LossTerm {
+  std::string name;
+  double first = 0;
+  double last = 0;
+  double mean = 0;
+};
+
+// A term's LossTerm from its per-step values (at least one).
+LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step);
+
+struct JobStats {
+  int steps = 0;
+  int64_t samples_seen = 0;     // summed batch sizes
+  int64_t current_samples = 0;  // this round's samples in the job
+  int64_t replay_samples = 0;   // replayed samples in the job
+  double prepare_seconds = 0;   // teacher pass, projection fit
+  double train_seconds = 0;
+  double samples_per_second = 0;  // samples_seen / train_seconds
+  std::vector<LossTerm> terms;    // "total" first, then the learner's terms
+  std::string device;             // "cpu" or "cuda:0"
+};
+
+}  // namespace cdcca::distill
+
+#endif  // CDCCA_DISTILL_JOB_H_

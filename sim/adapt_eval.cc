@@ -1,0 +1,219 @@
+#include "sim/adapt_eval.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "datasets/fashion_mnist.h"
+#include "nlohmann/json.hpp"
+
+namespace cdcca::sim {
+namespace {
+
+namespace ds = ::cdcca::datasets;
+using distill::DistillConfig;
+using distill::LossTerm;
+
+std::vector<ds::Sample> GenerateScenes(const ds::SampleGenerator& gen, int64_t n) {
+  std::vector<ds::Sample> out(static_cast<size_t>(n));
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = gen.Generate(i);
+  });
+  return out;
+}
+
+std::string TermsText(const std::vector<LossTerm>& terms) {
+  std::string out;
+  for (const LossTerm& t : terms) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ",
+                    absl::StrFormat("%s %.3f→%.3f", t.name, t.first, t.last));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio) {
+  std::vector<uint16_t> order(scores.size());
+  for (size_t i = 0; i < scores.size(); ++i) order[i] = static_cast<uint16_t>(i);
+  size_t n = static_cast<size_t>(std::lround(ratio * static_cast<float>(scores.size())));
+  n = std::clamp<size_t>(n, 1, scores.size());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint16_t a, uint16_t b) { return scores[a] > scores[b]; });
+  order.resize(n);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
+                             float keep_fraction) {
+  std::vector<bool> keep(samples.size(), true);
+  if (keep_fraction <= 0 || keep_fraction >= 1 || samples.empty()) return keep;
+  std::vector<float> sorted;
+  for (const auto& s : samples) sorted.push_back(s.entropy);
+  std::sort(sorted.begin(), sorted.end());
+  const size_t k =
+      std::min(sorted.size() - 1, static_cast<size_t>((1.0f - keep_fraction) * sorted.size()));
+  for (size_t i = 0; i < samples.size(); ++i) keep[i] = samples[i].entropy >= sorted[k];
+  return keep;
+}
+
+absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& o) {
+  absl::StatusOr<ds::ImageSet> train_images =
+      ds::LoadFashionMnist(ds::Split::kTrain, o.fashion_mnist_dir);
+  if (!train_images.ok()) return train_images.status();
+  absl::StatusOr<ds::ImageSet> test_images =
+      ds::LoadFashionMnist(ds::Split::kTest, o.fashion_mnist_dir);
+  if (!test_images.ok()) return test_images.status();
+  ds::DomainSpec stream_spec = o.domain, test_spec = o.domain;
+  stream_spec.split = ds::Split::kTrain;
+  test_spec.split = ds::Split::kTest;
+  absl::StatusOr<ds::SampleGenerator> stream_gen =
+      ds::SampleGenerator::Create(&*train_images, stream_spec, o.seed);
+  if (!stream_gen.ok()) return stream_gen.status();
+  absl::StatusOr<ds::SampleGenerator> test_gen =
+      ds::SampleGenerator::Create(&*test_images, test_spec, o.seed + 7919);
+  if (!test_gen.ok()) return test_gen.status();
+  AdaptScenes out;
+  out.stream = GenerateScenes(*stream_gen, o.stream_scenes);
+  out.test = GenerateScenes(*test_gen, o.test_scenes);
+  return out;
+}
+
+absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
+    const StreamObservation& observation, const std::vector<bool>& keep, const UplinkArm& arm,
+    std::mt19937_64& rng) {
+  if (arm.selection != TokenSelection::kAll && !(arm.token_ratio > 0 && arm.token_ratio <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, ": ratio outside (0, 1]"));
+  }
+  const std::vector<std::vector<float>>* scores = nullptr;
+  if (arm.selection == TokenSelection::kUts) {
+    for (const auto& [name, s] : observation.scene_scores) {
+      if (name == arm.score) scores = &s;
+    }
+    if (scores == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("arm ", arm.name, ": no token scores '", arm.score, "' observed"));
+    }
+  }
+  const int tokens = static_cast<int>(observation.num_tokens);
+  std::vector<compress::UplinkSample> out;
+  for (size_t i = 0; i < observation.samples.size(); ++i) {
+    if (!keep.empty() && !keep[i]) continue;
+    const compress::UplinkSample& full = observation.samples[i];
+    std::vector<uint16_t> kept;
+    switch (arm.selection) {
+      case TokenSelection::kAll:
+        for (int k = 0; k < tokens; ++k) kept.push_back(static_cast<uint16_t>(k));
+        break;
+      case TokenSelection::kUts:
+        kept = TopTokens((*scores)[static_cast<size_t>(observation.scene_of_sample[i])],
+                         arm.token_ratio);
+        break;
+      case TokenSelection::kRandom: {
+        // device::RandomTokenSelection's draw: a partial Fisher-Yates shuffle.
+        std::vector<uint16_t> candidates(static_cast<size_t>(tokens));
+        for (int k = 0; k < tokens; ++k)
+          candidates[static_cast<size_t>(k)] = static_cast<uint16_t>(k);
+        size_t n = static_cast<size_t>(std::lround(arm.token_ratio * static_cast<float>(tokens)));
+        n = std::clamp<size_t>(n, 1, candidates.size());
+        for (size_t j = 0; j < n; ++j) {
+          std::uniform_int_distribution<size_t> pick(j, candidates.size() - 1);
+          std::swap(candidates[j], candidates[pick(rng)]);
+        }
+        candidates.resize(n);
+        std::sort(candidates.begin(), candidates.end());
+        kept = std::move(candidates);
+        break;
+      }
+    }
+    compress::UplinkSample s = full;
+    s.kept_indices = kept;
+    s.features.clear();
+    s.features.reserve(kept.size() * full.feature_dim);
+    for (uint16_t k : kept) {
+      const float* row = full.features.data() + static_cast<size_t>(k) * full.feature_dim;
+      s.features.insert(s.features.end(), row, row + full.feature_dim);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<DistillConfig>> CheckAdaptEvalOptions(const AdaptEvalOptions& o) {
+  if (o.arms.empty() || o.learners.empty()) {
+    return absl::InvalidArgumentError("adapt-eval needs at least one arm and one learner");
+  }
+  if (o.stream_scenes < 1 || o.test_scenes < 1) {
+    return absl::InvalidArgumentError("stream_scenes and test_scenes must be >= 1");
+  }
+  if (o.mc_passes < 1 || o.mc_passes > 64 || o.dropout_p < 0 || o.dropout_p >= 1) {
+    return absl::InvalidArgumentError("mc_passes must be in 1-64 and dropout_p in [0, 1)");
+  }
+  std::vector<DistillConfig> learners;
+  for (const std::string& spec : o.learners) {
+    absl::StatusOr<DistillConfig> c = distill::ParseLearnerSpec(spec);
+    if (!c.ok()) return c.status();
+    learners.push_back(*c);
+  }
+  return learners;
+}
+
+std::string AdaptReport::Markdown() const {
+  std::string out = absl::StrFormat(
+      "Domain: %s (%s). Test: %d questions. Source student %.1f%%, teacher %.1f%% (all tokens). "
+      "Stream: %d samples (device DA %.1f%%), %d uplinked after stage 1.\n\n",
+      domain, device, test_questions, source_accuracy, teacher_accuracy, stream_samples,
+      device_accuracy_stream, stage1_samples);
+  out +=
+      "| arm | learner | samples | tokens kept | teacher DA on uplink | DA % | gain | % of "
+      "all-tokens gain |\n";
+  out += "|---|---|---|---|---|---|---|---|\n";
+  for (const AdaptRow& r : rows) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "| %s | %s | %d | %.0f%% | %.1f | %.1f | %+.1f | %s |\n", r.arm, r.learner, r.samples,
+            100.0 * r.tokens_kept, r.teacher_uplink_accuracy, r.accuracy, r.gain,
+            std::isnan(r.recovered) ? std::string("-") : absl::StrFormat("%.0f", r.recovered)));
+  }
+  out += "\nLoss terms per job (first step → mean of the last 10):\n\n";
+  for (const AdaptRow& r : rows) {
+    absl::StrAppend(&out, "- ", r.arm, " / ", r.learner, ": ", TermsText(r.terms), "\n");
+  }
+  return out;
+}
+
+std::string AdaptReport::Json() const {
+  nlohmann::json j;
+  j["domain"] = domain;
+  j["device"] = device;
+  j["source_accuracy"] = source_accuracy;
+  j["teacher_accuracy"] = teacher_accuracy;
+  j["device_accuracy_stream"] = device_accuracy_stream;
+  j["stream_samples"] = stream_samples;
+  j["stage1_samples"] = stage1_samples;
+  j["test_questions"] = test_questions;
+  j["rows"] = nlohmann::json::array();
+  for (const AdaptRow& r : rows) {
+    nlohmann::json row = {{"arm", r.arm},
+                          {"learner", r.learner},
+                          {"samples", r.samples},
+                          {"tokens_kept", r.tokens_kept},
+                          {"teacher_uplink_accuracy", r.teacher_uplink_accuracy},
+                          {"accuracy", r.accuracy},
+                          {"gain", r.gain},
+                          {"job_seconds", r.job_seconds}};
+    row["recovered"] =
+        std::isnan(r.recovered) ? nlohmann::json(nullptr) : nlohmann::json(r.recovered);
+    for (const LossTerm& t : r.terms)
+      row["terms"][t.name] = {{"first", t.first}, {"last", t.last}, {"mean", t.mean}};
+    j["rows"].push_back(row);
+  }
+  return j.dump(2);
+}
+
+}  // namespace cdcca::sim
