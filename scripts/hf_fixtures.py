@@ -13,10 +13,13 @@ Everything is seeded: a rerun with the same library versions writes the same fil
 Layout: tests/fixtures/hf/README.md (written by this script).
 
 Check mode: `python3 scripts/hf_fixtures.py --check_family DIR [DIR ...]` loads a folder that
-cdcca wrote for one of its own model families (Blip2ForConditionalGeneration, a WordLevel
-tokenizer.json) and compares transformers' greedy tokens and first-step logits with the
-answers cdcca recorded there (cdcca_expected.json, cdcca_pixels.safetensors); exits 1 on a
-difference. E.g. tests/fixtures/family/blip2_tower_tiny.
+cdcca wrote for one of its own model families (Blip2ForConditionalGeneration or
+LlavaForConditionalGeneration by config.json's model_type, a WordLevel tokenizer.json) and
+compares transformers' greedy tokens and first-step logits with the answers cdcca recorded
+there (cdcca_expected.json, cdcca_pixels.safetensors); for a LLaVA family also that its
+processor (chat template, tokenizer, image processor) gives the recorded prompt, ids and
+pixel values. Exits 1 on a difference. E.g. tests/fixtures/family/blip2_family_tiny,
+models/llava-small.
 """
 import argparse
 import copy
@@ -674,14 +677,44 @@ def build_blip2(out, name, instruct):
                  note=f"{prefix}, weights saved as float16, reference computed in float32 from them")
 
 
+def check_llava_processor(d, expected, pixels):
+    """True if the folder's LlavaProcessor makes of each case's question and image (8-bit, as
+    recorded) the prompt, LM input ids and pixel values cdcca recorded."""
+    processor = transformers.AutoProcessor.from_pretrained(d)
+    ok = True
+    for i, case in enumerate(expected["cases"]):
+        question = case["prompt"].split("<bos> ", 1)[1]
+        conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        prompt = processor.apply_chat_template(conversation, add_generation_prompt=True)
+        # The recorded pixel values are (x / 255 - 0.5) / 0.25 of an 8-bit image.
+        rgb = ((pixels[f"case{i}"] * 0.25 + 0.5) * 255).round().clamp(0, 255).to(torch.uint8)
+        image = Image.fromarray(rgb.permute(1, 2, 0).numpy())
+        inputs = processor(images=image, text=prompt, return_tensors="pt")
+        same_prompt = prompt == case["prompt"]
+        same_ids = inputs["input_ids"][0].tolist() == case["input_ids"]
+        px_diff = float((inputs["pixel_values"][0] - pixels[f"case{i}"]).abs().max())
+        good = same_prompt and same_ids and px_diff <= 1e-5
+        print(f"{d} case {i}: processor prompt {prompt!r} ({'same' if same_prompt else 'DIFFERENT'}), "
+              f"ids {'same' if same_ids else 'DIFFERENT'}, pixel values max diff {px_diff:.1e}: "
+              f"{'OK' if good else 'DIFFERENT'}")
+        ok = ok and good
+    return ok
+
+
 def check_family(d):
     """True if transformers answers as cdcca recorded in folder d (see the module doc)."""
     with open(os.path.join(d, "cdcca_expected.json")) as f:
         expected = json.load(f)
     pixels = safetensors.torch.load_file(os.path.join(d, "cdcca_pixels.safetensors"))
-    model = reload_eager(transformers.Blip2ForConditionalGeneration, d)
+    with open(os.path.join(d, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
+    cls = {"blip-2": transformers.Blip2ForConditionalGeneration,
+           "llava": transformers.LlavaForConditionalGeneration}[model_type]
+    model = reload_eager(cls, d)
     tok = transformers.AutoTokenizer.from_pretrained(d)
     ok = True
+    if model_type == "llava":
+        ok = check_llava_processor(d, expected, pixels)
     for i, case in enumerate(expected["cases"]):
         ids = torch.tensor([case["input_ids"]])
         with torch.no_grad():

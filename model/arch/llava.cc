@@ -5,6 +5,24 @@
 #include "absl/strings/str_replace.h"
 
 namespace cdcca::model {
+
+torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig& config,
+                                  const torch::Tensor& pixel_values) {
+  const int64_t n = config.vision.num_hidden_layers;
+  int64_t deepest = 0;
+  for (int64_t layer : config.vision_feature_layers) {
+    deepest = std::max(deepest, layer < 0 ? layer + n + 1 : layer);
+  }
+  std::vector<torch::Tensor> states = tower.HiddenStates(pixel_values, deepest);
+  std::vector<torch::Tensor> picked;
+  for (int64_t layer : config.vision_feature_layers) {
+    torch::Tensor h = states[layer < 0 ? layer + n + 1 : layer];
+    if (config.vision_feature_select_strategy == "default") h = h.narrow(1, 1, h.size(1) - 1);
+    picked.push_back(h);
+  }
+  return picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+}
+
 LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : config_(config) {
   model_ = register_module("model", std::make_shared<Body>());
   vision_tower_ =
@@ -36,19 +54,7 @@ torch::Tensor LlavaImpl::ImageFeatures(const torch::Tensor& pixel_values) {
 }
 
 torch::Tensor LlavaImpl::SelectedFeatures(const torch::Tensor& pixel_values) {
-  const int64_t n = config_.vision.num_hidden_layers;
-  int64_t deepest = 0;
-  for (int64_t layer : config_.vision_feature_layers) {
-    deepest = std::max(deepest, layer < 0 ? layer + n + 1 : layer);
-  }
-  std::vector<torch::Tensor> states = vision_tower_->HiddenStates(pixel_values, deepest);
-  std::vector<torch::Tensor> picked;
-  for (int64_t layer : config_.vision_feature_layers) {
-    torch::Tensor h = states[layer < 0 ? layer + n + 1 : layer];
-    if (config_.vision_feature_select_strategy == "default") h = h.narrow(1, 1, h.size(1) - 1);
-    picked.push_back(h);
-  }
-  return picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
+  return SelectLlavaFeatures(*vision_tower_, config_, pixel_values);
 }
 
 torch::Tensor LlavaImpl::Project(const torch::Tensor& selected) {
@@ -331,6 +337,14 @@ class LlavaModel : public MultimodalModel {
 };
 
 }  // namespace
+
+std::unique_ptr<MultimodalModel> WrapLlavaModel(std::shared_ptr<LlavaImpl> model,
+                                                std::string image_token,
+                                                std::vector<int64_t> eos_token_ids,
+                                                torch::Device device) {
+  return std::make_unique<LlavaModel>(Llava(std::move(model)), std::move(image_token),
+                                      std::move(eos_token_ids), device);
+}
 
 absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
                                                                 const HfPrecision& precision,

@@ -27,6 +27,13 @@ namespace cdcca::model {
 
 // LlavaConfig and ParseLlavaConfig are in hf_config.h (torch-free).
 
+// The tower's features LLaVA projects: the hidden states at `config`'s
+// vision_feature_layers (concatenated), without the class token under the "default"
+// strategy. pixel_values [B, C, S, S] -> [B, NumImageTokens(), vision hidden x layers]. Layers
+// past the deepest one used are not computed.
+torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig& config,
+                                  const torch::Tensor& pixel_values);
+
 class LlavaImpl : public torch::nn::Module {
  public:
   LlavaImpl(const LlavaConfig& config, const HfPrecision& precision);
@@ -65,6 +72,14 @@ TORCH_MODULE(Llava);
 absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
                                                                 const HfPrecision& precision,
                                                                 torch::Device device);
+
+// The MultimodalModel of a model built in memory (pretraining's): what LoadLlavaModel gives
+// for the folder it would be saved as, sharing `model`'s weights. `image_token` is the
+// processor's placeholder text; generation stops at `eos_token_ids`.
+std::unique_ptr<MultimodalModel> WrapLlavaModel(std::shared_ptr<LlavaImpl> model,
+                                                std::string image_token,
+                                                std::vector<int64_t> eos_token_ids,
+                                                torch::Device device);
 
 }  // namespace cdcca::model
 
