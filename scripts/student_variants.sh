@@ -19,7 +19,7 @@ for spec in "$@"; do
   dir=$out/$name
   rm -rf "$dir"
   mkdir -p "$dir/stages"
-  cp "$family/stages/encoder.safetensors" "$family/stages/teacher.safetensors" "$dir/stages/"
+  cp -r "$family/stages/vision.safetensors" "$family/stages/teacher" "$dir/stages/"
   python3 -c 'import json, sys
 r = json.load(open(sys.argv[1])); r.pop("student", None)
 json.dump(r, open(sys.argv[2], "w"), indent=1)' "$family/pretrain_record.json" "$dir/pretrain_record.json"

@@ -290,7 +290,7 @@ INSTANTIATE_TEST_SUITE_P(Families, AnswerEveryFamilyTest,
                                            "tests/fixtures/hf/models/llava_siglip_qwen2",
                                            "tests/fixtures/hf/models/blip2_llama",
                                            "tests/fixtures/hf/models/instructblip_llama",
-                                           "tests/fixtures/family/blip2_tower_tiny",
+                                           "tests/fixtures/family/blip2_family_tiny",
                                            "models/small"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return fs::path(info.param).filename().string() == "small"

@@ -535,4 +535,18 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& 
       std::move(*model), std::move(eos), device, *std::move(prefixes)));
 }
 
+std::unique_ptr<MultimodalModel> WrapBlip2Model(
+    std::shared_ptr<Blip2ForConditionalGenerationImpl> model, std::vector<int64_t> eos_token_ids,
+    torch::Device device) {
+  Blip2Prefixes saved;
+  saved.vision = "vision_model.";
+  saved.query_tokens = "query_tokens";
+  saved.qformer = "qformer.";
+  saved.projection = "language_projection.";
+  saved.lm_body = "language_model.model.";
+  saved.lm_head = "language_model.lm_head.";
+  return std::make_unique<Blip2MultimodalModel>(std::move(model), std::move(eos_token_ids), device,
+                                                std::move(saved));
+}
+
 }  // namespace cdcca::model

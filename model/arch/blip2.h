@@ -133,6 +133,14 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& 
                                                                 const HfPrecision& precision,
                                                                 torch::Device device);
 
+// The MultimodalModel of a model built in memory (pretraining's): the same as LoadBlip2Model
+// gives for the folder it would be saved as (tensors under transformers' names, the LM body
+// under "language_model.model."), sharing `model`'s weights. Generation stops at
+// `eos_token_ids`.
+std::unique_ptr<MultimodalModel> WrapBlip2Model(
+    std::shared_ptr<Blip2ForConditionalGenerationImpl> model, std::vector<int64_t> eos_token_ids,
+    torch::Device device);
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_MODEL_ARCH_BLIP2_H_

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/arch/hf_linear.h"
-#include "model/family/trainable.h"
+#include "model/arch/named_tensors.h"
 #include "model/hub/hf_folder.h"
 #include "model/runtime/generation.h"
 

@@ -282,6 +282,7 @@ absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text) {
   FamilyConfig f;
   ObjectReader r(j, "config");
   r.Get("name", &f.name);
+  r.Get("architecture", &f.architecture);
   r.Get("vocabulary", &f.vocabulary);
   r.Get("vocab_size", &f.vocab_size);
   r.Skip("vision");
@@ -292,6 +293,10 @@ absl::StatusOr<FamilyConfig> ParseFamilyConfig(absl::string_view json_text) {
   r.Skip("fingerprints");  // written by SaveFamily into a checkpoint's config.json
   r.Skip("training");
   if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (f.architecture != "blip-2" && f.architecture != "llava") {
+    return absl::InvalidArgumentError(absl::StrCat("config.architecture: \"", f.architecture,
+                                                   "\" is neither \"blip-2\" nor \"llava\""));
+  }
   if (j.contains("vision")) {
     if (absl::Status s = ReadVision(j["vision"], &f.vision); !s.ok()) return s;
   }

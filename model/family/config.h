@@ -74,6 +74,10 @@ struct TowerConfig {
 
 struct FamilyConfig {
   std::string name;        // "tiny", "small", ...
+  // How the towers read the image (family_model.h, llava_family.h): "blip-2" (a Q-Former's
+  // query tokens; default) or "llava" (the ViT's patch tokens through an MLP projector; the
+  // towers' num_queries and qa_* fields are unused).
+  std::string architecture = "blip-2";
   std::string vocabulary;  // reference to the tokenizer vocabulary this family was built for
   int vocab_size = 0;
   VisionConfig vision;

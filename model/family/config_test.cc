@@ -26,7 +26,8 @@ json Tiny() {
 }
 
 TEST(ConfigTest, CommittedConfigsParse) {
-  for (const char* name : {"tiny", "small", "base", "small-caption"}) {
+  for (const char* name :
+       {"tiny", "small", "base", "small-caption", "llava-tiny", "llava-small"}) {
     std::ifstream in(std::string(CDCCA_SOURCE_DIR) + "/configs/models/" + name + ".json");
     std::stringstream ss;
     ss << in.rdbuf();
@@ -36,6 +37,21 @@ TEST(ConfigTest, CommittedConfigsParse) {
   j["student"]["d_model"] = 32.0;  // an integral float reads as the integer
   ASSERT_OK_AND_ASSIGN(FamilyConfig f, ParseFamilyConfig(j.dump()));
   EXPECT_EQ(f.student.d_model, 32);
+}
+
+// "architecture" picks the towers' kind: BLIP-2 unless a config says "llava"; nothing else.
+TEST(ConfigTest, ArchitectureIsBlip2OrLlava) {
+  ASSERT_OK_AND_ASSIGN(FamilyConfig tiny, ParseFamilyConfig(Tiny().dump()));
+  EXPECT_EQ(tiny.architecture, "blip-2");
+  std::ifstream in(std::string(CDCCA_SOURCE_DIR) + "/configs/models/llava-small.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ASSERT_OK_AND_ASSIGN(FamilyConfig llava, ParseFamilyConfig(ss.str()));
+  EXPECT_EQ(llava.architecture, "llava");
+  json j = Tiny();
+  j["architecture"] = "flamingo";
+  EXPECT_THAT(ParseFamilyConfig(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config.architecture")));
 }
 
 // Regression: a double outside int's or float's range was converted with undefined

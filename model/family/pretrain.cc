@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -20,9 +21,12 @@
 #include "datasets/fashion_mnist.h"
 #include "datasets/metrics.h"
 #include "datasets/tokenizer.h"
-#include "model/family/scene_eval.h"
-#include "model/family/token_probe.h"
-#include "model/family/trainable.h"
+#include "model/arch/blip2.h"
+#include "model/arch/hf_model.h"
+#include "model/family/family_model.h"
+#include "model/family/llava_family.h"
+#include "model/hub/hf_folder.h"
+#include "model/hub/safetensors.h"
 #include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 
@@ -87,6 +91,118 @@ class ProgressBar {
   int64_t samples_ = 0;
   double loss_ = -1;
 };
+
+// ---- the architecture ----------------------------------------------------------------------
+// What the stages need of a family's architecture (FamilyConfig::architecture), as the BLIP-2
+// (family_model.h) or the LLaVA (llava_family.h) implementation provides it.
+
+// The shared ViT: stage 1 trains `module` with the cell heads on `patches`; the towers read
+// `tokens` (pixel values -> [B, N, D], gradients flowing).
+struct FamilyVit {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> tokens;
+  std::function<torch::Tensor(const torch::Tensor&)> patches;  // [B, grid^2, D], row-major
+};
+
+FamilyVit MakeVit(const FamilyConfig& f) {
+  if (f.architecture == "llava") {
+    ClipVisionTower vit = MakeLlavaFamilyVit(f.vision);
+    auto tokens = [p = vit.ptr(), v = f.vision](const torch::Tensor& px) {
+      return LlavaFamilyVisualTokens(*p, v, px);
+    };
+    return {vit.ptr(), tokens, tokens};
+  }
+  std::shared_ptr<Blip2VisionModelImpl> vit = MakeFamilyVit(f.vision).ptr();
+  const int64_t patches = f.vision.NumPatches();
+  return {vit, [vit](const torch::Tensor& px) { return vit->forward(px); },
+          [vit, patches](const torch::Tensor& px) {
+            return vit->forward(px).narrow(1, 1, patches);
+          }};
+}
+
+// One tower and what the stages do with it.
+struct FamilyTower {
+  std::shared_ptr<torch::nn::Module> module;
+  std::string vit_prefix;  // where the shared ViT's parameters sit among module's
+  int64_t query_count = 0, query_dim = 0;  // FamilyGroupOutput::queries' [Q, count, dim]
+  double dropout = 0;                      // TowerConfig::dropout, while training
+  std::function<std::vector<FamilyGroupOutput>(const torch::Tensor&, const torch::Tensor&,
+                                               const std::vector<FamilyQuestionGroup>&, double)>
+      forward_groups;
+  std::function<std::unique_ptr<MultimodalModel>(torch::Device)> wrap;
+  std::function<absl::Status(const std::string&, const json&)> save;  // the Hugging Face folder
+};
+
+FamilyTower TowerOf(Blip2ForConditionalGeneration m, const FamilyConfig& f, const TowerConfig& t,
+                    const std::vector<std::string>& vocabulary) {
+  FamilyTower tower;
+  tower.module = m.ptr();
+  tower.vit_prefix = "vision_model.";
+  tower.query_count = t.num_queries;
+  tower.query_dim = t.qa_dim;
+  tower.dropout = t.dropout;
+  tower.forward_groups = [p = m.ptr()](const torch::Tensor& vis, const torch::Tensor& mask,
+                                       const std::vector<FamilyQuestionGroup>& groups,
+                                       double dropout) {
+    return ForwardQuestionGroups(*p, vis, mask, groups, dropout);
+  };
+  tower.wrap = [m](torch::Device device) { return FamilyMultimodalModel(m, device); };
+  tower.save = [m, vision = f.vision, t, vocabulary](const std::string& dir, const json& extra) {
+    return SaveFamilyFolder(dir, *m.ptr(), vision, t, vocabulary, extra);
+  };
+  return tower;
+}
+
+FamilyTower TowerOf(Llava m, const FamilyConfig& f, const TowerConfig& t,
+                    const std::vector<std::string>& vocabulary) {
+  FamilyTower tower;
+  tower.module = m.ptr();
+  tower.vit_prefix = "model.vision_tower.";
+  tower.query_count = f.vision.NumPatches();
+  tower.query_dim = t.d_model;
+  tower.dropout = t.dropout;
+  tower.forward_groups = [p = m.ptr()](const torch::Tensor& vis, const torch::Tensor& mask,
+                                       const std::vector<FamilyQuestionGroup>& groups,
+                                       double dropout) {
+    return ForwardQuestionGroups(*p, vis, mask, groups, dropout);
+  };
+  tower.wrap = [m](torch::Device device) { return LlavaFamilyMultimodalModel(m, device); };
+  tower.save = [m, vision = f.vision, t, vocabulary](const std::string& dir, const json& extra) {
+    return SaveLlavaFamilyFolder(dir, *m.ptr(), vision, t, vocabulary, extra);
+  };
+  return tower;
+}
+
+// A fresh tower of the family's architecture (seed torch first).
+absl::StatusOr<FamilyTower> NewTower(const FamilyConfig& f, const TowerConfig& t,
+                                     const std::vector<std::string>& vocabulary) {
+  if (f.architecture == "llava") {
+    absl::StatusOr<Llava> m = NewLlavaFamilyModel(f.vision, t);
+    if (!m.ok()) return m.status();
+    return TowerOf(*m, f, t, vocabulary);
+  }
+  absl::StatusOr<Blip2ForConditionalGeneration> m = NewFamilyModel(f.vision, t);
+  if (!m.ok()) return m.status();
+  return TowerOf(*m, f, t, vocabulary);
+}
+
+// The tower a stage folder holds (written by FamilyTower::save).
+absl::StatusOr<FamilyTower> LoadTower(const std::string& folder, const FamilyConfig& f,
+                                      const TowerConfig& t,
+                                      const std::vector<std::string>& vocabulary,
+                                      torch::Device device) {
+  if (f.architecture == "llava") {
+    absl::StatusOr<Llava> m = LoadLlavaFamilyModel(folder, device);
+    if (!m.ok()) return m.status();
+    return TowerOf(*m, f, t, vocabulary);
+  }
+  absl::StatusOr<HfFolder> hf = HfFolder::Open(folder);
+  if (!hf.ok()) return hf.status();
+  absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> loaded =
+      Blip2ForConditionalGenerationImpl::FromFolder(*hf, HfPrecision{}, device);
+  if (!loaded.ok()) return loaded.status();
+  return TowerOf(Blip2ForConditionalGeneration(*loaded), f, t, vocabulary);
+}
 
 torch::Tensor ImagesToTensor(const std::vector<ds::Sample>& samples) {
   const int64_t n = static_cast<int64_t>(samples.size());
@@ -400,11 +516,75 @@ std::vector<size_t> PaddingGroups(const std::vector<std::pair<size_t, size_t>>& 
   return starts;
 }
 
-EvalResult ScoreAnswers(Blip2Tower& model, const torch::Tensor& tokens,
-                        const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
-                        int max_answer_tokens, torch::Device device) {
+namespace {
+
+struct EvalResult {
+  double accuracy = 0;  // percent, DA (official VQA metric against the 10 direct answers)
+  int questions = 0;
+  std::string by_type;  // "what 91.0  color 88.2 ..." (percent per question type)
+};
+
+struct CaptionEval {
+  double bleu4 = 0;  // percent: corpus BLEU-4 against each scene's 5 references
+  double cider = 0;  // percent: CIDEr-D x 100 (1.0 in COCO's units = 100)
+  int images = 0;
+  std::vector<std::string> captions;  // the generated caption of each sample
+};
+
+// Greedy answers of `model` (the one interface every program uses) to rows of a QaBatch:
+// the LM ids as LoadHfModel's processor lays them out (left padding, the image tokens, the
+// prompt) over each row's scene's visual tokens (tokens [S, N, D], CPU), at most max_tokens.
+absl::StatusOr<std::vector<std::vector<int>>> AnswerRows(MultimodalModel& model,
+                                                         const torch::Tensor& tokens,
+                                                         const QaBatch& qa, int max_tokens) {
+  const int64_t rows = qa.prompt.size(0), tp = qa.prompt.size(1);
+  // The image tokens in front of the prompt: BLIP-2 adds its query tokens to any prompt, LLaVA
+  // expands the one placeholder it is given (llava_family.h's layout).
+  std::vector<int64_t> prefix = model.ExpandImageTokens({});
+  if (prefix.empty()) prefix = model.ExpandImageTokens({model.image_token_id()});
+  const int64_t l = static_cast<int64_t>(prefix.size());
+  torch::Tensor ids = torch::full({rows, l + tp}, ds::Tokenizer::kPad, torch::kLong);
+  torch::Tensor mask = torch::zeros({rows, l + tp}, torch::kLong);
+  auto prompt = qa.prompt.accessor<int64_t, 2>();
+  auto valid = qa.prompt_valid.accessor<bool, 2>();
+  auto id = ids.accessor<int64_t, 2>();
+  auto m = mask.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t pads = 0;
+    while (pads < tp && !valid[r][pads]) ++pads;
+    for (int64_t k = 0; k < l; ++k) {
+      id[r][pads + k] = prefix[k];
+      m[r][pads + k] = 1;
+    }
+    for (int64_t k = pads; k < tp; ++k) {
+      id[r][l + k] = prompt[r][k];
+      m[r][l + k] = 1;
+    }
+  }
+  TokenInputs in;
+  in.visual_tokens = tokens.index_select(0, qa.scene);
+  in.input_ids = ids;
+  in.attention_mask = mask;
+  GreedyOptions options;
+  options.max_new_tokens = max_tokens;
+  options.eos_token_ids = model.eos_token_ids();
+  absl::StatusOr<GreedyResult> g = model.GenerateFromTokens(in, options);
+  if (!g.ok()) return g.status();
+  std::vector<std::vector<int>> out;
+  for (const std::vector<int64_t>& row : g->tokens) {
+    const std::vector<int64_t> answer = AnswerIds(row, options.eos_token_ids);
+    out.emplace_back(answer.begin(), answer.end());
+  }
+  return out;
+}
+
+// DA accuracy of `model`'s greedy answers (at most max_answer_tokens) to every question of
+// `samples`, given their visual tokens [S, N, D] (CPU). Puts the model in eval() mode.
+absl::StatusOr<EvalResult> ScoreAnswers(MultimodalModel& model, const torch::Tensor& tokens,
+                                        const std::vector<ds::Sample>& samples,
+                                        const ds::Tokenizer& tok, int max_answer_tokens) {
   torch::NoGradGuard no_grad;
-  model->eval();
+  model.module().eval();
   ds::VqaAccumulator acc;
   std::map<std::string, std::pair<double, int>> by_type;  // question type -> (sum, count)
   const int64_t chunk = 64;                               // scenes per generation batch
@@ -412,16 +592,11 @@ EvalResult ScoreAnswers(Blip2Tower& model, const torch::Tensor& tokens,
     const int64_t n = std::min<int64_t>(chunk, samples.size() - s0);
     std::vector<ds::Sample> part(samples.begin() + s0, samples.begin() + s0 + n);
     QaBatch qa = BuildQa(part, tok);
-    torch::Tensor vis = tokens.narrow(0, s0, n).index_select(0, qa.scene.to(device));
-    GenerateResult g =
-        model->Generate(vis, torch::Tensor(), qa.prompt.to(device), qa.prompt_valid.to(device),
-                        max_answer_tokens, ds::Tokenizer::kEos);
-    torch::Tensor ids = g.tokens.cpu();
-    torch::Tensor len = g.lengths.cpu();
-    for (int64_t i = 0; i < ids.size(0); ++i) {
-      std::vector<int> words;
-      for (int64_t j = 0; j < len[i].item<int64_t>(); ++j) words.push_back(ids[i][j].item<int>());
-      const std::string pred = tok.Decode(words);
+    absl::StatusOr<std::vector<std::vector<int>>> answers =
+        AnswerRows(model, tokens.narrow(0, s0, n), qa, max_answer_tokens);
+    if (!answers.ok()) return answers.status();
+    for (size_t i = 0; i < answers->size(); ++i) {
+      const std::string pred = tok.Decode((*answers)[i]);
       const double a = ds::VqaAccuracy(pred, qa.items[i]->direct_answers);
       acc.Add(a, std::string(ds::AnswerTypeName(qa.items[i]->answer_type)));
       auto& t = by_type[std::string(ds::QuestionTypeName(qa.items[i]->type))];
@@ -437,11 +612,13 @@ EvalResult ScoreAnswers(Blip2Tower& model, const torch::Tensor& tokens,
   return r;
 }
 
-CaptionEval ScoreCaptionsOf(Blip2Tower& model, const torch::Tensor& tokens,
-                            const std::vector<ds::Sample>& samples, const ds::Tokenizer& tok,
-                            int max_tokens, torch::Device device) {
+// Greedy captions (prompt datasets::CaptionPrompt(), at most max_tokens tokens) of every
+// sample, scored with the COCO caption metrics. Puts the model in eval() mode.
+absl::StatusOr<CaptionEval> ScoreCaptionsOf(MultimodalModel& model, const torch::Tensor& tokens,
+                                            const std::vector<ds::Sample>& samples,
+                                            const ds::Tokenizer& tok, int max_tokens) {
   torch::NoGradGuard no_grad;
-  model->eval();
+  model.module().eval();
   CaptionEval out;
   std::vector<std::vector<std::string>> refs;
   const int64_t chunk = 64;
@@ -450,15 +627,11 @@ CaptionEval ScoreCaptionsOf(Blip2Tower& model, const torch::Tensor& tokens,
     std::vector<ds::Sample> part(samples.begin() + s0, samples.begin() + s0 + n);
     std::vector<TokenizedQuestion> rows = TokenizeQuestions(part, tok, false, true);
     QaBatch qa = PackQuestions(rows, 0, rows.size());
-    GenerateResult g = model->Generate(tokens.narrow(0, s0, n).index_select(0, qa.scene.to(device)),
-                                       torch::Tensor(), qa.prompt.to(device),
-                                       qa.prompt_valid.to(device), max_tokens, ds::Tokenizer::kEos);
-    torch::Tensor ids = g.tokens.cpu();
-    torch::Tensor len = g.lengths.cpu();
-    for (int64_t i = 0; i < ids.size(0); ++i) {
-      std::vector<int> words(len[i].item<int64_t>());
-      for (size_t j = 0; j < words.size(); ++j) words[j] = ids[i][j].item<int>();
-      out.captions.push_back(tok.Decode(words));
+    absl::StatusOr<std::vector<std::vector<int>>> captions =
+        AnswerRows(model, tokens.narrow(0, s0, n), qa, max_tokens);
+    if (!captions.ok()) return captions.status();
+    for (size_t i = 0; i < captions->size(); ++i) {
+      out.captions.push_back(tok.Decode((*captions)[i]));
       refs.push_back(part[qa.scene[i].item<int64_t>()].captions);
     }
   }
@@ -466,23 +639,49 @@ CaptionEval ScoreCaptionsOf(Blip2Tower& model, const torch::Tensor& tokens,
   out.bleu4 = 100 * s.bleu[3];
   out.cider = 100 * s.cider;
   out.images = static_cast<int>(out.captions.size());
-  out.cider_per_image = s.cider_per_item;
   return out;
 }
 
-torch::Tensor EncodeAll(VisionEncoder& enc, const std::vector<ds::Sample>& samples,
+// The pixel values of every sample's (shifted) image, [S, 3, H, W] on the CPU.
+torch::Tensor PixelValuesOf(const std::vector<ds::Sample>& samples) {
+  return FamilyPixelValues(ImagesToTensor(samples));
+}
+
+// The ViT's tokens [S, N, d_vis] of every sample's image on `device`, in chunks of 256
+// images. No gradients.
+torch::Tensor EncodeAll(const FamilyVit& vit, const std::vector<ds::Sample>& samples,
                         torch::Device device) {
   torch::NoGradGuard no_grad;
-  enc->eval();
+  vit.module->eval();
   std::vector<torch::Tensor> parts;
   const size_t chunk = 256;
   for (size_t s0 = 0; s0 < samples.size(); s0 += chunk) {
     std::vector<ds::Sample> part(samples.begin() + s0,
                                  samples.begin() + std::min(samples.size(), s0 + chunk));
-    parts.push_back(enc->forward(ImagesToTensor(part).to(device)));
+    parts.push_back(vit.tokens(PixelValuesOf(part).to(device)));
   }
   return torch::cat(parts, 0);
 }
+
+// A model's own tokens of every sample (MultimodalModel::EncodeImages: a quantized model's
+// tower computes quantized), [S, N, D] on the CPU, in chunks of 256 images.
+absl::StatusOr<torch::Tensor> EncodeWith(MultimodalModel& model,
+                                         const std::vector<ds::Sample>& samples) {
+  std::vector<torch::Tensor> parts;
+  const size_t chunk = 256;
+  for (size_t s0 = 0; s0 < samples.size(); s0 += chunk) {
+    std::vector<ds::Sample> part(samples.begin() + s0,
+                                 samples.begin() + std::min(samples.size(), s0 + chunk));
+    MultimodalInputs in;
+    in.pixel_values = PixelValuesOf(part);
+    absl::StatusOr<torch::Tensor> t = model.EncodeImages(in);
+    if (!t.ok()) return t.status();
+    parts.push_back(*t);
+  }
+  return torch::cat(parts, 0);
+}
+
+}  // namespace
 
 namespace {
 
@@ -494,8 +693,9 @@ absl::StatusOr<ds::SampleGenerator> MakeGenerator(const ds::ImageSet* images, ds
 // ---- stages -------------------------------------------------------------------------------
 
 absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& opt,
-                         const ds::ImageSet& train, VisionEncoder& enc, torch::Device device,
-                         StepBudget* budget, json* record) {
+                         const ds::ImageSet& train, const VisionConfig& vision,
+                         const FamilyVit& vit, torch::Device device, StepBudget* budget,
+                         json* record) {
   // Clean source-domain scenes, but items of every class: like the paper's CLIP, the encoder
   // knows the categories and has never seen the target corruptions. (Trained on the six
   // source classes only, it maps shirt/coat onto t-shirt/pullover and the teacher, which
@@ -505,8 +705,9 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
   absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(&train, domain, sched.seed * 31 + 1);
   if (!gen.ok()) return gen.status();
   const StageSchedule& s = sched.vision;
-  CellHeads heads(enc->config().d_vis, enc->config().GridSide());
+  CellHeads heads(vision.d_vis, vision.GridSide());
   heads->to(device);
+  const std::shared_ptr<torch::nn::Module>& enc = vit.module;
   std::vector<torch::Tensor> params = enc->parameters();
   for (const auto& p : heads->parameters()) params.push_back(p);
   torch::optim::AdamW optim(params, torch::optim::AdamWOptions(s.lr).weight_decay(1e-4));
@@ -528,9 +729,8 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
     torch::manual_seed(sched.seed * 1000003 + 1000000 + step);
     std::vector<ds::Sample> batch =
         Generate(*gen, static_cast<uint64_t>(step) * s.batch, s.batch, true);
-    torch::Tensor images = ImagesToTensor(batch).to(device);
-    auto [cls, color] =
-        heads->forward(enc->forward(images).narrow(1, 1, enc->config().NumPatches()));
+    torch::Tensor pixels = PixelValuesOf(batch).to(device);
+    auto [cls, color] = heads->forward(vit.patches(pixels));
     auto [cls_t, color_t] = CellTargets(batch);
     cls_t = cls_t.to(device);
     color_t = color_t.to(device);
@@ -558,54 +758,6 @@ absl::Status TrainVision(const PretrainSchedule& sched, const PretrainOptions& o
 
 // Draws a visual-token mask per scene: unmasked with probability 1 - 2p, else a drop ratio
 // uniform in [0.25, 0.75] (the range UTS keeps); mean drop ~ p for p = 0.25.
-absl::Status TrainProbe(const PretrainSchedule& sched, const ds::ImageSet& train,
-                        VisionEncoder& enc, torch::Device device, const std::string& path,
-                        json* record) {
-  const auto t0 = Clock::now();
-  absl::StatusOr<ds::SampleGenerator> gen =
-      MakeGenerator(&train, ds::StudentSourceDomain(ds::Split::kTrain), sched.seed * 31 + 5);
-  if (!gen.ok()) return gen.status();
-  const int64_t scenes = 2048;
-  std::vector<ds::Sample> samples = Generate(*gen, 0, scenes, /*image_only=*/true);
-  // [S, grid^2, d]: the patch tokens (the probe scores the class token from their map).
-  torch::Tensor tokens = EncodeAll(enc, samples, device).narrow(1, 1, enc->config().NumPatches());
-  const int64_t d = tokens.size(2), grid = enc->config().GridSide();
-  torch::Tensor x = tokens.reshape({-1, d});
-  torch::Tensor y = TokenProbeTargets(CellTargets(samples).first, grid).reshape(-1).to(device);
-  torch::manual_seed(sched.seed + 5);
-  TokenProbe probe(d);
-  probe->to(device);
-  const StageSchedule& s = sched.probe;
-  torch::optim::AdamW optim(probe->parameters(), torch::optim::AdamWOptions(s.lr));
-  ProgressBar bar("probe", s.steps, 0);
-  int64_t correct = 0, seen = 0;
-  for (int step = 0; step < s.steps; ++step) {
-    torch::Tensor idx =
-        torch::randint(x.size(0), {static_cast<int64_t>(s.batch)}, torch::kLong).to(device);
-    torch::Tensor logits = probe->forward(x.index_select(0, idx), 0.1);
-    torch::Tensor target = y.index_select(0, idx);
-    torch::Tensor loss = torch::nn::functional::cross_entropy(logits, target);
-    optim.zero_grad();
-    loss.backward();
-    optim.step();
-    if (step >= s.steps - 100) {  // accuracy over the last 100 steps
-      correct += (logits.argmax(-1) == target).sum().item<int64_t>();
-      seen += target.size(0);
-    }
-    bar.Update(step + 1, loss.item<double>(), s.batch);
-  }
-  probe->eval();
-  probe->to(torch::kCPU);
-  if (absl::Status st = SaveTokenProbe(path, probe); !st.ok()) return st;
-  (*record)["probe"] = {{"steps", s.steps},
-                        {"tokens_per_step", s.batch},
-                        {"scenes", scenes},
-                        {"seconds", Seconds(t0)},
-                        {"final_loss", bar.loss()},
-                        {"train_token_accuracy", seen > 0 ? double(correct) / seen : 0.0}};
-  return absl::OkStatus();
-}
-
 torch::Tensor RandomTokenMask(int64_t scenes, int64_t tokens, double p) {
   if (p <= 0) return torch::Tensor();
   torch::Tensor masked = torch::rand({scenes, 1}) < std::min(1.0, 2 * p);
@@ -617,23 +769,21 @@ torch::Tensor RandomTokenMask(int64_t scenes, int64_t tokens, double p) {
 absl::Status TrainTower(const std::string& name, const StageSchedule& s,
                         const PretrainSchedule& sched, const PretrainOptions& opt,
                         const ds::SampleGenerator& gen, const ds::Tokenizer& tok,
-                        VisionEncoder& enc, Blip2Tower& model, const torch::Tensor& token_cache,
+                        const FamilyVit& vit, const FamilyTower& tower,
+                        const torch::Tensor& token_cache,
                         const std::vector<ds::Sample>* cache_samples, double token_mask_p,
                         torch::Device device, StepBudget* budget, json* record) {
-  // The whole tower but the gated adapter prompts: they belong to adaptation, and a family's
-  // Hugging Face folder (which has none) needs their gates still zero.
-  SetAllTrainable(*model, true);
+  // Everything above the frozen ViT (which the model's own copy of it stays equal to).
   std::vector<torch::Tensor> params;
+  const std::shared_ptr<torch::nn::Module>& model = tower.module;
   for (auto& p : model->named_parameters()) {
-    if (absl::EndsWith(p.key(), ".adapter_prompt") || absl::EndsWith(p.key(), ".adapter_gate")) {
-      p.value().set_requires_grad(false);
-    } else {
-      params.push_back(p.value());
-    }
+    const bool frozen = absl::StartsWith(p.key(), tower.vit_prefix);
+    p.value().set_requires_grad(!frozen);
+    if (!frozen) params.push_back(p.value());
   }
   QueryHeads heads{nullptr};
   if (s.query_aux > 0) {
-    heads = QueryHeads(model->config().num_queries, model->config().qa_dim);
+    heads = QueryHeads(tower.query_count, tower.query_dim);
     heads->to(device);
     for (const auto& p : heads->parameters()) params.push_back(p);
   }
@@ -666,11 +816,11 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     } else {
       batch = Generate(gen, static_cast<uint64_t>(step) * s.batch, s.batch, false);
       torch::NoGradGuard no_grad;
-      vis = enc->forward(ImagesToTensor(batch).to(device));
+      vis = vit.tokens(PixelValuesOf(batch).to(device));
     }
     std::vector<QaBatch> qa =
         BuildQaGroups(batch, tok, QuestionGroups(device), sched, static_cast<uint64_t>(step));
-    std::vector<QuestionGroup> groups;
+    std::vector<FamilyQuestionGroup> groups;
     int64_t questions = 0;
     for (const QaBatch& g : qa) {
       // Only the columns that predict an answer token carry a loss (PackQuestions).
@@ -680,8 +830,8 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     }
     torch::Tensor mask = RandomTokenMask(s.batch, vis.size(1), token_mask_p);
     // One query-adapter and prefix pass per scene, shared by its questions.
-    std::vector<MllmOutput> outs =
-        model->ForwardGroups(vis, mask.defined() ? mask.to(device) : mask, groups);
+    std::vector<FamilyGroupOutput> outs = tower.forward_groups(
+        vis, mask.defined() ? mask.to(device) : mask, groups, tower.dropout);
     torch::Tensor loss_sum = torch::zeros({}, vis.options());
     int64_t labelled = 0;
     for (size_t g = 0; g < outs.size(); ++g) {
@@ -750,7 +900,6 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
     stage("vision", &p.vision);
     stage("teacher", &p.teacher);
     stage("student", &p.student);
-    stage("probe", &p.probe);
     p.student_cache_scenes = j.value("student_cache_scenes", p.student_cache_scenes);
     p.checkpoint_every = j.value("checkpoint_every", p.checkpoint_every);
     p.eval_scenes = j.value("eval_scenes", p.eval_scenes);
@@ -791,7 +940,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   absl::StatusOr<PretrainSchedule> parsed = ParsePretrainSchedule(family->pretrain_json);
   if (!parsed.ok()) return parsed.status();
   PretrainSchedule sched = *parsed;
-  for (StageSchedule* s : {&sched.vision, &sched.teacher, &sched.student, &sched.probe}) {
+  for (StageSchedule* s : {&sched.vision, &sched.teacher, &sched.student}) {
     s->steps = std::max(1, static_cast<int>(std::lround(s->steps * opt.scale_steps)));
     s->warmup = std::min(s->warmup, std::max(1, s->steps / 5));
   }
@@ -805,11 +954,14 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     const int prompt = static_cast<int>(tok.Encode(ds::CaptionPrompt(), true).size());
     for (const auto& [name, tower] :
          {std::pair{"teacher", &family->teacher}, std::pair{"student", &family->student}}) {
-      const int need = tower->num_queries + prompt + ds::kMaxCaptionTokens;
+      // The image's LM positions: the queries, or a LLaVA family's patch tokens.
+      const int image = family->architecture == "llava" ? family->vision.NumPatches()
+                                                         : tower->num_queries;
+      const int need = image + prompt + ds::kMaxCaptionTokens;
       if (tower->max_positions < need) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ".max_positions is ", tower->max_positions, "; captions need ", need,
-                         " (", tower->num_queries, " queries + ", prompt, " prompt + ",
+                         " (", image, " image tokens + ", prompt, " prompt + ",
                          ds::kMaxCaptionTokens, " caption tokens)"));
       }
     }
@@ -842,144 +994,176 @@ absl::Status Pretrain(const PretrainOptions& opt) {
   StepBudget budget(opt.stop_after_steps);
 
   try {
-    // Stage 1: the shared encoder on the source domain.
+    // Stage 1: the shared ViT on the source domain.
     torch::manual_seed(sched.seed);
-    VisionEncoder enc(family->vision);
+    const FamilyVit vit = MakeVit(*family);
+    const std::shared_ptr<torch::nn::Module>& enc = vit.module;
     enc->to(device);
-    // Each finished stage is kept in stages/ (resuming, student_variants.sh); the family
-    // folder itself does not need them.
+    // Each finished stage is kept in stages/ (for resuming): the ViT as one safetensors file,
+    // each tower as the Hugging Face folder it ends as.
     const std::string stage_dir = opt.out_dir + "/stages";
     std::filesystem::create_directories(stage_dir, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", stage_dir));
-    const std::string enc_path = stage_dir + "/encoder.safetensors";
+    const std::string enc_path = stage_dir + "/vision.safetensors";
     if (record.contains("vision") && std::filesystem::exists(enc_path)) {
-      absl::StatusOr<VisionEncoder> loaded = LoadVisionEncoder(enc_path);
+      absl::StatusOr<SafetensorsContents> loaded = ReadSafetensors(enc_path);
       if (!loaded.ok()) return loaded.status();
-      enc = *loaded;
-      enc->to(device);
+      torch::NoGradGuard no_grad;
+      auto params = enc->named_parameters();
+      for (const auto& [name, t] : loaded->tensors) {
+        if (!params.contains(name) || params[name].sizes() != t.sizes()) {
+          return absl::DataLossError(
+              absl::StrCat(enc_path, ": tensor ", name, " is not one of the family's ViT"));
+        }
+        params[name].copy_(t);
+      }
       std::fprintf(stderr, "[vision  ] done earlier, loaded %s\n", enc_path.c_str());
     } else {
-      if (absl::Status s = TrainVision(sched, opt, *train, enc, device, &budget, &record);
+      if (absl::Status s =
+              TrainVision(sched, opt, *train, family->vision, vit, device, &budget, &record);
           !s.ok()) {
         return s;
       }
-      if (absl::Status s = SaveVisionEncoder(enc_path, enc); !s.ok()) return s;
-      save_record();
-    }
-    enc->eval();
-    SetAllTrainable(*enc, false);
-
-    // The token probe on the frozen encoder (seconds; the teacher and student never see it).
-    const std::string probe_path = opt.out_dir + "/probe.safetensors";
-    if (!(record.contains("probe") && std::filesystem::exists(probe_path))) {
-      if (absl::Status s = TrainProbe(sched, *train, enc, device, probe_path, &record); !s.ok()) {
+      std::vector<std::pair<std::string, torch::Tensor>> tensors;
+      for (const auto& p : enc->named_parameters()) {
+        tensors.emplace_back(p.key(), p.value().detach().to(torch::kCPU).contiguous());
+      }
+      if (absl::Status s = WriteSafetensors(enc_path, tensors, {{"format", "pt"}}); !s.ok()) {
         return s;
       }
       save_record();
     }
+    enc->eval();
+    for (auto& p : enc->parameters()) p.set_requires_grad(false);
 
     // Source-domain test set, encoded once, for scoring the towers.
     absl::StatusOr<ds::SampleGenerator> eval_gen =
         MakeGenerator(&*test, ds::StudentSourceDomain(ds::Split::kTest), sched.seed * 31 + 9);
     if (!eval_gen.ok()) return eval_gen.status();
     std::vector<ds::Sample> eval_samples = Generate(*eval_gen, 0, sched.eval_scenes, false);
-    torch::Tensor eval_tokens = EncodeAll(enc, eval_samples, device);
+    torch::Tensor eval_tokens = EncodeAll(vit, eval_samples, device).cpu();
 
-    // After each tower stage: its source-test VQA accuracy and/or captioning scores.
-    auto score_tower = [&](const std::string& name, Blip2Tower& m) {
+    // After each tower stage: its source-test VQA accuracy and/or captioning scores, through
+    // the interface every program answers with.
+    auto score_tower = [&](const std::string& name, const FamilyTower& m) -> absl::Status {
+      std::unique_ptr<MultimodalModel> mm = m.wrap(device);
       json& rec = record[name];
       if (sched.questions) {
-        EvalResult r =
-            ScoreAnswers(m, eval_tokens, eval_samples, tok, sched.max_answer_tokens, device);
-        rec["source_test_da"] = r.accuracy;
-        rec["source_test_by_type"] = r.by_type;
+        absl::StatusOr<EvalResult> r =
+            ScoreAnswers(*mm, eval_tokens, eval_samples, tok, sched.max_answer_tokens);
+        if (!r.ok()) return r.status();
+        rec["source_test_da"] = r->accuracy;
+        rec["source_test_by_type"] = r->by_type;
         std::fprintf(stderr, "[%-8s] source-test DA accuracy %.2f%% (%d questions): %s\n",
-                     name.c_str(), r.accuracy, r.questions, r.by_type.c_str());
+                     name.c_str(), r->accuracy, r->questions, r->by_type.c_str());
       }
       if (sched.captions) {
-        CaptionEval c =
-            ScoreCaptionsOf(m, eval_tokens, eval_samples, tok, ds::kMaxCaptionTokens, device);
-        rec["source_test_bleu4"] = c.bleu4;
-        rec["source_test_cider"] = c.cider;
+        absl::StatusOr<CaptionEval> c =
+            ScoreCaptionsOf(*mm, eval_tokens, eval_samples, tok, ds::kMaxCaptionTokens);
+        if (!c.ok()) return c.status();
+        rec["source_test_bleu4"] = c->bleu4;
+        rec["source_test_cider"] = c->cider;
         std::fprintf(stderr,
                      "[%-8s] source-test captions BLEU-4 %.2f, CIDEr-D %.2f (%d images), e.g. "
                      "\"%s\"\n",
-                     name.c_str(), c.bleu4, c.cider, c.images,
-                     c.captions.empty() ? "" : c.captions.front().c_str());
+                     name.c_str(), c->bleu4, c->cider, c->images,
+                     c->captions.empty() ? "" : c->captions.front().c_str());
       }
+      return absl::OkStatus();
     };
 
-    // Stage 2: the teacher on its broader domain, tokens from the frozen encoder per step.
+    // A tower stage: a fresh model holding the trained ViT, trained unless stages/<name>/
+    // holds it already (then loaded from there).
+    auto tower_stage = [&](const std::string& name, const TowerConfig& tower, uint64_t seed,
+                           auto train) -> absl::StatusOr<FamilyTower> {
+      const std::string folder = stage_dir + "/" + name;
+      if (record.contains(name) && std::filesystem::exists(folder + "/model.safetensors")) {
+        absl::StatusOr<FamilyTower> loaded =
+            LoadTower(folder, *family, tower, tok.tokens(), device);
+        if (!loaded.ok()) return loaded.status();
+        std::fprintf(stderr, "[%-8s] done earlier, loaded %s\n", name.c_str(), folder.c_str());
+        return loaded;
+      }
+      torch::manual_seed(seed);
+      absl::StatusOr<FamilyTower> model = NewTower(*family, tower, tok.tokens());
+      if (!model.ok()) return model.status();
+      {
+        torch::NoGradGuard no_grad;
+        auto own = model->module->named_parameters();
+        for (const auto& p : enc->named_parameters()) {
+          own[model->vit_prefix + p.key()].copy_(p.value());
+        }
+      }
+      model->module->to(device);
+      if (absl::Status s = train(*model); !s.ok()) return s;
+      if (absl::Status s = score_tower(name, *model); !s.ok()) return s;
+      if (absl::Status s = model->save(folder, json::object()); !s.ok()) return s;
+      save_record();
+      return model;
+    };
+
+    // Stage 2: the teacher on its broader domain, tokens from the frozen ViT per step.
     ds::DomainSpec teacher_domain = ds::TeacherDomain(ds::Split::kTrain);
     absl::StatusOr<ds::SampleGenerator> tgen =
         MakeGenerator(&*train, teacher_domain, sched.seed * 31 + 2);
     if (!tgen.ok()) return tgen.status();
-    torch::manual_seed(sched.seed + 2);
-    Blip2Tower teacher(family->teacher);
-    teacher->to(device);
-    const std::string teacher_path = stage_dir + "/teacher.safetensors";
-    if (record.contains("teacher") && std::filesystem::exists(teacher_path)) {
-      absl::StatusOr<Blip2Tower> loaded = LoadTower(teacher_path);
-      if (!loaded.ok()) return loaded.status();
-      teacher = *loaded;
-      teacher->to(device);
-      std::fprintf(stderr, "[teacher ] done earlier, loaded %s\n", teacher_path.c_str());
-    } else {
-      if (absl::Status s = TrainTower(
-              "teacher", sched.teacher, sched, opt, *tgen, tok, enc, teacher, torch::Tensor(),
-              nullptr, teacher_domain.token_mask_probability, device, &budget, &record);
-          !s.ok()) {
-        return s;
-      }
-      score_tower("teacher", teacher);
-      if (absl::Status s = SaveTower(teacher_path, teacher, "teacher"); !s.ok()) return s;
-      save_record();
-    }
+    absl::StatusOr<FamilyTower> teacher = tower_stage(
+        "teacher", family->teacher, sched.seed + 2, [&](const FamilyTower& m) {
+          return TrainTower("teacher", sched.teacher, sched, opt, *tgen, tok, vit, m,
+                            torch::Tensor(), nullptr,
+                            teacher_domain.token_mask_probability, device, &budget, &record);
+        });
+    if (!teacher.ok()) return teacher.status();
 
-    // Stage 3: the student on the narrow source domain, from cached encoder tokens.
-    torch::manual_seed(sched.seed + 3);
-    Blip2Tower student(family->student);
-    student->to(device);
-    const std::string student_path = stage_dir + "/student.safetensors";
-    if (record.contains("student") && std::filesystem::exists(student_path)) {
-      absl::StatusOr<Blip2Tower> loaded = LoadTower(student_path);
-      if (!loaded.ok()) return loaded.status();
-      student = *loaded;
-      student->to(device);
-    } else {
-      absl::StatusOr<ds::SampleGenerator> sgen =
-          MakeGenerator(&*train, ds::StudentSourceDomain(ds::Split::kTrain), sched.seed * 31 + 3);
-      if (!sgen.ok()) return sgen.status();
-      const auto tc = Clock::now();
-      std::vector<ds::Sample> cache = Generate(*sgen, 0, sched.student_cache_scenes, false);
-      torch::Tensor cache_tokens = EncodeAll(enc, cache, device);
-      for (ds::Sample& smp : cache) {  // keep the text, drop the pixels
-        smp.image = ds::Image();
-        smp.scene.image = ds::Image();
-      }
-      const double cache_seconds = Seconds(tc);
-      std::fprintf(stderr, "[student ] cached %d scenes' tokens in %.1fs\n",
-                   sched.student_cache_scenes, cache_seconds);
-      if (absl::Status s = TrainTower("student", sched.student, sched, opt, *sgen, tok, enc,
-                                      student, cache_tokens, &cache, 0.0, device, &budget, &record);
-          !s.ok()) {
-        return s;
-      }
-      record["student"]["cache_seconds"] = cache_seconds;
-      score_tower("student", student);
-      if (absl::Status s = SaveTower(student_path, student, "student"); !s.ok()) return s;
-      save_record();
-    }
+    // Stage 3: the student on the narrow source domain, from cached ViT tokens.
+    absl::StatusOr<ds::SampleGenerator> sgen =
+        MakeGenerator(&*train, ds::StudentSourceDomain(ds::Split::kTrain), sched.seed * 31 + 3);
+    if (!sgen.ok()) return sgen.status();
+    absl::StatusOr<FamilyTower> student = tower_stage(
+        "student", family->student, sched.seed + 3, [&](const FamilyTower& m) -> absl::Status {
+          const auto tc = Clock::now();
+          std::vector<ds::Sample> cache = Generate(*sgen, 0, sched.student_cache_scenes, false);
+          torch::Tensor cache_tokens = EncodeAll(vit, cache, device);
+          for (ds::Sample& smp : cache) {  // keep the text, drop the pixels
+            smp.image = ds::Image();
+            smp.scene.image = ds::Image();
+          }
+          const double cache_seconds = Seconds(tc);
+          std::fprintf(stderr, "[student ] cached %d scenes' tokens in %.1fs\n",
+                       sched.student_cache_scenes, cache_seconds);
+          if (absl::Status s =
+                  TrainTower("student", sched.student, sched, opt, *sgen, tok, vit, m,
+                             cache_tokens, &cache, 0.0, device, &budget, &record);
+              !s.ok()) {
+            return s;
+          }
+          record["student"]["cache_seconds"] = cache_seconds;
+          return absl::OkStatus();
+        });
+    if (!student.ok()) return student.status();
 
     record["device"] = device.str();
     record["threads"] = torch::get_num_threads();  // intra-op; the BLAS has its own
     record["total_seconds_this_run"] = Seconds(t0);
     save_record();
-    enc->to(torch::kCPU);
-    teacher->to(torch::kCPU);
-    student->to(torch::kCPU);
-    if (absl::Status s =
-            SaveFamily(opt.out_dir, *family, enc, teacher, student, record.dump(), tok.tokens());
+    teacher->module->to(torch::kCPU);
+    student->module->to(torch::kCPU);
+    // The family: the student's folder, with the teacher's in teacher/; the student's
+    // config.json names the family (sizes, vocabulary, schedule and this record).
+    json family_json;
+    family_json["name"] = family->name;
+    family_json["architecture"] = family->architecture;
+    family_json["vocabulary"] = family->vocabulary;
+    family_json["vocab_size"] = family->vocab_size;
+    family_json["vision"] = json::parse(VisionConfigToJson(family->vision));
+    family_json["teacher"] = json::parse(TowerConfigToJson(family->teacher));
+    family_json["student"] = json::parse(TowerConfigToJson(family->student));
+    if (!family->pretrain_json.empty()) family_json["pretrain"] = json::parse(family->pretrain_json);
+    family_json["training"] = record;
+    if (absl::Status s = teacher->save(opt.out_dir + "/teacher", {{"role", "teacher"}}); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = student->save(opt.out_dir, {{"role", "student"}, {"family", family_json}});
         !s.ok()) {
       return s;
     }
@@ -996,10 +1180,15 @@ absl::Status Pretrain(const PretrainOptions& opt) {
         const std::vector<int> ids = tok.Encode(q, /*add_bos=*/true);
         prompts.emplace_back(ids.begin(), ids.end());
         texts.push_back("<bos> " + q);
+        if (family->architecture == "llava") {  // llava_family.h's layout: the image first
+          prompts.back().insert(prompts.back().begin(), family->vocab_size - 1);
+          texts.back() = "<image> " + texts.back();
+        }
       }
       torch::NoGradGuard no_grad;
-      if (absl::Status s = WriteFamilyParityCases(opt.out_dir, *enc->vision_model, *student,
-                                                  FamilyPixelValues(ImagesToTensor(some)), prompts,
+      std::unique_ptr<MultimodalModel> mm = student->wrap(torch::kCPU);
+      mm->module().eval();
+      if (absl::Status s = WriteFamilyParityCases(opt.out_dir, *mm, PixelValuesOf(some), prompts,
                                                   texts, sched.max_answer_tokens + 1);
           !s.ok()) {
         return s;
@@ -1014,13 +1203,11 @@ absl::Status Pretrain(const PretrainOptions& opt) {
 
 namespace {
 
-// What model-eval compares: the teacher and the student at each base precision, on `device`
-// in eval() mode, with the family's encoder.
+// What model-eval compares: the teacher and the student at each precision, loaded from the
+// family's folders as any program loads a model folder (LoadHfModel), in eval() mode.
 struct EvalModels {
-  torch::Device device = torch::kCPU;
   ds::ImageSet test;  // the Fashion-MNIST test split the scenes are drawn from
-  VisionEncoder encoder{nullptr};
-  std::vector<std::pair<std::string, Blip2Tower>> models;
+  std::vector<std::pair<std::string, std::unique_ptr<MultimodalModel>>> models;
 };
 
 // Everything model-eval's tables share: device and threads, the test split, the models.
@@ -1029,23 +1216,24 @@ absl::StatusOr<EvalModels> LoadEvalModels(const AccuracyOptions& opt) {
   SetThreads(TowerThreads(opt.threads, device));
   absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
   if (!test.ok()) return test.status();
-  absl::StatusOr<FamilyCheckpoint> ck = LoadFamily(opt.checkpoint_dir, Precision::kFp32);
-  if (!ck.ok()) return ck.status();
-  EvalModels out;
-  out.device = device;
-  out.test = *std::move(test);
-  out.encoder = ck->encoder;
-  out.models.emplace_back("teacher fp32", ck->teacher);
-  out.models.emplace_back("student fp32", ck->student);
-  for (Precision p : {Precision::kInt8, Precision::kInt4}) {
-    absl::StatusOr<Blip2Tower> q = ConvertPrecision(ck->student, p);
-    if (!q.ok()) return q.status();
-    out.models.emplace_back(absl::StrCat("student ", PrecisionName(p)), *q);
+  if (!std::filesystem::exists(opt.checkpoint_dir + "/teacher/config.json")) {
+    return absl::NotFoundError(absl::StrCat(opt.checkpoint_dir,
+                                            " is not a family: it has no teacher/config.json"));
   }
-  out.encoder->to(device);
-  for (auto& [name, m] : out.models) {
-    m->to(device);
-    m->eval();
+  EvalModels out;
+  out.test = *std::move(test);
+  for (const auto& [name, dir, precision] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"teacher fp32", opt.checkpoint_dir + "/teacher", "fp32"},
+           {"student fp32", opt.checkpoint_dir, "fp32"},
+           {"student int8", opt.checkpoint_dir, "int8"},
+           {"student int4", opt.checkpoint_dir, "int4"}}) {
+    HfModelOptions o;
+    o.precision = precision;
+    o.device = device;
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, o);
+    if (!m.ok()) return m.status();
+    (*m)->module().eval();
+    out.models.emplace_back(name, *std::move(m));
   }
   return out;
 }
@@ -1065,7 +1253,6 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
   try {
     absl::StatusOr<EvalModels> e = LoadEvalModels(opt);
     if (!e.ok()) return e.status();
-    const torch::Device device = e->device;
     const ds::ImageSet* test = &e->test;
     // Per model: every category's candidates and references, pooled for "all".
     const size_t k = e->models.size();
@@ -1078,11 +1265,14 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
           MakeGenerator(test, ds::CategoryShiftDomain(c), opt.seed);
       if (!gen.ok()) return gen.status();
       std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
-      torch::Tensor tokens = EncodeAll(e->encoder, samples, device);
       absl::StrAppend(&table, "| ", std::string(ds::CategoryDomainName(c)), " |");
       for (size_t i = 0; i < k; ++i) {
-        CaptionEval r = ScoreCaptionsOf(e->models[i].second, tokens, samples, tok,
-                                        ds::kMaxCaptionTokens, device);
+        absl::StatusOr<torch::Tensor> tokens = EncodeWith(*e->models[i].second, samples);
+        if (!tokens.ok()) return tokens.status();
+        absl::StatusOr<CaptionEval> scored = ScoreCaptionsOf(*e->models[i].second, *tokens,
+                                                             samples, tok, ds::kMaxCaptionTokens);
+        if (!scored.ok()) return scored.status();
+        const CaptionEval& r = *scored;
         absl::StrAppend(&table, absl::StrFormat(" %.1f / %.1f |", r.bleu4, r.cider));
         for (size_t j = 0; j < samples.size(); ++j) {
           all_cands[i].push_back(r.captions[j]);
@@ -1112,10 +1302,8 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
   try {
     absl::StatusOr<EvalModels> loaded = LoadEvalModels(opt);
     if (!loaded.ok()) return loaded.status();
-    const torch::Device device = loaded->device;
     const ds::ImageSet* test = &loaded->test;
-    std::vector<std::pair<std::string, Blip2Tower>>& models = loaded->models;
-    VisionEncoder& encoder = loaded->encoder;
+    auto& models = loaded->models;
     struct Row {
       std::string name;
       ds::DomainSpec spec;
@@ -1141,10 +1329,13 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
       absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(test, row.spec, opt.seed);
       if (!gen.ok()) return gen.status();
       std::vector<ds::Sample> samples = Generate(*gen, 0, opt.scenes, false);
-      torch::Tensor tokens = EncodeAll(encoder, samples, device);
       absl::StrAppend(&table, "| ", row.name, " |");
       for (size_t i = 0; i < models.size(); ++i) {
-        EvalResult r = ScoreAnswers(models[i].second, tokens, samples, tok, 4, device);
+        absl::StatusOr<torch::Tensor> tokens = EncodeWith(*models[i].second, samples);
+        if (!tokens.ok()) return tokens.status();
+        absl::StatusOr<EvalResult> scored = ScoreAnswers(*models[i].second, *tokens, samples, tok, 4);
+        if (!scored.ok()) return scored.status();
+        const EvalResult& r = *scored;
         absl::StrAppend(&table, absl::StrFormat(" %.1f |", r.accuracy));
         if (row.severity == 5) sev5_sum[i] += r.accuracy;
         if (&row == &rows.front()) {

@@ -1,15 +1,15 @@
-// Pretraining of the MLLM family on the scene benchmark (datasets/), in three stages:
-//   1. vision: the shared encoder (a BLIP-2 ViT, vision_encoder.h) on the student's SOURCE
-//      domain, its patch tokens supervised per grid cell
-//      on the scene ground truth (item class or empty, item colour); then frozen (eval()).
-//      Then the token probe (UTS stage 2's score, token_probe.h) on its frozen tokens.
-//   2. teacher: Q-Former + LM (a BLIP-2 tower, blip2_tower.h) on the teacher's broader domain (all
-//   classes and
-//      phrasings, teacher-seen corruptions, random visual-token dropping) above the frozen
-//      encoder.
-//   3. student: Q-Former + LM on the narrow source domain, from a cache of the frozen
-//      encoder's tokens.
-// Each stage checkpoints into the output directory (stages/, resume_*) so an interrupted run
+// Pretraining of a model family (family_model.h) on the scene benchmark (datasets/), in three
+// stages:
+//   1. vision: the shared ViT on the student's SOURCE domain, its patch tokens supervised per
+//      grid cell on the scene ground truth (item class or empty, item colour); then frozen.
+//   2. teacher: a BLIP-2 (family_model.h) or, for FamilyConfig::architecture "llava", a LLaVA
+//      (llava_family.h) holding that ViT, everything above it trained on the teacher's
+//      broader domain (all classes and phrasings, teacher-seen corruptions, random
+//      visual-token dropping).
+//   3. student: the same on the narrow source domain, from a cache of the ViT's tokens.
+// Both end as Hugging Face folders (the student's, with the teacher's in teacher/), which
+// every program then reads through LoadHfModel as it reads a downloaded checkpoint. Each
+// stage checkpoints into the output directory (stages/, resume_*) so an interrupted run
 // resumes where it stopped; data are index-addressed and every step reseeds, so a resumed run
 // follows the same sample order. Runs on CUDA when available, else on all CPU cores.
 #ifndef CDCCA_MODEL_FAMILY_PRETRAIN_H_
@@ -21,7 +21,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/family/checkpoint.h"
 #include "model/family/config.h"
 
 namespace cdcca::model {
@@ -41,9 +40,6 @@ struct PretrainSchedule {
   StageSchedule vision;
   StageSchedule teacher;
   StageSchedule student;
-  // The token probe (model/family/token_probe.h), trained after the vision stage on the
-  // frozen encoder's tokens of source-domain scenes: steps of `batch` tokens at a constant lr.
-  StageSchedule probe{1500, 512, 2e-3f, 0, 0.0f};
   int student_cache_scenes = 4096;  // scenes whose frozen-encoder tokens stage 3 cycles over
   int checkpoint_every = 200;       // steps between resume checkpoints
   int eval_scenes = 200;            // source-test scenes scored after each tower stage
@@ -68,9 +64,9 @@ struct PretrainOptions {
   int stop_after_steps = 0;
 };
 
-// Runs (or resumes) the three stages and writes the family checkpoint (SaveFamily: the
-// student's Hugging Face folder, teacher/ and probe.safetensors) with a training record in
-// its config.json. stages/ keeps the stage files (not part of the model). Progress goes to stderr.
+// Runs (or resumes) the three stages and writes the family: the student's Hugging Face folder
+// in options.out_dir, the teacher's in out_dir/teacher (SaveFamilyFolder), with the family
+// config and a training record in the student's config.json ("cdcca" -> "family"). stages/ keeps the stage files (not part of the model). Progress goes to stderr.
 absl::Status Pretrain(const PretrainOptions& options);
 
 // How a training step pads its questions: lengths[i] = (prompt tokens, answer tokens) of

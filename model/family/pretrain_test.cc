@@ -6,16 +6,18 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/family/blip2_tower.h"
-#include "model/family/checkpoint.h"
+#include "model/arch/hf_model.h"
 #include "model/family/config.h"
-#include "model/family/vision_encoder.h"
+#include "model/family/family_model.h"
+#include "model/family/llava_family.h"
+#include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -94,13 +96,17 @@ TEST(PretrainScheduleTest, ReadsTheTasks) {
   EXPECT_FALSE(ParsePretrainSchedule(R"({"tasks": []})").ok());
 }
 
-// Every parameter of `a` equals the same-named one of `b`, bit for bit.
-void ExpectSameParameters(torch::nn::Module& a, torch::nn::Module& b, const char* what) {
-  auto pa = a.named_parameters();
-  auto pb = b.named_parameters();
-  ASSERT_EQ(pa.size(), pb.size()) << what;
-  for (const auto& p : pa) {
-    EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << what << " " << p.key();
+// Every tensor of `a`'s model.safetensors equals the same-named one of `b`'s, bit for bit.
+void ExpectSameWeights(const std::string& a, const std::string& b, const char* what) {
+  absl::StatusOr<SafetensorsContents> wa = ReadSafetensors(a + "/model.safetensors");
+  absl::StatusOr<SafetensorsContents> wb = ReadSafetensors(b + "/model.safetensors");
+  ASSERT_TRUE(wa.ok()) << wa.status();
+  ASSERT_TRUE(wb.ok()) << wb.status();
+  ASSERT_EQ(wa->tensors.size(), wb->tensors.size()) << what;
+  std::map<std::string, torch::Tensor> by_name(wb->tensors.begin(), wb->tensors.end());
+  for (const auto& [name, t] : wa->tensors) {
+    ASSERT_TRUE(by_name.count(name)) << what << " " << name;
+    EXPECT_TRUE(torch::equal(t, by_name[name])) << what << " " << name;
   }
 }
 
@@ -110,16 +116,17 @@ int64_t ParameterCount(torch::nn::Module& m) {
   return n;
 }
 
-// Every family under configs/models/ (tiny, small, base) parses with its pretraining
-// schedule, builds, answers with the shapes its config says, and has a teacher with more
-// query-adapter layers and a wider, deeper LM than its student.
+// Every family under configs/models/ (tiny, small, base, the llava-* ones) parses with its
+// pretraining schedule, builds, answers with the shapes its config says, and has a teacher
+// with a wider, deeper LM than its student (and, in a BLIP-2 family, more Q-Former layers).
 TEST(FamilyConfigsTest, EveryShippedFamilyBuildsWithATeacherLargerThanItsStudent) {
   std::vector<std::string> names;
   for (const auto& e :
        std::filesystem::directory_iterator(std::string(CDCCA_SOURCE_DIR) + "/configs/models")) {
     if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
   }
-  EXPECT_THAT(names, ::testing::IsSupersetOf({"tiny", "small", "base"}));
+  EXPECT_THAT(names,
+              ::testing::IsSupersetOf({"tiny", "small", "base", "llava-tiny", "llava-small"}));
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     absl::StatusOr<FamilyConfig> f =
@@ -129,22 +136,58 @@ TEST(FamilyConfigsTest, EveryShippedFamilyBuildsWithATeacherLargerThanItsStudent
     absl::StatusOr<PretrainSchedule> s = ParsePretrainSchedule(f->pretrain_json);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_GT(s->teacher.steps, 0);
-    EXPECT_GT(f->teacher.qa_layers, f->student.qa_layers);
     EXPECT_GT(f->teacher.d_model, f->student.d_model);
     EXPECT_GT(f->teacher.lm_layers, f->student.lm_layers);
     torch::NoGradGuard no_grad;
-    VisionEncoder enc(f->vision);
-    enc->eval();
-    const torch::Tensor tokens =
-        enc->forward(torch::rand({1, 3, f->vision.image_size, f->vision.image_size}));
-    EXPECT_EQ(tokens.sizes(), (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
-    Blip2Tower teacher(f->teacher), student(f->student);
-    EXPECT_GT(ParameterCount(*teacher), ParameterCount(*student));
-    for (Blip2Tower* m : {&teacher, &student}) {
-      (*m)->eval();
-      const torch::Tensor text = torch::randint(1, f->vocab_size, {1, 5}, torch::kLong);
-      MllmOutput out = (*m)->Forward({tokens, torch::Tensor(), text, torch::Tensor()});
-      EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{1, 5, f->vocab_size}));
+    if (f->architecture == "llava") {
+      absl::StatusOr<Llava> teacher = NewLlavaFamilyModel(f->vision, f->teacher);
+      absl::StatusOr<Llava> student = NewLlavaFamilyModel(f->vision, f->student);
+      ASSERT_TRUE(teacher.ok()) << teacher.status();
+      ASSERT_TRUE(student.ok()) << student.status();
+      EXPECT_GT(ParameterCount(**teacher), ParameterCount(**student));
+      for (Llava* m : {&*teacher, &*student}) {
+        std::unique_ptr<MultimodalModel> mm = LlavaFamilyMultimodalModel(*m, torch::kCPU);
+        mm->module().eval();
+        MultimodalInputs px;
+        px.pixel_values = torch::rand({1, 3, f->vision.image_size, f->vision.image_size});
+        absl::StatusOr<torch::Tensor> tokens = mm->EncodeImages(px);
+        ASSERT_TRUE(tokens.ok()) << tokens.status();
+        EXPECT_EQ(tokens->sizes(),
+                  (std::vector<int64_t>{1, f->vision.NumPatches(), f->vision.d_vis}));
+        TokenInputs in;
+        in.visual_tokens = *tokens;
+        const std::vector<int64_t> ids = mm->ExpandImageTokens({f->vocab_size - 1, 1, 5, 6, 7});
+        in.input_ids = torch::tensor(ids, torch::kLong).unsqueeze(0);
+        absl::StatusOr<TokenForward> out = mm->ForwardTokens(in);
+        ASSERT_TRUE(out.ok()) << out.status();
+        EXPECT_EQ(out->logits.sizes(),
+                  (std::vector<int64_t>{1, static_cast<int64_t>(ids.size()), f->vocab_size}));
+      }
+      continue;
+    }
+    EXPECT_GT(f->teacher.qa_layers, f->student.qa_layers);
+    absl::StatusOr<Blip2ForConditionalGeneration> teacher = NewFamilyModel(f->vision, f->teacher);
+    absl::StatusOr<Blip2ForConditionalGeneration> student = NewFamilyModel(f->vision, f->student);
+    ASSERT_TRUE(teacher.ok()) << teacher.status();
+    ASSERT_TRUE(student.ok()) << student.status();
+    EXPECT_GT(ParameterCount(**teacher), ParameterCount(**student));
+    for (Blip2ForConditionalGeneration* m : {&*teacher, &*student}) {
+      std::unique_ptr<MultimodalModel> mm = FamilyMultimodalModel(*m, torch::kCPU);
+      mm->module().eval();
+      MultimodalInputs px;
+      px.pixel_values = torch::rand({1, 3, f->vision.image_size, f->vision.image_size});
+      absl::StatusOr<torch::Tensor> tokens = mm->EncodeImages(px);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      EXPECT_EQ(tokens->sizes(),
+                (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
+      TokenInputs in;
+      in.visual_tokens = *tokens;
+      const std::vector<int64_t> ids = mm->ExpandImageTokens({1, 5, 6, 7, 8});
+      in.input_ids = torch::tensor(ids, torch::kLong).unsqueeze(0);
+      absl::StatusOr<TokenForward> out = mm->ForwardTokens(in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->logits.sizes(),
+                (std::vector<int64_t>{1, static_cast<int64_t>(ids.size()), f->vocab_size}));
     }
   }
 }
@@ -158,8 +201,15 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
   o.force_cpu = true;
   ASSERT_TRUE(Pretrain(o).ok());
-  absl::StatusOr<FamilyCheckpoint> family = LoadFamily(out, Precision::kFp32);
-  ASSERT_TRUE(family.ok()) << family.status();
+  // The family is two model folders that load as any downloaded checkpoint does.
+  for (const std::string& dir : {out, out + "/teacher"}) {
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    ASSERT_TRUE(m.ok()) << dir << ": " << m.status();
+    EXPECT_EQ((*m)->model_type(), "blip-2");
+  }
+  absl::StatusOr<FamilyConfig> config = LoadFamilyConfig(out + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "tiny");
   nlohmann::json record;
   std::ifstream(out + "/pretrain_record.json") >> record;
   for (const char* stage : {"vision", "teacher", "student"}) {
@@ -174,15 +224,100 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   EXPECT_FALSE(std::filesystem::exists(out + "/resume_teacher_step.txt"));
 
   // A second run finds every stage done: it trains nothing and writes the same weights.
+  const std::string first = out + "_first";
+  std::filesystem::remove_all(first);
+  std::filesystem::create_directories(first);
+  std::filesystem::copy_file(out + "/model.safetensors", first + "/model.safetensors");
   ASSERT_TRUE(Pretrain(o).ok());
   nlohmann::json rerun;
   std::ifstream(out + "/pretrain_record.json") >> rerun;
   for (const char* stage : {"vision", "teacher", "student"}) {
     EXPECT_EQ(rerun[stage]["seconds"], record[stage]["seconds"]) << stage;
   }
-  absl::StatusOr<FamilyCheckpoint> again = LoadFamily(out, Precision::kFp32);
-  ASSERT_TRUE(again.ok()) << again.status();
-  ExpectSameParameters(*family->student, *again->student, "student");
+  ExpectSameWeights(first, out, "student");
+}
+
+// The LLaVA-style family trains through the same stages, resumes from a stop inside a tower
+// stage to the same weights, and ends as two LLaVA folders that answer (LoadHfModel) exactly
+// as the in-memory student did when pretraining recorded its parity cases; model-eval reads
+// them.
+TEST(PretrainTest, LlavaTinyFamilyTrainsResumesAndLoadsAsItAnswered) {
+  PretrainOptions o;
+  o.config_path = std::string(CDCCA_SOURCE_DIR) + "/configs/models/llava-tiny.json";
+  o.fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  o.force_cpu = true;
+  o.out_dir = ::testing::TempDir() + "/pretrain_llava_tiny";
+  std::filesystem::remove_all(o.out_dir);
+  ASSERT_TRUE(Pretrain(o).ok());
+  for (const std::string& dir : {o.out_dir, o.out_dir + "/teacher"}) {
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    ASSERT_TRUE(m.ok()) << dir << ": " << m.status();
+    EXPECT_EQ((*m)->model_type(), "llava");
+    EXPECT_TRUE(std::filesystem::exists(dir + "/chat_template.jinja")) << dir;
+  }
+  absl::StatusOr<FamilyConfig> config = LoadFamilyConfig(o.out_dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "llava-tiny");
+  EXPECT_EQ(config->architecture, "llava");
+  nlohmann::json record;
+  std::ifstream(o.out_dir + "/pretrain_record.json") >> record;
+  for (const char* stage : {"vision", "teacher", "student"}) {
+    ASSERT_TRUE(record.contains(stage)) << stage;
+    EXPECT_EQ(record[stage]["steps"].get<int>(), 3) << stage;
+  }
+  EXPECT_GE(record["student"]["source_test_da"].get<double>(), 0.0);
+
+  // The student's parity cases (what the in-memory model answered, image tokens first) are
+  // what the folder answers.
+  nlohmann::json expected;
+  std::ifstream(o.out_dir + "/cdcca_expected.json") >> expected;
+  absl::StatusOr<SafetensorsContents> pixels =
+      ReadSafetensors(o.out_dir + "/cdcca_pixels.safetensors");
+  ASSERT_TRUE(pixels.ok()) << pixels.status();
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> student = LoadHfModel(o.out_dir, {});
+  ASSERT_TRUE(student.ok()) << student.status();
+  ASSERT_EQ(expected["cases"].size(), 2u);
+  for (size_t i = 0; i < expected["cases"].size(); ++i) {
+    const nlohmann::json& c = expected["cases"][i];
+    const std::vector<int64_t> prompt = c["prompt_ids"].get<std::vector<int64_t>>();
+    EXPECT_EQ(prompt.front(), config->vocab_size - 1) << "case " << i;
+    EXPECT_EQ(prompt[1], 1) << "case " << i;  // <bos> after the image
+    EXPECT_THAT(c["prompt"].get<std::string>(), ::testing::StartsWith("<image> <bos> "));
+    MultimodalInputs in;
+    in.pixel_values = pixels->tensors[i].second.unsqueeze(0);
+    in.input_ids =
+        torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
+    GreedyOptions g;
+    g.max_new_tokens = c["max_new_tokens"].get<int64_t>();
+    g.eos_token_ids = (*student)->eos_token_ids();
+    absl::StatusOr<GreedyResult> r = (*student)->Generate(in, g);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens[0], c["greedy_tokens"].get<std::vector<int64_t>>()) << "case " << i;
+    const std::vector<float> first = c["first_logits"].get<std::vector<float>>();
+    EXPECT_TRUE(torch::allclose(r->first_logits[0], torch::tensor(first), 1e-5, 1e-5));
+  }
+
+  AccuracyOptions a;
+  a.checkpoint_dir = o.out_dir;
+  a.fashion_mnist_dir = o.fashion_mnist_dir;
+  a.scenes = 3;
+  a.force_cpu = true;
+  absl::StatusOr<std::string> table = AccuracyTable(a);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_THAT(*table, ::testing::HasSubstr("| source test (clean) |"));
+
+  // Stopped inside the teacher's stage (3 vision steps, then 2) and continued: the same family.
+  PretrainOptions split = o;
+  split.out_dir = ::testing::TempDir() + "/pretrain_llava_tiny_split";
+  std::filesystem::remove_all(split.out_dir);
+  split.stop_after_steps = 5;
+  absl::Status stopped = Pretrain(split);
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kAborted) << stopped;
+  EXPECT_THAT(std::string(stopped.message()), ::testing::HasSubstr("teacher at step 2"));
+  split.stop_after_steps = 0;
+  ASSERT_TRUE(Pretrain(split).ok());
+  ExpectSameWeights(o.out_dir + "/teacher", split.out_dir + "/teacher", "teacher");
+  ExpectSameWeights(o.out_dir, split.out_dir, "student");
 }
 
 // tiny.json with pretrain.tasks replaced, written to `path`.
@@ -241,7 +376,7 @@ TEST(PretrainTest, CaptionsNeedRoomForTheLongestCaption) {
   absl::Status s = Pretrain(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("max_positions is 32"));
-  EXPECT_FALSE(std::filesystem::exists(o.out_dir + "/stages/encoder.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir + "/stages/vision.safetensors"));
 }
 
 // A run stopped mid-stage (stop_after_steps) and continued writes the same weights as an
@@ -275,13 +410,8 @@ TEST(PretrainTest, StoppedRunsContinueToTheSameWeights) {
   ASSERT_TRUE(Pretrain(split).ok());
   EXPECT_FALSE(std::filesystem::exists(split.out_dir + "/resume_teacher_step.txt"));
 
-  absl::StatusOr<FamilyCheckpoint> whole = LoadFamily(o.out_dir, Precision::kFp32);
-  absl::StatusOr<FamilyCheckpoint> parts = LoadFamily(split.out_dir, Precision::kFp32);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  ASSERT_TRUE(parts.ok()) << parts.status();
-  ExpectSameParameters(*whole->encoder, *parts->encoder, "encoder");
-  ExpectSameParameters(*whole->teacher, *parts->teacher, "teacher");
-  ExpectSameParameters(*whole->student, *parts->student, "student");
+  ExpectSameWeights(o.out_dir + "/teacher", split.out_dir + "/teacher", "teacher");
+  ExpectSameWeights(o.out_dir, split.out_dir, "student");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The UTS stage-2 token scores by name (paper Sec. 3.2, Eq. 3): one enum shared by the
 // device (device/uts.h, torch-free), the harness's experiment files and the torch code that
-// computes them (model/family/token_scores.h). Torch-free, so the device's UTS library and
+// computes them (the device runtime, over MultimodalModel::StochasticVisualTokens). Torch-free, so the device's UTS library and
 // the experiment parser link it without LibTorch.
 //
 // Thread-safety: pure functions.
@@ -34,19 +34,19 @@ enum class TokenScoreKind {
   // Mean attention mass over the passes: what the student reads, with no uncertainty in it.
   // An ablation, to tell what the variance adds over the mass it scales with.
   kAttentionMass,
-  // Predictive entropy of the family's token probe under the same dropout passes, smoothed
-  // over the token grid (TokenProbeImpl::Uncertainty): how unsure the device is of what each
-  // token shows. Finds the corrupted half of a frame best, but keeps the tokens the teacher
-  // can read least (below random in adaptation). Needs probe.safetensors.
+  // Predictive entropy of a token probe trained on the benchmark's cell labels, under the
+  // same dropout passes. No model folder carries such a probe (the project's families no
+  // longer train one), so the device refuses this score; the name stays so that an experiment
+  // file naming it gets that error rather than an unknown-name one. Its measured figures are
+  // in docs/BENCHMARKS.md.
   kProbeEntropy,
   // Attention variance times the cube of the probe entropy, the entropy
   // from one pass without dropout (the dropout passes are the attention's; the probe's own
   // would double stage 2's cost). Tokens the student reads (which the teacher needs in order
   // to answer) and cannot make out (which the adaptation is for): most kept tokens fall in
   // the corrupted half of a frame, and the cloud recovers the all-tokens gain from them
-  // (docs/BENCHMARKS.md). The probe is trained on the benchmark's labels, which no
-  // downloaded checkpoint has. A family without probe.safetensors scores with the attention
-  // variance alone (device InferenceRuntime::EffectiveScore).
+  // (docs/BENCHMARKS.md). Without a probe (no model folder has one) the device scores with
+  // the attention variance alone (device InferenceRuntime::EffectiveScore).
   kVarianceProbe,
 };
 
