@@ -1,5 +1,6 @@
 // `cdcca answer` on every family, run as the program: the tiny LLaVA, BLIP-2 and InstructBLIP
-// fixtures, the project's tiny family fixture and its committed family models/small, each
+// fixtures, the project's tiny family fixture and its committed families models/small and
+// models/llava-small (prompted through its chat template), each
 // with and without --adapter_state. Each writes the official VQAv2 results file, which
 // `cdcca eval vqa` scores; A-OKVQA and COCO captions results likewise on one fixture each.
 // The answers are the library's greedy answers for the architecture's prompt (LLaVA-1.5's
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -236,7 +238,7 @@ class AnswerEveryFamilyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AnswerEveryFamilyTest, WritesVqaResultsThatEvalScoresWithAndWithoutAdapterState) {
   const std::string model_dir = Source(GetParam());
-  const bool scenes = GetParam() == "models/small";
+  const bool scenes = GetParam().rfind("models/", 0) == 0;  // a committed family
   const fs::path dir = FreshDir(fs::path(GetParam()).filename().string());
   VqaSet set;
   if (scenes) {
@@ -291,11 +293,12 @@ INSTANTIATE_TEST_SUITE_P(Families, AnswerEveryFamilyTest,
                                            "tests/fixtures/hf/models/blip2_llama",
                                            "tests/fixtures/hf/models/instructblip_llama",
                                            "tests/fixtures/family/blip2_family_tiny",
-                                           "models/small"),
+                                           "models/small", "models/llava-small"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           return fs::path(info.param).filename().string() == "small"
-                                      ? std::string("models_small")
-                                      : fs::path(info.param).filename().string();
+                           std::string name = fs::path(info.param).filename().string();
+                           if (info.param.rfind("models/", 0) == 0) name = "models_" + name;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 // The prompt each architecture gets by default, and a folder's chat template over it.
