@@ -73,7 +73,7 @@ struct TowerConfig {
 };
 
 struct FamilyConfig {
-  std::string name;        // "tiny", "small", ...
+  std::string name;  // "tiny", "small", ...
   // How the towers read the image (family_model.h, llava_family.h): "blip-2" (a Q-Former's
   // query tokens; default) or "llava" (the ViT's patch tokens through an MLP projector; the
   // towers' num_queries and qa_* fields are unused).

@@ -26,8 +26,7 @@ json Tiny() {
 }
 
 TEST(ConfigTest, CommittedConfigsParse) {
-  for (const char* name :
-       {"tiny", "small", "base", "small-caption", "llava-tiny", "llava-small"}) {
+  for (const char* name : {"tiny", "small", "base", "small-caption", "llava-tiny", "llava-small"}) {
     std::ifstream in(std::string(CDCCA_SOURCE_DIR) + "/configs/models/" + name + ".json");
     std::stringstream ss;
     ss << in.rdbuf();

@@ -100,6 +100,29 @@ FamilyTowerArchitecture FamilyTowerConfig(const VisionConfig& vision, const Towe
   return a;
 }
 
+json FamilyTextConfigJson(const DecoderConfig& d) {
+  return json{{"model_type", "llama"},
+              {"vocab_size", d.vocab_size},
+              {"hidden_size", d.hidden_size},
+              {"intermediate_size", d.intermediate_size},
+              {"num_hidden_layers", d.num_hidden_layers},
+              {"num_attention_heads", d.num_attention_heads},
+              {"num_key_value_heads", d.num_key_value_heads},
+              {"head_dim", d.head_dim},
+              {"max_position_embeddings", d.max_position_embeddings},
+              {"rms_norm_eps", d.rms_norm_eps},
+              // transformers 5 spelling; 4.x reads the top-level rope_theta.
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", d.rope.theta}}},
+              {"rope_theta", d.rope.theta},
+              {"hidden_act", d.hidden_act},
+              {"attention_bias", false},
+              {"mlp_bias", false},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", kBos},
+              {"eos_token_id", kEos},
+              {"pad_token_id", kPad}};
+}
+
 json FamilyHfConfigJson(const VisionConfig& vision, const TowerConfig& t) {
   const FamilyTowerArchitecture a = FamilyTowerConfig(vision, t);
   const Blip2VisionConfig& v = a.blip2.vision;
@@ -132,26 +155,7 @@ json FamilyHfConfigJson(const VisionConfig& vision, const TowerConfig& t) {
                          {"max_position_embeddings", q.max_position_embeddings},
                          {"position_embedding_type", "absolute"},
                          {"use_qformer_text_input", false}};
-  json text_config = {{"model_type", "llama"},
-                      {"vocab_size", d.vocab_size},
-                      {"hidden_size", d.hidden_size},
-                      {"intermediate_size", d.intermediate_size},
-                      {"num_hidden_layers", d.num_hidden_layers},
-                      {"num_attention_heads", d.num_attention_heads},
-                      {"num_key_value_heads", d.num_key_value_heads},
-                      {"head_dim", d.head_dim},
-                      {"max_position_embeddings", d.max_position_embeddings},
-                      {"rms_norm_eps", d.rms_norm_eps},
-                      // transformers 5 spelling; 4.x reads the top-level rope_theta.
-                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", d.rope.theta}}},
-                      {"rope_theta", d.rope.theta},
-                      {"hidden_act", d.hidden_act},
-                      {"attention_bias", false},
-                      {"mlp_bias", false},
-                      {"tie_word_embeddings", false},
-                      {"bos_token_id", kBos},
-                      {"eos_token_id", kEos},
-                      {"pad_token_id", kPad}};
+  json text_config = FamilyTextConfigJson(d);
   return json{{"architectures", {"Blip2ForConditionalGeneration"}},
               {"model_type", "blip-2"},
               {"num_query_tokens", a.blip2.num_query_tokens},
@@ -210,13 +214,12 @@ Blip2VisionModel MakeFamilyVit(const VisionConfig& vision) {
   return vit;
 }
 
-
 absl::StatusOr<Blip2ForConditionalGeneration> NewFamilyModel(const VisionConfig& vision,
                                                              const TowerConfig& tower) {
   if (absl::Status valid = ValidateTower(tower); !valid.ok()) return valid;
   if (tower.d_vis != vision.d_vis) {
-    return absl::InvalidArgumentError(absl::StrCat("the tower's d_vis ", tower.d_vis,
-                                                   " is not the vision's ", vision.d_vis));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tower's d_vis ", tower.d_vis, " is not the vision's ", vision.d_vis));
   }
   try {
     const FamilyTowerArchitecture arch = FamilyTowerConfig(vision, tower);
@@ -244,9 +247,8 @@ std::vector<FamilyGroupOutput> ForwardQuestionGroups(Blip2ForConditionalGenerati
   const int64_t b = visual_tokens.size(0);
   const int64_t l = model.config().num_query_tokens;
   std::vector<torch::Tensor> probs;
-  torch::Tensor queries = model.qformer->ForwardQueries(model.query_tokens.expand({b, -1, -1}),
-                                                        visual_tokens, visual_mask, dropout_p,
-                                                        &probs);
+  torch::Tensor queries = model.qformer->ForwardQueries(
+      model.query_tokens.expand({b, -1, -1}), visual_tokens, visual_mask, dropout_p, &probs);
   torch::Tensor prefix = model.language_projection->forward(queries);
   DecoderKvCache prefix_cache;
   DecoderForwardOptions prefix_options;
@@ -320,18 +322,15 @@ json WordLevelTokenizerJson(const std::vector<std::string>& vocabulary, int64_t 
               {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<unk>"}}}};
 }
 
-absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerationImpl& model,
-                              const VisionConfig& vision, const TowerConfig& tower,
-                              const std::vector<std::string>& vocabulary,
-                              const json& cdcca_extra) {
+absl::Status WriteFamilyFolder(const std::string& dir, torch::nn::Module& model,
+                               const std::function<std::string(const std::string&)>& folder_name,
+                               const TowerConfig& tower, const std::vector<std::string>& vocabulary,
+                               const json& config, const std::string& processor_file,
+                               const json& processor) {
   if (static_cast<int64_t>(vocabulary.size()) > tower.vocab_size - 1 || vocabulary.size() < 4) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": the vocabulary has ", vocabulary.size(), " words; the model holds 4 to ",
         tower.vocab_size - 1, " (its last id is the image token)"));
-  }
-  if (model.precision().weights != Precision::kFp32 || model.precision().dtype != torch::kFloat) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": a family folder holds an fp32 model, not a quantized one"));
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -350,7 +349,8 @@ absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerat
       if (IsLoraName(p.key())) continue;
       auto it = merged.find(p.key());
       const torch::Tensor value = it != merged.end() ? it->second : p.value();
-      tensors.emplace_back(HfName(p.key()), value.detach().to(torch::kCPU, torch::kFloat).contiguous());
+      tensors.emplace_back(folder_name(p.key()),
+                           value.detach().to(torch::kCPU, torch::kFloat).contiguous());
     }
     if (absl::Status s = WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
         !s.ok()) {
@@ -360,8 +360,6 @@ absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerat
     return absl::InternalError(
         absl::StrCat(dir, ": saving the model: ", e.what_without_backtrace()));
   }
-  json config = FamilyHfConfigJson(vision, tower);
-  for (const auto& [key, value] : cdcca_extra.items()) config["cdcca"][key] = value;
   const json specials = {{"bos_token", "<bos>"},
                          {"eos_token", "<eos>"},
                          {"unk_token", "<unk>"},
@@ -370,27 +368,41 @@ absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerat
   tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast";
   tokenizer_config["model_max_length"] = tower.max_positions;
   tokenizer_config["extra_special_tokens"] = {{"image_token", "<image>"}};
-  json preprocessor = {{"image_processor_type", "BlipImageProcessor"},
-                       {"do_convert_rgb", true},
-                       {"do_resize", true},
-                       {"size", {{"height", vision.image_size}, {"width", vision.image_size}}},
-                       {"resample", 3},
-                       {"do_rescale", true},
-                       {"rescale_factor", 1.0 / 255.0},
-                       {"do_normalize", true},
-                       {"image_mean", {0.5, 0.5, 0.5}},
-                       {"image_std", {0.25, 0.25, 0.25}}};
   for (const auto& [name, j] : std::vector<std::pair<std::string, json>>{
            {"config.json", config},
            {"tokenizer.json", WordLevelTokenizerJson(vocabulary, tower.vocab_size)},
            {"tokenizer_config.json", tokenizer_config},
            {"special_tokens_map.json", specials},
-           {"preprocessor_config.json", preprocessor},
+           {processor_file, processor},
            {"generation_config.json",
             {{"bos_token_id", kBos}, {"eos_token_id", kEos}, {"pad_token_id", kPad}}}}) {
     if (absl::Status s = WriteJson(dir + "/" + name, j); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerationImpl& model,
+                              const VisionConfig& vision, const TowerConfig& tower,
+                              const std::vector<std::string>& vocabulary, const json& cdcca_extra) {
+  if (model.precision().weights != Precision::kFp32 || model.precision().dtype != torch::kFloat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": a family folder holds an fp32 model, not a quantized one"));
+  }
+  json config = FamilyHfConfigJson(vision, tower);
+  for (const auto& [key, value] : cdcca_extra.items()) config["cdcca"][key] = value;
+  const json preprocessor = {
+      {"image_processor_type", "BlipImageProcessor"},
+      {"do_convert_rgb", true},
+      {"do_resize", true},
+      {"size", {{"height", vision.image_size}, {"width", vision.image_size}}},
+      {"resample", 3},
+      {"do_rescale", true},
+      {"rescale_factor", 1.0 / 255.0},
+      {"do_normalize", true},
+      {"image_mean", {0.5, 0.5, 0.5}},
+      {"image_std", {0.25, 0.25, 0.25}}};
+  return WriteFamilyFolder(dir, model, HfName, tower, vocabulary, config,
+                           "preprocessor_config.json", preprocessor);
 }
 
 absl::Status WriteFamilyParityCases(const std::string& dir, MultimodalModel& model,

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,22 @@ std::vector<FamilyGroupOutput> ForwardQuestionGroups(Blip2ForConditionalGenerati
 // - 1 and "<image>" at vocab_size - 1.
 nlohmann::json WordLevelTokenizerJson(const std::vector<std::string>& vocabulary,
                                       int64_t vocab_size);
+
+// text_config of a family's Llama decoder as transformers writes LlamaConfig (both the
+// transformers 5 "rope_parameters" and the 4.x top-level "rope_theta"; bos 1, eos 2, pad 0).
+nlohmann::json FamilyTextConfigJson(const DecoderConfig& text);
+
+// What every family folder holds besides its architecture's config and processor: the weights
+// of `model` (LoRA folded in; each parameter stored under folder_name(module name)),
+// config.json (`config`), tokenizer.json (the word vocabulary), tokenizer_config.json,
+// special_tokens_map.json, generation_config.json, and `processor_file` holding `processor`.
+// InvalidArgument for a vocabulary outside 4 to tower.vocab_size - 1 words; file errors as
+// Internal. For SaveFamilyFolder and its LLaVA counterpart.
+absl::Status WriteFamilyFolder(const std::string& dir, torch::nn::Module& model,
+                               const std::function<std::string(const std::string&)>& folder_name,
+                               const TowerConfig& tower, const std::vector<std::string>& vocabulary,
+                               const nlohmann::json& config, const std::string& processor_file,
+                               const nlohmann::json& processor);
 
 // Writes `model` (fp32) as a Hugging Face model folder that transformers'
 // Blip2ForConditionalGeneration loads: config.json (FamilyHfConfigJson with `cdcca_extra`'s

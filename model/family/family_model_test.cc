@@ -142,8 +142,8 @@ TEST(FamilyModelTest, QuestionGroupsComputeWhatTheModelComputesPerRow) {
   absl::StatusOr<torch::Tensor> tokens = mm->EncodeImages(px);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   // Three questions on two scenes; the second row is left-padded by two.
-  const torch::Tensor text = torch::tensor({{1, 5, 6, 7, 4, 9}, {0, 0, 1, 6, 4, 8}, {1, 7, 6, 5, 4, 10}},
-                                           torch::kLong);
+  const torch::Tensor text =
+      torch::tensor({{1, 5, 6, 7, 4, 9}, {0, 0, 1, 6, 4, 8}, {1, 7, 6, 5, 4, 10}}, torch::kLong);
   const torch::Tensor valid =
       torch::tensor({{1, 1, 1, 1, 1, 1}, {0, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}}).to(torch::kBool);
   const torch::Tensor scene = torch::tensor({0, 1, 0}, torch::kLong);
@@ -173,9 +173,11 @@ TEST(FamilyModelTest, QuestionGroupsDropOutOnlyWhenAsked) {
   Fixture f;
   torch::NoGradGuard no_grad;
   torch::Tensor tokens = f.model->vision_model->forward(f.pixels);
-  const FamilyQuestionGroup g{torch::tensor({{1, 5, 6}, {1, 6, 5}}, torch::kLong),
-                              torch::Tensor(), torch::tensor({0, 1}, torch::kLong)};
-  auto run = [&](double p) { return ForwardQuestionGroups(*f.model, tokens, {}, {g}, p)[0].logits; };
+  const FamilyQuestionGroup g{torch::tensor({{1, 5, 6}, {1, 6, 5}}, torch::kLong), torch::Tensor(),
+                              torch::tensor({0, 1}, torch::kLong)};
+  auto run = [&](double p) {
+    return ForwardQuestionGroups(*f.model, tokens, {}, {g}, p)[0].logits;
+  };
   EXPECT_TRUE(torch::equal(run(0.0), run(0.0)));
   EXPECT_FALSE(torch::allclose(run(0.3), run(0.3)));
 }
@@ -183,9 +185,9 @@ TEST(FamilyModelTest, QuestionGroupsDropOutOnlyWhenAsked) {
 TEST(FamilyModelTest, HuggingFaceFolderAnswersWithTheSameTokens) {
   Fixture f;
   const std::string dir = TempDir("folder");
-  ASSERT_TRUE(SaveFamilyFolder(dir, *f.model, f.vision, f.tower, Vocabulary(20),
-                               {{"role", "student"}})
-                  .ok());
+  ASSERT_TRUE(
+      SaveFamilyFolder(dir, *f.model, f.vision, f.tower, Vocabulary(20), {{"role", "student"}})
+          .ok());
   for (const char* file :
        {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "preprocessor_config.json", "generation_config.json"}) {

@@ -17,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kBos = 1, kEos = 2, kPad = 0;  // the scene vocabulary's specials
+constexpr int64_t kEos = 2;  // the scene vocabulary's end of sequence
 
 // The last layer's hidden states: the layer stage 1 trains the cell heads on.
 constexpr int64_t kFeatureLayer = -1;
@@ -33,10 +33,6 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
-}
-
-absl::Status WriteJson(const std::string& path, const json& j) {
-  return WriteText(path, j.dump(2) + "\n");
 }
 
 }  // namespace
@@ -91,26 +87,7 @@ json LlavaFamilyHfConfigJson(const VisionConfig& vision, const TowerConfig& t) {
                         {"layer_norm_eps", v.layer_norm_eps},
                         {"attention_dropout", 0.0},
                         {"projection_dim", v.hidden_size}};
-  json text_config = {{"model_type", "llama"},
-                      {"vocab_size", d.vocab_size},
-                      {"hidden_size", d.hidden_size},
-                      {"intermediate_size", d.intermediate_size},
-                      {"num_hidden_layers", d.num_hidden_layers},
-                      {"num_attention_heads", d.num_attention_heads},
-                      {"num_key_value_heads", d.num_key_value_heads},
-                      {"head_dim", d.head_dim},
-                      {"max_position_embeddings", d.max_position_embeddings},
-                      {"rms_norm_eps", d.rms_norm_eps},
-                      // transformers 5 spelling; 4.x reads the top-level rope_theta.
-                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", d.rope.theta}}},
-                      {"rope_theta", d.rope.theta},
-                      {"hidden_act", d.hidden_act},
-                      {"attention_bias", false},
-                      {"mlp_bias", false},
-                      {"tie_word_embeddings", false},
-                      {"bos_token_id", kBos},
-                      {"eos_token_id", kEos},
-                      {"pad_token_id", kPad}};
+  json text_config = FamilyTextConfigJson(d);
   return json{{"architectures", {"LlavaForConditionalGeneration"}},
               {"model_type", "llava"},
               {"image_token_index", c.image_token_id},
@@ -242,56 +219,13 @@ absl::Status SaveLlavaFamilyFolder(const std::string& dir, LlavaImpl& model,
                                    const VisionConfig& vision, const TowerConfig& tower,
                                    const std::vector<std::string>& vocabulary,
                                    const json& cdcca_extra) {
-  if (static_cast<int64_t>(vocabulary.size()) > tower.vocab_size - 1 || vocabulary.size() < 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": the vocabulary has ", vocabulary.size(), " words; the model holds 4 to ",
-        tower.vocab_size - 1, " (its last id is the image token)"));
-  }
   if (model.language_model().precision().weights != Precision::kFp32 ||
       model.language_model().precision().dtype != torch::kFloat) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, ": a family folder holds an fp32 model, not a quantized one"));
   }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  try {
-    torch::NoGradGuard no_grad;
-    std::map<std::string, torch::Tensor> merged;  // LoRA folded into the base weights
-    for (const auto& m : model.named_modules()) {
-      if (auto* linear = dynamic_cast<HfLinearImpl*>(m.value().get());
-          linear != nullptr && linear->has_lora()) {
-        merged[m.key() + ".weight"] = linear->MergedWeight();
-      }
-    }
-    std::vector<std::pair<std::string, torch::Tensor>> tensors;
-    for (const auto& p : model.named_parameters()) {
-      if (absl::EndsWith(p.key(), ".lora_a") || absl::EndsWith(p.key(), ".lora_b")) continue;
-      auto it = merged.find(p.key());
-      const torch::Tensor value = it != merged.end() ? it->second : p.value();
-      const std::string name = absl::StartsWith(p.key(), kModuleLmHead)
-                                   ? kFolderLmHead + p.key().substr(sizeof(kModuleLmHead) - 1)
-                                   : p.key();
-      tensors.emplace_back(name, value.detach().to(torch::kCPU, torch::kFloat).contiguous());
-    }
-    if (absl::Status s = WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-        !s.ok()) {
-      return s;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": saving the model: ", e.what_without_backtrace()));
-  }
   json config = LlavaFamilyHfConfigJson(vision, tower);
   for (const auto& [key, value] : cdcca_extra.items()) config["cdcca"][key] = value;
-  const json specials = {{"bos_token", "<bos>"},
-                         {"eos_token", "<eos>"},
-                         {"unk_token", "<unk>"},
-                         {"pad_token", "<pad>"}};
-  json tokenizer_config = specials;
-  tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast";
-  tokenizer_config["model_max_length"] = tower.max_positions;
-  tokenizer_config["extra_special_tokens"] = {{"image_token", "<image>"}};
   // LlavaProcessor with a CLIPImageProcessor whose resize and crop keep a family-sized image
   // as it is and whose rescale and normalisation are FamilyPixelValues'.
   const json processor = {
@@ -313,15 +247,16 @@ absl::Status SaveLlavaFamilyFolder(const std::string& dir, LlavaImpl& model,
         {"do_normalize", true},
         {"image_mean", {0.5, 0.5, 0.5}},
         {"image_std", {0.25, 0.25, 0.25}}}}};
-  for (const auto& [name, j] : std::vector<std::pair<std::string, json>>{
-           {"config.json", config},
-           {"tokenizer.json", WordLevelTokenizerJson(vocabulary, tower.vocab_size)},
-           {"tokenizer_config.json", tokenizer_config},
-           {"special_tokens_map.json", specials},
-           {"processor_config.json", processor},
-           {"generation_config.json",
-            {{"bos_token_id", kBos}, {"eos_token_id", kEos}, {"pad_token_id", kPad}}}}) {
-    if (absl::Status s = WriteJson(dir + "/" + name, j); !s.ok()) return s;
+  // The LM head is the decoder module's but sits at the top level of a folder.
+  auto folder_name = [](const std::string& name) {
+    return absl::StartsWith(name, kModuleLmHead)
+               ? kFolderLmHead + name.substr(sizeof(kModuleLmHead) - 1)
+               : name;
+  };
+  if (absl::Status s = WriteFamilyFolder(dir, model, folder_name, tower, vocabulary, config,
+                                         "processor_config.json", processor);
+      !s.ok()) {
+    return s;
   }
   return WriteText(dir + "/chat_template.jinja", std::string(kLlavaFamilyChatTemplate) + "\n");
 }

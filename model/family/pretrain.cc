@@ -114,16 +114,15 @@ FamilyVit MakeVit(const FamilyConfig& f) {
   }
   std::shared_ptr<Blip2VisionModelImpl> vit = MakeFamilyVit(f.vision).ptr();
   const int64_t patches = f.vision.NumPatches();
-  return {vit, [vit](const torch::Tensor& px) { return vit->forward(px); },
-          [vit, patches](const torch::Tensor& px) {
-            return vit->forward(px).narrow(1, 1, patches);
-          }};
+  return {
+      vit, [vit](const torch::Tensor& px) { return vit->forward(px); },
+      [vit, patches](const torch::Tensor& px) { return vit->forward(px).narrow(1, 1, patches); }};
 }
 
 // One tower and what the stages do with it.
 struct FamilyTower {
   std::shared_ptr<torch::nn::Module> module;
-  std::string vit_prefix;  // where the shared ViT's parameters sit among module's
+  std::string vit_prefix;                  // where the shared ViT's parameters sit among module's
   int64_t query_count = 0, query_dim = 0;  // FamilyGroupOutput::queries' [Q, count, dim]
   double dropout = 0;                      // TowerConfig::dropout, while training
   std::function<std::vector<FamilyGroupOutput>(const torch::Tensor&, const torch::Tensor&,
@@ -830,8 +829,8 @@ absl::Status TrainTower(const std::string& name, const StageSchedule& s,
     }
     torch::Tensor mask = RandomTokenMask(s.batch, vis.size(1), token_mask_p);
     // One query-adapter and prefix pass per scene, shared by its questions.
-    std::vector<FamilyGroupOutput> outs = tower.forward_groups(
-        vis, mask.defined() ? mask.to(device) : mask, groups, tower.dropout);
+    std::vector<FamilyGroupOutput> outs =
+        tower.forward_groups(vis, mask.defined() ? mask.to(device) : mask, groups, tower.dropout);
     torch::Tensor loss_sum = torch::zeros({}, vis.options());
     int64_t labelled = 0;
     for (size_t g = 0; g < outs.size(); ++g) {
@@ -955,14 +954,13 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     for (const auto& [name, tower] :
          {std::pair{"teacher", &family->teacher}, std::pair{"student", &family->student}}) {
       // The image's LM positions: the queries, or a LLaVA family's patch tokens.
-      const int image = family->architecture == "llava" ? family->vision.NumPatches()
-                                                         : tower->num_queries;
+      const int image =
+          family->architecture == "llava" ? family->vision.NumPatches() : tower->num_queries;
       const int need = image + prompt + ds::kMaxCaptionTokens;
       if (tower->max_positions < need) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ".max_positions is ", tower->max_positions, "; captions need ", need,
-                         " (", image, " image tokens + ", prompt, " prompt + ",
-                         ds::kMaxCaptionTokens, " caption tokens)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ".max_positions is ", tower->max_positions, "; captions need ", need, " (", image,
+            " image tokens + ", prompt, " prompt + ", ds::kMaxCaptionTokens, " caption tokens)"));
       }
     }
   }
@@ -1107,11 +1105,11 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     absl::StatusOr<ds::SampleGenerator> tgen =
         MakeGenerator(&*train, teacher_domain, sched.seed * 31 + 2);
     if (!tgen.ok()) return tgen.status();
-    absl::StatusOr<FamilyTower> teacher = tower_stage(
-        "teacher", family->teacher, sched.seed + 2, [&](const FamilyTower& m) {
+    absl::StatusOr<FamilyTower> teacher =
+        tower_stage("teacher", family->teacher, sched.seed + 2, [&](const FamilyTower& m) {
           return TrainTower("teacher", sched.teacher, sched, opt, *tgen, tok, vit, m,
-                            torch::Tensor(), nullptr,
-                            teacher_domain.token_mask_probability, device, &budget, &record);
+                            torch::Tensor(), nullptr, teacher_domain.token_mask_probability, device,
+                            &budget, &record);
         });
     if (!teacher.ok()) return teacher.status();
 
@@ -1131,9 +1129,8 @@ absl::Status Pretrain(const PretrainOptions& opt) {
           const double cache_seconds = Seconds(tc);
           std::fprintf(stderr, "[student ] cached %d scenes' tokens in %.1fs\n",
                        sched.student_cache_scenes, cache_seconds);
-          if (absl::Status s =
-                  TrainTower("student", sched.student, sched, opt, *sgen, tok, vit, m,
-                             cache_tokens, &cache, 0.0, device, &budget, &record);
+          if (absl::Status s = TrainTower("student", sched.student, sched, opt, *sgen, tok, vit, m,
+                                          cache_tokens, &cache, 0.0, device, &budget, &record);
               !s.ok()) {
             return s;
           }
@@ -1158,7 +1155,8 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     family_json["vision"] = json::parse(VisionConfigToJson(family->vision));
     family_json["teacher"] = json::parse(TowerConfigToJson(family->teacher));
     family_json["student"] = json::parse(TowerConfigToJson(family->student));
-    if (!family->pretrain_json.empty()) family_json["pretrain"] = json::parse(family->pretrain_json);
+    if (!family->pretrain_json.empty())
+      family_json["pretrain"] = json::parse(family->pretrain_json);
     family_json["training"] = record;
     if (absl::Status s = teacher->save(opt.out_dir + "/teacher", {{"role", "teacher"}}); !s.ok()) {
       return s;
@@ -1217,12 +1215,13 @@ absl::StatusOr<EvalModels> LoadEvalModels(const AccuracyOptions& opt) {
   absl::StatusOr<ds::ImageSet> test = ds::LoadFashionMnist(ds::Split::kTest, opt.fashion_mnist_dir);
   if (!test.ok()) return test.status();
   if (!std::filesystem::exists(opt.checkpoint_dir + "/teacher/config.json")) {
-    return absl::NotFoundError(absl::StrCat(opt.checkpoint_dir,
-                                            " is not a family: it has no teacher/config.json"));
+    return absl::NotFoundError(
+        absl::StrCat(opt.checkpoint_dir, " is not a family: it has no teacher/config.json"));
   }
   EvalModels out;
   out.test = *std::move(test);
-  for (const auto& [name, dir, precision] : std::vector<std::tuple<std::string, std::string, std::string>>{
+  for (const auto& [name, dir, precision] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
            {"teacher fp32", opt.checkpoint_dir + "/teacher", "fp32"},
            {"student fp32", opt.checkpoint_dir, "fp32"},
            {"student int8", opt.checkpoint_dir, "int8"},
@@ -1269,8 +1268,8 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
       for (size_t i = 0; i < k; ++i) {
         absl::StatusOr<torch::Tensor> tokens = EncodeWith(*e->models[i].second, samples);
         if (!tokens.ok()) return tokens.status();
-        absl::StatusOr<CaptionEval> scored = ScoreCaptionsOf(*e->models[i].second, *tokens,
-                                                             samples, tok, ds::kMaxCaptionTokens);
+        absl::StatusOr<CaptionEval> scored =
+            ScoreCaptionsOf(*e->models[i].second, *tokens, samples, tok, ds::kMaxCaptionTokens);
         if (!scored.ok()) return scored.status();
         const CaptionEval& r = *scored;
         absl::StrAppend(&table, absl::StrFormat(" %.1f / %.1f |", r.bleu4, r.cider));
@@ -1333,7 +1332,8 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
       for (size_t i = 0; i < models.size(); ++i) {
         absl::StatusOr<torch::Tensor> tokens = EncodeWith(*models[i].second, samples);
         if (!tokens.ok()) return tokens.status();
-        absl::StatusOr<EvalResult> scored = ScoreAnswers(*models[i].second, *tokens, samples, tok, 4);
+        absl::StatusOr<EvalResult> scored =
+            ScoreAnswers(*models[i].second, *tokens, samples, tok, 4);
         if (!scored.ok()) return scored.status();
         const EvalResult& r = *scored;
         absl::StrAppend(&table, absl::StrFormat(" %.1f |", r.accuracy));
