@@ -894,6 +894,7 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
       s->lr = o.value("lr", s->lr);
       s->warmup = o.value("warmup", s->warmup);
       s->query_aux = o.value("query_aux", s->query_aux);
+      s->token_mask = o.value("token_mask", s->token_mask);
     };
     p.seed = j.value("seed", p.seed);
     stage("vision", &p.vision);
@@ -928,6 +929,10 @@ absl::StatusOr<PretrainSchedule> ParsePretrainSchedule(const std::string& json_t
       return absl::InvalidArgumentError(
           absl::StrCat("pretrain.", key, ".query_aux must be >= 0, got ", s->query_aux));
     }
+  }
+  if (p.teacher.token_mask > 0.5) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pretrain.teacher.token_mask must be at most 0.5, got ", p.teacher.token_mask));
   }
   return p;
 }
@@ -1108,7 +1113,10 @@ absl::Status Pretrain(const PretrainOptions& opt) {
     absl::StatusOr<FamilyTower> teacher =
         tower_stage("teacher", family->teacher, sched.seed + 2, [&](const FamilyTower& m) {
           return TrainTower("teacher", sched.teacher, sched, opt, *tgen, tok, vit, m,
-                            torch::Tensor(), nullptr, teacher_domain.token_mask_probability, device,
+                            torch::Tensor(), nullptr,
+                            sched.teacher.token_mask >= 0 ? sched.teacher.token_mask
+                                                          : teacher_domain.token_mask_probability,
+                            device,
                             &budget, &record);
         });
     if (!teacher.ok()) return teacher.status();

@@ -34,6 +34,9 @@ struct StageSchedule {
   // Towers only: weight of an auxiliary loss in which the query-adapter output predicts
   // each cell's class and colour (heads used only while pretraining); 0 = off.
   float query_aux = 0.0f;
+  // Teacher only: the share of steps' scenes whose visual tokens are partly dropped (25-75 %
+  // of them) is 2 x token_mask; < 0 = the teacher domain's (datasets::TeacherDomain, 0.25).
+  double token_mask = -1.0;
 };
 struct PretrainSchedule {
   uint64_t seed = 1;

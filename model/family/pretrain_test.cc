@@ -78,6 +78,20 @@ TEST(PretrainScheduleTest, ReadsTheQueryAuxiliaryWeightAndRejectsANegativeOne) {
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("student.query_aux"));
 }
 
+TEST(PretrainScheduleTest, ReadsTheTeachersTokenMaskAndRejectsMoreThanHalf) {
+  absl::StatusOr<PretrainSchedule> dflt = ParsePretrainSchedule(R"({"teacher": {"steps": 5}})");
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_LT(dflt->teacher.token_mask, 0);  // the teacher domain's unless asked for
+  absl::StatusOr<PretrainSchedule> off =
+      ParsePretrainSchedule(R"({"teacher": {"steps": 5, "token_mask": 0}})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_DOUBLE_EQ(off->teacher.token_mask, 0.0);
+  absl::StatusOr<PretrainSchedule> bad =
+      ParsePretrainSchedule(R"({"teacher": {"token_mask": 0.75}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("teacher.token_mask"));
+}
+
 TEST(PretrainScheduleTest, ReadsTheTasks) {
   absl::StatusOr<PretrainSchedule> vqa = ParsePretrainSchedule(R"({"seed": 1})");
   ASSERT_TRUE(vqa.ok()) << vqa.status();
