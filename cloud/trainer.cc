@@ -646,10 +646,10 @@ struct PerDeviceStrategy::Impl {
     if (absl::Status s = check(a, all.size(), "the updated mirror"); !s.ok()) return s;
     std::vector<double> entropies;
     for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
-    std::vector<bool> before_agrees, after_agrees;
+    std::vector<double> before_agrees, after_agrees;
     for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
-      before_agrees.push_back(pool[i]->student == pool[i]->teacher);
-      after_agrees.push_back((*a)[i] == pool[i]->teacher);
+      before_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
+      after_agrees.push_back(AnswerAgreement((*a)[i], pool[i]->teacher));
     }
     *after_answers = *std::move(a);
     return JudgeUpdate(before_agrees, after_agrees, options.guard);

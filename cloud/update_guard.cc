@@ -1,8 +1,12 @@
 #include "cloud/update_guard.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <utility>
+
 
 #include "compress/hash64.h"
 
@@ -32,7 +36,38 @@ bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, do
   return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
 }
 
-GuardVerdict JudgeUpdate(const std::vector<bool>& before, const std::vector<bool>& after,
+double AnswerAgreement(std::string_view student, std::string_view teacher) {
+  if (student == teacher) return 1.0;
+  auto words = [](std::string_view text) {
+    std::map<std::string_view, int> counts;
+    int total = 0;
+    size_t i = 0;
+    while (i < text.size()) {
+      while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+      size_t j = i;
+      while (j < text.size() && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+      if (j > i) {
+        ++counts[text.substr(i, j - i)];
+        ++total;
+      }
+      i = j;
+    }
+    return std::pair{counts, total};
+  };
+  const auto [s, s_total] = words(student);
+  const auto [t, t_total] = words(teacher);
+  if (s_total == 0 || t_total == 0) return s_total == t_total ? 1.0 : 0.0;
+  int shared = 0;
+  for (const auto& [w, n] : s) {
+    if (auto it = t.find(w); it != t.end()) shared += std::min(n, it->second);
+  }
+  if (shared == 0) return 0.0;
+  const double precision = static_cast<double>(shared) / s_total;
+  const double recall = static_cast<double>(shared) / t_total;
+  return 2 * precision * recall / (precision + recall);
+}
+
+GuardVerdict JudgeUpdate(const std::vector<double>& before, const std::vector<double>& after,
                          const UpdateGuardOptions& options) {
   GuardVerdict v;
   const size_t n = std::min(before.size(), after.size());
@@ -43,11 +78,11 @@ GuardVerdict JudgeUpdate(const std::vector<bool>& before, const std::vector<bool
   }
   double sum = 0, sum_sq = 0, agree_before = 0, agree_after = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(after[i]) - static_cast<double>(before[i]);
+    const double d = after[i] - before[i];
     sum += d;
     sum_sq += d * d;
-    agree_before += before[i] ? 1 : 0;
-    agree_after += after[i] ? 1 : 0;
+    agree_before += before[i];
+    agree_after += after[i];
   }
   const double count = static_cast<double>(n);
   v.before = agree_before / count;

@@ -2,7 +2,8 @@
 // of each device's uplinked samples (jobs never train on them) and, before it publishes an
 // update, compares on that held-out pool how often the student's greedy answer equals the
 // teacher's, with the mirror before the job and with the mirror the device would hold after
-// applying the decoded update. PerDeviceStrategy (cloud/trainer.h) keeps the pool and runs
+// applying the decoded update (per sample, AnswerAgreement: 1 for the same answer, partial
+// credit for the words a longer answer such as a caption shares). PerDeviceStrategy (cloud/trainer.h) keeps the pool and runs
 // the models; this header is the arithmetic: which samples are held out and what the
 // paired comparison decides. Torch-free; pure functions, thread-safe.
 #ifndef CDCCA_CLOUD_UPDATE_GUARD_H_
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cdcca::cloud {
@@ -45,10 +47,18 @@ std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, doubl
 // a device cannot steer it short of choosing its own id.
 bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction);
 
+// How far a student's answer agrees with the teacher's, in [0, 1]: the F1 of their words
+// (split on whitespace, counted with multiplicity), as VQA and SQuAD score partial answers.
+// 1 for the same answer (two empty answers too), 0 when no word is shared. A one-word VQA
+// answer scores as exact match; a caption earns credit for each word it shares, so an update
+// that brings captions closer to the teacher's shows as a gain before any caption matches
+// word for word.
+double AnswerAgreement(std::string_view student, std::string_view teacher);
+
 // What the guard found for one update.
 struct GuardVerdict {
   int64_t pool = 0;      // held-out samples scored
-  double before = 0;     // agreement with the teacher, mirror before the job, in [0, 1]
+  double before = 0;     // mean agreement with the teacher, mirror before the job, in [0, 1]
   double after = 0;      // agreement with the mirror after the decoded update
   double gain = 0;       // after - before
   double se = 0;         // paired standard error of the gain (sample SD / sqrt(pool))
@@ -56,18 +66,18 @@ struct GuardVerdict {
   std::string decision;  // "helps", "not_beyond_noise", "small_pool", "small_pool_worse", "empty"
 };
 
-// The rule, per held-out sample i: d_i = after_i - before_i (each 1 where the student's
-// answer equals the teacher's, else 0); gain = mean d; se = sd(d) / sqrt(n) (sd over n - 1).
+// The rule, per held-out sample i: d_i = after_i - before_i (each the sample's
+// AnswerAgreement, in [0, 1]); gain = mean d; se = sd(d) / sqrt(n) (sd over n - 1).
 //   n >= min_pool: ship iff gain > z * se ("helps"; else "not_beyond_noise": an update that
 //     changes no answer on the pool has gain 0 and does not ship).
 //   0 < n < min_pool: the pool cannot show that an update helps, and holding every update
 //     back until it fills would stall a new device's first rounds, when its shift is new; so
 //     the update ships ("small_pool") unless gain < -z / sqrt(n) ("small_pool_worse"):
-//     1 / sqrt(n) is the largest standard error n paired agreements can have, so such an
+//     1 / sqrt(n) is the largest standard error n paired agreements in [0, 1] can have, so such an
 //     update is worse beyond any noise the pool allows.
 //   n = 0: ships ("empty").
 // `before` and `after` must have the same size (the shorter one bounds the pool otherwise).
-GuardVerdict JudgeUpdate(const std::vector<bool>& before, const std::vector<bool>& after,
+GuardVerdict JudgeUpdate(const std::vector<double>& before, const std::vector<double>& after,
                          const UpdateGuardOptions& options);
 
 }  // namespace cdcca::cloud

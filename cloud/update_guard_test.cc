@@ -38,22 +38,49 @@ struct Case {
   std::string decision;
 };
 
-std::vector<bool> Before(const Case& c) {
-  std::vector<bool> v;
-  v.insert(v.end(), c.both, true);
-  v.insert(v.end(), c.gained, false);
-  v.insert(v.end(), c.lost, true);
-  v.insert(v.end(), c.neither, false);
+std::vector<double> Before(const Case& c) {
+  std::vector<double> v;
+  v.insert(v.end(), c.both, 1.0);
+  v.insert(v.end(), c.gained, 0.0);
+  v.insert(v.end(), c.lost, 1.0);
+  v.insert(v.end(), c.neither, 0.0);
   return v;
 }
 
-std::vector<bool> After(const Case& c) {
-  std::vector<bool> v;
-  v.insert(v.end(), c.both, true);
-  v.insert(v.end(), c.gained, true);
-  v.insert(v.end(), c.lost, false);
-  v.insert(v.end(), c.neither, false);
+std::vector<double> After(const Case& c) {
+  std::vector<double> v;
+  v.insert(v.end(), c.both, 1.0);
+  v.insert(v.end(), c.gained, 1.0);
+  v.insert(v.end(), c.lost, 0.0);
+  v.insert(v.end(), c.neither, 0.0);
   return v;
+}
+
+// Exact match for one-word answers; the F1 of the words for longer ones.
+TEST(AnswerAgreementTest, IsTheF1OfTheWords) {
+  EXPECT_DOUBLE_EQ(AnswerAgreement("red", "red"), 1.0);
+  EXPECT_DOUBLE_EQ(AnswerAgreement("red", "blue"), 0.0);
+  EXPECT_DOUBLE_EQ(AnswerAgreement("", ""), 1.0);
+  EXPECT_DOUBLE_EQ(AnswerAgreement("", "red"), 0.0);
+  EXPECT_DOUBLE_EQ(AnswerAgreement("red", ""), 0.0);
+  // 2 shared of 3 and of 4 words: precision 2/3, recall 1/2, F1 4/7.
+  EXPECT_NEAR(AnswerAgreement("a red shirt", "a shirt in blue"), 4.0 / 7.0, 1e-12);
+  // Symmetric, counted with multiplicity, blind to spacing.
+  EXPECT_DOUBLE_EQ(AnswerAgreement("a shirt in blue", "a red shirt"),
+                   AnswerAgreement("a red shirt", "a shirt in blue"));
+  EXPECT_NEAR(AnswerAgreement("a a bag", "a bag"), 0.8, 1e-12);  // p 2/3, r 1
+  EXPECT_DOUBLE_EQ(AnswerAgreement("top  left", "top left"), 1.0);
+}
+
+// A graded gain: captions that move closer to the teacher's, none of them matching it.
+TEST(JudgeUpdateTest, PartialAgreementCountsTowardsTheGain) {
+  std::vector<double> before(32, 0.25), after(32, 0.25);
+  for (int i = 0; i < 16; ++i) after[i] = 0.5;
+  const GuardVerdict v = JudgeUpdate(before, after, UpdateGuardOptions{});
+  EXPECT_TRUE(v.ship);
+  EXPECT_EQ(v.decision, "helps");
+  EXPECT_DOUBLE_EQ(v.gain, 0.125);
+  EXPECT_DOUBLE_EQ(v.after, 0.375);
 }
 
 TEST(JudgeUpdateTest, PairedRuleWithMarginAndSmallPools) {
