@@ -38,8 +38,10 @@
 // Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,
 // cwd, akd (cloud learners on the UTS-filtered uplink), cd-cca (= akd with UTS), and the
 // UTS ablations akd-all-tokens (stage 1 only), akd-no-uts (every sample, every token),
-// akd-random (stage 1, random tokens at the same ratio). "@ratio" after a name sets its
-// token ratio ("cd-cca@0.25").
+// akd-random (stage 1, random tokens at the same ratio), and teacher: the device answers with
+// the cloud's teacher (fp32, never adapted), the bound each method's gain is measured
+// against (the seed summary's "share of the teacher's lead recovered"). "@ratio" after a name
+// sets its token ratio ("cd-cca@0.25").
 #ifndef CDCCA_SIM_EXPERIMENT_H_
 #define CDCCA_SIM_EXPERIMENT_H_
 

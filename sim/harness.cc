@@ -58,6 +58,7 @@ enum class MethodKind { kSourceOnly, kDevice, kCloud };
 
 struct MethodPlan {
   MethodKind kind = MethodKind::kCloud;
+  bool teacher = false;  // kSourceOnly with the cloud's teacher as the device's model
   std::string learner;  // distill learner name
   device::UtsOptions uts;
 };
@@ -81,6 +82,9 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
   }
   if (method == "source-only") {
     p.kind = MethodKind::kSourceOnly;
+  } else if (method == "teacher") {
+    p.kind = MethodKind::kSourceOnly;
+    p.teacher = true;
   } else if (method == "tent" || method == "cotta") {
     p.kind = MethodKind::kDevice;
     p.learner = method;
@@ -686,6 +690,10 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     ro.lora_mlp = e.lora_mlp;
     ro.lora_qformer = e.lora_qformer;
     ro.precision = e.precision;
+    if (plan->teacher) {  // the cloud's teacher, as the cloud runs it
+      ro.checkpoint_dir = e.hub() ? e.teacher : e.checkpoint + "/teacher";
+      ro.precision = "fp32";
+    }
     ro.threads = e.threads;
     ro.max_answer_tokens = e.AnswerTokens();
     auto runtime = device::InferenceRuntime::Load(ro);

@@ -226,6 +226,35 @@ TEST_F(HarnessTest, GuardIsReportedPerRound) {
   EXPECT_EQ(results["methods"][0]["updates_withheld_per_round"], nlohmann::json({2.0, 2.0}));
 }
 
+// "teacher": the devices answer with the family's teacher/ folder, never adapted, no cloud;
+// without a teacher folder the method fails and names the folder.
+TEST_F(HarnessTest, TheTeacherMethodAnswersWithTheTeacherFolder) {
+  ASSERT_OK(::cdcca::testing::WriteTinyFamily(dir_.path() + "/twice", /*teacher_scale=*/2.0));
+  Experiment e = TinyExperiment({"source-only", "teacher"});
+  e.checkpoint = dir_.path() + "/twice";
+  HarnessOptions options;
+  options.work_dir = dir_.path() + "/work";
+  options.seed = 5;
+  ASSERT_OK_AND_ASSIGN(RunResult run, RunExperiment(e, options));
+  ASSERT_EQ(run.methods.size(), 2u);
+  const MethodResult& teacher = run.methods[1];
+  EXPECT_EQ(teacher.method, "teacher");
+  ASSERT_EQ(teacher.rounds.size(), run.methods[0].rounds.size());
+  for (size_t i = 0; i < teacher.rounds.size(); ++i) {
+    const DeviceRound& t = teacher.rounds[i];
+    EXPECT_EQ(t.version, 0u);
+    EXPECT_EQ(t.uplink_wire_bytes, 0u);
+    EXPECT_EQ(t.downlink_payload_bytes, 0u);
+    EXPECT_EQ(t.questions, run.methods[0].rounds[i].questions);
+  }
+
+  std::filesystem::remove_all(dir_.path() + "/twice/teacher");
+  options.work_dir = dir_.path() + "/work2";
+  absl::StatusOr<RunResult> missing = RunExperiment(e, options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("twice/teacher"));
+}
+
 #ifdef CDCCA_SIM_CLUSTER
 // "cloud": {"store": "postgresql"}: the same rounds on a PostgreSQL server, two fronts behind
 // nginx and two trainers. Every round ends with each device on its new version in sync with
@@ -476,31 +505,37 @@ TEST(ReportTest, PairsCdCcaWithEachMethodOnTheSameQuestions) {
   EXPECT_THAT(md, HasSubstr("stage 2 50% of each kept frame's visual tokens by `vis`"));
 }
 
+// One seed's run of one round: method i answers its questions with scores[i] (before and
+// after the round alike).
+RunResult SeedRun(uint64_t seed, const std::vector<std::string>& names,
+                  const std::vector<std::vector<float>>& scores) {
+  RunResult r;
+  r.seed = seed;
+  r.experiment.name = "seeds";
+  r.experiment.devices = 1;
+  r.experiment.rounds = 1;
+  for (size_t i = 0; i < names.size(); ++i) {
+    MethodResult m;
+    m.method = names[i];
+    for (int round = 0; round <= 1; ++round) {
+      DeviceRound d;
+      d.round = round;
+      d.domain = "fog-4";
+      d.question_da = scores[i];
+      m.rounds.push_back(d);
+    }
+    r.methods.push_back(m);
+  }
+  return r;
+}
+
 // Several seeds: per-seed paired differences, their mean, the standard error across seeds
 // and the question-level one, by hand. cd-cca minus pkd: seed 1 {1,0,0,1} -> +50 (question
 // SE sqrt(1/3 / 4) = 28.87), seed 2 {0,0,1,0} -> +25 (SE 25); mean 37.5, across-seed SE
 // sd(50, 25) / sqrt(2) = 12.5, question SE sqrt(28.87^2 + 25^2) / 2 = 19.09.
 TEST(ReportTest, SummarizesSeveralSeeds) {
   auto run = [](uint64_t seed, std::vector<std::vector<float>> scores) {
-    RunResult r;
-    r.seed = seed;
-    r.experiment.name = "seeds";
-    r.experiment.devices = 1;
-    r.experiment.rounds = 1;
-    const std::vector<std::string> names = {"source-only", "pkd", "cd-cca"};
-    for (size_t i = 0; i < names.size(); ++i) {
-      MethodResult m;
-      m.method = names[i];
-      for (int round = 0; round <= 1; ++round) {
-        DeviceRound d;
-        d.round = round;
-        d.domain = "fog-4";
-        d.question_da = scores[i];
-        m.rounds.push_back(d);
-      }
-      r.methods.push_back(m);
-    }
-    return r;
+    return SeedRun(seed, {"source-only", "pkd", "cd-cca"}, scores);
   };
   std::vector<RunResult> runs = {run(1, {{0, 1, 0, 1}, {0, 1, 0, 0}, {1, 1, 0, 1}}),
                                  run(2, {{0, 0, 0, 1}, {1, 0, 0, 1}, {1, 0, 1, 1}})};
@@ -531,6 +566,39 @@ TEST(ReportTest, SummarizesSeveralSeeds) {
   }
   EXPECT_TRUE(found);
   EXPECT_FALSE(WriteSeedSummary({}, dir).ok());
+}
+
+// With a "teacher" method: each method's gain over source-only as a share of the teacher's,
+// per seed, by hand. Seed 1: teacher +75, cd-cca +25 -> 33 %, pkd -25 -> -33 %; seed 2:
+// teacher +50, cd-cca +50 -> 100 %, pkd +25 -> 50 %; seed 3: the teacher is not ahead -> "-".
+TEST(ReportTest, SharesOfTheTeachersLeadRecovered) {
+  auto run = [](uint64_t seed, std::vector<std::vector<float>> scores) {
+    return SeedRun(seed, {"source-only", "teacher", "pkd", "cd-cca"}, scores);
+  };
+  const std::vector<RunResult> runs = {
+      run(1, {{0, 0, 0, 1}, {1, 1, 1, 1}, {0, 0, 0, 0}, {1, 0, 0, 1}}),
+      run(2, {{0, 0, 0, 1}, {1, 1, 0, 1}, {1, 0, 0, 1}, {1, 1, 0, 1}}),
+      run(3, {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}})};
+  const std::string md = SeedSummaryMarkdown(runs);
+  EXPECT_THAT(md, HasSubstr("| teacher minus source-only | +75.00 | +50.00 | +0.00 |"));
+  EXPECT_THAT(md, HasSubstr("Share of the teacher's lead recovered"));
+  // cd-cca: mean(33.3, 100) = 66.7, SE sd / sqrt(2) = 33.3.
+  EXPECT_THAT(md, HasSubstr("| cd-cca | 33 | 100 | - | **67** | 33 |"));
+  EXPECT_THAT(md, HasSubstr("| pkd | -33 | 50 | - | **8** | 42 |"));
+  const std::string dir = ::testing::TempDir() + "/gap_summary";
+  ASSERT_TRUE(WriteSeedSummary(runs, dir).ok());
+  std::ifstream in(dir + "/seeds.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["teacher_lead_recovered"].size(), 2u);
+  EXPECT_EQ(j["teacher_lead_recovered"][1]["method"], "cd-cca");
+  EXPECT_NEAR(j["teacher_lead_recovered"][1]["mean"].get<double>(), 2.0 / 3.0, 1e-9);
+  EXPECT_TRUE(j["teacher_lead_recovered"][1]["per_seed"][2].is_null());
+
+  // Without a teacher there is no such table.
+  std::vector<RunResult> no_teacher = runs;
+  for (RunResult& r : no_teacher) r.methods.erase(r.methods.begin() + 1);
+  EXPECT_THAT(SeedSummaryMarkdown(no_teacher),
+              ::testing::Not(HasSubstr("Share of the teacher's lead recovered")));
 }
 
 }  // namespace

@@ -688,6 +688,56 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
   return write("report.html", html);
 }
 
+// Per method (not source-only, not the teacher), per seed: its paired gain over source-only
+// as a share of the teacher's, (M - source-only) / (teacher - source-only); NaN where a seed
+// lacks either or the teacher is not ahead. Empty unless the runs have a "teacher" method.
+struct GapRow {
+  std::string method;
+  std::vector<double> share;
+};
+std::vector<GapRow> GapRecoveredRows(const std::vector<RunResult>& runs) {
+  std::vector<GapRow> rows;
+  if (runs.empty() || FindMethod(runs.front(), "teacher") == nullptr ||
+      FindMethod(runs.front(), "source-only") == nullptr) {
+    return rows;
+  }
+  for (const MethodResult& m : runs.front().methods) {
+    if (m.method == "source-only" || m.method == "teacher") continue;
+    GapRow row{m.method, {}};
+    for (const RunResult& run : runs) {
+      const MethodResult* so = FindMethod(run, "source-only");
+      const MethodResult* t = FindMethod(run, "teacher");
+      const MethodResult* a = FindMethod(run, m.method);
+      std::optional<Paired> lead, gain;
+      if (so != nullptr && t != nullptr && a != nullptr) {
+        lead = Pair(*t, *so);
+        gain = Pair(*a, *so);
+      }
+      row.share.push_back(lead && gain && lead->diff > 0 ? gain->diff / lead->diff
+                                                         : std::nan(""));
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// Mean over the seeds with a value and its SE across them (NaN below two seeds).
+std::pair<double, double> MeanAndSe(const std::vector<double>& v) {
+  double sum = 0;
+  int k = 0;
+  for (double x : v) {
+    if (!std::isnan(x)) sum += x, ++k;
+  }
+  if (k == 0) return {std::nan(""), std::nan("")};
+  const double mean = sum / k;
+  if (k < 2) return {mean, std::nan("")};
+  double ss = 0;
+  for (double x : v) {
+    if (!std::isnan(x)) ss += (x - mean) * (x - mean);
+  }
+  return {mean, std::sqrt(ss / (k - 1) / k)};
+}
+
 std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
   if (runs.empty()) return "";
   const Experiment& e = runs.front().experiment;
@@ -718,6 +768,27 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
         std::isnan(s.se_across) ? std::string(" - |") : absl::StrFormat(" %.2f |", s.se_across),
         absl::StrFormat(" %.2f |\n", s.se_questions));
   }
+  const std::vector<GapRow> gaps = GapRecoveredRows(runs);
+  if (!gaps.empty()) {
+    absl::StrAppend(&md,
+                    "\nShare of the teacher's lead recovered: per seed, a method's gain over "
+                    "source-only divided by the teacher's (\"teacher minus source-only\" above), "
+                    "in %; \"-\" where the teacher is not ahead.\n\n| method |");
+    for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
+    absl::StrAppend(&md, " mean | SE across seeds |\n|---|");
+    for (size_t i = 0; i < runs.size() + 2; ++i) md += "---|";
+    md += "\n";
+    for (const GapRow& row : gaps) {
+      absl::StrAppend(&md, "| ", row.method, " |");
+      for (double x : row.share) {
+        absl::StrAppend(&md, std::isnan(x) ? std::string(" - |") : absl::StrFormat(" %.0f |", 100 * x));
+      }
+      const auto [mean, se] = MeanAndSe(row.share);
+      absl::StrAppend(&md,
+                      std::isnan(mean) ? std::string(" - |") : absl::StrFormat(" **%.0f** |", 100 * mean),
+                      std::isnan(se) ? std::string(" - |\n") : absl::StrFormat(" %.0f |\n", 100 * se));
+    }
+  }
   return md;
 }
 
@@ -740,6 +811,14 @@ absl::Status WriteSeedSummary(const std::vector<RunResult>& runs, const std::str
     r["se_across_seeds"] = std::isnan(s.se_across) ? json(nullptr) : json(s.se_across);
     for (double d : row.diff) r["per_seed"].push_back(std::isnan(d) ? json(nullptr) : json(d));
     j["comparisons"].push_back(r);
+  }
+  for (const GapRow& row : GapRecoveredRows(runs)) {
+    const auto [mean, se] = MeanAndSe(row.share);
+    json r = {{"method", row.method}};
+    r["mean"] = std::isnan(mean) ? json(nullptr) : json(mean);
+    r["se_across_seeds"] = std::isnan(se) ? json(nullptr) : json(se);
+    for (double x : row.share) r["per_seed"].push_back(std::isnan(x) ? json(nullptr) : json(x));
+    j["teacher_lead_recovered"].push_back(r);
   }
   if (absl::Status s = WriteFileAtomically(dir + "/seeds.json", j.dump(2) + "\n"); !s.ok()) {
     return s;
