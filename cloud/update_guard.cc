@@ -7,7 +7,6 @@
 #include <map>
 #include <utility>
 
-
 #include "compress/hash64.h"
 
 namespace cdcca::cloud {

@@ -3,9 +3,10 @@
 // update, compares on that held-out pool how often the student's greedy answer equals the
 // teacher's, with the mirror before the job and with the mirror the device would hold after
 // applying the decoded update (per sample, AnswerAgreement: 1 for the same answer, partial
-// credit for the words a longer answer such as a caption shares). PerDeviceStrategy (cloud/trainer.h) keeps the pool and runs
-// the models; this header is the arithmetic: which samples are held out and what the
-// paired comparison decides. Torch-free; pure functions, thread-safe.
+// credit for the words a longer answer such as a caption shares). PerDeviceStrategy
+// (cloud/trainer.h) keeps the pool and runs the models; this header is the arithmetic: which
+// samples are held out and what the paired comparison decides. Torch-free; pure functions,
+// thread-safe.
 #ifndef CDCCA_CLOUD_UPDATE_GUARD_H_
 #define CDCCA_CLOUD_UPDATE_GUARD_H_
 

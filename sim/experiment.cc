@@ -49,7 +49,7 @@ absl::Status Check(bool ok, const std::string& where, const std::string& field,
 
 const std::vector<std::string>& KnownMethods() {
   static const std::vector<std::string> kMethods = {
-      "source-only", "tent",   "cotta",          "pl",         "pkd",       "cwd",
+      "source-only", "tent",   "cotta",          "pl",         "pkd",        "cwd",
       "akd",         "cd-cca", "akd-all-tokens", "akd-no-uts", "akd-random", "teacher"};
   return kMethods;
 }

@@ -59,7 +59,7 @@ enum class MethodKind { kSourceOnly, kDevice, kCloud };
 struct MethodPlan {
   MethodKind kind = MethodKind::kCloud;
   bool teacher = false;  // kSourceOnly with the cloud's teacher as the device's model
-  std::string learner;  // distill learner name
+  std::string learner;   // distill learner name
   device::UtsOptions uts;
 };
 

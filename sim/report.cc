@@ -713,29 +713,18 @@ std::vector<GapRow> GapRecoveredRows(const std::vector<RunResult>& runs) {
         lead = Pair(*t, *so);
         gain = Pair(*a, *so);
       }
-      row.share.push_back(lead && gain && lead->diff > 0 ? gain->diff / lead->diff
-                                                         : std::nan(""));
+      row.share.push_back(lead && gain && lead->diff > 0 ? gain->diff / lead->diff : std::nan(""));
     }
     rows.push_back(std::move(row));
   }
   return rows;
 }
 
-// Mean over the seeds with a value and its SE across them (NaN below two seeds).
+// A per-seed series' mean and SE across seeds, as Across computes a comparison's (the mean
+// NaN where no seed has a value).
 std::pair<double, double> MeanAndSe(const std::vector<double>& v) {
-  double sum = 0;
-  int k = 0;
-  for (double x : v) {
-    if (!std::isnan(x)) sum += x, ++k;
-  }
-  if (k == 0) return {std::nan(""), std::nan("")};
-  const double mean = sum / k;
-  if (k < 2) return {mean, std::nan("")};
-  double ss = 0;
-  for (double x : v) {
-    if (!std::isnan(x)) ss += (x - mean) * (x - mean);
-  }
-  return {mean, std::sqrt(ss / (k - 1) / k)};
+  const SeedStats s = Across(SeedRow{"", "", v, std::vector<double>(v.size(), 0.0)});
+  return {s.seeds == 0 ? std::nan("") : s.mean, s.se_across};
 }
 
 std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
@@ -781,12 +770,13 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
     for (const GapRow& row : gaps) {
       absl::StrAppend(&md, "| ", row.method, " |");
       for (double x : row.share) {
-        absl::StrAppend(&md, std::isnan(x) ? std::string(" - |") : absl::StrFormat(" %.0f |", 100 * x));
+        absl::StrAppend(&md,
+                        std::isnan(x) ? std::string(" - |") : absl::StrFormat(" %.0f |", 100 * x));
       }
       const auto [mean, se] = MeanAndSe(row.share);
-      absl::StrAppend(&md,
-                      std::isnan(mean) ? std::string(" - |") : absl::StrFormat(" **%.0f** |", 100 * mean),
-                      std::isnan(se) ? std::string(" - |\n") : absl::StrFormat(" %.0f |\n", 100 * se));
+      absl::StrAppend(
+          &md, std::isnan(mean) ? std::string(" - |") : absl::StrFormat(" **%.0f** |", 100 * mean),
+          std::isnan(se) ? std::string(" - |\n") : absl::StrFormat(" %.0f |\n", 100 * se));
     }
   }
   return md;

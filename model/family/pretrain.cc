@@ -1116,8 +1116,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
                             torch::Tensor(), nullptr,
                             sched.teacher.token_mask >= 0 ? sched.teacher.token_mask
                                                           : teacher_domain.token_mask_probability,
-                            device,
-                            &budget, &record);
+                            device, &budget, &record);
         });
     if (!teacher.ok()) return teacher.status();
 

@@ -69,7 +69,8 @@ struct PretrainOptions {
 
 // Runs (or resumes) the three stages and writes the family: the student's Hugging Face folder
 // in options.out_dir, the teacher's in out_dir/teacher (SaveFamilyFolder), with the family
-// config and a training record in the student's config.json ("cdcca" -> "family"). stages/ keeps the stage files (not part of the model). Progress goes to stderr.
+// config and a training record in the student's config.json ("cdcca" -> "family"). stages/ keeps
+// the stage files (not part of the model). Progress goes to stderr.
 absl::Status Pretrain(const PretrainOptions& options);
 
 // How a training step pads its questions: lengths[i] = (prompt tokens, answer tokens) of

@@ -192,8 +192,7 @@ TEST(FamilyConfigsTest, EveryShippedFamilyBuildsWithATeacherLargerThanItsStudent
       px.pixel_values = torch::rand({1, 3, f->vision.image_size, f->vision.image_size});
       absl::StatusOr<torch::Tensor> tokens = mm->EncodeImages(px);
       ASSERT_TRUE(tokens.ok()) << tokens.status();
-      EXPECT_EQ(tokens->sizes(),
-                (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
+      EXPECT_EQ(tokens->sizes(), (std::vector<int64_t>{1, f->vision.NumTokens(), f->vision.d_vis}));
       TokenInputs in;
       in.visual_tokens = *tokens;
       const std::vector<int64_t> ids = mm->ExpandImageTokens({1, 5, 6, 7, 8});
