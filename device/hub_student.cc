@@ -86,6 +86,7 @@ class HubStudentImpl final : public HubStudent {
     if (!reply.ok()) return reply.status();
     if (kind == TokenScore::kAttentionVariance) return std::move(reply->attention_variance);
     if (kind == TokenScore::kAttentionMass) return std::move(reply->attention_mass);
+    if (kind == TokenScore::kVisRelative) return std::move(reply->relative_variance);
     return std::move(reply->variance);
   }
 

@@ -124,12 +124,12 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
   }
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
   const TokenScore kind = EffectiveScore(score);
-  if (kind != TokenScore::kVis && kind != TokenScore::kAttentionVariance &&
-      kind != TokenScore::kAttentionMass) {
+  if (kind != TokenScore::kVis && kind != TokenScore::kVisRelative &&
+      kind != TokenScore::kAttentionVariance && kind != TokenScore::kAttentionMass) {
     return absl::FailedPreconditionError(
         absl::StrCat("token score ", model::TokenScoreName(score),
-                     ": the device scores visual tokens by vis (Eq. 3), attention_variance or "
-                     "attention_mass"));
+                     ": the device scores visual tokens by vis (Eq. 3), vis_relative, "
+                     "attention_variance or attention_mass"));
   }
   if (!(dropout_p > 0 && dropout_p < 1)) {
     return absl::InvalidArgumentError("dropout_p must be in (0, 1)");

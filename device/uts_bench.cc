@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, checkpoint, "models/small",
           "the student's folder (a family's, or any Hugging Face folder)");
 ABSL_FLAG(std::string, precision, "int8", "student base: fp32, int8 or int4");
 ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
-ABSL_FLAG(int, frames, 64, "frames per measurement");
+ABSL_FLAG(int, frames, 64, "frames per measurement (at least 16: one uplink batch)");
 ABSL_FLAG(std::string, shift, "fog", "image shift of the stream");
 ABSL_FLAG(int, severity, 4, "shift severity");
 ABSL_FLAG(std::string, score, "vis",
@@ -107,7 +107,11 @@ int Main() {
   const int severity = absl::GetFlag(FLAGS_severity);
   ds::SampleGenerator gen =
       Must(ds::SampleGenerator::Create(&images, ds::ImageShiftDomain(shift, severity), 7));
-  const int n = std::max(4, absl::GetFlag(FLAGS_frames));
+  const int n = absl::GetFlag(FLAGS_frames);
+  if (n < 16) {
+    // The uplink rows pack frames 16 to a batch, as a device does.
+    Die(absl::InvalidArgumentError(absl::StrCat("--frames must be at least 16 (got ", n, ")")));
+  }
   std::vector<Frame> frames;
   for (int i = 0; i < n; ++i) {
     ds::Sample s = gen.Generate(static_cast<uint64_t>(i));
@@ -245,8 +249,8 @@ int Main() {
     Die(absl::FailedPreconditionError(absl::StrCat(
         tokens, " visual tokens are not an even patch grid after at most one class token")));
   }
-  std::vector<TokenScore> kinds = {TokenScore::kVis, TokenScore::kAttentionVariance,
-                                   TokenScore::kAttentionMass};
+  std::vector<TokenScore> kinds = {TokenScore::kVis, TokenScore::kVisRelative,
+                                   TokenScore::kAttentionVariance, TokenScore::kAttentionMass};
   const std::vector<float> ratios = {0.25f, 0.5f, 0.75f};
   const int per_shift = std::max(2, absl::GetFlag(FLAGS_diagnostic_frames));
   std::printf(

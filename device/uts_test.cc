@@ -23,9 +23,9 @@ TEST(UtsTest, MeanTokenEntropyMatchesHandComputation) {
 }
 
 TEST(UtsTest, TokenScoreNamesRoundTripAndUnknownOnesAreRefused) {
-  for (TokenScore s :
-       {TokenScore::kVis, TokenScore::kAttentionVariance, TokenScore::kAttentionCv,
-        TokenScore::kAttentionMass, TokenScore::kProbeEntropy, TokenScore::kVarianceProbe}) {
+  for (TokenScore s : {TokenScore::kVis, TokenScore::kAttentionVariance, TokenScore::kAttentionCv,
+                       TokenScore::kAttentionMass, TokenScore::kProbeEntropy,
+                       TokenScore::kVarianceProbe, TokenScore::kVisRelative}) {
     ASSERT_OK_AND_ASSIGN(TokenScore back, ParseTokenScore(TokenScoreName(s)));
     EXPECT_EQ(back, s) << TokenScoreName(s);
   }

@@ -30,9 +30,10 @@ class HubStudent {
   // with the student's tokenizer and applies each side's template), the answer's ids (up to
   // EOS), the mean answer-token entropy and the tower's tokens.
   virtual absl::StatusOr<AnswerResult> Answer(const Frame& frame) = 0;
-  // Stage 2 for the frame `visual` came from, `passes` passes: per token VIS (kVis), the
-  // attention mass's variance (kAttentionVariance) or mean (kAttentionMass), the kinds
-  // InferenceRuntime::TokenScores lets through (it refuses the others before calling).
+  // Stage 2 for the frame `visual` came from, `passes` passes: per token VIS (kVis), VIS
+  // over F's mean square (kVisRelative), the attention mass's variance (kAttentionVariance) or mean
+  // (kAttentionMass), the kinds InferenceRuntime::TokenScores lets through (it refuses the others
+  // before calling).
   virtual absl::StatusOr<std::vector<float>> Scores(const VisualTokens& visual, int passes,
                                                     float dropout_p, uint64_t seed,
                                                     TokenScore kind) = 0;

@@ -284,6 +284,7 @@ absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticV
     VisualTokenPasses out;
     out.tokens = image[0].cpu();
     out.variance = VisVariance(features).cpu();
+    out.relative_variance = VisRelativeVariance(features).cpu();
     out.mass = (mass / static_cast<double>(probs.size())).cpu();
     if (options.keep_features) {
       out.features = features.cpu();

@@ -293,7 +293,8 @@ absl::StatusOr<VisualTokenReply> HfAnswerer::VisualTokenVarianceRgb(
   reply.features.assign(tokens.data_ptr<float>(), tokens.data_ptr<float>() + tokens.numel());
   torch::Tensor variance = passes_out->variance.to(torch::kFloat).contiguous();
   reply.variance.assign(variance.data_ptr<float>(), variance.data_ptr<float>() + variance.numel());
-  for (auto [out, t] : {std::pair{&reply.attention_mass, passes_out->mass.mean(0)},
+  for (auto [out, t] : {std::pair{&reply.relative_variance, passes_out->relative_variance},
+                        std::pair{&reply.attention_mass, passes_out->mass.mean(0)},
                         std::pair{&reply.attention_variance, PassVariance(passes_out->mass)}}) {
     torch::Tensor c = t.to(torch::kFloat).contiguous();
     out->assign(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());

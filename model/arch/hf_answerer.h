@@ -36,10 +36,11 @@ struct GenerateReply {
 
 // UTS stage 2 on one frame (MultimodalModel::StochasticVisualTokens, hf_model.h).
 struct VisualTokenReply {
-  int64_t tokens = 0;           // N visual tokens
-  int64_t dim = 0;              // D per token
-  std::vector<float> features;  // N x D row-major: the tokens a device uplinks
-  std::vector<float> variance;  // N: VIS (hf_model.h, Eq. 3), higher = keep first
+  int64_t tokens = 0;                    // N visual tokens
+  int64_t dim = 0;                       // D per token
+  std::vector<float> features;           // N x D row-major: the tokens a device uplinks
+  std::vector<float> variance;           // N: VIS (hf_model.h, Eq. 3), higher = keep first
+  std::vector<float> relative_variance;  // N: VIS over F's mean square (an ablation)
   // N each, from the same passes (ablations): the mean attention mass each token receives,
   // and its variance over the passes.
   std::vector<float> attention_mass;

@@ -197,6 +197,13 @@ torch::Tensor VisVariance(const torch::Tensor& features) {
   return PassVariance(features.to(torch::kFloat)).mean(-1);
 }
 
+torch::Tensor VisRelativeVariance(const torch::Tensor& features) {
+  const torch::Tensor f = features.to(torch::kFloat);
+  const torch::Tensor spread = PassVariance(f).sum(-1);
+  const torch::Tensor size = f.mean(0).pow(2).sum(-1);
+  return torch::where(size > 0, spread / size.clamp_min(1e-30), torch::zeros_like(size));
+}
+
 NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,
                                const std::function<bool(const std::string&)>& extra,
                                const std::function<std::string(const std::string&)>& rename) {

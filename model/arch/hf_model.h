@@ -86,7 +86,9 @@ struct VisualTokenPasses {
   // What a device uplinks, and what a teacher with the same tower reads.
   torch::Tensor tokens;
   torch::Tensor variance;  // [N] fp32: VIS, Eq. 3 on F averaged over F's features
-  torch::Tensor mass;      // [M, N] fp32: attention mass per pass (ablations)
+  // [N] fp32: the same variance over F's mean square (VisRelativeVariance): an ablation
+  torch::Tensor relative_variance;
+  torch::Tensor mass;  // [M, N] fp32: attention mass per pass (ablations)
   // With keep_features: [M, N, |F|] fp32 F_m, and the [M, N, D] input multipliers the passes
   // used (D: the Q-Former's encoder width, or the LM's hidden size for LLaVA).
   torch::Tensor features;
@@ -121,6 +123,11 @@ torch::Tensor PassVariance(const torch::Tensor& x);
 // VIS from F [M, ..., |F|]: Eq. 3 per feature averaged over the last dim ([M, ..., |F|] ->
 // [...]), fp32.
 torch::Tensor VisVariance(const torch::Tensor& features);
+// VIS made scale-free: per token, Eq. 3's variance summed over F's features divided by the
+// pass mean's squared norm ([M, ..., |F|] -> [...]), fp32; 0 where F is 0 in every pass.
+// Element-wise input dropout moves a token's F in proportion to the token's own size, so
+// plain VIS also ranks by |F|; this ranks by how much F moves relative to it.
+torch::Tensor VisRelativeVariance(const torch::Tensor& features);
 
 // The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
 // v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and

@@ -197,6 +197,7 @@ class LlavaModel : public MultimodalModel {
       VisualTokenPasses out;
       out.tokens = selected[0].to(torch::kCPU, torch::kFloat);
       out.variance = VisVariance(features).cpu();
+      out.relative_variance = VisRelativeVariance(features).cpu();
       out.mass = (mass.index_select(1, image_pos) / static_cast<double>(probs.size())).cpu();
       if (options.keep_features) {
         out.features = features.cpu();

@@ -3,7 +3,8 @@
 // - the draw: element-wise input masks (features, not whole tokens) at about the rate asked
 //   for, from the seed (same seed, same scores), and the model's own dropout active;
 // - Eq. 3: the score is the population variance over the passes of F, averaged over F's
-//   features; the batched passes give what the passes one at a time give;
+//   features (and the scale-free ablation, over F's mean square); the batched passes give
+//   what the passes one at a time give;
 // - what F is: against a plain computation from the model's parts, pass by pass (LLaVA: what
 //   the lower half of the LM adds to each image row; BLIP-2: each token's contribution to
 //   the Q-Former's cross-attention output);
@@ -91,6 +92,14 @@ TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
   for (int64_t m = 0; m < 6; ++m) want += (a.features[m] - mean).pow(2) / 6.0;
   EXPECT_TRUE(torch::allclose(a.variance, want.mean(-1), 1e-5, 1e-10));
   EXPECT_GT(a.variance.min().item<float>(), 0.0f);
+  // The scale-free ablation (vis_relative): the same spread summed over F's features, over
+  // the squared norm of F's pass mean; it does not change when F is scaled.
+  ASSERT_EQ(a.relative_variance.sizes(), (std::vector<int64_t>{n}));
+  EXPECT_TRUE(
+      torch::allclose(a.relative_variance, want.sum(-1) / mean.pow(2).sum(-1), 1e-4, 1e-10));
+  EXPECT_TRUE(
+      torch::allclose(VisRelativeVariance(a.features * 7.0), a.relative_variance, 1e-4, 1e-10));
+  EXPECT_TRUE(torch::equal(VisRelativeVariance(torch::zeros({3, 2, 4})), torch::zeros({2})));
   // The same seed gives the same passes; another seed other masks.
   ASSERT_OK_AND_ASSIGN(VisualTokenPasses b, model->StochasticVisualTokens(in, o));
   EXPECT_TRUE(torch::equal(a.input_masks, b.input_masks));

@@ -18,19 +18,23 @@ absl::string_view TokenScoreName(TokenScoreKind kind) {
       return "probe_entropy";
     case TokenScoreKind::kVarianceProbe:
       return "variance_probe";
+    case TokenScoreKind::kVisRelative:
+      return "vis_relative";
   }
   return "?";
 }
 
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
-  for (TokenScoreKind k : {TokenScoreKind::kVis, TokenScoreKind::kAttentionVariance,
-                           TokenScoreKind::kAttentionCv, TokenScoreKind::kAttentionMass,
-                           TokenScoreKind::kProbeEntropy, TokenScoreKind::kVarianceProbe}) {
+  for (TokenScoreKind k :
+       {TokenScoreKind::kVis, TokenScoreKind::kAttentionVariance, TokenScoreKind::kAttentionCv,
+        TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
+        TokenScoreKind::kVarianceProbe, TokenScoreKind::kVisRelative}) {
     if (name == TokenScoreName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown token score '", name,
-      "' (vis, attention_variance, attention_cv, attention_mass, probe_entropy, variance_probe)"));
+      "' (vis, attention_variance, attention_cv, attention_mass, probe_entropy, variance_probe, "
+      "vis_relative)"));
 }
 
 bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }

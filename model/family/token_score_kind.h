@@ -1,7 +1,7 @@
 // The UTS stage-2 token scores by name (paper Sec. 3.2, Eq. 3): one enum shared by the
 // device (device/uts.h, torch-free), the harness's experiment files and the torch code that
-// computes them (the device runtime, over MultimodalModel::StochasticVisualTokens). Torch-free, so the device's UTS library and
-// the experiment parser link it without LibTorch.
+// computes them (the device runtime, over MultimodalModel::StochasticVisualTokens). Torch-free, so
+// the device's UTS library and the experiment parser link it without LibTorch.
 //
 // Thread-safety: pure functions.
 #ifndef CDCCA_MODEL_FAMILY_TOKEN_SCORE_KIND_H_
@@ -48,10 +48,15 @@ enum class TokenScoreKind {
   // (docs/BENCHMARKS.md). Without a probe (no model folder has one) the device scores with
   // the attention variance alone (device InferenceRuntime::EffectiveScore).
   kVarianceProbe,
+  // VIS divided by the squared size of the token's mean F (model/arch/hf_model.h,
+  // VisRelativeVariance): element-wise dropout moves F in proportion to the token, so plain
+  // VIS also ranks by how large F is; this ranks by how much F moves for its size. An
+  // ablation, measured beside VIS in docs/BENCHMARKS.md.
+  kVisRelative,
 };
 
 // "vis", "attention_variance", "attention_cv", "attention_mass", "probe_entropy",
-// "variance_probe".
+// "variance_probe", "vis_relative".
 absl::string_view TokenScoreName(TokenScoreKind kind);
 // INVALID_ARGUMENT naming the known scores for any other name.
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
