@@ -124,12 +124,10 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
   }
   if (passes < 1 || passes > 64) return absl::InvalidArgumentError("passes must be in 1-64");
   const TokenScore kind = EffectiveScore(score);
-  if (kind != TokenScore::kVis && kind != TokenScore::kVisRelative &&
-      kind != TokenScore::kAttentionVariance && kind != TokenScore::kAttentionMass) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("token score ", model::TokenScoreName(score),
-                     ": the device scores visual tokens by vis (Eq. 3), vis_relative, "
-                     "attention_variance or attention_mass"));
+  if (!model::DeviceComputes(kind)) {
+    return absl::FailedPreconditionError(absl::StrCat("token score ", model::TokenScoreName(score),
+                                                      ": the device scores visual tokens by ",
+                                                      model::DeviceScoreNames()));
   }
   if (!(dropout_p > 0 && dropout_p < 1)) {
     return absl::InvalidArgumentError("dropout_p must be in (0, 1)");

@@ -247,12 +247,11 @@ absl::Status CheckExperiment(const Experiment& e, const std::string& source_name
                  "the devices' student folder");
   }
   const std::string& score = e.uts.score;
-  CDCCA_RETURN_IF_ERROR(Check(
-      score == "vis" || score == "attention_variance" || score == "attention_mass", w + ": uts",
-      "score",
-      absl::StrCat("\"", score,
-                   "\": the device scores its visual tokens by vis (Eq. 3), attention_variance "
-                   "or attention_mass")));
+  const absl::StatusOr<model::TokenScoreKind> kind = model::ParseTokenScore(score);
+  CDCCA_RETURN_IF_ERROR(
+      Check(kind.ok() && model::DeviceComputes(*kind), w + ": uts", "score",
+            absl::StrCat("\"", score, "\": the device scores its visual tokens by ",
+                         model::DeviceScoreNames())));
   return absl::OkStatus();
 }
 

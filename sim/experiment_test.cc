@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -119,6 +120,16 @@ TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
                               "l.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention_cv")));
+  // Every score the device computes is taken, the scale-free VIS ablation too.
+  for (const char* score : {"vis", "vis_relative", "attention_variance", "attention_mass"}) {
+    ASSERT_OK_AND_ASSIGN(
+        Experiment scored,
+        ParseExperiment(absl::StrCat(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
+                                          "uts": {"score": ")",
+                                     score, R"("}})"),
+                        "s.json"));
+    EXPECT_EQ(scored.uts.score, score);
+  }
   EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
                                   "job": {"device": "tpu"}})",
                               "m.json")

@@ -39,6 +39,15 @@ absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
 
 bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }
 
+bool DeviceComputes(TokenScoreKind kind) {
+  return kind == TokenScoreKind::kVis || kind == TokenScoreKind::kVisRelative ||
+         kind == TokenScoreKind::kAttentionVariance || kind == TokenScoreKind::kAttentionMass;
+}
+
+absl::string_view DeviceScoreNames() {
+  return "vis (Eq. 3), vis_relative, attention_variance or attention_mass";
+}
+
 bool UsesProbe(TokenScoreKind kind) {
   return kind == TokenScoreKind::kProbeEntropy || kind == TokenScoreKind::kVarianceProbe;
 }

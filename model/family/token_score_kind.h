@@ -66,6 +66,12 @@ absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name);
 bool UsesAttention(TokenScoreKind kind);
 bool UsesProbe(TokenScoreKind kind);
 
+// The scores a device computes from its own passes (vis, vis_relative, attention_variance,
+// attention_mass); the others need a token probe, which no model folder carries.
+bool DeviceComputes(TokenScoreKind kind);
+// Their names, for errors: "vis (Eq. 3), vis_relative, attention_variance or attention_mass".
+absl::string_view DeviceScoreNames();
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_MODEL_FAMILY_TOKEN_SCORE_KIND_H_
