@@ -283,8 +283,7 @@ absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticV
     torch::Tensor features = torch::cat(contributions, -1).to(torch::kFloat);
     VisualTokenPasses out;
     out.tokens = image[0].cpu();
-    out.variance = VisVariance(features).cpu();
-    out.relative_variance = VisRelativeVariance(features).cpu();
+    SetVisScores(features, &out);
     out.mass = (mass / static_cast<double>(probs.size())).cpu();
     if (options.keep_features) {
       out.features = features.cpu();

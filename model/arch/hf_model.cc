@@ -193,15 +193,31 @@ torch::Tensor PassVariance(const torch::Tensor& x) {
   return (d.pow(2).mean(0) - d.mean(0).pow(2)).clamp_min(0.0);
 }
 
+namespace {
+
+// vis_relative from F and its per-feature pass variance.
+torch::Tensor RelativeOf(const torch::Tensor& f, const torch::Tensor& pass_variance) {
+  const torch::Tensor spread = pass_variance.sum(-1);
+  const torch::Tensor size = f.mean(0).pow(2).sum(-1);
+  return torch::where(size > 0, spread / size.clamp_min(1e-30), torch::zeros_like(size));
+}
+
+}  // namespace
+
 torch::Tensor VisVariance(const torch::Tensor& features) {
   return PassVariance(features.to(torch::kFloat)).mean(-1);
 }
 
 torch::Tensor VisRelativeVariance(const torch::Tensor& features) {
   const torch::Tensor f = features.to(torch::kFloat);
-  const torch::Tensor spread = PassVariance(f).sum(-1);
-  const torch::Tensor size = f.mean(0).pow(2).sum(-1);
-  return torch::where(size > 0, spread / size.clamp_min(1e-30), torch::zeros_like(size));
+  return RelativeOf(f, PassVariance(f));
+}
+
+void SetVisScores(const torch::Tensor& features, VisualTokenPasses* out) {
+  const torch::Tensor f = features.to(torch::kFloat);
+  const torch::Tensor pass_variance = PassVariance(f);
+  out->variance = pass_variance.mean(-1).cpu();
+  out->relative_variance = RelativeOf(f, pass_variance).cpu();
 }
 
 NamedTensors SelectHfTrainable(const torch::nn::Module& model, const std::string& lm_prefix,

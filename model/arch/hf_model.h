@@ -128,6 +128,8 @@ torch::Tensor VisVariance(const torch::Tensor& features);
 // Element-wise input dropout moves a token's F in proportion to the token's own size, so
 // plain VIS also ranks by |F|; this ranks by how much F moves relative to it.
 torch::Tensor VisRelativeVariance(const torch::Tensor& features);
+// Both of them into out->variance and out->relative_variance (CPU), from one pass variance.
+void SetVisScores(const torch::Tensor& features, VisualTokenPasses* out);
 
 // The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
 // v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and

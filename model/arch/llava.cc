@@ -196,8 +196,7 @@ class LlavaModel : public MultimodalModel {
       for (const torch::Tensor& p : probs) mass = mass + p.mean(1);
       VisualTokenPasses out;
       out.tokens = selected[0].to(torch::kCPU, torch::kFloat);
-      out.variance = VisVariance(features).cpu();
-      out.relative_variance = VisRelativeVariance(features).cpu();
+      SetVisScores(features, &out);
       out.mass = (mass.index_select(1, image_pos) / static_cast<double>(probs.size())).cpu();
       if (options.keep_features) {
         out.features = features.cpu();

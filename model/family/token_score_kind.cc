@@ -1,8 +1,21 @@
 #include "model/family/token_score_kind.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace cdcca::model {
+namespace {
+
+// Every kind, in the order errors name them.
+constexpr TokenScoreKind kKinds[] = {
+    TokenScoreKind::kVis,          TokenScoreKind::kAttentionVariance,
+    TokenScoreKind::kAttentionCv,  TokenScoreKind::kAttentionMass,
+    TokenScoreKind::kProbeEntropy, TokenScoreKind::kVarianceProbe,
+    TokenScoreKind::kVisRelative};
+
+}  // namespace
 
 absl::string_view TokenScoreName(TokenScoreKind kind) {
   switch (kind) {
@@ -25,16 +38,13 @@ absl::string_view TokenScoreName(TokenScoreKind kind) {
 }
 
 absl::StatusOr<TokenScoreKind> ParseTokenScore(absl::string_view name) {
-  for (TokenScoreKind k :
-       {TokenScoreKind::kVis, TokenScoreKind::kAttentionVariance, TokenScoreKind::kAttentionCv,
-        TokenScoreKind::kAttentionMass, TokenScoreKind::kProbeEntropy,
-        TokenScoreKind::kVarianceProbe, TokenScoreKind::kVisRelative}) {
+  std::vector<absl::string_view> names;
+  for (TokenScoreKind k : kKinds) {
     if (name == TokenScoreName(k)) return k;
+    names.push_back(TokenScoreName(k));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown token score '", name,
-      "' (vis, attention_variance, attention_cv, attention_mass, probe_entropy, variance_probe, "
-      "vis_relative)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown token score '", name, "' (", absl::StrJoin(names, ", "), ")"));
 }
 
 bool UsesAttention(TokenScoreKind kind) { return kind != TokenScoreKind::kProbeEntropy; }
@@ -44,8 +54,12 @@ bool DeviceComputes(TokenScoreKind kind) {
          kind == TokenScoreKind::kAttentionVariance || kind == TokenScoreKind::kAttentionMass;
 }
 
-absl::string_view DeviceScoreNames() {
-  return "vis (Eq. 3), vis_relative, attention_variance or attention_mass";
+std::string DeviceScoreNames() {
+  std::vector<absl::string_view> names;
+  for (TokenScoreKind k : kKinds) {
+    if (DeviceComputes(k)) names.push_back(TokenScoreName(k));
+  }
+  return absl::StrJoin(names, ", ");
 }
 
 bool UsesProbe(TokenScoreKind kind) {

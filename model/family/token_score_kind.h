@@ -7,6 +7,8 @@
 #ifndef CDCCA_MODEL_FAMILY_TOKEN_SCORE_KIND_H_
 #define CDCCA_MODEL_FAMILY_TOKEN_SCORE_KIND_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -69,8 +71,8 @@ bool UsesProbe(TokenScoreKind kind);
 // The scores a device computes from its own passes (vis, vis_relative, attention_variance,
 // attention_mass); the others need a token probe, which no model folder carries.
 bool DeviceComputes(TokenScoreKind kind);
-// Their names, for errors: "vis (Eq. 3), vis_relative, attention_variance or attention_mass".
-absl::string_view DeviceScoreNames();
+// Their names, for errors: "vis, attention_variance, attention_mass, vis_relative".
+std::string DeviceScoreNames();
 
 }  // namespace cdcca::model
 
