@@ -616,6 +616,14 @@ int main(int argc, char** argv) {
   service_options.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
   service_options.uts.set_mc_passes(
       static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_uts_mc_passes))));
+  // The guard's flags are read on every role, so a front role tells devices the share the
+  // trainer role holds out when both are started with the same --guard flags.
+  service_options.guard_holdout_fraction =
+      absl::GetFlag(FLAGS_guard) ? absl::GetFlag(FLAGS_guard_holdout_fraction) : 0.0;
+  if (!(service_options.guard_holdout_fraction >= 0 &&
+        service_options.guard_holdout_fraction < 1)) {
+    return Fail(absl::InvalidArgumentError("--guard_holdout_fraction must be in [0, 1)"));
+  }
   std::unique_ptr<CloudService> service;
   std::unique_ptr<CloudServer> server;
   if (serves) {

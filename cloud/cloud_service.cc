@@ -237,6 +237,7 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
     reply->set_latest_update_version(*latest);
     reply->set_next_uplink_sequence(*durable + 1);
     *reply->mutable_uts() = options_.uts;
+    reply->set_guard_holdout_fraction(options_.guard_holdout_fraction);
     absl::StatusOr<StoredUpdate> next = updates_->UpdateAfter(id, request->model_version());
     reply->set_resync_required(next.status().code() == absl::StatusCode::kFailedPrecondition);
     reactor->Finish(grpc::Status::OK);

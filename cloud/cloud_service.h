@@ -72,6 +72,9 @@ struct DeviceRefusals {
 struct CloudServiceOptions {
   // UTS settings sent in every Register reply.
   v1::UtsSettings uts;
+  // The update guard's held-out share (UpdateGuardOptions::holdout_fraction; 0 = no guard),
+  // sent in every Register reply so that devices uplink the held-out samples whole.
+  double guard_holdout_fraction = 0;
   // What an uplink batch must be (the model's sample shape, per-batch bounds). Every batch is
   // decoded and checked before it is stored; one that fails is refused with
   // INVALID_ARGUMENT in the ack (error, rejected_sequence, refusal, refusal_reason) and never

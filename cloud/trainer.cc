@@ -534,7 +534,8 @@ struct PerDeviceStrategy::Impl {
                     std::vector<compress::UplinkSample>* train, HoldoutPool* held,
                     std::vector<QuarantineEntry>* unusable = nullptr) const {
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (options.guard.enabled && IsHeldOut(id, sequence, i, options.guard.holdout_fraction)) {
+      if (options.guard.enabled &&
+          compress::IsHeldOutSample(id, batch[i].sample_id, options.guard.holdout_fraction)) {
         if (absl::Status usable = trainer->CheckSample(batch[i]); !usable.ok()) {
           if (unusable != nullptr) {
             unusable->push_back({sequence, false, batch[i].sample_id, 1, usable.ToString()});

@@ -36,7 +36,7 @@
 // republish what a crash left unpublished) and keeps only the bound.
 //
 // The update guard (PerDeviceStrategyOptions::guard, cloud/update_guard.h): a job's samples
-// that IsHeldOut picks never train; they join the device's held-out pool (the newest
+// that compress::IsHeldOutSample picks never train; they join the device's held-out pool (the newest
 // pool_capacity of them). After training, before anything is committed, the strategy scores
 // the pool against the teacher with the mirror before the job and with the mirror the device
 // would hold after applying the encoded update, and JudgeUpdate decides. A withheld update is

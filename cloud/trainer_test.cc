@@ -578,7 +578,9 @@ TEST_F(TrainerTest, UndecodableHeldOutFrameIsQuarantinedNotScored) {
   std::string device;
   for (int i = 0; device.empty(); ++i) {
     const std::string id = absl::StrCat("dev-", i);
-    if (IsHeldOut(id, 1, 1, 0.5) && !IsHeldOut(id, 1, 0, 0.5)) device = id;
+    if (compress::IsHeldOutSample(id, 101, 0.5) && !compress::IsHeldOutSample(id, 100, 0.5)) {
+      device = id;
+    }
   }
   if (!MakeHubStrategy(dir_.path() + "/trainer", samples_.get(), updates_.get(), guard,
                        &strategy_)) {

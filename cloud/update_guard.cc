@@ -7,8 +7,6 @@
 #include <map>
 #include <utility>
 
-#include "compress/hash64.h"
-
 namespace cdcca::cloud {
 
 std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction) {
@@ -22,17 +20,6 @@ std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, doubl
   order.resize(std::min(keep, order.size()));
   std::sort(order.begin(), order.end());
   return order;
-}
-
-bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction) {
-  if (!(fraction > 0)) return false;
-  std::string key = device_id;
-  key.push_back('\0');
-  const uint64_t words[2] = {sequence, static_cast<uint64_t>(index)};
-  key.append(reinterpret_cast<const char*>(words), sizeof(words));
-  const uint64_t h = compress::Hash64(key.data(), key.size(), /*seed=*/0x6775617264ull);
-  // The top 53 bits as a uniform double in [0, 1).
-  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
 }
 
 double AnswerAgreement(std::string_view student, std::string_view teacher) {

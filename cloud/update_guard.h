@@ -21,7 +21,10 @@ namespace cdcca::cloud {
 struct UpdateGuardOptions {
   // Off: every update ships, no sample is held out. Default: on.
   bool enabled = true;
-  // Share of each device's uplinked samples held out, in [0, 1). Default: 0.2.
+  // Share of each device's uplinked samples held out, in [0, 1): which ones is
+  // compress::IsHeldOutSample of the device id and the sample id. The cloud tells its devices
+  // the share at Register (RegisterReply.guard_holdout_fraction), and they uplink those
+  // samples whole. Default: 0.2.
   double holdout_fraction = 0.2;
   // Most held-out samples kept per device (the newest). Default: 128.
   size_t pool_capacity = 128;
@@ -42,11 +45,6 @@ struct UpdateGuardOptions {
 // (UpdateGuardOptions::confident_fraction): the ceil(fraction * n) lowest, ties to the lower index,
 // ascending. All of them for a fraction >= 1.
 std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction);
-
-// Whether sample `index` of uplink batch `sequence` of `device_id` is held out: a hash of the
-// three against `fraction`, so the choice is the same in every job and after a restart, and
-// a device cannot steer it short of choosing its own id.
-bool IsHeldOut(const std::string& device_id, uint64_t sequence, size_t index, double fraction);
 
 // How far a student's answer agrees with the teacher's, in [0, 1]: the F1 of their words
 // (split on whitespace, counted with multiplicity), as VQA and SQuAD score partial answers.

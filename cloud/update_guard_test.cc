@@ -11,26 +11,6 @@
 namespace cdcca::cloud {
 namespace {
 
-TEST(IsHeldOutTest, IsStableAndNearTheFraction) {
-  int held = 0;
-  const int n = 20000;
-  for (int i = 0; i < n; ++i) {
-    const bool h = IsHeldOut("dev-a", 1 + i / 50, i % 50, 0.2);
-    EXPECT_EQ(h, IsHeldOut("dev-a", 1 + i / 50, i % 50, 0.2));
-    held += h ? 1 : 0;
-  }
-  // 0.2 +- 4 standard deviations of a binomial share.
-  EXPECT_NEAR(static_cast<double>(held) / n, 0.2, 4 * std::sqrt(0.2 * 0.8 / n));
-  EXPECT_FALSE(IsHeldOut("dev-a", 1, 0, 0.0));
-  // Another device, sequence or index draws independently.
-  int same = 0;
-  for (int i = 0; i < 1000; ++i) {
-    same += IsHeldOut("dev-a", 7, i, 0.5) == IsHeldOut("dev-b", 7, i, 0.5) ? 1 : 0;
-  }
-  EXPECT_GT(same, 400);
-  EXPECT_LT(same, 600);
-}
-
 struct Case {
   std::string name;
   int both = 0, gained = 0, lost = 0, neither = 0;  // pairs (before, after)

@@ -497,4 +497,14 @@ absl::StatusOr<std::vector<UplinkSample>> DecodeUplinkBatch(absl::string_view pa
   return samples;
 }
 
+bool IsHeldOutSample(absl::string_view device_id, uint64_t sample_id, double fraction) {
+  if (!(fraction > 0)) return false;
+  std::string key(device_id);
+  key.push_back('\0');
+  for (int b = 0; b < 8; ++b) key.push_back(static_cast<char>((sample_id >> (8 * b)) & 0xff));
+  const uint64_t h = Hash64(key.data(), key.size(), /*seed=*/0x6775617264ull);
+  // The top 53 bits as a uniform double in [0, 1).
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
+}
+
 }  // namespace cdcca::compress

@@ -107,6 +107,15 @@ absl::StatusOr<JpegSize> ReadJpegSize(absl::string_view jpeg);
 uint64_t FeatureBytes(uint32_t kept, uint32_t dim, FeaturePrecision precision);
 
 // IEEE 754 half conversions (round to nearest even; inf/nan kept), used for fp16 features.
+// Whether the cloud's update guard holds out sample `sample_id` of device `device_id`
+// (cloud/update_guard.h): a hash of the two against `fraction` (in [0, 1); <= 0: never). The
+// device and the cloud decide it alike, the device when it selects tokens (it uplinks a
+// held-out sample whole, every visual token, so the guard scores the mirror on what the
+// device really answers from) and the cloud when it splits a job's samples. The choice is the
+// same in every job and after a restart; a device steers it only by choosing its sample ids,
+// which only takes samples from its own training. A device assigns each sample a distinct id.
+bool IsHeldOutSample(absl::string_view device_id, uint64_t sample_id, double fraction);
+
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);
 

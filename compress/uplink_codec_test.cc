@@ -337,4 +337,28 @@ TEST(UplinkCodecTest, DecoderEnforcesTheReceiversLimits) {
 }
 
 }  // namespace
+TEST(IsHeldOutSampleTest, IsStableAndNearTheFraction) {
+  int held = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t id = (uint64_t{1764000000000} << 16) | static_cast<uint64_t>(i);
+    const bool h = IsHeldOutSample("dev-a", id, 0.2);
+    EXPECT_EQ(h, IsHeldOutSample("dev-a", id, 0.2));
+    held += h ? 1 : 0;
+  }
+  // 0.2 +- 4 standard deviations of a binomial share.
+  EXPECT_NEAR(static_cast<double>(held) / n, 0.2, 4 * std::sqrt(0.2 * 0.8 / n));
+  for (uint64_t id = 0; id < 100; ++id) {
+    EXPECT_FALSE(IsHeldOutSample("dev-a", id, 0.0));
+    EXPECT_FALSE(IsHeldOutSample("dev-a", id, -1.0));
+  }
+  // Another device draws independently for the same sample ids.
+  int same = 0;
+  for (uint64_t id = 0; id < 1000; ++id) {
+    same += IsHeldOutSample("dev-a", id, 0.5) == IsHeldOutSample("dev-b", id, 0.5) ? 1 : 0;
+  }
+  EXPECT_GT(same, 400);
+  EXPECT_LT(same, 600);
+}
+
 }  // namespace cdcca::compress

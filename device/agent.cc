@@ -147,11 +147,13 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   if (!answers.ok()) return answers.status();
   UtsOptions uts;
   bool changed = false;
+  double holdout_fraction = 0;
   {
     absl::MutexLock lock(&mu_);
     uts = uts_;
     changed = uts_changed_;
     uts_changed_ = false;
+    holdout_fraction = holdout_fraction_;
   }
   std::vector<FrameResult> out;
   out.reserve(answers->size());
@@ -163,7 +165,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     gate_ = std::make_unique<EntropyGate>(uts);
     gate_version_ = version;
   }
-  uint64_t kept = 0;
+  uint64_t kept = 0, held_out = 0;
   for (AnswerResult& a : *answers) {
     FrameResult r;
     r.answer = a.text;
@@ -171,7 +173,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     r.model_version = version;
     r.latency_ms = a.latency_ms;
     if (gate_->Keep(a.entropy)) {
-      absl::StatusOr<compress::UplinkSample> s = UplinkSampleOf(a, uts, version);
+      absl::StatusOr<compress::UplinkSample> s = UplinkSampleOf(a, uts, version, holdout_fraction);
       if (!s.ok()) {
         // The answer stands; only this sample's uplink is lost.
         CountUnsent(1, s.status().message());
@@ -179,6 +181,9 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
         r.uplinked = !s->kept_indices.empty();
         r.kept_tokens = static_cast<int>(s->kept_indices.size());
         if (r.uplinked) {
+          if (compress::IsHeldOutSample(client_->device_id(), s->sample_id, holdout_fraction)) {
+            ++held_out;
+          }
           if (batch_.empty()) batch_started_ = clock_->Now();
           batch_.push_back(*std::move(s));
           ++kept;
@@ -194,32 +199,44 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   absl::MutexLock stats_lock(&mu_);
   stats_.answered += out.size();
   stats_.kept_samples += kept;
+  stats_.held_out_samples += held_out;
   return out;
 }
 
 absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(const AnswerResult& a,
                                                                    const UtsOptions& uts,
-                                                                   uint64_t version) {
+                                                                   uint64_t version,
+                                                                   double holdout_fraction) {
+  compress::UplinkSample s;
+  s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
+                (sample_counter_++ & 0xffff);
+  const bool held_out =
+      compress::IsHeldOutSample(client_->device_id(), s.sample_id, holdout_fraction);
   absl::StatusOr<std::vector<float>> scores = std::vector<float>();
-  if (!uts.random_tokens) {
+  if (!uts.random_tokens && !held_out) {
     std::optional<uint64_t> seed;
     if (options_.score_seed != 0) {
-      const uint64_t key[2] = {options_.score_seed, sample_counter_};
+      // The n-th sample's passes, n counted before this sample took its id.
+      const uint64_t key[2] = {options_.score_seed, sample_counter_ - 1};
       seed = compress::Hash64(key, sizeof(key));
     }
     scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);
     if (!scores.ok()) return scores.status();
   }
-  compress::UplinkSample s;
-  s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
-                (sample_counter_++ & 0xffff);
   s.model_version = version;
   s.entropy = a.entropy;
   s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
   s.feature_dim = static_cast<uint32_t>(a.visual.dim);
-  s.kept_indices = uts.random_tokens
-                       ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
-                       : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
+  if (held_out) {
+    s.kept_indices.resize(static_cast<size_t>(a.visual.tokens));
+    for (size_t t = 0; t < s.kept_indices.size(); ++t) {
+      s.kept_indices[t] = static_cast<uint16_t>(t);
+    }
+  } else {
+    s.kept_indices = uts.random_tokens
+                         ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
+                         : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
+  }
   if (uts.precision == compress::FeaturePrecision::kJpeg) {
     // The frame instead of the tokens: the cloud recomputes them with the shared tower.
     absl::StatusOr<std::string> frame = runtime_->FrameJpeg(a.visual, kFrameJpegQuality);
@@ -340,6 +357,8 @@ absl::Status DeviceAgent::RegisterWithCloud() {
     absl::MutexLock lock(&mu_);
     uts_ = merged;
     uts_changed_ = true;
+    const double share = reply->guard_holdout_fraction();
+    holdout_fraction_ = share > 0 && share < 1 ? share : 0.0;
     stats_.registered = true;
   }
   absl::StatusOr<uint64_t> back = queue_->Reconcile(reply->next_uplink_sequence());

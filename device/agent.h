@@ -117,6 +117,9 @@ struct AgentStats {
   uint64_t kept_samples = 0;     // passed stage 1
   uint64_t dropped_samples = 0;  // kept but refused by a full queue
   uint64_t unsent_samples = 0;   // kept, answered, but not uplinkable (see the class comment)
+  // Kept samples uplinked whole (every visual token) because the cloud's update guard holds
+  // them out (RegisterReply.guard_holdout_fraction).
+  uint64_t held_out_samples = 0;
   uint64_t batches_queued = 0;
   uint64_t batches_acked = 0;  // highest durable sequence the cloud acked (its numbering)
   // Batches dropped from the queue because the cloud refused them for good, in all and by
@@ -196,9 +199,12 @@ class DeviceAgent {
   absl::Status Report(bool allow_resync);
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // The uplink sample of a kept answer (UTS stage 2, the tokens or the frame), checked to
-  // encode; an error means it cannot be uplinked (the answer stands).
+  // encode; an error means it cannot be uplinked (the answer stands). A sample the cloud's
+  // guard holds out (compress::IsHeldOutSample under `holdout_fraction`) keeps every token:
+  // the guard scores it as the device answers it, from the whole frame.
   absl::StatusOr<compress::UplinkSample> UplinkSampleOf(const AnswerResult& answer,
-                                                        const UtsOptions& uts, uint64_t version)
+                                                        const UtsOptions& uts, uint64_t version,
+                                                        double holdout_fraction)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
   // batch needs. What cannot be queued is counted: a sample that alone exceeds 1 MiB, or a
@@ -236,6 +242,8 @@ class DeviceAgent {
   mutable absl::Mutex mu_;
   UtsOptions uts_ ABSL_GUARDED_BY(mu_);
   bool uts_changed_ ABSL_GUARDED_BY(mu_) = false;
+  // The cloud's held-out share, from its last Register reply (0 until then, or no guard).
+  double holdout_fraction_ ABSL_GUARDED_BY(mu_) = 0;
   AgentStats stats_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;

@@ -165,18 +165,19 @@ std::string JsonString(const std::string& s) {
 std::string StatusJson(const AgentStats& s, int64_t failed_frames) {
   return absl::StrFormat(
       "{\"version\":%d,\"digest\":\"%016x\",\"answered\":%d,\"failed_frames\":%d,"
-      "\"kept\":%d,\"dropped\":%d,\"unsent_samples\":%d,"
+      "\"kept\":%d,\"held_out_samples\":%d,\"dropped\":%d,\"unsent_samples\":%d,"
       "\"queued_batches\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
       "\"dropped_batches\":%d,\"dropped_batches_by_reason\":%s,\"uplink_backoffs\":%d,"
       "\"renumbered\":%d,"
       "\"updates_applied\":%d,\"resyncs\":%d,\"rollbacks\":%d,\"rejected_updates\":%d,"
       "\"registered\":%s,"
       "\"link_up\":%s,\"in_sync\":%s}",
-      s.version, s.state_digest, s.answered, failed_frames, s.kept_samples, s.dropped_samples,
-      s.unsent_samples, s.batches_queued, s.queue.batches, s.batches_acked, s.uplink_bytes,
-      s.dropped_batches, nlohmann::json(s.dropped_batches_by_reason).dump(), s.uplink_backoffs,
-      s.renumbered, s.updates_applied, s.resyncs, s.rollbacks, s.rejected_updates,
-      s.registered ? "true" : "false", s.link_up ? "true" : "false", s.in_sync ? "true" : "false");
+      s.version, s.state_digest, s.answered, failed_frames, s.kept_samples, s.held_out_samples,
+      s.dropped_samples, s.unsent_samples, s.batches_queued, s.queue.batches, s.batches_acked,
+      s.uplink_bytes, s.dropped_batches, nlohmann::json(s.dropped_batches_by_reason).dump(),
+      s.uplink_backoffs, s.renumbered, s.updates_applied, s.resyncs, s.rollbacks,
+      s.rejected_updates, s.registered ? "true" : "false", s.link_up ? "true" : "false",
+      s.in_sync ? "true" : "false");
 }
 
 // Frames from OpenCV, converted to RGB datasets::Image.

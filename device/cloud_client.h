@@ -61,6 +61,9 @@ class CloudClient {
  public:
   static absl::StatusOr<std::unique_ptr<CloudClient>> Create(const CloudClientOptions& options);
 
+  // The device this client speaks for (CloudClientOptions::device_id).
+  const std::string& device_id() const { return options_.device_id; }
+
   // `request.device_id` is filled in from the options.
   absl::StatusOr<v1::RegisterReply> Register(v1::RegisterRequest request);
 

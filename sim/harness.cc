@@ -433,6 +433,7 @@ absl::Status StartSharedCloud(const Experiment& e, cloud::PerDeviceStrategyOptio
   svc.expected_fingerprint = model.BaseFingerprint();
   svc.expected_vision_fingerprint = model.VisionFingerprint();
   svc.sample_spec = model.Spec();
+  svc.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
   svc.io_threads = 16;
   testing::NginxProxyOptions proxy;
   for (int f = 0; f < e.cloud.fronts; ++f) {
@@ -565,6 +566,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   svc.expected_fingerprint = c.strategy->BaseFingerprint();
   svc.expected_vision_fingerprint = c.strategy->VisionFingerprint();
   svc.sample_spec = c.strategy->Spec();  // the model's shape, as cdcca-cloud checks uplinks
+  svc.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
   c.service = std::make_unique<cloud::CloudService>(
       svc, c.auth.get(), c.registry.get(), c.samples.get(), c.updates.get(), c.scheduler.get());
   cloud::ServerOptions server;

@@ -59,6 +59,7 @@ class AgentLoopTest : public ::testing::Test {
     fo.server.listen_address = "127.0.0.1:0";
     fo.server.insecure = true;
     fo.observer = &rollback_;
+    fo.service.guard_holdout_fraction = service_holdout_fraction_;
     cloud_ = std::make_unique<testing::CloudFixture>(fo);
     ASSERT_OK(cloud_->Start());
     ASSERT_OK_AND_ASSIGN(strategy_, cloud::PerDeviceStrategy::Create(
@@ -117,6 +118,8 @@ class AgentLoopTest : public ::testing::Test {
 
   TempDir dir_;
   std::string checkpoint_;
+  // What the cloud tells devices it holds out for its update guard (0: no guard).
+  double service_holdout_fraction_ = 0;
   RollbackToStrategy rollback_;
   std::unique_ptr<testing::CloudFixture> cloud_;
   std::unique_ptr<cloud::PerDeviceStrategy> strategy_;
@@ -504,6 +507,56 @@ TEST(HubFramesTest, TheCloudRecomputesTheDevicesTokensFromItsFrame) {
                                 ::testing::HasSubstr("but the tower takes")));
   EXPECT_EQ(cloud->TowerTokensOfJpeg("not a jpeg", "frame").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The cloud's guard holds out half the samples: the device learns the share at Register and
+// uplinks exactly the samples IsHeldOutSample picks with every visual token (stage 2's
+// choice on the others), and a guarded job holds out exactly those, so the guard scores the
+// mirror on whole frames, as the device answers them.
+class AgentHoldoutTest : public AgentLoopTest {
+ protected:
+  AgentHoldoutTest() { service_holdout_fraction_ = 0.5; }
+};
+
+TEST_F(AgentHoldoutTest, HeldOutSamplesGoUpWholeAndTheJobHoldsOutThoseSame) {
+  ASSERT_OK_AND_ASSIGN(auto agent,
+                       device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+  ASSERT_OK(agent->SyncOnce());  // Register: the cloud's share reaches the device
+  ASSERT_OK_AND_ASSIGN(auto results, agent->Process(Frames(16, 3)));
+  ASSERT_OK(agent->SyncOnce());
+  ASSERT_EQ(agent->Stats().queue.batches, 0u);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<store::v1::SampleRecord> records,
+                       cloud_->samples()->Read("dev-0", 1, 100));
+  int whole = 0, selected = 0;
+  for (const store::v1::SampleRecord& r : records) {
+    ASSERT_OK_AND_ASSIGN(std::vector<compress::UplinkSample> batch,
+                         compress::DecodeUplinkBatch(r.batch().payload()));
+    for (const compress::UplinkSample& s : batch) {
+      if (compress::IsHeldOutSample("dev-0", s.sample_id, 0.5)) {
+        EXPECT_EQ(s.kept_indices.size(), s.grid_tokens) << "held-out sample " << s.sample_id;
+        ++whole;
+      } else {
+        EXPECT_LT(s.kept_indices.size(), s.grid_tokens) << "training sample " << s.sample_id;
+        ++selected;
+      }
+    }
+  }
+  EXPECT_EQ(whole + selected, 16);
+  // 16 draws at one half: both kinds occur unless the hash is broken (odds 2 * 2^-16).
+  EXPECT_GT(whole, 0);
+  EXPECT_GT(selected, 0);
+  EXPECT_EQ(agent->Stats().held_out_samples, static_cast<uint64_t>(whole));
+
+  cloud::PerDeviceStrategyOptions so = StrategyOptions();
+  so.state_dir = dir_.path() + "/cloud/guarded";
+  so.guard.enabled = true;
+  so.guard.holdout_fraction = 0.5;
+  ASSERT_OK_AND_ASSIGN(auto guarded,
+                       cloud::PerDeviceStrategy::Create(so, cloud_->samples(), cloud_->updates()));
+  ASSERT_OK_AND_ASSIGN(cloud::JobReport report, guarded->RunJob("dev-0"));
+  EXPECT_EQ(report.held_out_samples, whole);
+  EXPECT_EQ(report.samples, selected);
 }
 
 }  // namespace
