@@ -18,6 +18,7 @@
 #include "model/arch/hf_answerer.h"
 #include "model/arch/hf_model.h"
 #include "model/hub/hf_adapter_state.h"
+#include "model/runtime/threads.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::cloud::internal {
@@ -43,6 +44,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
     }
     const bool cuda = options.train_device == "cuda" && torch::cuda::is_available();
     const std::string device = cuda ? "cuda" : "cpu";
+    // Process-wide: the program that trains sets its LibTorch threads here (docs/ARCHITECTURE.md,
+    // "Threads"); the jobs' own CPU work runs on them.
+    model::SetIntraOpThreads(t->settings_.job.num_threads);
     std::string teacher_precision = options.teacher_precision;
     if (teacher_precision.empty()) teacher_precision = cuda ? "bf16" : "fp32";
     t->adapters_.lora_rank = options.lora_rank;

@@ -81,9 +81,13 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
     } else if (key == "num_threads") {
       o.num_threads = v.get<int>();
     } else if (key == "use_cuda") {
-      o.use_cuda = v.get<bool>();
+      return absl::InvalidArgumentError(
+          "job key 'use_cuda' is not a setting: the program chooses where jobs train "
+          "(cdcca-cloud's --device); remove it");
     } else if (key == "student_dropout") {
-      o.student_dropout = v.get<bool>();
+      return absl::InvalidArgumentError(
+          "job key 'student_dropout' is not a setting: the student always trains in eval mode "
+          "(no dropout); remove it");
     } else if (key == "max_answer_tokens") {
       o.max_answer_tokens = v.get<int>();
     } else if (key != "comment") {

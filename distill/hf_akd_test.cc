@@ -433,6 +433,31 @@ TEST(HfPairJobTest, AnInt8StudentTrainsOnTheCpu) {
   EXPECT_EQ(lora_moved, 2);
 }
 
+// A time budget ends a job after the step that used it up: here the first of 50.
+TEST(HfPairJobTest, ATimeBudgetEndsTheJobAfterTheStepThatUsedItUp) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+  JobOptions o;
+  o.max_steps = 50;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  o.time_budget_s = 1e-9;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 2)));
+  EXPECT_EQ(r.stats.steps, 1);
+  EXPECT_TRUE(r.stats.stopped_by_budget);
+  o.time_budget_s = 0;  // none: every step
+  o.max_steps = 3;
+  ASSERT_OK_AND_ASSIGN(job, HfPairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(r, job->Run(Samples(c, 2)));
+  EXPECT_EQ(r.stats.steps, 3);
+  EXPECT_FALSE(r.stats.stopped_by_budget);
+}
+
 TEST(HfPairJobTest, RefusesMissingCodecsAndBadOptions) {
   std::unique_ptr<Side> s = LoadSide("llava_clip_llama");
   ASSERT_OK(s->model->AddAdapters({}));

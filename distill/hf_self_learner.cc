@@ -275,6 +275,10 @@ absl::StatusOr<HfJobResult> HfSelfLearner::Run(const std::vector<HfSample>& samp
       history.Add(terms);
       result.stats.steps = step + 1;
       result.stats.samples_seen += static_cast<int64_t>(rows.size());
+      if (PastBudget(s.options, start) && step + 1 < s.options.max_steps) {
+        result.stats.stopped_by_budget = true;
+        break;
+      }
     }
   } catch (const c10::Error& e) {
     for (const auto& [name, t] : trainable) t.set_requires_grad(false);

@@ -4,6 +4,12 @@
 
 namespace cdcca::distill {
 
+bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point start) {
+  return options.time_budget_s > 0 &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+             options.time_budget_s;
+}
+
 LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step) {
   LossTerm term;
   term.name = name;

@@ -7,6 +7,7 @@
 #ifndef CDCCA_DISTILL_JOB_H_
 #define CDCCA_DISTILL_JOB_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,13 +24,16 @@ struct JobOptions {
   // holds samples). In [0, 1). Default: 0.25.
   double replay_fraction = 0.25;
   int max_answer_tokens = 6;  // greedy pseudo-label / self-label length bound
-  // Read from the settings file (and time_budget_s, num_threads from cdcca-cloud's flags),
-  // but honoured by no job: a job runs max_steps on its sides' devices with LibTorch's
-  // process-wide thread count and the student in eval() mode (no dropout).
-  double time_budget_s = 0.0;    // wall-clock seconds of the training loop; 0 = no bound
-  int num_threads = 0;           // torch intra-op threads; 0 = automatic
-  bool use_cuda = true;          // train on CUDA when available
-  bool student_dropout = false;  // train the student with its config dropout on
+  // Wall-clock bound of the training loop in seconds (0 = none): a job stops after the first
+  // step that ends past it, with at least one step (JobStats::stopped_by_budget). cdcca-cloud's
+  // --time_budget_s overrides it.
+  double time_budget_s = 0.0;
+  // LibTorch intra-op threads (0 = automatic: model::IntraOpThreads). Process-wide: the cloud's
+  // mirror trainer sets it when it is created (cdcca-cloud's --torch_threads overrides it).
+  int num_threads = 0;
+  // Where a job trains is the program's choice (cdcca-cloud's --device), and the student trains
+  // in eval() mode (no dropout): a settings file naming "use_cuda" or "student_dropout" is
+  // refused with that explanation.
 };
 
 // One loss term over a job: value at the first step, mean of the last min(10, steps) steps,
@@ -41,6 +45,10 @@ struct LossTerm {
   double mean = 0;
 };
 
+// Whether a training loop that started at `start` has used up options.time_budget_s (false
+// without a budget).
+bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point start);
+
 // A term's LossTerm from its per-step values (at least one).
 LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step);
 
@@ -51,9 +59,10 @@ struct JobStats {
   int64_t replay_samples = 0;   // replayed samples in the job
   double prepare_seconds = 0;   // teacher pass, projection fit
   double train_seconds = 0;
-  double samples_per_second = 0;  // samples_seen / train_seconds
-  std::vector<LossTerm> terms;    // "total" first, then the learner's terms
-  std::string device;             // "cpu" or "cuda:0"
+  double samples_per_second = 0;   // samples_seen / train_seconds
+  std::vector<LossTerm> terms;     // "total" first, then the learner's terms
+  std::string device;              // "cpu" or "cuda:0"
+  bool stopped_by_budget = false;  // ended at JobOptions::time_budget_s before max_steps
 };
 
 }  // namespace cdcca::distill
