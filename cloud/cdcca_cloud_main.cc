@@ -181,12 +181,17 @@ ABSL_FLAG(double, guard_z, 1.0,
 ABSL_FLAG(double, guard_confident_fraction, 1.0,
           "update guard: share of the held-out pool compared, in (0, 1]: the samples the "
           "teacher answers most surely (lowest answer-token entropy)");
+ABSL_FLAG(bool, guard_restore_base, true,
+          "update guard: when an update is withheld and the pretrained base agrees with the "
+          "teacher on the held-out pool beyond --guard_z paired standard errors better than the "
+          "device's current version, return the device to the base as a new version");
 ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
 ABSL_FLAG(int, torch_threads, 0,
-          "LibTorch intra-op threads per job (0 = automatic: 1, the BLAS threads matrix products)");
+          "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
+          "threads matrix products)");
 ABSL_FLAG(std::string, device, "cpu",
           "where jobs train: cpu, cuda, or cuda:N (the N-th GPU only: one trainer per GPU); "
           "falls back to cpu without CUDA");
@@ -438,6 +443,7 @@ int main(int argc, char** argv) {
         static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_guard_min_pool)));
     so.guard.z = absl::GetFlag(FLAGS_guard_z);
     so.guard.confident_fraction = absl::GetFlag(FLAGS_guard_confident_fraction);
+    so.guard.restore_base = absl::GetFlag(FLAGS_guard_restore_base);
     if (!(so.guard.confident_fraction > 0 && so.guard.confident_fraction <= 1)) {
       return Fail(absl::InvalidArgumentError("--guard_confident_fraction must be in (0, 1]"));
     }
@@ -466,6 +472,7 @@ int main(int argc, char** argv) {
          {"quarantined_samples", r->quarantined_samples},
          {"replay_samples", r->replay_samples},
          {"steps", r->steps},
+         {"stopped_by_budget", r->stopped_by_budget},
          {"queue_s", r->queue_seconds},
          {"train_s", r->train_seconds},
          {"loss_first", r->loss_first},
@@ -484,6 +491,14 @@ int main(int argc, char** argv) {
            {"gain", r->guard.gain},
            {"se", r->guard.se},
            {"decision", r->guard.decision}}},
+         {"restored_base", r->restored_base},
+         {"base_guard",
+          {{"pool", r->base_guard.pool},
+           {"current", r->base_guard.before},
+           {"base", r->base_guard.after},
+           {"gain", r->base_guard.gain},
+           {"se", r->base_guard.se},
+           {"decision", r->base_guard.decision}}},
          {"notes", r->notes}});
   };
   const double interval = absl::GetFlag(FLAGS_trigger_interval_s);

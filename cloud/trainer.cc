@@ -210,6 +210,8 @@ struct PerDeviceStrategy::Impl {
     bool student_known = false;
     uint64_t student_version = 0;  // the mirror version `student` was answered with
     std::string student;
+    bool base_known = false;
+    std::string base;  // the pretrained base's answer (UpdateGuardOptions::restore_base)
   };
   using HoldoutPool = std::deque<std::shared_ptr<HoldoutEntry>>;  // oldest first
 
@@ -656,6 +658,44 @@ struct PerDeviceStrategy::Impl {
     return JudgeUpdate(before_agrees, after_agrees, options.guard);
   }
 
+  // The pretrained base against the device's current version on `pool`, by the guard's rule
+  // (base as "after"): the base's answers are computed once per held-out sample and cached;
+  // the current version's are those ScoreUpdate cached. Caller holds d.mu.
+  absl::StatusOr<GuardVerdict> ScoreBase(Device& d, const HoldoutPool& pool) {
+    std::vector<HoldoutEntry*> need;
+    std::vector<const compress::UplinkSample*> inputs;
+    for (const std::shared_ptr<HoldoutEntry>& e : pool) {
+      if (!e->teacher_known || !e->student_known || e->student_version != d.version) {
+        return absl::InternalError("the held-out pool was not scored before the base");
+      }
+      if (!e->base_known) {
+        need.push_back(e.get());
+        inputs.push_back(e->sample.get());
+      }
+    }
+    if (!need.empty()) {
+      absl::StatusOr<std::vector<std::string>> b =
+          trainer->StudentAnswers(trainer->base_trainable(), inputs);
+      if (!b.ok()) return b.status();
+      if (b->size() != need.size()) {
+        return absl::InternalError(absl::StrCat("the base answered ", b->size(), " of ",
+                                                need.size(), " held-out samples"));
+      }
+      for (size_t i = 0; i < need.size(); ++i) {
+        need[i]->base = std::move((*b)[i]);
+        need[i]->base_known = true;
+      }
+    }
+    std::vector<double> entropies;
+    for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
+    std::vector<double> current_agrees, base_agrees;
+    for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
+      current_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
+      base_agrees.push_back(AnswerAgreement(pool[i]->base, pool[i]->teacher));
+    }
+    return JudgeUpdate(current_agrees, base_agrees, options.guard);
+  }
+
   // An update the guard did not let through: the batches are consumed (the cursor moves
   // durably), the trained samples join the replay buffer and the pool its new samples, the
   // learner state trained along with the update is dropped; mirror, version and residual
@@ -671,16 +711,20 @@ struct PerDeviceStrategy::Impl {
     ++d.withheld;
     d.PublishInfo();
     const GuardVerdict& v = report.guard;
+    const GuardVerdict& b = report.base_guard;  // pool 0: the base was not scored
     std::fprintf(stderr,
                  "{\"event\":\"update_withheld\",\"device_id\":\"%s\",\"version\":%llu,"
                  "\"batches\":[%llu,%llu],\"pool\":%lld,\"before\":%.4f,\"after\":%.4f,"
                  "\"gain\":%.4f,\"se\":%.4f,\"z\":%.3f,\"decision\":\"%s\","
-                 "\"payload_bytes\":%llu}\n",
+                 "\"payload_bytes\":%llu,\"base\":{\"pool\":%lld,\"current\":%.4f,"
+                 "\"base\":%.4f,\"gain\":%.4f,\"se\":%.4f,\"decision\":\"%s\"}}\n",
                  id.c_str(), static_cast<unsigned long long>(d.version),
                  static_cast<unsigned long long>(report.first_sequence),
                  static_cast<unsigned long long>(report.last_sequence),
                  static_cast<long long>(v.pool), v.before, v.after, v.gain, v.se, options.guard.z,
-                 v.decision.c_str(), static_cast<unsigned long long>(report.payload_bytes));
+                 v.decision.c_str(), static_cast<unsigned long long>(report.payload_bytes),
+                 static_cast<long long>(b.pool), b.before, b.after, b.gain, b.se,
+                 b.decision.c_str());
     report.update_withheld = true;
     report.new_version = d.version;
     report.state_digest = d.digest;
@@ -710,6 +754,13 @@ struct PerDeviceStrategy::Impl {
       return absl::InvalidArgumentError(
           absl::StrCat("a rollback goes to a version before ", d.version, ", not to ", to_version));
     }
+    return RestoreTo(id, d, to, "device_rolled_back");
+  }
+
+  // Moves the device back to the state it had at version `to` (< d.version; 0 = the
+  // pretrained base) as a new version, logged as `event`. Caller holds d.mu, d is loaded.
+  absl::StatusOr<RollbackResult> RestoreTo(const std::string& id, Device& d, uint64_t to,
+                                           const char* event) {
     compress::NamedTensors target;
     if (to == 0) {
       target = CloneTensors(trainer->base_trainable());
@@ -763,7 +814,7 @@ struct PerDeviceStrategy::Impl {
     trainer->Forget(id);  // the learner state was fitted along with the dropped updates
     d.PublishInfo();
     std::fprintf(stderr, "%s\n",
-                 nlohmann::json({{"event", "device_rolled_back"},
+                 nlohmann::json({{"event", event},
                                  {"device_id", id},
                                  {"from_version", from},
                                  {"restored_version", to},
@@ -963,6 +1014,7 @@ struct PerDeviceStrategy::Impl {
       d.failed_attempts = 0;
       report.replay_samples = result->stats.replay_samples;
       report.steps = result->stats.steps;
+      report.stopped_by_budget = result->stats.stopped_by_budget;
       report.train_seconds = result->stats.train_seconds;
       report.train_device = result->stats.device;
       report.notes = result->notes;
@@ -1013,7 +1065,28 @@ struct PerDeviceStrategy::Impl {
       }
       if (!report.guard.ship) {
         if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
-        return Withhold(id, d, std::move(pool), train_samples, report);
+        // A device whose current version agrees with the teacher on its held-out samples
+        // worse than the pretrained base, beyond the same margin, goes back to the base.
+        bool restore = false;
+        if (options.guard.restore_base && d.version > 0 && !pool.empty()) {
+          absl::StatusOr<GuardVerdict> base = ScoreBase(d, pool);
+          if (!base.ok()) return base.status();
+          report.base_guard = *base;
+          restore = base->decision == "helps";
+        }
+        absl::StatusOr<JobReport> withheld =
+            Withhold(id, d, std::move(pool), train_samples, report);
+        if (!withheld.ok() || !restore) return withheld;
+        absl::StatusOr<RollbackResult> restored = RestoreTo(id, d, 0, "device_restored_to_base");
+        if (!restored.ok()) return restored.status();
+        for (const std::shared_ptr<HoldoutEntry>& e : d.holdout) {
+          e->student = e->base;  // the new version is the base
+          e->student_version = d.version;
+        }
+        withheld->restored_base = true;
+        withheld->new_version = restored->new_version;
+        withheld->state_digest = restored->state_digest;
+        return withheld;
       }
       if (options.fault == "after_train") InjectedCrash("after training");
 

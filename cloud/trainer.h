@@ -36,8 +36,8 @@
 // republish what a crash left unpublished) and keeps only the bound.
 //
 // The update guard (PerDeviceStrategyOptions::guard, cloud/update_guard.h): a job's samples
-// that compress::IsHeldOutSample picks never train; they join the device's held-out pool (the newest
-// pool_capacity of them). After training, before anything is committed, the strategy scores
+// that compress::IsHeldOutSample picks never train; they join the device's held-out pool (the
+// newest pool_capacity of them). After training, before anything is committed, the strategy scores
 // the pool against the teacher with the mirror before the job and with the mirror the device
 // would hold after applying the encoded update, and JudgeUpdate decides. A withheld update is
 // never committed or published: the cursor moves past the job's batches (committed as for
@@ -103,6 +103,7 @@ struct JobReport {
   uint64_t quarantined_samples = 0;
   int64_t replay_samples = 0;
   int steps = 0;
+  bool stopped_by_budget = false;  // the job hit its time budget before max_steps
   double train_seconds = 0;
   double loss_first = 0;  // "total" loss at the first step and over the last steps
   double loss_last = 0;
@@ -125,6 +126,12 @@ struct JobReport {
   // batches are consumed all the same.
   GuardVerdict guard;
   bool update_withheld = false;
+  // With the update withheld and UpdateGuardOptions::restore_base: the pretrained base
+  // scored against the device's current version on the same pool (base as "after"), and
+  // whether it won by the guard's rule, so that the device went back to the base as a new
+  // version (new_version, state_digest are then the restored state's).
+  GuardVerdict base_guard;
+  bool restored_base = false;
 };
 
 // What a strategy knows of one device, for health output and tests.

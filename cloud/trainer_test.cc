@@ -787,6 +787,61 @@ TEST_P(GuardTest, AnUpdateThatHelpsShips) {
   EXPECT_EQ(strategy_->State("dev-a").updates_withheld, 0u);
 }
 
+// restore_base: a device whose version agrees with the teacher worse than the pretrained base
+// (an update trained away from the teacher, shipped with the guard off) stays there while
+// restore_base is off, and goes back to the base, as a new version whose state is the base's,
+// at the next withheld update once it is on.
+TEST_P(GuardTest, ADeviceWorseThanTheBaseReturnsToIt) {
+  SaveTwinFamily(0.0f);
+  PerDeviceStrategyOptions off = GuardOptions(-1.0);
+  off.guard.enabled = false;
+  Start(off);
+  Uplink("dev-a", 1, 24);
+  Uplink("dev-a", 2, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport harmful, strategy_->RunJob("dev-a"));
+  ASSERT_EQ(harmful.new_version, 1u);
+  ASSERT_NE(harmful.state_digest, strategy_->BaseDigest());
+
+  PerDeviceStrategyOptions kept = GuardOptions(-1.0);
+  kept.guard.restore_base = false;
+  OpenStores();
+  Start(kept);
+  Uplink("dev-a", 3, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport stays, strategy_->RunJob("dev-a"));
+  EXPECT_TRUE(stays.update_withheld);
+  EXPECT_FALSE(stays.restored_base);
+  EXPECT_EQ(stays.base_guard.pool, 0);  // not scored
+  EXPECT_EQ(stays.new_version, 1u);
+  EXPECT_EQ(stays.state_digest, harmful.state_digest);
+
+  OpenStores();
+  Start(GuardOptions(-1.0));
+  Uplink("dev-a", 4, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport back, strategy_->RunJob("dev-a"));
+  EXPECT_TRUE(back.update_withheld);
+  EXPECT_GE(back.base_guard.pool, 8);
+  EXPECT_DOUBLE_EQ(back.base_guard.after, 1.0);  // the base is the teacher
+  EXPECT_LT(back.base_guard.before, 1.0);
+  EXPECT_EQ(back.base_guard.decision, "helps");
+  EXPECT_TRUE(back.restored_base);
+  EXPECT_EQ(back.new_version, 2u);
+  EXPECT_EQ(back.state_digest, strategy_->BaseDigest());
+  ASSERT_OK_AND_ASSIGN(StoredUpdate update, updates_->UpdateAfter("dev-a", 1));
+  EXPECT_EQ(update.new_version, 2u);
+  EXPECT_EQ(update.state_digest, strategy_->BaseDigest());
+  const DeviceTrainingState state = strategy_->State("dev-a");
+  EXPECT_EQ(state.version, 2u);
+  EXPECT_EQ(state.state_digest, strategy_->BaseDigest());
+  EXPECT_EQ(state.consumed_sequence, 4u);
+
+  // At the base, a withheld update has nothing to return to.
+  Uplink("dev-a", 5, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport again, strategy_->RunJob("dev-a"));
+  EXPECT_TRUE(again.update_withheld);
+  EXPECT_FALSE(again.restored_base);
+  EXPECT_EQ(again.new_version, 2u);
+}
+
 // With confident_fraction the guard compares only the held-out samples the teacher answers
 // most surely: half the pool here, rounded up.
 TEST_P(GuardTest, ComparesTheTeachersSurestShareOfThePool) {

@@ -39,6 +39,13 @@ struct UpdateGuardOptions {
   // with a sure teacher is closer to being right than agreement with an unsure one, at the
   // cost of a smaller pool. Default: 1 (every held-out sample).
   double confident_fraction = 1.0;
+  // When an update is withheld from a device that no longer runs the pretrained base, the
+  // base is scored on the same pool against the device's current version by the same rule;
+  // if it wins ("helps": the pool at least min_pool, the gain beyond z paired SEs), the cloud
+  // returns the device to the base as a new version (a rollback to version 0, logged as
+  // device_restored_to_base). An earlier update that helped on the inputs of its day and hurts
+  // on today's is then undone instead of kept forever. Default: on.
+  bool restore_base = true;
 };
 
 // The indices of `entropies` the comparison counts under `fraction`

@@ -193,6 +193,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(Read(*it, "guard_min_pool", where, &e.job.guard_min_pool));
     CDCCA_RETURN_IF_ERROR(
         Read(*it, "guard_confident_fraction", where, &e.job.guard_confident_fraction));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_restore_base", where, &e.job.guard_restore_base));
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.guard_confident_fraction > 0 && e.job.guard_confident_fraction <= 1, where,
               "guard_confident_fraction", "must be in (0, 1]"));

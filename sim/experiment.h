@@ -97,6 +97,7 @@ struct JobSettings {
   double guard_z = 1.0;
   int guard_min_pool = 16;
   double guard_confident_fraction = 1.0;  // --guard_confident_fraction
+  bool guard_restore_base = true;         // --guard_restore_base
 };
 
 // Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"

@@ -538,6 +538,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.guard.z = e.job.guard_z;
   po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
   po.guard.confident_fraction = e.job.guard_confident_fraction;
+  po.guard.restore_base = e.job.guard_restore_base;
   if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());
@@ -965,6 +966,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           r.queue_seconds = it->second.queue_seconds;
           r.downlink_payload_bytes = it->second.payload_bytes;
           r.update_withheld = it->second.update_withheld;
+          r.restored_base = it->second.restored_base;
           r.guard_pool = it->second.guard.pool;
           r.guard_before = it->second.guard.before;
           r.guard_after = it->second.guard.after;

@@ -81,6 +81,7 @@ struct DeviceRound {
   // the update (the device then stays at its version), and the held-out pool it scored with
   // the agreement with the teacher before and after the update (pool 0: not scored).
   bool update_withheld = false;
+  bool restored_base = false;  // withheld, and the device went back to the pretrained base
   int64_t guard_pool = 0;
   double guard_before = 0, guard_after = 0;
   uint64_t version = 0;       // model version the device runs after the round

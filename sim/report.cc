@@ -31,6 +31,7 @@ struct RoundSummary {
   double frames = 0, kept_samples = 0, kept_tokens = 0;
   double updates = 0;   // devices that received an update this round
   double withheld = 0;  // devices whose update the cloud's guard withheld this round
+  double restored = 0;  // of those, devices the guard returned to the pretrained base
   bool in_sync = true;
 };
 
@@ -56,6 +57,7 @@ std::vector<RoundSummary> Summarize(const MethodResult& m, int devices) {
     s.kept_tokens += static_cast<double>(r.kept_tokens);
     s.updates += r.downlink_payload_bytes > 0 ? 1 : 0;
     s.withheld += r.update_withheld ? 1 : 0;
+    s.restored += r.restored_base ? 1 : 0;
     s.in_sync = s.in_sync && r.in_sync;
   }
   std::vector<RoundSummary> out;
@@ -507,7 +509,9 @@ std::string MarkdownReport(const RunResult& run) {
                       "\n## Update guard\n\nUpdates the cloud withheld per round (of the "
                       "devices' jobs) because they did not raise the student's agreement with "
                       "the teacher on the device's held-out samples beyond noise; such a device "
-                      "stays at its version.\n\n| method |");
+                      "stays at its version, or returns to the pretrained base (\"N to base\") "
+                      "where the base beat its version on the same samples by the same "
+                      "rule.\n\n| method |");
       for (int r = 1; r <= e.rounds; ++r) absl::StrAppend(&md, " round ", r, " |");
       md += " total |\n|---|";
       for (int r = 0; r < e.rounds + 1; ++r) md += "---|";
@@ -515,13 +519,18 @@ std::string MarkdownReport(const RunResult& run) {
       guard_header = true;
     }
     absl::StrAppend(&md, "| ", m.method, " |");
-    double total = 0;
+    double total = 0, restored = 0;
     for (const RoundSummary& r : Summarize(m, e.devices)) {
       if (r.round == 0) continue;
-      absl::StrAppendFormat(&md, " %.0f |", r.withheld);
+      absl::StrAppendFormat(&md, " %.0f", r.withheld);
+      if (r.restored > 0) absl::StrAppendFormat(&md, " (%.0f to base)", r.restored);
+      md += " |";
       total += r.withheld;
+      restored += r.restored;
     }
-    absl::StrAppendFormat(&md, " %.0f |\n", total);
+    absl::StrAppendFormat(&md, " %.0f", total);
+    if (restored > 0) absl::StrAppendFormat(&md, " (%.0f to base)", restored);
+    md += " |\n";
   }
   // Paired comparison of CD-CCA with every other method.
   const std::vector<Paired> paired = PairedComparisons(run);
@@ -615,6 +624,7 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
            {"in_sync", r.in_sync},
            {"answer_ms", r.answer_ms},
            {"update_withheld", r.update_withheld},
+           {"restored_base", r.restored_base},
            {"guard",
             {{"pool", r.guard_pool}, {"before", r.guard_before}, {"after", r.guard_after}}}});
       if (!r.captions.empty()) {
