@@ -455,7 +455,16 @@ int main(int argc, char** argv) {
   }
   // What each job did, logged as one JSON line (the embedded scheduler's and the shared
   // queue's workers alike).
-  const auto log_job = [](const absl::StatusOr<JobReport>& r) {
+  // A guard verdict, its two agreements named as the comparison has them.
+  const auto verdict = [](const GuardVerdict& v, const char* before, const char* after) {
+    return nlohmann::json({{"pool", v.pool},
+                           {before, v.before},
+                           {after, v.after},
+                           {"gain", v.gain},
+                           {"se", v.se},
+                           {"decision", v.decision}});
+  };
+  const auto log_job = [verdict](const absl::StatusOr<JobReport>& r) {
     if (!r.ok()) {
       if (!absl::IsNotFound(r.status())) {
         Log({{"event", "job_failed"}, {"error", r.status().ToString()}});
@@ -484,21 +493,9 @@ int main(int argc, char** argv) {
          {"train_device", r->train_device},
          {"held_out_samples", r->held_out_samples},
          {"update_withheld", r->update_withheld},
-         {"guard",
-          {{"pool", r->guard.pool},
-           {"before", r->guard.before},
-           {"after", r->guard.after},
-           {"gain", r->guard.gain},
-           {"se", r->guard.se},
-           {"decision", r->guard.decision}}},
+         {"guard", verdict(r->guard, "before", "after")},
          {"restored_base", r->restored_base},
-         {"base_guard",
-          {{"pool", r->base_guard.pool},
-           {"current", r->base_guard.before},
-           {"base", r->base_guard.after},
-           {"gain", r->base_guard.gain},
-           {"se", r->base_guard.se},
-           {"decision", r->base_guard.decision}}},
+         {"base_guard", verdict(r->base_guard, "current", "base")},
          {"notes", r->notes}});
   };
   const double interval = absl::GetFlag(FLAGS_trigger_interval_s);

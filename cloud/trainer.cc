@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -193,6 +194,17 @@ struct QuarantineLog {
   std::fprintf(stderr, "cdcca-cloud: test fault injected %s\n", where);
   std::fflush(stderr);
   _exit(86);
+}
+
+// `answers` of `n` held-out samples from `whose` (teacher, mirror, base), or why not.
+absl::Status CheckAnswers(const absl::StatusOr<std::vector<std::string>>& answers, size_t n,
+                          const char* whose) {
+  if (!answers.ok()) return answers.status();
+  if (answers->size() != n) {
+    return absl::InternalError(
+        absl::StrCat(whose, " answered ", answers->size(), " of ", n, " held-out samples"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -614,20 +626,11 @@ struct PerDeviceStrategy::Impl {
       for (const HoldoutEntry* e : entries) out.push_back(e->sample.get());
       return out;
     };
-    auto check = [](const absl::StatusOr<std::vector<std::string>>& answers, size_t n,
-                    const char* whose) -> absl::Status {
-      if (!answers.ok()) return answers.status();
-      if (answers->size() != n) {
-        return absl::InternalError(
-            absl::StrCat(whose, " answered ", answers->size(), " of ", n, " held-out samples"));
-      }
-      return absl::OkStatus();
-    };
     if (!need_teacher.empty()) {
       std::vector<double> entropies;
       absl::StatusOr<std::vector<std::string>> t =
           trainer->TeacherAnswers(samples_of(need_teacher), &entropies);
-      if (absl::Status s = check(t, need_teacher.size(), "the teacher"); !s.ok()) return s;
+      if (absl::Status s = CheckAnswers(t, need_teacher.size(), "the teacher"); !s.ok()) return s;
       entropies.resize(need_teacher.size(), 0.0);
       for (size_t i = 0; i < need_teacher.size(); ++i) {
         need_teacher[i]->teacher = std::move((*t)[i]);
@@ -638,7 +641,7 @@ struct PerDeviceStrategy::Impl {
     if (!need_student.empty()) {
       absl::StatusOr<std::vector<std::string>> b =
           trainer->StudentAnswers(d.mirror, samples_of(need_student));
-      if (absl::Status s = check(b, need_student.size(), "the mirror"); !s.ok()) return s;
+      if (absl::Status s = CheckAnswers(b, need_student.size(), "the mirror"); !s.ok()) return s;
       for (size_t i = 0; i < need_student.size(); ++i) {
         need_student[i]->student = std::move((*b)[i]);
         need_student[i]->student_version = d.version;
@@ -646,16 +649,24 @@ struct PerDeviceStrategy::Impl {
       }
     }
     absl::StatusOr<std::vector<std::string>> a = trainer->StudentAnswers(after, all);
-    if (absl::Status s = check(a, all.size(), "the updated mirror"); !s.ok()) return s;
+    if (absl::Status s = CheckAnswers(a, all.size(), "the updated mirror"); !s.ok()) return s;
+    *after_answers = *std::move(a);
+    return JudgeOnPool(pool, [&](size_t i) -> const std::string& { return (*after_answers)[i]; });
+  }
+
+  // The guard's rule on `pool` (scored: teacher and current answers known): per compared
+  // sample (UpdateGuardOptions::confident_fraction), the current version's agreement with the
+  // teacher against `candidate(i)`'s.
+  GuardVerdict JudgeOnPool(const HoldoutPool& pool,
+                           absl::FunctionRef<const std::string&(size_t)> candidate) const {
     std::vector<double> entropies;
     for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
-    std::vector<double> before_agrees, after_agrees;
+    std::vector<double> current_agrees, candidate_agrees;
     for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
-      before_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
-      after_agrees.push_back(AnswerAgreement((*a)[i], pool[i]->teacher));
+      current_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
+      candidate_agrees.push_back(AnswerAgreement(candidate(i), pool[i]->teacher));
     }
-    *after_answers = *std::move(a);
-    return JudgeUpdate(before_agrees, after_agrees, options.guard);
+    return JudgeUpdate(current_agrees, candidate_agrees, options.guard);
   }
 
   // The pretrained base against the device's current version on `pool`, by the guard's rule
@@ -676,24 +687,13 @@ struct PerDeviceStrategy::Impl {
     if (!need.empty()) {
       absl::StatusOr<std::vector<std::string>> b =
           trainer->StudentAnswers(trainer->base_trainable(), inputs);
-      if (!b.ok()) return b.status();
-      if (b->size() != need.size()) {
-        return absl::InternalError(absl::StrCat("the base answered ", b->size(), " of ",
-                                                need.size(), " held-out samples"));
-      }
+      if (absl::Status s = CheckAnswers(b, need.size(), "the base"); !s.ok()) return s;
       for (size_t i = 0; i < need.size(); ++i) {
         need[i]->base = std::move((*b)[i]);
         need[i]->base_known = true;
       }
     }
-    std::vector<double> entropies;
-    for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
-    std::vector<double> current_agrees, base_agrees;
-    for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
-      current_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
-      base_agrees.push_back(AnswerAgreement(pool[i]->base, pool[i]->teacher));
-    }
-    return JudgeUpdate(current_agrees, base_agrees, options.guard);
+    return JudgeOnPool(pool, [&](size_t i) -> const std::string& { return pool[i]->base; });
   }
 
   // An update the guard did not let through: the batches are consumed (the cursor moves

@@ -173,7 +173,9 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     r.model_version = version;
     r.latency_ms = a.latency_ms;
     if (gate_->Keep(a.entropy)) {
-      absl::StatusOr<compress::UplinkSample> s = UplinkSampleOf(a, uts, version, holdout_fraction);
+      bool whole = false;
+      absl::StatusOr<compress::UplinkSample> s =
+          UplinkSampleOf(a, uts, version, holdout_fraction, &whole);
       if (!s.ok()) {
         // The answer stands; only this sample's uplink is lost.
         CountUnsent(1, s.status().message());
@@ -181,9 +183,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
         r.uplinked = !s->kept_indices.empty();
         r.kept_tokens = static_cast<int>(s->kept_indices.size());
         if (r.uplinked) {
-          if (compress::IsHeldOutSample(client_->device_id(), s->sample_id, holdout_fraction)) {
-            ++held_out;
-          }
+          if (whole) ++held_out;
           if (batch_.empty()) batch_started_ = clock_->Now();
           batch_.push_back(*std::move(s));
           ++kept;
@@ -206,12 +206,14 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
 absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(const AnswerResult& a,
                                                                    const UtsOptions& uts,
                                                                    uint64_t version,
-                                                                   double holdout_fraction) {
+                                                                   double holdout_fraction,
+                                                                   bool* held_out_whole) {
   compress::UplinkSample s;
   s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
                 (sample_counter_++ & 0xffff);
   const bool held_out =
       compress::IsHeldOutSample(client_->device_id(), s.sample_id, holdout_fraction);
+  *held_out_whole = held_out;
   absl::StatusOr<std::vector<float>> scores = std::vector<float>();
   if (!uts.random_tokens && !held_out) {
     std::optional<uint64_t> seed;

@@ -201,10 +201,11 @@ class DeviceAgent {
   // The uplink sample of a kept answer (UTS stage 2, the tokens or the frame), checked to
   // encode; an error means it cannot be uplinked (the answer stands). A sample the cloud's
   // guard holds out (compress::IsHeldOutSample under `holdout_fraction`) keeps every token:
-  // the guard scores it as the device answers it, from the whole frame.
+  // the guard scores it as the device answers it, from the whole frame (`held_out_whole`).
   absl::StatusOr<compress::UplinkSample> UplinkSampleOf(const AnswerResult& answer,
                                                         const UtsOptions& uts, uint64_t version,
-                                                        double holdout_fraction)
+                                                        double holdout_fraction,
+                                                        bool* held_out_whole)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
   // batch needs. What cannot be queued is counted: a sample that alone exceeds 1 MiB, or a
