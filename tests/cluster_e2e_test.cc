@@ -239,8 +239,15 @@ TEST_F(ClusterTest, TwoFrontsAndTwoTrainersBringEveryDeviceInSync) {
   }
   for (auto& [id, device] : devices) StopAndCheck(id, *device);
   // Both trainers took jobs from the one queue.
-  const uint64_t done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
-  const uint64_t done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+  // The status files are rewritten every 0.5 s: wait (with a deadline) for the last jobs.
+  uint64_t done0 = 0, done1 = 0;
+  WaitUntil(
+      [&] {
+        done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
+        done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+        return done0 + done1 >= 8u;
+      },
+      absl::Seconds(30));
   EXPECT_GE(done0 + done1, 8u) << done0 << " + " << done1;
   // A front trains nothing; nginx spread the devices' calls over both fronts.
   EXPECT_THAT(ReadText(Log("front-0")), ::testing::Not(HasSubstr("\"event\":\"job\"")));
@@ -345,8 +352,15 @@ TEST_F(ClusterTest, FiftyAgentsThroughNginxEndInSyncWithEachBatchStoredOnce) {
     EXPECT_EQ(static_cast<uint64_t>(highest), st.batches_acked) << id;
     EXPECT_GT(st.batches_acked, 0u) << id;
   }
-  const uint64_t done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
-  const uint64_t done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+  // The status files are rewritten every 0.5 s: wait (with a deadline) for the last jobs.
+  uint64_t done0 = 0, done1 = 0;
+  WaitUntil(
+      [&] {
+        done0 = ReadJson(dir_.path() + "/trainer-0.status").value("jobs_done", 0ull);
+        done1 = ReadJson(dir_.path() + "/trainer-1.status").value("jobs_done", 0ull);
+        return done0 + done1 >= static_cast<uint64_t>(kFleet);
+      },
+      absl::Seconds(30));
   EXPECT_GE(done0 + done1, static_cast<uint64_t>(kFleet));
   for (Child* c : {front0.get(), front1.get(), trainer0.get(), trainer1.get()}) {
     c->Signal(SIGTERM);
