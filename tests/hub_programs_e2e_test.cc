@@ -177,20 +177,25 @@ class HubProgramsTest : public ::testing::Test {
     EXPECT_EQ(cloud_->Wait(absl::Seconds(60)), 0);
   }
 
-  // The cloud's job events.
-  // The cloud's job lines of jobs that produced an update. Not simply the first job: a job
+  // The cloud's job lines.
+  std::vector<nlohmann::json> Jobs() {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_.path() + "/cloud.log");
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("event", "") == "job") out.push_back(j);
+    }
+    return out;
+  }
+
+  // Those of jobs that produced an update. Not simply the first job: a job
   // whose samples the update guard all held out trains nothing and ships nothing, and which
   // samples it holds out hashes the device's sample ids, which carry the clock, so a small
   // first batch is now and then held out whole.
   std::vector<nlohmann::json> UpdateJobs() {
     std::vector<nlohmann::json> out;
-    std::ifstream in(dir_.path() + "/cloud.log");
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("event", "") == "job" &&
-          j.value("new_version", 0) > j.value("base_version", 0)) {
-        out.push_back(j);
-      }
+    for (nlohmann::json& j : Jobs()) {
+      if (j.value("new_version", 0) > j.value("base_version", 0)) out.push_back(std::move(j));
     }
     return out;
   }
@@ -218,6 +223,12 @@ TEST_P(HubRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
   EXPECT_GT(jobs[0].value("samples", 0), 0);
   EXPECT_GT(jobs[0].value("steps", 0), 0);
   EXPECT_TRUE(jobs[0]["notes"].empty()) << jobs[0].dump();
+  // The cloud's guard share reached the device at Register: every sample the cloud's jobs held
+  // out the device counted as sent whole (it may have sent more the jobs have not read yet).
+  ASSERT_TRUE(s.contains("held_out_samples")) << s.dump();
+  int64_t cloud_held_out = 0;
+  for (const nlohmann::json& j : Jobs()) cloud_held_out += j.value("held_out_samples", 0);
+  EXPECT_LE(cloud_held_out, s.value("held_out_samples", -1)) << s.dump();
   StopCloud();
 }
 
