@@ -168,8 +168,9 @@ ABSL_FLAG(bool, guard, true,
           "trained on) and publish an update only if it raises the student's agreement with the "
           "teacher on them beyond --guard_z paired standard errors; else withhold it (the "
           "batches are consumed, the device stays where it is; event update_withheld)");
-ABSL_FLAG(double, guard_holdout_fraction, 0.2,
-          "update guard: share of each device's uplinked samples held out, in [0, 1)");
+ABSL_FLAG(double, guard_holdout_fraction, 0.1,
+          "update guard: share of each device's answers held out (picked before UTS stage 1 "
+          "and uplinked whole), in [0, 1)");
 ABSL_FLAG(int64_t, guard_pool, 128,
           "update guard: most held-out samples kept per device (the newest)");
 ABSL_FLAG(int64_t, guard_min_pool, 16,

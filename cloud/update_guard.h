@@ -21,11 +21,14 @@ namespace cdcca::cloud {
 struct UpdateGuardOptions {
   // Off: every update ships, no sample is held out. Default: on.
   bool enabled = true;
-  // Share of each device's uplinked samples held out, in [0, 1): which ones is
+  // Share of each device's answers held out, in [0, 1): which ones is
   // compress::IsHeldOutSample of the device id and the sample id. The cloud tells its devices
-  // the share at Register (RegisterReply.guard_holdout_fraction), and they uplink those
-  // samples whole. Default: 0.2.
-  double holdout_fraction = 0.2;
+  // the share at Register (RegisterReply.guard_holdout_fraction), and they pick it among all
+  // their answers, before UTS stage 1, and uplink those samples whole: the pool is a sample
+  // of the device's inputs, not of the uncertain ones stage 1 keeps. Default: 0.1 (at the
+  // experiments' stage-1 rate of about one answer in two, as many held-out samples as the
+  // earlier 0.2 of the uplinked ones).
+  double holdout_fraction = 0.1;
   // Most held-out samples kept per device (the newest). Default: 128.
   size_t pool_capacity = 128;
   // Smallest pool the paired rule runs on; a smaller pool decides by JudgeUpdate's small-pool

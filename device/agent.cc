@@ -172,10 +172,18 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     r.entropy = a.entropy;
     r.model_version = version;
     r.latency_ms = a.latency_ms;
-    if (gate_->Keep(a.entropy)) {
-      bool whole = false;
+    // Every answer takes an id, and the guard's share is picked among all of them, before
+    // stage 1: the held-out pool is then a sample of what the device answers, not of the
+    // uncertain answers stage 1 keeps, and an update is judged on the device's inputs.
+    const uint64_t ordinal = sample_counter_++;
+    const uint64_t sample_id =
+        (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) | (ordinal & 0xffff);
+    const bool whole =
+        compress::IsHeldOutSample(client_->device_id(), sample_id, holdout_fraction);
+    const bool passes = gate_->Keep(a.entropy);  // records every entropy
+    if (passes || whole) {
       absl::StatusOr<compress::UplinkSample> s =
-          UplinkSampleOf(a, uts, version, holdout_fraction, &whole);
+          UplinkSampleOf(a, uts, version, sample_id, ordinal, whole);
       if (!s.ok()) {
         // The answer stands; only this sample's uplink is lost.
         CountUnsent(1, s.status().message());
@@ -184,9 +192,9 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
         r.kept_tokens = static_cast<int>(s->kept_indices.size());
         if (r.uplinked) {
           if (whole) ++held_out;
+          if (passes) ++kept;
           if (batch_.empty()) batch_started_ = clock_->Now();
           batch_.push_back(*std::move(s));
-          ++kept;
         }
       }
       if (static_cast<int>(batch_.size()) >= options_.batch_samples) FlushLocked();
@@ -206,20 +214,17 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
 absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(const AnswerResult& a,
                                                                    const UtsOptions& uts,
                                                                    uint64_t version,
-                                                                   double holdout_fraction,
-                                                                   bool* held_out_whole) {
+                                                                   uint64_t sample_id,
+                                                                   uint64_t ordinal,
+                                                                   bool held_out) {
   compress::UplinkSample s;
-  s.sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
-                (sample_counter_++ & 0xffff);
-  const bool held_out =
-      compress::IsHeldOutSample(client_->device_id(), s.sample_id, holdout_fraction);
-  *held_out_whole = held_out;
+  s.sample_id = sample_id;
   absl::StatusOr<std::vector<float>> scores = std::vector<float>();
   if (!uts.random_tokens && !held_out) {
     std::optional<uint64_t> seed;
     if (options_.score_seed != 0) {
-      // The n-th sample's passes, n counted before this sample took its id.
-      const uint64_t key[2] = {options_.score_seed, sample_counter_ - 1};
+      // The passes of the answer with this ordinal.
+      const uint64_t key[2] = {options_.score_seed, ordinal};
       seed = compress::Hash64(key, sizeof(key));
     }
     scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);

@@ -91,7 +91,7 @@ struct AgentOptions {
   uint64_t update_byte_budget = 0;
   // Where time comes from (not owned; must outlive the agent). nullptr = Clock::Real().
   Clock* clock = nullptr;
-  // Non-zero: UTS stage 2's dropout passes for the n-th kept sample draw from a generator
+  // Non-zero: UTS stage 2's dropout passes for the n-th answer draw from a generator
   // seeded with a hash of (score_seed, n) (InferenceRuntime::TokenScores' seed), so the
   // uplink does not depend on other threads of the process. 0 = the process's generator.
   uint64_t score_seed = 0;
@@ -106,7 +106,7 @@ struct AgentOptions {
 struct FrameResult {
   std::string answer;
   float entropy = 0;
-  bool uplinked = false;       // kept by UTS (stage 1) and queued
+  bool uplinked = false;       // queued: kept by UTS stage 1, or held out for the guard
   int kept_tokens = 0;         // UTS stage 2
   uint64_t model_version = 0;  // version that answered
   double latency_ms = 0;
@@ -117,8 +117,9 @@ struct AgentStats {
   uint64_t kept_samples = 0;     // passed stage 1
   uint64_t dropped_samples = 0;  // kept but refused by a full queue
   uint64_t unsent_samples = 0;   // kept, answered, but not uplinkable (see the class comment)
-  // Kept samples uplinked whole (every visual token) because the cloud's update guard holds
-  // them out (RegisterReply.guard_holdout_fraction).
+  // Samples uplinked whole (every visual token) because the cloud's update guard holds them
+  // out (RegisterReply.guard_holdout_fraction): that share of every answer, whether it passed
+  // stage 1 or not.
   uint64_t held_out_samples = 0;
   uint64_t batches_queued = 0;
   uint64_t batches_acked = 0;  // highest durable sequence the cloud acked (its numbering)
@@ -198,14 +199,15 @@ class DeviceAgent {
   absl::Status Resync(uint64_t version);
   absl::Status Report(bool allow_resync);
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
-  // The uplink sample of a kept answer (UTS stage 2, the tokens or the frame), checked to
-  // encode; an error means it cannot be uplinked (the answer stands). A sample the cloud's
-  // guard holds out (compress::IsHeldOutSample under `holdout_fraction`) keeps every token:
-  // the guard scores it as the device answers it, from the whole frame (`held_out_whole`).
+  // The uplink sample `sample_id` of an answer that passed stage 1 or that the cloud's guard
+  // holds out (UTS stage 2, the tokens or the frame), checked to encode; an error means it
+  // cannot be uplinked (the answer stands). A held-out sample (compress::IsHeldOutSample of
+  // its id) keeps every token: the guard scores it as the device answers it, from the whole
+  // frame. `ordinal` (the answer's count) seeds stage 2 under AgentOptions::score_seed.
   absl::StatusOr<compress::UplinkSample> UplinkSampleOf(const AnswerResult& answer,
                                                         const UtsOptions& uts, uint64_t version,
-                                                        double holdout_fraction,
-                                                        bool* held_out_whole)
+                                                        uint64_t sample_id, uint64_t ordinal,
+                                                        bool held_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
   // batch needs. What cannot be queued is counted: a sample that alone exceeds 1 MiB, or a

@@ -191,6 +191,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
         Read(*it, "guard_holdout_fraction", where, &e.job.guard_holdout_fraction));
     CDCCA_RETURN_IF_ERROR(Read(*it, "guard_z", where, &e.job.guard_z));
     CDCCA_RETURN_IF_ERROR(Read(*it, "guard_min_pool", where, &e.job.guard_min_pool));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_pool", where, &e.job.guard_pool));
     CDCCA_RETURN_IF_ERROR(
         Read(*it, "guard_confident_fraction", where, &e.job.guard_confident_fraction));
     CDCCA_RETURN_IF_ERROR(Read(*it, "guard_restore_base", where, &e.job.guard_restore_base));
@@ -199,6 +200,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
               "guard_confident_fraction", "must be in (0, 1]"));
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.guard_min_pool >= 0, where, "guard_min_pool", "must be >= 0"));
+    CDCCA_RETURN_IF_ERROR(Check(e.job.guard_pool >= 1, where, "guard_pool", "must be >= 1"));
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.guard_holdout_fraction >= 0 && e.job.guard_holdout_fraction < 1, where,
               "guard_holdout_fraction", "must be in [0, 1)"));

@@ -93,9 +93,10 @@ struct JobSettings {
   // The cloud's update guard (cdcca-cloud's --guard, --guard_holdout_fraction, --guard_z,
   // --guard_min_pool), under those names in the experiment's "job". Default: the program's.
   bool guard = true;
-  double guard_holdout_fraction = 0.2;
+  double guard_holdout_fraction = 0.1;
   double guard_z = 1.0;
   int guard_min_pool = 16;
+  int guard_pool = 128;  // --guard_pool: the newest held-out samples the guard judges on
   double guard_confident_fraction = 1.0;  // --guard_confident_fraction
   bool guard_restore_base = true;         // --guard_restore_base
 };

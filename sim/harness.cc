@@ -537,6 +537,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.guard.holdout_fraction = e.job.guard_holdout_fraction;
   po.guard.z = e.job.guard_z;
   po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
+  po.guard.pool_capacity = static_cast<size_t>(e.job.guard_pool);
   po.guard.confident_fraction = e.job.guard_confident_fraction;
   po.guard.restore_base = e.job.guard_restore_base;
   if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);

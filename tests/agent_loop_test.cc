@@ -559,5 +559,40 @@ TEST_F(AgentHoldoutTest, HeldOutSamplesGoUpWholeAndTheJobHoldsOutThoseSame) {
   EXPECT_EQ(report.samples, selected);
 }
 
+// The share is picked among every answer, before stage 1: with stage 1 passing nothing, the
+// held-out samples still go up (whole) and only they do, so the guard's pool is a sample of
+// what the device answers rather than of the answers stage 1 finds uncertain.
+TEST_F(AgentHoldoutTest, TheShareIsPickedAmongAllAnswersNotOnlyThoseStageOneKeeps) {
+  device::AgentOptions o = Options();
+  o.uts.entropy_alpha = 1e9f;  // no answer's entropy reaches it: stage 1 keeps nothing
+  ASSERT_OK_AND_ASSIGN(auto agent, device::DeviceAgent::Create(o, runtime_.get(), client_.get()));
+  ASSERT_OK(agent->SyncOnce());
+  ASSERT_OK_AND_ASSIGN(auto results, agent->Process(Frames(16, 5)));
+  ASSERT_OK(agent->Flush());
+  ASSERT_OK(agent->SyncOnce());
+  ASSERT_EQ(agent->Stats().queue.batches, 0u);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<store::v1::SampleRecord> records,
+                       cloud_->samples()->Read("dev-0", 1, 100));
+  int sent = 0;
+  for (const store::v1::SampleRecord& r : records) {
+    ASSERT_OK_AND_ASSIGN(std::vector<compress::UplinkSample> batch,
+                         compress::DecodeUplinkBatch(r.batch().payload()));
+    for (const compress::UplinkSample& s : batch) {
+      EXPECT_TRUE(compress::IsHeldOutSample("dev-0", s.sample_id, 0.5)) << s.sample_id;
+      EXPECT_EQ(s.kept_indices.size(), s.grid_tokens) << "held-out sample " << s.sample_id;
+      ++sent;
+    }
+  }
+  int uplinked = 0;
+  for (const device::FrameResult& r : results) uplinked += r.uplinked ? 1 : 0;
+  // 16 draws at one half: some are held out unless the hash is broken (odds 2^-16).
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(sent, 16);
+  EXPECT_EQ(uplinked, sent);
+  EXPECT_EQ(agent->Stats().held_out_samples, static_cast<uint64_t>(sent));
+  EXPECT_EQ(agent->Stats().kept_samples, 0u);
+}
+
 }  // namespace
 }  // namespace cdcca
