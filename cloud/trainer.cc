@@ -566,6 +566,12 @@ struct PerDeviceStrategy::Impl {
     }
   }
 
+  // The newest `n` of `pool` (all of it when it holds fewer).
+  static HoldoutPool NewestOf(const HoldoutPool& pool, size_t n) {
+    if (n >= pool.size()) return pool;
+    return HoldoutPool(pool.end() - static_cast<std::ptrdiff_t>(n), pool.end());
+  }
+
   // `pool` followed by `fresh`, the newest pool_capacity of them.
   HoldoutPool JoinHoldout(const HoldoutPool& pool, const HoldoutPool& fresh) const {
     HoldoutPool out = pool;
@@ -1065,11 +1071,12 @@ struct PerDeviceStrategy::Impl {
       }
       if (!report.guard.ship) {
         if (absl::Status s = Quarantine(id, d, quarantine); !s.ok()) return s;
-        // A device whose current version agrees with the teacher on its held-out samples
+        // A device whose current version agrees with the teacher on what it answers now
         // worse than the pretrained base, beyond the same margin, goes back to the base.
         bool restore = false;
         if (options.guard.restore_base && d.version > 0 && !pool.empty()) {
-          absl::StatusOr<GuardVerdict> base = ScoreBase(d, pool);
+          absl::StatusOr<GuardVerdict> base =
+              ScoreBase(d, NewestOf(pool, std::max(fresh.size(), options.guard.min_pool)));
           if (!base.ok()) return base.status();
           report.base_guard = *base;
           restore = base->decision == "helps";

@@ -127,7 +127,8 @@ struct JobReport {
   GuardVerdict guard;
   bool update_withheld = false;
   // With the update withheld and UpdateGuardOptions::restore_base: the pretrained base
-  // scored against the device's current version on the same pool (base as "after"), and
+  // scored against the device's current version on the job's newly held-out samples (at
+  // least the newest min_pool of the pool; base as "after"), and
   // whether it won by the guard's rule, so that the device went back to the base as a new
   // version (new_version, state_digest are then the restored state's).
   GuardVerdict base_guard;

@@ -43,11 +43,13 @@ struct UpdateGuardOptions {
   // cost of a smaller pool. Default: 1 (every held-out sample).
   double confident_fraction = 1.0;
   // When an update is withheld from a device that no longer runs the pretrained base, the
-  // base is scored on the same pool against the device's current version by the same rule;
-  // if it wins ("helps": the pool at least min_pool, the gain beyond z paired SEs), the cloud
-  // returns the device to the base as a new version (a rollback to version 0, logged as
-  // device_restored_to_base). An earlier update that helped on the inputs of its day and hurts
-  // on today's is then undone instead of kept forever. Default: on.
+  // base is scored against the device's current version by the same rule on what the device
+  // answers now: the job's newly held-out samples, or the newest min_pool of the pool where
+  // the job brought fewer. If it wins ("helps": at least min_pool samples, the gain beyond z
+  // paired SEs), the cloud returns the device to the base as a new version (a rollback to
+  // version 0, logged as device_restored_to_base). An earlier update that helped on the inputs
+  // of its day and hurts on today's is then undone instead of kept forever; judged on the
+  // whole pool, the samples of the days it helped on would outvote today's. Default: on.
   bool restore_base = true;
 };
 
