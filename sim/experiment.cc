@@ -32,6 +32,21 @@ absl::Status Read(const json& obj, const char* key, const std::string& where, T*
   return absl::OkStatus();
 }
 
+// INVALID_ARGUMENT naming the first key of object `obj` that is not in `known` (a misspelt
+// key would otherwise be ignored and the run would use the default without a word).
+absl::Status OnlyKnownKeys(const json& obj, std::initializer_list<absl::string_view> known,
+                           const std::string& where) {
+  if (!obj.is_object()) return absl::OkStatus();
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key \"", it.key(),
+                                                     "\" (known: ", absl::StrJoin(known, ", "),
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 #define CDCCA_RETURN_IF_ERROR(expr)           \
   do {                                        \
     if (absl::Status _s = (expr); !_s.ok()) { \
@@ -87,6 +102,14 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   if (!j.is_object()) return absl::InvalidArgumentError(source_name + ": not a JSON object");
   const std::string& w = source_name;
   Experiment e;
+  CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
+      j,
+      {"name", "task", "title", "paper_table", "description", "checkpoint", "teacher",
+       "student_base", "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer", "precision",
+       "devices", "rounds", "stream_frames", "eval_scenes", "stagger", "methods",
+       "downlink_bits_per_param", "threads", "distill_config", "schedule", "uts", "job", "cloud",
+       "link"},
+      w));
   CDCCA_RETURN_IF_ERROR(Read(j, "name", w, &e.name));
   CDCCA_RETURN_IF_ERROR(Read(j, "task", w, &e.task));
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
@@ -144,6 +167,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
       const std::string where = absl::StrCat(w, ": schedule[", i, "]");
       CDCCA_RETURN_IF_ERROR(Check(s.is_object(), where, "", "must be an object"));
       RoundDomain d;
+      CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(s, {"shift", "severity", "text", "continual"}, where));
       CDCCA_RETURN_IF_ERROR(Read(s, "shift", where, &d.shift));
       CDCCA_RETURN_IF_ERROR(Read(s, "severity", where, &d.severity));
       CDCCA_RETURN_IF_ERROR(Read(s, "text", where, &d.text));
@@ -160,6 +184,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(Check(!e.schedule.empty(), w, "schedule", "must hold at least one round"));
   if (auto it = j.find("uts"); it != j.end()) {
     const std::string where = w + ": uts";
+    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
+        *it, {"keep_fraction", "token_ratio", "mc_passes", "dropout_p", "precision", "score"},
+        where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "keep_fraction", where, &e.uts.keep_fraction));
     CDCCA_RETURN_IF_ERROR(Read(*it, "token_ratio", where, &e.uts.token_ratio));
     CDCCA_RETURN_IF_ERROR(Read(*it, "mc_passes", where, &e.uts.mc_passes));
@@ -181,6 +208,12 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("job"); it != j.end()) {
     const std::string where = w + ": job";
+    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
+        *it,
+        {"max_steps", "batch_size", "lr", "workers", "device", "guard", "guard_holdout_fraction",
+         "guard_z", "guard_min_pool", "guard_pool", "guard_confident_fraction",
+         "guard_restore_base"},
+        where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
     CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
     CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
@@ -215,6 +248,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("cloud"); it != j.end()) {
     const std::string where = w + ": cloud";
+    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(*it, {"store", "fronts", "trainers"}, where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "store", where, &e.cloud.store));
     CDCCA_RETURN_IF_ERROR(Read(*it, "fronts", where, &e.cloud.fronts));
     CDCCA_RETURN_IF_ERROR(Read(*it, "trainers", where, &e.cloud.trainers));
@@ -228,6 +262,8 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("link"); it != j.end()) {
     const std::string where = w + ": link";
+    CDCCA_RETURN_IF_ERROR(
+        OnlyKnownKeys(*it, {"up_mbit_s", "down_mbit_s", "latency_ms", "loss"}, where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "up_mbit_s", where, &e.link.up_mbit_s));
     CDCCA_RETURN_IF_ERROR(Read(*it, "down_mbit_s", where, &e.link.down_mbit_s));
     CDCCA_RETURN_IF_ERROR(Read(*it, "latency_ms", where, &e.link.latency_ms));

@@ -11,6 +11,7 @@ namespace cdcca::sim {
 namespace {
 
 using ::cdcca::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kGood[] = R"({
@@ -84,6 +85,33 @@ TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vis, attention_variance")));
   EXPECT_THAT(LoadExperiment("/nonexistent/x.json").status(),
               StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A misspelt key is refused with its place and the keys that place knows, at every level,
+// instead of being ignored (the run would quietly use the default).
+TEST(ExperimentTest, RefusesUnknownKeysNamingThePlace) {
+  const std::string base = R"("name": "x", "schedule": [{}], "methods": ["pl"])";
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "round": 3})", "a.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("a.json: unknown key \"round\""), HasSubstr("rounds"))));
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "job": {"guard_poool": 64}})", "b.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("b.json: job: unknown key \"guard_poool\""),
+                             HasSubstr("guard_pool"))));
+  EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{"shift": "fog", "severty": 3}],
+                                  "methods": ["pl"]})",
+                              "c.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schedule[0]: unknown key")));
+  for (const char* part : {R"("uts": {"keep": 0.5})", R"("cloud": {"front": 2})",
+                           R"("link": {"up_mbits": 5})"}) {
+    EXPECT_THAT(ParseExperiment("{" + base + ", " + part + "}", "d.json").status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key")))
+        << part;
+  }
+  ASSERT_OK_AND_ASSIGN(Experiment e,
+                       ParseExperiment("{" + base + R"(, "job": {"guard_pool": 64}})", "e.json"));
+  EXPECT_EQ(e.job.guard_pool, 64);
 }
 
 // A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
