@@ -822,8 +822,8 @@ TEST_P(GuardTest, ADeviceWorseThanTheBaseReturnsToIt) {
   EXPECT_GE(back.base_guard.pool, 8);
   // The base is judged on what the device answers now: this job's held-out samples (at
   // least min_pool of the newest), not the whole pool.
-  EXPECT_EQ(back.base_guard.pool, std::min<int64_t>(back.guard.pool,
-                                                     std::max<int64_t>(back.held_out_samples, 8)));
+  EXPECT_EQ(back.base_guard.pool,
+            std::min<int64_t>(back.guard.pool, std::max<int64_t>(back.held_out_samples, 8)));
   EXPECT_LT(back.base_guard.pool, back.guard.pool);
   EXPECT_DOUBLE_EQ(back.base_guard.after, 1.0);  // the base is the teacher
   EXPECT_LT(back.base_guard.before, 1.0);

@@ -178,8 +178,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     const uint64_t ordinal = sample_counter_++;
     const uint64_t sample_id =
         (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) | (ordinal & 0xffff);
-    const bool whole =
-        compress::IsHeldOutSample(client_->device_id(), sample_id, holdout_fraction);
+    const bool whole = compress::IsHeldOutSample(client_->device_id(), sample_id, holdout_fraction);
     const bool passes = gate_->Keep(a.entropy);  // records every entropy
     if (passes || whole) {
       absl::StatusOr<compress::UplinkSample> s =
@@ -211,12 +210,9 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   return out;
 }
 
-absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(const AnswerResult& a,
-                                                                   const UtsOptions& uts,
-                                                                   uint64_t version,
-                                                                   uint64_t sample_id,
-                                                                   uint64_t ordinal,
-                                                                   bool held_out) {
+absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(
+    const AnswerResult& a, const UtsOptions& uts, uint64_t version, uint64_t sample_id,
+    uint64_t ordinal, bool held_out) {
   compress::UplinkSample s;
   s.sample_id = sample_id;
   absl::StatusOr<std::vector<float>> scores = std::vector<float>();

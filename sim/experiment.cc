@@ -39,9 +39,8 @@ absl::Status OnlyKnownKeys(const json& obj, std::initializer_list<absl::string_v
   if (!obj.is_object()) return absl::OkStatus();
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key \"", it.key(),
-                                                     "\" (known: ", absl::StrJoin(known, ", "),
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": unknown key \"", it.key(), "\" (known: ", absl::StrJoin(known, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -102,14 +101,15 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   if (!j.is_object()) return absl::InvalidArgumentError(source_name + ": not a JSON object");
   const std::string& w = source_name;
   Experiment e;
-  CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
-      j,
-      {"name", "task", "title", "paper_table", "description", "checkpoint", "teacher",
-       "student_base", "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer", "precision",
-       "devices", "rounds", "stream_frames", "eval_scenes", "stagger", "methods",
-       "downlink_bits_per_param", "threads", "distill_config", "schedule", "uts", "job", "cloud",
-       "link"},
-      w));
+  CDCCA_RETURN_IF_ERROR(
+      OnlyKnownKeys(j, {"name",        "task",           "title",    "paper_table",
+                        "description", "checkpoint",     "teacher",  "student_base",
+                        "lora_rank",   "lora_alpha",     "lora_mlp", "lora_qformer",
+                        "precision",   "devices",        "rounds",   "stream_frames",
+                        "eval_scenes", "stagger",        "methods",  "downlink_bits_per_param",
+                        "threads",     "distill_config", "schedule", "uts",
+                        "job",         "cloud",          "link"},
+                    w));
   CDCCA_RETURN_IF_ERROR(Read(j, "name", w, &e.name));
   CDCCA_RETURN_IF_ERROR(Read(j, "task", w, &e.task));
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
@@ -208,12 +208,12 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("job"); it != j.end()) {
     const std::string where = w + ": job";
-    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
-        *it,
-        {"max_steps", "batch_size", "lr", "workers", "device", "guard", "guard_holdout_fraction",
-         "guard_z", "guard_min_pool", "guard_pool", "guard_confident_fraction",
-         "guard_restore_base"},
-        where));
+    CDCCA_RETURN_IF_ERROR(
+        OnlyKnownKeys(*it,
+                      {"max_steps", "batch_size", "lr", "workers", "device", "guard",
+                       "guard_holdout_fraction", "guard_z", "guard_min_pool", "guard_pool",
+                       "guard_confident_fraction", "guard_restore_base"},
+                      where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
     CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
     CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));

@@ -103,8 +103,8 @@ TEST(ExperimentTest, RefusesUnknownKeysNamingThePlace) {
                               "c.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schedule[0]: unknown key")));
-  for (const char* part : {R"("uts": {"keep": 0.5})", R"("cloud": {"front": 2})",
-                           R"("link": {"up_mbits": 5})"}) {
+  for (const char* part :
+       {R"("uts": {"keep": 0.5})", R"("cloud": {"front": 2})", R"("link": {"up_mbits": 5})"}) {
     EXPECT_THAT(ParseExperiment("{" + base + ", " + part + "}", "d.json").status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key")))
         << part;
