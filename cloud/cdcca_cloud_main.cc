@@ -186,6 +186,10 @@ ABSL_FLAG(bool, guard_restore_base, true,
           "update guard: when an update is withheld and the pretrained base agrees with the "
           "teacher on the held-out pool beyond --guard_z paired standard errors better than the "
           "device's current version, return the device to the base as a new version");
+ABSL_FLAG(std::string, guard_measure, "agreement",
+          "update guard: what a held-out answer is scored by: agreement (with the teacher's "
+          "answer) or teacher_probability (the teacher's probability of the answer: with a "
+          "calibrated teacher, the chance that it is right)");
 ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
@@ -448,6 +452,12 @@ int main(int argc, char** argv) {
     if (!(so.guard.confident_fraction > 0 && so.guard.confident_fraction <= 1)) {
       return Fail(absl::InvalidArgumentError("--guard_confident_fraction must be in (0, 1]"));
     }
+    absl::StatusOr<GuardMeasure> measure = ParseGuardMeasure(absl::GetFlag(FLAGS_guard_measure));
+    if (!measure.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--guard_measure: ", measure.status().message())));
+    }
+    so.guard.measure = *measure;
     if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
     auto created = PerDeviceStrategy::Create(so, samples, updates, registry);
     if (!created.ok()) return Fail(created.status());

@@ -229,6 +229,32 @@ class HubMirrorTrainer final : public MirrorTrainer {
     return Answers(student_side_, samples);
   }
 
+  absl::StatusOr<std::vector<double>> TeacherProbabilities(
+      const std::vector<const compress::UplinkSample*>& samples,
+      const std::vector<std::string>& answers) override {
+    if (answers.size() != samples.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(answers.size(), " answers for ", samples.size(), " samples"));
+    }
+    absl::MutexLock lock(&mu_);
+    std::vector<double> out;
+    out.reserve(samples.size());
+    try {
+      teacher_side_.model->module().eval();
+      for (size_t i = 0; i < samples.size(); ++i) {
+        absl::StatusOr<distill::HfSample> h = JobSample(*samples[i]);
+        if (!h.ok()) return h.status();
+        absl::StatusOr<double> p = distill::AnswerProbability(teacher_side_, *h, answers[i]);
+        if (!p.ok()) return p.status();
+        out.push_back(*p);
+      }
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("the teacher's probabilities: ", e.what_without_backtrace()));
+    }
+    return out;
+  }
+
   // `side`'s greedy answers to the samples as the job reads them (every token of a frame, as
   // the device answered it): the decoded text, lower-cased (the teacher's and the
   // student's tokenizers may differ in case handling); `entropies` (optional) receives each

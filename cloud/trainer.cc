@@ -222,8 +222,10 @@ struct PerDeviceStrategy::Impl {
     bool student_known = false;
     uint64_t student_version = 0;  // the mirror version `student` was answered with
     std::string student;
+    double student_score = 0;  // the guard's score of `student` (UpdateGuardOptions::measure)
     bool base_known = false;
     std::string base;  // the pretrained base's answer (UpdateGuardOptions::restore_base)
+    double base_score = 0;
   };
   using HoldoutPool = std::deque<std::shared_ptr<HoldoutEntry>>;  // oldest first
 
@@ -613,17 +615,43 @@ struct PerDeviceStrategy::Impl {
     return absl::OkStatus();
   }
 
+  // The guard's score of each of `answers` (one per entry of `entries`, whose teachers are
+  // known): agreement with the teacher's answer, or the teacher's probability of it
+  // (UpdateGuardOptions::measure).
+  absl::StatusOr<std::vector<double>> Scores(const std::vector<HoldoutEntry*>& entries,
+                                             const std::vector<std::string>& answers) {
+    std::vector<double> out;
+    if (options.guard.measure == GuardMeasure::kAgreement) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        out.push_back(AnswerAgreement(answers[i], entries[i]->teacher));
+      }
+      return out;
+    }
+    std::vector<const compress::UplinkSample*> samples;
+    for (const HoldoutEntry* e : entries) samples.push_back(e->sample.get());
+    absl::StatusOr<std::vector<double>> p = trainer->TeacherProbabilities(samples, answers);
+    if (!p.ok()) return p.status();
+    if (p->size() != entries.size()) {
+      return absl::InternalError(
+          absl::StrCat("the teacher scored ", p->size(), " answers of ", entries.size()));
+    }
+    return p;
+  }
+
   // Scores `pool` for the guard: the teacher's answers and the student's at d.version where
-  // not cached (they are cached in the entries), and the student's with the `after` mirror
-  // (returned in `after_answers`, in pool order). Caller holds d.mu.
+  // not cached (they are cached in the entries, with their scores), and the student's with
+  // the `after` mirror (returned in `after_answers` and `after_scores`, in pool order).
+  // Caller holds d.mu.
   absl::StatusOr<GuardVerdict> ScoreUpdate(Device& d, const HoldoutPool& pool,
                                            const compress::NamedTensors& after,
-                                           std::vector<std::string>* after_answers) {
+                                           std::vector<std::string>* after_answers,
+                                           std::vector<double>* after_scores) {
     if (pool.empty()) return JudgeUpdate({}, {}, options.guard);
-    std::vector<HoldoutEntry*> need_teacher, need_student;
+    std::vector<HoldoutEntry*> need_teacher, need_student, entries;
     std::vector<const compress::UplinkSample*> all;
     for (const std::shared_ptr<HoldoutEntry>& e : pool) {
       all.push_back(e->sample.get());
+      entries.push_back(e.get());
       if (!e->teacher_known) need_teacher.push_back(e.get());
       if (!e->student_known || e->student_version != d.version) need_student.push_back(e.get());
     }
@@ -648,36 +676,42 @@ struct PerDeviceStrategy::Impl {
       absl::StatusOr<std::vector<std::string>> b =
           trainer->StudentAnswers(d.mirror, samples_of(need_student));
       if (absl::Status s = CheckAnswers(b, need_student.size(), "the mirror"); !s.ok()) return s;
+      absl::StatusOr<std::vector<double>> scores = Scores(need_student, *b);
+      if (!scores.ok()) return scores.status();
       for (size_t i = 0; i < need_student.size(); ++i) {
         need_student[i]->student = std::move((*b)[i]);
+        need_student[i]->student_score = (*scores)[i];
         need_student[i]->student_version = d.version;
         need_student[i]->student_known = true;
       }
     }
     absl::StatusOr<std::vector<std::string>> a = trainer->StudentAnswers(after, all);
     if (absl::Status s = CheckAnswers(a, all.size(), "the updated mirror"); !s.ok()) return s;
+    absl::StatusOr<std::vector<double>> scores = Scores(entries, *a);
+    if (!scores.ok()) return scores.status();
     *after_answers = *std::move(a);
-    return JudgeOnPool(pool, [&](size_t i) -> const std::string& { return (*after_answers)[i]; });
+    *after_scores = *std::move(scores);
+    return JudgeOnPool(pool, [&](size_t i) { return (*after_scores)[i]; });
   }
 
   // The guard's rule on `pool` (scored: teacher and current answers known): per compared
-  // sample (UpdateGuardOptions::confident_fraction), the current version's agreement with the
-  // teacher against `candidate(i)`'s.
+  // sample (UpdateGuardOptions::confident_fraction), the current version's score against
+  // `candidate(i)`'s.
   GuardVerdict JudgeOnPool(const HoldoutPool& pool,
-                           absl::FunctionRef<const std::string&(size_t)> candidate) const {
+                           absl::FunctionRef<double(size_t)> candidate) const {
     std::vector<double> entropies;
     for (const std::shared_ptr<HoldoutEntry>& e : pool) entropies.push_back(e->teacher_entropy);
-    std::vector<double> current_agrees, candidate_agrees;
+    std::vector<double> current, candidates;
     for (size_t i : ConfidentSamples(entropies, options.guard.confident_fraction)) {
-      current_agrees.push_back(AnswerAgreement(pool[i]->student, pool[i]->teacher));
-      candidate_agrees.push_back(AnswerAgreement(candidate(i), pool[i]->teacher));
+      current.push_back(pool[i]->student_score);
+      candidates.push_back(candidate(i));
     }
-    return JudgeUpdate(current_agrees, candidate_agrees, options.guard);
+    return JudgeUpdate(current, candidates, options.guard);
   }
 
   // The pretrained base against the device's current version on `pool`, by the guard's rule
-  // (base as "after"): the base's answers are computed once per held-out sample and cached;
-  // the current version's are those ScoreUpdate cached. Caller holds d.mu.
+  // (base as "after"): the base's answers and scores are computed once per held-out sample
+  // and cached; the current version's are those ScoreUpdate cached. Caller holds d.mu.
   absl::StatusOr<GuardVerdict> ScoreBase(Device& d, const HoldoutPool& pool) {
     std::vector<HoldoutEntry*> need;
     std::vector<const compress::UplinkSample*> inputs;
@@ -694,12 +728,15 @@ struct PerDeviceStrategy::Impl {
       absl::StatusOr<std::vector<std::string>> b =
           trainer->StudentAnswers(trainer->base_trainable(), inputs);
       if (absl::Status s = CheckAnswers(b, need.size(), "the base"); !s.ok()) return s;
+      absl::StatusOr<std::vector<double>> scores = Scores(need, *b);
+      if (!scores.ok()) return scores.status();
       for (size_t i = 0; i < need.size(); ++i) {
         need[i]->base = std::move((*b)[i]);
+        need[i]->base_score = (*scores)[i];
         need[i]->base_known = true;
       }
     }
-    return JudgeOnPool(pool, [&](size_t i) -> const std::string& { return pool[i]->base; });
+    return JudgeOnPool(pool, [&](size_t i) { return pool[i]->base_score; });
   }
 
   // An update the guard did not let through: the batches are consumed (the cursor moves
@@ -1063,9 +1100,11 @@ struct PerDeviceStrategy::Impl {
       // the device would apply.
       HoldoutPool pool;
       std::vector<std::string> after_answers;
+      std::vector<double> after_scores;
       if (options.guard.enabled) {
         pool = JoinHoldout(d.holdout, fresh);
-        absl::StatusOr<GuardVerdict> verdict = ScoreUpdate(d, pool, mirror, &after_answers);
+        absl::StatusOr<GuardVerdict> verdict =
+            ScoreUpdate(d, pool, mirror, &after_answers, &after_scores);
         if (!verdict.ok()) return verdict.status();
         report.guard = *verdict;
       }
@@ -1086,9 +1125,13 @@ struct PerDeviceStrategy::Impl {
         if (!withheld.ok() || !restore) return withheld;
         absl::StatusOr<RollbackResult> restored = RestoreTo(id, d, 0, "device_restored_to_base");
         if (!restored.ok()) return restored.status();
+        // The new version is the base: its answers are known where the base was scored (the
+        // newest samples); the others are answered again at the next job.
         for (const std::shared_ptr<HoldoutEntry>& e : d.holdout) {
-          e->student = e->base;  // the new version is the base
+          e->student = e->base;
+          e->student_score = e->base_score;
           e->student_version = d.version;
+          e->student_known = e->base_known;
         }
         withheld->restored_base = true;
         withheld->new_version = restored->new_version;
@@ -1122,6 +1165,7 @@ struct PerDeviceStrategy::Impl {
         // The pool's answers with the mirror just committed are the ones scored as "after".
         for (size_t i = 0; i < pool.size(); ++i) {
           pool[i]->student = std::move(after_answers[i]);
+          pool[i]->student_score = after_scores[i];
           pool[i]->student_version = d.version;
           pool[i]->student_known = true;
         }

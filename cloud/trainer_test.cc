@@ -845,6 +845,10 @@ TEST_P(GuardTest, ADeviceWorseThanTheBaseReturnsToIt) {
   EXPECT_TRUE(again.update_withheld);
   EXPECT_FALSE(again.restored_base);
   EXPECT_EQ(again.new_version, 2u);
+  // Every held-out sample, those the base was not scored on too, is scored with the base's
+  // own answers: they are the teacher's.
+  EXPECT_GT(again.guard.pool, back.base_guard.pool);
+  EXPECT_DOUBLE_EQ(again.guard.before, 1.0);
 }
 
 // With confident_fraction the guard compares only the held-out samples the teacher answers
@@ -860,6 +864,41 @@ TEST_P(GuardTest, ComparesTheTeachersSurestShareOfThePool) {
   ASSERT_GE(report.held_out_samples, 8);
   EXPECT_EQ(report.guard.pool, (report.held_out_samples + 1) / 2);
   EXPECT_DOUBLE_EQ(report.guard.before, 1.0);  // the student is the teacher
+}
+
+// Scored by the teacher's probability of the student's answer, the guard withholds a job
+// trained away from the teacher's labels (on the twin family a student that is the teacher
+// scores the teacher's own certainty, below 1) and ships one trained toward them.
+TEST_P(GuardTest, TheTeachersProbabilityWithholdsWhatHurts) {
+  SaveTwinFamily(0.0f);
+  PerDeviceStrategyOptions worse = GuardOptions(-1.0);
+  worse.guard.measure = GuardMeasure::kTeacherProbability;
+  Start(worse);
+  Uplink("dev-a", 1, 24);
+  Uplink("dev-a", 2, 24);
+  ASSERT_OK_AND_ASSIGN(JobReport withheld, strategy_->RunJob("dev-a"));
+  EXPECT_GE(withheld.guard.pool, 8);
+  EXPECT_GT(withheld.guard.before, 0.0);
+  EXPECT_LT(withheld.guard.before, 1.0);
+  EXPECT_LT(withheld.guard.after, withheld.guard.before);
+  EXPECT_TRUE(withheld.update_withheld);
+  EXPECT_EQ(withheld.guard.decision, "not_beyond_noise");
+  EXPECT_EQ(strategy_->State("dev-a").version, 0u);
+}
+
+TEST_P(GuardTest, TheTeachersProbabilityShipsWhatHelps) {
+  SaveTwinFamily(0.2f);
+  PerDeviceStrategyOptions better = GuardOptions(1.0, /*steps=*/80);
+  better.guard.measure = GuardMeasure::kTeacherProbability;
+  Start(better);
+  Uplink("dev-a", 1, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
+  Uplink("dev-a", 2, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
+  ASSERT_OK_AND_ASSIGN(JobReport shipped, strategy_->RunJob("dev-a"));
+  EXPECT_GE(shipped.guard.pool, 8);
+  EXPECT_GT(shipped.guard.after, shipped.guard.before);
+  EXPECT_FALSE(shipped.update_withheld);
+  EXPECT_EQ(shipped.guard.decision, "helps");
+  EXPECT_EQ(shipped.new_version, 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryLearner, GuardTest, ::testing::Values("pl", "akd", "pkd", "cwd"));

@@ -7,7 +7,27 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace cdcca::cloud {
+
+std::string_view GuardMeasureName(GuardMeasure measure) {
+  switch (measure) {
+    case GuardMeasure::kAgreement:
+      return "agreement";
+    case GuardMeasure::kTeacherProbability:
+      return "teacher_probability";
+  }
+  return "agreement";
+}
+
+absl::StatusOr<GuardMeasure> ParseGuardMeasure(std::string_view name) {
+  for (GuardMeasure m : {GuardMeasure::kAgreement, GuardMeasure::kTeacherProbability}) {
+    if (name == GuardMeasureName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("guard measure '", std::string(name),
+                                                 "': not agreement or teacher_probability"));
+}
 
 std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction) {
   std::vector<size_t> order(entropies.size());

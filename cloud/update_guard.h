@@ -16,7 +16,25 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace cdcca::cloud {
+
+// What the guard scores a student's answer to a held-out sample by, in [0, 1].
+enum class GuardMeasure {
+  // AnswerAgreement with the teacher's greedy answer: 1 for the same answer, whatever the
+  // teacher's own certainty.
+  kAgreement,
+  // The teacher's probability of the student's answer (distill::AnswerProbability, on what
+  // the teacher labels the sample from). With a calibrated teacher it is the chance that the
+  // answer is right: moving to a teacher answer the teacher is unsure of gains little, moving
+  // off a sure one costs much. Scored continuously, it also varies less than agreement.
+  kTeacherProbability,
+};
+// "agreement" / "teacher_probability".
+std::string_view GuardMeasureName(GuardMeasure measure);
+// InvalidArgument naming the accepted names for anything else.
+absl::StatusOr<GuardMeasure> ParseGuardMeasure(std::string_view name);
 
 struct UpdateGuardOptions {
   // Off: every update ships, no sample is held out. Default: on.
@@ -42,6 +60,8 @@ struct UpdateGuardOptions {
   // with a sure teacher is closer to being right than agreement with an unsure one, at the
   // cost of a smaller pool. Default: 1 (every held-out sample).
   double confident_fraction = 1.0;
+  // What each held-out answer is scored by. Default: kAgreement.
+  GuardMeasure measure = GuardMeasure::kAgreement;
   // When an update is withheld from a device that no longer runs the pretrained base, the
   // base is scored against the device's current version by the same rule on what the device
   // answers now: the job's newly held-out samples, or the newest min_pool of the pool where
@@ -69,8 +89,8 @@ double AnswerAgreement(std::string_view student, std::string_view teacher);
 // What the guard found for one update.
 struct GuardVerdict {
   int64_t pool = 0;      // held-out samples scored
-  double before = 0;     // mean agreement with the teacher, mirror before the job, in [0, 1]
-  double after = 0;      // agreement with the mirror after the decoded update
+  double before = 0;  // mean score (UpdateGuardOptions::measure), mirror before the job, in [0, 1]
+  double after = 0;   // mean score with the mirror after the decoded update
   double gain = 0;       // after - before
   double se = 0;         // paired standard error of the gain (sample SD / sqrt(pool))
   bool ship = true;      // publish the update

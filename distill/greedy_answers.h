@@ -28,6 +28,20 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
                                          int max_new_tokens, std::vector<int64_t>* ids = nullptr,
                                          double* entropy = nullptr);
 
+// `side`'s probability of answering `sample` with `answer`: the answer's ids in the side's
+// codec (no specials), the side's first EOS appended, teacher-forced after the prompt as
+// GreedyAnswer reads it (same template, same present tokens); the product of the ids'
+// probabilities, in [0, 1]. The cloud's update guard scores a student's answer with it
+// (cloud/update_guard.h, GuardMeasure::kTeacherProbability): with a calibrated teacher it is
+// the chance that the answer is right. 1 for an empty answer on a side without an EOS.
+// Errors of the codec or the model.
+absl::StatusOr<double> AnswerProbability(const HfPairSide& side, const HfSample& sample,
+                                         const std::string& answer);
+// The same for answer ids as they are (nothing appended): the product of their probabilities
+// teacher-forced after the prompt; 1 for no ids.
+absl::StatusOr<double> AnswerIdsProbability(const HfPairSide& side, const HfSample& sample,
+                                            const std::vector<int64_t>& ids);
+
 }  // namespace cdcca::distill
 
 #endif  // CDCCA_DISTILL_GREEDY_ANSWERS_H_

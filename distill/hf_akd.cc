@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <utility>
@@ -548,6 +549,42 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
   std::string text(absl::StripAsciiWhitespace(side.decode(answer)));
   if (ids != nullptr) *ids = std::move(answer);
   return text;
+}
+
+absl::StatusOr<double> AnswerIdsProbability(const HfPairSide& side, const HfSample& sample,
+                                            const std::vector<int64_t>& ids) {
+  if (ids.empty()) return 1.0;
+  torch::NoGradGuard no_grad;
+  const torch::Device device = side.model->device();
+  absl::StatusOr<std::vector<int64_t>> prompt = SidePromptIds(side, sample.prompt);
+  if (!prompt.ok()) return prompt.status();
+  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, sample.prompt);
+  if (!qformer.ok()) return qformer.status();
+  std::vector<int64_t> full = *prompt;
+  full.insert(full.end(), ids.begin(), ids.end());
+  absl::StatusOr<model::TokenForward> f =
+      side.model->ForwardTokens(TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)),
+                                              PresentRow(sample, device), full, *qformer, device));
+  if (!f.ok()) return f.status();
+  const int64_t p = static_cast<int64_t>(prompt->size());
+  const int64_t a = static_cast<int64_t>(ids.size());
+  // logits[t] predicts id t + 1: the answer's ids are predicted from p - 1 on.
+  torch::Tensor logp =
+      torch::log_softmax(f->logits[0].narrow(0, p - 1, a).to(torch::kCPU, torch::kDouble), -1);
+  torch::Tensor chosen = logp.gather(1, torch::tensor(ids, torch::kLong).unsqueeze(1));
+  return std::exp(chosen.sum().item<double>());
+}
+
+absl::StatusOr<double> AnswerProbability(const HfPairSide& side, const HfSample& sample,
+                                         const std::string& answer) {
+  std::vector<int64_t> ids;
+  if (!answer.empty()) {
+    absl::StatusOr<std::vector<int64_t>> encoded = side.encode(answer, /*special=*/false);
+    if (!encoded.ok()) return encoded.status();
+    ids = *std::move(encoded);
+  }
+  if (const int64_t eos = FirstEos(*side.model); eos >= 0) ids.push_back(eos);
+  return AnswerIdsProbability(side, sample, ids);
 }
 
 HfPairSide IdsAsTextSide(model::MultimodalModel* model) {

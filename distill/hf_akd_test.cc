@@ -376,6 +376,50 @@ TEST_P(HfPairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
   EXPECT_TRUE(differs);
 }
 
+// An answer's teacher-forced probability is the product of the probabilities greedy
+// decoding (with its KV cache) chose its ids with, the EOS included: the update guard's
+// teacher_probability measure reads the same distributions the teacher answers from.
+TEST_P(HfPairJobTest, AnAnswersProbabilityIsWhatGreedyDecodingChoseItWith) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *teacher->model);
+  teacher->model->module().eval();
+  HfSample s;
+  s.tokens = c.tokens;
+  s.prompt = c.prompt;
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> prompt, SidePromptIds(teacher->side, c.prompt));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(teacher->side, c.prompt));
+  model::TokenInputs in;
+  in.visual_tokens = c.tokens.unsqueeze(0);
+  in.visual_present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
+  in.input_ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
+  if (!qformer.empty()) {
+    in.qformer_input_ids = torch::tensor(qformer, torch::kLong).unsqueeze(0);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
+  model::GreedyOptions g;
+  g.max_new_tokens = 5;
+  g.eos_token_ids = teacher->model->eos_token_ids();
+  g.keep_step_logits = true;
+  ASSERT_OK_AND_ASSIGN(model::GreedyResult gen, teacher->model->GenerateFromTokens(in, g));
+  const std::vector<int64_t>& ids = gen.tokens[0];
+  ASSERT_FALSE(ids.empty());
+  ASSERT_EQ(gen.step_logits.size(), ids.size());
+  double expected = 1.0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    expected *= torch::softmax(gen.step_logits[k][0].to(torch::kDouble), -1)[ids[k]].item<double>();
+  }
+  ASSERT_OK_AND_ASSIGN(double p, AnswerIdsProbability(teacher->side, s, ids));
+  EXPECT_GT(p, 0.0);
+  EXPECT_LE(p, 1.0);
+  EXPECT_NEAR(p, expected, 1e-3 * expected);
+  // One id fewer: the last factor drops out.
+  const std::vector<int64_t> shorter(ids.begin(), ids.end() - 1);
+  ASSERT_OK_AND_ASSIGN(double q, AnswerIdsProbability(teacher->side, s, shorter));
+  EXPECT_GE(q, p);
+  EXPECT_DOUBLE_EQ(*AnswerIdsProbability(teacher->side, s, {}), 1.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfPairJobTest,
                          ::testing::Values("llava_clip_llama", "blip2_llama",
                                            "instructblip_llama"));

@@ -212,7 +212,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
         OnlyKnownKeys(*it,
                       {"max_steps", "batch_size", "lr", "workers", "device", "guard",
                        "guard_holdout_fraction", "guard_z", "guard_min_pool", "guard_pool",
-                       "guard_confident_fraction", "guard_restore_base"},
+                       "guard_confident_fraction", "guard_restore_base", "guard_measure"},
                       where));
     CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
     CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
@@ -228,6 +228,11 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     CDCCA_RETURN_IF_ERROR(
         Read(*it, "guard_confident_fraction", where, &e.job.guard_confident_fraction));
     CDCCA_RETURN_IF_ERROR(Read(*it, "guard_restore_base", where, &e.job.guard_restore_base));
+    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_measure", where, &e.job.guard_measure));
+    // cloud::ParseGuardMeasure's names (this library does not link the cloud).
+    CDCCA_RETURN_IF_ERROR(
+        Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability",
+              where, "guard_measure", "must be agreement or teacher_probability"));
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.guard_confident_fraction > 0 && e.job.guard_confident_fraction <= 1, where,
               "guard_confident_fraction", "must be in (0, 1]"));

@@ -540,6 +540,12 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.guard.pool_capacity = static_cast<size_t>(e.job.guard_pool);
   po.guard.confident_fraction = e.job.guard_confident_fraction;
   po.guard.restore_base = e.job.guard_restore_base;
+  if (absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
+      m.ok()) {
+    po.guard.measure = *m;
+  } else {
+    return m.status();
+  }
   if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());

@@ -81,6 +81,12 @@ class MirrorTrainer {
   virtual absl::StatusOr<std::vector<std::string>> StudentAnswers(
       const compress::NamedTensors& mirror,
       const std::vector<const compress::UplinkSample*>& samples) = 0;
+  // The teacher's probability of answering each sample with answers[i] (an answer as the two
+  // calls above return it), read as TeacherAnswers reads the sample
+  // (distill::AnswerProbability): what the guard's kTeacherProbability measure scores.
+  virtual absl::StatusOr<std::vector<double>> TeacherProbabilities(
+      const std::vector<const compress::UplinkSample*>& samples,
+      const std::vector<std::string>& answers) = 0;
 };
 
 // Unimplemented where the build has no Hugging Face tokenizers.
