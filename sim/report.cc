@@ -507,8 +507,11 @@ std::string MarkdownReport(const RunResult& run) {
     if (!guard_header) {
       absl::StrAppend(&md,
                       "\n## Update guard\n\nUpdates the cloud withheld per round (of the "
-                      "devices' jobs) because they did not raise the student's agreement with "
-                      "the teacher on the device's held-out samples beyond noise; such a device "
+                      "devices' jobs) because they did not raise ",
+                      e.job.guard_measure == "teacher_probability"
+                          ? "the teacher's probability of the student's answers"
+                          : "the student's agreement with the teacher",
+                      " on the device's held-out samples beyond noise; such a device "
                       "stays at its version, or returns to the pretrained base (\"N to base\") "
                       "where the base beat its version on the same samples by the same "
                       "rule.\n\n| method |");
