@@ -165,8 +165,8 @@ ABSL_FLAG(double, bits_per_param, 2.0,
           "update size cap in bits per trainable parameter (0 = none)");
 ABSL_FLAG(bool, guard, true,
           "update guard: hold out --guard_holdout_fraction of each device's samples (never "
-          "trained on) and publish an update only if it raises the student's agreement with the "
-          "teacher on them beyond --guard_z paired standard errors; else withhold it (the "
+          "trained on) and publish an update only if it raises the student's score on them "
+          "(--guard_measure) beyond --guard_z paired standard errors; else withhold it (the "
           "batches are consumed, the device stays where it is; event update_withheld)");
 ABSL_FLAG(double, guard_holdout_fraction, 0.1,
           "update guard: share of each device's answers held out (picked before UTS stage 1 "
@@ -186,10 +186,10 @@ ABSL_FLAG(bool, guard_restore_base, true,
           "update guard: when an update is withheld and the pretrained base agrees with the "
           "teacher on the held-out pool beyond --guard_z paired standard errors better than the "
           "device's current version, return the device to the base as a new version");
-ABSL_FLAG(std::string, guard_measure, "agreement",
-          "update guard: what a held-out answer is scored by: agreement (with the teacher's "
-          "answer) or teacher_probability (the teacher's probability of the answer: with a "
-          "calibrated teacher, the chance that it is right)");
+ABSL_FLAG(std::string, guard_measure, "teacher_probability",
+          "update guard: what a held-out answer is scored by: teacher_probability (the "
+          "teacher's probability of the answer: with a calibrated teacher, the chance that it "
+          "is right) or agreement (with the teacher's answer)");
 ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, 60,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");

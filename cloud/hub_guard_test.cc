@@ -84,6 +84,7 @@ TEST(HubGuardTest, AnUpdateThatMakesHeldOutAgreementWorseIsWithheld) {
   o.bits_per_param = 8.0;
   o.guard.holdout_fraction = 0.5;
   o.guard.min_pool = 4;
+  o.guard.measure = GuardMeasure::kAgreement;  // a student that is the teacher scores 1
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PerDeviceStrategy> strategy,
                        PerDeviceStrategy::Create(o, samples.get(), updates.get()));
   ASSERT_OK(strategy->Recover());

@@ -715,6 +715,9 @@ class GuardTest : public TrainerTest, public ::testing::WithParamInterface<std::
     o.guard.holdout_fraction = 0.5;
     o.guard.min_pool = 8;
     o.guard.z = 1.0;
+    // Agreement: a student that is the teacher scores exactly 1 (the teacher's probability
+    // tests set their measure themselves).
+    o.guard.measure = GuardMeasure::kAgreement;
     o.max_steps = steps;
     o.batch_size = 8;
     const std::string config = dir_.path() + "/distill.json";

@@ -99,7 +99,7 @@ struct JobSettings {
   int guard_pool = 128;  // --guard_pool: the newest held-out samples the guard judges on
   double guard_confident_fraction = 1.0;  // --guard_confident_fraction
   bool guard_restore_base = true;         // --guard_restore_base
-  std::string guard_measure = "agreement";  // --guard_measure
+  std::string guard_measure = "teacher_probability";  // --guard_measure
 };
 
 // Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"
