@@ -114,6 +114,22 @@ TEST(ExperimentTest, RefusesUnknownKeysNamingThePlace) {
   EXPECT_EQ(e.job.guard_pool, 64);
 }
 
+// The guard's measure: the teacher's probability by default, agreement when asked, and
+// nothing else.
+TEST(ExperimentTest, ReadsTheGuardsMeasure) {
+  const std::string base = R"("name": "x", "schedule": [{}], "methods": ["pl"])";
+  ASSERT_OK_AND_ASSIGN(Experiment by_default, ParseExperiment("{" + base + "}", "a.json"));
+  EXPECT_EQ(by_default.job.guard_measure, "teacher_probability");
+  ASSERT_OK_AND_ASSIGN(
+      Experiment agreement,
+      ParseExperiment("{" + base + R"(, "job": {"guard_measure": "agreement"}})", "b.json"));
+  EXPECT_EQ(agreement.job.guard_measure, "agreement");
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "job": {"guard_measure": "votes"}})", "c.json")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("c.json: job"), HasSubstr("guard_measure"))));
+}
+
 // A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
 // alone, a device-side method, a family's token score or an unknown device are refused.
 TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
