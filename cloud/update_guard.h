@@ -28,7 +28,8 @@ enum class GuardMeasure {
   // The teacher's probability of the student's answer (distill::AnswerProbability, on what
   // the teacher labels the sample from). With a calibrated teacher it is the chance that the
   // answer is right: moving to a teacher answer the teacher is unsure of gains little, moving
-  // off a sure one costs much. Scored continuously, it also varies less than agreement.
+  // off a sure one costs much. An answer an update leaves unchanged scores the same before
+  // and after, under either measure.
   kTeacherProbability,
 };
 // "agreement" / "teacher_probability".
