@@ -21,7 +21,7 @@ using json = nlohmann::json;
 
 // Reads optional field `key` of `obj` into `out`; INVALID_ARGUMENT naming it on a type error.
 template <typename T>
-absl::Status Read(const json& obj, const char* key, const std::string& where, T* out) {
+absl::Status ReadField(const json& obj, const char* key, const std::string& where, T* out) {
   auto it = obj.find(key);
   if (it == obj.end()) return absl::OkStatus();
   try {
@@ -32,19 +32,38 @@ absl::Status Read(const json& obj, const char* key, const std::string& where, T*
   return absl::OkStatus();
 }
 
-// INVALID_ARGUMENT naming the first key of object `obj` that is not in `known` (a misspelt
-// key would otherwise be ignored and the run would use the default without a word).
-absl::Status OnlyKnownKeys(const json& obj, std::initializer_list<absl::string_view> known,
-                           const std::string& where) {
-  if (!obj.is_object()) return absl::OkStatus();
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": unknown key \"", it.key(), "\" (known: ", absl::StrJoin(known, ", "), ")"));
-    }
+// The fields of one JSON object as the parser reads them: every Read records its key, and
+// OnlyKnown refuses the first key of the object that no Read or Known named, listing those
+// that were (a misspelt key would otherwise be ignored and the run would use the default
+// without a word). Each level calls OnlyKnown after its reads, before checking the values.
+class Fields {
+ public:
+  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  template <typename T>
+  absl::Status Read(const char* key, T* out) {
+    known_.push_back(key);
+    return ReadField(obj_, key, where_, out);
   }
-  return absl::OkStatus();
-}
+  // A key this level accepts but reads elsewhere (an array or object parsed on its own).
+  void Known(const char* key) { known_.push_back(key); }
+
+  absl::Status OnlyKnown() const {
+    if (!obj_.is_object()) return absl::OkStatus();
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (std::find(known_.begin(), known_.end(), it.key()) == known_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where_, ": unknown key \"", it.key(), "\" (known: ", absl::StrJoin(known_, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const json& obj_;
+  std::string where_;
+  std::vector<std::string> known_;
+};
 
 #define CDCCA_RETURN_IF_ERROR(expr)           \
   do {                                        \
@@ -101,42 +120,38 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   if (!j.is_object()) return absl::InvalidArgumentError(source_name + ": not a JSON object");
   const std::string& w = source_name;
   Experiment e;
-  CDCCA_RETURN_IF_ERROR(
-      OnlyKnownKeys(j, {"name",        "task",           "title",    "paper_table",
-                        "description", "checkpoint",     "teacher",  "student_base",
-                        "lora_rank",   "lora_alpha",     "lora_mlp", "lora_qformer",
-                        "precision",   "devices",        "rounds",   "stream_frames",
-                        "eval_scenes", "stagger",        "methods",  "downlink_bits_per_param",
-                        "threads",     "distill_config", "schedule", "uts",
-                        "job",         "cloud",          "link"},
-                    w));
-  CDCCA_RETURN_IF_ERROR(Read(j, "name", w, &e.name));
-  CDCCA_RETURN_IF_ERROR(Read(j, "task", w, &e.task));
+  Fields top(j, w);
+  CDCCA_RETURN_IF_ERROR(top.Read("name", &e.name));
+  CDCCA_RETURN_IF_ERROR(top.Read("task", &e.task));
+  CDCCA_RETURN_IF_ERROR(top.Read("title", &e.title));
+  CDCCA_RETURN_IF_ERROR(top.Read("paper_table", &e.paper_table));
+  CDCCA_RETURN_IF_ERROR(top.Read("description", &e.description));
+  CDCCA_RETURN_IF_ERROR(top.Read("checkpoint", &e.checkpoint));
+  CDCCA_RETURN_IF_ERROR(top.Read("teacher", &e.teacher));
+  CDCCA_RETURN_IF_ERROR(top.Read("student_base", &e.student_base));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_rank", &e.lora_rank));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_alpha", &e.lora_alpha));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_mlp", &e.lora_mlp));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_qformer", &e.lora_qformer));
+  CDCCA_RETURN_IF_ERROR(top.Read("precision", &e.precision));
+  CDCCA_RETURN_IF_ERROR(top.Read("devices", &e.devices));
+  CDCCA_RETURN_IF_ERROR(top.Read("rounds", &e.rounds));
+  CDCCA_RETURN_IF_ERROR(top.Read("stream_frames", &e.stream_frames));
+  CDCCA_RETURN_IF_ERROR(top.Read("eval_scenes", &e.eval_scenes));
+  CDCCA_RETURN_IF_ERROR(top.Read("stagger", &e.stagger));
+  CDCCA_RETURN_IF_ERROR(top.Read("methods", &e.methods));
+  CDCCA_RETURN_IF_ERROR(top.Read("downlink_bits_per_param", &e.downlink_bits_per_param));
+  CDCCA_RETURN_IF_ERROR(top.Read("threads", &e.threads));
+  CDCCA_RETURN_IF_ERROR(top.Read("distill_config", &e.distill_config));
+  for (const char* parsed_below : {"schedule", "uts", "job", "cloud", "link"}) {
+    top.Known(parsed_below);
+  }
+  CDCCA_RETURN_IF_ERROR(top.OnlyKnown());
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
                               absl::StrCat("must be vqa or caption, not \"", e.task, "\"")));
-  CDCCA_RETURN_IF_ERROR(Read(j, "title", w, &e.title));
-  CDCCA_RETURN_IF_ERROR(Read(j, "paper_table", w, &e.paper_table));
-  CDCCA_RETURN_IF_ERROR(Read(j, "description", w, &e.description));
-  CDCCA_RETURN_IF_ERROR(Read(j, "checkpoint", w, &e.checkpoint));
-  CDCCA_RETURN_IF_ERROR(Read(j, "teacher", w, &e.teacher));
-  CDCCA_RETURN_IF_ERROR(Read(j, "student_base", w, &e.student_base));
-  CDCCA_RETURN_IF_ERROR(Read(j, "lora_rank", w, &e.lora_rank));
-  CDCCA_RETURN_IF_ERROR(Read(j, "lora_alpha", w, &e.lora_alpha));
-  CDCCA_RETURN_IF_ERROR(Read(j, "lora_mlp", w, &e.lora_mlp));
-  CDCCA_RETURN_IF_ERROR(Read(j, "lora_qformer", w, &e.lora_qformer));
   CDCCA_RETURN_IF_ERROR(
       Check(e.lora_rank >= 1 && e.lora_rank <= 1024, w, "lora_rank", "must be 1-1024"));
   CDCCA_RETURN_IF_ERROR(Check(e.lora_alpha > 0, w, "lora_alpha", "must be > 0"));
-  CDCCA_RETURN_IF_ERROR(Read(j, "precision", w, &e.precision));
-  CDCCA_RETURN_IF_ERROR(Read(j, "devices", w, &e.devices));
-  CDCCA_RETURN_IF_ERROR(Read(j, "rounds", w, &e.rounds));
-  CDCCA_RETURN_IF_ERROR(Read(j, "stream_frames", w, &e.stream_frames));
-  CDCCA_RETURN_IF_ERROR(Read(j, "eval_scenes", w, &e.eval_scenes));
-  CDCCA_RETURN_IF_ERROR(Read(j, "stagger", w, &e.stagger));
-  CDCCA_RETURN_IF_ERROR(Read(j, "methods", w, &e.methods));
-  CDCCA_RETURN_IF_ERROR(Read(j, "downlink_bits_per_param", w, &e.downlink_bits_per_param));
-  CDCCA_RETURN_IF_ERROR(Read(j, "threads", w, &e.threads));
-  CDCCA_RETURN_IF_ERROR(Read(j, "distill_config", w, &e.distill_config));
   CDCCA_RETURN_IF_ERROR(Check(!e.name.empty(), w, "name", "is required"));
   CDCCA_RETURN_IF_ERROR(Check(e.devices >= 1 && e.devices <= 64, w, "devices", "must be 1-64"));
   CDCCA_RETURN_IF_ERROR(Check(e.rounds >= 1 && e.rounds <= 100, w, "rounds", "must be 1-100"));
@@ -167,11 +182,12 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
       const std::string where = absl::StrCat(w, ": schedule[", i, "]");
       CDCCA_RETURN_IF_ERROR(Check(s.is_object(), where, "", "must be an object"));
       RoundDomain d;
-      CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(s, {"shift", "severity", "text", "continual"}, where));
-      CDCCA_RETURN_IF_ERROR(Read(s, "shift", where, &d.shift));
-      CDCCA_RETURN_IF_ERROR(Read(s, "severity", where, &d.severity));
-      CDCCA_RETURN_IF_ERROR(Read(s, "text", where, &d.text));
-      CDCCA_RETURN_IF_ERROR(Read(s, "continual", where, &d.continual));
+      Fields entry(s, where);
+      CDCCA_RETURN_IF_ERROR(entry.Read("shift", &d.shift));
+      CDCCA_RETURN_IF_ERROR(entry.Read("severity", &d.severity));
+      CDCCA_RETURN_IF_ERROR(entry.Read("text", &d.text));
+      CDCCA_RETURN_IF_ERROR(entry.Read("continual", &d.continual));
+      CDCCA_RETURN_IF_ERROR(entry.OnlyKnown());
       CDCCA_RETURN_IF_ERROR(Check(datasets::ImageShiftFromName(d.shift).ok(), where, "shift",
                                   absl::StrCat("names no image shift: \"", d.shift, "\"")));
       CDCCA_RETURN_IF_ERROR(Check(d.severity >= 0 && d.severity <= datasets::kMaxSeverity, where,
@@ -184,15 +200,14 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(Check(!e.schedule.empty(), w, "schedule", "must hold at least one round"));
   if (auto it = j.find("uts"); it != j.end()) {
     const std::string where = w + ": uts";
-    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(
-        *it, {"keep_fraction", "token_ratio", "mc_passes", "dropout_p", "precision", "score"},
-        where));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "keep_fraction", where, &e.uts.keep_fraction));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "token_ratio", where, &e.uts.token_ratio));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "mc_passes", where, &e.uts.mc_passes));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "dropout_p", where, &e.uts.dropout_p));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "precision", where, &e.uts.precision));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "score", where, &e.uts.score));
+    Fields f(*it, where);
+    CDCCA_RETURN_IF_ERROR(f.Read("keep_fraction", &e.uts.keep_fraction));
+    CDCCA_RETURN_IF_ERROR(f.Read("token_ratio", &e.uts.token_ratio));
+    CDCCA_RETURN_IF_ERROR(f.Read("mc_passes", &e.uts.mc_passes));
+    CDCCA_RETURN_IF_ERROR(f.Read("dropout_p", &e.uts.dropout_p));
+    CDCCA_RETURN_IF_ERROR(f.Read("precision", &e.uts.precision));
+    CDCCA_RETURN_IF_ERROR(f.Read("score", &e.uts.score));
+    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
     if (absl::StatusOr<model::TokenScoreKind> score = model::ParseTokenScore(e.uts.score);
         !score.ok()) {
       CDCCA_RETURN_IF_ERROR(Check(false, where, "score", std::string(score.status().message())));
@@ -208,27 +223,21 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("job"); it != j.end()) {
     const std::string where = w + ": job";
-    CDCCA_RETURN_IF_ERROR(
-        OnlyKnownKeys(*it,
-                      {"max_steps", "batch_size", "lr", "workers", "device", "guard",
-                       "guard_holdout_fraction", "guard_z", "guard_min_pool", "guard_pool",
-                       "guard_confident_fraction", "guard_restore_base", "guard_measure"},
-                      where));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "max_steps", where, &e.job.max_steps));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "batch_size", where, &e.job.batch_size));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "lr", where, &e.job.lr));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "workers", where, &e.job.workers));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "device", where, &e.job.device));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard", where, &e.job.guard));
-    CDCCA_RETURN_IF_ERROR(
-        Read(*it, "guard_holdout_fraction", where, &e.job.guard_holdout_fraction));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_z", where, &e.job.guard_z));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_min_pool", where, &e.job.guard_min_pool));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_pool", where, &e.job.guard_pool));
-    CDCCA_RETURN_IF_ERROR(
-        Read(*it, "guard_confident_fraction", where, &e.job.guard_confident_fraction));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_restore_base", where, &e.job.guard_restore_base));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "guard_measure", where, &e.job.guard_measure));
+    Fields f(*it, where);
+    CDCCA_RETURN_IF_ERROR(f.Read("max_steps", &e.job.max_steps));
+    CDCCA_RETURN_IF_ERROR(f.Read("batch_size", &e.job.batch_size));
+    CDCCA_RETURN_IF_ERROR(f.Read("lr", &e.job.lr));
+    CDCCA_RETURN_IF_ERROR(f.Read("workers", &e.job.workers));
+    CDCCA_RETURN_IF_ERROR(f.Read("device", &e.job.device));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard", &e.job.guard));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_holdout_fraction", &e.job.guard_holdout_fraction));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_z", &e.job.guard_z));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_min_pool", &e.job.guard_min_pool));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_pool", &e.job.guard_pool));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_confident_fraction", &e.job.guard_confident_fraction));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_restore_base", &e.job.guard_restore_base));
+    CDCCA_RETURN_IF_ERROR(f.Read("guard_measure", &e.job.guard_measure));
+    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
     // cloud::ParseGuardMeasure's names (this library does not link the cloud).
     CDCCA_RETURN_IF_ERROR(
         Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability",
@@ -253,10 +262,11 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("cloud"); it != j.end()) {
     const std::string where = w + ": cloud";
-    CDCCA_RETURN_IF_ERROR(OnlyKnownKeys(*it, {"store", "fronts", "trainers"}, where));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "store", where, &e.cloud.store));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "fronts", where, &e.cloud.fronts));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "trainers", where, &e.cloud.trainers));
+    Fields f(*it, where);
+    CDCCA_RETURN_IF_ERROR(f.Read("store", &e.cloud.store));
+    CDCCA_RETURN_IF_ERROR(f.Read("fronts", &e.cloud.fronts));
+    CDCCA_RETURN_IF_ERROR(f.Read("trainers", &e.cloud.trainers));
+    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
     CDCCA_RETURN_IF_ERROR(
         Check(e.cloud.store == "files" || e.cloud.store == "postgresql", where, "store",
               absl::StrCat("must be files or postgresql, not \"", e.cloud.store, "\"")));
@@ -267,12 +277,12 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   }
   if (auto it = j.find("link"); it != j.end()) {
     const std::string where = w + ": link";
-    CDCCA_RETURN_IF_ERROR(
-        OnlyKnownKeys(*it, {"up_mbit_s", "down_mbit_s", "latency_ms", "loss"}, where));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "up_mbit_s", where, &e.link.up_mbit_s));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "down_mbit_s", where, &e.link.down_mbit_s));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "latency_ms", where, &e.link.latency_ms));
-    CDCCA_RETURN_IF_ERROR(Read(*it, "loss", where, &e.link.loss));
+    Fields f(*it, where);
+    CDCCA_RETURN_IF_ERROR(f.Read("up_mbit_s", &e.link.up_mbit_s));
+    CDCCA_RETURN_IF_ERROR(f.Read("down_mbit_s", &e.link.down_mbit_s));
+    CDCCA_RETURN_IF_ERROR(f.Read("latency_ms", &e.link.latency_ms));
+    CDCCA_RETURN_IF_ERROR(f.Read("loss", &e.link.loss));
+    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
     CDCCA_RETURN_IF_ERROR(Check(e.link.up_mbit_s >= 0 && e.link.down_mbit_s >= 0, where,
                                 "up_mbit_s", "and down_mbit_s must be >= 0 (0 = unlimited)"));
     CDCCA_RETURN_IF_ERROR(
