@@ -91,12 +91,12 @@ double AnswerAgreement(std::string_view student, std::string_view teacher);
 
 // What the guard found for one update.
 struct GuardVerdict {
-  int64_t pool = 0;      // held-out samples scored
+  int64_t pool = 0;   // held-out samples scored
   double before = 0;  // mean score (UpdateGuardOptions::measure), mirror before the job, in [0, 1]
   double after = 0;   // mean score with the mirror after the decoded update
-  double gain = 0;       // after - before
-  double se = 0;         // paired standard error of the gain (sample SD / sqrt(pool))
-  bool ship = true;      // publish the update
+  double gain = 0;    // after - before
+  double se = 0;      // paired standard error of the gain (sample SD / sqrt(pool))
+  bool ship = true;   // publish the update
   std::string decision;  // "helps", "not_beyond_noise", "small_pool", "small_pool_worse", "empty"
 };
 

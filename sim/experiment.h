@@ -97,8 +97,8 @@ struct JobSettings {
   double guard_z = 1.0;
   int guard_min_pool = 16;
   int guard_pool = 128;  // --guard_pool: the newest held-out samples the guard judges on
-  double guard_confident_fraction = 1.0;  // --guard_confident_fraction
-  bool guard_restore_base = true;         // --guard_restore_base
+  double guard_confident_fraction = 1.0;              // --guard_confident_fraction
+  bool guard_restore_base = true;                     // --guard_restore_base
   std::string guard_measure = "teacher_probability";  // --guard_measure
 };
 

@@ -124,10 +124,10 @@ TEST(ExperimentTest, ReadsTheGuardsMeasure) {
       Experiment agreement,
       ParseExperiment("{" + base + R"(, "job": {"guard_measure": "agreement"}})", "b.json"));
   EXPECT_EQ(agreement.job.guard_measure, "agreement");
-  EXPECT_THAT(ParseExperiment("{" + base + R"(, "job": {"guard_measure": "votes"}})", "c.json")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("c.json: job"), HasSubstr("guard_measure"))));
+  EXPECT_THAT(
+      ParseExperiment("{" + base + R"(, "job": {"guard_measure": "votes"}})", "c.json").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("c.json: job"), HasSubstr("guard_measure"))));
 }
 
 // A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
