@@ -638,6 +638,31 @@ struct PerDeviceStrategy::Impl {
     return p;
   }
 
+  // Scores as Scores does, but an answer equal to the entry's current one (known at any
+  // version) takes its cached score: a score depends only on the sample and the answer, and
+  // most answers an update leaves as they were, so only the changed ones cost a teacher pass.
+  absl::StatusOr<std::vector<double>> ScoresReusing(const std::vector<HoldoutEntry*>& entries,
+                                                    const std::vector<std::string>& answers) {
+    std::vector<HoldoutEntry*> changed_entries;
+    std::vector<std::string> changed_answers;
+    std::vector<size_t> changed_at;
+    std::vector<double> out(entries.size(), 0.0);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i]->student_known && entries[i]->student == answers[i]) {
+        out[i] = entries[i]->student_score;
+      } else {
+        changed_entries.push_back(entries[i]);
+        changed_answers.push_back(answers[i]);
+        changed_at.push_back(i);
+      }
+    }
+    if (changed_at.empty()) return out;
+    absl::StatusOr<std::vector<double>> scored = Scores(changed_entries, changed_answers);
+    if (!scored.ok()) return scored.status();
+    for (size_t k = 0; k < changed_at.size(); ++k) out[changed_at[k]] = (*scored)[k];
+    return out;
+  }
+
   // Scores `pool` for the guard: the teacher's answers and the student's at d.version where
   // not cached (they are cached in the entries, with their scores), and the student's with
   // the `after` mirror (returned in `after_answers` and `after_scores`, in pool order).
@@ -687,7 +712,7 @@ struct PerDeviceStrategy::Impl {
     }
     absl::StatusOr<std::vector<std::string>> a = trainer->StudentAnswers(after, all);
     if (absl::Status s = CheckAnswers(a, all.size(), "the updated mirror"); !s.ok()) return s;
-    absl::StatusOr<std::vector<double>> scores = Scores(entries, *a);
+    absl::StatusOr<std::vector<double>> scores = ScoresReusing(entries, *a);
     if (!scores.ok()) return scores.status();
     *after_answers = *std::move(a);
     *after_scores = *std::move(scores);
@@ -728,7 +753,7 @@ struct PerDeviceStrategy::Impl {
       absl::StatusOr<std::vector<std::string>> b =
           trainer->StudentAnswers(trainer->base_trainable(), inputs);
       if (absl::Status s = CheckAnswers(b, need.size(), "the base"); !s.ok()) return s;
-      absl::StatusOr<std::vector<double>> scores = Scores(need, *b);
+      absl::StatusOr<std::vector<double>> scores = ScoresReusing(need, *b);
       if (!scores.ok()) return scores.status();
       for (size_t i = 0; i < need.size(); ++i) {
         need[i]->base = std::move((*b)[i]);
