@@ -157,6 +157,19 @@ torch::Tensor PresentRow(const HfSample& sample, torch::Device device) {
                            torch::TensorOptions().dtype(torch::kBool).device(device));
 }
 
+// A sample's LM prompt ids in `side` (its template and tokenizer) and InstructBLIP's Q-Former
+// ids (empty for the other models): what GreedyAnswer and AnswerIdsProbability feed the model.
+struct SidePrompt {
+  std::vector<int64_t> lm, qformer;
+};
+absl::StatusOr<SidePrompt> SidePromptOf(const HfPairSide& side, const std::string& prompt) {
+  absl::StatusOr<std::vector<int64_t>> lm = SidePromptIds(side, prompt);
+  if (!lm.ok()) return lm.status();
+  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, prompt);
+  if (!qformer.ok()) return qformer.status();
+  return SidePrompt{*std::move(lm), *std::move(qformer)};
+}
+
 }  // namespace
 
 struct HfPairDistiller::State {
@@ -527,17 +540,15 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
                                          double* entropy) {
   torch::NoGradGuard no_grad;
   const torch::Device device = side.model->device();
-  absl::StatusOr<std::vector<int64_t>> prompt = SidePromptIds(side, sample.prompt);
+  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, sample.prompt);
-  if (!qformer.ok()) return qformer.status();
   model::GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = side.model->eos_token_ids();
   g.keep_step_logits = entropy != nullptr;
   absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(
       TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
-                    *prompt, *qformer, device),
+                    prompt->lm, prompt->qformer, device),
       g);
   if (!gen.ok()) return gen.status();
   if (entropy != nullptr) *entropy = model::MeanStepEntropy(*gen, 0);
@@ -556,17 +567,15 @@ absl::StatusOr<double> AnswerIdsProbability(const HfPairSide& side, const HfSamp
   if (ids.empty()) return 1.0;
   torch::NoGradGuard no_grad;
   const torch::Device device = side.model->device();
-  absl::StatusOr<std::vector<int64_t>> prompt = SidePromptIds(side, sample.prompt);
+  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, sample.prompt);
-  if (!qformer.ok()) return qformer.status();
-  std::vector<int64_t> full = *prompt;
+  std::vector<int64_t> full = prompt->lm;
   full.insert(full.end(), ids.begin(), ids.end());
-  absl::StatusOr<model::TokenForward> f =
-      side.model->ForwardTokens(TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)),
-                                              PresentRow(sample, device), full, *qformer, device));
+  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(
+      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device), full,
+                    prompt->qformer, device));
   if (!f.ok()) return f.status();
-  const int64_t p = static_cast<int64_t>(prompt->size());
+  const int64_t p = static_cast<int64_t>(prompt->lm.size());
   const int64_t a = static_cast<int64_t>(ids.size());
   // logits[t] predicts id t + 1: the answer's ids are predicted from p - 1 on.
   torch::Tensor logp =
