@@ -171,6 +171,26 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
 #endif
 
 #ifdef CDCCA_CLOUD_BINARY
+// A guard measure cdcca-cloud does not know is refused at start, naming the flag and the
+// measures it knows.
+TEST(CloudFlagsTest, AnUnknownGuardMeasureIsRefusedNamingTheKnownOnes) {
+  cdcca::testing::TempDir dir;
+  {
+    std::ofstream tokens(dir.path() + "/tokens.txt");
+    tokens << "dev-a token-aaaaaaaaaaaaaaaa\n";
+  }
+  const std::string pair = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/blip2_llama";
+  // Under `timeout`: a cloud that took the flag would serve until stopped.
+  const Outcome r = RunProgram("timeout 60 " + std::string(CDCCA_CLOUD_BINARY) +
+                               " --listen=127.0.0.1:0 --insecure --tokens=" + dir.path() +
+                               "/tokens.txt --data_dir=" + dir.path() + "/data --teacher=" + pair +
+                               " --student_base=" + pair + " --guard_measure=votes");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--guard_measure"));
+  EXPECT_THAT(r.output, HasSubstr("'votes'"));
+  EXPECT_THAT(r.output, HasSubstr("teacher_probability"));
+}
+
 // One cdcca-cloud per --data_dir: a second process on the directory of a serving one exits
 // non-zero naming the holder, and a holder killed with -9 leaves nothing that blocks a restart.
 TEST(CloudDataDirTest, SecondProcessOnOneDataDirRefusesToStart) {
