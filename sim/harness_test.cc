@@ -601,5 +601,67 @@ TEST(ReportTest, SharesOfTheTeachersLeadRecovered) {
               ::testing::Not(HasSubstr("Share of the teacher's lead recovered")));
 }
 
+// Each adapted round against source-only, by hand (4 questions, source-only right on all).
+// Seed 1: pl wrong on all 4 in round 1 (-100, SE 0: below beyond noise) and on 1 in round 2
+// (-25, SE sqrt(0.25 / 4) = 25, z -1: within noise); cd-cca level. Seed 2: pl -25 in round
+// 1 only.
+TEST(ReportTest, SaysWhichRoundsFallBelowSourceOnlyBeyondNoise) {
+  auto run = [](uint64_t seed, std::vector<float> pl_round1, std::vector<float> pl_round2) {
+    RunResult r;
+    r.seed = seed;
+    r.experiment.name = "rounds";
+    r.experiment.devices = 1;
+    r.experiment.rounds = 2;
+    for (const std::string name : {"source-only", "pl", "cd-cca"}) {
+      MethodResult m;
+      m.method = name;
+      for (int round = 0; round <= 2; ++round) {
+        DeviceRound d;
+        d.round = round;
+        d.domain = "snow-4";
+        d.question_da = {1, 1, 1, 1};
+        if (name == "pl" && round == 1) d.question_da = pl_round1;
+        if (name == "pl" && round == 2) d.question_da = pl_round2;
+        d.questions = 4;
+        m.rounds.push_back(d);
+      }
+      r.methods.push_back(m);
+    }
+    return r;
+  };
+  const std::vector<RunResult> runs = {run(1, {0, 0, 0, 0}, {1, 1, 1, 0}),
+                                       run(2, {1, 1, 1, 0}, {1, 1, 1, 1})};
+  const std::string md = MarkdownReport(runs[0]);
+  EXPECT_THAT(md, HasSubstr("## Each round against source-only"));
+  EXPECT_THAT(md, HasSubstr("| pl | -100.00 | -25.00 (z -1.0) | 1 of 2 |"));
+  EXPECT_THAT(md, HasSubstr("| cd-cca | +0.00 | +0.00 | 0 of 2 |"));
+  EXPECT_THAT(MarkdownReport(runs[1]), HasSubstr("| pl | -25.00 (z -1.0) | +0.00 | 0 of 2 |"));
+
+  const std::string summary = SeedSummaryMarkdown(runs);
+  EXPECT_THAT(summary, HasSubstr("Each method's lowest adapted round against source-only"));
+  EXPECT_THAT(summary, HasSubstr("| pl | -100.00, round 1 | -25.00 (z -1.0), round 1 | 1 of 4 |"));
+  EXPECT_THAT(summary, HasSubstr("| cd-cca | +0.00, round 1 | +0.00, round 1 | 0 of 4 |"));
+
+  const std::string dir = ::testing::TempDir() + "/rounds_summary";
+  ASSERT_TRUE(WriteSeedSummary(runs, dir).ok());
+  std::ifstream in(dir + "/seeds.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["lowest_round_vs_source_only"].size(), 2u);
+  const nlohmann::json& pl = j["lowest_round_vs_source_only"][0];
+  EXPECT_EQ(pl["method"], "pl");
+  EXPECT_EQ(pl["rounds_below_beyond_noise"].get<int>(), 1);
+  EXPECT_NEAR(pl["per_seed"][1]["difference"].get<double>(), -25.0, 1e-9);
+  EXPECT_NEAR(pl["per_seed"][1]["standard_error"].get<double>(), 25.0, 1e-9);
+
+  ASSERT_TRUE(WriteReport(runs[0], dir + "/seed-1").ok());
+  std::ifstream rin(dir + "/seed-1/results.json");
+  const nlohmann::json r = nlohmann::json::parse(rin);
+  const nlohmann::json& rounds = r["methods"][1]["rounds_vs_source_only"];
+  ASSERT_EQ(rounds.size(), 2u);
+  EXPECT_TRUE(rounds[0]["below_beyond_noise"].get<bool>());
+  EXPECT_FALSE(rounds[1]["below_beyond_noise"].get<bool>());
+  EXPECT_FALSE(r["methods"][0].contains("rounds_vs_source_only"));
+}
+
 }  // namespace
 }  // namespace cdcca::sim

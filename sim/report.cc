@@ -174,14 +174,16 @@ struct Paired {
   int64_t questions = 0;
 };
 
-std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
+// The paired difference over the adapted device rounds whose round number `take` accepts.
+template <typename Take>
+std::optional<Paired> PairWhere(const MethodResult& ref, const MethodResult& m, Take take) {
   if (m.rounds.size() != ref.rounds.size()) return std::nullopt;
   double sum = 0, sum2 = 0;
   int64_t n = 0;
   for (size_t k = 0; k < m.rounds.size(); ++k) {
     const DeviceRound& a = ref.rounds[k];
     const DeviceRound& b = m.rounds[k];
-    if (a.round == 0) continue;
+    if (a.round == 0 || !take(a.round)) continue;
     if (a.round != b.round || a.device != b.device || a.domain != b.domain ||
         a.question_da.size() != b.question_da.size()) {
       return std::nullopt;
@@ -198,6 +200,35 @@ std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
   const double var = (sum2 - static_cast<double>(n) * mean * mean) / static_cast<double>(n - 1);
   return Paired{ref.method, m.method, 100 * mean,
                 100 * std::sqrt(std::max(0.0, var) / static_cast<double>(n)), n};
+}
+
+std::optional<Paired> Pair(const MethodResult& ref, const MethodResult& m) {
+  return PairWhere(ref, m, [](int) { return true; });
+}
+
+// One adapted round of a method against source-only on that round's questions (all devices).
+struct RoundPaired {
+  int round = 0;
+  Paired paired;
+  // Below source-only beyond evaluation noise: z < -2 (every question worse when SE is 0).
+  bool below() const { return paired.diff < 0 && (paired.se == 0 || paired.diff / paired.se < -2); }
+  std::string Cell() const {
+    return paired.se > 0 ? absl::StrFormat("%+.2f (z %+.1f)", paired.diff, paired.diff / paired.se)
+                         : absl::StrFormat("%+.2f", paired.diff);
+  }
+};
+
+// Every adapted round of `m` against `source`; empty where they did not score the same
+// questions.
+std::vector<RoundPaired> RoundsAgainst(const MethodResult& m, const MethodResult& source,
+                                       int rounds) {
+  std::vector<RoundPaired> out;
+  for (int r = 1; r <= rounds; ++r) {
+    std::optional<Paired> p = PairWhere(m, source, [r](int round) { return round == r; });
+    if (!p) return {};
+    out.push_back({r, *p});
+  }
+  return out;
 }
 
 // Every CD-CCA run of the experiment against the methods it is meant to beat: plain
@@ -535,6 +566,34 @@ std::string MarkdownReport(const RunResult& run) {
     if (restored > 0) absl::StrAppendFormat(&md, " (%.0f to base)", restored);
     md += " |\n";
   }
+  // Each adapted round against source-only: is any round below it beyond noise?
+  if (const MethodResult* source = FindMethod(run, "source-only")) {
+    std::string rows;
+    for (const MethodResult& m : run.methods) {
+      if (&m == source) continue;
+      const std::vector<RoundPaired> rounds = RoundsAgainst(m, *source, e.rounds);
+      if (rounds.empty()) continue;
+      absl::StrAppend(&rows, "| ", m.method, " |");
+      int below = 0;
+      for (const RoundPaired& r : rounds) {
+        absl::StrAppend(&rows, " ", r.Cell(), " |");
+        below += r.below() ? 1 : 0;
+      }
+      absl::StrAppend(&rows, " ", below, " of ", rounds.size(), " |\n");
+    }
+    if (!rows.empty()) {
+      absl::StrAppend(
+          &md, "\n## Each round against source-only\n\nPer adapted round, the method's ",
+          e.captioning() ? "CIDEr-D" : "DA", " minus source-only's on the round's ",
+          e.captioning() ? "images" : "questions", " (paired, all devices), in ", PointName(run),
+          ", and z = difference / paired SE. A round with z < -2 is below source-only "
+          "beyond evaluation noise.\n\n| method |");
+      for (int r = 1; r <= e.rounds; ++r) absl::StrAppend(&md, " round ", r, " |");
+      md += " rounds below beyond noise |\n|---|";
+      for (int r = 0; r <= e.rounds; ++r) md += "---|";
+      absl::StrAppend(&md, "\n", rows);
+    }
+  }
   // Paired comparison of CD-CCA with every other method.
   const std::vector<Paired> paired = PairedComparisons(run);
   if (!paired.empty()) {
@@ -602,6 +661,17 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     jm["updates_withheld_per_round"] = json::array();
     for (const RoundSummary& r : Summarize(m, e.devices)) {
       if (r.round > 0) jm["updates_withheld_per_round"].push_back(r.withheld);
+    }
+    // Per adapted round: the method minus source-only on the round's questions.
+    if (const MethodResult* source = FindMethod(run, "source-only");
+        source != nullptr && source != &m) {
+      for (const RoundPaired& r : RoundsAgainst(m, *source, e.rounds)) {
+        jm["rounds_vs_source_only"].push_back({{"round", r.round},
+                                               {"difference", r.paired.diff},
+                                               {"standard_error", r.paired.se},
+                                               {"questions", r.paired.questions},
+                                               {"below_beyond_noise", r.below()}});
+      }
     }
     for (const DeviceRound& r : m.rounds) {
       jm["rounds"].push_back(
@@ -740,6 +810,38 @@ std::pair<double, double> MeanAndSe(const std::vector<double>& v) {
   return {s.seeds == 0 ? std::nan("") : s.mean, s.se_across};
 }
 
+// Per method (not source-only), per seed: its lowest adapted round against source-only
+// (nullopt where that seed could not pair them), and how many of the paired rounds of all
+// seeds were below source-only beyond noise.
+struct LowestRow {
+  std::string method;
+  std::vector<std::optional<RoundPaired>> lowest;
+  int below = 0, rounds = 0;
+};
+std::vector<LowestRow> LowestRoundRows(const std::vector<RunResult>& runs) {
+  std::vector<LowestRow> rows;
+  if (runs.empty() || FindMethod(runs.front(), "source-only") == nullptr) return rows;
+  for (const MethodResult& m : runs.front().methods) {
+    if (m.method == "source-only") continue;
+    LowestRow row{m.method, {}, 0, 0};
+    for (const RunResult& run : runs) {
+      const MethodResult* so = FindMethod(run, "source-only");
+      const MethodResult* a = FindMethod(run, m.method);
+      std::optional<RoundPaired> lowest;
+      if (so != nullptr && a != nullptr) {
+        for (const RoundPaired& r : RoundsAgainst(*a, *so, run.experiment.rounds)) {
+          ++row.rounds;
+          row.below += r.below() ? 1 : 0;
+          if (!lowest || r.paired.diff < lowest->paired.diff) lowest = r;
+        }
+      }
+      row.lowest.push_back(lowest);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
   if (runs.empty()) return "";
   const Experiment& e = runs.front().experiment;
@@ -769,6 +871,27 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
         &md, absl::StrFormat(" **%+.2f** |", s.mean),
         std::isnan(s.se_across) ? std::string(" - |") : absl::StrFormat(" %.2f |", s.se_across),
         absl::StrFormat(" %.2f |\n", s.se_questions));
+  }
+  const std::vector<LowestRow> lowest = LowestRoundRows(runs);
+  if (!lowest.empty()) {
+    absl::StrAppend(&md,
+                    "\nEach method's lowest adapted round against source-only, per seed: the "
+                    "paired difference on that round's ",
+                    runs.front().experiment.captioning() ? "images" : "questions",
+                    ", the round, and z = difference / paired SE; a round with z < -2 is below "
+                    "source-only beyond evaluation noise.\n\n| method |");
+    for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
+    absl::StrAppend(&md, " rounds below beyond noise |\n|---|");
+    for (size_t i = 0; i < runs.size() + 1; ++i) md += "---|";
+    md += "\n";
+    for (const LowestRow& row : lowest) {
+      absl::StrAppend(&md, "| ", row.method, " |");
+      for (const std::optional<RoundPaired>& r : row.lowest) {
+        absl::StrAppend(&md, r ? absl::StrCat(" ", r->Cell(), ", round ", r->round, " |")
+                               : std::string(" - |"));
+      }
+      absl::StrAppend(&md, " ", row.below, " of ", row.rounds, " |\n");
+    }
   }
   const std::vector<GapRow> gaps = GapRecoveredRows(runs);
   if (!gaps.empty()) {
@@ -822,6 +945,17 @@ absl::Status WriteSeedSummary(const std::vector<RunResult>& runs, const std::str
     r["se_across_seeds"] = std::isnan(se) ? json(nullptr) : json(se);
     for (double x : row.share) r["per_seed"].push_back(std::isnan(x) ? json(nullptr) : json(x));
     j["teacher_lead_recovered"].push_back(r);
+  }
+  for (const LowestRow& row : LowestRoundRows(runs)) {
+    json r = {
+        {"method", row.method}, {"rounds_below_beyond_noise", row.below}, {"rounds", row.rounds}};
+    for (const std::optional<RoundPaired>& l : row.lowest) {
+      r["per_seed"].push_back(l ? json{{"round", l->round},
+                                       {"difference", l->paired.diff},
+                                       {"standard_error", l->paired.se}}
+                                : json(nullptr));
+    }
+    j["lowest_round_vs_source_only"].push_back(r);
   }
   if (absl::Status s = WriteFileAtomically(dir + "/seeds.json", j.dump(2) + "\n"); !s.ok()) {
     return s;
