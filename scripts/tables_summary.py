@@ -12,8 +12,8 @@ inside). Every figure is read from those files:
   - "share of the lead, last round": per seed, (CD-CCA - source-only) / (teacher -
     source-only) on the last round's questions (mean over devices), then the mean over seeds;
   - "lowest round": CD-CCA's lowest adapted round against source-only over all seeds, with
-    its paired z; "below beyond noise": rounds with z < -2, for CD-CCA and for every other
-    method that is not the teacher, of all adapted rounds of all seeds.
+    its paired z; "below beyond noise": rounds with z < -2, of all adapted rounds of all seeds,
+    for CD-CCA, for the other cloud learners together and for TENT and CoTTA together.
 A "-" is a figure the run does not have (no teacher, no source-only, a method not run).
 """
 import glob
@@ -74,14 +74,17 @@ def line(run_dir):
                 low_txt = "%+.2f (%s, seed %s round %d)" % (
                     p["difference"], "z -" if z is None else "z %+.1f" % z, s, p["round"])
             below = "%d of %d" % (low["rounds_below_beyond_noise"], low["rounds"])
-        others = [r for m, r in lowest.items() if not m.startswith("cd-cca") and m != "teacher"]
-        others_below = "%d of %d" % (sum(r["rounds_below_beyond_noise"] for r in others),
-                                     sum(r["rounds"] for r in others)) if others else "-"
-        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        def below_of(rows):
+            return "%d of %d" % (sum(r["rounds_below_beyond_noise"] for r in rows),
+                                 sum(r["rounds"] for r in rows)) if rows else "-"
+        cloud = [r for m, r in lowest.items()
+                 if not m.startswith("cd-cca") and m not in ("teacher", "tent", "cotta")]
+        device = [r for m, r in lowest.items() if m in ("tent", "cotta")]
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             os.path.basename(os.path.normpath(run_dir)), c,
             "-" if teacher is None else "%+.2f" % teacher["mean"],
             fmt(comps.get((c, "source-only"))), baselines or "-", share, low_txt, below,
-            others_below))
+            below_of(cloud), below_of(device)))
     return "\n".join(out)
 
 
@@ -90,8 +93,8 @@ def main(argv):
         sys.exit(__doc__)
     print("| run | CD-CCA | teacher's lead | minus source-only (SE) | minus each baseline (SE) |"
           " share of the lead, last round | lowest round | CD-CCA rounds below beyond noise |"
-          " other methods' rounds below beyond noise |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " other cloud learners' rounds below | TENT and CoTTA rounds below |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for run_dir in argv[1:]:
         if not os.path.isfile(os.path.join(run_dir, "seeds.json")):
             sys.exit(f"no seeds.json in {run_dir}")
