@@ -601,6 +601,21 @@ TEST(ReportTest, SharesOfTheTeachersLeadRecovered) {
               ::testing::Not(HasSubstr("Share of the teacher's lead recovered")));
 }
 
+// Runs without source-only (the transmission experiment runs CD-CCA alone): no "minus
+// source-only" row with a made-up +0.00, and a sentence instead of an empty table.
+TEST(ReportTest, ASummaryWithoutSourceOnlyHasNoRowsAgainstIt) {
+  const std::vector<RunResult> alone = {SeedRun(1, {"cd-cca"}, {{1, 0, 1, 1}}),
+                                        SeedRun(2, {"cd-cca"}, {{1, 1, 1, 1}})};
+  const std::string md = SeedSummaryMarkdown(alone);
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("minus source-only")));
+  EXPECT_THAT(md, HasSubstr("No paired comparison"));
+  const std::vector<RunResult> two = {SeedRun(1, {"pkd", "cd-cca"}, {{0, 0, 1, 1}, {1, 0, 1, 1}}),
+                                      SeedRun(2, {"pkd", "cd-cca"}, {{1, 1, 1, 1}, {1, 1, 1, 1}})};
+  const std::string both = SeedSummaryMarkdown(two);
+  EXPECT_THAT(both, ::testing::Not(HasSubstr("minus source-only")));
+  EXPECT_THAT(both, HasSubstr("| cd-cca minus pkd | +25.00 | +0.00 | **+12.50** |"));
+}
+
 // Each adapted round against source-only, by hand (4 questions, source-only right on all).
 // Seed 1: pl wrong on all 4 in round 1 (-100, SE 0: below beyond noise) and on 1 in round 2
 // (-25, SE sqrt(0.25 / 4) = 25, z -1: within noise); cd-cca level. Seed 2: pl -25 in round

@@ -275,11 +275,14 @@ const MethodResult* FindMethod(const RunResult& run, const std::string& name) {
   return nullptr;
 }
 
-// Rows: every method's gain over source-only, then CD-CCA against each method.
+// Rows: every method's gain over source-only (where the runs have source-only), then CD-CCA
+// against each method.
 std::vector<SeedRow> SeedRows(const std::vector<RunResult>& runs) {
   std::vector<std::pair<std::string, std::string>> pairs;
-  for (const MethodResult& m : runs.front().methods) {
-    if (m.method != "source-only") pairs.emplace_back(m.method, "source-only");
+  if (FindMethod(runs.front(), "source-only") != nullptr) {
+    for (const MethodResult& m : runs.front().methods) {
+      if (m.method != "source-only") pairs.emplace_back(m.method, "source-only");
+    }
   }
   for (const Paired& p : PairedComparisons(runs.front())) {
     if (p.method != "source-only") pairs.emplace_back(p.reference, p.method);
@@ -847,6 +850,13 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
   const Experiment& e = runs.front().experiment;
   std::string md =
       absl::StrCat("# ", e.title.empty() ? e.name : e.title, ": ", runs.size(), " seeds\n\n");
+  const std::vector<SeedRow> rows = SeedRows(runs);
+  if (rows.empty()) {
+    absl::StrAppend(&md,
+                    "No paired comparison: the runs have neither source-only nor a second "
+                    "method to pair CD-CCA with (each seed's full report is in seed-N/).\n");
+    return md;
+  }
   absl::StrAppend(
       &md,
       "Each row is a paired difference on the same evaluation questions (images for "
@@ -861,7 +871,7 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
   absl::StrAppend(&md, " mean | SE across seeds | question SE |\n|---|");
   for (size_t i = 0; i < runs.size() + 3; ++i) md += "---|";
   md += "\n";
-  for (const SeedRow& row : SeedRows(runs)) {
+  for (const SeedRow& row : rows) {
     absl::StrAppend(&md, "| ", row.reference, " minus ", row.method, " |");
     for (double d : row.diff) {
       absl::StrAppend(&md, std::isnan(d) ? std::string(" - |") : absl::StrFormat(" %+.2f |", d));
