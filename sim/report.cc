@@ -845,6 +845,18 @@ std::vector<LowestRow> LowestRoundRows(const std::vector<RunResult>& runs) {
   return rows;
 }
 
+// A per-seed table's header: the first column, one column per seed, then `after` (each
+// " name |"), and the markdown rule under it.
+std::string SeedTableHeader(const std::vector<RunResult>& runs, const std::string& first,
+                            const std::vector<std::string>& after) {
+  std::string h = absl::StrCat("| ", first, " |");
+  for (const RunResult& run : runs) absl::StrAppend(&h, " seed ", run.seed, " |");
+  for (const std::string& a : after) absl::StrAppend(&h, " ", a, " |");
+  h += "\n|---|";
+  for (size_t i = 0; i < runs.size() + after.size(); ++i) h += "---|";
+  return h + "\n";
+}
+
 std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
   if (runs.empty()) return "";
   const Experiment& e = runs.front().experiment;
@@ -866,11 +878,8 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
       "seed-N/). \"SE across seeds\" is the sample standard deviation of the "
       "per-seed values over sqrt(seeds): it carries the training noise. \"question SE\" "
       "is the evaluation noise alone, sqrt(sum of the per-seed paired SEs squared) / "
-      "seeds.\n\n| comparison |");
-  for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
-  absl::StrAppend(&md, " mean | SE across seeds | question SE |\n|---|");
-  for (size_t i = 0; i < runs.size() + 3; ++i) md += "---|";
-  md += "\n";
+      "seeds.\n\n",
+      SeedTableHeader(runs, "comparison", {"mean", "SE across seeds", "question SE"}));
   for (const SeedRow& row : rows) {
     absl::StrAppend(&md, "| ", row.reference, " minus ", row.method, " |");
     for (double d : row.diff) {
@@ -889,11 +898,8 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
                     "paired difference on that round's ",
                     runs.front().experiment.captioning() ? "images" : "questions",
                     ", the round, and z = difference / paired SE; a round with z < -2 is below "
-                    "source-only beyond evaluation noise.\n\n| method |");
-    for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
-    absl::StrAppend(&md, " rounds below beyond noise |\n|---|");
-    for (size_t i = 0; i < runs.size() + 1; ++i) md += "---|";
-    md += "\n";
+                    "source-only beyond evaluation noise.\n\n",
+                    SeedTableHeader(runs, "method", {"rounds below beyond noise"}));
     for (const LowestRow& row : lowest) {
       absl::StrAppend(&md, "| ", row.method, " |");
       for (const std::optional<RoundPaired>& r : row.lowest) {
@@ -908,11 +914,8 @@ std::string SeedSummaryMarkdown(const std::vector<RunResult>& runs) {
     absl::StrAppend(&md,
                     "\nShare of the teacher's lead recovered: per seed, a method's gain over "
                     "source-only divided by the teacher's (\"teacher minus source-only\" above), "
-                    "in %; \"-\" where the teacher is not ahead.\n\n| method |");
-    for (const RunResult& run : runs) absl::StrAppend(&md, " seed ", run.seed, " |");
-    absl::StrAppend(&md, " mean | SE across seeds |\n|---|");
-    for (size_t i = 0; i < runs.size() + 2; ++i) md += "---|";
-    md += "\n";
+                    "in %; \"-\" where the teacher is not ahead.\n\n",
+                    SeedTableHeader(runs, "method", {"mean", "SE across seeds"}));
     for (const GapRow& row : gaps) {
       absl::StrAppend(&md, "| ", row.method, " |");
       for (double x : row.share) {
