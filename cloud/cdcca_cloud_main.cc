@@ -126,6 +126,9 @@ ABSL_FLAG(bool, lora_mlp, false,
 ABSL_FLAG(bool, lora_qformer, false,
           "LoRA on the student's Q-Former attention query and value too (BLIP-2, "
           "InstructBLIP; the devices' --lora_qformer)");
+ABSL_FLAG(bool, lora_projector, false,
+          "LoRA on the student's projector into the LM too (LLaVA's multi_modal_projector, "
+          "BLIP-2's language_projection; the devices' --lora_projector)");
 ABSL_FLAG(std::string, student_precision, "int8",
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
@@ -402,6 +405,7 @@ int main(int argc, char** argv) {
     so.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     so.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
     so.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
+    so.lora_projector = absl::GetFlag(FLAGS_lora_projector);
     so.student_precision = absl::GetFlag(FLAGS_student_precision);
     so.state_dir = data_dir + "/trainer";
 #ifdef CDCCA_HAVE_POSTGRESQL

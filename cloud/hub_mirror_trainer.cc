@@ -53,6 +53,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
     t->adapters_.lora_alpha = options.lora_alpha;
     t->adapters_.lora_mlp = options.lora_mlp;
     t->adapters_.lora_qformer = options.lora_qformer;
+    t->adapters_.lora_projector = options.lora_projector;
     try {
       // The teacher's tower must be the devices' (Register compares these).
       absl::StatusOr<uint64_t> teacher_vision = model::HfVisionFingerprint(options.teacher_dir);

@@ -208,6 +208,7 @@ struct PerDeviceStrategyOptions {
   double lora_alpha = 16.0;
   bool lora_mlp = false;
   bool lora_qformer = false;  // the Q-Former's query and value too (AdapterOptions)
+  bool lora_projector = false;  // the projector into the LM too (AdapterOptions)
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
   // computes with exactly that base, dequantized. Default: "int8" (the device default).
   std::string student_precision = "int8";

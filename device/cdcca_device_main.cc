@@ -88,6 +88,9 @@ ABSL_FLAG(bool, lora_mlp, false, "with --cloud: LoRA on the LM's MLP too");
 ABSL_FLAG(bool, lora_qformer, false,
           "with --cloud: LoRA on the Q-Former's attention query and value too (BLIP-2, "
           "InstructBLIP; the cloud's --lora_qformer)");
+ABSL_FLAG(bool, lora_projector, false,
+          "with --cloud: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
+          "BLIP-2's language_projection; the cloud's --lora_projector)");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
@@ -515,6 +518,7 @@ int main(int argc, char** argv) {
     runtime_options.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     runtime_options.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
     runtime_options.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
+    runtime_options.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   }
   absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
       InferenceRuntime::Load(runtime_options);

@@ -33,6 +33,7 @@ class HubStudentImpl final : public HubStudent {
     adapters.lora_alpha = options.lora_alpha;
     adapters.lora_mlp = options.lora_mlp;
     adapters.lora_qformer = options.lora_qformer;
+    adapters.lora_projector = options.lora_projector;
     if (absl::Status s = answerer_->model().AddAdapters(adapters); !s.ok()) return s;
     answerer_->model().module().eval();
     absl::StatusOr<uint64_t> folder = model::HfFolderFingerprint(options.checkpoint_dir);

@@ -47,6 +47,7 @@ struct RuntimeOptions {
   double lora_alpha = 16.0;
   bool lora_mlp = false;
   bool lora_qformer = false;  // BLIP-2 / InstructBLIP: the Q-Former's query and value too
+  bool lora_projector = false;  // the projector into the LM too
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

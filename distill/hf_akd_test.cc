@@ -576,62 +576,88 @@ TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
   EXPECT_FALSE(HfSampleFromUplink(u, side)->complete);
 }
 
+// The tensors an adapter option adds to `variant`'s trainable set: `with` holds the student
+// with `extra`, `added` the names the default adapters do not have. The shared ones are
+// checked equal, so the LM's LoRA draw does not move with the option.
+struct ExtraLora {
+  std::unique_ptr<Side> plain, with;
+  std::set<std::string> added;
+};
+ExtraLora AddExtraLora(const std::string& variant, const model::AdapterOptions& extra) {
+  ExtraLora e{LoadSide(variant), LoadSide(variant), {}};
+  EXPECT_NE(e.plain, nullptr);
+  EXPECT_NE(e.with, nullptr);
+  if (e.plain == nullptr || e.with == nullptr) return e;
+  EXPECT_OK(e.plain->model->AddAdapters({}));
+  EXPECT_OK(e.with->model->AddAdapters(extra));
+  std::map<std::string, torch::Tensor> base;
+  for (auto& [n, t] : e.plain->model->TrainableParameters()) base[n] = t;
+  for (auto& [n, t] : e.with->model->TrainableParameters()) {
+    if (!base.count(n)) {
+      e.added.insert(n);
+    } else {
+      EXPECT_TRUE(torch::equal(t, base[n])) << n;  // the LM's draw is unchanged
+    }
+  }
+  return e;
+}
+
+// A short PL job (5 steps of 3 at lr 1e-2, every LoRA B drawn non-zero first so that every A
+// gets a gradient) on `student` from a teacher of `variant`: the names of the trainable
+// tensors it moved.
+absl::StatusOr<std::set<std::string>> MovedByAShortJob(const std::string& variant, Side& student) {
+  std::unique_ptr<Side> teacher = LoadSide(variant);
+  if (teacher == nullptr) return absl::InternalError("no teacher");
+  Case c = FirstCase(variant, *student.model);
+  absl::StatusOr<DistillConfig> config = PresetDistillConfig("pl");
+  if (!config.ok()) return config.status();
+  JobOptions o;
+  o.max_steps = 5;
+  o.batch_size = 3;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student.model->TrainableParameters()) {
+      if (absl::EndsWith(name, ".lora_b")) t.normal_(0.0, 0.5);
+    }
+  }
+  const compress::NamedTensors before = compress::Fp32Clones(student.model->TrainableParameters());
+  absl::StatusOr<std::unique_ptr<HfPairDistiller>> job =
+      HfPairDistiller::Create(teacher->side, student.side, *config, o);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<HfJobResult> r = (*job)->Run(Samples(c, 4));
+  if (!r.ok()) return r.status();
+  std::set<std::string> moved;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (!torch::equal(r->trainable[i].second, before[i].second)) moved.insert(before[i].first);
+  }
+  return moved;
+}
+
 // lora_qformer adds LoRA on the Q-Former's query and value (self and cross) to the trainable
 // set, under the checkpoint's names, leaves the LM's LoRA draw as it was, and trains: a job
 // moves the Q-Former's factors. LLaVA has no Q-Former and refuses it.
 TEST(QFormerLoraTest, TheQFormersQueryAndValueTrainUnderTheCheckpointsNames) {
   for (const std::string variant : {"blip2_llama", "instructblip_llama"}) {
     SCOPED_TRACE(variant);
-    std::unique_ptr<Side> plain = LoadSide(variant), with = LoadSide(variant);
-    ASSERT_NE(plain, nullptr);
-    ASSERT_NE(with, nullptr);
-    ASSERT_OK(plain->model->AddAdapters({}));
     model::AdapterOptions q;
     q.lora_qformer = true;
-    ASSERT_OK(with->model->AddAdapters(q));
-    std::map<std::string, torch::Tensor> base;
-    for (auto& [n, t] : plain->model->TrainableParameters()) base[n] = t;
-    int qformer_factors = 0;
-    for (auto& [n, t] : with->model->TrainableParameters()) {
-      if (base.count(n)) {
-        EXPECT_TRUE(torch::equal(t, base[n])) << n;  // the LM's draw is unchanged
-        continue;
-      }
+    ExtraLora e = AddExtraLora(variant, q);
+    ASSERT_NE(e.with, nullptr);
+    for (const std::string& n : e.added) {
       EXPECT_EQ(n.rfind("qformer.", 0), 0u) << n;
       EXPECT_TRUE(absl::EndsWith(n, ".query.lora_a") || absl::EndsWith(n, ".query.lora_b") ||
                   absl::EndsWith(n, ".value.lora_a") || absl::EndsWith(n, ".value.lora_b"))
           << n;
-      ++qformer_factors;
     }
-    EXPECT_GT(qformer_factors, 0);
-    EXPECT_EQ(qformer_factors % 4, 0);  // A and B of query and value per attention
+    EXPECT_GT(e.added.size(), 0u);
+    EXPECT_EQ(e.added.size() % 4, 0u);  // A and B of query and value per attention
 
-    // A job trains them.
-    std::unique_ptr<Side> teacher = LoadSide(variant);
-    ASSERT_NE(teacher, nullptr);
-    Case c = FirstCase(variant, *with->model);
-    ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
-    JobOptions o;
-    o.max_steps = 5;
-    o.batch_size = 3;
-    o.lr = 1e-2;
-    o.max_answer_tokens = 4;
-    {
-      torch::NoGradGuard no_grad;
-      torch::manual_seed(5);
-      for (auto& [name, t] : with->model->TrainableParameters()) {
-        if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
-      }
-    }
-    const compress::NamedTensors before = compress::Fp32Clones(with->model->TrainableParameters());
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
-                         HfPairDistiller::Create(teacher->side, with->side, config, o));
-    ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 4)));
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved, MovedByAShortJob(variant, *e.with));
     int qformer_moved = 0;
-    for (size_t i = 0; i < before.size(); ++i) {
-      if (before[i].first.rfind("qformer.", 0) != 0) continue;
-      qformer_moved += !torch::equal(r.trainable[i].second, before[i].second);
-    }
+    for (const std::string& n : moved) qformer_moved += n.rfind("qformer.", 0) == 0;
     EXPECT_GT(qformer_moved, 0);
   }
   std::unique_ptr<Side> llava = LoadSide("llava_clip_llama");
@@ -640,6 +666,48 @@ TEST(QFormerLoraTest, TheQFormersQueryAndValueTrainUnderTheCheckpointsNames) {
   q.lora_qformer = true;
   EXPECT_THAT(llava->model->AddAdapters(q),
               ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// lora_projector adds LoRA on the projector into the LM (LLaVA's multi_modal_projector
+// linear_1 and linear_2, BLIP-2's and InstructBLIP's language_projection) to the trainable
+// set, under the checkpoint's names, leaves the LM's LoRA draw as it was, changes what the
+// student computes once its B factors are non-zero, and trains: a job moves every factor.
+TEST(ProjectorLoraTest, TheProjectorTrainsUnderTheCheckpointsNamesOnEveryArchitecture) {
+  for (const std::string variant : {"blip2_llama", "instructblip_llama", "llava_clip_llama"}) {
+    SCOPED_TRACE(variant);
+    model::AdapterOptions p;
+    p.lora_projector = true;
+    ExtraLora e = AddExtraLora(variant, p);
+    ASSERT_NE(e.with, nullptr);
+    for (const std::string& n : e.added) {
+      EXPECT_TRUE(absl::StrContains(n, "multi_modal_projector.linear_") ||
+                  absl::StartsWith(n, "language_projection."))
+          << n;
+      EXPECT_TRUE(absl::EndsWith(n, ".lora_a") || absl::EndsWith(n, ".lora_b")) << n;
+    }
+    EXPECT_EQ(e.added.size(), variant == "llava_clip_llama" ? 4u : 2u);
+
+    Case c = FirstCase(variant, *e.with->model);
+    auto logits_of = [&](model::MultimodalModel& m) -> torch::Tensor {
+      torch::NoGradGuard no_grad;
+      absl::StatusOr<model::TokenForward> f = m.ForwardTokens(TokenInputsOf(c));
+      EXPECT_TRUE(f.ok()) << f.status();
+      return f.ok() ? f->logits : torch::zeros({1});
+    };
+    // B starts at zero: the same logits as without; the projector's B alone non-zero moves them.
+    EXPECT_TRUE(torch::allclose(logits_of(*e.with->model), logits_of(*e.plain->model)));
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(5);
+      for (auto& [name, t] : e.with->model->TrainableParameters()) {
+        if (e.added.count(name) && absl::EndsWith(name, ".lora_b")) t.normal_(0.0, 0.5);
+      }
+    }
+    EXPECT_FALSE(torch::allclose(logits_of(*e.with->model), logits_of(*e.plain->model)));
+
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved, MovedByAShortJob(variant, *e.with));
+    for (const std::string& n : e.added) EXPECT_TRUE(moved.count(n)) << n;
+  }
 }
 
 class HfSelfLearnerTest : public ::testing::TestWithParam<std::string> {};

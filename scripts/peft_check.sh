@@ -6,6 +6,8 @@
 # check itself runs where transformers and peft are (the GPU machine):
 #   scripts/peft_check.sh [OUT]              (default build/peft_check)
 #   python3 scripts/peft_check.py OUT        (prints and writes OUT/report.json)
+# CDCCA_ADAPT_FLAGS adds hf-adapt flags for the trainable set, e.g. "--lora_projector" (LoRA on
+# the projector into the LM too; with --lora_qformer the LLaVA fixtures are skipped).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-$root/build/peft_check}"
@@ -13,7 +15,9 @@ cdcca="${CDCCA_BIN:-$root/build/sim/cdcca}"
 fixtures="$root/tests/fixtures/hf"
 rm -rf "$out"
 mkdir -p "$out"
+read -r -a adapt_flags <<<"${CDCCA_ADAPT_FLAGS:-}"
 for fam in llava_clip_llama llava_siglip_qwen2 blip2_llama instructblip_llama; do
+  if [[ "$fam" == llava* && " ${adapt_flags[*]} " == *" --lora_qformer "* ]]; then continue; fi
   case "$fam" in
     llava*) prompt=$'USER: <image>\nWhat is shown? ASSISTANT:' ;;
     *) prompt="Question: what color is the shirt? Answer:" ;;
@@ -22,7 +26,7 @@ for fam in llava_clip_llama llava_siglip_qwen2 blip2_llama instructblip_llama; d
   mkdir -p "$d"
   "$cdcca" hf-adapt --teacher "$fixtures/models/$fam" --student_base "$fixtures/models/$fam" \
     --precision fp32 --images "$fixtures/images" --prompt "$prompt" --steps 30 --batch 4 \
-    --lr 1e-2 --answer_tokens 6 --out "$d/state" 2>"$d/hf_adapt.log" >/dev/null
+    --lr 1e-2 --answer_tokens 6 "${adapt_flags[@]}" --out "$d/state" 2>"$d/hf_adapt.log" >/dev/null
   "$cdcca" export-adapter --state "$d/state" --out "$d/peft" >/dev/null
   for img in gradient_97x61.png noise_123x77.png; do
     for arm in adapted base; do

@@ -133,6 +133,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("lora_alpha", &e.lora_alpha));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_mlp", &e.lora_mlp));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_qformer", &e.lora_qformer));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_projector", &e.lora_projector));
   CDCCA_RETURN_IF_ERROR(top.Read("precision", &e.precision));
   CDCCA_RETURN_IF_ERROR(top.Read("devices", &e.devices));
   CDCCA_RETURN_IF_ERROR(top.Read("rounds", &e.rounds));

@@ -29,8 +29,8 @@
 // A Hugging Face pair instead of a cdcca family (issue 21): "teacher" and "student_base" name
 // the cloud's teacher folder and the devices' student folder (LLaVA, BLIP-2 or InstructBLIP
 // sharing the vision tower, `cdcca-cloud --teacher --student_base`); the devices load the
-// student with the adapters of "lora_rank", "lora_alpha" and "lora_mlp" (default 8, 16,
-// false), the cloud mirrors them. The scenes, rounds, UTS, jobs and scores are the family
+// student with the adapters of "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer" and
+// "lora_projector" (default 8, 16, false, false, false), the cloud mirrors them. The scenes, rounds, UTS, jobs and scores are the family
 // runs'; stage 2 scores by the Hub model's attention-mass variance (Eq. 3), and tent and cotta,
 // which adapt a cdcca family on the device, are refused. "job": {"device": "cuda"} trains the
 // cloud's jobs on the GPU.
@@ -130,6 +130,7 @@ struct Experiment {
   double lora_alpha = 16.0;
   bool lora_mlp = false;
   bool lora_qformer = false;  // "lora_qformer": the Q-Former's query and value too
+  bool lora_projector = false;  // "lora_projector": the projector into the LM too
   std::string precision = "int8";
   int devices = 1;
   int rounds = 3;

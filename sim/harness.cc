@@ -514,6 +514,7 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   po.lora_alpha = e.lora_alpha;
   po.lora_mlp = e.lora_mlp;
   po.lora_qformer = e.lora_qformer;
+  po.lora_projector = e.lora_projector;
   if (e.hub()) {
     po.teacher_dir = e.teacher;
     po.student_base_dir = e.student_base;
@@ -699,6 +700,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     ro.lora_alpha = e.lora_alpha;
     ro.lora_mlp = e.lora_mlp;
     ro.lora_qformer = e.lora_qformer;
+    ro.lora_projector = e.lora_projector;
     ro.precision = e.precision;
     if (plan->teacher) {  // the cloud's teacher, as the cloud runs it
       ro.checkpoint_dir = e.hub() ? e.teacher : e.checkpoint + "/teacher";
@@ -750,6 +752,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       adapters.lora_alpha = ro.lora_alpha;
       adapters.lora_mlp = ro.lora_mlp;
       adapters.lora_qformer = ro.lora_qformer;
+      adapters.lora_projector = ro.lora_projector;
       if (absl::Status s = d.learner_model->model().AddAdapters(adapters); !s.ok()) return s;
       auto format = model::ResolvePromptFormat(ro.hub_template, d.learner_model->model_type(),
                                                ro.checkpoint_dir);

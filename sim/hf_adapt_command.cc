@@ -44,6 +44,9 @@ ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)")
 ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
 ABSL_FLAG(bool, lora_qformer, false,
           "hf-adapt: LoRA on the Q-Former's attention query and value too (BLIP-2, InstructBLIP)");
+ABSL_FLAG(bool, lora_projector, false,
+          "hf-adapt: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
+          "BLIP-2's language_projection)");
 ABSL_FLAG(double, keep_fraction, 0.0,
           "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by answer entropy "
           "(hf-adapt: the running quantile over the frames so far, as on a device; 0 = all)");
@@ -315,6 +318,7 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
+  adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
   const std::string student_name = absl::GetFlag(FLAGS_template);
@@ -448,6 +452,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.adapters.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   pair.adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   pair.adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
+  pair.adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   return WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
 }
 

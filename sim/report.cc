@@ -396,7 +396,8 @@ namespace {
 
 // Where the devices' LoRA sits beyond the LM's q and v.
 std::string AdapterExtras(const Experiment& e) {
-  return absl::StrCat(e.lora_mlp ? ", MLP too" : "", e.lora_qformer ? ", Q-Former too" : "");
+  return absl::StrCat(e.lora_mlp ? ", MLP too" : "", e.lora_qformer ? ", Q-Former too" : "",
+                      e.lora_projector ? ", projector too" : "");
 }
 
 }  // namespace

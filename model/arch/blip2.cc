@@ -366,15 +366,20 @@ class Blip2MultimodalModel : public MultimodalModel {
 
   absl::Status AddAdapters(const AdapterOptions& options) override {
     if (absl::Status s = AddDecoderLora(*model_->language_model, options); !s.ok()) return s;
-    if (!options.lora_qformer) return absl::OkStatus();
-    at::Generator gen = at::detail::createCPUGenerator(options.seed + 1);
-    for (const auto& layer : *model_->qformer->encoder->layer) {
-      auto* l = layer->as<QFormerLayerImpl>();
-      for (QFormerAttention* a : {&l->attention, &l->crossattention}) {
-        if (a->is_empty()) continue;
-        AddLinearLora((*a)->attention->query, options, gen);
-        AddLinearLora((*a)->attention->value, options, gen);
+    if (options.lora_qformer) {
+      at::Generator gen = at::detail::createCPUGenerator(options.seed + 1);
+      for (const auto& layer : *model_->qformer->encoder->layer) {
+        auto* l = layer->as<QFormerLayerImpl>();
+        for (QFormerAttention* a : {&l->attention, &l->crossattention}) {
+          if (a->is_empty()) continue;
+          AddLinearLora((*a)->attention->query, options, gen);
+          AddLinearLora((*a)->attention->value, options, gen);
+        }
       }
+    }
+    if (options.lora_projector) {
+      at::Generator gen = at::detail::createCPUGenerator(options.seed + 2);
+      AddLinearLora(model_->language_projection, options, gen);
     }
     return absl::OkStatus();
   }
@@ -383,20 +388,23 @@ class Blip2MultimodalModel : public MultimodalModel {
   // had them (FindBlip2Prefixes).
   NamedTensors TrainableParameters() override {
     const Blip2Prefixes& p = prefixes_;
-    // The Q-Former's LoRA factors (lora_qformer) are trainable too; its other weights not.
-    auto qformer_lora = [](const std::string& name) {
-      return absl::StartsWith(name, "qformer.") &&
+    // The LoRA factors of the Q-Former (lora_qformer) and of the language projection
+    // (lora_projector) are trainable too; their other weights not.
+    auto lora_of = [](const std::string& name) {
+      return (absl::StartsWith(name, "qformer.") ||
+              absl::StartsWith(name, "language_projection.")) &&
              (absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b"));
     };
     return SelectHfTrainable(
         *model_, "language_model.",
-        [qformer_lora](const std::string& name) {
-          return name == "query_tokens" || qformer_lora(name);
-        },
+        [lora_of](const std::string& name) { return name == "query_tokens" || lora_of(name); },
         [&p](const std::string& name) {
           if (name == "query_tokens") return p.query_tokens;
           if (absl::StartsWith(name, "qformer.")) {
             return p.qformer + name.substr(std::string("qformer.").size());
+          }
+          if (absl::StartsWith(name, "language_projection.")) {
+            return p.projection + name.substr(std::string("language_projection.").size());
           }
           return p.lm_body + name.substr(std::string("language_model.").size());
         });

@@ -135,7 +135,7 @@ void SetVisScores(const torch::Tensor& features, VisualTokenPasses* out);
 // v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and
 // linear biases, and the Q-Former's query_tokens (BLIP-2, InstructBLIP) or the projector's
 // biases (LLaVA). The vision tower, the Q-Former's own weights, embeddings and the LM head
-// stay frozen.
+// stay frozen unless an option below adds LoRA to them.
 struct AdapterOptions {
   int64_t lora_rank = 8;     // > 0
   double lora_alpha = 16.0;  // the LoRA product is scaled by alpha / rank
@@ -144,6 +144,11 @@ struct AdapterOptions {
   // cross-attention, every layer), where the student reads the image; drawn from seed + 1, so
   // the LM's LoRA is the same with it or without. LLaVA refuses it.
   bool lora_qformer = false;
+  // LoRA on the projector into the LM too: LLaVA's multi_modal_projector (linear_1 and
+  // linear_2), BLIP-2's and InstructBLIP's language_projection; the last step from what the
+  // vision side encodes to what the LM reads. Drawn from seed + 2, so the other LoRA is the
+  // same with it or without.
+  bool lora_projector = false;
   // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
   // start equal. LibTorch's process-wide generator is saved and restored around the draw.
   uint64_t seed = 0;

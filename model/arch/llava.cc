@@ -1,5 +1,7 @@
 #include "model/arch/llava.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -60,6 +62,12 @@ torch::Tensor LlavaImpl::SelectedFeatures(const torch::Tensor& pixel_values) {
 torch::Tensor LlavaImpl::Project(const torch::Tensor& selected) {
   torch::Tensor h = projector_->linear_1(selected);
   return projector_->linear_2(Activation(config_.projector_hidden_act, h));
+}
+
+void LlavaImpl::AddProjectorLora(const AdapterOptions& options) {
+  at::Generator gen = at::detail::createCPUGenerator(options.seed + 2);
+  AddLinearLora(projector_->linear_1, options, gen);
+  AddLinearLora(projector_->linear_2, options, gen);
 }
 
 absl::StatusOr<torch::Tensor> LlavaImpl::MergeEmbeddings(const torch::Tensor& input_ids,
@@ -218,16 +226,20 @@ class LlavaModel : public MultimodalModel {
       return absl::InvalidArgumentError(
           "lora_qformer: LLaVA has no Q-Former (it is for BLIP-2 and InstructBLIP)");
     }
-    return AddDecoderLora(llava_->language_model(), options);
+    if (absl::Status s = AddDecoderLora(llava_->language_model(), options); !s.ok()) return s;
+    if (options.lora_projector) llava_->AddProjectorLora(options);
+    return absl::OkStatus();
   }
 
   // The module tree is the checkpoint's (llava.h), so names need no mapping.
   NamedTensors TrainableParameters() override {
     return SelectHfTrainable(
         *llava_, "model.language_model.",
+        // The projector's biases, and its LoRA factors where it has them (lora_projector).
         [](const std::string& name) {
           return absl::StartsWith(name, "model.multi_modal_projector.") &&
-                 absl::EndsWith(name, ".bias");
+                 (absl::EndsWith(name, ".bias") || absl::EndsWith(name, ".lora_a") ||
+                  absl::EndsWith(name, ".lora_b"));
         },
         [](const std::string& name) { return name; });
   }

@@ -51,6 +51,10 @@ class LlavaImpl : public torch::nn::Module {
   absl::StatusOr<torch::Tensor> MergeEmbeddings(const torch::Tensor& input_ids,
                                                 const torch::Tensor& features);
 
+  // LoRA on the projector's linear_1 and linear_2 (AdapterOptions::lora_projector), A drawn
+  // from options.seed + 2.
+  void AddProjectorLora(const AdapterOptions& options);
+
   const LlavaConfig& config() const { return config_; }
   DecoderLmImpl& language_model() { return *language_model_; }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "model/hub/fnv.h"
 #include "model/hub/hf_json.h"
 #include "model/hub/safetensors.h"
@@ -40,6 +41,7 @@ absl::Status SaveHfAdapterState(const HfAdapterState& state, const std::string& 
                       {"lora_alpha", state.adapters.lora_alpha},
                       {"lora_mlp", state.adapters.lora_mlp},
                       {"lora_qformer", state.adapters.lora_qformer},
+                      {"lora_projector", state.adapters.lora_projector},
                       {"seed", state.adapters.seed},
                       {"tensors", state.trainable.size()}};
   if (!state.info.is_null()) j["info"] = state.info;
@@ -78,6 +80,7 @@ absl::StatusOr<HfAdapterState> LoadHfAdapterState(const std::string& dir) {
     state.adapters.lora_alpha = j->at("lora_alpha").get<double>();
     state.adapters.lora_mlp = j->at("lora_mlp").get<bool>();
     state.adapters.lora_qformer = j->value("lora_qformer", false);  // absent before it existed
+    state.adapters.lora_projector = j->value("lora_projector", false);  // likewise
     state.adapters.seed = j->at("seed").get<uint64_t>();
     if (j->contains("info")) state.info = (*j)["info"];
   } catch (const nlohmann::json::exception& e) {
@@ -127,9 +130,11 @@ absl::Status ApplyHfAdapterState(const HfAdapterState& state, MultimodalModel& m
 
 namespace {
 
-// PEFT's target_modules as a regex over module names: the LM's adapted kinds, and the
-// Q-Former's where it has LoRA.
-std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std::string>& qformer) {
+// PEFT's target_modules as a regex over module names: the LM's adapted kinds, the Q-Former's
+// where it has LoRA, and the projector into the LM where it has (its module paths, which
+// name no LM or Q-Former kind).
+std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std::string>& qformer,
+                            const std::set<std::string>& projector) {
   auto alternatives = [](const std::set<std::string>& kinds) {
     std::string alt;
     for (const std::string& t : kinds) absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
@@ -139,14 +144,27 @@ std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std:
   if (!qformer.empty()) {
     regex = absl::StrCat("(", regex, ")|(.*qformer.*\\.(", alternatives(qformer), "))");
   }
+  if (!projector.empty()) {
+    std::string paths;
+    for (const std::string& m : projector) {
+      absl::StrAppend(&paths, paths.empty() ? "" : "|", absl::StrReplaceAll(m, {{".", "\\."}}));
+    }
+    regex = absl::StrCat("(", regex, ")|(.*(", paths, "))");
+  }
   return regex;
+}
+
+// Whether a LoRA module sits on the projector into the LM (lora_projector).
+bool IsProjectorModule(const std::string& module) {
+  return absl::StrContains(module, "multi_modal_projector.") ||
+         absl::StrContains(module, "language_projection");
 }
 
 }  // namespace
 
 absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& out_dir) {
   NamedTensors lora, rest;
-  std::set<std::string> lm_targets, qformer_targets;
+  std::set<std::string> lm_targets, qformer_targets, projector_targets;
   std::map<std::string, int> factors;  // module -> A and B seen
   for (const auto& [name, t] : state.trainable) {
     const bool a = absl::EndsWith(name, ".lora_a"), b = absl::EndsWith(name, ".lora_b");
@@ -156,8 +174,16 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
     }
     const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
     factors[module] += a ? 1 : 2;
-    (absl::StrContains(module, "qformer.") ? qformer_targets : lm_targets)
-        .insert(module.substr(module.rfind('.') + 1));
+    if (IsProjectorModule(module)) {
+      // The module's path from the projector on ("multi_modal_projector.linear_1").
+      const size_t at = module.find(absl::StrContains(module, "multi_modal_projector.")
+                                        ? "multi_modal_projector."
+                                        : "language_projection");
+      projector_targets.insert(module.substr(at));
+    } else {
+      (absl::StrContains(module, "qformer.") ? qformer_targets : lm_targets)
+          .insert(module.substr(module.rfind('.') + 1));
+    }
     lora.emplace_back(
         absl::StrCat("base_model.model.", module, a ? ".lora_A" : ".lora_B", ".weight"), t);
   }
@@ -184,8 +210,9 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
       {"modules_to_save", nullptr},
       // Names of the adapted linears, restricted to the language model (the Q-Former and the
       // vision tower also have q/v-like names in some architectures), and to the Q-Former's
-      // query and value where it has LoRA (lora_qformer).
-      {"target_modules", PeftTargetRegex(lm_targets, qformer_targets)}};
+      // query and value where it has LoRA (lora_qformer), and the projector's linears where
+      // they have (lora_projector).
+      {"target_modules", PeftTargetRegex(lm_targets, qformer_targets, projector_targets)}};
   if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
       !s.ok()) {
     return s;
@@ -257,6 +284,7 @@ uint64_t HubBaseFingerprint(uint64_t folder_fingerprint, const std::string& prec
   h = Fnv1a(h, &mlp, 1);
   // Hashed only when on, so every fingerprint without it stays what it was.
   if (adapters.lora_qformer) h = Fnv1a(h, "qformer", 7);
+  if (adapters.lora_projector) h = Fnv1a(h, "projector", 9);
   h = Fnv1a(h, &adapters.seed, sizeof(adapters.seed));
   return Fnv1a(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }

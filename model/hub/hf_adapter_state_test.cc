@@ -203,5 +203,55 @@ TEST(HfAdapterStateTest, QFormerLoraRoundTripsExportsAndIsFingerprinted) {
   EXPECT_NE(HubBaseFingerprint(1, "fp32", mlp, 2), HubBaseFingerprint(1, "fp32", plain, 2));
 }
 
+// A state with LoRA on the projector into the LM (lora_projector) round-trips with its
+// option, exports the projector's factors under their module paths with a target regex that
+// names them beside the LM's kinds, and changes the base fingerprint. On LLaVA the factors sit
+// on multi_modal_projector.linear_1 and linear_2, on BLIP-2 on language_projection.
+TEST(HfAdapterStateTest, ProjectorLoraRoundTripsExportsAndIsFingerprinted) {
+  struct Want {
+    std::string variant, module_path, regex;
+  };
+  for (const Want& w :
+       {Want{"llava_clip_llama", "multi_modal_projector.linear_1",
+             "(.*language_model.*\\.(q_proj|v_proj))|(.*(multi_modal_projector\\.linear_1|"
+             "multi_modal_projector\\.linear_2))"},
+        Want{"blip2_llama", "language_projection",
+             "(.*language_model.*\\.(q_proj|v_proj))|(.*(language_projection))"}}) {
+    SCOPED_TRACE(w.variant);
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(FixtureDir(w.variant), {});
+    ASSERT_OK(m.status());
+    AdapterOptions o;
+    o.lora_rank = 4;
+    o.seed = 3;
+    o.lora_projector = true;
+    ASSERT_OK((*m)->AddAdapters(o));
+    HfAdapterState s = StateOf(**m, w.variant);
+    s.adapters.lora_projector = true;
+    const std::string dir = TempDir("projector_state_" + w.variant);
+    ASSERT_OK(SaveHfAdapterState(s, dir));
+    ASSERT_OK_AND_ASSIGN(HfAdapterState loaded, LoadHfAdapterState(dir));
+    EXPECT_TRUE(loaded.adapters.lora_projector);
+    EXPECT_FALSE(loaded.adapters.lora_qformer);
+    EXPECT_EQ(loaded.trainable.size(), s.trainable.size());
+
+    const std::string out = TempDir("projector_export_" + w.variant);
+    ASSERT_OK(ExportPeftAdapter(s, out));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
+    int projector = 0;
+    for (const auto& [name, t] : lora.tensors) {
+      projector += name.find(w.module_path + ".lora_A.weight") != std::string::npos;
+    }
+    EXPECT_EQ(projector, 1);
+    std::ifstream in(out + "/adapter_config.json");
+    const nlohmann::json c = nlohmann::json::parse(in);
+    EXPECT_EQ(c["target_modules"], w.regex);
+
+    AdapterOptions plain = o;
+    plain.lora_projector = false;
+    EXPECT_NE(HubBaseFingerprint(1, "fp32", o, 2), HubBaseFingerprint(1, "fp32", plain, 2));
+  }
+}
+
 }  // namespace
 }  // namespace cdcca::model
