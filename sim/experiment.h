@@ -30,9 +30,9 @@
 // the cloud's teacher folder and the devices' student folder (LLaVA, BLIP-2 or InstructBLIP
 // sharing the vision tower, `cdcca-cloud --teacher --student_base`); the devices load the
 // student with the adapters of "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer" and
-// "lora_projector" (default 8, 16, false, false, false), the cloud mirrors them. The scenes, rounds, UTS, jobs and scores are the family
-// runs'; stage 2 scores by the Hub model's attention-mass variance (Eq. 3), and tent and cotta,
-// which adapt a cdcca family on the device, are refused. "job": {"device": "cuda"} trains the
+// "lora_projector" (default 8, 16, false, false, false), the cloud mirrors them. The scenes,
+// rounds, UTS, jobs and scores are the family runs'; stage 2 scores by VIS (Eq. 3), and tent
+// and cotta adapt the same trainable set on the device. "job": {"device": "cuda"} trains the
 // cloud's jobs on the GPU.
 //
 // Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,

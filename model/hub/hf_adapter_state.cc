@@ -176,9 +176,9 @@ absl::Status ExportPeftAdapter(const HfAdapterState& state, const std::string& o
     factors[module] += a ? 1 : 2;
     if (IsProjectorModule(module)) {
       // The module's path from the projector on ("multi_modal_projector.linear_1").
-      const size_t at = module.find(absl::StrContains(module, "multi_modal_projector.")
-                                        ? "multi_modal_projector."
-                                        : "language_projection");
+      const size_t at =
+          module.find(absl::StrContains(module, "multi_modal_projector.") ? "multi_modal_projector."
+                                                                          : "language_projection");
       projector_targets.insert(module.substr(at));
     } else {
       (absl::StrContains(module, "qformer.") ? qformer_targets : lm_targets)
