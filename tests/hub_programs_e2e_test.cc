@@ -305,6 +305,27 @@ TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
 
+// A device that adds LoRA on its projector (--lora_projector) while the cloud's mirror does
+// not would start from another state than the mirror: Register refuses it, naming the flag.
+TEST_F(HubProgramsTest, DeviceWithLoraTheCloudLacksIsRefusedAtRegister) {
+  const std::string folder = Fixture("llava_clip_llama");
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder, {"--lora_projector"});
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  std::string log;
+  while (absl::Now() < deadline && !absl::StrContains(log, "--lora_projector")) {
+    absl::SleepFor(absl::Milliseconds(300));
+    log = ReadText(DeviceDir() + "/device.log");
+  }
+  EXPECT_THAT(log, HasSubstr("does not match the cloud's student base"));
+  EXPECT_THAT(log, HasSubstr("--lora_projector"));
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
 TEST_F(HubProgramsTest, PairWithDifferentTowersIsRefusedAtStart) {
   std::unique_ptr<Child> cloud =
       StartCloud(Fixture("llava_clip_llama"), Fixture("llava_siglip_qwen2"));
