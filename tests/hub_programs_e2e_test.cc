@@ -110,6 +110,18 @@ class HubProgramsTest : public ::testing::Test {
 
   nlohmann::json DeviceStatus() { return ReadJson(DeviceDir() + "/status.json"); }
 
+  // The device's log once it contains `needle`, or as it is after two minutes.
+  std::string WaitForDeviceLog(const std::string& needle) {
+    std::string log;
+    WaitUntil(
+        [&] {
+          log = ReadText(DeviceDir() + "/device.log");
+          return absl::StrContains(log, needle);
+        },
+        absl::Minutes(2), absl::Milliseconds(300));
+    return log;
+  }
+
   bool WaitInSync(uint64_t version, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
@@ -288,12 +300,7 @@ TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   std::unique_ptr<Child> cloud = StartCloud(folder, folder);
   ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
   std::unique_ptr<Child> device = StartDevice(Fixture("llava_siglip_qwen2"));
-  const absl::Time deadline = absl::Now() + absl::Minutes(2);
-  std::string log;
-  while (absl::Now() < deadline && !absl::StrContains(log, "but the teacher reads tokens")) {
-    absl::SleepFor(absl::Milliseconds(300));
-    log = ReadText(DeviceDir() + "/device.log");
-  }
+  const std::string log = WaitForDeviceLog("but the teacher reads tokens");
   EXPECT_THAT(log, HasSubstr("runs vision tower"));
   EXPECT_THAT(log, HasSubstr("a teacher-student pair must share one vision tower"));
   device->Signal(SIGTERM);
@@ -312,12 +319,7 @@ TEST_F(HubProgramsTest, DeviceWithLoraTheCloudLacksIsRefusedAtRegister) {
   std::unique_ptr<Child> cloud = StartCloud(folder, folder);
   ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
   std::unique_ptr<Child> device = StartDevice(folder, {"--lora_projector"});
-  const absl::Time deadline = absl::Now() + absl::Minutes(2);
-  std::string log;
-  while (absl::Now() < deadline && !absl::StrContains(log, "--lora_projector")) {
-    absl::SleepFor(absl::Milliseconds(300));
-    log = ReadText(DeviceDir() + "/device.log");
-  }
+  const std::string log = WaitForDeviceLog("--lora_projector");
   EXPECT_THAT(log, HasSubstr("does not match the cloud's student base"));
   EXPECT_THAT(log, HasSubstr("--lora_projector"));
   device->Signal(SIGTERM);
