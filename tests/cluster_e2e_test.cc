@@ -97,6 +97,11 @@ class ClusterTest : public ::testing::Test {
                                     const std::vector<std::string>& extra = {}) {
     const std::string port_file = dir_.path() + "/" + name + ".port";
     ::unlink(port_file.c_str());
+    // The guard holds out and scores in every job, by its small-pool rule only: on this
+    // random fixture the teacher's probabilities are ~1e-80 and one sample makes the paired
+    // standard error, so the paired rule's decision is a coin flip that, once a slow machine
+    // lets the pool pass 16, stops a device's versions. The paired rule is tested in
+    // update_guard_test and HubGuardTest.
     std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
                                      "--store=" + conninfo_,
                                      "--role=" + role,
@@ -115,13 +120,6 @@ class ClusterTest : public ::testing::Test {
                                      "--uts_mc_passes=2",
                                      "--status_file=" + dir_.path() + "/" + name + ".status",
                                      "--status_interval_s=0.5",
-                                     // The guard holds out and scores in every job, by its
-                                     // small-pool rule only: on this random fixture the
-                                     // teacher's probabilities are ~1e-80 and one sample makes
-                                     // the paired standard error, so the paired rule's
-                                     // decision is a coin flip that, once a slow machine lets
-                                     // the pool pass 16, stops a device's versions. The paired
-                                     // rule is tested in update_guard_test and HubGuardTest.
                                      "--guard_min_pool=1000000"};
     if (role != "trainer") {
       args.insert(args.end(), {"--tokens=" + dir_.path() + "/tokens", "--insecure",

@@ -657,14 +657,16 @@ absl::Status PgStore::Publish(const JobLease& lease, const Publication& p) {
                  "FROM updates WHERE device_id = $1) ranked WHERE rank > $2)",
                  Params().Text(lease.device_id).Int64(options_.keep_per_device))
           .status());
-  // The job ends; it stays due (from its old due time) while samples beyond what it
-  // consumed are stored. A batch committed after this statement's snapshot is followed by
-  // its front's ScheduleJob, so no batch is left without a due job.
+  // The job ends; it stays due while samples beyond what it consumed are stored, but from
+  // now, behind every device that was due before: a device whose samples never stop would
+  // otherwise keep its first due time and a trainer to itself while others wait. A batch
+  // committed after this statement's snapshot is followed by its front's ScheduleJob, so no
+  // batch is left without a due job.
   PG_RETURN_IF_ERROR(
       conn_
           ->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = CASE "
                  "WHEN EXISTS (SELECT 1 FROM samples WHERE device_id = $1 AND sequence > $2) "
-                 "THEN due_at ELSE NULL END WHERE device_id = $1",
+                 "THEN now() ELSE NULL END WHERE device_id = $1",
                  Params().Text(lease.device_id).Int64(Ordered(p.mirror.consumed_sequence)))
           .status());
   return txn.Commit();

@@ -273,6 +273,30 @@ TEST_F(PgStoreTest, PublishStoresTheChainAndEndsTheJob) {
   EXPECT_EQ(Query("SELECT due_at FROM jobs"), "NULL");
 }
 
+// A device whose samples keep coming stays due after each job, but behind the devices that
+// were due before its job ended: two trainers never keep two busy devices' jobs to
+// themselves while a third device waits.
+TEST_F(PgStoreTest, AJobWithSamplesLeftGoesBehindTheDevicesDueBeforeItEnded) {
+  for (const std::string id : {"a", "b"}) {
+    ASSERT_OK(store_->Append(id, Batch(1)).status());
+    ASSERT_OK(store_->Append(id, Batch(2)).status());
+  }
+  ASSERT_OK(store_->ScheduleJob("a", absl::Now() - absl::Seconds(2)));
+  ASSERT_OK(store_->ScheduleJob("b", absl::Now() - absl::Seconds(1)));
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> first, store_->LeaseJob("t", absl::Minutes(1)));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->device_id, "a");
+  ASSERT_OK(store_->Publish(*first, FirstJob(/*consumed=*/1)));  // a's batch 2 is left
+
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> second, store_->LeaseJob("t", absl::Minutes(1)));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->device_id, "b");
+  ASSERT_OK(store_->Publish(*second, FirstJob(/*consumed=*/1)));
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> third, store_->LeaseJob("t", absl::Minutes(1)));
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->device_id, "a");
+}
+
 TEST_F(PgStoreTest, PublishPrunesToTheNewestPerDevice) {
   std::unique_ptr<PgStore> store = OpenStore(/*keep_per_device=*/2);
   ASSERT_NE(store, nullptr);
