@@ -127,15 +127,7 @@ class ClusterTest : public ::testing::Test {
     }
     args.insert(args.end(), extra.begin(), extra.end());  // later flags win
     auto child = std::make_unique<Child>(args, Log(name), fault);
-    if (port != nullptr) {
-      *port = 0;
-      WaitUntil(
-          [&] {
-            std::ifstream in(port_file);
-            return static_cast<bool>(in >> *port) && *port > 0;
-          },
-          absl::Minutes(2));
-    }
+    if (port != nullptr) *port = testing::WaitForPortFile(port_file, absl::Minutes(2));
     return child;
   }
 
@@ -183,12 +175,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   bool WaitInSync(const std::string& id, uint64_t version, absl::Duration timeout) {
-    return WaitUntil(
-        [&] {
-          nlohmann::json s = DeviceStatus(id);
-          return s.value("version", 0ull) >= version && s.value("in_sync", false);
-        },
-        timeout);
+    return testing::WaitStatusInSync(DeviceDir(id) + "/status.json", version, timeout);
   }
 
   std::unique_ptr<cloud::pg::PgStore> Store() {

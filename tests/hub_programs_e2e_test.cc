@@ -71,12 +71,7 @@ class HubProgramsTest : public ::testing::Test {
     }
     args.insert(args.end(), extra.begin(), extra.end());
     auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log");
-    for (int i = 0; i < 1200 && port_ == 0 && child->Wait(absl::ZeroDuration()) == -1; ++i) {
-      std::ifstream in(port_file);
-      int port = 0;
-      if (in >> port && port > 0) port_ = port;
-      if (port_ == 0) absl::SleepFor(absl::Milliseconds(50));
-    }
+    if (port_ == 0) port_ = testing::WaitForPortFile(port_file, absl::Minutes(1), child.get());
     return child;
   }
 
@@ -112,24 +107,11 @@ class HubProgramsTest : public ::testing::Test {
 
   // The device's log once it contains `needle`, or as it is after two minutes.
   std::string WaitForDeviceLog(const std::string& needle) {
-    std::string log;
-    WaitUntil(
-        [&] {
-          log = ReadText(DeviceDir() + "/device.log");
-          return absl::StrContains(log, needle);
-        },
-        absl::Minutes(2), absl::Milliseconds(300));
-    return log;
+    return testing::WaitForText(DeviceDir() + "/device.log", needle, absl::Minutes(2));
   }
 
   bool WaitInSync(uint64_t version, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      nlohmann::json s = DeviceStatus();
-      if (s.value("version", 0ull) >= version && s.value("in_sync", false)) return true;
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return false;
+    return testing::WaitStatusInSync(DeviceDir() + "/status.json", version, timeout);
   }
 
   std::string CloudDigest(uint64_t version) {

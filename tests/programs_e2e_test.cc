@@ -92,14 +92,7 @@ class ProgramsTest : public ::testing::Test {
                                      "--status_interval_s=0.5",
                                      "--guard_min_pool=1000000"};
     auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log", fault);
-    WaitUntil(
-        [&] {
-          std::ifstream in(port_file);
-          int port = 0;
-          if (in >> port && port > 0) port_ = port;
-          return port_ > 0;
-        },
-        absl::Minutes(1));
+    if (port_ == 0) port_ = testing::WaitForPortFile(port_file, absl::Minutes(1));
     return child;
   }
 
@@ -140,12 +133,7 @@ class ProgramsTest : public ::testing::Test {
 
   // Waits until the device runs at least `version` and its last report matched the cloud.
   bool WaitInSync(const std::string& id, uint64_t version, absl::Duration timeout) {
-    return WaitUntil(
-        [&] {
-          nlohmann::json s = DeviceStatus(id);
-          return s.value("version", 0ull) >= version && s.value("in_sync", false);
-        },
-        timeout);
+    return testing::WaitStatusInSync(DeviceDir(id) + "/status.json", version, timeout);
   }
 
   // The digest the cloud recorded for `version` of `id` (hex), from its update store.
@@ -298,13 +286,8 @@ TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   checkpoint_ = other_dir;
   std::unique_ptr<Child> device = StartDevice("dev-a");
   checkpoint_ = cloud_dir;
-  std::string log;
-  WaitUntil(
-      [&] {
-        log = ReadText(DeviceDir("dev-a") + "/device.log");
-        return absl::StrContains(log, "but the teacher reads tokens");
-      },
-      absl::Minutes(2));
+  const std::string log = testing::WaitForText(DeviceDir("dev-a") + "/device.log",
+                                               "but the teacher reads tokens", absl::Minutes(2));
   // The towers as the device and the cloud's teacher read them from their folders.
   ASSERT_OK_AND_ASSIGN(uint64_t device_tower, model::HfVisionFingerprint(other_dir));
   ASSERT_OK_AND_ASSIGN(uint64_t teacher_tower, model::HfVisionFingerprint(cloud_dir + "/teacher"));

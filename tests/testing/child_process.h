@@ -14,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -96,6 +98,46 @@ inline std::string ReadText(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The port a program wrote to its --port_file `path`; 0 after `timeout`, or as soon as
+// `child` (when given) has exited.
+inline int WaitForPortFile(const std::string& path, absl::Duration timeout,
+                           Child* child = nullptr) {
+  int port = 0;
+  WaitUntil(
+      [&] {
+        std::ifstream in(path);
+        if (in >> port && port > 0) return true;
+        port = 0;
+        return child != nullptr && child->Wait(absl::ZeroDuration()) != -1;
+      },
+      timeout);
+  return port;
+}
+
+// The text of `path` once it contains `needle`, or as it is after `timeout`.
+inline std::string WaitForText(const std::string& path, const std::string& needle,
+                               absl::Duration timeout) {
+  std::string text;
+  WaitUntil(
+      [&] {
+        text = ReadText(path);
+        return absl::StrContains(text, needle);
+      },
+      timeout, absl::Milliseconds(300));
+  return text;
+}
+
+// Whether the device whose --status_file is `path` runs at least `version` and its last
+// report matched the cloud within `timeout`.
+inline bool WaitStatusInSync(const std::string& path, uint64_t version, absl::Duration timeout) {
+  return WaitUntil(
+      [&] {
+        const nlohmann::json s = ReadJson(path);
+        return s.value("version", 0ull) >= version && s.value("in_sync", false);
+      },
+      timeout, absl::Milliseconds(200));
 }
 
 }  // namespace cdcca::testing
