@@ -4,15 +4,14 @@ reports named SHIFTSEVERITY_sSEED.json (scripts/feature_term_matrix.sh): per run
 each learner over the source student, then per shift and pooled over every run the paired
 differences of AKD (CD-CCA's learner) against PL, PKD and CWD, mean (SE across runs).
 Usage: scripts/feature_term_summary.py DIR"""
-import collections, glob, json, math, sys
+import collections
+import sys
+
+from adapt_eval_reports import load, mean_and_se, row
+from adapt_eval_reports import mean_se as ms
 
 NAMES = ['PL', 'PKD', 'CWD', 'AKD']
-runs = {}
-for f in sorted(glob.glob(sys.argv[1] + '/*_s*.json')):
-    shift, seed = f.split('/')[-1][:-5].rsplit('_s', 1)
-    runs[(shift, int(seed))] = json.load(open(f))
-if not runs:
-    sys.exit('no reports in ' + sys.argv[1])
+runs = load(sys.argv[1])
 # The learners' specs as the reports name them (pl..., pkd..., cwd..., akd..., any overrides).
 specs = [x['learner'] for x in next(iter(runs.values()))['rows'] if x['arm'] == 'all']
 LEARNERS = [next(s for s in specs if s.startswith(n.lower())) for n in NAMES]
@@ -20,18 +19,7 @@ print('Learners: ' + ', '.join(LEARNERS) + '\n')
 
 
 def gain(r, learner):
-    for x in r['rows']:
-        if x['arm'] == 'all' and x['learner'] == learner:
-            return x['gain']
-    raise KeyError('%s has no row for arm "all", learner %s' % (r.get('shift', '?'), learner))
-
-
-def ms(v):
-    m = sum(v) / len(v)
-    if len(v) < 2:
-        return '%+.2f' % m
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-    return '%+.2f (%.2f)' % (m, sd / math.sqrt(len(v)))
+    return row(r, 'all', learner)['gain']
 
 
 print('| shift | seed | source | teacher | gain: ' + ' / '.join(NAMES) + ' |')
@@ -54,9 +42,8 @@ for name, rs in groups.items():
     # The share of the lead only where the teacher leads by 5 or more (issue 37's goal).
     led = [100 * gain(r, LEARNERS[3]) / d for r, d in zip(rs, lead) if d >= 5]
     if led:
-        m = sum(led) / len(led)
-        se = '' if len(led) < 2 else ' (%.1f)' % (
-            math.sqrt(sum((x - m) ** 2 for x in led) / (len(led) - 1)) / math.sqrt(len(led)))
+        m, se = mean_and_se(led)
+        se = '' if se is None else ' (%.1f)' % se
         share = '%.0f %%%s, %d run%s' % (m, se, len(led), '' if len(led) == 1 else 's')
     else:
         share = '- (lead < 5)'

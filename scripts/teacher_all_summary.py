@@ -2,17 +2,13 @@
 """The tables of docs/RESULTS.md "A teacher that sees what it labels" from a folder of
 `cdcca adapt-eval --teacher_all_arms` reports named SHIFTSEVERITY_sSEED.json
 (scripts/teacher_all_matrix.sh). Usage: scripts/teacher_all_summary.py DIR"""
-import json, glob, math, sys, collections
-rows = collections.defaultdict(dict)
-meta = {}
-for f in sorted(glob.glob(sys.argv[1] + '/*_s*.json')):
-    name = f.split('/')[-1][:-5]
-    shift, seed = name.rsplit('_s', 1)
-    r = json.load(open(f))
-    meta[(shift, int(seed))] = r
-def g(r, arm, learner):
-    for x in r['rows']:
-        if x['arm'] == arm and x['learner'] == learner: return x
+import sys
+
+from adapt_eval_reports import load
+from adapt_eval_reports import mean_se as ms
+from adapt_eval_reports import row as g
+
+meta = load(sys.argv[1])
 arms = ['all', 'uts-vis-50', 'uts-vis-50+teacher-all', 'random-50', 'random-50+teacher-all']
 learners = ['pl', 'akd+l_kl=0.5']
 print('| shift | seed | source | teacher | teacher on uplink: all / UTS-vis 50 % / random 50 % | ' + ' | '.join(a for a in arms) + ' |')
@@ -22,11 +18,6 @@ for (shift, seed), r in sorted(meta.items()):
     cells = ['%+.1f / %+.1f' % tuple(g(r, a, l)['gain'] for l in learners) for a in arms]
     print('| %s | %d | %.1f | %.1f | %.1f / %.1f / %.1f | %s |' % (shift, seed, r['source_accuracy'], r['teacher_accuracy'], *tu, ' | '.join(cells)))
 print()
-def ms(v):
-    m = sum(v) / len(v)
-    if len(v) < 2: return '%+.2f' % m
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-    return '%+.2f (%.2f)' % (m, sd / math.sqrt(len(v)))
 shifts = sorted(set(s for s, _ in meta))
 comparisons = [
     ('all - uts-vis-50', 'all', 'uts-vis-50'),
