@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "cli/flags_help.h"
+#include "cli/print_config.h"
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
 #include "cloud/data_dir_lock.h"
@@ -43,6 +44,7 @@
 #endif
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
+#include "settings/defaults.h"
 #include "storage/env.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -114,22 +116,23 @@ ABSL_FLAG(std::string, teacher_template, "auto",
           "has one, else llava for LLaVA and none for BLIP-2; chat; none; llava; vicuna; "
           "chatml)");
 ABSL_FLAG(std::string, student_template, "auto",
-          "a Hugging Face pair: the student's prompt template, as the devices' --hf_template");
+          "a Hugging Face pair: the student's prompt template, as the devices' --student_template");
 ABSL_FLAG(std::string, teacher_precision, "",
           "a Hugging Face pair: the teacher's precision (fp32, bf16, fp16, int8, int4; empty = "
           "bf16 on cuda, fp32 on cpu)");
-ABSL_FLAG(int64_t, lora_rank, 8,
+ABSL_FLAG(int64_t, lora_rank, cdcca::settings::kLoraRank,
           "a Hugging Face pair: LoRA rank on the LM's q and v (the devices' --lora_rank)");
-ABSL_FLAG(double, lora_alpha, 16.0, "a Hugging Face pair: LoRA alpha (the devices' --lora_alpha)");
-ABSL_FLAG(bool, lora_mlp, false,
+ABSL_FLAG(double, lora_alpha, cdcca::settings::kLoraAlpha,
+          "a Hugging Face pair: LoRA alpha (the devices' --lora_alpha)");
+ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp,
           "a Hugging Face pair: LoRA on the LM's MLP too (the devices' --lora_mlp)");
-ABSL_FLAG(bool, lora_qformer, false,
+ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
           "LoRA on the student's Q-Former attention query and value too (BLIP-2, "
           "InstructBLIP; the devices' --lora_qformer)");
-ABSL_FLAG(bool, lora_projector, false,
+ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
           "LoRA on the student's projector into the LM too (LLaVA's multi_modal_projector, "
           "BLIP-2's language_projection; the devices' --lora_projector)");
-ABSL_FLAG(std::string, student_precision, "int8",
+ABSL_FLAG(std::string, student_precision, cdcca::settings::kStudentPrecision,
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
 ABSL_FLAG(std::string, learner, "",
@@ -141,6 +144,12 @@ ABSL_FLAG(std::string, distill_config, "",
 ABSL_FLAG(int, max_steps, 0, "training steps per job (0 = from --distill_config, default 200)");
 ABSL_FLAG(double, time_budget_s, 0, "wall-clock bound of one job's training loop, s (0 = none)");
 ABSL_FLAG(int, batch_size, 0, "samples per training step (0 = from --distill_config, default 16)");
+ABSL_FLAG(int, max_answer_tokens, 0,
+          "longest answer the teacher generates as a label, in tokens (0 = from "
+          "--distill_config, default 6, the devices' --max_answer_tokens)");
+ABSL_FLAG(bool, print_config, false,
+          "print the configuration this command line runs (every flag, and the job settings "
+          "resolved from --distill_config and the presets) as JSON on stdout, and exit");
 ABSL_FLAG(int, max_batches_per_job, 64, "most uplink batches one job trains on");
 ABSL_FLAG(int64_t, max_job_samples, 8192,
           "most samples one job trains on (the rest wait for the next job)");
@@ -156,7 +165,8 @@ ABSL_FLAG(int64_t, device_quota_mib, 1024,
           "sample log holds; past it Uplink answers RESOURCE_EXHAUSTED (0 = no quota). "
           "Consumed samples are released and their segment files deleted once all of a "
           "file's samples are");
-ABSL_FLAG(int64_t, replay_capacity, 256, "replay buffer per device, samples (0 = none)");
+ABSL_FLAG(int64_t, replay_capacity, cdcca::settings::kReplayCapacity,
+          "replay buffer per device, samples (0 = none)");
 ABSL_FLAG(int64_t, max_resident_mirrors, 64,
           "most devices whose mirror and replay buffer stay in memory between jobs (least "
           "recently used evicted first; an evicted device reloads from its state file, its "
@@ -164,37 +174,38 @@ ABSL_FLAG(int64_t, max_resident_mirrors, 64,
 ABSL_FLAG(int64_t, byte_budget, 0,
           "per-device byte budget of one update (0 = the device's Register capability, else "
           "--bits_per_param alone)");
-ABSL_FLAG(double, bits_per_param, 2.0,
+ABSL_FLAG(double, bits_per_param, cdcca::settings::kBitsPerParam,
           "update size cap in bits per trainable parameter (0 = none)");
-ABSL_FLAG(bool, guard, true,
+ABSL_FLAG(bool, guard, cdcca::settings::kGuard,
           "update guard: hold out --guard_holdout_fraction of each device's samples (never "
           "trained on) and publish an update only if it raises the student's score on them "
           "(--guard_measure) beyond --guard_z paired standard errors; else withhold it (the "
           "batches are consumed, the device stays where it is; event update_withheld)");
-ABSL_FLAG(double, guard_holdout_fraction, 0.1,
+ABSL_FLAG(double, guard_holdout_fraction, cdcca::settings::kGuardHoldoutFraction,
           "update guard: share of each device's answers held out (picked before UTS stage 1 "
           "and uplinked whole), in [0, 1)");
-ABSL_FLAG(int64_t, guard_pool, 128,
+ABSL_FLAG(int64_t, guard_pool, cdcca::settings::kGuardPool,
           "update guard: most held-out samples kept per device (the newest)");
-ABSL_FLAG(int64_t, guard_min_pool, 16,
+ABSL_FLAG(int64_t, guard_min_pool, cdcca::settings::kGuardMinPool,
           "update guard: smallest pool the paired rule runs on; below it an update ships unless "
           "its agreement falls by more than --guard_z / sqrt(pool)");
-ABSL_FLAG(double, guard_z, 1.0,
+ABSL_FLAG(double, guard_z, cdcca::settings::kGuardZ,
           "update guard: an update ships when its gain in agreement exceeds this many paired "
           "standard errors");
-ABSL_FLAG(double, guard_confident_fraction, 1.0,
+ABSL_FLAG(double, guard_confident_fraction, cdcca::settings::kGuardConfidentFraction,
           "update guard: share of the held-out pool compared, in (0, 1]: the samples the "
           "teacher answers most surely (lowest answer-token entropy)");
-ABSL_FLAG(bool, guard_restore_base, true,
+ABSL_FLAG(bool, guard_restore_base, cdcca::settings::kGuardRestoreBase,
           "update guard: when an update is withheld and the pretrained base agrees with the "
           "teacher on the held-out pool beyond --guard_z paired standard errors better than the "
           "device's current version, return the device to the base as a new version");
-ABSL_FLAG(std::string, guard_measure, "teacher_probability",
+ABSL_FLAG(std::string, guard_measure, cdcca::settings::kGuardMeasure,
           "update guard: what a held-out answer is scored by: teacher_probability (the "
           "teacher's probability of the answer: with a calibrated teacher, the chance that it "
           "is right) or agreement (with the teacher's answer)");
-ABSL_FLAG(int, trigger_samples, 32, "run a device's job once it has this many new samples");
-ABSL_FLAG(double, trigger_interval_s, 60,
+ABSL_FLAG(int, trigger_samples, cdcca::settings::kTriggerSamples,
+          "run a device's job once it has this many new samples");
+ABSL_FLAG(double, trigger_interval_s, cdcca::settings::kTriggerIntervalS,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
 ABSL_FLAG(int, torch_threads, 0,
@@ -203,12 +214,12 @@ ABSL_FLAG(int, torch_threads, 0,
 ABSL_FLAG(std::string, device, "cpu",
           "where jobs train: cpu, cuda, or cuda:N (the N-th GPU only: one trainer per GPU); "
           "falls back to cpu without CUDA");
-ABSL_FLAG(double, uts_keep_fraction, 0.25,
+ABSL_FLAG(double, uts_keep_fraction, cdcca::settings::kUtsKeepFraction,
           "UTS setting sent to devices: fraction of frames stage 1 keeps (0 = device default)");
 ABSL_FLAG(
-    double, uts_token_ratio, 0.5,
+    double, uts_token_ratio, cdcca::settings::kUtsTokenRatio,
     "UTS setting sent to devices: fraction of visual tokens stage 2 keeps (0 = device default)");
-ABSL_FLAG(int, uts_mc_passes, 0,
+ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
           "UTS setting sent to devices: MC-dropout passes (0 = device default)");
 ABSL_FLAG(std::string, status_file, "",
           "write health and per-device training state as JSON here every --status_interval_s");
@@ -227,8 +238,9 @@ void Log(const nlohmann::json& event) {
   std::fflush(stderr);
 }
 
-// Applies --config: every key not given on the command line sets the flag of that name.
-absl::Status ApplyConfigFile(int argc, char** argv) {
+// Applies --config: every key not given on the command line sets the flag of that name; a key
+// that is not one of `own` flags is refused, naming the nearest that is.
+absl::Status ApplyConfigFile(int argc, char** argv, const cdcca::cli::FlagFilter& own) {
   const std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) return absl::OkStatus();
   std::set<std::string> given;
@@ -252,8 +264,10 @@ absl::Status ApplyConfigFile(int argc, char** argv) {
   for (const auto& [key, value] : config.items()) {
     if (key == "config") return absl::InvalidArgumentError("--config cannot name another config");
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(key);
-    if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("--config: unknown key '", key, "'"));
+    if (flag == nullptr || !own(*flag) || key == "print_config") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config: unknown key '", key, "'; did you mean '",
+                       cdcca::cli::NearestName(key, cdcca::cli::FlagNames(own)), "'?"));
     }
     if (given.count(key) > 0) continue;
     const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
@@ -263,6 +277,26 @@ absl::Status ApplyConfigFile(int argc, char** argv) {
     }
   }
   return absl::OkStatus();
+}
+
+// --print_config: this program's flags and the job settings they resolve to, under the
+// settings' names (settings/defaults.h).
+int PrintConfig(const absl::FlagsUsageConfig& usage) {
+  nlohmann::json config = cdcca::cli::FlagsJson([&usage](const absl::CommandLineFlag& flag) {
+    return usage.contains_help_flags(flag.Filename());
+  });
+  config.erase("print_config");
+  cdcca::cloud::PerDeviceStrategyOptions so;
+  so.learner = absl::GetFlag(FLAGS_learner);
+  so.distill_config = absl::GetFlag(FLAGS_distill_config);
+  so.max_steps = absl::GetFlag(FLAGS_max_steps);
+  so.batch_size = absl::GetFlag(FLAGS_batch_size);
+  so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+  absl::StatusOr<std::string> job = cdcca::cloud::JobSettingsJson(so);
+  if (!job.ok()) return Fail(job.status());
+  config.update(nlohmann::json::parse(*job));
+  std::printf("%s\n", config.dump(2).c_str());
+  return 0;
 }
 
 }  // namespace
@@ -284,7 +318,11 @@ int main(int argc, char** argv) {
   cdcca::cli::ParseFlagsOrHelp(argc, argv, [&usage](std::string_view file) {
     return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
   });
-  if (absl::Status s = ApplyConfigFile(argc, argv); !s.ok()) return Fail(s);
+  const cdcca::cli::FlagFilter own = [&usage](const absl::CommandLineFlag& flag) {
+    return usage.contains_help_flags(flag.Filename());
+  };
+  if (absl::Status s = ApplyConfigFile(argc, argv, own); !s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_print_config)) return PrintConfig(usage);
   // Block SIGINT/SIGTERM in every thread (they inherit this mask) and wait for them below.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -416,6 +454,7 @@ int main(int argc, char** argv) {
     so.max_steps = absl::GetFlag(FLAGS_max_steps);
     so.time_budget_s = absl::GetFlag(FLAGS_time_budget_s);
     so.batch_size = absl::GetFlag(FLAGS_batch_size);
+    so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
     so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
     so.train_device = absl::GetFlag(FLAGS_device);
     if (absl::StartsWith(so.train_device, "cuda:")) {

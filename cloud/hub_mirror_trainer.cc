@@ -24,9 +24,6 @@
 namespace cdcca::cloud::internal {
 namespace {
 
-// The default answer bound of a pseudo-label on a Hub pair (free text, subword tokens).
-constexpr int kHubAnswerTokens = 16;
-
 class HubMirrorTrainer final : public MirrorTrainer {
  public:
   static absl::StatusOr<std::unique_ptr<MirrorTrainer>> Create(
@@ -39,9 +36,6 @@ class HubMirrorTrainer final : public MirrorTrainer {
     absl::StatusOr<distill::DistillSettings> settings = JobSettings(options);
     if (!settings.ok()) return settings.status();
     t->settings_ = *std::move(settings);
-    if (options.max_answer_tokens <= 0 && options.distill_config.empty()) {
-      t->settings_.job.max_answer_tokens = kHubAnswerTokens;
-    }
     const bool cuda = options.train_device == "cuda" && torch::cuda::is_available();
     const std::string device = cuda ? "cuda" : "cpu";
     // Process-wide: the program that trains sets its LibTorch threads here (docs/ARCHITECTURE.md,

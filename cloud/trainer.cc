@@ -64,6 +64,23 @@ absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOpti
 
 }  // namespace internal
 
+absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& options) {
+  absl::StatusOr<distill::DistillSettings> s = internal::JobSettings(options);
+  if (!s.ok()) return s.status();
+  const nlohmann::json j = {{"learner", s->learner.name},
+                            {"l_ce", s->learner.l_ce},
+                            {"l_query", s->learner.l_query},
+                            {"l_repr", s->learner.l_repr},
+                            {"l_kl", s->learner.l_kl},
+                            {"temperature", s->learner.temperature},
+                            {"max_steps", s->job.max_steps},
+                            {"batch_size", s->job.batch_size},
+                            {"lr", s->job.lr},
+                            {"replay_fraction", s->job.replay_fraction},
+                            {"max_answer_tokens", s->job.max_answer_tokens}};
+  return j.dump();
+}
+
 namespace {
 
 using internal::DecodeMirrorFile;

@@ -83,6 +83,7 @@
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
 #include "proto/clock.h"
+#include "settings/defaults.h"
 #include "storage/env.h"
 
 namespace cdcca::cloud {
@@ -204,14 +205,15 @@ struct PerDeviceStrategyOptions {
   std::string teacher_template = "auto";
   std::string student_template = "auto";
   std::string teacher_precision;
-  int64_t lora_rank = 8;
-  double lora_alpha = 16.0;
-  bool lora_mlp = false;
-  bool lora_qformer = false;  // the Q-Former's query and value too (AdapterOptions)
-  bool lora_projector = false;  // the projector into the LM too (AdapterOptions)
+  // The devices' adapters; defaults: the defaults table's (settings/defaults.h).
+  int64_t lora_rank = settings::kLoraRank;
+  double lora_alpha = settings::kLoraAlpha;
+  bool lora_mlp = settings::kLoraMlp;
+  bool lora_qformer = settings::kLoraQformer;      // the Q-Former's query and value too
+  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
-  // computes with exactly that base, dequantized. Default: "int8" (the device default).
-  std::string student_precision = "int8";
+  // computes with exactly that base, dequantized. Default: the defaults table's.
+  std::string student_precision = settings::kStudentPrecision;
   // Where the per-device state files live; created if missing.
   std::string state_dir;
   // Every call on the state files goes through it (not owned; must outlive the strategy).
@@ -232,7 +234,8 @@ struct PerDeviceStrategyOptions {
   int max_steps = 0;
   double time_budget_s = 0;
   int batch_size = 0;
-  // Longest answer the teacher generates as a label; 0 keeps distill_config's (default 6).
+  // Longest answer the teacher generates as a label; 0 keeps distill_config's (default: the
+  // defaults table's).
   // Captioning needs datasets::kMaxCaptionTokens.
   int max_answer_tokens = 0;
   // Torch intra-op threads per job. 0 = automatic (1; model/runtime/threads.h).
@@ -252,11 +255,11 @@ struct PerDeviceStrategyOptions {
   uint32_t max_samples_per_batch = 1024;
   uint64_t max_decoded_bytes_per_batch = 16ull << 20;
   // DWC: per-device byte budget per update (0 = the device's Register capability, else
-  // bits_per_param alone), and the bits-per-parameter cap. Defaults: 0 and 2.0.
+  // bits_per_param alone), and the bits-per-parameter cap. Defaults: 0 and the table's.
   uint64_t byte_budget = 0;
-  double bits_per_param = 2.0;
-  // Replay buffer capacity per device, in samples (0 = no replay). Default: 256.
-  size_t replay_capacity = 256;
+  double bits_per_param = settings::kBitsPerParam;
+  // Replay buffer capacity per device, in samples (0 = no replay). Default: the table's.
+  size_t replay_capacity = settings::kReplayCapacity;
   // Most devices whose mirror, encoder residual, replay buffer and held-out pool stay in
   // memory between their jobs (least recently used evicted first; devices in a job at the
   // moment do not count as evictable). An evicted device loads again from its state file
@@ -273,6 +276,13 @@ struct PerDeviceStrategyOptions {
   // environment variable CDCCA_TEST_FAULT.
   std::string fault;
 };
+
+// The job settings a strategy made from `options` trains with (its distill_config, else the
+// learner's preset; the options' own bounds applied), as a JSON object keyed by the settings'
+// names (settings/defaults.h): learner, l_ce, l_query, l_repr, l_kl, temperature, max_steps,
+// batch_size, lr, replay_fraction, max_answer_tokens. What `--print_config` reports; reads
+// only the distill settings file. Errors: those of reading it, or an unknown learner.
+absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& options);
 
 class PerDeviceStrategy final : public TrainerStrategy {
  public:
@@ -318,11 +328,11 @@ class PerDeviceStrategy final : public TrainerStrategy {
 };
 
 struct JobSchedulerOptions {
-  // Run a job once a device has this many new samples. Default: 32.
-  int trigger_samples = 32;
+  // Run a job once a device has this many new samples. Default: the defaults table's.
+  int trigger_samples = settings::kTriggerSamples;
   // ... or once this long has passed since its last job (or since start) while it has at
-  // least one new sample. Default: 60 s. absl::InfiniteDuration() = off.
-  absl::Duration trigger_interval = absl::Seconds(60);
+  // least one new sample. Default: the table's. absl::InfiniteDuration() = off.
+  absl::Duration trigger_interval = absl::Seconds(settings::kTriggerIntervalS);
   // Jobs running at once (different devices). Default: 1.
   int threads = 1;
   // A failed job is retried after this long, doubled after each further failure of the

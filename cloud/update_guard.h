@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "settings/defaults.h"
 
 namespace cdcca::cloud {
 
@@ -37,9 +38,10 @@ std::string_view GuardMeasureName(GuardMeasure measure);
 // InvalidArgument naming the accepted names for anything else.
 absl::StatusOr<GuardMeasure> ParseGuardMeasure(std::string_view name);
 
+// Defaults: the defaults table's (settings/defaults.h), which says why.
 struct UpdateGuardOptions {
   // Off: every update ships, no sample is held out. Default: on.
-  bool enabled = true;
+  bool enabled = settings::kGuard;
   // Share of each device's answers held out, in [0, 1): which ones is
   // compress::IsHeldOutSample of the device id and the sample id. The cloud tells its devices
   // the share at Register (RegisterReply.guard_holdout_fraction), and they pick it among all
@@ -47,21 +49,22 @@ struct UpdateGuardOptions {
   // of the device's inputs, not of the uncertain ones stage 1 keeps. Default: 0.1 (at the
   // experiments' stage-1 rate of about one answer in two, as many held-out samples as the
   // earlier 0.2 of the uplinked ones).
-  double holdout_fraction = 0.1;
+  double holdout_fraction = settings::kGuardHoldoutFraction;
   // Most held-out samples kept per device (the newest). Default: 128.
-  size_t pool_capacity = 128;
+  size_t pool_capacity = settings::kGuardPool;
   // Smallest pool the paired rule runs on; a smaller pool decides by JudgeUpdate's small-pool
   // rule. Default: 16.
-  size_t min_pool = 16;
+  size_t min_pool = settings::kGuardMinPool;
   // The margin: an update ships when its gain in agreement exceeds z paired standard errors.
   // Default: 1.0 (about 84 % one-sided confidence that the update helps).
-  double z = 1.0;
+  double z = settings::kGuardZ;
   // Share of the held-out pool the comparison counts, in (0, 1]: the samples whose teacher
   // answers most surely (lowest mean answer-token entropy; ties by pool order). Agreement
   // with a sure teacher is closer to being right than agreement with an unsure one, at the
   // cost of a smaller pool. Default: 1 (every held-out sample).
-  double confident_fraction = 1.0;
-  // What each held-out answer is scored by. Default: kTeacherProbability (docs/RESULTS.md, "The
+  double confident_fraction = settings::kGuardConfidentFraction;
+  // What each held-out answer is scored by (settings::kGuardMeasure, as an enum). Default:
+  // kTeacherProbability (docs/RESULTS.md, "The
   // teacher's probability as the guard's measure": level with or ahead of agreement on the
   // mean of every table measured, and fewer harmful ships on snow and rain).
   GuardMeasure measure = GuardMeasure::kTeacherProbability;
@@ -73,7 +76,7 @@ struct UpdateGuardOptions {
   // version 0, logged as device_restored_to_base). An earlier update that helped on the inputs
   // of its day and hurts on today's is then undone instead of kept forever; judged on the
   // whole pool, the samples of the days it helped on would outvote today's. Default: on.
-  bool restore_base = true;
+  bool restore_base = settings::kGuardRestoreBase;
 };
 
 // The indices of `entropies` the comparison counts under `fraction`

@@ -83,6 +83,8 @@ int InspectOne(const std::string& path) {
 
 }  // namespace
 
+const char* const kInspectFlags[] = {"inspect_values", nullptr};
+
 int InspectCommand(const std::vector<std::string>& args) {
   if (args.empty()) {
     std::fprintf(stderr, "usage: cdcca inspect [--inspect_values] UPDATE...\n");

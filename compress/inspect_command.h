@@ -12,6 +12,9 @@ namespace cdcca::compress {
 // every payload verified, 1 when one did not, 2 for usage errors). Flags:
 // --inspect_values decodes each tensor and adds the RMS and max |value| of its delta.
 int InspectCommand(const std::vector<std::string>& args);
+// The flags `cdcca inspect` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kInspectFlags[];
 
 }  // namespace cdcca::compress
 

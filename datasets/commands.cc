@@ -16,7 +16,9 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, out, "",
-          "output: the directory (cdcca render), the results file (cdcca answer)");
+          "output: the directory (render), the checkpoint directory (pretrain), the results file "
+          "(answer), the adapted state (hf-adapt), the PEFT adapter folder (export-adapter), the "
+          "report OUT.md and OUT.json (adapt-eval)");
 ABSL_FLAG(std::string, questions, "",
           "VQAv2 questions JSON (cdcca eval vqa, cdcca answer; answer --task aokvqa: an A-OKVQA "
           "split)");
@@ -168,6 +170,11 @@ void Paste(const Image& src, int scale, int x0, int y0, cv::Mat& dst) {
 }
 
 }  // namespace
+
+const char* const kEvalFlags[] = {"questions", "annotations", "results", "predictions", nullptr};
+
+const char* const kRenderFlags[] = {"out",           "fashion_mnist_dir", "render_seed",
+                                    "render_scenes", "render_scale",      nullptr};
 
 int EvalCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {

@@ -24,10 +24,15 @@ namespace cdcca::datasets {
 // `cdcca eval caption --annotations A.json --results R.json`
 // Prints one JSON object on stdout and a readable table on stderr.
 int EvalCommand(const std::vector<std::string>& args);
+// The flags `cdcca eval` reads (nullptr-terminated): its --help lists them; it accepts no other.
+extern const char* const kEvalFlags[];
 
 // `cdcca render --out DIR`: PNG grids of scenes, one per image shift (columns: clean,
 // severity 1, 3, 5), plus DIR/<shift>.txt with the scenes' questions, answers and captions.
 int RenderCommand(const std::vector<std::string>& args);
+// The flags `cdcca render` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kRenderFlags[];
 
 }  // namespace cdcca::datasets
 

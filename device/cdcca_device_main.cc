@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/flags_help.h"
+#include "cli/print_config.h"
 #include "compress/uplink_codec.h"
 #include "datasets/fashion_mnist.h"
 #include "datasets/scene.h"
@@ -45,6 +46,7 @@
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
+#include "settings/defaults.h"
 #include "storage/env.h"
 #ifdef CDCCA_DEVICE_HF
 #include "model/arch/hf_answerer.h"
@@ -72,26 +74,31 @@ ABSL_FLAG(bool, insecure, false, "plaintext to the cloud (loopback experiments o
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "the student's folder: a Hugging Face LLaVA / BLIP-2 / InstructBLIP folder, "
           "downloaded or written by cdcca pretrain (a family's student is a BLIP-2 folder; "
-          "without --cloud it answers offline, see --hf_template)");
-ABSL_FLAG(std::string, precision, "int8",
-          "storage of the student's frozen base: fp32, bf16, fp16, int8 or int4");
-ABSL_FLAG(std::string, hf_template, "auto",
+          "without --cloud it answers offline, see --student_template)");
+ABSL_FLAG(std::string, student_precision, cdcca::settings::kStudentPrecision,
+          "storage of the student's frozen base: fp32, bf16, fp16, int8 or int4 (with --cloud, "
+          "the cloud's --student_precision)");
+ABSL_FLAG(std::string, student_template, "auto",
           "prompt around each question: auto = the folder's chat "
           "template where it has one, else llava for LLaVA and none for BLIP-2 / InstructBLIP; "
           "chat; llava; vicuna; chatml; none");
-ABSL_FLAG(int, max_new_tokens, 32, "longest answer, in tokens (at most 64 with --cloud)");
-ABSL_FLAG(int64_t, lora_rank, 8,
+ABSL_FLAG(int, max_answer_tokens, cdcca::settings::kMaxAnswerTokens,
+          "longest answer, in tokens (at most 64 with --cloud; the VQA answers the defaults were "
+          "measured on are 1-3 words: raise it for captions or free-form answers)");
+ABSL_FLAG(int64_t, lora_rank, cdcca::settings::kLoraRank,
           "with --cloud: LoRA rank on the LM's q and v (the cloud's "
           "--lora_rank; Register refuses a mismatch)");
-ABSL_FLAG(double, lora_alpha, 16.0, "with --cloud: LoRA alpha");
-ABSL_FLAG(bool, lora_mlp, false, "with --cloud: LoRA on the LM's MLP too");
-ABSL_FLAG(bool, lora_qformer, false,
+ABSL_FLAG(double, lora_alpha, cdcca::settings::kLoraAlpha, "with --cloud: LoRA alpha");
+ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp, "with --cloud: LoRA on the LM's MLP too");
+ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
           "with --cloud: LoRA on the Q-Former's attention query and value too (BLIP-2, "
           "InstructBLIP; the cloud's --lora_qformer)");
-ABSL_FLAG(bool, lora_projector, false,
+ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
           "with --cloud: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
           "BLIP-2's language_projection; the cloud's --lora_projector)");
-ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
+ABSL_FLAG(int, torch_threads, 0,
+          "LibTorch intra-op threads (0 = automatic: 1, the BLAS threads matrix products over "
+          "every core)");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
 ABSL_FLAG(std::string, input, "",
@@ -115,15 +122,16 @@ ABSL_FLAG(int64_t, queue_max_mb, 64,
           "most MiB of uplink batches kept on disk while the cloud is away");
 ABSL_FLAG(int64_t, update_byte_budget, 0,
           "downlink bytes per update asked of the cloud (0 = its default)");
-ABSL_FLAG(double, uts_keep_fraction, 0.25,
+ABSL_FLAG(double, uts_keep_fraction, cdcca::settings::kUtsKeepFraction,
           "local default: fraction of frames UTS stage 1 keeps (running quantile); the cloud's "
           "Register reply overrides it");
-ABSL_FLAG(double, uts_token_ratio, 0.5,
+ABSL_FLAG(double, uts_token_ratio, cdcca::settings::kUtsTokenRatio,
           "local default: fraction of visual tokens UTS stage 2 keeps");
-ABSL_FLAG(int, uts_mc_passes, 8, "local default: MC-dropout passes of UTS stage 2");
-ABSL_FLAG(double, uts_dropout, 0.1,
+ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
+          "local default: MC-dropout passes of UTS stage 2");
+ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
           "rate of UTS stage 2's element-wise dropout on the visual tokens in each pass");
-ABSL_FLAG(std::string, uplink_precision, "fp16",
+ABSL_FLAG(std::string, uplink_precision, cdcca::settings::kUplinkPrecision,
           "precision of the kept visual tokens the device uplinks (fp16 | int8 | int4), or, on a "
           "Hugging Face folder, "
           "jpeg: the frame at the vision tower's input size as JPEG (quality 90) plus the kept "
@@ -134,6 +142,9 @@ ABSL_FLAG(double, linger_s, 0,
           "empty and the model is in sync) before exiting");
 ABSL_FLAG(int64_t, linger_until_version, 0,
           "with --linger_s: also wait until the model runs at least this version");
+ABSL_FLAG(bool, print_config, false,
+          "print the configuration this command line runs (every flag; the token hidden) as "
+          "JSON on stdout, and exit");
 ABSL_FLAG(std::string, status_file, "",
           "write the agent's status as JSON here (atomically) about once a second");
 
@@ -342,17 +353,17 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
       "this cdcca-device was built without Hugging Face support (PCRE2/ICU tokenizers "
       "missing at configure time)"));
 #else
-  const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
+  const int max_new = absl::GetFlag(FLAGS_max_answer_tokens);
   if (max_new < 1 || max_new > 1024) {
-    return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-1024"));
+    return Fail(absl::InvalidArgumentError("--max_answer_tokens must be in 1-1024"));
   }
   absl::StatusOr<std::unique_ptr<cdcca::model::HfAnswerer>> answerer =
       cdcca::model::HfAnswerer::Load(absl::GetFlag(FLAGS_checkpoint_dir),
-                                     absl::GetFlag(FLAGS_precision), "cpu");
+                                     absl::GetFlag(FLAGS_student_precision), "cpu");
   if (!answerer.ok()) return Fail(answerer.status());
-  absl::StatusOr<cdcca::model::PromptFormat> format =
-      cdcca::model::ResolvePromptFormat(absl::GetFlag(FLAGS_hf_template), (*answerer)->model_type(),
-                                        absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<cdcca::model::PromptFormat> format = cdcca::model::ResolvePromptFormat(
+      absl::GetFlag(FLAGS_student_template), (*answerer)->model_type(),
+      absl::GetFlag(FLAGS_checkpoint_dir));
   if (!format.ok()) return Fail(format.status());
   cdcca::device::UtsOptions uts;
   uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
@@ -466,6 +477,16 @@ int main(int argc, char** argv) {
   using namespace cdcca::device;  // NOLINT: a program's main
   namespace storage = cdcca::storage;
 
+  if (absl::GetFlag(FLAGS_print_config)) {
+    nlohmann::json config = cdcca::cli::FlagsJson(
+        [&usage](const absl::CommandLineFlag& flag) {
+          return usage.contains_help_flags(flag.Filename());
+        },
+        {"token"});
+    config.erase("print_config");
+    std::printf("%s\n", config.dump(2).c_str());
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
   }
@@ -505,15 +526,15 @@ int main(int argc, char** argv) {
 
   RuntimeOptions runtime_options;
   runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  runtime_options.precision = absl::GetFlag(FLAGS_precision);
-  runtime_options.threads = absl::GetFlag(FLAGS_threads);
+  runtime_options.precision = absl::GetFlag(FLAGS_student_precision);
+  runtime_options.threads = absl::GetFlag(FLAGS_torch_threads);
   {
-    const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
+    const int max_new = absl::GetFlag(FLAGS_max_answer_tokens);
     if (max_new < 1 || max_new > 64) {
-      return Fail(absl::InvalidArgumentError("--max_new_tokens must be in 1-64 with --cloud"));
+      return Fail(absl::InvalidArgumentError("--max_answer_tokens must be in 1-64 with --cloud"));
     }
     runtime_options.max_answer_tokens = max_new;
-    runtime_options.hub_template = absl::GetFlag(FLAGS_hf_template);
+    runtime_options.hub_template = absl::GetFlag(FLAGS_student_template);
     runtime_options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
     runtime_options.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
     runtime_options.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "datasets/image.h"
 #include "device/uts.h"
+#include "settings/defaults.h"
 
 namespace cdcca::device {
 
@@ -29,11 +30,10 @@ struct RuntimeOptions {
   // written by `cdcca pretrain` (a cdcca family's student is a BLIP-2 folder).
   std::string checkpoint_dir;
   // Storage of the student's frozen base: "fp32", "bf16", "fp16", "int8" or "int4".
-  // Default: "int8".
-  std::string precision = "int8";
+  // Default: the defaults table's (settings/defaults.h), as every default below.
+  std::string precision = settings::kStudentPrecision;
   // Longest answer generated, in tokens (1-64; captions need datasets::kMaxCaptionTokens).
-  // Default: 6.
-  int max_answer_tokens = 6;
+  int max_answer_tokens = settings::kMaxAnswerTokens;
   // LibTorch intra-op threads; 0 = automatic (1: the BLAS threads the matrix products over
   // every core; model/runtime/threads.h).
   int threads = 0;
@@ -43,11 +43,11 @@ struct RuntimeOptions {
   // (LoRA on the LM's q/v, rank and alpha; MLP too with lora_mlp). They must be the cloud's:
   // the base fingerprint Register compares covers them.
   std::string hub_template = "auto";
-  int64_t lora_rank = 8;
-  double lora_alpha = 16.0;
-  bool lora_mlp = false;
-  bool lora_qformer = false;  // BLIP-2 / InstructBLIP: the Q-Former's query and value too
-  bool lora_projector = false;  // the projector into the LM too
+  int64_t lora_rank = settings::kLoraRank;
+  double lora_alpha = settings::kLoraAlpha;
+  bool lora_mlp = settings::kLoraMlp;
+  bool lora_qformer = settings::kLoraQformer;      // BLIP-2 / InstructBLIP: the Q-Former's q and v
+  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

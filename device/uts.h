@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "compress/uplink_codec.h"
 #include "model/family/token_score_kind.h"
+#include "settings/defaults.h"
 
 namespace cdcca::device {
 
@@ -31,16 +32,19 @@ using TokenScore = model::TokenScoreKind;
 using model::ParseTokenScore;
 using model::TokenScoreName;
 
+// Defaults of keep_fraction, mc_passes, dropout_p and token_ratio: the defaults table's
+// (settings/defaults.h).
 struct UtsOptions {
   // Stage 1. entropy_alpha in nats; keep_fraction in (0, 1) switches to the running quantile.
   float entropy_alpha = 0.5f;
-  float keep_fraction = 0.25f;
+  float keep_fraction = static_cast<float>(settings::kUtsKeepFraction);
   int window = 256;  // entropies the running quantile looks at
   // Stage 2.
-  int mc_passes = 8;
-  float dropout_p = 0.1f;
-  float variance_beta = 0.0f;           // used when token_ratio == 0
-  float token_ratio = 0.5f;             // fraction of visual tokens to keep; 0 = use beta
+  int mc_passes = settings::kUtsMcPasses;
+  float dropout_p = static_cast<float>(settings::kUtsDropout);
+  float variance_beta = 0.0f;  // used when token_ratio == 0
+  // Fraction of visual tokens to keep; 0 = use beta.
+  float token_ratio = static_cast<float>(settings::kUtsTokenRatio);
   TokenScore score = TokenScore::kVis;  // VIS (Eq. 3) on every architecture
   // Keep token_ratio of the tokens uniformly at random instead (the paper's comparison
   // baseline; stage 2 then costs nothing).

@@ -121,7 +121,7 @@ absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name) {
     c.feature_loss = FeatureLoss::kMse;
   } else if (name == "pl") {
     c.feature_loss = FeatureLoss::kNone;
-    c.l_query = c.l_repr = c.l_kl = 0.0;
+    c.l_query = c.l_repr = 0.0;
   } else if (name == "pkd") {
     c.feature_loss = FeatureLoss::kPearson;
   } else if (name == "cwd") {

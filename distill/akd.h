@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "distill/job.h"
+#include "settings/defaults.h"
 
 namespace cdcca::distill {
 
@@ -38,12 +39,13 @@ enum class FeatureLoss {
 struct DistillConfig {
   std::string name = "akd";  // the learner's name in job reports
   FeatureLoss feature_loss = FeatureLoss::kMse;
-  double l_ce = 1.0;
-  double l_query = 0.1;
-  double l_repr = 0.1;
-  double l_kl = 0.0;
-  double temperature = 2.0;  // of the KL term
-  bool normalize = true;     // kMse: layer-norm both sides (no affine) before the MSE
+  // Weights and temperature: the defaults table's (settings/defaults.h).
+  double l_ce = settings::kLCe;
+  double l_query = settings::kLQuery;
+  double l_repr = settings::kLRepr;
+  double l_kl = settings::kLKl;
+  double temperature = settings::kTemperature;  // of the KL term
+  bool normalize = true;  // kMse: layer-norm both sides (no affine) before the MSE
   // R is aligned at the answer tokens only (true) or at every text token (false): the
   // prompt positions carry no information about the shifted image in a decoder LM until
   // the visual prefix has been read, and they are the same text for every sample.
@@ -53,7 +55,9 @@ struct DistillConfig {
   double cwd_tau = 1.0;        // kChannelWise temperature
 };
 
-// "akd", "pl", "pkd", "cwd" with the weights of configs/distill/akd.json's defaults.
+// "akd", "pl", "pkd", "cwd" with the defaults table's weights (configs/distill/akd.json
+// holds the same; distill_test checks it): each its own feature term, the same CE and logit
+// KL, so that the baselines train on equal terms; "pl" has no feature term.
 absl::StatusOr<DistillConfig> PresetDistillConfig(const std::string& name);
 
 // `shared` with the feature term of learner `name` ("akd" MSE, "pkd" Pearson, "cwd"

@@ -28,6 +28,39 @@ TEST(ParseLearnerSpecTest, AppliesOverridesToThePreset) {
   EXPECT_THAT(ParseLearnerSpec("nope").status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// configs/distill/akd.json is what the experiments name; a cloud started without
+// --distill_config trains with the presets. Both must be the defaults table.
+TEST(DistillSettingsTest, TheCommittedFileIsTheDefaultsTable) {
+  ASSERT_OK_AND_ASSIGN(DistillSettings file, LoadDistillSettings(std::string(CDCCA_SOURCE_DIR) +
+                                                                 "/configs/distill/akd.json"));
+  ASSERT_OK_AND_ASSIGN(DistillConfig preset, PresetDistillConfig("akd"));
+  EXPECT_EQ(file.learner.feature_loss, preset.feature_loss);
+  EXPECT_EQ(file.learner.l_ce, preset.l_ce);
+  EXPECT_EQ(file.learner.l_query, preset.l_query);
+  EXPECT_EQ(file.learner.l_repr, preset.l_repr);
+  EXPECT_EQ(file.learner.l_kl, preset.l_kl);
+  EXPECT_EQ(file.learner.temperature, preset.temperature);
+  EXPECT_EQ(file.learner.normalize, preset.normalize);
+  EXPECT_EQ(file.learner.repr_answer_only, preset.repr_answer_only);
+  EXPECT_EQ(file.learner.ridge_init, preset.ridge_init);
+  EXPECT_EQ(file.learner.ridge_lambda, preset.ridge_lambda);
+  const JobOptions defaults;
+  EXPECT_EQ(file.job.max_steps, defaults.max_steps);
+  EXPECT_EQ(file.job.batch_size, defaults.batch_size);
+  EXPECT_EQ(file.job.lr, defaults.lr);
+  EXPECT_EQ(file.job.weight_decay, defaults.weight_decay);
+  EXPECT_EQ(file.job.replay_fraction, defaults.replay_fraction);
+  EXPECT_EQ(file.job.max_answer_tokens, defaults.max_answer_tokens);
+  EXPECT_EQ(file.job.seed, defaults.seed);
+  // Every baseline keeps the same CE and logit KL; only its feature term differs.
+  for (const char* name : {"pl", "pkd", "cwd"}) {
+    ASSERT_OK_AND_ASSIGN(DistillConfig baseline, PresetDistillConfig(name));
+    EXPECT_EQ(baseline.l_ce, preset.l_ce) << name;
+    EXPECT_EQ(baseline.l_kl, preset.l_kl) << name;
+    EXPECT_EQ(baseline.temperature, preset.temperature) << name;
+  }
+}
+
 TEST(DistillSettingsTest, TheCommittedFileLoadsAndKeysNoJobHonoursAreRefused) {
   ASSERT_OK_AND_ASSIGN(DistillSettings s, LoadDistillSettings(std::string(CDCCA_SOURCE_DIR) +
                                                               "/configs/distill/akd.json"));

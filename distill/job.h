@@ -12,18 +12,22 @@
 #include <string>
 #include <vector>
 
+#include "settings/defaults.h"
+
 namespace cdcca::distill {
 
 struct JobOptions {
-  int max_steps = 200;  // optimizer steps of a job, > 0
-  int batch_size = 16;
-  double lr = 1e-3;           // AdamW
+  // Defaults: the defaults table's (settings/defaults.h).
+  int max_steps = settings::kMaxSteps;  // optimizer steps of a job, > 0
+  int batch_size = settings::kBatchSize;
+  double lr = settings::kLr;  // AdamW
   double weight_decay = 0.0;  // AdamW's decoupled decay
   uint64_t seed = 0;          // batch order, replay draws, dropout, augmentations
   // Share of each batch drawn from replayed samples (when a replay buffer is given and
-  // holds samples). In [0, 1). Default: 0.25.
-  double replay_fraction = 0.25;
-  int max_answer_tokens = 6;  // greedy pseudo-label / self-label length bound
+  // holds samples). In [0, 1).
+  double replay_fraction = settings::kReplayFraction;
+  // Greedy pseudo-label / self-label length bound.
+  int max_answer_tokens = settings::kMaxAnswerTokens;
   // Wall-clock bound of the training loop in seconds (0 = none): a job stops after the first
   // step that ends past it, with at least one step (JobStats::stopped_by_budget). cdcca-cloud's
   // --time_budget_s overrides it.

@@ -25,8 +25,9 @@ for fam in llava_clip_llama llava_siglip_qwen2 blip2_llama instructblip_llama; d
   d="$out/$fam"
   mkdir -p "$d"
   "$cdcca" hf-adapt --teacher "$fixtures/models/$fam" --student_base "$fixtures/models/$fam" \
-    --precision fp32 --images "$fixtures/images" --prompt "$prompt" --steps 30 --batch 4 \
-    --lr 1e-2 --answer_tokens 6 "${adapt_flags[@]}" --out "$d/state" 2>"$d/hf_adapt.log" >/dev/null
+    --student_precision fp32 --images "$fixtures/images" --prompt "$prompt" --max_steps 30 \
+    --batch_size 4 --lr 1e-2 --max_answer_tokens 6 "${adapt_flags[@]}" --out "$d/state" \
+    2>"$d/hf_adapt.log" >/dev/null
   "$cdcca" export-adapter --state "$d/state" --out "$d/peft" >/dev/null
   for img in gradient_97x61.png noise_123x77.png; do
     for arm in adapted base; do

@@ -13,7 +13,7 @@ CDCCA_PACKAGES=(
   libpcre2-dev libicu-dev
   postgresql libpq-dev nginx
   clang libclang-rt-14-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist python3
 )
 
 missing=()

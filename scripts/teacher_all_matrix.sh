@@ -6,8 +6,8 @@
 # Usage:
 #   scripts/teacher_all_matrix.sh OUT_DIR [FAMILY_DIR]      (FAMILY_DIR: models/small)
 # Environment: CDCCA_BIN (build/sim/cdcca), CDCCA_JOBS (runs at a time, 2: about 4 minutes a
-# `small` run on 2 cores), CDCCA_ADAPT_FLAGS (more adapt-eval flags, e.g. --cpu or
-# --lora_projector), CDCCA_MATRIX_ARMS (the arm and learner flags; default the teacher-all
+# `small` run on 2 cores), CDCCA_ADAPT_FLAGS (more adapt-eval flags, e.g. --device cuda
+# or --lora_projector), CDCCA_MATRIX_ARMS (the arm and learner flags; default the teacher-all
 # matrix's), CDCCA_MATRIX_SHIFTS ("snow:4 contrast:5 fog:4 rain:4 motion_blur:5"),
 # CDCCA_MATRIX_SEEDS ("3 5 7"), CDCCA_MATRIX_SUMMARY (scripts/teacher_all_summary.py).
 # scripts/feature_term_matrix.sh sets them for the feature-term matrix.
@@ -27,7 +27,7 @@ run() {  # name shift severity seed
   [ -f "$out/$1.json" ] && return 0
   # shellcheck disable=SC2086  # lists of flags
   OMP_NUM_THREADS=1 "$bin" adapt-eval --teacher "$family/teacher" \
-    --student_base "$family" --precision int8 --shift "$2" --severity "$3" --seed "$4" \
+    --student_base "$family" --student_precision int8 --shift "$2" --severity "$3" --seed "$4" \
     --stream_scenes 1000 --test_scenes 400 $arms --distill_config configs/distill/akd.json \
     ${CDCCA_ADAPT_FLAGS:-} --out "$out/$1" >"$out/$1.log" 2>&1 ||
     echo "$1 failed: see $out/$1.log" >&2

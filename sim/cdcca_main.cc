@@ -1,5 +1,5 @@
 // `cdcca`: the offline tool. One sub-command per task; each lives in the module that owns
-// it and reads its own absl flags (`cdcca help` lists them).
+// it and reads its own absl flags (`cdcca COMMAND --help` lists them).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -39,38 +39,42 @@ struct Command {
   const char* name;
   const char* summary;
   CommandFn run;
-  // The flags the command reads, nullptr-terminated, for its --help; null = every project flag.
-  const char* const* flags = nullptr;
+  // The flags the command reads, nullptr-terminated (declared beside the command): its --help
+  // lists these, and any other flag of the binary on its command line is an error.
+  const char* const* flags;
 };
+
+// `cdcca help` reads none.
+const char* const kHelpFlags[] = {nullptr};
 
 // Filled as modules gain commands (eval, render, inspect, pretrain, ...).
 const Command kCommands[] = {
-    {"help", "list the sub-commands", nullptr},
+    {"help", "list the sub-commands", nullptr, kHelpFlags},
 #ifdef CDCCA_HAVE_DATASETS_IO
     {"eval", "score results: eval vqa|aokvqa|caption (official metrics)",
-     cdcca::datasets::EvalCommand},
+     cdcca::datasets::EvalCommand, cdcca::datasets::kEvalFlags},
     {"render", "write PNG grids of benchmark scenes under every shift",
-     cdcca::datasets::RenderCommand},
+     cdcca::datasets::RenderCommand, cdcca::datasets::kRenderFlags},
 #endif
 #ifdef CDCCA_HAVE_PRETRAIN
     {"pretrain", "train encoder, teacher and student: --config FILE --out DIR",
-     cdcca::model::PretrainCommand},
+     cdcca::model::PretrainCommand, cdcca::model::kPretrainFlags},
     {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
-     cdcca::model::ModelEvalCommand},
+     cdcca::model::ModelEvalCommand, cdcca::model::kModelEvalFlags},
 #endif
 #ifdef CDCCA_HAVE_HF_ADAPT
     {"adapt-eval",
      "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog, on a family "
      "(--checkpoint DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
-     cdcca::sim::AdaptEvalAnyPairCommand},
+     cdcca::sim::AdaptEvalAnyPairCommand, cdcca::sim::kAdaptEvalFlags},
 #endif
 #ifdef CDCCA_HAVE_TOKENIZERS
     {"tokenize", "ids of a text as transformers gives them: --model DIR --text TEXT",
-     cdcca::tokenizer::TokenizeCommand},
+     cdcca::tokenizer::TokenizeCommand, cdcca::tokenizer::kTokenizeFlags},
 #endif
 #ifdef CDCCA_HAVE_HF_COMMANDS
     {"generate", "greedy answer of a Hugging Face model folder: --model DIR --image F --prompt T",
-     cdcca::model::GenerateCommand},
+     cdcca::model::GenerateCommand, cdcca::model::kGenerateFlags},
     {"answer",
      "a VQAv2 / A-OKVQA / COCO captions file answered into its official results file: --model "
      "DIR --task vqa|aokvqa|caption --questions F (caption: --annotations F) --images DIR --out F",
@@ -80,13 +84,13 @@ const Command kCommands[] = {
     {"hf-adapt",
      "one CD-CCA round on a Hugging Face pair: --teacher DIR --student_base DIR --images DIR "
      "--prompt T --out STATE",
-     cdcca::sim::HfAdaptCommand},
+     cdcca::sim::HfAdaptCommand, cdcca::sim::kHfAdaptFlags},
     {"export-adapter", "an adapted state as a PEFT LoRA adapter: --state STATE --out DIR",
-     cdcca::sim::ExportAdapterCommand},
+     cdcca::sim::ExportAdapterCommand, cdcca::sim::kExportAdapterFlags},
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
     {"inspect", "print what DWC update payloads hold: inspect UPDATE...",
-     cdcca::compress::InspectCommand},
+     cdcca::compress::InspectCommand, cdcca::compress::kInspectFlags},
 #endif
 };
 
@@ -116,7 +120,6 @@ int main(int argc, char** argv) {
     std::vector<char*> rest{argv[0]};
     for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
     const cdcca::cli::FlagFilter own = [&c](const absl::CommandLineFlag& flag) {
-      if (c.flags == nullptr) return cdcca::cli::ProjectFlagFile(flag.Filename());
       for (const char* const* f = c.flags; *f != nullptr; ++f) {
         if (flag.Name() == *f) return true;
       }

@@ -2,7 +2,7 @@
 // cloud service and device agents on this machine and writes its report.
 //
 //   cdcca-sim --experiment configs/experiments/quickstart.json [--out runs/quickstart]
-//             [--seed 1 | --seeds 1,2,3] [--tiny] [--checkpoint DIR] [--threads N]
+//             [--seed 1 | --seeds 1,2,3] [--tiny] [--checkpoint_dir DIR] [--torch_threads N]
 //             [--teacher DIR --student_base DIR]   (a Hugging Face pair instead of the family)
 #include <unistd.h>
 
@@ -35,16 +35,21 @@ ABSL_FLAG(std::string, seeds, "",
 ABSL_FLAG(bool, tiny, false,
           "shrink the experiment (64 frames and 48 evaluation scenes per round, 20 steps per "
           "job, at most 2 devices) for a quick check");
-ABSL_FLAG(std::string, checkpoint, "", "model family directory (overrides the experiment's)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "model family directory (overrides the experiment's \"checkpoint_dir\")");
 ABSL_FLAG(std::string, teacher, "",
           "Hugging Face teacher folder (with --student_base: runs the experiment on that pair "
           "instead of the experiment's family)");
 ABSL_FLAG(std::string, student_base, "",
           "Hugging Face folder of the devices' student (with --teacher)");
-ABSL_FLAG(int, threads, -1,
+ABSL_FLAG(int, torch_threads, -1,
           "LibTorch intra-op threads (overrides the experiment's; 0 = automatic: 1)");
 ABSL_FLAG(std::string, methods, "",
           "comma-separated methods to run (overrides the experiment's list)");
+ABSL_FLAG(bool, print_config, false,
+          "print the settings of the experiment's CD-CCA round (UTS, student, job, downlink, "
+          "guard; under the names cdcca-cloud and cdcca-device print theirs with --print_config) "
+          "as JSON on stdout, and exit");
 
 namespace {
 
@@ -94,13 +99,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_tiny)) *experiment = cdcca::sim::Shrink(*experiment);
-  if (!absl::GetFlag(FLAGS_checkpoint).empty())
-    experiment->checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty())
+    experiment->checkpoint = absl::GetFlag(FLAGS_checkpoint_dir);
   if (!absl::GetFlag(FLAGS_teacher).empty() || !absl::GetFlag(FLAGS_student_base).empty()) {
     experiment->teacher = absl::GetFlag(FLAGS_teacher);
     experiment->student_base = absl::GetFlag(FLAGS_student_base);
   }
-  if (absl::GetFlag(FLAGS_threads) >= 0) experiment->threads = absl::GetFlag(FLAGS_threads);
+  if (absl::GetFlag(FLAGS_torch_threads) >= 0)
+    experiment->threads = absl::GetFlag(FLAGS_torch_threads);
   if (!absl::GetFlag(FLAGS_methods).empty()) {
     experiment->methods = absl::StrSplit(absl::GetFlag(FLAGS_methods), ',', absl::SkipEmpty());
     absl::StatusOr<cdcca::sim::Experiment> checked = cdcca::sim::ParseExperiment(
@@ -115,6 +121,15 @@ int main(int argc, char** argv) {
   if (absl::Status s = cdcca::sim::CheckExperiment(*experiment, path); !s.ok()) {
     std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
     return 2;
+  }
+  if (absl::GetFlag(FLAGS_print_config)) {
+    absl::StatusOr<std::string> settings = cdcca::sim::RoundSettingsJson(*experiment);
+    if (!settings.ok()) {
+      std::fprintf(stderr, "cdcca-sim: %s\n", settings.status().ToString().c_str());
+      return 2;
+    }
+    std::printf("%s\n", settings->c_str());
+    return 0;
   }
   const std::string out = absl::GetFlag(FLAGS_out).empty() ? absl::StrCat("runs/", experiment->name)
                                                            : absl::GetFlag(FLAGS_out);

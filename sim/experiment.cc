@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cli/flags_help.h"
 #include "compress/uplink_codec.h"
 #include "datasets/language.h"
 #include "datasets/shifts.h"
@@ -51,10 +53,27 @@ class Fields {
   absl::Status OnlyKnown() const {
     if (!obj_.is_object()) return absl::OkStatus();
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (std::find(known_.begin(), known_.end(), it.key()) == known_.end()) {
+      if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
+      if (it.key() == "uts" || it.key() == "job") {
         return absl::InvalidArgumentError(absl::StrCat(
-            where_, ": unknown key \"", it.key(), "\" (known: ", absl::StrJoin(known_, ", "), ")"));
+            where_, ": the \"", it.key(),
+            "\" object is gone: its settings are top-level keys "
+            "named as the programs' flags (docs/SETTINGS.md), e.g. \"uts_keep_fraction\", "
+            "\"uplink_precision\", \"max_steps\", \"guard_measure\""));
       }
+      // Keys whose setting has the programs' name now.
+      static const std::map<std::string, std::string> kRenamed = {
+          {"checkpoint", "checkpoint_dir"},
+          {"precision", "student_precision"},
+          {"downlink_bits_per_param", "bits_per_param"},
+          {"threads", "torch_threads"},
+          {"workers", "trainer_threads"}};
+      const auto renamed = kRenamed.find(it.key());
+      const std::string nearest =
+          renamed != kRenamed.end() ? renamed->second : cli::NearestName(it.key(), known_);
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": unknown key \"", it.key(), "\"; did you mean \"", nearest,
+                       "\"? (known: ", absl::StrJoin(known_, ", "), ")"));
     }
     return absl::OkStatus();
   }
@@ -107,7 +126,9 @@ RoundDomain Experiment::DomainFor(int device, int round) const {
   return schedule[static_cast<size_t>(std::min<int>(step, static_cast<int>(schedule.size()) - 1))];
 }
 
-int Experiment::AnswerTokens() const { return captioning() ? datasets::kMaxCaptionTokens : 6; }
+int Experiment::AnswerTokens() const {
+  return captioning() ? datasets::kMaxCaptionTokens : settings::kMaxAnswerTokens;
+}
 
 absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                                            const std::string& source_name) {
@@ -126,7 +147,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("title", &e.title));
   CDCCA_RETURN_IF_ERROR(top.Read("paper_table", &e.paper_table));
   CDCCA_RETURN_IF_ERROR(top.Read("description", &e.description));
-  CDCCA_RETURN_IF_ERROR(top.Read("checkpoint", &e.checkpoint));
+  CDCCA_RETURN_IF_ERROR(top.Read("checkpoint_dir", &e.checkpoint));
   CDCCA_RETURN_IF_ERROR(top.Read("teacher", &e.teacher));
   CDCCA_RETURN_IF_ERROR(top.Read("student_base", &e.student_base));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_rank", &e.lora_rank));
@@ -134,19 +155,37 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("lora_mlp", &e.lora_mlp));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_qformer", &e.lora_qformer));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_projector", &e.lora_projector));
-  CDCCA_RETURN_IF_ERROR(top.Read("precision", &e.precision));
+  CDCCA_RETURN_IF_ERROR(top.Read("student_precision", &e.precision));
   CDCCA_RETURN_IF_ERROR(top.Read("devices", &e.devices));
   CDCCA_RETURN_IF_ERROR(top.Read("rounds", &e.rounds));
   CDCCA_RETURN_IF_ERROR(top.Read("stream_frames", &e.stream_frames));
   CDCCA_RETURN_IF_ERROR(top.Read("eval_scenes", &e.eval_scenes));
   CDCCA_RETURN_IF_ERROR(top.Read("stagger", &e.stagger));
   CDCCA_RETURN_IF_ERROR(top.Read("methods", &e.methods));
-  CDCCA_RETURN_IF_ERROR(top.Read("downlink_bits_per_param", &e.downlink_bits_per_param));
-  CDCCA_RETURN_IF_ERROR(top.Read("threads", &e.threads));
+  CDCCA_RETURN_IF_ERROR(top.Read("bits_per_param", &e.downlink_bits_per_param));
+  CDCCA_RETURN_IF_ERROR(top.Read("torch_threads", &e.threads));
   CDCCA_RETURN_IF_ERROR(top.Read("distill_config", &e.distill_config));
-  for (const char* parsed_below : {"schedule", "uts", "job", "cloud", "link"}) {
-    top.Known(parsed_below);
-  }
+  // UTS, the job and the guard: the programs' flag names (docs/SETTINGS.md).
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_keep_fraction", &e.uts.keep_fraction));
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_token_ratio", &e.uts.token_ratio));
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_mc_passes", &e.uts.mc_passes));
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_dropout", &e.uts.dropout_p));
+  CDCCA_RETURN_IF_ERROR(top.Read("uplink_precision", &e.uts.precision));
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_score", &e.uts.score));
+  CDCCA_RETURN_IF_ERROR(top.Read("max_steps", &e.job.max_steps));
+  CDCCA_RETURN_IF_ERROR(top.Read("batch_size", &e.job.batch_size));
+  CDCCA_RETURN_IF_ERROR(top.Read("lr", &e.job.lr));
+  CDCCA_RETURN_IF_ERROR(top.Read("trainer_threads", &e.job.workers));
+  CDCCA_RETURN_IF_ERROR(top.Read("device", &e.job.device));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard", &e.job.guard));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_holdout_fraction", &e.job.guard_holdout_fraction));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_z", &e.job.guard_z));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_min_pool", &e.job.guard_min_pool));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_pool", &e.job.guard_pool));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_confident_fraction", &e.job.guard_confident_fraction));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_restore_base", &e.job.guard_restore_base));
+  CDCCA_RETURN_IF_ERROR(top.Read("guard_measure", &e.job.guard_measure));
+  for (const char* parsed_below : {"schedule", "cloud", "link"}) top.Known(parsed_below);
   CDCCA_RETURN_IF_ERROR(top.OnlyKnown());
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
                               absl::StrCat("must be vqa or caption, not \"", e.task, "\"")));
@@ -199,68 +238,39 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
     }
   }
   CDCCA_RETURN_IF_ERROR(Check(!e.schedule.empty(), w, "schedule", "must hold at least one round"));
-  if (auto it = j.find("uts"); it != j.end()) {
-    const std::string where = w + ": uts";
-    Fields f(*it, where);
-    CDCCA_RETURN_IF_ERROR(f.Read("keep_fraction", &e.uts.keep_fraction));
-    CDCCA_RETURN_IF_ERROR(f.Read("token_ratio", &e.uts.token_ratio));
-    CDCCA_RETURN_IF_ERROR(f.Read("mc_passes", &e.uts.mc_passes));
-    CDCCA_RETURN_IF_ERROR(f.Read("dropout_p", &e.uts.dropout_p));
-    CDCCA_RETURN_IF_ERROR(f.Read("precision", &e.uts.precision));
-    CDCCA_RETURN_IF_ERROR(f.Read("score", &e.uts.score));
-    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
-    if (absl::StatusOr<model::TokenScoreKind> score = model::ParseTokenScore(e.uts.score);
-        !score.ok()) {
-      CDCCA_RETURN_IF_ERROR(Check(false, where, "score", std::string(score.status().message())));
-    }
-    CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, where,
-                                "keep_fraction", "must be in (0, 1]"));
-    CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, where,
-                                "token_ratio", "must be in (0, 1]"));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.uts.mc_passes >= 1 && e.uts.mc_passes <= 64, where, "mc_passes", "must be 1-64"));
-    CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), where,
-                                "precision", "must be fp16, int8, int4 or jpeg"));
+  if (absl::StatusOr<model::TokenScoreKind> score = model::ParseTokenScore(e.uts.score);
+      !score.ok()) {
+    CDCCA_RETURN_IF_ERROR(Check(false, w, "uts_score", std::string(score.status().message())));
   }
-  if (auto it = j.find("job"); it != j.end()) {
-    const std::string where = w + ": job";
-    Fields f(*it, where);
-    CDCCA_RETURN_IF_ERROR(f.Read("max_steps", &e.job.max_steps));
-    CDCCA_RETURN_IF_ERROR(f.Read("batch_size", &e.job.batch_size));
-    CDCCA_RETURN_IF_ERROR(f.Read("lr", &e.job.lr));
-    CDCCA_RETURN_IF_ERROR(f.Read("workers", &e.job.workers));
-    CDCCA_RETURN_IF_ERROR(f.Read("device", &e.job.device));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard", &e.job.guard));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_holdout_fraction", &e.job.guard_holdout_fraction));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_z", &e.job.guard_z));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_min_pool", &e.job.guard_min_pool));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_pool", &e.job.guard_pool));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_confident_fraction", &e.job.guard_confident_fraction));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_restore_base", &e.job.guard_restore_base));
-    CDCCA_RETURN_IF_ERROR(f.Read("guard_measure", &e.job.guard_measure));
-    CDCCA_RETURN_IF_ERROR(f.OnlyKnown());
-    // cloud::ParseGuardMeasure's names (this library does not link the cloud).
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability",
-              where, "guard_measure", "must be agreement or teacher_probability"));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.job.guard_confident_fraction > 0 && e.job.guard_confident_fraction <= 1, where,
-              "guard_confident_fraction", "must be in (0, 1]"));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.job.guard_min_pool >= 0, where, "guard_min_pool", "must be >= 0"));
-    CDCCA_RETURN_IF_ERROR(Check(e.job.guard_pool >= 1, where, "guard_pool", "must be >= 1"));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.job.guard_holdout_fraction >= 0 && e.job.guard_holdout_fraction < 1, where,
-              "guard_holdout_fraction", "must be in [0, 1)"));
-    CDCCA_RETURN_IF_ERROR(Check(e.job.device == "cpu" || e.job.device == "cuda", where, "device",
-                                absl::StrCat("must be cpu or cuda, not \"", e.job.device, "\"")));
-    CDCCA_RETURN_IF_ERROR(
-        Check(e.job.workers >= 1 && e.job.workers <= 64, where, "workers", "must be 1-64"));
-    CDCCA_RETURN_IF_ERROR(Check(e.job.max_steps >= 1 && e.job.max_steps <= 100000, where,
-                                "max_steps", "must be 1-100000"));
-    CDCCA_RETURN_IF_ERROR(Check(e.job.batch_size >= 1 && e.job.batch_size <= 4096, where,
-                                "batch_size", "must be 1-4096"));
-  }
+  CDCCA_RETURN_IF_ERROR(Check(e.uts.keep_fraction > 0 && e.uts.keep_fraction <= 1, w,
+                              "uts_keep_fraction", "must be in (0, 1]"));
+  CDCCA_RETURN_IF_ERROR(Check(e.uts.token_ratio > 0 && e.uts.token_ratio <= 1, w, "uts_token_ratio",
+                              "must be in (0, 1]"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.uts.mc_passes >= 1 && e.uts.mc_passes <= 64, w, "uts_mc_passes", "must be 1-64"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.uts.dropout_p >= 0 && e.uts.dropout_p < 1, w, "uts_dropout", "must be in [0, 1)"));
+  CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), w,
+                              "uplink_precision", "must be fp16, int8, int4 or jpeg"));
+  // cloud::ParseGuardMeasure's names (this library does not link the cloud).
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability", w,
+            "guard_measure", "must be agreement or teacher_probability"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.job.guard_confident_fraction > 0 && e.job.guard_confident_fraction <= 1, w,
+            "guard_confident_fraction", "must be in (0, 1]"));
+  CDCCA_RETURN_IF_ERROR(Check(e.job.guard_min_pool >= 0, w, "guard_min_pool", "must be >= 0"));
+  CDCCA_RETURN_IF_ERROR(Check(e.job.guard_pool >= 1, w, "guard_pool", "must be >= 1"));
+  CDCCA_RETURN_IF_ERROR(Check(e.job.guard_holdout_fraction >= 0 && e.job.guard_holdout_fraction < 1,
+                              w, "guard_holdout_fraction", "must be in [0, 1)"));
+  CDCCA_RETURN_IF_ERROR(Check(e.job.device == "cpu" || e.job.device == "cuda", w, "device",
+                              absl::StrCat("must be cpu or cuda, not \"", e.job.device, "\"")));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.job.workers >= 1 && e.job.workers <= 64, w, "trainer_threads", "must be 1-64"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.job.max_steps >= 1 && e.job.max_steps <= 100000, w, "max_steps", "must be 1-100000"));
+  CDCCA_RETURN_IF_ERROR(
+      Check(e.job.batch_size >= 1 && e.job.batch_size <= 4096, w, "batch_size", "must be 1-4096"));
   if (auto it = j.find("cloud"); it != j.end()) {
     const std::string where = w + ": cloud";
     Fields f(*it, where);
@@ -304,7 +314,7 @@ absl::Status CheckExperiment(const Experiment& e, const std::string& source_name
   const std::string& score = e.uts.score;
   const absl::StatusOr<model::TokenScoreKind> kind = model::ParseTokenScore(score);
   CDCCA_RETURN_IF_ERROR(
-      Check(kind.ok() && model::DeviceComputes(*kind), w + ": uts", "score",
+      Check(kind.ok() && model::DeviceComputes(*kind), w, "uts_score",
             absl::StrCat("\"", score, "\": the device scores its visual tokens by ",
                          model::DeviceScoreNames())));
   return absl::OkStatus();

@@ -3,17 +3,22 @@
 //
 //   {
 //     "name": "image_shift", "title": "...", "paper_table": "Table 6",
-//     "checkpoint": "models/small", "precision": "int8",
+//     "checkpoint_dir": "models/small", "student_precision": "int8",
 //     "devices": 1, "rounds": 3, "stream_frames": 256, "eval_scenes": 200,
 //     "schedule": [ {"shift": "fog", "severity": 4}, {"shift": "fog", "severity": 4,
 //                    "text": true}, {"continual": true} ],
 //     "methods": ["source-only", "tent", "cotta", "pkd", "cwd", "cd-cca"],
-//     "uts": {"keep_fraction": 0.5, "token_ratio": 0.5, "mc_passes": 8, "dropout_p": 0.1,
-//             "precision": "fp16"},
-//     "job": {"max_steps": 200, "batch_size": 16, "workers": 1, "guard": true},
+//     "uts_keep_fraction": 0.5, "uts_token_ratio": 0.5, "uts_mc_passes": 8,
+//     "uts_dropout": 0.1, "uplink_precision": "fp16",
+//     "max_steps": 200, "batch_size": 16, "trainer_threads": 1, "guard": true,
 //     "link": {"up_mbit_s": 20, "down_mbit_s": 100, "latency_ms": 20, "loss": 0.0},
-//     "downlink_bits_per_param": 2.0
+//     "bits_per_param": 2.0
 //   }
+//
+// A setting of the round has the name of the programs' flag that sets it (docs/SETTINGS.md:
+// "uts_keep_fraction" is cdcca-device's and cdcca-cloud's --uts_keep_fraction), and its
+// default is the defaults table's (settings/defaults.h), as the programs' is. A key the parser
+// does not know is an error naming the nearest one it does.
 //
 // "task": "caption" makes it a captioning run (the paper's Table 2, COCO -> nocaps style):
 // every round streams the caption prompt on scenes of the three caption categories in turn
@@ -26,13 +31,13 @@
 // continual stream ({"continual": true}). Devices of a fleet start at staggered entries
 // ("stagger": true) or all on the same one.
 //
-// A Hugging Face pair instead of a cdcca family (issue 21): "teacher" and "student_base" name
+// A Hugging Face pair instead of a cdcca family: "teacher" and "student_base" name
 // the cloud's teacher folder and the devices' student folder (LLaVA, BLIP-2 or InstructBLIP
 // sharing the vision tower, `cdcca-cloud --teacher --student_base`); the devices load the
 // student with the adapters of "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer" and
 // "lora_projector" (default 8, 16, false, false, false), the cloud mirrors them. The scenes,
 // rounds, UTS, jobs and scores are the family runs'; stage 2 scores by VIS (Eq. 3), and tent
-// and cotta adapt the same trainable set on the device. "job": {"device": "cuda"} trains the
+// and cotta adapt the same trainable set on the device. "device": "cuda" trains the
 // cloud's jobs on the GPU.
 //
 // Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,
@@ -50,6 +55,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "settings/defaults.h"
 
 namespace cdcca::sim {
 
@@ -60,12 +66,15 @@ struct RoundDomain {
   bool continual = false;  // datasets::ContinualSchedule's step for this round
 };
 
+// Every default of an experiment's settings is the defaults table's (settings/defaults.h): an
+// experiment file that says nothing runs what cdcca-cloud and cdcca-device run without flags.
 struct UtsSettings {
-  float keep_fraction = 0.5f;  // stage 1: running-quantile target
-  float token_ratio = 0.5f;    // stage 2
-  int mc_passes = 8;
-  float dropout_p = 0.1f;
-  std::string precision = "fp16";  // or "int8", "int4", "jpeg" (Hugging Face pairs)
+  float keep_fraction = static_cast<float>(settings::kUtsKeepFraction);  // stage 1
+  float token_ratio = static_cast<float>(settings::kUtsTokenRatio);      // stage 2
+  int mc_passes = settings::kUtsMcPasses;
+  float dropout_p = static_cast<float>(settings::kUtsDropout);
+  // Or "int8", "int4", "jpeg" (Hugging Face pairs).
+  std::string precision = settings::kUplinkPrecision;
   // Stage-2 score (device::TokenScore): "vis" (the device default, VIS on every
   // architecture; the only one for a Hugging Face pair), or the ablations "variance_probe"
   // (the attention variance alone on a family without a token probe), "attention_variance",
@@ -81,8 +90,8 @@ struct LinkSettings {
 };
 
 struct JobSettings {
-  int max_steps = 200;  // configs/distill/akd.json's job length
-  int batch_size = 16;
+  int max_steps = settings::kMaxSteps;
+  int batch_size = settings::kBatchSize;
   double lr = 0;  // 0 = the learner preset's
   // The cloud scheduler's workers: jobs of different devices run at once (cdcca-cloud's
   // --trainer_threads). Default 1, the program's default. More than 1 repeats per seed
@@ -91,15 +100,15 @@ struct JobSettings {
   int workers = 1;
   std::string device = "cpu";  // where the cloud's jobs train: "cpu" or "cuda"
   // The cloud's update guard (cdcca-cloud's --guard, --guard_holdout_fraction, --guard_z,
-  // --guard_min_pool), under those names in the experiment's "job". Default: the program's.
-  bool guard = true;
-  double guard_holdout_fraction = 0.1;
-  double guard_z = 1.0;
-  int guard_min_pool = 16;
-  int guard_pool = 128;  // --guard_pool: the newest held-out samples the guard judges on
-  double guard_confident_fraction = 1.0;              // --guard_confident_fraction
-  bool guard_restore_base = true;                     // --guard_restore_base
-  std::string guard_measure = "teacher_probability";  // --guard_measure
+  // --guard_min_pool), under those names. Default: the program's.
+  bool guard = settings::kGuard;
+  double guard_holdout_fraction = settings::kGuardHoldoutFraction;
+  double guard_z = settings::kGuardZ;
+  int guard_min_pool = settings::kGuardMinPool;
+  int guard_pool = settings::kGuardPool;  // the newest held-out samples the guard judges on
+  double guard_confident_fraction = settings::kGuardConfidentFraction;
+  bool guard_restore_base = settings::kGuardRestoreBase;
+  std::string guard_measure = settings::kGuardMeasure;
 };
 
 // Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"
@@ -126,12 +135,12 @@ struct Experiment {
   // and the devices' student folder, with the devices' adapters.
   std::string teacher;
   std::string student_base;
-  int64_t lora_rank = 8;
-  double lora_alpha = 16.0;
-  bool lora_mlp = false;
-  bool lora_qformer = false;  // "lora_qformer": the Q-Former's query and value too
-  bool lora_projector = false;  // "lora_projector": the projector into the LM too
-  std::string precision = "int8";
+  int64_t lora_rank = settings::kLoraRank;
+  double lora_alpha = settings::kLoraAlpha;
+  bool lora_mlp = settings::kLoraMlp;
+  bool lora_qformer = settings::kLoraQformer;      // the Q-Former's query and value too
+  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
+  std::string precision = settings::kStudentPrecision;
   int devices = 1;
   int rounds = 3;
   int stream_frames = 256;  // frames each device sees per round
@@ -143,7 +152,7 @@ struct Experiment {
   JobSettings job;
   CloudSettings cloud;
   LinkSettings link;
-  double downlink_bits_per_param = 2.0;
+  double downlink_bits_per_param = settings::kBitsPerParam;
   // Distill settings every cloud method trains with (configs/distill layout); each method
   // changes only its feature term (distill::WithFeatureTermOf). "" = each learner's preset.
   std::string distill_config = "configs/distill/akd.json";
@@ -164,7 +173,7 @@ const std::vector<std::string>& KnownMethods();
 
 // A method name with an optional "@ratio" suffix that sets its stage-2 token ratio, e.g.
 // "cd-cca@0.25" or "akd-random@0.75" (the paper's Table 4). token_ratio: 0 = no suffix (the
-// experiment's uts.token_ratio), -1 = unparsable.
+// experiment's uts_token_ratio), -1 = unparsable.
 struct MethodName {
   std::string base;
   float token_ratio = 0;

@@ -19,8 +19,8 @@ constexpr char kGood[] = R"({
   "schedule": [{"shift": "fog", "severity": 4}, {"shift": "none", "text": true},
                {"continual": true}],
   "methods": ["source-only", "cd-cca"],
-  "uts": {"token_ratio": 0.25, "precision": "int8"},
-  "job": {"max_steps": 10},
+  "uts_token_ratio": 0.25, "uplink_precision": "int8",
+  "max_steps": 10,
   "link": {"up_mbit_s": 5, "loss": 0.01}
 })";
 
@@ -79,7 +79,7 @@ TEST(ExperimentTest, RejectsBadFilesNamingTheField) {
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("loss")));
   EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
-                                  "uts": {"score": "magnitude"}})",
+                                  "uts_score": "magnitude"})",
                               "g.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vis, attention_variance")));
@@ -94,23 +94,30 @@ TEST(ExperimentTest, RefusesUnknownKeysNamingThePlace) {
   EXPECT_THAT(ParseExperiment("{" + base + R"(, "round": 3})", "a.json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("a.json: unknown key \"round\""), HasSubstr("rounds"))));
-  EXPECT_THAT(ParseExperiment("{" + base + R"(, "job": {"guard_poool": 64}})", "b.json").status(),
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "guard_poool": 64})", "b.json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("b.json: job: unknown key \"guard_poool\""),
-                             HasSubstr("guard_pool"))));
+                       HasSubstr("b.json: unknown key \"guard_poool\"; did you mean "
+                                 "\"guard_pool\"?")));
+  // A key under its old name is refused naming the new one; so are the old groups.
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "precision": "int4"})", "p.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("did you mean \"student_precision\"?")));
+  EXPECT_THAT(
+      ParseExperiment("{" + base + R"(, "uts": {"keep_fraction": 0.5}})", "u.json").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("uts_keep_fraction")));
   EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{"shift": "fog", "severty": 3}],
                                   "methods": ["pl"]})",
                               "c.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schedule[0]: unknown key")));
   for (const char* part :
-       {R"("uts": {"keep": 0.5})", R"("cloud": {"front": 2})", R"("link": {"up_mbits": 5})"}) {
+       {R"("uts_keep": 0.5)", R"("cloud": {"front": 2})", R"("link": {"up_mbits": 5})"}) {
     EXPECT_THAT(ParseExperiment("{" + base + ", " + part + "}", "d.json").status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key")))
         << part;
   }
   ASSERT_OK_AND_ASSIGN(Experiment e,
-                       ParseExperiment("{" + base + R"(, "job": {"guard_pool": 64}})", "e.json"));
+                       ParseExperiment("{" + base + R"(, "guard_pool": 64})", "e.json"));
   EXPECT_EQ(e.job.guard_pool, 64);
 }
 
@@ -122,12 +129,11 @@ TEST(ExperimentTest, ReadsTheGuardsMeasure) {
   EXPECT_EQ(by_default.job.guard_measure, "teacher_probability");
   ASSERT_OK_AND_ASSIGN(
       Experiment agreement,
-      ParseExperiment("{" + base + R"(, "job": {"guard_measure": "agreement"}})", "b.json"));
+      ParseExperiment("{" + base + R"(, "guard_measure": "agreement"})", "b.json"));
   EXPECT_EQ(agreement.job.guard_measure, "agreement");
-  EXPECT_THAT(
-      ParseExperiment("{" + base + R"(, "job": {"guard_measure": "votes"}})", "c.json").status(),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("c.json: job"), HasSubstr("guard_measure"))));
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "guard_measure": "votes"})", "c.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("c.json"), HasSubstr("guard_measure"))));
 }
 
 // A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
@@ -137,7 +143,7 @@ TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
       Experiment e,
       ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["source-only", "cd-cca"],
                           "teacher": "/m/t", "student_base": "/m/s", "lora_rank": 16,
-                          "lora_alpha": 32, "lora_mlp": true, "job": {"device": "cuda"}})",
+                          "lora_alpha": 32, "lora_mlp": true, "device": "cuda"})",
                       "h.json"));
   EXPECT_TRUE(e.hub());
   EXPECT_EQ(e.teacher, "/m/t");
@@ -160,7 +166,7 @@ TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
                 .status());
   // A score the device does not compute, on a family as on a pair.
   EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
-                                  "uts": {"score": "attention_cv"}})",
+                                  "uts_score": "attention_cv"})",
                               "l.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention_cv")));
@@ -169,13 +175,13 @@ TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {
     ASSERT_OK_AND_ASSIGN(
         Experiment scored,
         ParseExperiment(absl::StrCat(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
-                                          "uts": {"score": ")",
-                                     score, R"("}})"),
+                                          "uts_score": ")",
+                                     score, R"("})"),
                         "s.json"));
     EXPECT_EQ(scored.uts.score, score);
   }
   EXPECT_THAT(ParseExperiment(R"({"name": "x", "schedule": [{}], "methods": ["pl"],
-                                  "job": {"device": "tpu"}})",
+                                  "device": "tpu"})",
                               "m.json")
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tpu")));

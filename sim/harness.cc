@@ -33,6 +33,7 @@
 #include "model/arch/hf_answerer.h"
 #include "model/hub/chat_template.h"
 #include "model/hub/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
 #ifdef CDCCA_SIM_CLUSTER
@@ -488,6 +489,63 @@ absl::Status TriggerJobs(Cloud& c, const std::vector<std::string>& ids) {
   return absl::OkStatus();
 }
 
+// The cloud's strategy options for `plan` of experiment `e` (all but where its state lives):
+// the experiment's settings, the defaults table's where it says nothing.
+absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experiment& e,
+                                                                   const MethodPlan& plan) {
+  cloud::PerDeviceStrategyOptions po;
+  po.lora_rank = e.lora_rank;  // the devices' adapters (a family's too)
+  po.lora_alpha = e.lora_alpha;
+  po.lora_mlp = e.lora_mlp;
+  po.lora_qformer = e.lora_qformer;
+  po.lora_projector = e.lora_projector;
+  if (e.hub()) {
+    po.teacher_dir = e.teacher;
+    po.student_base_dir = e.student_base;
+  } else {
+    po.checkpoint_dir = e.checkpoint;
+  }
+  po.train_device = e.job.device;
+  po.student_precision = e.precision;
+  po.learner = plan.learner;
+  // Every cloud method trains with the experiment's distill settings (CE, KL, replay, steps,
+  // learning rate) and differs from AKD only in its feature term. Where the file is not
+  // there (a run from outside the checkout), the presets are the same defaults table.
+  if (fs::exists(e.distill_config)) po.distill_config = e.distill_config;
+  po.max_steps = e.job.max_steps;
+  po.batch_size = e.job.batch_size;
+  po.max_answer_tokens = e.AnswerTokens();
+  po.torch_threads = e.threads;
+  po.bits_per_param = e.downlink_bits_per_param;
+  po.max_batches_per_job = 1u << 20;  // a round's job trains on everything uplinked
+  po.guard.enabled = e.job.guard;
+  po.guard.holdout_fraction = e.job.guard_holdout_fraction;
+  po.guard.z = e.job.guard_z;
+  po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
+  po.guard.pool_capacity = static_cast<size_t>(e.job.guard_pool);
+  po.guard.confident_fraction = e.job.guard_confident_fraction;
+  po.guard.restore_base = e.job.guard_restore_base;
+  absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
+  if (!m.ok()) return m.status();
+  po.guard.measure = *m;
+  return po;
+}
+
+// The devices' runtime options of experiment `e` (the student, as the devices load it).
+device::RuntimeOptions RuntimeOptionsFor(const Experiment& e) {
+  device::RuntimeOptions ro;
+  ro.checkpoint_dir = e.hub() ? e.student_base : e.checkpoint;
+  ro.lora_rank = e.lora_rank;
+  ro.lora_alpha = e.lora_alpha;
+  ro.lora_mlp = e.lora_mlp;
+  ro.lora_qformer = e.lora_qformer;
+  ro.lora_projector = e.lora_projector;
+  ro.precision = e.precision;
+  ro.threads = e.threads;
+  ro.max_answer_tokens = e.AnswerTokens();
+  return ro;
+}
+
 absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::string& dir,
                         std::mt19937_64& rng, Clock* clock, Cloud& c) {
   std::string text;
@@ -509,44 +567,10 @@ absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::
   auto updates = cloud::UpdateStore::Open({dir + "/updates", 16});
   if (!updates.ok()) return updates.status();
   c.updates = std::move(*updates);
-  cloud::PerDeviceStrategyOptions po;
-  po.lora_rank = e.lora_rank;  // the devices' adapters (a family's too)
-  po.lora_alpha = e.lora_alpha;
-  po.lora_mlp = e.lora_mlp;
-  po.lora_qformer = e.lora_qformer;
-  po.lora_projector = e.lora_projector;
-  if (e.hub()) {
-    po.teacher_dir = e.teacher;
-    po.student_base_dir = e.student_base;
-  } else {
-    po.checkpoint_dir = e.checkpoint;
-  }
-  po.train_device = e.job.device;
-  po.student_precision = e.precision;
+  absl::StatusOr<cloud::PerDeviceStrategyOptions> options = StrategyOptionsFor(e, plan);
+  if (!options.ok()) return options.status();
+  cloud::PerDeviceStrategyOptions po = *std::move(options);
   po.state_dir = dir + "/mirrors";
-  po.learner = plan.learner;
-  // Every cloud method trains with the experiment's distill settings (CE, KL, replay, steps,
-  // learning rate) and differs from AKD only in its feature term.
-  if (fs::exists(e.distill_config)) po.distill_config = e.distill_config;
-  po.max_steps = e.job.max_steps;
-  po.batch_size = e.job.batch_size;
-  po.max_answer_tokens = e.AnswerTokens();
-  po.torch_threads = e.threads;
-  po.bits_per_param = e.downlink_bits_per_param;
-  po.max_batches_per_job = 1u << 20;  // a round's job trains on everything uplinked
-  po.guard.enabled = e.job.guard;
-  po.guard.holdout_fraction = e.job.guard_holdout_fraction;
-  po.guard.z = e.job.guard_z;
-  po.guard.min_pool = static_cast<size_t>(e.job.guard_min_pool);
-  po.guard.pool_capacity = static_cast<size_t>(e.job.guard_pool);
-  po.guard.confident_fraction = e.job.guard_confident_fraction;
-  po.guard.restore_base = e.job.guard_restore_base;
-  if (absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
-      m.ok()) {
-    po.guard.measure = *m;
-  } else {
-    return m.status();
-  }
   if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
   auto strategy =
       cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());
@@ -694,20 +718,11 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
   for (int i = 0; i < e.devices; ++i) {
     Device& d = devices[static_cast<size_t>(i)];
     progress(absl::StrCat("loading device ", i));
-    device::RuntimeOptions ro;
-    ro.checkpoint_dir = e.hub() ? e.student_base : e.checkpoint;
-    ro.lora_rank = e.lora_rank;
-    ro.lora_alpha = e.lora_alpha;
-    ro.lora_mlp = e.lora_mlp;
-    ro.lora_qformer = e.lora_qformer;
-    ro.lora_projector = e.lora_projector;
-    ro.precision = e.precision;
+    device::RuntimeOptions ro = RuntimeOptionsFor(e);
     if (plan->teacher) {  // the cloud's teacher, as the cloud runs it
       ro.checkpoint_dir = e.hub() ? e.teacher : e.checkpoint + "/teacher";
       ro.precision = "fp32";
     }
-    ro.threads = e.threads;
-    ro.max_answer_tokens = e.AnswerTokens();
     auto runtime = device::InferenceRuntime::Load(ro);
     if (!runtime.ok()) return runtime.status();
     d.runtime = std::move(*runtime);
@@ -1043,6 +1058,41 @@ absl::StatusOr<RunResult> RunExperiment(const Experiment& experiment,
   run.seconds = Since(start);
   if (options.progress) options.progress("done", 1.0);
   return run;
+}
+
+absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e, const std::string& method) {
+  absl::StatusOr<MethodPlan> plan = PlanFor(method, e);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<cloud::PerDeviceStrategyOptions> po = StrategyOptionsFor(e, *plan);
+  if (!po.ok()) return po.status();
+  const device::RuntimeOptions ro = RuntimeOptionsFor(e);
+  absl::StatusOr<std::string> job = cloud::JobSettingsJson(*po);
+  if (!job.ok()) return job.status();
+  // Floats as their shortest decimal (0.1f prints 0.1), as a flag's value reads.
+  const auto decimal = [](float f) { return std::stod(absl::StrCat(f)); };
+  nlohmann::json j = {{"uts_keep_fraction", decimal(plan->uts.keep_fraction)},
+                      {"uts_token_ratio", decimal(plan->uts.token_ratio)},
+                      {"uts_mc_passes", plan->uts.mc_passes},
+                      {"uts_dropout", decimal(plan->uts.dropout_p)},
+                      {"uplink_precision", e.uts.precision},
+                      {"student_precision", ro.precision},
+                      {"lora_rank", ro.lora_rank},
+                      {"lora_alpha", ro.lora_alpha},
+                      {"lora_mlp", ro.lora_mlp},
+                      {"lora_qformer", ro.lora_qformer},
+                      {"lora_projector", ro.lora_projector},
+                      {"bits_per_param", po->bits_per_param},
+                      {"replay_capacity", po->replay_capacity},
+                      {"guard", po->guard.enabled},
+                      {"guard_holdout_fraction", po->guard.holdout_fraction},
+                      {"guard_pool", po->guard.pool_capacity},
+                      {"guard_min_pool", po->guard.min_pool},
+                      {"guard_z", po->guard.z},
+                      {"guard_confident_fraction", po->guard.confident_fraction},
+                      {"guard_restore_base", po->guard.restore_base},
+                      {"guard_measure", e.job.guard_measure}};
+  j.update(nlohmann::json::parse(*job));
+  return j.dump(2);
 }
 
 }  // namespace cdcca::sim

@@ -119,6 +119,17 @@ struct HarnessOptions {
 absl::StatusOr<RunResult> RunExperiment(const Experiment& experiment,
                                         const HarnessOptions& options);
 
+// The settings of the round that `method` of `e` runs, as one JSON object keyed by the
+// settings' names (settings/defaults.h), the way cdcca-cloud's and cdcca-device's
+// --print_config print theirs: UTS (uts_*, uplink_precision), the student and its adapters
+// (student_precision, lora_*), the job (learner, l_*, temperature, max_steps, batch_size, lr,
+// replay_fraction, replay_capacity, max_answer_tokens), the downlink (bits_per_param) and the
+// update guard (guard*). Built by the same functions that build the run's cloud and devices.
+// What `cdcca-sim --print_config` prints. INVALID_ARGUMENT for an unknown method; the errors
+// of reading the experiment's distill settings.
+absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e,
+                                              const std::string& method = "cd-cca");
+
 }  // namespace cdcca::sim
 
 #endif  // CDCCA_SIM_HARNESS_H_

@@ -346,11 +346,11 @@ TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
   const std::string experiment = dir_.path() + "/seeds.json";
   {
     std::ofstream f(experiment);
-    f << R"({"name": "seeds-test", "checkpoint": ")" << dir_.path() << R"(/model",
-      "devices": 1, "rounds": 1, "stream_frames": 16, "eval_scenes": 4, "threads": 1,
+    f << R"({"name": "seeds-test", "checkpoint_dir": ")" << dir_.path() << R"(/model",
+      "devices": 1, "rounds": 1, "stream_frames": 16, "eval_scenes": 4, "torch_threads": 1,
       "distill_config": "", "schedule": [{"shift": "fog", "severity": 4}],
-      "methods": ["source-only", "cd-cca"], "uts": {"keep_fraction": 0.5, "mc_passes": 2},
-      "job": {"max_steps": 2, "batch_size": 4}, "link": {"latency_ms": 1}})";
+      "methods": ["source-only", "cd-cca"], "uts_keep_fraction": 0.5, "uts_mc_passes": 2,
+      "max_steps": 2, "batch_size": 4, "link": {"latency_ms": 1}})";
   }
   const std::string out = dir_.path() + "/runs";
   auto run = [&](const std::string& seeds, std::string* stdout_text) {

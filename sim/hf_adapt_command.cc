@@ -21,41 +21,68 @@
 #include "device/uts.h"
 #include "model/hub/hf_adapter_state.h"
 #include "nlohmann/json.hpp"
+#include "settings/defaults.h"
 #include "sim/adapt_eval.h"
 #include "sim/hub_adapt_eval.h"
 
-ABSL_FLAG(std::string, teacher, "", "hf-adapt: the teacher's Hugging Face folder");
+// The flags of hf-adapt and adapt-eval carry cdcca-cloud's and cdcca-device's names for the
+// same settings (--uts_mc_passes, --max_steps, --student_precision, ...); their defaults are
+// these commands' own.
+ABSL_FLAG(std::string, teacher, "", "hf-adapt, adapt-eval: the teacher's Hugging Face folder");
 ABSL_FLAG(std::string, student_base, "",
-          "hf-adapt: the student's Hugging Face folder (the device's model, before adaptation)");
+          "hf-adapt, adapt-eval: the student's Hugging Face folder (the device's model, before "
+          "adaptation)");
+ABSL_FLAG(std::string, student_template, "",
+          "hf-adapt, adapt-eval: the student's prompt template (auto, chat, none, llava, vicuna, "
+          "chatml); empty = the prompt as given (hf-adapt), auto (adapt-eval)");
 ABSL_FLAG(std::string, teacher_template, "",
-          "hf-adapt: the teacher's prompt template (llava, vicuna, chatml); empty = --template");
+          "hf-adapt, adapt-eval: the teacher's prompt template (as --student_template); empty = "
+          "--student_template");
+ABSL_FLAG(std::string, student_precision, "",
+          "hf-adapt, adapt-eval: precision of the device student's frozen base (fp32, int8, "
+          "int4); empty = int8");
 ABSL_FLAG(std::string, teacher_precision, "",
-          "hf-adapt: fp32 | bf16 | fp16 | int8 | int4; empty = bf16 on cuda, fp32 on cpu");
+          "hf-adapt, adapt-eval: fp32 | bf16 | fp16 | int8 | int4; empty = bf16 on cuda, fp32 on "
+          "cpu");
 ABSL_FLAG(std::string, learner, "akd", "hf-adapt: akd | pl | pkd | cwd (the feature term)");
-ABSL_FLAG(std::string, learner_config, "",
-          "hf-adapt: distill settings JSON (configs/distill/akd.json layout): every learner "
-          "trains with its settings and only its own feature term; empty = the learner's preset");
-ABSL_FLAG(int, steps, 0, "hf-adapt: training steps (0 = the settings', default 200)");
-ABSL_FLAG(int, batch, 0, "hf-adapt: batch size (0 = the settings', default 16)");
-ABSL_FLAG(double, lr, 0, "hf-adapt: learning rate (0 = the settings', default 1e-3)");
-ABSL_FLAG(int, answer_tokens, 16, "hf-adapt: longest pseudo-label the teacher generates");
-ABSL_FLAG(int64_t, lora_rank, 8, "hf-adapt: LoRA rank on the LM's q and v");
-ABSL_FLAG(double, lora_alpha, 16.0, "hf-adapt: LoRA alpha (scale alpha / rank)");
-ABSL_FLAG(bool, lora_mlp, false, "hf-adapt: LoRA on the LM's MLP projections too");
-ABSL_FLAG(bool, lora_qformer, false,
-          "hf-adapt: LoRA on the Q-Former's attention query and value too (BLIP-2, InstructBLIP)");
-ABSL_FLAG(bool, lora_projector, false,
-          "hf-adapt: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
-          "BLIP-2's language_projection)");
-ABSL_FLAG(double, keep_fraction, 0.0,
-          "adapt-eval, hf-adapt: UTS stage 1, keep this fraction of the stream by answer entropy "
-          "(hf-adapt: the running quantile over the frames so far, as on a device; 0 = all)");
+ABSL_FLAG(std::string, distill_config, "",
+          "hf-adapt, adapt-eval: distill settings JSON (configs/distill/akd.json layout). "
+          "hf-adapt: --learner trains with its settings and only its own feature term; empty = "
+          "the learner's preset. adapt-eval: its \"job\" section gives the job options; empty = "
+          "configs/distill/akd.json");
+ABSL_FLAG(int, max_steps, 0,
+          "hf-adapt, adapt-eval: training steps per job (0 = --distill_config's, default 200)");
+ABSL_FLAG(int, batch_size, 0,
+          "hf-adapt, adapt-eval: samples per training step (0 = --distill_config's, default 16)");
+ABSL_FLAG(double, lr, 0,
+          "hf-adapt, adapt-eval: learning rate (0 = --distill_config's, default 1e-3)");
+ABSL_FLAG(int, max_answer_tokens, cdcca::settings::kMaxAnswerTokens,
+          "hf-adapt: longest answer, in tokens: the student's and the teacher's pseudo-label");
+ABSL_FLAG(int64_t, lora_rank, cdcca::settings::kLoraRank,
+          "hf-adapt, adapt-eval: LoRA rank on the LM's q and v");
+ABSL_FLAG(double, lora_alpha, cdcca::settings::kLoraAlpha,
+          "hf-adapt, adapt-eval: LoRA alpha (scale alpha / rank)");
+ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp,
+          "hf-adapt, adapt-eval: LoRA on the LM's MLP projections too");
+ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
+          "hf-adapt, adapt-eval: LoRA on the Q-Former's attention query and value too (BLIP-2, "
+          "InstructBLIP)");
+ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
+          "hf-adapt, adapt-eval: LoRA on the projector into the LM too (LLaVA's "
+          "multi_modal_projector, BLIP-2's language_projection)");
+ABSL_FLAG(double, uts_keep_fraction, 0.0,
+          "hf-adapt, adapt-eval: UTS stage 1, fraction of the stream kept by answer entropy "
+          "(hf-adapt: the running quantile over the frames so far, as on a device); 0 = all");
 ABSL_FLAG(double, entropy_alpha, -1.0,
           "hf-adapt: UTS stage 1 with a fixed threshold instead: keep frames whose answer's mean "
           "token entropy (nats) exceeds it; < 0 = off");
-ABSL_FLAG(double, keep_ratio, 0.5, "hf-adapt: share of visual tokens UTS stage 2 keeps, (0, 1]");
-ABSL_FLAG(int, uts_passes, 8, "hf-adapt: UTS stage 2's MC-dropout passes M");
-ABSL_FLAG(double, uts_dropout, 0.1, "hf-adapt: UTS stage 2's token dropout rate");
+ABSL_FLAG(double, uts_token_ratio, cdcca::settings::kUtsTokenRatio,
+          "hf-adapt, adapt-eval: fraction of visual tokens UTS stage 2 keeps, (0, 1] "
+          "(adapt-eval: the UTS and random arms alike)");
+ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
+          "hf-adapt, adapt-eval: MC-dropout passes M of UTS stage 2");
+ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
+          "hf-adapt, adapt-eval: rate of UTS stage 2's dropout on the visual tokens in each pass");
 ABSL_FLAG(uint64_t, job_seed, 0, "hf-adapt: seed of the batches and the dropout masks");
 ABSL_FLAG(std::string, state, "", "export-adapter: the adapted state folder (hf-adapt --out)");
 
@@ -65,8 +92,6 @@ ABSL_FLAG(int, severity, 4, "adapt-eval: severity 1-5 of the image shift");
 ABSL_FLAG(int, stream_scenes, 1000,
           "adapt-eval: stream scenes the device answers (5 questions each)");
 ABSL_FLAG(int, test_scenes, 300, "adapt-eval: held-out shifted test scenes (5 questions each)");
-ABSL_FLAG(double, token_ratio, 0.5,
-          "adapt-eval: fraction of visual tokens the UTS and random arms keep");
 ABSL_FLAG(std::string, token_scores, "vis",
           "adapt-eval: comma-separated UTS stage-2 scores, one arm each; a pair scores by VIS "
           "(the device's score) whatever the name, so arms of one ratio are one arm");
@@ -77,21 +102,12 @@ ABSL_FLAG(bool, teacher_all_arms, false,
           "kept ones");
 ABSL_FLAG(std::string, learners, "pl,akd,akd+l_query=0,akd+l_repr=0,pl+l_kl=0.5,akd+l_kl=0.5",
           "adapt-eval: comma-separated learner specs base[+key=value]...");
-ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json",
-          "adapt-eval: its \"job\" section gives the job options");
-ABSL_FLAG(int, job_steps, 0, "adapt-eval: steps per job (0 = the config's)");
-ABSL_FLAG(double, job_lr, 0, "adapt-eval: learning rate (0 = the config's)");
-ABSL_FLAG(int, job_batch, 0, "adapt-eval: batch size (0 = the config's)");
-ABSL_FLAG(int, mc_passes, 8, "adapt-eval: UTS stochastic passes M");
-ABSL_FLAG(double, dropout_p, 0.1, "adapt-eval: UTS dropout probability");
 ABSL_FLAG(uint64_t, seed, 1, "adapt-eval: scenes, passes, random tokens and jobs");
 
 // Shared with `cdcca generate` / `answer` (model/arch/generate_command.cc) and `cdcca eval`.
 ABSL_DECLARE_FLAG(std::string, images);
 ABSL_DECLARE_FLAG(std::string, prompt);
-ABSL_DECLARE_FLAG(std::string, template);
 ABSL_DECLARE_FLAG(std::string, device);
-ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, out);
 // Defined by the model's or the datasets' commands.
 ABSL_DECLARE_FLAG(std::string, checkpoint);
@@ -110,9 +126,78 @@ using distill::PairSideOf;
 using distill::PresetDistillConfig;
 using distill::WithFeatureTermOf;
 
+const char* const kHfAdaptFlags[] = {"teacher",
+                                     "student_base",
+                                     "images",
+                                     "prompt",
+                                     "out",
+                                     "device",
+                                     "student_template",
+                                     "teacher_template",
+                                     "student_precision",
+                                     "teacher_precision",
+                                     "learner",
+                                     "distill_config",
+                                     "max_steps",
+                                     "batch_size",
+                                     "lr",
+                                     "max_answer_tokens",
+                                     "job_seed",
+                                     "lora_rank",
+                                     "lora_alpha",
+                                     "lora_mlp",
+                                     "lora_qformer",
+                                     "lora_projector",
+                                     "uts_keep_fraction",
+                                     "entropy_alpha",
+                                     "uts_token_ratio",
+                                     "uts_mc_passes",
+                                     "uts_dropout",
+                                     nullptr};
+
+const char* const kAdaptEvalFlags[] = {"teacher",
+                                       "student_base",
+                                       "checkpoint",
+                                       "fashion_mnist_dir",
+                                       "out",
+                                       "device",
+                                       "student_template",
+                                       "teacher_template",
+                                       "student_precision",
+                                       "teacher_precision",
+                                       "distill_config",
+                                       "max_steps",
+                                       "batch_size",
+                                       "lr",
+                                       "lora_rank",
+                                       "lora_alpha",
+                                       "lora_mlp",
+                                       "lora_qformer",
+                                       "lora_projector",
+                                       "uts_keep_fraction",
+                                       "uts_token_ratio",
+                                       "uts_mc_passes",
+                                       "uts_dropout",
+                                       "shift",
+                                       "severity",
+                                       "stream_scenes",
+                                       "test_scenes",
+                                       "token_scores",
+                                       "random_arm",
+                                       "teacher_all_arms",
+                                       "learners",
+                                       "seed",
+                                       nullptr};
+
+const char* const kExportAdapterFlags[] = {"state", "out", nullptr};
+
 namespace {
 
 namespace ds = ::cdcca::datasets;
+
+// adapt-eval's job settings when --distill_config is empty (for hf-adapt, empty means the
+// learner's preset instead).
+constexpr char kAdaptEvalDistillConfig[] = "configs/distill/akd.json";
 
 // --images: a folder (its .png/.jpg/.jpeg/.bmp files in name order) or a comma list of files.
 absl::StatusOr<std::vector<std::string>> ImageList(const std::string& spec) {
@@ -172,23 +257,24 @@ absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
   o.domain = *domain;
   o.stream_scenes = absl::GetFlag(FLAGS_stream_scenes);
   o.test_scenes = absl::GetFlag(FLAGS_test_scenes);
-  o.mc_passes = absl::GetFlag(FLAGS_mc_passes);
-  o.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_dropout_p));
-  o.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_keep_fraction));
-  const std::string precision = absl::GetFlag(FLAGS_precision);
+  o.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  o.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
+  o.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
+  const std::string precision = absl::GetFlag(FLAGS_student_precision);
   o.precision = precision.empty() ? std::string("int8") : precision;
   o.seed = absl::GetFlag(FLAGS_seed);
+  const std::string distill_config = absl::GetFlag(FLAGS_distill_config);
   absl::StatusOr<DistillSettings> settings =
-      LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
+      LoadDistillSettings(distill_config.empty() ? kAdaptEvalDistillConfig : distill_config);
   if (!settings.ok()) return settings.status();
   o.job = settings->job;
   o.job.seed = o.seed;
-  if (absl::GetFlag(FLAGS_job_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_job_steps);
-  if (absl::GetFlag(FLAGS_job_lr) > 0) o.job.lr = absl::GetFlag(FLAGS_job_lr);
-  if (absl::GetFlag(FLAGS_job_batch) > 0) o.job.batch_size = absl::GetFlag(FLAGS_job_batch);
+  if (absl::GetFlag(FLAGS_max_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_max_steps);
+  if (absl::GetFlag(FLAGS_lr) > 0) o.job.lr = absl::GetFlag(FLAGS_lr);
+  if (absl::GetFlag(FLAGS_batch_size) > 0) o.job.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.max_answer_tokens = o.job.max_answer_tokens;
 
-  const float ratio = static_cast<float>(absl::GetFlag(FLAGS_token_ratio));
+  const float ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   const int pct = static_cast<int>(std::lround(100 * ratio));
   o.arms.push_back({"all", TokenSelection::kAll, 1.0f, ""});
   for (absl::string_view score :
@@ -254,22 +340,24 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                  kName);
     return 2;
   }
-  const double keep = absl::GetFlag(FLAGS_keep_ratio);
+  const double keep = absl::GetFlag(FLAGS_uts_token_ratio);
   if (!(keep > 0 && keep <= 1)) {
-    std::fprintf(stderr, "%s: --keep_ratio must be in (0, 1], got %g\n", kName, keep);
+    std::fprintf(stderr, "%s: --uts_token_ratio must be in (0, 1], got %g\n", kName, keep);
     return 2;
   }
   // UTS stage 1 (device/uts.h EntropyGate): a running quantile, a fixed alpha, or off.
-  const double keep_fraction = absl::GetFlag(FLAGS_keep_fraction);
+  const double keep_fraction = absl::GetFlag(FLAGS_uts_keep_fraction);
   const double alpha = absl::GetFlag(FLAGS_entropy_alpha);
   if (!(keep_fraction >= 0 && keep_fraction <= 1)) {
-    std::fprintf(stderr, "%s: --keep_fraction must be in [0, 1], got %g\n", kName, keep_fraction);
+    std::fprintf(stderr, "%s: --uts_keep_fraction must be in [0, 1], got %g\n", kName,
+                 keep_fraction);
     return 2;
   }
   const bool quantile = keep_fraction > 0 && keep_fraction < 1;
   if (alpha >= 0 && quantile) {
-    std::fprintf(
-        stderr, "%s: --keep_fraction and --entropy_alpha are two stage-1 rules; give one\n", kName);
+    std::fprintf(stderr,
+                 "%s: --uts_keep_fraction and --entropy_alpha are two stage-1 rules; give one\n",
+                 kName);
     return 2;
   }
   const bool stage1 = quantile || alpha >= 0;
@@ -284,8 +372,8 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   // The learner's settings: a settings file, else the preset; flags override the job bounds.
   DistillSettings settings;
   const std::string learner = absl::GetFlag(FLAGS_learner);
-  if (!absl::GetFlag(FLAGS_learner_config).empty()) {
-    absl::StatusOr<DistillSettings> s = LoadDistillSettings(absl::GetFlag(FLAGS_learner_config));
+  if (!absl::GetFlag(FLAGS_distill_config).empty()) {
+    absl::StatusOr<DistillSettings> s = LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
     if (!s.ok()) return Fail(kName, s.status());
     settings = *s;
     absl::StatusOr<DistillConfig> c = WithFeatureTermOf(learner, settings.learner);
@@ -296,16 +384,18 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
     if (!c.ok()) return Fail(kName, c.status());
     settings.learner = *c;
   }
-  if (absl::GetFlag(FLAGS_steps) > 0) settings.job.max_steps = absl::GetFlag(FLAGS_steps);
-  if (absl::GetFlag(FLAGS_batch) > 0) settings.job.batch_size = absl::GetFlag(FLAGS_batch);
+  if (absl::GetFlag(FLAGS_max_steps) > 0) settings.job.max_steps = absl::GetFlag(FLAGS_max_steps);
+  if (absl::GetFlag(FLAGS_batch_size) > 0) {
+    settings.job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  }
   if (absl::GetFlag(FLAGS_lr) > 0) settings.job.lr = absl::GetFlag(FLAGS_lr);
-  settings.job.max_answer_tokens = absl::GetFlag(FLAGS_answer_tokens);
+  settings.job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   settings.job.seed = absl::GetFlag(FLAGS_job_seed);
 
   const std::string device = absl::GetFlag(FLAGS_device);
   std::string teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
   if (teacher_precision.empty()) teacher_precision = device == "cuda" ? "bf16" : "fp32";
-  std::string student_precision = absl::GetFlag(FLAGS_precision);
+  std::string student_precision = absl::GetFlag(FLAGS_student_precision);
   if (student_precision.empty()) student_precision = "int8";
   absl::StatusOr<std::unique_ptr<model::HfAnswerer>> teacher =
       model::HfAnswerer::Load(teacher_dir, teacher_precision, device);
@@ -321,7 +411,7 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
-  const std::string student_name = absl::GetFlag(FLAGS_template);
+  const std::string student_name = absl::GetFlag(FLAGS_student_template);
   std::string teacher_name = absl::GetFlag(FLAGS_teacher_template);
   if (teacher_name.empty()) teacher_name = student_name;
   absl::StatusOr<model::PromptFormat> student_template =
@@ -353,9 +443,10 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                    line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       continue;
     }
-    absl::StatusOr<model::VisualTokenReply> uts = (*student)->VisualTokenVarianceRgb(
-        image->pixels.data(), image->width, image->height, path, *device_prompt,
-        absl::GetFlag(FLAGS_uts_passes), absl::GetFlag(FLAGS_uts_dropout), settings.job.seed + i);
+    absl::StatusOr<model::VisualTokenReply> uts =
+        (*student)->VisualTokenVarianceRgb(image->pixels.data(), image->width, image->height, path,
+                                           *device_prompt, absl::GetFlag(FLAGS_uts_mc_passes),
+                                           absl::GetFlag(FLAGS_uts_dropout), settings.job.seed + i);
     if (!uts.ok()) return Fail(kName, uts.status());
     HfSample s;
     s.tokens =
@@ -380,7 +471,7 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   if (samples.empty()) {
     return Fail(kName, absl::FailedPreconditionError(absl::StrCat(
                            "UTS stage 1 kept none of the ", images->size(),
-                           " frames (raise --keep_fraction or lower --entropy_alpha)")));
+                           " frames (raise --uts_keep_fraction or lower --entropy_alpha)")));
   }
 
   // The cloud's side.
@@ -444,7 +535,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
     pair.student_base_dir = family;
   }
   pair.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
-  pair.student_template = absl::GetFlag(FLAGS_template);
+  pair.student_template = absl::GetFlag(FLAGS_student_template);
   pair.teacher_template = absl::GetFlag(FLAGS_teacher_template);
   if (pair.teacher_template.empty()) pair.teacher_template = pair.student_template;
   pair.device = absl::GetFlag(FLAGS_device);

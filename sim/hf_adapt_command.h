@@ -2,14 +2,15 @@
 // teacher-student pair, offline, and the PEFT export of its result; `cdcca adapt-eval` on a pair.
 //
 //   cdcca hf-adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE
-//     The device's side on each frame: the student (at --precision, the device's) answers;
-//     UTS stage 1 keeps the frame by its answer's mean token entropy (--keep_fraction, the
-//     running quantile as on a device, or --entropy_alpha; default 0: every frame); on a kept
-//     frame UTS stage 2 (--uts_passes MC-dropout passes) keeps the top --keep_ratio tokens by
-//     variance; then the cloud's side: an AKD job (distill/hf_akd.h, --learner,
-//     --learner_config, --steps) trains the student's adapters (--lora_rank, --lora_alpha)
-//     on the kept tokens, and the adapted state is written to STATE
-//     (model/hf_adapter_state.h). One JSON line per frame and one for the job on stderr.
+//     The device's side on each frame: the student (at --student_precision, the device's)
+//     answers; UTS stage 1 keeps the frame by its answer's mean token entropy
+//     (--uts_keep_fraction, the running quantile as on a device, or --entropy_alpha; default 0:
+//     every frame); on a kept frame UTS stage 2 (--uts_mc_passes MC-dropout passes at
+//     --uts_dropout) keeps the top --uts_token_ratio tokens by variance; then the cloud's side:
+//     an AKD job (distill/hf_akd.h, --learner, --distill_config, --max_steps) trains the
+//     student's adapters (--lora_rank, --lora_alpha) on the kept tokens, and the adapted state
+//     is written to STATE (model/hf_adapter_state.h). One JSON line per frame and one for the
+//     job on stderr.
 //   cdcca export-adapter --state STATE --out DIR
 //     The state as a PEFT LoRA adapter plus non_lora.safetensors.
 //
@@ -25,11 +26,23 @@
 namespace cdcca::sim {
 
 int HfAdaptCommand(const std::vector<std::string>& args);
+// The flags `cdcca hf-adapt` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kHfAdaptFlags[];
+
 int ExportAdapterCommand(const std::vector<std::string>& args);
+// The flags `cdcca export-adapter` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kExportAdapterFlags[];
+
 // `cdcca adapt-eval` (sim/hub_adapt_eval.h) on the pair --teacher / --student_base, or on the
-// family --checkpoint DIR read as its pair (DIR/teacher, DIR), with hf-adapt's --template,
-// --teacher_template, --teacher_precision, --device and --lora_* flags.
+// family --checkpoint DIR read as its pair (DIR/teacher, DIR), with hf-adapt's
+// --student_template, --teacher_template, --student_precision, --teacher_precision, --device,
+// --lora_*, --uts_* and job flags.
 int AdaptEvalAnyPairCommand(const std::vector<std::string>& args);
+// The flags `cdcca adapt-eval` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kAdaptEvalFlags[];
 
 }  // namespace cdcca::sim
 

@@ -646,6 +646,11 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
     j["checkpoint"] = e.checkpoint;
   }
   j["precision"] = e.precision;
+  // The round's settings under the programs' names, as `cdcca-sim --print_config` prints
+  // them: what `cdcca-cloud` and `cdcca-device` must be given to run what this run measured.
+  if (absl::StatusOr<std::string> settings = RoundSettingsJson(e); settings.ok()) {
+    j["settings"] = json::parse(*settings);
+  }
   // What "da" and "mc" hold: VQA accuracies, or a caption run's CIDEr-D and BLEU-4 (all).
   j["metrics"] = e.captioning() ? json{"cider_all", "bleu4_all"} : json{"da", "mc"};
   std::string csv =

@@ -8,7 +8,8 @@
 //   3. A pair whose tower differs is refused when the cloud starts.
 //   4. A pair with different tokenizers trains without the logit KL and the job log says so.
 //   5. `cdcca hf-adapt` (the same round offline) gates frames by UTS stage 1 and trains on the
-//      kept ones only.
+//      kept ones only; it and `cdcca adapt-eval` take the programs' names for the settings
+//      they share with them and refuse any flag not their own.
 //   6. Questions longer than the pair takes (256 tokens) or than the device can encode (512):
 //      the device answers them, drops the batches the cloud refuses for good, does not send
 //      what it cannot encode, and goes on in sync.
@@ -87,12 +88,12 @@ class HubProgramsTest : public ::testing::Test {
         "--device_id=dev-a",
         "--token=token-aaaaaaaaaaaaaaaa",
         "--checkpoint_dir=" + folder,
-        "--threads=1",
+        "--torch_threads=1",
         "--state_dir=" + DeviceDir() + "/state",
         "--input=" + std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/images",
         "--loop",
         "--fps=6",
-        "--max_new_tokens=6",
+        "--max_answer_tokens=6",
         "--output=" + DeviceDir() + "/answers.jsonl",
         "--uplink_batch_samples=2",
         "--uplink_max_age_s=1",
@@ -440,10 +441,9 @@ TEST(AdaptEvalProgramTest, AFamilyIsReadAsThePairItIs) {
         "--severity=4",
         "--stream_scenes=2",
         "--test_scenes=1",
-        "--job_steps=2",
+        "--max_steps=2",
         "--learners=pl",
-        "--precision=fp32",
-        "--threads=1",
+        "--student_precision=fp32",
         "--distill_config=" + std::string(CDCCA_SOURCE_DIR) + "/configs/distill/akd.json"};
     args.insert(args.end(), extra.begin(), extra.end());
     Child child(args, log);
@@ -472,20 +472,20 @@ TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFr
                                      "hf-adapt",
                                      "--teacher=" + model,
                                      "--student_base=" + model,
-                                     "--precision=fp32",
+                                     "--student_precision=fp32",
                                      "--images=" + fixtures + "/images",
                                      "--prompt=What is shown?",
-                                     "--template=llava",
-                                     "--steps=4",
-                                     "--batch=2",
-                                     "--answer_tokens=4",
+                                     "--student_template=llava",
+                                     "--max_steps=4",
+                                     "--batch_size=2",
+                                     "--max_answer_tokens=4",
                                      "--out=" + dir.path() + "/state"};
     args.insert(args.end(), extra.begin(), extra.end());
     Child child(args, log);
     return child.Wait(absl::Minutes(3));
   };
   const std::string log = dir.path() + "/hf_adapt.log";
-  ASSERT_EQ(run({"--keep_fraction=0.5"}, log), 0) << ReadText(log);
+  ASSERT_EQ(run({"--uts_keep_fraction=0.5"}, log), 0) << ReadText(log);
   int kept = 0, passed = 0;
   nlohmann::json job;
   for (absl::string_view line : absl::StrSplit(ReadText(log), '\n', absl::SkipEmpty())) {
@@ -507,11 +507,44 @@ TEST(HfAdaptProgramTest, StageOneKeepsTheEntropyQuantileAndTheJobTrainsOnThoseFr
 
   // Two stage-1 rules at once, and a threshold no frame reaches, are refused.
   const std::string both = dir.path() + "/both.log";
-  EXPECT_EQ(run({"--keep_fraction=0.5", "--entropy_alpha=1"}, both), 2);
+  EXPECT_EQ(run({"--uts_keep_fraction=0.5", "--entropy_alpha=1"}, both), 2);
   EXPECT_THAT(ReadText(both), HasSubstr("two stage-1 rules"));
   const std::string none = dir.path() + "/none.log";
   EXPECT_EQ(run({"--entropy_alpha=1000"}, none), 1);
   EXPECT_THAT(ReadText(none), HasSubstr("kept none of the 6 frames"));
+}
+
+// hf-adapt and adapt-eval take cdcca-cloud's and cdcca-device's names for the settings they
+// share with them, list only their own flags, and refuse a flag that is not theirs (another
+// sub-command's, or a near miss) naming it and the nearest of their own.
+TEST(HfAdaptProgramTest, TakesTheProgramsNamesAndOnlyItsOwnFlags) {
+  TempDir dir;
+  for (const std::string command : {"hf-adapt", "adapt-eval"}) {
+    SCOPED_TRACE(command);
+    const std::string help = dir.path() + "/" + command + "_help.txt";
+    Child child({CDCCA_TOOL_BINARY, command, "--help"}, help + ".err", "", help);
+    ASSERT_EQ(child.Wait(absl::Minutes(1)), 0) << ReadText(help + ".err");
+    const std::string text = ReadText(help);
+    for (const char* flag :
+         {"--uts_mc_passes", "--uts_token_ratio", "--uts_keep_fraction", "--uts_dropout",
+          "--max_steps", "--batch_size", "--lr", "--student_template", "--student_precision",
+          "--distill_config", "--teacher_template", "--lora_rank"}) {
+      EXPECT_THAT(text, HasSubstr(std::string("\n  ") + flag + "  ")) << flag;
+    }
+    for (const char* other : {"--keep_ratio", "--mc_passes", "--job_steps", "--learner_config",
+                              "--precision", "--template", "--render_seed", "--threads"}) {
+      EXPECT_THAT(text, ::testing::Not(HasSubstr(std::string("\n  ") + other + "  "))) << other;
+    }
+    const std::string near_miss = dir.path() + "/" + command + "_near_miss.log";
+    Child near({CDCCA_TOOL_BINARY, command, "--uts_passes=4"}, near_miss);
+    EXPECT_EQ(near.Wait(absl::Minutes(1)), 1) << ReadText(near_miss);
+    EXPECT_THAT(ReadText(near_miss), HasSubstr("'--uts_passes'"));
+    EXPECT_THAT(ReadText(near_miss), HasSubstr("'--uts_mc_passes'"));  // the nearest of its own
+    const std::string pretrains = dir.path() + "/" + command + "_pretrain_flag.log";
+    Child other({CDCCA_TOOL_BINARY, command, "--threads=1"}, pretrains);
+    EXPECT_EQ(other.Wait(absl::Minutes(1)), 1) << ReadText(pretrains);
+    EXPECT_THAT(ReadText(pretrains), HasSubstr("'--threads'"));
+  }
 }
 
 }  // namespace

@@ -77,6 +77,28 @@ TEST(ProgramsHelpTest, UnknownFlagExitsNonZeroNamingIt) {
   }
 }
 
+// A misspelt flag, or a flag of another program, is refused naming the one meant.
+TEST(ProgramsHelpTest, AMisspeltFlagIsRefusedNamingTheNearestKnownOne) {
+#ifdef CDCCA_DEVICE_BINARY
+  const Outcome device = RunProgram(std::string(CDCCA_DEVICE_BINARY) + " --uts_mc_pases=4");
+  EXPECT_NE(device.exit_code, 0);
+  EXPECT_THAT(device.output, HasSubstr("did you mean '--uts_mc_passes'?"));
+  // --data_dir is cdcca-cloud's: the device does not take it silently.
+  const Outcome foreign = RunProgram(std::string(CDCCA_DEVICE_BINARY) + " --data_dir=/tmp");
+  EXPECT_NE(foreign.exit_code, 0);
+  EXPECT_THAT(foreign.output, HasSubstr("unknown flag '--data_dir'"));
+#endif
+#ifdef CDCCA_CLOUD_BINARY
+  const std::filesystem::path config =
+      std::filesystem::path(::testing::TempDir()) / "misspelt_cloud_config.json";
+  std::ofstream(config) << R"({"trigger_sample": 8})";
+  const Outcome cloud = RunProgram(std::string(CDCCA_CLOUD_BINARY) +
+                                   " --config=" + config.string() + " --print_config");
+  EXPECT_NE(cloud.exit_code, 0);
+  EXPECT_THAT(cloud.output, HasSubstr("did you mean 'trigger_samples'?"));
+#endif
+}
+
 #ifdef CDCCA_BINARY
 TEST(ProgramsHelpTest, CdccaSubcommandHelp) {
   const Outcome r = RunProgram(std::string(CDCCA_BINARY) + " eval --help");
@@ -112,10 +134,11 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   std::filesystem::copy_file(std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/images/" +
                                  expected["image"].get<std::string>(),
                              dir / "frames" / "0.png");
-  const std::string base = std::string(CDCCA_DEVICE_BINARY) + " --checkpoint_dir=" + fixture +
-                           " --input=" + (dir / "frames").string() +
-                           " --prompt='What is shown?' --precision=fp32 --max_new_tokens=" +
-                           std::to_string(expected["max_new_tokens"].get<int>());
+  const std::string base =
+      std::string(CDCCA_DEVICE_BINARY) + " --checkpoint_dir=" + fixture +
+      " --input=" + (dir / "frames").string() +
+      " --prompt='What is shown?' --student_precision=fp32 --max_answer_tokens=" +
+      std::to_string(expected["max_new_tokens"].get<int>());
   const Outcome r = RunProgram(base + " --output=" + (dir / "answers.jsonl").string());
   if (r.output.find("without Hugging Face support") != std::string::npos) {
     GTEST_SKIP() << r.output;
@@ -164,7 +187,7 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   std::ifstream linked_answers(dir / "linked.jsonl");
   ASSERT_TRUE(std::getline(linked_answers, line)) << linked.output;
   EXPECT_EQ(nlohmann::json::parse(line)["answer"], expected["text"]) << line;
-  const Outcome bad = RunProgram(base + " --hf_template=nope --output=/dev/null");
+  const Outcome bad = RunProgram(base + " --student_template=nope --output=/dev/null");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("nope"));
 }

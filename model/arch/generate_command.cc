@@ -23,11 +23,13 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(std::string, image, "", "generate: the image file");
 ABSL_FLAG(std::string, prompt, "",
           "generate: the text the processor receives (LLaVA: contains <image>); answer --task "
-          "caption: the instruction (default: the architecture's)");
+          "caption: the instruction (default: the architecture's); hf-adapt: the question asked "
+          "about every image");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "generate/answer: most tokens generated");
-// --precision is shared with `cdcca adapt-eval` (precision_flag.cc); empty = fp32 here.
+// --precision (precision_flag.cc): the model's weights; empty = fp32.
 ABSL_DECLARE_FLAG(std::string, precision);
-ABSL_FLAG(std::string, device, "cpu", "generate/answer: cpu or cuda");
+ABSL_FLAG(std::string, device, "cpu",
+          "generate, answer, hf-adapt, adapt-eval: where the models run, cpu or cuda");
 ABSL_FLAG(bool, json, false, "generate: print {input_ids, tokens, text, first_logits}");
 // --questions, --annotations and --out are defined by `cdcca eval` / `cdcca render`
 // (datasets/commands.cc).
@@ -36,7 +38,7 @@ ABSL_DECLARE_FLAG(std::string, annotations);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_FLAG(std::string, images, "",
           "answer: the folder of the images (found by the id in their file names; by "
-          "file_name for --task caption)");
+          "file_name for --task caption); hf-adapt: a folder of images or a comma list of files");
 ABSL_FLAG(std::string, task, "vqa",
           "answer: vqa (--questions: VQAv2 questions), aokvqa (--questions: an A-OKVQA split) "
           "or caption (--annotations: COCO captions)");
@@ -209,6 +211,10 @@ absl::StatusOr<std::vector<AnswerItem>> ReadItems(const AnswerRequest& r) {
 }
 
 }  // namespace
+
+const char* const kGenerateFlags[] = {"model",          "image",     "prompt", "template",
+                                      "max_new_tokens", "precision", "device", "adapter_state",
+                                      "json",           nullptr};
 
 const char* const kAnswerFlags[] = {
     "model",  "task",          "questions", "annotations",    "images",    "out",    "template",

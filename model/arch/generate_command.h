@@ -43,6 +43,9 @@ absl::StatusOr<GenerateReply> RunGenerate(const GenerateRequest& request);
 
 // The command: flags as above; returns the process exit code.
 int GenerateCommand(const std::vector<std::string>& args);
+// The flags `cdcca generate` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kGenerateFlags[];
 
 // `cdcca answer`: a benchmark's questions (or images, for captions) answered by a folder,
 // written as the benchmark's official results file, which `cdcca eval` scores.
@@ -92,7 +95,8 @@ absl::StatusOr<AnswerSummary> RunAnswer(const AnswerRequest& request);
 // returns the process exit code.
 int AnswerCommand(const std::vector<std::string>& args);
 
-// The flags `cdcca answer` reads, for its --help.
+// The flags `cdcca answer` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
 extern const char* const kAnswerFlags[];
 
 }  // namespace cdcca::model

@@ -1,9 +1,8 @@
-// --precision: one definition for the `cdcca` binary, whose adapt-eval and generate/answer
-// commands both read it (each picks its default when it is empty).
+// --precision: the weights of the model `cdcca generate` and `cdcca answer` load (hf-adapt and
+// adapt-eval name their student's --student_precision, as cdcca-cloud and cdcca-device do).
 #include <string>
 
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, precision, "",
-          "weights: generate/answer fp32|bf16|fp16|int8|int4 (default fp32); adapt-eval: the "
-          "device student's base fp32|int8|int4 (default int8)");
+          "generate/answer: the model's weights, fp32|bf16|fp16|int8|int4; empty = fp32");

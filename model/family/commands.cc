@@ -20,7 +20,9 @@ ABSL_FLAG(std::string, out, "", "output directory (cdcca pretrain: the checkpoin
 ABSL_FLAG(std::string, fashion_mnist_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST directory ($CDCCA_FASHION_MNIST_DIR overrides the default)");
 #endif
-ABSL_FLAG(std::string, checkpoint, "", "model-eval: checkpoint directory");
+ABSL_FLAG(std::string, checkpoint, "",
+          "model-eval: checkpoint directory; adapt-eval: a family read as its pair (DIR/teacher, "
+          "DIR; default models/small)");
 ABSL_FLAG(std::string, table, "", "model-eval: also write the markdown table here");
 ABSL_FLAG(int, scenes, 200, "model-eval: scenes per domain (5 questions each)");
 ABSL_FLAG(int, threads, 0,
@@ -43,6 +45,12 @@ std::string DataDir() {
 }
 
 }  // namespace
+
+const char* const kPretrainFlags[] = {"config", "out",         "fashion_mnist_dir", "threads",
+                                      "cpu",    "scale_steps", "stop_after",        nullptr};
+
+const char* const kModelEvalFlags[] = {
+    "checkpoint", "fashion_mnist_dir", "scenes", "threads", "cpu", "table", nullptr};
 
 int PretrainCommand(const std::vector<std::string>& args) {
   if (!args.empty() || absl::GetFlag(FLAGS_out).empty()) {

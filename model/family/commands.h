@@ -10,7 +10,14 @@
 namespace cdcca::model {
 
 int PretrainCommand(const std::vector<std::string>& args);
+// The flags `cdcca pretrain` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kPretrainFlags[];
+
 int ModelEvalCommand(const std::vector<std::string>& args);
+// The flags `cdcca model-eval` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kModelEvalFlags[];
 
 }  // namespace cdcca::model
 

@@ -14,6 +14,8 @@ ABSL_FLAG(bool, add_special_tokens, true,
 
 namespace cdcca::tokenizer {
 
+const char* const kTokenizeFlags[] = {"model", "text", "add_special_tokens", nullptr};
+
 int TokenizeCommand(const std::vector<std::string>& args) {
   const std::string dir = absl::GetFlag(FLAGS_model);
   if (dir.empty() || !args.empty()) {

@@ -17,6 +17,9 @@ namespace cdcca::tokenizer {
 
 // Returns the process exit code: 0, 1 on a load or encode error, 2 on bad usage.
 int TokenizeCommand(const std::vector<std::string>& args);
+// The flags `cdcca tokenize` reads (nullptr-terminated): its --help lists them; it accepts no
+// other.
+extern const char* const kTokenizeFlags[];
 
 }  // namespace cdcca::tokenizer
 

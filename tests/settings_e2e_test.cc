@@ -1,0 +1,146 @@
+// What a user runs is what the docs measured: the real cdcca-cloud and cdcca-device, started
+// with nothing but the settings they require (paths, id, token), report (--print_config) the
+// same round settings as cdcca-sim reports for the experiments behind the headline tables of
+// README.md and docs/RESULTS.md (the quickstart and the paper's image, multimodal and text
+// shift tables). Every one of those settings comes from settings/defaults.h.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/child_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cdcca::testing::Child;
+using cdcca::testing::ReadJson;
+using cdcca::testing::ReadText;
+
+class SettingsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+
+  // Runs `args` to completion and returns what it printed on stdout as JSON (null when the
+  // program failed; its stderr is then in the test's output).
+  nlohmann::json PrintedConfig(const std::vector<std::string>& args, const std::string& name) {
+    const std::string out = (dir_ / (name + ".json")).string();
+    const std::string log = (dir_ / (name + ".log")).string();
+    Child child(args, log, "", out);
+    const int code = child.Wait(absl::Minutes(2));
+    EXPECT_EQ(code, 0) << name << ": " << ReadText(log);
+    if (code != 0) return nullptr;
+    return ReadJson(out);
+  }
+
+  nlohmann::json CloudConfig() {
+    std::ofstream(dir_ / "tokens") << "cam-1 0123456789abcdef0123456789abcdef\n";
+    return PrintedConfig(
+        {CDCCA_CLOUD_BINARY, "--print_config", "--insecure",
+         "--data_dir=" + (dir_ / "cloud").string(), "--tokens=" + (dir_ / "tokens").string(),
+         "--checkpoint_dir=" + Source("models/small")},
+        "cloud");
+  }
+
+  nlohmann::json DeviceConfig() {
+    return PrintedConfig(
+        {CDCCA_DEVICE_BINARY, "--print_config", "--insecure", "--cloud=127.0.0.1:50051",
+         "--device_id=cam-1", "--token=0123456789abcdef0123456789abcdef",
+         "--checkpoint_dir=" + Source("models/small"), "--state_dir=" + (dir_ / "device").string(),
+         "--input=scenes:fog:4"},
+        "device");
+  }
+
+  // cdcca-sim's round settings for experiment `name`, with its distill settings file named
+  // by absolute path (the experiment files name it relative to the checkout).
+  nlohmann::json SimConfig(const std::string& name) {
+    std::ifstream in(Source("configs/experiments/" + name + ".json"));
+    nlohmann::json experiment = nlohmann::json::parse(in);
+    experiment["distill_config"] = Source("configs/distill/akd.json");
+    const std::string path = (dir_ / (name + "_experiment.json")).string();
+    std::ofstream(path) << experiment.dump();
+    return PrintedConfig({CDCCA_SIM_BINARY, "--print_config", "--experiment=" + path},
+                         "sim_" + name);
+  }
+
+  static std::string Source(const std::string& relative) {
+    return std::string(CDCCA_SOURCE_DIR) + "/" + relative;
+  }
+
+  fs::path dir_;
+};
+
+// Equal as settings: numbers to within rounding of a decimal, everything else exactly.
+bool SameSetting(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>();
+    const double y = b.get<double>();
+    return std::abs(x - y) <= 1e-9 * std::max(1.0, std::abs(y));
+  }
+  return a == b;
+}
+
+TEST_F(SettingsTest, TheProgramsWithoutFlagsRunTheHeadlineExperimentsSettings) {
+  const nlohmann::json cloud = CloudConfig();
+  const nlohmann::json device = DeviceConfig();
+  ASSERT_TRUE(cloud.is_object());
+  ASSERT_TRUE(device.is_object());
+  for (const std::string experiment :
+       {"quickstart", "image_shift", "multimodal_shift", "text_shift"}) {
+    SCOPED_TRACE(experiment);
+    const nlohmann::json sim = SimConfig(experiment);
+    ASSERT_TRUE(sim.is_object());
+    // The round's settings, every one: a key the harness reports that neither program
+    // takes is a setting a user cannot reproduce.
+    EXPECT_GE(sim.size(), 30u) << sim.dump();
+    for (const auto& [key, value] : sim.items()) {
+      SCOPED_TRACE(key);
+      EXPECT_TRUE(cloud.contains(key) || device.contains(key)) << "neither program reports " << key;
+      if (cloud.contains(key)) {
+        EXPECT_TRUE(SameSetting(cloud[key], value))
+            << "cdcca-cloud runs " << cloud[key] << ", the experiment " << value;
+      }
+      if (device.contains(key)) {
+        EXPECT_TRUE(SameSetting(device[key], value))
+            << "cdcca-device runs " << device[key] << ", the experiment " << value;
+      }
+    }
+  }
+  // The settings a device and its cloud must agree on are reported by both.
+  for (const char* key :
+       {"uts_keep_fraction", "uts_token_ratio", "uts_mc_passes", "student_precision", "lora_rank",
+        "lora_alpha", "lora_mlp", "lora_qformer", "lora_projector", "max_answer_tokens"}) {
+    EXPECT_TRUE(cloud.contains(key) && device.contains(key)) << key;
+  }
+}
+
+TEST_F(SettingsTest, PrintConfigShowsWhatTheCommandLineSetsAndHidesTheToken) {
+  const nlohmann::json device = DeviceConfig();
+  ASSERT_TRUE(device.is_object());
+  EXPECT_EQ(device["token"], "(set)");
+  EXPECT_THAT(device.dump(), ::testing::Not(::testing::HasSubstr("0123456789abcdef")));
+  std::ofstream(dir_ / "tokens") << "cam-1 0123456789abcdef0123456789abcdef\n";
+  const nlohmann::json cloud = PrintedConfig(
+      {CDCCA_CLOUD_BINARY, "--print_config", "--insecure",
+       "--data_dir=" + (dir_ / "cloud").string(), "--tokens=" + (dir_ / "tokens").string(),
+       "--uts_keep_fraction=0.3", "--distill_config=" + Source("configs/distill/akd.json"),
+       "--learner=pl", "--max_steps=7"},
+      "cloud_flags");
+  ASSERT_TRUE(cloud.is_object());
+  EXPECT_DOUBLE_EQ(cloud["uts_keep_fraction"].get<double>(), 0.3);
+  EXPECT_EQ(cloud["learner"], "pl");
+  EXPECT_EQ(cloud["l_query"], 0.0);  // pl: no feature term
+  EXPECT_EQ(cloud["max_steps"], 7);
+  EXPECT_EQ(cloud["batch_size"], 16);  // from the distill settings file
+}
+
+}  // namespace
