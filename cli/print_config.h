@@ -1,6 +1,8 @@
-// `--print_config`: a program prints the configuration it would run with (every one of its
-// flags, after the command line and any config file, as one JSON object keyed by the flag's
-// name) and exits 0 without starting anything. The names are the settings' one names
+// A program's configuration as JSON, both ways. `--config FILE`: a JSON object whose keys are
+// the program's flag names sets those flags (the command line wins). `--print_config`: a
+// program prints the configuration it would run with (every one of its flags, after the
+// command line and any config file, as one JSON object keyed by the flag's name) and exits 0
+// without starting anything. The names are the settings' one names
 // (settings/defaults.h), so the output of cdcca-cloud, cdcca-device and cdcca-sim can be
 // compared key by key. Secrets are not printed: a flag named in `secrets` that is set reads
 // "(set)". Header-only, as cli/flags_help.h; needs the absl flags libraries and nlohmann_json.
@@ -8,11 +10,14 @@
 #define CDCCA_CLI_PRINT_CONFIG_H_
 
 #include <cstdint>
+#include <fstream>
 #include <set>
 #include <string>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cli/flags_help.h"
 #include "nlohmann/json.hpp"
 
@@ -44,6 +49,52 @@ inline nlohmann::json FlagsJson(const FlagFilter& filter,
     }
   }
   return out;
+}
+
+// Applies the JSON object in file `path` ("" = none): every key not given on the command line
+// (argv) sets the flag of that name, parsed as its command-line text would be. A key that is
+// not one of the flags `own` accepts (or names --config or --print_config) is refused,
+// naming the nearest that is; nothing is applied then. NOT_FOUND for an unreadable file,
+// INVALID_ARGUMENT for bad JSON, a bad key or a value its flag does not parse.
+inline absl::Status ApplyConfigFile(const std::string& path, int argc, char** argv,
+                                    const FlagFilter& own) {
+  if (path.empty()) return absl::OkStatus();
+  std::set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    a = a.substr(2);
+    a = a.substr(0, a.find('='));
+    if (a.rfind("no", 0) == 0) given.insert(a.substr(2));
+    given.insert(a);
+  }
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
+  nlohmann::json config =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config ", path, ": not a JSON object of flag names and values"));
+  }
+  std::vector<std::pair<absl::CommandLineFlag*, std::string>> values;
+  for (const auto& [key, value] : config.items()) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(key);
+    if (flag == nullptr || !own(*flag) || key == "config" || key == "print_config") {
+      return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": unknown key '", key,
+                                                     "'; did you mean '",
+                                                     NearestName(key, FlagNames(own)), "'?"));
+    }
+    if (given.count(key) > 0) continue;
+    values.emplace_back(flag, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  for (const auto& [flag, text] : values) {
+    std::string error;
+    if (!flag->ParseFrom(text, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config ", path, ": ", flag->Name(), ": ", error));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cdcca::cli

@@ -16,8 +16,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <set>
 #include <sstream>
 
 #include "absl/flags/commandlineflag.h"
@@ -144,6 +142,7 @@ ABSL_FLAG(std::string, distill_config, "",
 ABSL_FLAG(int, max_steps, 0, "training steps per job (0 = from --distill_config, default 200)");
 ABSL_FLAG(double, time_budget_s, 0, "wall-clock bound of one job's training loop, s (0 = none)");
 ABSL_FLAG(int, batch_size, 0, "samples per training step (0 = from --distill_config, default 16)");
+ABSL_FLAG(double, lr, 0, "learning rate of a job (0 = from --distill_config, default 0.001)");
 ABSL_FLAG(int, max_answer_tokens, 0,
           "longest answer the teacher generates as a label, in tokens (0 = from "
           "--distill_config, default 6, the devices' --max_answer_tokens)");
@@ -238,47 +237,6 @@ void Log(const nlohmann::json& event) {
   std::fflush(stderr);
 }
 
-// Applies --config: every key not given on the command line sets the flag of that name; a key
-// that is not one of `own` flags is refused, naming the nearest that is.
-absl::Status ApplyConfigFile(int argc, char** argv, const cdcca::cli::FlagFilter& own) {
-  const std::string path = absl::GetFlag(FLAGS_config);
-  if (path.empty()) return absl::OkStatus();
-  std::set<std::string> given;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
-    a = a.substr(2);
-    a = a.substr(0, a.find('='));
-    if (a.rfind("no", 0) == 0) given.insert(a.substr(2));
-    given.insert(a);
-  }
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config ", path));
-  nlohmann::json config;
-  try {
-    in >> config;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": ", e.what()));
-  }
-  if (!config.is_object()) return absl::InvalidArgumentError("--config must hold a JSON object");
-  for (const auto& [key, value] : config.items()) {
-    if (key == "config") return absl::InvalidArgumentError("--config cannot name another config");
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(key);
-    if (flag == nullptr || !own(*flag) || key == "print_config") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--config: unknown key '", key, "'; did you mean '",
-                       cdcca::cli::NearestName(key, cdcca::cli::FlagNames(own)), "'?"));
-    }
-    if (given.count(key) > 0) continue;
-    const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-    std::string error;
-    if (!flag->ParseFrom(text, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat("--config: ", key, ": ", error));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // --print_config: this program's flags and the job settings they resolve to, under the
 // settings' names (settings/defaults.h).
 int PrintConfig(const absl::FlagsUsageConfig& usage) {
@@ -291,6 +249,7 @@ int PrintConfig(const absl::FlagsUsageConfig& usage) {
   so.distill_config = absl::GetFlag(FLAGS_distill_config);
   so.max_steps = absl::GetFlag(FLAGS_max_steps);
   so.batch_size = absl::GetFlag(FLAGS_batch_size);
+  so.lr = absl::GetFlag(FLAGS_lr);
   so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   absl::StatusOr<std::string> job = cdcca::cloud::JobSettingsJson(so);
   if (!job.ok()) return Fail(job.status());
@@ -321,7 +280,10 @@ int main(int argc, char** argv) {
   const cdcca::cli::FlagFilter own = [&usage](const absl::CommandLineFlag& flag) {
     return usage.contains_help_flags(flag.Filename());
   };
-  if (absl::Status s = ApplyConfigFile(argc, argv, own); !s.ok()) return Fail(s);
+  if (absl::Status s = cdcca::cli::ApplyConfigFile(absl::GetFlag(FLAGS_config), argc, argv, own);
+      !s.ok()) {
+    return Fail(s);
+  }
   if (absl::GetFlag(FLAGS_print_config)) return PrintConfig(usage);
   // Block SIGINT/SIGTERM in every thread (they inherit this mask) and wait for them below.
   sigset_t stop_signals;
@@ -454,6 +416,7 @@ int main(int argc, char** argv) {
     so.max_steps = absl::GetFlag(FLAGS_max_steps);
     so.time_budget_s = absl::GetFlag(FLAGS_time_budget_s);
     so.batch_size = absl::GetFlag(FLAGS_batch_size);
+    so.lr = absl::GetFlag(FLAGS_lr);
     so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
     so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
     so.train_device = absl::GetFlag(FLAGS_device);

@@ -57,6 +57,7 @@ absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOpti
   if (options.max_steps > 0) settings.job.max_steps = options.max_steps;
   if (options.time_budget_s > 0) settings.job.time_budget_s = options.time_budget_s;
   if (options.batch_size > 0) settings.job.batch_size = options.batch_size;
+  if (options.lr > 0) settings.job.lr = options.lr;
   if (options.max_answer_tokens > 0) settings.job.max_answer_tokens = options.max_answer_tokens;
   if (options.torch_threads > 0) settings.job.num_threads = options.torch_threads;
   return settings;

@@ -234,6 +234,7 @@ struct PerDeviceStrategyOptions {
   int max_steps = 0;
   double time_budget_s = 0;
   int batch_size = 0;
+  double lr = 0;  // AdamW's learning rate; 0 keeps distill_config's
   // Longest answer the teacher generates as a label; 0 keeps distill_config's (default: the
   // defaults table's).
   // Captioning needs datasets::kMaxCaptionTokens.

@@ -52,6 +52,9 @@
 #include "model/arch/hf_answerer.h"
 #endif
 
+ABSL_FLAG(std::string, config, "",
+          "JSON file whose keys are these flags' names (e.g. {\"cloud\": \"cloud:50051\", "
+          "\"uts_keep_fraction\": 0.5}); flags given on the command line win");
 ABSL_FLAG(std::string, cloud, "",
           "host:port of cdcca-cloud; empty = run offline (no uplink, no updates)");
 ABSL_FLAG(bool, rollback, false,
@@ -477,12 +480,15 @@ int main(int argc, char** argv) {
   using namespace cdcca::device;  // NOLINT: a program's main
   namespace storage = cdcca::storage;
 
+  const cdcca::cli::FlagFilter own = [&usage](const absl::CommandLineFlag& flag) {
+    return usage.contains_help_flags(flag.Filename());
+  };
+  if (absl::Status s = cdcca::cli::ApplyConfigFile(absl::GetFlag(FLAGS_config), argc, argv, own);
+      !s.ok()) {
+    return Fail(s);
+  }
   if (absl::GetFlag(FLAGS_print_config)) {
-    nlohmann::json config = cdcca::cli::FlagsJson(
-        [&usage](const absl::CommandLineFlag& flag) {
-          return usage.contains_help_flags(flag.Filename());
-        },
-        {"token"});
+    nlohmann::json config = cdcca::cli::FlagsJson(own, {"token"});
     config.erase("print_config");
     std::printf("%s\n", config.dump(2).c_str());
     return 0;

@@ -15,6 +15,6 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
 status=0
 timeout "$budget" build-gpu/sim/cdcca pretrain --config "$cfg" --out "$out" || status=$?
 if [ "$status" -eq 0 ] && [ "$eval_scenes" -gt 0 ]; then
-  build-gpu/sim/cdcca model-eval --checkpoint "$out" --scenes "$eval_scenes" --table "$out/accuracy.md"
+  build-gpu/sim/cdcca model-eval --checkpoint_dir "$out" --scenes "$eval_scenes" --table "$out/accuracy.md"
 fi
 exit "$status"

@@ -7,7 +7,7 @@
 # dotted path into the config, e.g.
 #   t3200:1000/3200/3500 qa2:1000/3400/3500:student.qa_layers=2,pretrain.seed=2
 # Each variant's config is CONFIG with those fields replaced (OUT_DIR/NAME.json);
-# re-running resumes unfinished variants. The variants share the machine's cores (--threads
+# re-running resumes unfinished variants. The variants share the machine's cores (--torch_threads
 # nproc / variants each). CDCCA_SHARED_VISION=1 trains the vision stage once (the first
 # variant's config, all cores) and copies it into every variant that has none yet: only for
 # variants whose vision fields and pretrain.seed are the same.
@@ -33,7 +33,7 @@ if [ "${CDCCA_SHARED_VISION:-0}" = 1 ]; then
   if [ ! -f "$vision_dir/stages/vision.safetensors" ]; then
     # Stops after the vision stage (a resumable stop: exit status 1).
     timeout "$budget" build-gpu/sim/cdcca pretrain --config "$out/$first.json" --out "$vision_dir" \
-      --stop_after "${steps%%/*}" --threads "$(nproc)" >"$out/shared-vision.log" 2>&1 || true
+      --stop_after "${steps%%/*}" --torch_threads "$(nproc)" >"$out/shared-vision.log" 2>&1 || true
   fi
   test -f "$vision_dir/stages/vision.safetensors" || { tail -5 "$out/shared-vision.log"; exit 1; }
   for spec in "$@"; do
@@ -50,7 +50,7 @@ pids=()
 for spec in "$@"; do
   name=${spec%%:*}
   timeout "$budget" build-gpu/sim/cdcca pretrain --config "$out/$name.json" --out "$out/$name" \
-    --threads "$threads" >"$out/$name.log" 2>&1 &
+    --torch_threads "$threads" >"$out/$name.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || true; done

@@ -59,13 +59,13 @@ const Command kCommands[] = {
 #ifdef CDCCA_HAVE_PRETRAIN
     {"pretrain", "train encoder, teacher and student: --config FILE --out DIR",
      cdcca::model::PretrainCommand, cdcca::model::kPretrainFlags},
-    {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint DIR",
+    {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint_dir DIR",
      cdcca::model::ModelEvalCommand, cdcca::model::kModelEvalFlags},
 #endif
 #ifdef CDCCA_HAVE_HF_ADAPT
     {"adapt-eval",
      "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog, on a family "
-     "(--checkpoint DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
+     "(--checkpoint_dir DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
      cdcca::sim::AdaptEvalAnyPairCommand, cdcca::sim::kAdaptEvalFlags},
 #endif
 #ifdef CDCCA_HAVE_TOKENIZERS

@@ -92,7 +92,7 @@ struct LinkSettings {
 struct JobSettings {
   int max_steps = settings::kMaxSteps;
   int batch_size = settings::kBatchSize;
-  double lr = 0;  // 0 = the learner preset's
+  double lr = 0;  // every learner's, the cloud's and the device's; 0 = distill_config's
   // The cloud scheduler's workers: jobs of different devices run at once (cdcca-cloud's
   // --trainer_threads). Default 1, the program's default. More than 1 repeats per seed
   // only for learners that draw nothing from LibTorch's generator during a job (AKD with

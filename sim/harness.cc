@@ -514,6 +514,7 @@ absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experim
   if (fs::exists(e.distill_config)) po.distill_config = e.distill_config;
   po.max_steps = e.job.max_steps;
   po.batch_size = e.job.batch_size;
+  po.lr = e.job.lr;
   po.max_answer_tokens = e.AnswerTokens();
   po.torch_threads = e.threads;
   po.bits_per_param = e.downlink_bits_per_param;

@@ -110,7 +110,7 @@ ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, out);
 // Defined by the model's or the datasets' commands.
-ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
 ABSL_DECLARE_FLAG(std::string, fashion_mnist_dir);
 
 namespace cdcca::sim {
@@ -157,7 +157,7 @@ const char* const kHfAdaptFlags[] = {"teacher",
 
 const char* const kAdaptEvalFlags[] = {"teacher",
                                        "student_base",
-                                       "checkpoint",
+                                       "checkpoint_dir",
                                        "fashion_mnist_dir",
                                        "out",
                                        "device",
@@ -529,7 +529,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.teacher_dir = absl::GetFlag(FLAGS_teacher);
   pair.student_base_dir = absl::GetFlag(FLAGS_student_base);
   if (pair.teacher_dir.empty()) {  // a family (--checkpoint): the pair it is
-    std::string family = absl::GetFlag(FLAGS_checkpoint);
+    std::string family = absl::GetFlag(FLAGS_checkpoint_dir);
     if (family.empty()) family = "models/small";
     pair.teacher_dir = family + "/teacher";
     pair.student_base_dir = family;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "sim/report_html.h"
+#include "storage/env.h"
 
 namespace cdcca::sim {
 
@@ -249,16 +249,10 @@ std::vector<Paired> PairedComparisons(const RunResult& run) {
   return out;
 }
 
-// Writes `text` to path.tmp and renames it over `path`: a reader never sees half a file.
+// Writes `text` to `path` through the one durable-file layer: a reader never sees half a
+// file, and a crash leaves the old report or the new one.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  std::error_code ec;
-  std::filesystem::rename(path + ".tmp", path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-  return absl::OkStatus();
+  return storage::WriteFileAtomically(*storage::Env::Default(), path, text);
 }
 
 // One comparison followed over several seeds: per seed the paired difference and its

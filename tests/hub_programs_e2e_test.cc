@@ -424,7 +424,7 @@ TEST(DeviceProgramTest, AFolderThatIsNoModelIsRefused) {
   EXPECT_THAT(ReadText(log), HasSubstr("is not a model folder"));
 }
 
-// `cdcca adapt-eval --checkpoint DIR` reads a family as the pair it is (DIR/teacher, DIR): a
+// `cdcca adapt-eval --checkpoint_dir DIR` reads a family as the pair it is (DIR/teacher, DIR): a
 // family folder made of the BLIP-2 fixture (as student and as teacher) runs; the same folder
 // without its teacher/ is refused naming the teacher's folder, and half a pair is refused.
 TEST(AdaptEvalProgramTest, AFamilyIsReadAsThePairItIs) {
@@ -450,11 +450,11 @@ TEST(AdaptEvalProgramTest, AFamilyIsReadAsThePairItIs) {
     return child.Wait(absl::Minutes(3));
   };
   const std::string log = dir.path() + "/no_teacher.log";
-  EXPECT_EQ(run({"--checkpoint=" + family}, log), 1) << ReadText(log);
+  EXPECT_EQ(run({"--checkpoint_dir=" + family}, log), 1) << ReadText(log);
   EXPECT_THAT(ReadText(log), HasSubstr(family + "/teacher"));
   std::filesystem::copy(fixture, family + "/teacher", std::filesystem::copy_options::recursive);
   const std::string ok_log = dir.path() + "/family.log";
-  ASSERT_EQ(run({"--checkpoint=" + family, "--out=" + dir.path() + "/report"}, ok_log), 0)
+  ASSERT_EQ(run({"--checkpoint_dir=" + family, "--out=" + dir.path() + "/report"}, ok_log), 0)
       << ReadText(ok_log);
   const nlohmann::json report = nlohmann::json::parse(ReadText(dir.path() + "/report.json"));
   ASSERT_TRUE(report.contains("rows")) << report.dump();
@@ -532,7 +532,7 @@ TEST(HfAdaptProgramTest, TakesTheProgramsNamesAndOnlyItsOwnFlags) {
       EXPECT_THAT(text, HasSubstr(std::string("\n  ") + flag + "  ")) << flag;
     }
     for (const char* other : {"--keep_ratio", "--mc_passes", "--job_steps", "--learner_config",
-                              "--precision", "--template", "--render_seed", "--threads"}) {
+                              "--precision", "--template", "--render_seed", "--torch_threads"}) {
       EXPECT_THAT(text, ::testing::Not(HasSubstr(std::string("\n  ") + other + "  "))) << other;
     }
     const std::string near_miss = dir.path() + "/" + command + "_near_miss.log";
@@ -541,9 +541,9 @@ TEST(HfAdaptProgramTest, TakesTheProgramsNamesAndOnlyItsOwnFlags) {
     EXPECT_THAT(ReadText(near_miss), HasSubstr("'--uts_passes'"));
     EXPECT_THAT(ReadText(near_miss), HasSubstr("'--uts_mc_passes'"));  // the nearest of its own
     const std::string pretrains = dir.path() + "/" + command + "_pretrain_flag.log";
-    Child other({CDCCA_TOOL_BINARY, command, "--threads=1"}, pretrains);
+    Child other({CDCCA_TOOL_BINARY, command, "--torch_threads=1"}, pretrains);
     EXPECT_EQ(other.Wait(absl::Minutes(1)), 1) << ReadText(pretrains);
-    EXPECT_THAT(ReadText(pretrains), HasSubstr("'--threads'"));
+    EXPECT_THAT(ReadText(pretrains), HasSubstr("'--torch_threads'"));
   }
 }
 

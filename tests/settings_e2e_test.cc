@@ -143,4 +143,24 @@ TEST_F(SettingsTest, PrintConfigShowsWhatTheCommandLineSetsAndHidesTheToken) {
   EXPECT_EQ(cloud["batch_size"], 16);  // from the distill settings file
 }
 
+// cdcca-device reads a --config file of its flags' names as cdcca-cloud does; the command
+// line wins over the file, and a misspelt key stops the program naming the one meant.
+TEST_F(SettingsTest, TheDeviceReadsAConfigFileOfItsFlagsNames) {
+  const std::string config = (dir_ / "device.json").string();
+  std::ofstream(config) << R"({"uts_token_ratio": 0.25, "uts_mc_passes": 4,
+                              "uplink_precision": "int8"})";
+  const nlohmann::json device = PrintedConfig(
+      {CDCCA_DEVICE_BINARY, "--config=" + config, "--uts_mc_passes=6", "--print_config"},
+      "device_config");
+  ASSERT_TRUE(device.is_object());
+  EXPECT_DOUBLE_EQ(device["uts_token_ratio"].get<double>(), 0.25);
+  EXPECT_EQ(device["uplink_precision"], "int8");
+  EXPECT_EQ(device["uts_mc_passes"], 6);  // the command line wins
+  std::ofstream(config) << R"({"uts_token_ratios": 0.25})";
+  const std::string log = (dir_ / "device_bad_config.log").string();
+  Child bad({CDCCA_DEVICE_BINARY, "--config=" + config, "--print_config"}, log);
+  EXPECT_EQ(bad.Wait(absl::Minutes(1)), 1);
+  EXPECT_THAT(ReadText(log), ::testing::HasSubstr("did you mean 'uts_token_ratio'?"));
+}
+
 }  // namespace

@@ -20,12 +20,12 @@ ABSL_FLAG(std::string, out, "", "output directory (cdcca pretrain: the checkpoin
 ABSL_FLAG(std::string, fashion_mnist_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST directory ($CDCCA_FASHION_MNIST_DIR overrides the default)");
 #endif
-ABSL_FLAG(std::string, checkpoint, "",
+ABSL_FLAG(std::string, checkpoint_dir, "",
           "model-eval: checkpoint directory; adapt-eval: a family read as its pair (DIR/teacher, "
           "DIR; default models/small)");
 ABSL_FLAG(std::string, table, "", "model-eval: also write the markdown table here");
 ABSL_FLAG(int, scenes, 200, "model-eval: scenes per domain (5 questions each)");
-ABSL_FLAG(int, threads, 0,
+ABSL_FLAG(int, torch_threads, 0,
           "torch intra-op threads (0 = automatic: one, OpenBLAS threads the products)");
 ABSL_FLAG(bool, cpu, false, "stay on the CPU even when CUDA is available");
 ABSL_FLAG(float, scale_steps, 1.0f, "pretrain: multiply every stage's steps (smoke runs)");
@@ -46,11 +46,11 @@ std::string DataDir() {
 
 }  // namespace
 
-const char* const kPretrainFlags[] = {"config", "out",         "fashion_mnist_dir", "threads",
+const char* const kPretrainFlags[] = {"config", "out",         "fashion_mnist_dir", "torch_threads",
                                       "cpu",    "scale_steps", "stop_after",        nullptr};
 
 const char* const kModelEvalFlags[] = {
-    "checkpoint", "fashion_mnist_dir", "scenes", "threads", "cpu", "table", nullptr};
+    "checkpoint_dir", "fashion_mnist_dir", "scenes", "torch_threads", "cpu", "table", nullptr};
 
 int PretrainCommand(const std::vector<std::string>& args) {
   if (!args.empty() || absl::GetFlag(FLAGS_out).empty()) {
@@ -61,7 +61,7 @@ int PretrainCommand(const std::vector<std::string>& args) {
   o.config_path = absl::GetFlag(FLAGS_config);
   o.out_dir = absl::GetFlag(FLAGS_out);
   o.fashion_mnist_dir = DataDir();
-  o.threads = absl::GetFlag(FLAGS_threads);
+  o.threads = absl::GetFlag(FLAGS_torch_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
   o.scale_steps = absl::GetFlag(FLAGS_scale_steps);
   o.stop_after_steps = absl::GetFlag(FLAGS_stop_after);
@@ -74,15 +74,16 @@ int PretrainCommand(const std::vector<std::string>& args) {
 }
 
 int ModelEvalCommand(const std::vector<std::string>& args) {
-  if (!args.empty() || absl::GetFlag(FLAGS_checkpoint).empty()) {
-    std::fprintf(stderr, "usage: cdcca model-eval --checkpoint DIR [--scenes N] [--table FILE]\n");
+  if (!args.empty() || absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    std::fprintf(stderr,
+                 "usage: cdcca model-eval --checkpoint_dir DIR [--scenes N] [--table FILE]\n");
     return 2;
   }
   AccuracyOptions o;
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.fashion_mnist_dir = DataDir();
   o.scenes = absl::GetFlag(FLAGS_scenes);
-  o.threads = absl::GetFlag(FLAGS_threads);
+  o.threads = absl::GetFlag(FLAGS_torch_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
   // A family trained with captions gets the captioning table (and the VQA one only if it
   // also learned VQA).

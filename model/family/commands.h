@@ -1,6 +1,6 @@
 // `cdcca` sub-commands of the model module (flags are defined in commands.cc):
-//   cdcca pretrain --config configs/models/small.json --out DIR [--threads N] [--cpu]
-//   cdcca model-eval --checkpoint DIR [--scenes 200] [--table FILE]
+//   cdcca pretrain --config configs/models/small.json --out DIR [--torch_threads N] [--cpu]
+//   cdcca model-eval --checkpoint_dir DIR [--scenes 200] [--table FILE]
 #ifndef CDCCA_MODEL_FAMILY_COMMANDS_H_
 #define CDCCA_MODEL_FAMILY_COMMANDS_H_
 
