@@ -5,12 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compress/hash64.h"
 #include "compress/uplink_codec.h"
 #include "device/internal/state_file.h"
 #include "device/uts_cloud_settings.h"
@@ -21,9 +19,16 @@ namespace cdcca::device {
 namespace {
 
 constexpr uint32_t kCodecVersion = 1;  // compress/uplink_codec.h's format
-// The jpeg uplink's quality: what a user would otherwise send (the codec comparison in
-// docs/BENCHMARKS.md is against the same frame at this quality).
-constexpr int kFrameJpegQuality = 90;
+
+// The device step of an agent: the device's id keys the held-out choice; the held-out share
+// comes with the first Register reply (SampleStep::Reconfigure).
+SampleStepOptions StepOptions(const AgentOptions& options, const CloudClient& client) {
+  SampleStepOptions o;
+  o.uts = options.uts;
+  o.device_id = client.device_id();
+  o.score_seed = options.score_seed;
+  return o;
+}
 
 // One JSON log line on stderr: {"event": event, "detail": detail}.
 void LogEvent(const char* event, const std::string& detail) {
@@ -57,9 +62,9 @@ DeviceAgent::DeviceAgent(AgentOptions options, InferenceRuntime* runtime, CloudC
       runtime_(runtime),
       client_(client),
       queue_(std::move(queue)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      step_(StepOptions(options_, *client)) {
   uts_ = options_.uts;
-  gate_ = std::make_unique<EntropyGate>(uts_);
   sent_since_ = clock_->Now();
 }
 
@@ -158,13 +163,8 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   std::vector<FrameResult> out;
   out.reserve(answers->size());
   absl::MutexLock lock(&batch_mu_);
-  // The running quantile compares entropies of one model: after an update (or new
-  // settings) the old window would hold the previous model's entropies, and an improved
-  // model would then pass nothing until the window refilled.
-  if (changed || version != gate_version_) {
-    gate_ = std::make_unique<EntropyGate>(uts);
-    gate_version_ = version;
-  }
+  // New settings start stage 1 over (so does a new model version: SampleStep::Run).
+  if (changed) step_.Reconfigure(uts, holdout_fraction);
   uint64_t kept = 0, held_out = 0;
   for (AnswerResult& a : *answers) {
     FrameResult r;
@@ -172,28 +172,22 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
     r.entropy = a.entropy;
     r.model_version = version;
     r.latency_ms = a.latency_ms;
-    // Every answer takes an id, and the guard's share is picked among all of them, before
-    // stage 1: the held-out pool is then a sample of what the device answers, not of the
-    // uncertain answers stage 1 keeps, and an update is judged on the device's inputs.
-    const uint64_t ordinal = sample_counter_++;
-    const uint64_t sample_id =
-        (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) | (ordinal & 0xffff);
-    const bool whole = compress::IsHeldOutSample(client_->device_id(), sample_id, holdout_fraction);
-    const bool passes = gate_->Keep(a.entropy);  // records every entropy
-    if (passes || whole) {
-      absl::StatusOr<compress::UplinkSample> s =
-          UplinkSampleOf(a, uts, version, sample_id, ordinal, whole);
-      if (!s.ok()) {
+    // Every answer takes an id (the step holds out by it).
+    const uint64_t sample_id = (static_cast<uint64_t>(absl::ToUnixMillis(clock_->Now())) << 16) |
+                               (step_.next_ordinal() & 0xffff);
+    SampleDecision d = step_.Run(AnsweredFrameOf(a, version), FrameModelOf(runtime_, a), sample_id);
+    if (d.chosen()) {
+      if (!d.status.ok()) {
         // The answer stands; only this sample's uplink is lost.
-        CountUnsent(1, s.status().message());
+        CountUnsent(1, d.status.message());
       } else {
-        r.uplinked = !s->kept_indices.empty();
-        r.kept_tokens = static_cast<int>(s->kept_indices.size());
+        r.uplinked = d.uplinked();
+        r.kept_tokens = static_cast<int>(d.sample.kept_indices.size());
         if (r.uplinked) {
-          if (whole) ++held_out;
-          if (passes) ++kept;
+          if (d.held_out) ++held_out;
+          if (d.stage1_kept) ++kept;
           if (batch_.empty()) batch_started_ = clock_->Now();
-          batch_.push_back(*std::move(s));
+          batch_.push_back(std::move(d.sample));
         }
       }
       if (static_cast<int>(batch_.size()) >= options_.batch_samples) FlushLocked();
@@ -208,56 +202,6 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
   stats_.kept_samples += kept;
   stats_.held_out_samples += held_out;
   return out;
-}
-
-absl::StatusOr<compress::UplinkSample> DeviceAgent::UplinkSampleOf(
-    const AnswerResult& a, const UtsOptions& uts, uint64_t version, uint64_t sample_id,
-    uint64_t ordinal, bool held_out) {
-  compress::UplinkSample s;
-  s.sample_id = sample_id;
-  absl::StatusOr<std::vector<float>> scores = std::vector<float>();
-  if (!uts.random_tokens && !held_out) {
-    std::optional<uint64_t> seed;
-    if (options_.score_seed != 0) {
-      // The passes of the answer with this ordinal.
-      const uint64_t key[2] = {options_.score_seed, ordinal};
-      seed = compress::Hash64(key, sizeof(key));
-    }
-    scores = runtime_->TokenScores(a.visual, uts.mc_passes, uts.dropout_p, uts.score, seed);
-    if (!scores.ok()) return scores.status();
-  }
-  s.model_version = version;
-  s.entropy = a.entropy;
-  s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
-  s.feature_dim = static_cast<uint32_t>(a.visual.dim);
-  if (held_out) {
-    s.kept_indices.resize(static_cast<size_t>(a.visual.tokens));
-    for (size_t t = 0; t < s.kept_indices.size(); ++t) {
-      s.kept_indices[t] = static_cast<uint16_t>(t);
-    }
-  } else {
-    s.kept_indices = uts.random_tokens
-                         ? RandomTokenSelection(a.visual.tokens, {}, uts.token_ratio, token_rng_)
-                         : SelectTokens(*scores, {}, uts.token_ratio, uts.variance_beta);
-  }
-  if (uts.precision == compress::FeaturePrecision::kJpeg) {
-    // The frame instead of the tokens: the cloud recomputes them with the shared tower.
-    absl::StatusOr<std::string> frame = runtime_->FrameJpeg(a.visual, kFrameJpegQuality);
-    if (!frame.ok()) return frame.status();
-    s.frame = *std::move(frame);
-  } else {
-    s.features.reserve(s.kept_indices.size() * a.visual.dim);
-    for (uint16_t t : s.kept_indices) {
-      const float* row = a.visual.values.data() + static_cast<size_t>(t) * a.visual.dim;
-      s.features.insert(s.features.end(), row, row + a.visual.dim);
-    }
-  }
-  s.prompt_tokens = a.prompt_ids;
-  s.answer_tokens = a.answer_ids;
-  if (!s.kept_indices.empty()) {
-    if (absl::Status ok = compress::CheckUplinkSample(s, uts.precision); !ok.ok()) return ok;
-  }
-  return s;
 }
 
 void DeviceAgent::CountUnsent(uint64_t samples, absl::string_view why) {
@@ -288,7 +232,7 @@ void DeviceAgent::EnqueueSamples(std::vector<compress::UplinkSample> samples,
                                  compress::FeaturePrecision precision) {
   absl::StatusOr<std::string> payload = compress::EncodeUplinkBatch(samples, precision);
   if (!payload.ok()) {
-    // Every sample was checked on its own (UplinkSampleOf); what is left is the codec's
+    // Every sample was checked on its own (SampleStep::Run); what is left is the codec's
     // failure, and serving goes on without these samples.
     CountUnsent(samples.size(), payload.status().message());
     return;

@@ -1,9 +1,10 @@
 // DeviceAgent: the device side of one CD-CCA round, around an InferenceRuntime and a
 // CloudClient.
 //
-//   Process(frames)  answers frames with the student (the caller's thread) -> UTS stage 1
-//                    (EntropyGate) -> stage 2 token scores for kept samples -> encodes them
-//                    (compress/uplink_codec) -> the on-disk UplinkQueue, in batches.
+//   Process(frames)  answers frames with the student (the caller's thread) -> the device
+//                    step of each answer (SampleStep: held out for the guard?, UTS stage 1,
+//                    stage 2, the checked uplink sample) -> the on-disk UplinkQueue, in
+//                    batches.
 //   link thread      registers (UTS settings from the reply override local defaults),
 //                    uplinks queued batches under a bandwidth cap, polls FetchUpdate,
 //                    applies an update in place (the runtime's writer lock: between
@@ -55,6 +56,7 @@
 #include "compress/uplink_codec.h"
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
+#include "device/sample_step.h"
 #include "device/uplink_queue.h"
 #include "device/uts.h"
 #include "proto/clock.h"
@@ -199,16 +201,6 @@ class DeviceAgent {
   absl::Status Resync(uint64_t version);
   absl::Status Report(bool allow_resync);
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
-  // The uplink sample `sample_id` of an answer that passed stage 1 or that the cloud's guard
-  // holds out (UTS stage 2, the tokens or the frame), checked to encode; an error means it
-  // cannot be uplinked (the answer stands). A held-out sample (compress::IsHeldOutSample of
-  // its id) keeps every token: the guard scores it as the device answers it, from the whole
-  // frame. `ordinal` (the answer's count) seeds stage 2 under AgentOptions::score_seed.
-  absl::StatusOr<compress::UplinkSample> UplinkSampleOf(const AnswerResult& answer,
-                                                        const UtsOptions& uts, uint64_t version,
-                                                        uint64_t sample_id, uint64_t ordinal,
-                                                        bool held_out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
   // batch needs. What cannot be queued is counted: a sample that alone exceeds 1 MiB, or a
   // batch the queue fails to write, as unsent; a batch a full queue refuses, as dropped.
@@ -232,12 +224,8 @@ class DeviceAgent {
   absl::Mutex batch_mu_;
   std::vector<compress::UplinkSample> batch_ ABSL_GUARDED_BY(batch_mu_);
   absl::Time batch_started_ ABSL_GUARDED_BY(batch_mu_);
-  uint64_t sample_counter_ ABSL_GUARDED_BY(batch_mu_) = 0;
-  std::unique_ptr<EntropyGate> gate_ ABSL_GUARDED_BY(batch_mu_);
-  uint64_t gate_version_ ABSL_GUARDED_BY(batch_mu_) = 0;  // model version gate_ has seen
-  // Draws of the random-token baseline (UtsOptions::random_tokens); fixed seed, so runs
-  // repeat.
-  std::mt19937_64 token_rng_ ABSL_GUARDED_BY(batch_mu_){0x5eed};
+  // Held-out choice, UTS and the sample of each answer (reconfigured by Register replies).
+  SampleStep step_ ABSL_GUARDED_BY(batch_mu_);
 
   // Serialises the link work (apply, resync, save) so SyncOnce and the thread never overlap.
   absl::Mutex link_mu_;

@@ -41,16 +41,15 @@
 #include "datasets/scene.h"
 #include "datasets/shifts.h"
 #include "device/agent.h"
+#include "device/inference_runtime.h"
 #include "device/internal/hub_student.h"
+#include "device/sample_step.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "opencv2/videoio.hpp"
 #include "settings/defaults.h"
 #include "storage/env.h"
-#ifdef CDCCA_DEVICE_HF
-#include "model/arch/hf_answerer.h"
-#endif
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"cloud\": \"cloud:50051\", "
@@ -86,7 +85,7 @@ ABSL_FLAG(std::string, student_template, "auto",
           "template where it has one, else llava for LLaVA and none for BLIP-2 / InstructBLIP; "
           "chat; llava; vicuna; chatml; none");
 ABSL_FLAG(int, max_answer_tokens, cdcca::settings::kMaxAnswerTokens,
-          "longest answer, in tokens (at most 64 with --cloud; the VQA answers the defaults were "
+          "longest answer, in tokens (1-64; the VQA answers the defaults were "
           "measured on are 1-3 words: raise it for captions or free-form answers)");
 ABSL_FLAG(int64_t, lora_rank, cdcca::settings::kLoraRank,
           "with --cloud: LoRA rank on the LM's q and v (the cloud's "
@@ -307,88 +306,82 @@ absl::StatusOr<cdcca::compress::FeaturePrecision> UplinkPrecisionFlag() {
   return p;
 }
 
-#ifdef CDCCA_DEVICE_HF
-// One kept frame as the uplink codec encodes it: the `kept` visual tokens (or, at jpeg, the
-// frame `jpeg` and the kept indices), the prompt's and the answer's token ids.
-absl::StatusOr<std::string> EncodeHubSample(const cdcca::model::GenerateReply& reply,
-                                            const cdcca::model::VisualTokenReply& stage2,
-                                            const std::vector<uint16_t>& kept,
-                                            cdcca::compress::FeaturePrecision precision,
-                                            std::string jpeg, int64_t frame_index) {
-  cdcca::compress::UplinkSample sample;
-  sample.sample_id = static_cast<uint64_t>(frame_index);
-  sample.entropy = static_cast<float>(reply.mean_entropy);
-  sample.grid_tokens = static_cast<uint32_t>(stage2.tokens);
-  sample.feature_dim = static_cast<uint32_t>(stage2.dim);
-  sample.kept_indices = kept;
-  sample.frame = std::move(jpeg);
-  for (uint16_t i : sample.kept_indices) {
-    if (precision == cdcca::compress::FeaturePrecision::kJpeg) break;
-    const float* row = stage2.features.data() + static_cast<size_t>(i) * stage2.dim;
-    sample.features.insert(sample.features.end(), row, row + stage2.dim);
+// The student runtime both paths answer through, from the flags.
+absl::StatusOr<cdcca::device::RuntimeOptions> RuntimeOptionsFromFlags() {
+  cdcca::device::RuntimeOptions o;
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.precision = absl::GetFlag(FLAGS_student_precision);
+  o.threads = absl::GetFlag(FLAGS_torch_threads);
+  o.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+  if (o.max_answer_tokens < 1 || o.max_answer_tokens > 64) {
+    return absl::InvalidArgumentError("--max_answer_tokens must be in 1-64");
   }
-  const cdcca::compress::UplinkLimits limits;
-  for (int64_t id : reply.prompt_ids) {
-    if (sample.prompt_tokens.size() < limits.max_prompt_tokens) {
-      sample.prompt_tokens.push_back(static_cast<uint32_t>(id));
-    }
-  }
-  for (int64_t id : reply.tokens) {
-    if (sample.answer_tokens.size() < limits.max_answer_tokens) {
-      sample.answer_tokens.push_back(static_cast<uint32_t>(id));
-    }
-  }
-  return cdcca::compress::EncodeUplinkBatch({sample}, precision, limits);
+  o.hub_template = absl::GetFlag(FLAGS_student_template);
+  o.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
+  o.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
+  o.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
+  o.lora_projector = absl::GetFlag(FLAGS_lora_projector);
+  return o;
 }
-#endif
 
-// cdcca-device on a Hub folder: answers every frame (greedy, as `cdcca generate`) and runs
-// UTS on it, offline: stage 1 on the mean answer-token entropy (running quantile,
-// --uts_keep_fraction), stage 2 on the frames it keeps (the MC-dropout attention variance of
-// the visual tokens, hf_model.h; --uts_mc_passes, --uts_dropout, --uts_token_ratio), and the
-// kept tokens encoded as the uplink codec would send them (--uplink_precision), with their
-// size in the answer line. With --cloud the folder runs the collaborative loop instead (the
-// agent path below; device/internal/hub_student.h).
-int RunHubFolder(const std::vector<std::string>& prompts) {
-#ifndef CDCCA_DEVICE_HF
-  (void)prompts;
-  return Fail(absl::UnimplementedError(
-      "this cdcca-device was built without Hugging Face support (PCRE2/ICU tokenizers "
-      "missing at configure time)"));
-#else
-  const int max_new = absl::GetFlag(FLAGS_max_answer_tokens);
-  if (max_new < 1 || max_new > 1024) {
-    return Fail(absl::InvalidArgumentError("--max_answer_tokens must be in 1-1024"));
-  }
-  absl::StatusOr<std::unique_ptr<cdcca::model::HfAnswerer>> answerer =
-      cdcca::model::HfAnswerer::Load(absl::GetFlag(FLAGS_checkpoint_dir),
-                                     absl::GetFlag(FLAGS_student_precision), "cpu");
-  if (!answerer.ok()) return Fail(answerer.status());
-  absl::StatusOr<cdcca::model::PromptFormat> format = cdcca::model::ResolvePromptFormat(
-      absl::GetFlag(FLAGS_student_template), (*answerer)->model_type(),
-      absl::GetFlag(FLAGS_checkpoint_dir));
-  if (!format.ok()) return Fail(format.status());
+// The device's local UTS settings, from --uts_* and --uplink_precision.
+absl::StatusOr<cdcca::device::UtsOptions> UtsFromFlags() {
   cdcca::device::UtsOptions uts;
   uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
   uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
-  if (!(uts.keep_fraction >= 0 && uts.keep_fraction <= 1)) {
+  absl::StatusOr<cdcca::compress::FeaturePrecision> precision = UplinkPrecisionFlag();
+  if (!precision.ok()) return precision.status();
+  uts.precision = *precision;
+  return uts;
+}
+
+// config.json's model_type of the folder `dir` ("" where it cannot be read).
+std::string ModelType(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
+    return "";
+  }
+  return config["model_type"].get<std::string>();
+}
+
+// cdcca-device without a cloud: answers every frame through the runtime the --cloud path runs
+// and runs the device step on it (SampleStep, no update guard: nothing is held out): stage 1
+// on the mean answer-token entropy (running quantile, --uts_keep_fraction), stage 2 on the
+// frames it keeps (--uts_mc_passes, --uts_dropout, --uts_token_ratio), and the sample the
+// agent would uplink encoded at --uplink_precision, with its size in the answer line.
+int RunHubFolder(const std::vector<std::string>& prompts) {
+  using cdcca::device::SampleDecision;
+  absl::StatusOr<cdcca::device::RuntimeOptions> runtime_options = RuntimeOptionsFromFlags();
+  if (!runtime_options.ok()) return Fail(runtime_options.status());
+  absl::StatusOr<cdcca::device::UtsOptions> uts = UtsFromFlags();
+  if (!uts.ok()) return Fail(uts.status());
+  if (!(uts->keep_fraction >= 0 && uts->keep_fraction <= 1)) {
     return Fail(absl::InvalidArgumentError("--uts_keep_fraction must be in [0, 1]"));
   }
-  if (!(uts.token_ratio > 0 && uts.token_ratio <= 1)) {
+  if (!(uts->token_ratio > 0 && uts->token_ratio <= 1)) {
     return Fail(absl::InvalidArgumentError("--uts_token_ratio must be in (0, 1]"));
   }
-  if (uts.mc_passes < 1 || uts.mc_passes > 256) {
-    return Fail(absl::InvalidArgumentError("--uts_mc_passes must be in 1-256"));
+  if (uts->mc_passes < 1 || uts->mc_passes > 64) {
+    return Fail(absl::InvalidArgumentError("--uts_mc_passes must be in 1-64"));
   }
-  if (!(uts.dropout_p > 0 && uts.dropout_p < 1)) {
+  if (!(uts->dropout_p > 0 && uts->dropout_p < 1)) {
     return Fail(absl::InvalidArgumentError("--uts_dropout must be in (0, 1)"));
   }
-  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision = UplinkPrecisionFlag();
-  if (!uplink_precision.ok()) return Fail(uplink_precision.status());
-  uts.precision = *uplink_precision;
-  cdcca::device::EntropyGate gate(uts);
+  absl::StatusOr<std::unique_ptr<cdcca::device::InferenceRuntime>> runtime =
+      cdcca::device::InferenceRuntime::Load(*runtime_options);
+  if (!runtime.ok()) return Fail(runtime.status());
+  if (uts->precision == cdcca::compress::FeaturePrecision::kJpeg && !(*runtime)->CanSendFrames()) {
+    return Fail(absl::InvalidArgumentError(
+        "--uplink_precision=jpeg: this model cannot send frames (its image processor has no "
+        "fixed output size)"));
+  }
+  cdcca::device::SampleStepOptions step_options;
+  step_options.uts = *uts;
+  cdcca::device::SampleStep step(step_options);
   absl::StatusOr<std::unique_ptr<FrameSource>> source =
       FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
   if (!source.ok()) return Fail(source.status());
@@ -400,51 +393,45 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   std::fprintf(stderr,
                "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
                "\"uplink\":false}\n",
-               JsonString((*answerer)->model_type()).c_str());
+               JsonString(ModelType(runtime_options->checkpoint_dir)).c_str());
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
   int64_t frame_index = 0;
-  cdcca::datasets::Image image;
+  cdcca::device::Frame frame;
   std::string name;
   while (!g_stop && (max_frames == 0 || frame_index < max_frames) &&
-         (*source)->Next(&image, &name)) {
+         (*source)->Next(&frame.image, &name)) {
     const std::string& question = prompts[static_cast<size_t>(frame_index) % prompts.size()];
-    absl::StatusOr<std::string> prompt = format->Apply(question);
-    if (!prompt.ok()) return Fail(prompt.status());
-    absl::StatusOr<cdcca::model::GenerateReply> reply = (*answerer)->AnswerRgb(
-        image.pixels.data(), image.width, image.height, name, *prompt, max_new,
-        /*with_entropy=*/true);
-    if (!reply.ok()) return Fail(reply.status());
+    frame.question = question;
+    absl::StatusOr<std::vector<cdcca::device::AnswerResult>> answers = (*runtime)->Answer({frame});
+    if (!answers.ok()) return Fail(answers.status());
+    const cdcca::device::AnswerResult& a = answers->front();
+    const SampleDecision d = step.Run(cdcca::device::AnsweredFrameOf(a, (*runtime)->version()),
+                                      cdcca::device::FrameModelOf(runtime->get(), a),
+                                      static_cast<uint64_t>(frame_index));
     std::string uts_fields = ",\"uts_kept\":false";
-    if (gate.Keep(static_cast<float>(reply->mean_entropy))) {
-      absl::StatusOr<cdcca::model::VisualTokenReply> stage2 = (*answerer)->VisualTokenVarianceRgb(
-          image.pixels.data(), image.width, image.height, name, *prompt, uts.mc_passes,
-          uts.dropout_p, static_cast<uint64_t>(frame_index));
-      if (!stage2.ok()) return Fail(stage2.status());
-      const std::vector<uint16_t> kept =
-          cdcca::device::SelectTokens(stage2->variance, {}, uts.token_ratio, uts.variance_beta);
-      std::string jpeg;
-      if (uts.precision == cdcca::compress::FeaturePrecision::kJpeg) {
-        absl::StatusOr<std::string> frame = (*answerer)->TowerInputJpeg(
-            image.pixels.data(), image.width, image.height, /*quality=*/90);
-        if (!frame.ok()) return Fail(frame.status());
-        jpeg = *std::move(frame);
+    if (d.chosen()) {
+      const absl::StatusOr<std::string> payload =
+          d.status.ok() ? cdcca::compress::EncodeUplinkBatch({d.sample}, uts->precision)
+                        : absl::StatusOr<std::string>(d.status);
+      if (!payload.ok()) {
+        // The answer stands; the line says why its sample would not be uplinked.
+        uts_fields = absl::StrFormat(",\"uts_kept\":true,\"uplink_error\":%s",
+                                     JsonString(payload.status().ToString()));
+      } else {
+        uts_fields = absl::StrFormat(
+            ",\"uts_kept\":true,\"tokens_kept\":%zu,\"tokens_total\":%d,\"uplink_bytes\":%zu,"
+            "\"stage2_ms\":%.2f",
+            d.sample.kept_indices.size(), a.visual.tokens, payload->size(),
+            d.stage2_seconds * 1000.0);
       }
-      absl::StatusOr<std::string> payload =
-          EncodeHubSample(*reply, *stage2, kept, uts.precision, std::move(jpeg), frame_index);
-      if (!payload.ok()) return Fail(payload.status());
-      uts_fields = absl::StrFormat(
-          ",\"uts_kept\":true,\"tokens_kept\":%zu,\"tokens_total\":%lld,\"uplink_bytes\":%zu,"
-          "\"stage2_ms\":%.2f",
-          kept.size(), static_cast<long long>(stage2->tokens), payload->size(),
-          stage2->seconds * 1000.0);
     }
     std::fprintf(out,
                  "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
                  "\"entropy\":%.4f,\"tokens\":%zu,\"uplinked\":false%s,\"latency_ms\":%.2f,"
                  "\"unix_ms\":%lld}\n",
                  static_cast<long long>(frame_index), JsonString(name).c_str(),
-                 JsonString(question).c_str(), JsonString(reply->text).c_str(), reply->mean_entropy,
-                 reply->tokens.size(), uts_fields.c_str(), reply->seconds * 1000.0,
+                 JsonString(question).c_str(), JsonString(a.text).c_str(), a.entropy,
+                 a.answer_ids.size(), uts_fields.c_str(), a.latency_ms,
                  static_cast<long long>(absl::ToUnixMillis(absl::Now())));
     std::fflush(out);
     ++frame_index;
@@ -453,7 +440,6 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
                static_cast<long long>(frame_index));
   if (out != stdout) std::fclose(out);
   return 0;
-#endif
 }
 
 }  // namespace
@@ -530,25 +516,10 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--state_dir is required with --cloud"));
   }
 
-  RuntimeOptions runtime_options;
-  runtime_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  runtime_options.precision = absl::GetFlag(FLAGS_student_precision);
-  runtime_options.threads = absl::GetFlag(FLAGS_torch_threads);
-  {
-    const int max_new = absl::GetFlag(FLAGS_max_answer_tokens);
-    if (max_new < 1 || max_new > 64) {
-      return Fail(absl::InvalidArgumentError("--max_answer_tokens must be in 1-64 with --cloud"));
-    }
-    runtime_options.max_answer_tokens = max_new;
-    runtime_options.hub_template = absl::GetFlag(FLAGS_student_template);
-    runtime_options.lora_rank = absl::GetFlag(FLAGS_lora_rank);
-    runtime_options.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
-    runtime_options.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
-    runtime_options.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
-    runtime_options.lora_projector = absl::GetFlag(FLAGS_lora_projector);
-  }
+  absl::StatusOr<RuntimeOptions> runtime_options = RuntimeOptionsFromFlags();
+  if (!runtime_options.ok()) return Fail(runtime_options.status());
   absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
-      InferenceRuntime::Load(runtime_options);
+      InferenceRuntime::Load(*runtime_options);
   if (!runtime.ok()) return Fail(runtime.status());
 
   std::unique_ptr<CloudClient> client;
@@ -577,13 +548,9 @@ int main(int argc, char** argv) {
 
   AgentOptions ao;
   ao.state_dir = state_dir;
-  ao.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
-  ao.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
-  ao.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
-  ao.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
-  absl::StatusOr<cdcca::compress::FeaturePrecision> uplink_precision = UplinkPrecisionFlag();
-  if (!uplink_precision.ok()) return Fail(uplink_precision.status());
-  ao.uts.precision = *uplink_precision;
+  absl::StatusOr<UtsOptions> uts = UtsFromFlags();
+  if (!uts.ok()) return Fail(uts.status());
+  ao.uts = *uts;
   ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
   ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
   ao.bandwidth_bytes_per_s =

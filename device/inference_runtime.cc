@@ -226,4 +226,27 @@ int64_t InferenceRuntime::BaseBytes() const {
   return impl_->hub->BaseBytes();
 }
 
+AnsweredFrame AnsweredFrameOf(const AnswerResult& answer, uint64_t version) {
+  AnsweredFrame f;
+  f.entropy = answer.entropy;
+  f.tokens = answer.visual.tokens;
+  f.dim = answer.visual.dim;
+  f.features = answer.visual.values;
+  f.question_ids = answer.prompt_ids;
+  f.answer_ids = answer.answer_ids;
+  f.model_version = version;
+  return f;
+}
+
+FrameModel FrameModelOf(InferenceRuntime* runtime, const AnswerResult& answer) {
+  const VisualTokens* visual = &answer.visual;
+  FrameModel m;
+  m.scores = [runtime, visual](int passes, float dropout_p, TokenScore score,
+                               std::optional<uint64_t> seed) {
+    return runtime->TokenScores(*visual, passes, dropout_p, score, seed);
+  };
+  m.jpeg = [runtime, visual](int quality) { return runtime->FrameJpeg(*visual, quality); };
+  return m;
+}
+
 }  // namespace cdcca::device

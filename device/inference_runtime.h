@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "datasets/image.h"
+#include "device/sample_step.h"
 #include "device/uts.h"
 #include "settings/defaults.h"
 
@@ -132,6 +133,15 @@ class InferenceRuntime {
   explicit InferenceRuntime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// `answer`, answered by model version `version`, as SampleStep reads it. A view: `answer`
+// must outlive the result.
+AnsweredFrame AnsweredFrameOf(const AnswerResult& answer, uint64_t version);
+
+// The runtime behind `answer` for SampleStep: its stage-2 scores are TokenScores and its
+// frame FrameJpeg of the answer's visual tokens. `runtime` and `answer` must outlive the
+// result.
+FrameModel FrameModelOf(InferenceRuntime* runtime, const AnswerResult& answer);
 
 }  // namespace cdcca::device
 

@@ -5,12 +5,15 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
+#include "device/sample_step.h"
 #include "distill/hf_akd.h"
 #include "model/runtime/generation.h"
 #include "nlohmann/json.hpp"
@@ -190,7 +193,12 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     Answerer answerer;
     answerer.eos = dev.eos_token_ids();
     answerer.max_answer_tokens = options.max_answer_tokens;
-    device::EntropyGate gate(options.uts);
+    // The device's step of a round (no update guard in process: nothing is held out). Stage
+    // 2's draws come from the binding below; random tokens from one generator of the seed.
+    device::SampleStepOptions step_options;
+    step_options.uts = options.uts;
+    step_options.token_seed = options.seed * 1000003ULL;
+    device::SampleStep step(step_options);
     std::vector<compress::UplinkSample> uplink;
     // Per kept frame: the frame, its tokens and kept mask, the expanded prompt, and the
     // device's answers before the update from the whole frame and from the kept tokens.
@@ -214,45 +222,42 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
       if (!answer.ok()) return Step(answer.status(), absl::StrCat("device answer, frame ", i));
       report.answer_seconds += Since(start);
       entropy_sum += entropy;
-      const bool keep = gate.Keep(static_cast<float>(entropy));
-      log(absl::StrFormat("device: frame %d/%d, entropy %.3f nats, %s", i + 1, options.frames,
-                          entropy, keep ? "kept" : "passed over"));
-      if (!keep) continue;
-      start = Clock::now();
-      std::vector<uint16_t> keep_tokens;
-      if (options.uts.random_tokens) {
-        std::mt19937_64 rng(options.seed * 1000003ULL + static_cast<uint64_t>(i));
-        keep_tokens =
-            device::RandomTokenSelection(static_cast<int>(n), {}, options.uts.token_ratio, rng);
-      } else {
-        model::VisualTokenPassOptions passes;
-        passes.passes = options.uts.mc_passes;
-        passes.dropout_p = options.uts.dropout_p;
-        passes.seed = options.seed * 1000003ULL + static_cast<uint64_t>(i);
-        absl::StatusOr<model::VisualTokenPasses> v = dev.StochasticVisualTokens(in, passes);
-        if (!v.ok()) return Step(v.status(), absl::StrCat("UTS stage 2, frame ", i));
+      const torch::Tensor features = tokens.to(torch::kCPU, torch::kFloat).contiguous();
+      const std::vector<uint32_t> question_ids(prompt.begin(), prompt.end());
+      const std::vector<uint32_t> answer_ids(answer->begin(), answer->end());
+      device::AnsweredFrame frame;
+      frame.entropy = static_cast<float>(entropy);
+      frame.tokens = static_cast<int>(n);
+      frame.dim = static_cast<int>(d);
+      frame.features =
+          absl::MakeConstSpan(features.data_ptr<float>(), static_cast<size_t>(features.numel()));
+      frame.question_ids = question_ids;
+      frame.answer_ids = answer_ids;
+      device::FrameModel scorer;
+      // VIS from the frame's pixels; the frame's own draw (seed and index) unless the step
+      // fixes one.
+      scorer.scores = [&, i](int passes, float dropout_p, device::TokenScore,
+                             std::optional<uint64_t> seed) -> absl::StatusOr<std::vector<float>> {
+        model::VisualTokenPassOptions o;
+        o.passes = passes;
+        o.dropout_p = dropout_p;
+        o.seed = seed.value_or(options.seed * 1000003ULL + static_cast<uint64_t>(i));
+        absl::StatusOr<model::VisualTokenPasses> v = dev.StochasticVisualTokens(in, o);
+        if (!v.ok()) return v.status();
         const torch::Tensor var = v->variance.to(torch::kCPU, torch::kFloat).contiguous();
-        const std::vector<float> scores(var.data_ptr<float>(), var.data_ptr<float>() + var.numel());
-        keep_tokens =
-            device::SelectTokens(scores, {}, options.uts.token_ratio, options.uts.variance_beta);
+        return std::vector<float>(var.data_ptr<float>(), var.data_ptr<float>() + var.numel());
+      };
+      device::SampleDecision decision = step.Run(frame, scorer, static_cast<uint64_t>(i));
+      log(absl::StrFormat("device: frame %d/%d, entropy %.3f nats, %s", i + 1, options.frames,
+                          entropy, decision.stage1_kept ? "kept" : "passed over"));
+      if (!decision.status.ok()) {
+        return Step(decision.status, absl::StrCat("device step, frame ", i));
       }
-      report.stage2_seconds += Since(start);
-      compress::UplinkSample s;
-      s.sample_id = static_cast<uint64_t>(i);
-      s.model_version = 0;
-      s.entropy = static_cast<float>(entropy);
-      s.grid_tokens = static_cast<uint32_t>(n);
-      s.feature_dim = static_cast<uint32_t>(d);
-      s.kept_indices = keep_tokens;
-      s.prompt_tokens.assign(prompt.begin(), prompt.end());
-      s.answer_tokens.assign(answer->begin(), answer->end());
-      s.features.reserve(keep_tokens.size() * static_cast<size_t>(d));
-      for (uint16_t k : keep_tokens) {
-        const float* row = tokens.data_ptr<float>() + static_cast<int64_t>(k) * d;
-        s.features.insert(s.features.end(), row, row + d);
-      }
+      report.stage2_seconds += decision.stage2_seconds;
+      if (!decision.uplinked()) continue;
+      const std::vector<uint16_t> keep_tokens = decision.sample.kept_indices;
+      uplink.push_back(std::move(decision.sample));
       report.kept_tokens += static_cast<int64_t>(keep_tokens.size());
-      uplink.push_back(std::move(s));
       Kept k;
       k.frame = i;
       k.tokens = tokens;

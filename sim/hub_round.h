@@ -4,9 +4,10 @@
 // library calls and nothing in between but the bytes each side would send.
 //
 //   device: answers each frame from the vision tower's tokens (greedy, int4/int8 student),
-//           UTS stage 1 (mean answer-token entropy against a running quantile, EntropyGate),
-//           stage 2 on the kept frames (MC-dropout variance of the visual tokens, M passes
-//           as one batch), keeps the top token_ratio, encodes the uplink batch;
+//           then the device's step of a round (device::SampleStep, as the agent): UTS
+//           stage 1 (mean answer-token entropy against a running quantile), stage 2 on the
+//           kept frames (MC-dropout variance of the visual tokens, M passes as one batch),
+//           the top token_ratio kept; encodes the uplink batch;
 //   cloud:  decodes it, runs the AKD job from the device's mirror (HfPairDistiller::RunFrom),
 //           encodes the DWC update against the mirror and applies it there;
 //   device: applies the same bytes to its trainable state (the same ApplyUpdate), puts the
@@ -50,7 +51,7 @@ struct HubRoundOptions {
   // [S, P] int64: the student's ids of each prompt, the image placeholder unexpanded (BOS
   // included where the model wants it); frame i asks prompt i % S.
   torch::Tensor prompt_ids;
-  uint64_t seed = 1;           // the frames' pixels and the MC-dropout masks
+  uint64_t seed = 1;           // the frames' pixels, the MC-dropout masks and the random tokens
   int max_answer_tokens = 16;  // the device's answers (the job's bound is settings.job's)
   device::UtsOptions uts;
   distill::DistillSettings settings;
