@@ -237,6 +237,17 @@ void Log(const nlohmann::json& event) {
   std::fflush(stderr);
 }
 
+// The job's settings from the flags: what a job trains with, and what --print_config resolves.
+void SetJobOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions& so) {
+  so.learner = absl::GetFlag(FLAGS_learner);
+  so.distill_config = absl::GetFlag(FLAGS_distill_config);
+  so.max_steps = absl::GetFlag(FLAGS_max_steps);
+  so.time_budget_s = absl::GetFlag(FLAGS_time_budget_s);
+  so.batch_size = absl::GetFlag(FLAGS_batch_size);
+  so.lr = absl::GetFlag(FLAGS_lr);
+  so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+}
+
 // --print_config: this program's flags and the job settings they resolve to, under the
 // settings' names (settings/defaults.h).
 int PrintConfig(const absl::FlagsUsageConfig& usage) {
@@ -245,12 +256,7 @@ int PrintConfig(const absl::FlagsUsageConfig& usage) {
   });
   config.erase("print_config");
   cdcca::cloud::PerDeviceStrategyOptions so;
-  so.learner = absl::GetFlag(FLAGS_learner);
-  so.distill_config = absl::GetFlag(FLAGS_distill_config);
-  so.max_steps = absl::GetFlag(FLAGS_max_steps);
-  so.batch_size = absl::GetFlag(FLAGS_batch_size);
-  so.lr = absl::GetFlag(FLAGS_lr);
-  so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+  SetJobOptionsFromFlags(so);
   absl::StatusOr<std::string> job = cdcca::cloud::JobSettingsJson(so);
   if (!job.ok()) return Fail(job.status());
   config.update(nlohmann::json::parse(*job));
@@ -411,13 +417,7 @@ int main(int argc, char** argv) {
 #ifdef CDCCA_HAVE_POSTGRESQL
     so.mirror_states = shared_states.get();
 #endif
-    so.learner = absl::GetFlag(FLAGS_learner);
-    so.distill_config = absl::GetFlag(FLAGS_distill_config);
-    so.max_steps = absl::GetFlag(FLAGS_max_steps);
-    so.time_budget_s = absl::GetFlag(FLAGS_time_budget_s);
-    so.batch_size = absl::GetFlag(FLAGS_batch_size);
-    so.lr = absl::GetFlag(FLAGS_lr);
-    so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+    SetJobOptionsFromFlags(so);
     so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
     so.train_device = absl::GetFlag(FLAGS_device);
     if (absl::StartsWith(so.train_device, "cuda:")) {
