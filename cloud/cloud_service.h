@@ -55,7 +55,7 @@ class CloudObserver {
   // The device reports it dropped a batch the cloud had refused for good.
   virtual void OnBatchDropped(const std::string& device_id, const v1::DroppedBatch& dropped) {}
   // The device asks to return to an older state (the Rollback RPC): the trainer behind the
-  // observer does it (TrainerStrategy::Rollback) or says why not. Runs on an I/O thread.
+  // observer does it (PerDeviceStrategy::Rollback) or says why not. Runs on an I/O thread.
   virtual absl::StatusOr<RollbackResult> OnRollback(const std::string& device_id,
                                                     uint64_t device_version, uint64_t to_version) {
     return absl::UnimplementedError("this cloud trains no model: there is nothing to roll back");

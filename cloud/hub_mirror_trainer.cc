@@ -126,7 +126,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
   uint64_t vision_fingerprint() const override { return vision_fingerprint_; }
   const SampleSpec& spec() const override { return spec_; }
 
-  absl::StatusOr<MirrorJob> Train(const std::string& device_id,
+  absl::StatusOr<TrainedSet> Train(const std::string& device_id,
                                   const compress::NamedTensors& mirror,
                                   const std::vector<compress::UplinkSample>& samples,
                                   distill::ReplayBuffer* replay, uint64_t version) override {
@@ -150,7 +150,7 @@ class HubMirrorTrainer final : public MirrorTrainer {
     }
     // A sample that does not become one the pair trains on (a frame that does not decode)
     // is left out: this round's are listed as rejected, replayed ones (used before) dropped.
-    MirrorJob out;
+    TrainedSet out;
     std::vector<distill::HfSample> job;
     job.reserve(chosen.size());
     int64_t current = 0;

@@ -1,20 +1,17 @@
-// The cloud trainer: what turns uplinked samples into DWC updates, behind a strategy
-// interface so that the `cdcca-cloud` program and the in-process harness (`sim/`) run the
-// same logic.
+// The cloud trainer: what turns a device's uplinked samples into DWC updates, job by job.
 //
-//   TrainerStrategy    what to train and how to build an update (per device now; a
-//                      fleet-shared adapter strategy later). One job = one device's new
-//                      samples -> one update.
 //   PerDeviceStrategy  one mirror per device (only that device's trainable set; the frozen
-//                      student base and the teacher are loaded once and shared), AKD (or any
-//                      cloud learner) with a replay buffer, DeltaEncoder with the device's
-//                      byte budget and error feedback.
-//   JobScheduler       a CloudObserver: triggers a job every N new samples or every T
-//                      seconds (whichever first, if there are new samples) and runs it on its
-//                      own worker pool, never on an RPC thread. Its time is a Clock (the
-//                      real one in `cdcca-cloud`; the harness drives it on a VirtualClock).
+//                      student base and the teacher are loaded once and shared), a job =
+//                      the round's cloud step (cloud/train_round.h: AKD or another cloud
+//                      learner with a replay buffer, DeltaEncoder with the device's byte
+//                      budget and error feedback), the update guard, then one commit.
+//   JobScheduler       when a device's job runs (cloud/job_scheduler.h).
 //
-// Harness use (no gRPC needed):
+// Where it lives: the strategy's bookkeeping here (cloud/trainer.cc: load, job, commit,
+// rollback), the held-out pool and its scoring in cloud/internal/holdout_pool.h, the
+// quarantine file in cloud/internal/quarantine_log.h, the frozen models in
+// cloud/internal/mirror_trainer.h. `cdcca-cloud` and the in-process harness (`sim/`) run the
+// same code:
 //   auto strategy = PerDeviceStrategy::Create(options, samples.get(), updates.get());
 //   JobScheduler scheduler(scheduler_options, strategy->get(), samples.get());
 //   CloudService service(..., &scheduler);   // or call scheduler.OnSamplesStored yourself
@@ -60,134 +57,30 @@
 #ifndef CDCCA_CLOUD_TRAINER_H_
 #define CDCCA_CLOUD_TRAINER_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "cloud/cloud_service.h"
 #include "cloud/device_registry.h"
-#include "cloud/internal/work_pool.h"
+#include "cloud/job_report.h"
+#include "cloud/job_scheduler.h"
 #include "cloud/sample_store.h"
 #include "cloud/stores.h"
 #include "cloud/update_guard.h"
 #include "cloud/update_store.h"
 #include "cloud/uplink_check.h"
-#include "proto/clock.h"
 #include "settings/defaults.h"
 #include "storage/env.h"
 
 namespace cdcca::cloud {
 
-// What one job did; returned by TrainerStrategy::RunJob and logged by the programs.
-struct JobReport {
-  std::string device_id;
-  uint64_t base_version = 0;
-  uint64_t new_version = 0;
-  uint64_t state_digest = 0;    // of the mirror at new_version
-  uint64_t first_sequence = 0;  // uplink batches consumed: [first_sequence, last_sequence]
-  uint64_t last_sequence = 0;
-  int64_t samples = 0;  // this round's samples trained on
-  // This round's samples held out for the update guard (never trained on; not in `samples`).
-  int64_t held_out_samples = 0;
-  // Samples in [first_sequence, last_sequence] the job could not use (a batch that reads
-  // back damaged or does not decode, a frame that does not decode): quarantined, consumed.
-  uint64_t quarantined_samples = 0;
-  int64_t replay_samples = 0;
-  int steps = 0;
-  bool stopped_by_budget = false;  // the job hit its time budget before max_steps
-  double train_seconds = 0;
-  double loss_first = 0;  // "total" loss at the first step and over the last steps
-  double loss_last = 0;
-  uint64_t payload_bytes = 0;  // DWC update size
-  double bits_per_param = 0;
-  double relative_error = 0;  // of the update against the trained delta
-  // Non-zero when the configured budget could not hold even the smallest payload and the
-  // job used this byte budget instead.
-  uint64_t budget_raised_to = 0;
-  std::string train_device;  // "cpu" or "cuda:0"
-  // What the job log says beyond the numbers (e.g. a Hugging Face pair with different
-  // tokenizers trains without the logit KL, and says so).
-  std::vector<std::string> notes;
-  // Set by JobScheduler: real time from the trigger firing to the job's start (waiting for
-  // a free worker).
-  double queue_seconds = 0;
-  // The update guard's finding (pool 0 and decision "" where it did not run: guard off, or
-  // nothing was trained). With update_withheld the update did not ship: new_version equals
-  // base_version, state_digest is the unchanged mirror's, payload_bytes is 0, and the
-  // batches are consumed all the same.
-  GuardVerdict guard;
-  bool update_withheld = false;
-  // With the update withheld and UpdateGuardOptions::restore_base: the pretrained base
-  // scored against the device's current version on the job's newly held-out samples (at
-  // least the newest min_pool of the pool; base as "after"), and
-  // whether it won by the guard's rule, so that the device went back to the base as a new
-  // version (new_version, state_digest are then the restored state's).
-  GuardVerdict base_guard;
-  bool restored_base = false;
-};
-
-// What a strategy knows of one device, for health output and tests.
-struct DeviceTrainingState {
-  uint64_t version = 0;                // mirror version (0 = the pretrained base)
-  uint64_t state_digest = 0;           // compress::StateDigest of the mirror
-  uint64_t consumed_sequence = 0;      // highest uplink batch trained on
-  uint64_t jobs = 0;                   // jobs run since the process started
-  uint64_t quarantined_samples = 0;    // ever, persisted
-  std::string last_quarantine_reason;  // "" if none
-  // Updates the guard withheld since the process started, and the held-out pool's size (0
-  // until the device's first job since the start rebuilds it).
-  uint64_t updates_withheld = 0;
-  uint64_t holdout_pool = 0;
-  uint64_t rollbacks = 0;  // Rollback()s since the process started
-};
-
 // Jobs of one device that fail while training at the same cursor before its batches are
 // quarantined.
 inline constexpr int kMaxJobAttempts = 3;
-
-// Decides what a device's next update is. Implementations are thread-safe; the scheduler
-// never runs two jobs for the same device at once but may run jobs of different devices
-// concurrently.
-class TrainerStrategy {
- public:
-  virtual ~TrainerStrategy() = default;
-  // Brings persisted state back after a restart and republishes committed updates the
-  // update store lacks. Call once, before the first job.
-  virtual absl::Status Recover() = 0;
-  // Trains `device_id` on its durable samples after its cursor and publishes one update.
-  // NOT_FOUND if there are no new usable samples (the cursor moves past unusable ones). On
-  // any other error the mirror and residual are unchanged; the cursor stays unless the
-  // job's batches were quarantined (the error says so).
-  virtual absl::StatusOr<JobReport> RunJob(const std::string& device_id) = 0;
-  // The highest uplink sequence the device's jobs have consumed (0 = none).
-  virtual uint64_t ConsumedSequence(const std::string& device_id) const = 0;
-  virtual DeviceTrainingState State(const std::string& device_id) const = 0;
-  // The device reported `version` with a digest that matched (in_sync) or not; the
-  // service already tells it to resync from the newest snapshot.
-  virtual void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) {}
-  // Returns the device, which runs `device_version`, to its state at `to_version` (0 = the
-  // version before its newest): committed and published as a new version (new_version =
-  // device_version + 1) whose state is exactly that older state, its residual empty, the
-  // cursor where it was (the rolled-back jobs' samples stay consumed). The device loads the
-  // new version's snapshot; a device that fetches the update instead finds its digest
-  // differs and resyncs to that snapshot. FAILED_PRECONDITION if the device does not run
-  // the mirror's version (or runs the pretrained base), INVALID_ARGUMENT for a version not
-  // before it, NOT_FOUND if the update store no longer keeps that version's snapshot.
-  virtual absl::StatusOr<RollbackResult> Rollback(const std::string& device_id,
-                                                  uint64_t device_version, uint64_t to_version) {
-    return absl::UnimplementedError("this trainer cannot roll a device back");
-  }
-};
 
 struct PerDeviceStrategyOptions {
   // A cdcca family (`cdcca pretrain --out DIR`), read as the pair it is: teacher_dir =
@@ -285,22 +178,40 @@ struct PerDeviceStrategyOptions {
 // only the distill settings file. Errors: those of reading it, or an unknown learner.
 absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& options);
 
-class PerDeviceStrategy final : public TrainerStrategy {
+// One mirror per device, trained and shipped job by job. Thread-safe: the
+// scheduler never runs two jobs for the same device at once (a device's calls wait for each
+// other), but may run jobs of different devices concurrently.
+class PerDeviceStrategy final {
  public:
   // Loads the family (teacher and student base once). `samples` and `updates` must outlive
   // the strategy; `registry` (optional) supplies devices' byte budgets.
   static absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> Create(
       const PerDeviceStrategyOptions& options, SampleLog* samples, UpdateLog* updates,
       DeviceStore* registry = nullptr);
-  ~PerDeviceStrategy() override;
+  ~PerDeviceStrategy();
 
-  absl::Status Recover() override;
-  absl::StatusOr<JobReport> RunJob(const std::string& device_id) override;
-  uint64_t ConsumedSequence(const std::string& device_id) const override;
-  DeviceTrainingState State(const std::string& device_id) const override;
-  void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
+  // Brings persisted state back after a restart and republishes committed updates the
+  // update store lacks. Call once, before the first job.
+  absl::Status Recover();
+  // Trains `device_id` on its durable samples after its cursor and publishes one update
+  // (the round's cloud step: cloud/train_round.h, then the guard and the commit).
+  // NOT_FOUND if there are no new usable samples (the cursor moves past unusable ones). On
+  // any other error the mirror and residual are unchanged; the cursor stays unless the
+  // job's batches were quarantined (the error says so).
+  absl::StatusOr<JobReport> RunJob(const std::string& device_id);
+  // The highest uplink sequence the device's jobs have consumed (0 = none).
+  uint64_t ConsumedSequence(const std::string& device_id) const;
+  DeviceTrainingState State(const std::string& device_id) const;
+  // Returns the device, which runs `device_version`, to its state at `to_version` (0 = the
+  // version before its newest): committed and published as a new version (new_version =
+  // device_version + 1) whose state is exactly that older state, its residual empty, the
+  // cursor where it was (the rolled-back jobs' samples stay consumed). The device loads the
+  // new version's snapshot; a device that fetches the update instead finds its digest
+  // differs and resyncs to that snapshot. FAILED_PRECONDITION if the device does not run
+  // the mirror's version (or runs the pretrained base), INVALID_ARGUMENT for a version not
+  // before it, NOT_FOUND if the update store no longer keeps that version's snapshot.
   absl::StatusOr<RollbackResult> Rollback(const std::string& device_id, uint64_t device_version,
-                                          uint64_t to_version) override;
+                                          uint64_t to_version);
 
   // The mirror's trainable set of `device_id` as a safetensors blob (what a snapshot holds).
   absl::StatusOr<std::string> MirrorState(const std::string& device_id) const;
@@ -326,89 +237,6 @@ class PerDeviceStrategy final : public TrainerStrategy {
  private:
   explicit PerDeviceStrategy(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-};
-
-struct JobSchedulerOptions {
-  // Run a job once a device has this many new samples. Default: the defaults table's.
-  int trigger_samples = settings::kTriggerSamples;
-  // ... or once this long has passed since its last job (or since start) while it has at
-  // least one new sample. Default: the table's. absl::InfiniteDuration() = off.
-  absl::Duration trigger_interval = absl::Seconds(settings::kTriggerIntervalS);
-  // Jobs running at once (different devices). Default: 1.
-  int threads = 1;
-  // A failed job is retried after this long, doubled after each further failure of the
-  // device's jobs up to max_retry_after. Defaults: 5 s, 5 min.
-  absl::Duration retry_after = absl::Seconds(5);
-  absl::Duration max_retry_after = absl::Minutes(5);
-  // What the triggers' time is read from (not owned; must outlive the scheduler).
-  // nullptr = Clock::Real(); the harness injects a VirtualClock.
-  Clock* clock = nullptr;
-};
-
-// Runs strategy jobs when their trigger fires. OnSamplesStored/OnApplied only note the
-// event and return; a scheduler thread decides, and a work pool runs the jobs.
-// Thread-safe. `strategy` and `samples` must outlive it.
-class JobScheduler final : public CloudObserver {
- public:
-  JobScheduler(JobSchedulerOptions options, TrainerStrategy* strategy, SampleStore* samples);
-  // Stops triggering, waits for running jobs.
-  ~JobScheduler() override;
-
-  void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) override;
-  void OnApplied(const std::string& device_id, uint64_t version, bool in_sync) override;
-  // The strategy's Rollback (it waits for a job of the device that is running).
-  absl::StatusOr<RollbackResult> OnRollback(const std::string& device_id, uint64_t device_version,
-                                            uint64_t to_version) override;
-
-  // Blocks until no job runs and no device has reached its trigger, or `timeout` passed.
-  // Returns false on timeout. For tests and the harness.
-  bool WaitIdle(absl::Duration timeout);
-  uint64_t jobs_done() const;
-  uint64_t jobs_failed() const;
-  // The most jobs triggered and not yet finished (queued for a worker or running) at once,
-  // and the most running at once, since the start.
-  int peak_in_flight() const;
-  int peak_running() const;
-  // Optional callback after each job (successful or not); runs on a pool thread.
-  void SetJobCallback(std::function<void(const absl::StatusOr<JobReport>&)> callback);
-
- private:
-  struct DeviceSchedule {
-    uint64_t highest_durable = 0;
-    uint64_t counted_upto = 0;  // batches whose samples are in pending_samples
-    int64_t pending_samples = 0;
-    bool running = false;
-    absl::Time last_job = absl::InfinitePast();  // set to now when first seen
-    absl::Time retry_at = absl::InfinitePast();
-    absl::Duration retry_delay = absl::ZeroDuration();  // after the last failure
-    absl::Time triggered_at;                            // real time the running job was triggered
-  };
-
-  void Loop();
-  // Whether `d` should run now; counts new samples from the store's index as needed.
-  bool Due(const std::string& device_id, DeviceSchedule& d, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Run(const std::string& device_id);
-
-  const JobSchedulerOptions options_;
-  Clock* const clock_;
-  TrainerStrategy* const strategy_;
-  SampleStore* const samples_;
-
-  mutable absl::Mutex mu_;
-  std::map<std::string, DeviceSchedule> devices_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;  // triggered, not finished
-  int executing_ ABSL_GUARDED_BY(mu_) = 0;
-  int peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int peak_running_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t jobs_done_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t jobs_failed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(const absl::StatusOr<JobReport>&)> callback_ ABSL_GUARDED_BY(mu_);
-
-  std::unique_ptr<internal::WorkPool> pool_;
-  std::thread thread_;
 };
 
 }  // namespace cdcca::cloud

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "cloud/train_round.h"
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "device/sample_step.h"
@@ -305,30 +306,42 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     if (!distiller.ok()) return Step(distiller.status(), "cloud job");
     log(absl::StrFormat("cloud: AKD job on %d samples, %d steps", job.size(),
                         options.settings.job.max_steps));
-    absl::StatusOr<distill::HfJobResult> trained = (*distiller)->RunFrom(mirror, job);
-    if (!trained.ok()) return Step(trained.status(), "cloud job");
-    report.job = trained->stats;
-    report.kl_used = trained->kl_used;
-    report.notes = trained->notes;
-    compress::DeltaEncoder encoder(options.dwc);
-    start = Clock::now();
-    absl::StatusOr<compress::UpdatePayload> update =
-        encoder.Encode(trained->trainable, mirror, /*base_version=*/0, /*new_version=*/1);
-    if (!update.ok()) return Step(update.status(), "DWC encode");
-    report.dwc_encode_seconds = Since(start);
-    report.dwc = update->stats;
-    start = Clock::now();
-    if (absl::StatusOr<uint64_t> v = compress::ApplyUpdate(update->bytes, 0, mirror); !v.ok()) {
-      return Step(v.status(), "mirror apply");
+    // The cloud's step of the round (cloud/train_round.h), as a job of cdcca-cloud runs it:
+    // the job from the mirror, checked, DWC-encoded against it and applied to its copy.
+    std::vector<std::string> pseudo_labels;
+    absl::StatusOr<cloud::TrainedRound> round = cloud::TrainRound(
+        [&]() -> absl::StatusOr<cloud::TrainedSet> {
+          absl::StatusOr<distill::HfJobResult> trained = (*distiller)->RunFrom(mirror, job);
+          if (!trained.ok()) return trained.status();
+          pseudo_labels = std::move(trained->pseudo_labels);
+          report.kl_used = trained->kl_used;
+          cloud::TrainedSet set;
+          set.trainable = std::move(trained->trainable);
+          set.stats = std::move(trained->stats);
+          set.notes = std::move(trained->notes);
+          return set;
+        },
+        mirror, /*version=*/0, compress::DeltaEncoder(options.dwc));
+    if (!round.ok()) return Step(round.status(), "DWC encode");
+    if (round->outcome != cloud::RoundOutcome::kTrained) {
+      return Step(
+          round->why.ok() ? absl::FailedPreconditionError("no sample was usable") : round->why,
+          "cloud job");
     }
-    report.mirror_apply_seconds = Since(start);
+    report.job = round->job.stats;
+    report.notes = round->job.notes;
+    const cloud::NewVersion& update = round->next;
+    report.dwc_encode_seconds = update.encode_seconds;
+    report.dwc = update.update.stats;
+    report.mirror_apply_seconds = update.apply_seconds;
+    mirror = update.state;
     log(absl::StrFormat("cloud: update of %d bytes (%.2f bits/param, relative error %.3f)",
-                        update->bytes.size(), update->stats.bits_per_param,
-                        update->stats.relative_error));
+                        update.update.bytes.size(), update.update.stats.bits_per_param,
+                        update.update.stats.relative_error));
 
     // ---- device: apply the same bytes, compare digests, answer again ----
     start = Clock::now();
-    if (absl::StatusOr<uint64_t> v = compress::ApplyUpdate(update->bytes, 0, device_state);
+    if (absl::StatusOr<uint64_t> v = compress::ApplyUpdate(update.update.bytes, 0, device_state);
         !v.ok()) {
       return Step(v.status(), "device apply");
     }
@@ -347,8 +360,7 @@ absl::StatusOr<HubRoundReport> RunHubRound(const HubRoundOptions& options) {
     double before = 0, after = 0, kept_before = 0, kept_after = 0, cloud_sum = 0;
     for (size_t k = 0; k < kept.size(); ++k) {
       const Kept& x = kept[k];
-      absl::StatusOr<std::vector<int64_t>> label =
-          student_side.encode(trained->pseudo_labels.at(k), false);
+      absl::StatusOr<std::vector<int64_t>> label = student_side.encode(pseudo_labels.at(k), false);
       if (!label.ok()) return Step(label.status(), "pseudo-label");
       const std::vector<int64_t> teacher_answer = model::AnswerIds(*label, answerer.eos);
       absl::StatusOr<std::vector<int64_t>> now =

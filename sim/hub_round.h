@@ -8,8 +8,9 @@
 //           stage 1 (mean answer-token entropy against a running quantile), stage 2 on the
 //           kept frames (MC-dropout variance of the visual tokens, M passes as one batch),
 //           the top token_ratio kept; encodes the uplink batch;
-//   cloud:  decodes it, runs the AKD job from the device's mirror (HfPairDistiller::RunFrom),
-//           encodes the DWC update against the mirror and applies it there;
+//   cloud:  decodes it, then the cloud's step of a round (cloud::TrainRound, as a job of
+//           cdcca-cloud): the AKD job from the device's mirror (HfPairDistiller::RunFrom),
+//           the DWC update encoded against the mirror and applied there;
 //   device: applies the same bytes to its trainable state (the same ApplyUpdate), puts the
 //           state into its model, and the two digests are compared; then answers the kept
 //           frames again, so the round's effect shows in the device's answers.

@@ -38,7 +38,7 @@ using ::testing::HasSubstr;
 // What the program's JobScheduler does for a Rollback RPC: the strategy's Rollback.
 class RollbackToStrategy final : public cloud::CloudObserver {
  public:
-  cloud::TrainerStrategy* strategy = nullptr;
+  cloud::PerDeviceStrategy* strategy = nullptr;
   absl::StatusOr<cloud::RollbackResult> OnRollback(const std::string& device_id,
                                                    uint64_t device_version,
                                                    uint64_t to_version) override {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cloud/train_round.h"
 #include "cloud/trainer.h"
 #include "cloud/uplink_check.h"
 #include "compress/named_tensors.h"
@@ -27,16 +28,6 @@
 #include "distill/replay_buffer.h"
 
 namespace cdcca::cloud::internal {
-
-struct MirrorJob {
-  compress::NamedTensors trainable;  // the trained set, fp32 CPU, base_trainable()'s order
-  distill::JobStats stats;
-  std::vector<std::string> notes;  // what the job log says beyond the numbers
-  // Samples (indices into Train's `samples`) the trainer could not use, and why; the job
-  // trained without them. When it holds every sample, nothing was trained (`trainable` is
-  // empty).
-  std::vector<std::pair<size_t, absl::Status>> rejected;
-};
 
 class MirrorTrainer {
  public:
@@ -51,12 +42,12 @@ class MirrorTrainer {
   // Trains the student with `mirror` as its trainable set on `samples` (and replayed ones
   // from `replay`); `version` is the mirror's (it varies the job's seed). The learner state
   // that persists between a device's jobs (phi, psi) is kept per `device_id`. A sample it
-  // cannot use (a frame that does not decode) is left out and listed in MirrorJob::rejected;
+  // cannot use (a frame that does not decode) is left out and listed in TrainedSet::rejected;
   // an error means the job as a whole failed.
-  virtual absl::StatusOr<MirrorJob> Train(const std::string& device_id,
-                                          const compress::NamedTensors& mirror,
-                                          const std::vector<compress::UplinkSample>& samples,
-                                          distill::ReplayBuffer* replay, uint64_t version) = 0;
+  virtual absl::StatusOr<TrainedSet> Train(const std::string& device_id,
+                                           const compress::NamedTensors& mirror,
+                                           const std::vector<compress::UplinkSample>& samples,
+                                           distill::ReplayBuffer* replay, uint64_t version) = 0;
   // Whether a sample can be answered and trained on at all (a frame decodes to the tower's
   // input); cheap, no model runs. The held-out pool takes only samples that pass, so that
   // one unusable sample can never fail every guarded job after it.
