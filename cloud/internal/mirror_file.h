@@ -1,8 +1,10 @@
 // The trainer's per-device state file, `<state_dir>/<device>.mirror` (torch-free, so its
-// decoder is fuzzed: cloud/fuzz/). Layout, little-endian:
-//   u32 magic "CDMS" | u32 format 1 | u64 version | u64 consumed sequence | u64 state digest |
-//   4 x (u64 size | bytes): mirror safetensors, encoder residual, update payload, snapshot |
-//   u64 Hash64 of everything before it.
+// decoder is fuzzed: cloud/fuzz/), in the stores' sealed envelope (storage/sealed_file.h, kind
+// "CDMS", format 2) around, little-endian:
+//   u64 version | u64 consumed sequence | u64 state digest |
+//   4 x (u64 size | bytes): mirror safetensors, encoder residual, update payload, snapshot.
+// Files of format 1 (the same fields between u32 "CDMS" | u32 1 and a u64 Hash64 of what
+// precedes it, written before the envelope) are read too.
 // The blobs are returned as bytes; their own decoders (ParseSafetensors,
 // DeltaEncoder::RestoreState, ParsePayload) check them.
 #ifndef CDCCA_CLOUD_INTERNAL_MIRROR_FILE_H_

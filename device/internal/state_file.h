@@ -1,7 +1,9 @@
 // The device's last good trainable state, `<state_dir>/trainable.state` (torch-free, so its
-// decoder is fuzzed: device/fuzz/). Layout, little-endian:
-//   u64 model version | u64 state digest | safetensors of the trainable set |
-//   u64 Hash64 of everything before it.
+// decoder is fuzzed: device/fuzz/), in the stores' sealed envelope (storage/sealed_file.h,
+// kind "DVTS", format 1) around, little-endian:
+//   u64 model version | u64 state digest | safetensors of the trainable set.
+// Files written before the envelope (the same fields, then a u64 Hash64 of them) are read
+// too.
 // The safetensors bytes are returned as a view; InferenceRuntime::LoadTrainableState checks
 // them (DecodeSafetensors) against the model.
 #ifndef CDCCA_DEVICE_INTERNAL_STATE_FILE_H_
@@ -24,7 +26,8 @@ struct TrainableStateFile {
 std::string EncodeTrainableStateFile(uint64_t version, uint64_t digest,
                                      absl::string_view safetensors);
 
-// DATA_LOSS for a file shorter than its fixed fields or with a bad checksum. Allocates
+// DATA_LOSS for a file shorter than its fixed fields, with a bad checksum, or sealed as
+// something else. Allocates
 // nothing; the result points into `bytes`.
 absl::StatusOr<TrainableStateFile> DecodeTrainableStateFile(absl::string_view bytes);
 
