@@ -35,8 +35,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cloud/cloud_server.h"
-#include "cloud/cloud_service.h"
+#include "cloud/open_cloud.h"
 #include "cloud/pg/connection.h"
 #include "cloud/pg/pg_cloud_store.h"
 #include "cloud/trainer.h"
@@ -132,34 +131,25 @@ std::unique_ptr<testing::NginxServer> Nginx(const std::vector<int>& ports) {
   return *std::move(nginx);
 }
 
-// One front: the program's service on the shared store, serving on loopback.
-struct Front {
-  std::unique_ptr<cloud::pg::PgCloudStore> store;
-  std::unique_ptr<cloud::CloudService> service;
-  std::unique_ptr<cloud::CloudServer> server;
-};
-
-absl::StatusOr<Front> StartFront(const std::string& conninfo,
-                                 const cloud::TokenAuthenticator* auth) {
-  Front f;
-  absl::StatusOr<std::unique_ptr<cloud::pg::PgCloudStore>> store =
-      cloud::pg::PgCloudStore::Open({conninfo, absl::GetFlag(FLAGS_store_sessions), 16});
-  if (!store.ok()) return store.status();
-  f.store = *std::move(store);
+// One front: the program's service on the shared store, serving on loopback, without the
+// program's job trigger (no trainer runs here: the figures are the uplink's alone).
+absl::StatusOr<std::unique_ptr<cloud::Cloud>> StartFront(const std::string& conninfo,
+                                                         const std::string& tokens,
+                                                         const std::string& data_dir) {
+  static cloud::CloudObserver no_trigger;
+  cloud::CloudOptions o;
+  o.data_dir = data_dir;
+  o.store = conninfo;
+  o.role = "front";
+  o.tokens_text = tokens;
+  o.store_sessions = absl::GetFlag(FLAGS_store_sessions);
   // As cdcca-cloud on --store: as many service threads as sessions, since those threads
   // wait on the database.
-  cloud::CloudServiceOptions options;
-  options.io_threads = absl::GetFlag(FLAGS_store_sessions);
-  f.service = std::make_unique<cloud::CloudService>(options, auth, f.store.get(), f.store.get(),
-                                                    f.store.get());
-  cloud::ServerOptions so;
-  so.listen_address = "127.0.0.1:0";
-  so.insecure = true;
-  absl::StatusOr<std::unique_ptr<cloud::CloudServer>> server =
-      cloud::CloudServer::Start(so, f.service.get());
-  if (!server.ok()) return server.status();
-  f.server = *std::move(server);
-  return f;
+  o.service.io_threads = absl::GetFlag(FLAGS_store_sessions);
+  o.server.listen_address = "127.0.0.1:0";
+  o.server.insecure = true;
+  o.observer = &no_trigger;
+  return cloud::OpenCloud(o);
 }
 
 void PrintRow(const char* what, const UplinkFigures& u, const UplinkFigures& base) {
@@ -187,7 +177,6 @@ int Uplink(testing::PostgresServer& postgres) {
     tokens.push_back(embedded.token(d));
     absl::StrAppend(&token_text, "dev-", d, " ", tokens.back(), "\n");
   }
-  auto auth = std::move(cloud::TokenAuthenticator::FromString(token_text, "bench")).value();
 
   const UplinkFigures direct = Load(absl::StrCat("127.0.0.1:", embedded.port()), tokens);
   UplinkFigures proxied;
@@ -208,15 +197,16 @@ int Uplink(testing::PostgresServer& postgres) {
   for (int fronts = 1; fronts <= 2; ++fronts) {
     absl::StatusOr<std::string> conninfo = postgres.CreateDatabase();
     if (!conninfo.ok()) return 1;
-    std::vector<Front> running;
+    std::vector<std::unique_ptr<cloud::Cloud>> running;
     std::vector<int> ports;
     for (int i = 0; i < fronts; ++i) {
-      absl::StatusOr<Front> f = StartFront(*conninfo, auth.get());
+      absl::StatusOr<std::unique_ptr<cloud::Cloud>> f =
+          StartFront(*conninfo, token_text, absl::StrCat(dir.path(), "/front-", fronts, "-", i));
       if (!f.ok()) {
         std::fprintf(stderr, "front: %s\n", f.status().ToString().c_str());
         return 1;
       }
-      ports.push_back(f->server->port());
+      ports.push_back((*f)->port());
       running.push_back(*std::move(f));
     }
     std::unique_ptr<testing::NginxServer> nginx = Nginx(ports);
@@ -235,7 +225,7 @@ int Uplink(testing::PostgresServer& postgres) {
         }
       }
     }
-    for (Front& f : running) f.server->Shutdown(absl::Seconds(2));
+    for (auto& f : running) f->Shutdown(absl::Seconds(2));
   }
   const size_t batch_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_batch_kib)) << 10;
   std::printf(

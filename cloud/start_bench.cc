@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cloud/device_registry.h"
+#include "cloud/open_cloud.h"
 #include "cloud/sample_store.h"
 #include "cloud/trainer.h"
 #include "cloud/update_store.h"
@@ -107,48 +108,47 @@ int Populate(const std::string& dir) {
   return 0;
 }
 
-// Forwards to the scheduler once it exists (the service is made before it).
-class Forward final : public cloud::CloudObserver {
- public:
-  std::atomic<cloud::CloudObserver*> to{nullptr};
-  void OnSamplesStored(const std::string& id, uint64_t durable) override {
-    if (cloud::CloudObserver* o = to.load(); o != nullptr) o->OnSamplesStored(id, durable);
-  }
-};
-
 int Run(const std::string& template_dir) {
   testing::TempDir dir;
   std::filesystem::copy(template_dir, dir.path(), std::filesystem::copy_options::recursive);
   const int devices = absl::GetFlag(FLAGS_devices);
   const int clients = std::min(absl::GetFlag(FLAGS_clients), devices);
-  Forward forward;
-  testing::CloudFixtureOptions fo;
-  fo.data_dir = dir.path();
-  fo.devices = devices;
-  fo.server.listen_address = "127.0.0.1:0";
-  fo.server.insecure = true;
-  fo.observer = &forward;
-  testing::CloudFixture cloud(fo);
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<std::string> tokens;
+  cloud::CloudOptions o;
+  for (int i = 0; i < devices; ++i) {
+    tokens.push_back(testing::RandomToken(rng));
+    absl::StrAppend(&o.tokens_text, DeviceId(i), " ", tokens.back(), "\n");
+  }
+  o.data_dir = dir.path();
+  o.server.listen_address = "127.0.0.1:0";
+  o.server.insecure = true;
+  o.strategy = StrategyOptions(dir.path());
+  // Every backlog batch is a job at once: training competes with acks.
+  o.scheduler.trigger_samples = 4;
 
   const absl::Time t0 = absl::Now();
-  if (absl::Status s = cloud.Start(); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  absl::StatusOr<std::unique_ptr<cloud::Cloud>> opened = cloud::OpenCloud(o);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "%s\n", opened.status().ToString().c_str());
     return 1;
   }
-  auto strategy =
-      PerDeviceStrategy::Create(StrategyOptions(dir.path()), cloud.samples(), cloud.updates());
-  if (!strategy.ok() || !(*strategy)->Recover().ok()) return 1;
-  cloud::JobSchedulerOptions jo;
-  jo.trigger_samples = 4;  // every backlog batch is a job at once: training competes with acks
-  auto scheduler = std::make_unique<cloud::JobScheduler>(jo, strategy->get(), cloud.samples());
-  forward.to = scheduler.get();
+  std::unique_ptr<cloud::Cloud> cloud = *std::move(opened);
+  PerDeviceStrategy* strategy = cloud->strategy();
   const double start_s = absl::ToDoubleSeconds(absl::Now() - t0);
   const auto [rss_start, hwm_start] = RssMiB();
-  const size_t resident_start = (*strategy)->ResidentMirrors();
+  const size_t resident_start = strategy->ResidentMirrors();
 
-  const cloud::SampleSpec spec = (*strategy)->Spec();
+  const cloud::SampleSpec spec = strategy->Spec();
   std::vector<std::unique_ptr<device::CloudClient>> links;
-  for (int d = 0; d < clients; ++d) links.push_back(cloud.Client(d));
+  for (int d = 0; d < clients; ++d) {
+    device::CloudClientOptions co;
+    co.target = absl::StrCat("localhost:", cloud->port());
+    co.device_id = DeviceId(d);
+    co.token = tokens[d];
+    co.insecure = true;
+    links.push_back(std::move(device::CloudClient::Create(co)).value());
+  }
   std::atomic<bool> stop{false};
   std::atomic<int> errors{0};
   std::vector<std::vector<double>> latencies(clients);
@@ -187,12 +187,10 @@ int Run(const std::string& template_dir) {
       "%zu / %zu | %llu |\n",
       static_cast<long long>(absl::GetFlag(FLAGS_max_resident_mirrors)), devices, devices, start_s,
       rss_start, all.size(), pct(0.5), pct(0.99), errors.load(),
-      static_cast<unsigned long long>(scheduler->jobs_done()), rss_end,
-      std::max(hwm_start, hwm_end), resident_start, (*strategy)->ResidentMirrors(),
-      static_cast<unsigned long long>((*strategy)->MirrorEvictions()));
-  forward.to = nullptr;
-  scheduler.reset();  // waits for a running job, which reads the stores
-  cloud.Stop();
+      static_cast<unsigned long long>(cloud->scheduler()->jobs_done()), rss_end,
+      std::max(hwm_start, hwm_end), resident_start, strategy->ResidentMirrors(),
+      static_cast<unsigned long long>(strategy->MirrorEvictions()));
+  cloud->Shutdown();  // waits for a running job
   return errors.load() == 0 ? 0 : 1;
 }
 

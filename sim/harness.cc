@@ -13,13 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "cloud/cloud_server.h"
-#include "cloud/cloud_service.h"
-#include "cloud/device_registry.h"
-#include "cloud/sample_store.h"
-#include "cloud/token_authenticator.h"
+#include "cloud/open_cloud.h"
 #include "cloud/trainer.h"
-#include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
 #include "datasets/domain.h"
 #include "datasets/fashion_mnist.h"
@@ -37,7 +32,6 @@
 #include "proto/clock.h"
 #include "sim/link_emulator.h"
 #ifdef CDCCA_SIM_CLUSTER
-#include "cloud/cluster_roles.h"
 #include "cloud/pg/pg_cloud_store.h"
 #include "tests/testing/nginx_server.h"
 #include "tests/testing/postgres_server.h"
@@ -328,41 +322,25 @@ struct Device {
 };
 
 struct Cloud {
-  // The jobs' outcomes (JobScheduler's callback), until the harness takes them.
+  // The jobs' outcomes (the scheduler's or the workers' callback), until the harness takes them.
   absl::Mutex jobs_mu;
   std::map<std::string, cloud::JobReport> reports ABSL_GUARDED_BY(jobs_mu);
   std::vector<absl::Status> failures ABSL_GUARDED_BY(jobs_mu);
+  // The shared fronts' observer: no trigger, the harness makes a round's jobs due itself.
+  cloud::CloudObserver no_trigger;
 
-  std::unique_ptr<cloud::TokenAuthenticator> auth;
-  std::unique_ptr<cloud::DeviceRegistry> registry;
-  std::unique_ptr<cloud::SampleStore> samples;
-  std::unique_ptr<cloud::UpdateStore> updates;
-  std::unique_ptr<cloud::PerDeviceStrategy> strategy;
-  std::unique_ptr<cloud::JobScheduler> scheduler;
-  std::unique_ptr<cloud::CloudService> service;
-  std::unique_ptr<cloud::CloudServer> server;
+  std::unique_ptr<cloud::Cloud> embedded;  // the one process's cloud (files)
   std::vector<std::string> tokens;
   int port = 0;              // where the devices dial: the server, or nginx in front of the fronts
   uint64_t base_digest = 0;  // the pretrained student's trainable set
 
 #ifdef CDCCA_SIM_CLUSTER
   // "cloud": {"store": "postgresql"}: the database, fronts behind nginx, trainers.
-  struct Front {
-    std::unique_ptr<cloud::pg::PgCloudStore> store;
-    std::unique_ptr<cloud::CloudService> service;
-    std::unique_ptr<cloud::CloudServer> server;
-  };
-  struct Trainer {
-    std::unique_ptr<cloud::pg::PgCloudStore> store;
-    std::unique_ptr<cloud::pg::PgMirrorStates> states;
-    std::unique_ptr<cloud::PerDeviceStrategy> strategy;
-    std::unique_ptr<cloud::JobWorker> worker;  // destroyed first: it runs on the others
-  };
   std::unique_ptr<testing::PostgresServer> postgres;
   std::unique_ptr<cloud::pg::PgCloudStore> control;  // the harness's own session
-  std::vector<Front> fronts;
+  std::vector<std::unique_ptr<cloud::Cloud>> fronts;
   std::unique_ptr<testing::NginxServer> nginx;
-  std::vector<Trainer> trainers;
+  std::vector<std::unique_ptr<cloud::Cloud>> trainers;
 #endif
   bool shared() const {
 #ifdef CDCCA_SIM_CLUSTER
@@ -371,12 +349,15 @@ struct Cloud {
     return false;
 #endif
   }
+  cloud::JobScheduler* scheduler() const {
+    return embedded != nullptr ? embedded->scheduler() : nullptr;
+  }
 
   ~Cloud() {
-    if (server) server->Shutdown(absl::Milliseconds(200));
+    if (embedded) embedded->Shutdown(absl::Milliseconds(200));
 #ifdef CDCCA_SIM_CLUSTER
     trainers.clear();  // workers stop (a running job finishes) before the servers go
-    for (Front& f : fronts) f.server->Shutdown(absl::Milliseconds(200));
+    for (auto& f : fronts) f->Shutdown(absl::Milliseconds(200));
 #endif
   }
 };
@@ -387,8 +368,8 @@ std::string DeviceId(int i) { return absl::StrCat("device-", i); }
 // services on it behind nginx, and e.cloud.trainers workers, each with its own strategy (its
 // own copy of the models) committing through the database under job leases. No trigger
 // runs on the fronts: the harness makes a round's jobs due once its uplink is stored.
-absl::Status StartSharedCloud(const Experiment& e, cloud::PerDeviceStrategyOptions po,
-                              const std::string& dir, Cloud& c) {
+absl::Status StartSharedCloud(const Experiment& e, const cloud::PerDeviceStrategyOptions& po,
+                              const std::string& dir, const std::string& tokens, Cloud& c) {
 #ifdef CDCCA_SIM_CLUSTER
   absl::StatusOr<std::unique_ptr<testing::PostgresServer>> postgres =
       testing::PostgresServer::Start();
@@ -400,58 +381,49 @@ absl::Status StartSharedCloud(const Experiment& e, cloud::PerDeviceStrategyOptio
   if (!control.ok()) return control.status();
   c.control = std::move(*control);
   for (int t = 0; t < e.cloud.trainers; ++t) {
-    Cloud::Trainer trainer;
-    auto store = cloud::pg::PgCloudStore::Open({*conninfo, e.job.workers + 2, 16});
-    if (!store.ok()) return store.status();
-    trainer.store = std::move(*store);
-    trainer.states = std::make_unique<cloud::pg::PgMirrorStates>(trainer.store.get());
-    cloud::PerDeviceStrategyOptions to = po;
-    to.state_dir = absl::StrCat(dir, "/trainer-", t);
-    to.mirror_states = trainer.states.get();
-    auto strategy = cloud::PerDeviceStrategy::Create(to, trainer.store.get(), trainer.store.get(),
-                                                     trainer.store.get());
-    if (!strategy.ok()) return strategy.status();
-    trainer.strategy = std::move(*strategy);
-    cloud::JobWorkerOptions wo;
-    wo.owner = absl::StrCat("trainer-", t);
-    wo.threads = e.job.workers;
-    wo.poll = absl::Milliseconds(20);
-    trainer.worker = std::make_unique<cloud::JobWorker>(
-        wo, trainer.store.get(), trainer.states.get(), trainer.strategy.get());
-    trainer.worker->SetJobCallback([&c](const absl::StatusOr<cloud::JobReport>& r) {
+    cloud::CloudOptions to;
+    to.data_dir = absl::StrCat(dir, "/trainer-", t);
+    to.store = *conninfo;
+    to.role = "trainer";
+    to.strategy = po;
+    to.strategy.state_dir = to.data_dir;
+    to.scheduler.threads = e.job.workers;
+    to.trainer_id = absl::StrCat("trainer-", t);
+    to.worker_poll = absl::Milliseconds(20);
+    to.on_job = [&c](const absl::StatusOr<cloud::JobReport>& r) {
       absl::MutexLock lock(&c.jobs_mu);
       if (r.ok()) {
         c.reports[r->device_id] = *r;
       } else if (!absl::IsNotFound(r.status())) {
         c.failures.push_back(r.status());
       }
-    });
-    c.trainers.push_back(std::move(trainer));
+    };
+    auto trainer = cloud::OpenCloud(to);
+    if (!trainer.ok()) return trainer.status();
+    c.trainers.push_back(std::move(*trainer));
   }
-  const cloud::PerDeviceStrategy& model = *c.trainers.front().strategy;
+  const cloud::PerDeviceStrategy& model = *c.trainers.front()->strategy();
   c.base_digest = model.BaseDigest();
-  cloud::CloudServiceOptions svc;
-  svc.expected_fingerprint = model.BaseFingerprint();
-  svc.expected_vision_fingerprint = model.VisionFingerprint();
-  svc.sample_spec = model.Spec();
-  svc.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
-  svc.io_threads = 16;
+  cloud::CloudOptions fo;
+  fo.store = *conninfo;
+  fo.role = "front";
+  fo.tokens_text = tokens;
+  fo.server.listen_address = "127.0.0.1:0";
+  fo.server.insecure = true;  // loopback only
+  fo.service.expected_fingerprint = model.BaseFingerprint();
+  fo.service.expected_vision_fingerprint = model.VisionFingerprint();
+  fo.service.sample_spec = model.Spec();
+  fo.service.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
+  fo.service.io_threads = 16;
+  fo.store_sessions = 16;
+  fo.observer = &c.no_trigger;
   testing::NginxProxyOptions proxy;
   for (int f = 0; f < e.cloud.fronts; ++f) {
-    Cloud::Front front;
-    auto store = cloud::pg::PgCloudStore::Open({*conninfo, 16, 16});
-    if (!store.ok()) return store.status();
-    front.store = std::move(*store);
-    front.service = std::make_unique<cloud::CloudService>(svc, c.auth.get(), front.store.get(),
-                                                          front.store.get(), front.store.get());
-    cloud::ServerOptions server;
-    server.listen_address = "127.0.0.1:0";
-    server.insecure = true;  // loopback only
-    auto started = cloud::CloudServer::Start(server, front.service.get());
-    if (!started.ok()) return started.status();
-    front.server = std::move(*started);
-    proxy.backends.push_back(absl::StrCat("127.0.0.1:", front.server->port()));
-    c.fronts.push_back(std::move(front));
+    fo.data_dir = absl::StrCat(dir, "/front-", f);
+    auto front = cloud::OpenCloud(fo);
+    if (!front.ok()) return front.status();
+    proxy.backends.push_back(absl::StrCat("127.0.0.1:", (*front)->port()));
+    c.fronts.push_back(std::move(*front));
   }
   auto nginx = testing::NginxServer::Start(proxy);
   if (!nginx.ok()) return nginx.status();
@@ -473,7 +445,7 @@ uint64_t MirrorDigest(Cloud& c, const std::string& id, uint64_t version) {
     return c.control->DigestOf(id, version).value_or(0);
   }
 #endif
-  return c.strategy->State(id).state_digest;
+  return c.embedded->strategy()->State(id).state_digest;
 }
 
 // Makes the jobs of `ids` due now on the shared cloud (what a front's trigger does).
@@ -549,67 +521,42 @@ device::RuntimeOptions RuntimeOptionsFor(const Experiment& e) {
 
 absl::Status StartCloud(const Experiment& e, const MethodPlan& plan, const std::string& dir,
                         std::mt19937_64& rng, Clock* clock, Cloud& c) {
-  std::string text;
+  std::string tokens;
   for (int i = 0; i < e.devices; ++i) {
     c.tokens.push_back(RandomToken(rng));
-    absl::StrAppend(&text, DeviceId(i), " ", c.tokens.back(), "\n");
+    absl::StrAppend(&tokens, DeviceId(i), " ", c.tokens.back(), "\n");
   }
-  auto auth = cloud::TokenAuthenticator::FromString(text, "harness tokens");
-  if (!auth.ok()) return auth.status();
-  c.auth = std::move(*auth);
-  auto registry = cloud::DeviceRegistry::Open(dir + "/registry");
-  if (!registry.ok()) return registry.status();
-  c.registry = std::move(*registry);
-  cloud::SampleStoreOptions so;
-  so.dir = dir + "/samples";
-  auto samples = cloud::SampleStore::Open(so);
-  if (!samples.ok()) return samples.status();
-  c.samples = std::move(*samples);
-  auto updates = cloud::UpdateStore::Open({dir + "/updates", 16});
-  if (!updates.ok()) return updates.status();
-  c.updates = std::move(*updates);
-  absl::StatusOr<cloud::PerDeviceStrategyOptions> options = StrategyOptionsFor(e, plan);
-  if (!options.ok()) return options.status();
-  cloud::PerDeviceStrategyOptions po = *std::move(options);
-  po.state_dir = dir + "/mirrors";
-  if (e.cloud.store == "postgresql") return StartSharedCloud(e, po, dir, c);
-  auto strategy =
-      cloud::PerDeviceStrategy::Create(po, c.samples.get(), c.updates.get(), c.registry.get());
+  absl::StatusOr<cloud::PerDeviceStrategyOptions> strategy = StrategyOptionsFor(e, plan);
   if (!strategy.ok()) return strategy.status();
-  c.strategy = std::move(*strategy);
-  c.base_digest = c.strategy->BaseDigest();
-  if (absl::Status s = c.strategy->Recover(); !s.ok()) return s;
+  if (e.cloud.store == "postgresql") return StartSharedCloud(e, *strategy, dir, tokens, c);
+  cloud::CloudOptions o;
+  o.data_dir = dir;
+  o.tokens_text = tokens;
+  o.strategy = *std::move(strategy);
+  o.strategy.state_dir = dir + "/mirrors";
   // The program's scheduler on the virtual clock: a job per device once the trigger
   // interval has passed with new samples; no sample-count trigger, so that a job never
   // starts on part of a round's uplink.
-  cloud::JobSchedulerOptions jo;
-  jo.trigger_samples = std::numeric_limits<int>::max();
-  jo.trigger_interval = kTriggerInterval;
-  jo.threads = e.job.workers;
-  jo.clock = clock;
-  c.scheduler = std::make_unique<cloud::JobScheduler>(jo, c.strategy.get(), c.samples.get());
-  c.scheduler->SetJobCallback([&c](const absl::StatusOr<cloud::JobReport>& r) {
+  o.scheduler.trigger_samples = std::numeric_limits<int>::max();
+  o.scheduler.trigger_interval = kTriggerInterval;
+  o.scheduler.threads = e.job.workers;
+  o.scheduler.clock = clock;
+  o.on_job = [&c](const absl::StatusOr<cloud::JobReport>& r) {
     absl::MutexLock lock(&c.jobs_mu);
     if (r.ok()) {
       c.reports[r->device_id] = *r;
     } else {
       c.failures.push_back(r.status());
     }
-  });
-  cloud::CloudServiceOptions svc;
-  svc.expected_fingerprint = c.strategy->BaseFingerprint();
-  svc.expected_vision_fingerprint = c.strategy->VisionFingerprint();
-  svc.sample_spec = c.strategy->Spec();  // the model's shape, as cdcca-cloud checks uplinks
-  svc.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
-  c.service = std::make_unique<cloud::CloudService>(
-      svc, c.auth.get(), c.registry.get(), c.samples.get(), c.updates.get(), c.scheduler.get());
-  cloud::ServerOptions server;
-  server.listen_address = "127.0.0.1:0";
-  server.insecure = true;  // loopback only
-  auto started = cloud::CloudServer::Start(server, c.service.get());
-  if (!started.ok()) return started.status();
-  c.server = std::move(*started);
-  c.port = c.server->port();
+  };
+  o.service.guard_holdout_fraction = e.job.guard ? e.job.guard_holdout_fraction : 0.0;
+  o.server.listen_address = "127.0.0.1:0";
+  o.server.insecure = true;  // loopback only
+  absl::StatusOr<std::unique_ptr<cloud::Cloud>> opened = cloud::OpenCloud(o);
+  if (!opened.ok()) return opened.status();
+  c.embedded = *std::move(opened);
+  c.base_digest = c.embedded->strategy()->BaseDigest();
+  c.port = c.embedded->port();
   return absl::OkStatus();
 }
 
@@ -928,7 +875,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
 
     // 3-4. Every uplink is durable: the trigger interval passes and the scheduler runs a
     // job per device with new samples; then the devices' link loops fetch and apply them.
-    if (c.scheduler || c.shared()) {
+    if (c.scheduler() != nullptr || c.shared()) {
       std::vector<int> expected;
       std::vector<LinkStats> link_before;
       std::vector<device::AgentStats> agent_before;
@@ -1027,9 +974,9 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     if (d.agent) d.agent->Stop();
   }
   result.peak_devices_streaming = streaming.peak();
-  if (c.scheduler) {
-    result.peak_jobs_in_flight = c.scheduler->peak_in_flight();
-    result.peak_jobs_running = c.scheduler->peak_running();
+  if (c.scheduler() != nullptr) {
+    result.peak_jobs_in_flight = c.scheduler()->peak_in_flight();
+    result.peak_jobs_running = c.scheduler()->peak_running();
   }
   return result;
 }

@@ -1,5 +1,5 @@
-// An in-process cloud (stores + service + gRPC server on a loopback port) and helpers to
-// make device clients for it, for end-to-end transport tests and benchmarks.
+// An in-process cloud (OpenCloud's stores, service and gRPC server on a loopback port) and helpers
+// to make device clients for it, for end-to-end transport tests and benchmarks.
 #ifndef CDCCA_TESTS_TESTING_TRANSPORT_FIXTURE_H_
 #define CDCCA_TESTS_TESTING_TRANSPORT_FIXTURE_H_
 
@@ -14,6 +14,7 @@
 #include "cloud/cloud_server.h"
 #include "cloud/cloud_service.h"
 #include "cloud/device_registry.h"
+#include "cloud/open_cloud.h"
 #include "cloud/sample_store.h"
 #include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
@@ -39,53 +40,38 @@ struct CloudFixtureOptions {
   uint64_t device_quota_bytes = 0;  // SampleStoreOptions::max_device_bytes
 };
 
-// Owns one running cloud. Restart() shuts everything down and opens it again on the same
-// data directory and port, as a process restart would.
+// Owns one running cloud (cloud::OpenCloud, transport only: no model). Restart() shuts it down
+// and opens it again on the same data directory and port, as a process restart would.
 class CloudFixture {
  public:
   explicit CloudFixture(CloudFixtureOptions options) : options_(std::move(options)) {
     std::mt19937_64 rng(std::random_device{}());
-    std::string text;
     for (int i = 0; i < options_.devices; ++i) {
       tokens_.push_back(RandomToken(rng));
-      absl::StrAppend(&text, "dev-", i, " ", tokens_.back(), "\n");
+      absl::StrAppend(&tokens_text_, "dev-", i, " ", tokens_.back(), "\n");
     }
-    auth_ = std::move(cloud::TokenAuthenticator::FromString(text, "test tokens")).value();
   }
   ~CloudFixture() { Stop(); }
 
   absl::Status Start() {
-    auto registry = cloud::DeviceRegistry::Open(options_.data_dir + "/registry");
-    if (!registry.ok()) return registry.status();
-    registry_ = std::move(*registry);
-    cloud::SampleStoreOptions so;
-    so.dir = options_.data_dir + "/samples";
-    so.max_device_bytes = options_.device_quota_bytes;
-    auto samples = cloud::SampleStore::Open(so);
-    if (!samples.ok()) return samples.status();
-    samples_ = std::move(*samples);
-    auto updates = cloud::UpdateStore::Open({options_.data_dir + "/updates", 16});
-    if (!updates.ok()) return updates.status();
-    updates_ = std::move(*updates);
-    service_ =
-        std::make_unique<cloud::CloudService>(options_.service, auth_.get(), registry_.get(),
-                                              samples_.get(), updates_.get(), options_.observer);
-    cloud::ServerOptions server_options = options_.server;
-    if (port_ != 0) server_options.listen_address = absl::StrCat("127.0.0.1:", port_);
-    auto server = cloud::CloudServer::Start(server_options, service_.get());
-    if (!server.ok()) return server.status();
-    server_ = std::move(*server);
-    port_ = server_->port();
+    cloud::CloudOptions o;
+    o.data_dir = options_.data_dir;
+    o.tokens_text = tokens_text_;
+    o.server = options_.server;
+    if (port_ != 0) o.server.listen_address = absl::StrCat("127.0.0.1:", port_);
+    o.service = options_.service;
+    o.observer = options_.observer;
+    o.device_quota_bytes = options_.device_quota_bytes;
+    absl::StatusOr<std::unique_ptr<cloud::Cloud>> opened = cloud::OpenCloud(o);
+    if (!opened.ok()) return opened.status();
+    cloud_ = *std::move(opened);
+    port_ = cloud_->port();
     return absl::OkStatus();
   }
 
   void Stop() {
-    if (server_) server_->Shutdown(absl::Milliseconds(200));
-    server_.reset();
-    service_.reset();
-    samples_.reset();
-    updates_.reset();
-    registry_.reset();
+    if (cloud_) cloud_->Shutdown(absl::Milliseconds(200));
+    cloud_.reset();
   }
 
   absl::Status Restart() {
@@ -103,20 +89,16 @@ class CloudFixture {
 
   const std::string& token(int device) const { return tokens_[device]; }
   int port() const { return port_; }
-  cloud::SampleStore* samples() { return samples_.get(); }
-  cloud::UpdateStore* updates() { return updates_.get(); }
-  cloud::DeviceRegistry* registry() { return registry_.get(); }
-  cloud::CloudService* service() { return service_.get(); }
+  cloud::SampleStore* samples() { return cloud_ ? cloud_->sample_store() : nullptr; }
+  cloud::UpdateStore* updates() { return cloud_ ? cloud_->update_store() : nullptr; }
+  cloud::DeviceRegistry* registry() { return cloud_ ? cloud_->device_registry() : nullptr; }
+  cloud::CloudService* service() { return cloud_ ? cloud_->service() : nullptr; }
 
  private:
   CloudFixtureOptions options_;
   std::vector<std::string> tokens_;
-  std::unique_ptr<cloud::TokenAuthenticator> auth_;
-  std::unique_ptr<cloud::DeviceRegistry> registry_;
-  std::unique_ptr<cloud::SampleStore> samples_;
-  std::unique_ptr<cloud::UpdateStore> updates_;
-  std::unique_ptr<cloud::CloudService> service_;
-  std::unique_ptr<cloud::CloudServer> server_;
+  std::string tokens_text_;
+  std::unique_ptr<cloud::Cloud> cloud_;
   int port_ = 0;
 };
 
