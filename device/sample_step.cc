@@ -41,10 +41,12 @@ SampleDecision SampleStep::Run(const AnsweredFrame& frame, const FrameModel& mod
   std::vector<uint16_t> kept;
   if (d.held_out) {
     // The guard scores the sample as the device answers it: from the whole frame.
-    kept.resize(static_cast<size_t>(std::max(frame.tokens, 0)));
-    for (size_t t = 0; t < kept.size(); ++t) kept[t] = static_cast<uint16_t>(t);
+    kept = EveryToken(frame.tokens);
   } else if (uts.random_tokens) {
     kept = RandomTokenSelection(frame.tokens, {}, uts.token_ratio, token_rng_);
+  } else if (uts.token_ratio >= 1) {
+    // SelectTokens would keep every token whatever the scores: the passes are not run.
+    kept = EveryToken(frame.tokens);
   } else {
     if (!model.scores) {
       d.status = absl::FailedPreconditionError("UTS stage 2: this model cannot score tokens");

@@ -1,21 +1,26 @@
 // SampleStep: the device's half of a round for one answer, from the answer to the sample it
-// uplinks (DESIGN.md, "One round"). Every driver that answers on a device calls it: the agent
-// loop (DeviceAgent::Process, which the harness runs) and cdcca-device offline.
+// uplinks (DESIGN.md, "One round"). Every driver that answers on a device, or stands in for
+// one, calls it: the agent loop (DeviceAgent::Process, which the harness runs), cdcca-device
+// offline, the in-process round (sim/hub_round.h), `cdcca hf-adapt` and `cdcca adapt-eval`'s
+// arms (sim/adapt_eval.h BuildArmUplink).
 //
 //   Run(answer)  held out for the cloud's update guard? (compress::IsHeldOutSample of the
 //                sample id: the whole frame goes up, every token, stage 2 skipped)
 //             -> UTS stage 1 (EntropyGate on the answer's mean token entropy)
 //             -> UTS stage 2 for a chosen sample: a score per visual token from the model
 //                (FrameModel::scores), the top token_ratio kept (SelectTokens), or every token
-//                over variance_beta, or token_ratio of them at random (RandomTokenSelection)
+//                over variance_beta, or token_ratio of them at random (RandomTokenSelection);
+//                at a token_ratio of 1 every token, unscored
 //             -> the compress::UplinkSample: the kept tokens' features from the answer (or,
 //                at jpeg, the frame and the kept indices), the question's and the answer's
 //                ids, checked to encode (compress::CheckUplinkSample), never truncated.
 //
 // What the answer computed is read, not recomputed: the tokens, ids and entropy come in an
 // AnsweredFrame. The model is reached only through the FrameModel callables the driver binds
-// (InferenceRuntime on a device), so this file is torch- and gRPC-free and part of the core
-// build (target cdcca_uts).
+// (InferenceRuntime on a device; an offline driver may bind scores it computed before), so
+// this file is torch- and gRPC-free and part of the core build (target cdcca_uts). A driver
+// that keeps every answer, or decides stage 1 over a finished stream (KeepTopEntropies), runs
+// the step with KeepEverySample's UtsOptions.
 //
 // Errors are values: a sample whose scores or frame the model cannot produce, or which breaks
 // the codec's limits, comes back with a non-OK SampleDecision::status; the answer stands and
@@ -74,8 +79,8 @@ struct FrameModel {
 
 struct SampleStepOptions {
   // UTS as used: stage 1's gate, stage 2's passes, ratio or beta, the uplink precision.
-  // Taken as given (an entropy_alpha below 0 keeps every sample); the model refuses passes or
-  // a dropout rate it cannot compute, per sample.
+  // Taken as given (KeepEverySample's entropy_alpha below 0 keeps every sample); the model
+  // refuses passes or a dropout rate it cannot compute, per sample.
   UtsOptions uts;
   // compress::IsHeldOutSample's key: the device's id. Default: "".
   std::string device_id;

@@ -108,11 +108,7 @@ std::vector<uint64_t> Ids(double fraction, bool held, int n) {
   return ids;
 }
 
-std::vector<uint16_t> AllTokens() {
-  std::vector<uint16_t> all(kTokens);
-  for (int t = 0; t < kTokens; ++t) all[static_cast<size_t>(t)] = static_cast<uint16_t>(t);
-  return all;
-}
+std::vector<uint16_t> AllTokens() { return {0, 1, 2, 3, 4, 5, 6, 7}; }
 
 TEST(SampleStepTest, HeldOutSamplesGoUpWholeWithEveryTokenAndNoScores) {
   SampleStepOptions o;
@@ -266,6 +262,72 @@ TEST(SampleStepTest, StageTwoSeedsAreTheScoreSeedsHashOfTheOrdinalOrTheModelsOwn
   SampleStep unseeded(KeepAll());
   unseeded.Run(a.Frame(), own.Bind(), 1);
   EXPECT_THAT(own.seeds, ElementsAre(std::nullopt));
+}
+
+TEST(SampleStepTest, ATokenRatioOfOneKeepsEveryTokenWithoutScoring) {
+  SampleStepOptions o = KeepAll();
+  o.uts.token_ratio = 1.0f;
+  SampleStep step(o);
+  FakeAnswer a;
+  SampleDecision d = step.Run(a.Frame(), FrameModel(), 3);  // a model that cannot score
+  ASSERT_OK(d.status);
+  ASSERT_TRUE(d.uplinked());
+  EXPECT_THAT(d.sample.kept_indices, ElementsAreArray(AllTokens()));
+  EXPECT_THAT(d.sample.features, ElementsAreArray(a.features));
+  EXPECT_EQ(d.stage2_seconds, 0);
+}
+
+TEST(SampleStepTest, KeepEverySampleKeepsEveryAnswerWhateverItsEntropy) {
+  SampleStepOptions o;
+  o.uts.keep_fraction = 0.5f;
+  KeepEverySample(&o.uts);
+  SampleStep step(o);
+  FakeAnswer a;
+  FakeModel m;
+  for (float e : {0.0f, 3.0f, 0.0f, 0.0f}) {
+    a.entropy = e;
+    SampleDecision d = step.Run(a.Frame(), m.Bind(), 1);
+    EXPECT_TRUE(d.stage1_kept) << e;
+    EXPECT_TRUE(d.uplinked()) << e;
+  }
+}
+
+// An offline driver binds scores it computed before: the step keeps their top tokens.
+TEST(SampleStepTest, PrecomputedScoresSelectAsTheModelsWouldWithTiesToTheLowerIndex) {
+  SampleStepOptions o = KeepAll();
+  o.uts.token_ratio = 0.375f;  // 3 of 8
+  SampleStep step(o);
+  const std::vector<float> scores = {0.2f, 0.5f, 0.5f, 0.1f, 0.5f, 0.5f, 0.0f, 0.3f};
+  FrameModel precomputed;
+  precomputed.scores = [&](int, float, TokenScore, std::optional<uint64_t>) {
+    return absl::StatusOr<std::vector<float>>(scores);
+  };
+  FakeAnswer a;
+  SampleDecision d = step.Run(a.Frame(), precomputed, 1);
+  ASSERT_OK(d.status);
+  EXPECT_THAT(d.sample.kept_indices, ElementsAre(1, 2, 4));
+  EXPECT_EQ(d.sample.kept_indices, SelectTokens(scores, {}, 0.375f, 0));
+}
+
+TEST(SampleStepTest, ReconfigureKeepsTheRandomTokenGeneratorGoing) {
+  SampleStepOptions o = KeepAll();
+  o.uts.random_tokens = true;
+  o.uts.token_ratio = 0.5f;
+  o.token_seed = 9;
+  SampleStep step(o);
+  std::mt19937_64 reference(9);
+  FakeAnswer a;
+  FakeModel m;
+  EXPECT_EQ(step.Run(a.Frame(), m.Bind(), 1).sample.kept_indices,
+            RandomTokenSelection(kTokens, {}, 0.5f, reference));
+  // A scored stretch between draws takes nothing from the generator.
+  UtsOptions scored = o.uts;
+  scored.random_tokens = false;
+  step.Reconfigure(scored, 0);
+  step.Run(a.Frame(), m.Bind(), 2);
+  step.Reconfigure(o.uts, 0);
+  EXPECT_EQ(step.Run(a.Frame(), m.Bind(), 3).sample.kept_indices,
+            RandomTokenSelection(kTokens, {}, 0.5f, reference));
 }
 
 TEST(SampleStepTest, VarianceBetaKeepsTokensAboveItAndAnEmptyChoiceIsNotUplinked) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -27,15 +28,42 @@ absl::Status CheckUtsOptions(const UtsOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The (1 - keep_fraction) quantile of `entropies` (non-empty): about keep_fraction of them
+// lie at or above it.
+float KeepQuantile(std::vector<float> entropies, float keep_fraction) {
+  const size_t k = std::min(entropies.size() - 1,
+                            static_cast<size_t>((1.0f - keep_fraction) * entropies.size()));
+  std::nth_element(entropies.begin(), entropies.begin() + static_cast<long>(k), entropies.end());
+  return entropies[k];
+}
+
+}  // namespace
+
+void KeepEverySample(UtsOptions* options) {
+  options->keep_fraction = 0;
+  options->entropy_alpha = -1;  // mean entropies are >= 0
+}
+
 float EntropyGate::threshold() const {
   if (keep_fraction_ <= 0 || keep_fraction_ >= 1) return alpha_;
   if (recent_.empty()) return -std::numeric_limits<float>::infinity();
-  std::vector<float> sorted(recent_.begin(), recent_.end());
-  // The (1 - keep_fraction) quantile: about keep_fraction of the window lies above it.
-  const size_t k =
-      std::min(sorted.size() - 1, static_cast<size_t>((1.0f - keep_fraction_) * sorted.size()));
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(k), sorted.end());
-  return sorted[k];
+  return KeepQuantile(std::vector<float>(recent_.begin(), recent_.end()), keep_fraction_);
+}
+
+std::vector<bool> KeepTopEntropies(const std::vector<float>& entropies, float keep_fraction) {
+  std::vector<bool> keep(entropies.size(), true);
+  if (keep_fraction <= 0 || keep_fraction >= 1 || entropies.empty()) return keep;
+  const float threshold = KeepQuantile(entropies, keep_fraction);
+  for (size_t i = 0; i < entropies.size(); ++i) keep[i] = entropies[i] >= threshold;
+  return keep;
+}
+
+std::vector<uint16_t> EveryToken(int tokens) {
+  std::vector<uint16_t> all(static_cast<size_t>(std::max(tokens, 0)));
+  for (size_t t = 0; t < all.size(); ++t) all[t] = static_cast<uint16_t>(t);
+  return all;
 }
 
 bool EntropyGate::Keep(float entropy) {

@@ -52,6 +52,11 @@ struct UtsOptions {
   compress::FeaturePrecision precision = compress::FeaturePrecision::kFp16;
 };
 
+// Stage 1 off: every sample passes (a fixed threshold below any entropy). For drivers that
+// keep a whole stream or decide stage 1 themselves over a finished one (KeepTopEntropies);
+// CheckUtsOptions refuses the result, which no user or cloud setting can ask for.
+void KeepEverySample(UtsOptions* options);
+
 // INVALID_ARGUMENT naming the first field out of range (alpha not finite or < 0, keep_fraction
 // or token_ratio outside [0, 1], mc_passes outside 1-64, dropout_p outside [0, 1)).
 // The cloud's settings merged over a device's (MergeCloudSettings) are checked by it:
@@ -78,6 +83,16 @@ class EntropyGate {
   size_t window_;
   std::deque<float> recent_;
 };
+
+// Stage 1 over a finished stream, offline: per entropy, whether it is at or above the
+// (1 - keep_fraction) quantile of all of them, EntropyGate's rule with the whole stream as its
+// window (the threshold is the one EntropyGate::threshold computes). Every sample for a
+// keep_fraction of 0 or 1.
+std::vector<bool> KeepTopEntropies(const std::vector<float>& entropies, float keep_fraction);
+
+// Every index of a `tokens`-token grid, ascending (none for tokens <= 0): the choice of a
+// sample that goes up whole.
+std::vector<uint16_t> EveryToken(int tokens);
 
 // Indices (ascending) of the tokens to keep: the top `ratio` by score (ties to the lower
 // index; at least one token when ratio > 0), or every token with score > beta when

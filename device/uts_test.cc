@@ -63,6 +63,44 @@ TEST(UtsTest, RunningQuantileKeepsTheTargetFractionOfAStream) {
   EXPECT_EQ(kept, kept2);
 }
 
+TEST(UtsTest, KeepTopEntropiesIsTheGatesQuantileOverTheWholeStream) {
+  const std::vector<float> entropies = {0.3f, 1.2f, 0.7f, 0.7f, 2.0f, 0.1f, 0.9f, 0.5f};
+  // The top half: at or above the 0.5 quantile (0.7), ties included.
+  EXPECT_EQ(KeepTopEntropies(entropies, 0.5f),
+            (std::vector<bool>{false, true, true, true, true, false, true, false}));
+  // The threshold is the one a gate whose window holds the whole stream compares with.
+  UtsOptions o;
+  o.keep_fraction = 0.25f;
+  o.window = static_cast<int>(entropies.size());
+  EntropyGate gate(o);
+  for (float e : entropies) gate.Keep(e);
+  const std::vector<bool> keep = KeepTopEntropies(entropies, 0.25f);
+  for (size_t i = 0; i < entropies.size(); ++i) {
+    EXPECT_EQ(keep[i], entropies[i] >= gate.threshold()) << i;
+  }
+  // 0 and 1 keep everything, as does an empty stream.
+  for (float kf : {0.0f, 1.0f}) {
+    EXPECT_EQ(KeepTopEntropies(entropies, kf), std::vector<bool>(entropies.size(), true)) << kf;
+  }
+  EXPECT_TRUE(KeepTopEntropies({}, 0.5f).empty());
+}
+
+TEST(UtsTest, KeepEverySampleTurnsStageOneOffAndNoUserCanAskForIt) {
+  UtsOptions o;
+  o.keep_fraction = 0.5f;
+  o.entropy_alpha = 3.0f;
+  KeepEverySample(&o);
+  EntropyGate gate(o);
+  for (float e : {0.0f, 0.0f, 5.0f, 0.0f}) EXPECT_TRUE(gate.Keep(e)) << e;
+  EXPECT_THAT(CheckUtsOptions(o), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(UtsTest, EveryTokenListsTheGrid) {
+  EXPECT_THAT(EveryToken(4), ElementsAre(0, 1, 2, 3));
+  EXPECT_TRUE(EveryToken(0).empty());
+  EXPECT_TRUE(EveryToken(-1).empty());
+}
+
 TEST(UtsTest, SelectTokensTakesTheTopRatioOrThoseAboveBeta) {
   const std::vector<float> scores = {0.1f, 0.9f, 0.5f, 0.7f, 0.2f, 0.8f};
   EXPECT_THAT(SelectTokens(scores, {}, 0.5f, 0), ElementsAre(1, 3, 5));
@@ -72,6 +110,10 @@ TEST(UtsTest, SelectTokensTakesTheTopRatioOrThoseAboveBeta) {
               ElementsAre(2, 3, 5));
   // At least one token for any ratio > 0.
   EXPECT_THAT(SelectTokens(scores, {}, 0.01f, 0), ElementsAre(1));
+  // Ties go to the lower index; the count is ratio x tokens rounded half away from zero.
+  const std::vector<float> tied = {0.1f, 0.9f, 0.5f, 0.5f, 0.2f, 0.5f};
+  EXPECT_THAT(SelectTokens(tied, {}, 0.5f, 0), ElementsAre(1, 2, 3));
+  EXPECT_THAT(SelectTokens(tied, {}, 0.25f, 0), ElementsAre(1, 2));  // 1.5 -> 2
 }
 
 TEST(UtsTest, RandomSelectionIsUniformAtTheRatio) {

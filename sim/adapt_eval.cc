@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,31 +38,6 @@ std::string TermsText(const std::vector<LossTerm>& terms) {
 
 }  // namespace
 
-std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio) {
-  std::vector<uint16_t> order(scores.size());
-  for (size_t i = 0; i < scores.size(); ++i) order[i] = static_cast<uint16_t>(i);
-  size_t n = static_cast<size_t>(std::lround(ratio * static_cast<float>(scores.size())));
-  n = std::clamp<size_t>(n, 1, scores.size());
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint16_t a, uint16_t b) { return scores[a] > scores[b]; });
-  order.resize(n);
-  std::sort(order.begin(), order.end());
-  return order;
-}
-
-std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
-                             float keep_fraction) {
-  std::vector<bool> keep(samples.size(), true);
-  if (keep_fraction <= 0 || keep_fraction >= 1 || samples.empty()) return keep;
-  std::vector<float> sorted;
-  for (const auto& s : samples) sorted.push_back(s.entropy);
-  std::sort(sorted.begin(), sorted.end());
-  const size_t k =
-      std::min(sorted.size() - 1, static_cast<size_t>((1.0f - keep_fraction) * sorted.size()));
-  for (size_t i = 0; i < samples.size(); ++i) keep[i] = samples[i].entropy >= sorted[k];
-  return keep;
-}
-
 absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& o) {
   absl::StatusOr<ds::ImageSet> train_images =
       ds::LoadFashionMnist(ds::Split::kTrain, o.fashion_mnist_dir);
@@ -85,7 +62,7 @@ absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& o) {
 
 absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
     const StreamObservation& observation, const std::vector<bool>& keep, const UplinkArm& arm,
-    std::mt19937_64& rng) {
+    device::SampleStep& step) {
   if (arm.selection != TokenSelection::kAll && !(arm.token_ratio > 0 && arm.token_ratio <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, ": ratio outside (0, 1]"));
   }
@@ -99,46 +76,35 @@ absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
           absl::StrCat("arm ", arm.name, ": no token scores '", arm.score, "' observed"));
     }
   }
-  const int tokens = static_cast<int>(observation.num_tokens);
+  device::UtsOptions uts = step.options().uts;
+  device::KeepEverySample(&uts);  // `keep` is stage 1
+  uts.random_tokens = arm.selection == TokenSelection::kRandom;
+  uts.token_ratio = arm.selection == TokenSelection::kAll ? 1.0f : arm.token_ratio;
+  step.Reconfigure(uts, /*holdout_fraction=*/0);
   std::vector<compress::UplinkSample> out;
   for (size_t i = 0; i < observation.samples.size(); ++i) {
     if (!keep.empty() && !keep[i]) continue;
     const compress::UplinkSample& full = observation.samples[i];
-    std::vector<uint16_t> kept;
-    switch (arm.selection) {
-      case TokenSelection::kAll:
-        for (int k = 0; k < tokens; ++k) kept.push_back(static_cast<uint16_t>(k));
-        break;
-      case TokenSelection::kUts:
-        kept = TopTokens((*scores)[static_cast<size_t>(observation.scene_of_sample[i])],
-                         arm.token_ratio);
-        break;
-      case TokenSelection::kRandom: {
-        // device::RandomTokenSelection's draw: a partial Fisher-Yates shuffle.
-        std::vector<uint16_t> candidates(static_cast<size_t>(tokens));
-        for (int k = 0; k < tokens; ++k)
-          candidates[static_cast<size_t>(k)] = static_cast<uint16_t>(k);
-        size_t n = static_cast<size_t>(std::lround(arm.token_ratio * static_cast<float>(tokens)));
-        n = std::clamp<size_t>(n, 1, candidates.size());
-        for (size_t j = 0; j < n; ++j) {
-          std::uniform_int_distribution<size_t> pick(j, candidates.size() - 1);
-          std::swap(candidates[j], candidates[pick(rng)]);
-        }
-        candidates.resize(n);
-        std::sort(candidates.begin(), candidates.end());
-        kept = std::move(candidates);
-        break;
-      }
+    device::AnsweredFrame frame;
+    frame.entropy = full.entropy;
+    frame.tokens = static_cast<int>(full.grid_tokens);
+    frame.dim = static_cast<int>(full.feature_dim);
+    frame.features = full.features;
+    frame.question_ids = full.prompt_tokens;
+    frame.answer_ids = full.answer_tokens;
+    frame.model_version = full.model_version;
+    // Stage 2's scores are the ones observed on the sample's scene.
+    device::FrameModel observed;
+    if (scores != nullptr) {
+      const std::vector<float>& scene =
+          (*scores)[static_cast<size_t>(observation.scene_of_sample[i])];
+      observed.scores = [&scene](int, float, device::TokenScore, std::optional<uint64_t>) {
+        return absl::StatusOr<std::vector<float>>(scene);
+      };
     }
-    compress::UplinkSample s = full;
-    s.kept_indices = kept;
-    s.features.clear();
-    s.features.reserve(kept.size() * full.feature_dim);
-    for (uint16_t k : kept) {
-      const float* row = full.features.data() + static_cast<size_t>(k) * full.feature_dim;
-      s.features.insert(s.features.end(), row, row + full.feature_dim);
-    }
-    out.push_back(std::move(s));
+    device::SampleDecision d = step.Run(frame, observed, full.sample_id);
+    if (!d.status.ok()) return d.status;
+    out.push_back(std::move(d.sample));
   }
   return out;
 }

@@ -10,13 +10,12 @@
 // a teacher-student pair.
 //
 // Thread-safety: plain values; the functions are pure but GenerateAdaptScenes (which uses
-// LibTorch's intra-op pool) and BuildArmUplink (which advances `rng`).
+// LibTorch's intra-op pool) and BuildArmUplink (which runs `step`).
 #ifndef CDCCA_SIM_ADAPT_EVAL_H_
 #define CDCCA_SIM_ADAPT_EVAL_H_
 
 #include <cstdint>
 #include <functional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "compress/uplink_codec.h"
 #include "datasets/domain.h"
+#include "device/sample_step.h"
 #include "distill/akd.h"
 #include "distill/job.h"
 
@@ -53,7 +53,7 @@ struct AdaptEvalOptions {
   int mc_passes = 8;
   float dropout_p = 0.1f;
   // Stage 1: keep the samples whose entropy is at or above the (1 - keep_fraction) quantile
-  // of the stream's entropies; 0 or 1 = keep every sample.
+  // of the stream's entropies (device::KeepTopEntropies); 0 or 1 = keep every sample.
   float keep_fraction = 0.0f;
   std::vector<UplinkArm> arms;        // at least one; "all" is the reference of "recovered"
   std::vector<std::string> learners;  // distill::ParseLearnerSpec specs, at least one
@@ -104,12 +104,16 @@ struct StreamObservation {
   int64_t num_tokens = 0;
 };
 
-// The uplink of one arm: the samples (all or the stage-1 ones, by `keep`) with their kept
-// tokens. Features are the observation's (fp16-rounded, as the device sends them).
-// INVALID_ARGUMENT for an unknown score or a ratio outside (0, 1].
+// The uplink of one arm: the samples (all, or those `keep` marks: stage 1 decided over the
+// whole stream by device::KeepTopEntropies) each through the device's step, `step`
+// (device::SampleStep::Run), reconfigured for the arm with stage 1 off: every token (kAll),
+// the top token_ratio by the observed scores (kUts), or token_ratio at random from the step's
+// one generator, which goes on from arm to arm (kRandom). Features are the observation's
+// (fp16-rounded, as the device sends them). INVALID_ARGUMENT for an unknown score or a ratio
+// outside (0, 1]; the step's errors (a sample the codec refuses).
 absl::StatusOr<std::vector<compress::UplinkSample>> BuildArmUplink(
     const StreamObservation& observation, const std::vector<bool>& keep, const UplinkArm& arm,
-    std::mt19937_64& rng);
+    device::SampleStep& step);
 
 // The experiment's scenes: the shifted stream (train-split images, seed) and the held-out
 // test scenes (test-split images, seed + 7919). Errors of the Fashion-MNIST loader and of
@@ -118,16 +122,6 @@ struct AdaptScenes {
   std::vector<datasets::Sample> stream, test;
 };
 absl::StatusOr<AdaptScenes> GenerateAdaptScenes(const AdaptEvalOptions& options);
-
-// The samples that pass stage 1: entropy at or above the (1 - keep_fraction) quantile of
-// all entropies (EntropyGate's rule over the whole stream as its window); every sample for
-// a keep_fraction of 0 or 1.
-std::vector<bool> Stage1Keep(const std::vector<compress::UplinkSample>& samples,
-                             float keep_fraction);
-
-// Top `ratio` of `scores` (ties to the lower index, at least one token), ascending: the
-// rule of device::SelectTokens with every token present.
-std::vector<uint16_t> TopTokens(const std::vector<float>& scores, float ratio);
 
 // The learners the options name (distill::ParseLearnerSpec), after checking what every run needs:
 // an arm and a learner, scenes >= 1, mc_passes 1-64, dropout_p in [0, 1). InvalidArgument

@@ -2,21 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <set>
 
+#include "device/uts.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::sim {
 namespace {
 
 using ::cdcca::testing::StatusIs;
-
-TEST(TopTokensTest, KeepsTheHighestScoresWithTiesToTheLowerIndex) {
-  const std::vector<float> scores = {0.1f, 0.9f, 0.5f, 0.5f, 0.2f, 0.5f};
-  EXPECT_EQ(TopTokens(scores, 0.5f), (std::vector<uint16_t>{1, 2, 3}));
-  EXPECT_EQ(TopTokens(scores, 0.01f), (std::vector<uint16_t>{1}));  // at least one
-  EXPECT_EQ(TopTokens(scores, 1.0f).size(), scores.size());
-}
 
 // An observation of 3 samples over 2 scenes, 8 tokens of width 2, feature = token index.
 StreamObservation SmallObservation() {
@@ -44,16 +39,18 @@ StreamObservation SmallObservation() {
 
 TEST(BuildArmUplinkTest, ArmsKeepWhatTheyMust) {
   const StreamObservation obs = SmallObservation();
-  std::mt19937_64 rng(3);
+  device::SampleStepOptions step_options;
+  step_options.token_seed = 3;
+  device::SampleStep step(step_options);
   ASSERT_OK_AND_ASSIGN(auto all,
-                       BuildArmUplink(obs, {}, {"all", TokenSelection::kAll, 1, ""}, rng));
+                       BuildArmUplink(obs, {}, {"all", TokenSelection::kAll, 1, ""}, step));
   ASSERT_EQ(all.size(), 3u);
   for (const auto& s : all) {
     EXPECT_EQ(s.kept_indices.size(), 8u);
     EXPECT_EQ(s.features, obs.samples[0].features);
   }
   ASSERT_OK_AND_ASSIGN(
-      auto uts, BuildArmUplink(obs, {}, {"uts", TokenSelection::kUts, 0.5f, "attention_cv"}, rng));
+      auto uts, BuildArmUplink(obs, {}, {"uts", TokenSelection::kUts, 0.5f, "attention_cv"}, step));
   // Scene 0 scores rise with the index, scene 1's fall: each keeps its own top half, and
   // the features travel with the kept indices.
   EXPECT_EQ(uts[0].kept_indices, (std::vector<uint16_t>{4, 5, 6, 7}));
@@ -65,7 +62,7 @@ TEST(BuildArmUplinkTest, ArmsKeepWhatTheyMust) {
   bool differs_from_uts = false;
   for (int round = 0; round < 4; ++round) {
     ASSERT_OK_AND_ASSIGN(
-        auto random, BuildArmUplink(obs, {}, {"random", TokenSelection::kRandom, 0.5f, ""}, rng));
+        auto random, BuildArmUplink(obs, {}, {"random", TokenSelection::kRandom, 0.5f, ""}, step));
     for (size_t i = 0; i < random.size(); ++i) {
       EXPECT_EQ(random[i].kept_indices.size(), 4u);
       differs_from_uts |= random[i].kept_indices != uts[i].kept_indices;
@@ -79,14 +76,38 @@ TEST(BuildArmUplinkTest, ArmsKeepWhatTheyMust) {
   EXPECT_GT(draws.size(), 3u);
   // Stage 1 drops the samples it does not keep.
   ASSERT_OK_AND_ASSIGN(auto some, BuildArmUplink(obs, {true, false, true},
-                                                 {"all", TokenSelection::kAll, 1, ""}, rng));
+                                                 {"all", TokenSelection::kAll, 1, ""}, step));
   ASSERT_EQ(some.size(), 2u);
   EXPECT_EQ(some[1].sample_id, 2u);
   EXPECT_THAT(
-      BuildArmUplink(obs, {}, {"uts", TokenSelection::kUts, 0.5f, "magnitude"}, rng).status(),
+      BuildArmUplink(obs, {}, {"uts", TokenSelection::kUts, 0.5f, "magnitude"}, step).status(),
       StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(BuildArmUplink(obs, {}, {"r", TokenSelection::kRandom, 0.0f, ""}, rng).status(),
+  EXPECT_THAT(BuildArmUplink(obs, {}, {"r", TokenSelection::kRandom, 0.0f, ""}, step).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Each arm is the device's step: the same tokens as device::SampleStep run on the sample with
+// the arm's settings, the random arm drawing on from the step's one generator across arms.
+TEST(BuildArmUplinkTest, ArmsChooseAsTheDevicesStepWithOneGeneratorAcrossArms) {
+  const StreamObservation obs = SmallObservation();
+  device::SampleStepOptions step_options;
+  step_options.token_seed = 11;
+  device::SampleStep step(step_options);
+  std::mt19937_64 reference(11);
+  for (int arm = 0; arm < 2; ++arm) {
+    ASSERT_OK_AND_ASSIGN(
+        auto random,
+        BuildArmUplink(obs, {}, {"random", TokenSelection::kRandom, 0.375f, ""}, step));
+    ASSERT_OK_AND_ASSIGN(
+        auto uts,
+        BuildArmUplink(obs, {}, {"uts", TokenSelection::kUts, 0.375f, "attention_cv"}, step));
+    for (size_t i = 0; i < obs.samples.size(); ++i) {
+      EXPECT_EQ(random[i].kept_indices, device::RandomTokenSelection(8, {}, 0.375f, reference));
+      EXPECT_EQ(
+          uts[i].kept_indices,
+          device::SelectTokens(obs.scene_scores[0].second[obs.scene_of_sample[i]], {}, 0.375f, 0));
+    }
+  }
 }
 
 }  // namespace

@@ -23,6 +23,8 @@
 #include "device/agent.h"
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
+#include "device/sample_step.h"
+#include "device/uts.h"
 #include "distill/hf_pair_side.h"
 #include "distill/hf_self_learner.h"
 #include "model/arch/hf_answerer.h"
@@ -275,17 +277,12 @@ void Record(Score score, DeviceRound& r) {
   r.captions = std::move(score.captions);
 }
 
-compress::UplinkSample AllTokensSample(const device::AnswerResult& a, uint64_t id) {
-  compress::UplinkSample s;
-  s.sample_id = id;
-  s.entropy = a.entropy;
-  s.grid_tokens = static_cast<uint32_t>(a.visual.tokens);
-  s.feature_dim = static_cast<uint32_t>(a.visual.dim);
-  for (int t = 0; t < a.visual.tokens; ++t) s.kept_indices.push_back(static_cast<uint16_t>(t));
-  s.features = a.visual.values;
-  s.prompt_tokens = a.prompt_ids;
-  s.answer_tokens = a.answer_ids;
-  return s;
+// What a device-side method (TENT, CoTTA) trains on: the answer with every token, made as
+// the device step makes an uplink sample.
+absl::StatusOr<compress::UplinkSample> AllTokensSample(const device::AnswerResult& a, uint64_t id) {
+  return device::MakeUplinkSample(device::AnsweredFrameOf(a, /*version=*/0),
+                                  device::EveryToken(a.visual.tokens),
+                                  compress::FeaturePrecision::kFp16, "", id);
 }
 
 std::string RandomToken(std::mt19937_64& rng) {
@@ -826,7 +823,9 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           auto out = d.runtime->Answer(part);
           if (!out.ok()) return out.status();
           for (const device::AnswerResult& a : *out) {
-            local.push_back(AllTokensSample(a, local.size()));
+            absl::StatusOr<compress::UplinkSample> s = AllTokensSample(a, local.size());
+            if (!s.ok()) return s.status();
+            local.push_back(*std::move(s));
           }
         }
         answer_ms += 1000 * Since(t0);

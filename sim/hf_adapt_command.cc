@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -18,8 +19,10 @@
 #include "datasets/domain.h"
 #include "datasets/formats.h"
 #include "datasets/shifts.h"
+#include "device/sample_step.h"
 #include "device/uts.h"
 #include "model/hub/hf_adapter_state.h"
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
 #include "sim/adapt_eval.h"
@@ -360,12 +363,16 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                  kName);
     return 2;
   }
-  const bool stage1 = quantile || alpha >= 0;
-  device::UtsOptions gate_options;
-  gate_options.keep_fraction = quantile ? static_cast<float>(keep_fraction) : 0.0f;
-  gate_options.entropy_alpha = alpha >= 0 ? static_cast<float>(alpha) : 0.0f;
-  if (absl::Status s = device::CheckUtsOptions(gate_options); !s.ok()) return Fail(kName, s);
-  device::EntropyGate gate(gate_options);
+  // The device's step (device/sample_step.h) with these UTS settings; stage 2 scores by VIS.
+  device::SampleStepOptions step_options;
+  device::UtsOptions& uts = step_options.uts;
+  uts.keep_fraction = quantile ? static_cast<float>(keep_fraction) : 0.0f;
+  uts.entropy_alpha = alpha >= 0 ? static_cast<float>(alpha) : 0.0f;
+  uts.token_ratio = static_cast<float>(keep);
+  uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
+  if (absl::Status s = device::CheckUtsOptions(uts); !s.ok()) return Fail(kName, s);
+  if (!quantile && alpha < 0) device::KeepEverySample(&uts);
   absl::StatusOr<std::vector<std::string>> images = ImageList(absl::GetFlag(FLAGS_images));
   if (!images.ok()) return Fail(kName, images.status());
 
@@ -423,17 +430,47 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> device_prompt = student_template->Apply(prompt);
   if (!device_prompt.ok()) return Fail(kName, device_prompt.status());
 
-  // The device's side: answer, then UTS stage 2 keeps the top tokens by variance.
+  // The device's side: answer from the tower's tokens, then the device step (UTS stage 1 on
+  // the answer's entropy, stage 2 on a kept frame).
+  absl::StatusOr<std::vector<int32_t>> question =
+      (*student)->tokenizer().Encode(prompt, /*add_special_tokens=*/false);
+  if (!question.ok()) return Fail(kName, question.status());
+  const std::vector<uint32_t> question_ids(question->begin(), question->end());
+  // The samples stay here: the codec's bounds must not refuse a long prompt or answer.
+  step_options.limits.max_prompt_tokens =
+      std::max<uint32_t>(step_options.limits.max_prompt_tokens, question_ids.size());
+  step_options.limits.max_answer_tokens = std::max<uint32_t>(
+      step_options.limits.max_answer_tokens, std::max(settings.job.max_answer_tokens, 0));
+  device::SampleStep step(step_options);
   std::vector<HfSample> samples;
   for (size_t i = 0; i < images->size(); ++i) {
     const std::string& path = (*images)[i];
     absl::StatusOr<datasets::Image> image = datasets::LoadImageRgb(path);
     if (!image.ok()) return Fail(kName, image.status());
-    absl::StatusOr<model::GenerateReply> answer = (*student)->AnswerRgb(
-        image->pixels.data(), image->width, image->height, path, *device_prompt,
-        settings.job.max_answer_tokens, /*with_entropy=*/true);
+    model::VisualTokenReply visual;
+    absl::StatusOr<model::GenerateReply> answer =
+        (*student)->AnswerRgbFromTokens(image->pixels.data(), image->width, image->height, path,
+                                        *device_prompt, settings.job.max_answer_tokens, &visual);
     if (!answer.ok()) return Fail(kName, answer.status());
-    if (stage1 && !gate.Keep(static_cast<float>(answer->mean_entropy))) {
+    const std::vector<uint32_t> answer_ids(answer->tokens.begin(), answer->tokens.end());
+    device::AnsweredFrame frame;
+    frame.entropy = static_cast<float>(answer->mean_entropy);
+    frame.tokens = static_cast<int>(visual.tokens);
+    frame.dim = static_cast<int>(visual.dim);
+    frame.features = visual.features;
+    frame.question_ids = question_ids;
+    frame.answer_ids = answer_ids;
+    device::FrameModel scorer;
+    scorer.scores = [&](int passes, float dropout_p, device::TokenScore,
+                        std::optional<uint64_t> seed) -> absl::StatusOr<std::vector<float>> {
+      absl::StatusOr<model::VisualTokenReply> v = (*student)->VisualTokenVarianceRgb(
+          image->pixels.data(), image->width, image->height, path, *device_prompt, passes,
+          dropout_p, seed.value_or(settings.job.seed + i));
+      if (!v.ok()) return v.status();
+      return std::move(v->variance);
+    };
+    const device::SampleDecision d = step.Run(frame, scorer, i);
+    if (!d.chosen()) {
       nlohmann::json line = {{"event", "frame"},
                              {"image", path},
                              {"answer", answer->text},
@@ -443,27 +480,19 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                    line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       continue;
     }
-    absl::StatusOr<model::VisualTokenReply> uts =
-        (*student)->VisualTokenVarianceRgb(image->pixels.data(), image->width, image->height, path,
-                                           *device_prompt, absl::GetFlag(FLAGS_uts_mc_passes),
-                                           absl::GetFlag(FLAGS_uts_dropout), settings.job.seed + i);
-    if (!uts.ok()) return Fail(kName, uts.status());
+    if (!d.status.ok()) return Fail(kName, d.status);
+    const std::vector<uint16_t>& kept = d.sample.kept_indices;
     HfSample s;
-    s.tokens =
-        torch::from_blob(uts->features.data(), {uts->tokens, uts->dim}, torch::kFloat).clone();
-    torch::Tensor variance = torch::from_blob(uts->variance.data(), {uts->tokens}, torch::kFloat);
-    const int64_t kept = std::max<int64_t>(1, static_cast<int64_t>(keep * uts->tokens + 0.5));
-    s.present = torch::zeros({uts->tokens}, torch::kBool);
-    s.present.index_fill_(0, std::get<1>(variance.topk(kept)), true);
+    s.tokens = torch::from_blob(visual.features.data(), {visual.tokens, visual.dim}, torch::kFloat)
+                   .clone();
+    s.present = torch::zeros({visual.tokens}, torch::kBool);
+    s.present.index_fill_(0, torch::tensor(std::vector<int64_t>(kept.begin(), kept.end())), true);
     s.prompt = prompt;
     samples.push_back(s);
-    nlohmann::json line = {{"event", "frame"},
-                           {"image", path},
-                           {"answer", answer->text},
-                           {"entropy", answer->mean_entropy},
-                           {"stage1", "kept"},
-                           {"visual_tokens", uts->tokens},
-                           {"kept", kept}};
+    nlohmann::json line = {{"event", "frame"},       {"image", path},
+                           {"answer", answer->text}, {"entropy", answer->mean_entropy},
+                           {"stage1", "kept"},       {"visual_tokens", visual.tokens},
+                           {"kept", kept.size()}};
     std::fprintf(stderr, "%s\n",
                  line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }

@@ -3,10 +3,11 @@
 //
 //   cdcca hf-adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE
 //     The device's side on each frame: the student (at --student_precision, the device's)
-//     answers; UTS stage 1 keeps the frame by its answer's mean token entropy
-//     (--uts_keep_fraction, the running quantile as on a device, or --entropy_alpha; default 0:
-//     every frame); on a kept frame UTS stage 2 (--uts_mc_passes MC-dropout passes at
-//     --uts_dropout) keeps the top --uts_token_ratio tokens by variance; then the cloud's side:
+//     answers from its tower's tokens, and the device's step (device::SampleStep) runs UTS:
+//     stage 1 keeps the frame by its answer's mean token entropy (--uts_keep_fraction, the
+//     running quantile as on a device, or --entropy_alpha; default 0: every frame); on a kept
+//     frame stage 2 (--uts_mc_passes MC-dropout passes at --uts_dropout) keeps the top
+//     --uts_token_ratio tokens by VIS (device::SelectTokens); then the cloud's side:
 //     an AKD job (distill/hf_akd.h, --learner, --distill_config, --max_steps) trains the
 //     student's adapters (--lora_rank, --lora_alpha) on the kept tokens, and the adapted state
 //     is written to STATE (model/hf_adapter_state.h). One JSON line per frame and one for the

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -16,6 +15,8 @@
 #include "compress/named_tensors.h"
 #include "compress/uplink_codec.h"
 #include "datasets/metrics.h"
+#include "device/sample_step.h"
+#include "device/uts.h"
 #include "distill/hf_akd.h"
 #include "distill/hf_pair_side.h"
 #include "model/arch/hf_answerer.h"
@@ -157,27 +158,34 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o, const Hub
             scene.image.pixels.data(), scene.image.width, scene.image.height, source_name, *prompt,
             o.max_answer_tokens, &visual);
         if (!answer.ok()) return answer.status();
-        compress::UplinkSample s;
-        s.sample_id = obs.samples.size();
-        s.entropy = static_cast<float>(answer->mean_entropy);
-        s.grid_tokens = static_cast<uint32_t>(visual.tokens);
-        s.feature_dim = static_cast<uint32_t>(visual.dim);
-        for (int64_t k = 0; k < visual.tokens; ++k)
-          s.kept_indices.push_back(static_cast<uint16_t>(k));
         // The question alone in the student's ids, as a device uplinks it (each side of the
         // job applies its own template); the features fp16-rounded, as the device sends them.
         absl::StatusOr<std::vector<int32_t>> question =
             (*student)->tokenizer().Encode(q.question, /*add_special_tokens=*/false);
         if (!question.ok()) return question.status();
-        s.prompt_tokens.assign(question->begin(), question->end());
-        for (int64_t id : answer->tokens) s.answer_tokens.push_back(static_cast<uint32_t>(id));
-        s.features.reserve(visual.features.size());
+        const std::vector<uint32_t> question_ids(question->begin(), question->end());
+        const std::vector<uint32_t> answer_ids(answer->tokens.begin(), answer->tokens.end());
+        std::vector<float> features;
+        features.reserve(visual.features.size());
         for (float f : visual.features)
-          s.features.push_back(compress::HalfToFloat(compress::FloatToHalf(f)));
+          features.push_back(compress::HalfToFloat(compress::FloatToHalf(f)));
+        device::AnsweredFrame frame;
+        frame.entropy = static_cast<float>(answer->mean_entropy);
+        frame.tokens = static_cast<int>(visual.tokens);
+        frame.dim = static_cast<int>(visual.dim);
+        frame.features = features;
+        frame.question_ids = question_ids;
+        frame.answer_ids = answer_ids;
+        const uint64_t sample_id = obs.samples.size();
+        // Every token: each arm's step (BuildArmUplink) chooses from the whole grid.
+        absl::StatusOr<compress::UplinkSample> s =
+            device::MakeUplinkSample(frame, device::EveryToken(frame.tokens),
+                                     compress::FeaturePrecision::kFp16, "", sample_id);
+        if (!s.ok()) return s.status();
         if (scores_needed) {
           absl::StatusOr<model::VisualTokenReply> v = (*student)->VisualTokenVarianceRgb(
               scene.image.pixels.data(), scene.image.width, scene.image.height, source_name,
-              *prompt, o.mc_passes, o.dropout_p, o.seed * 1000003ULL + s.sample_id);
+              *prompt, o.mc_passes, o.dropout_p, o.seed * 1000003ULL + sample_id);
           if (!v.ok()) return v.status();
           obs.scene_scores[0].second.push_back(std::move(v->variance));
         }
@@ -185,11 +193,13 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o, const Hub
                        std::string(ds::AnswerTypeName(q.answer_type)));
         obs.scene_of_sample.push_back(static_cast<int64_t>(obs.samples.size()));
         obs.num_tokens = visual.tokens;
-        obs.samples.push_back(std::move(s));
+        obs.samples.push_back(*std::move(s));
         stream_items.push_back(&q);
       }
     }
-    const std::vector<bool> keep = Stage1Keep(obs.samples, o.keep_fraction);
+    std::vector<float> entropies;
+    for (const compress::UplinkSample& s : obs.samples) entropies.push_back(s.entropy);
+    const std::vector<bool> keep = device::KeepTopEntropies(entropies, o.keep_fraction);
     report.stream_samples = static_cast<int64_t>(obs.samples.size());
     report.stage1_samples = std::count(keep.begin(), keep.end(), true);
     report.device_accuracy_stream = device_acc.Overall();
@@ -200,10 +210,14 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o, const Hub
 
     // ---- one job per (arm, learner), each from the same student state ----
     std::vector<double> all_gain(learners.size(), std::numeric_limits<double>::quiet_NaN());
-    std::mt19937_64 rng(o.seed ^ 0x5deece66dull);
+    // The device's step for every arm: one generator of random tokens, drawn on from arm to
+    // arm.
+    device::SampleStepOptions step_options;
+    step_options.token_seed = o.seed ^ 0x5deece66dull;
+    device::SampleStep step(step_options);
     for (const UplinkArm& arm : arms) {
       absl::StatusOr<std::vector<compress::UplinkSample>> uplink =
-          BuildArmUplink(obs, keep, arm, rng);
+          BuildArmUplink(obs, keep, arm, step);
       if (!uplink.ok()) return uplink.status();
       if (uplink->empty()) {
         return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, " uplinks nothing"));

@@ -5,8 +5,9 @@
 // tower's tokens (HfAnswerer::AnswerRgbFromTokens: greedy, mean answer-token entropy) and,
 // when a UTS arm asks for it, scores the tokens by VIS (the paper's Eq. 3 as
 // model/arch/hf_model.h defines it, VisualTokenVarianceRgb, M passes as one batch); stage 1
-// keeps the
-// top keep_fraction by entropy (Stage1Keep). Each (arm, learner) job starts from the
+// keeps the top keep_fraction of the stream by entropy (device::KeepTopEntropies), and each
+// arm's tokens are those the device's step chooses (BuildArmUplink, device::SampleStep). Each
+// (arm, learner) job starts from the
 // same student state, runs the cloud's job (HfPairDistiller on HfSampleFromUplink of the arm's
 // uplink: pseudo-labels as text, the KL only with identical tokenizers), and the adapted
 // student answers the held-out test scenes; DA is the official VQA accuracy of its decoded
