@@ -1,6 +1,10 @@
 // uts_bench: what UTS costs the device and what it saves the link.
 //
-//   uts_bench [--checkpoint models/small] [--precision int8] [--threads 1] [--frames 64]
+//   uts_bench [--checkpoint_dir models/small] [--student_precision int8] [--torch_threads 1]
+//       [--frames 64] [--uts_score vis]
+//
+// Flags of a setting carry the programs' names (docs/SETTINGS.md; --uts_score is the key of
+// cdcca-sim's experiment files).
 //
 // 1. Latency per frame (batch 1, CPU): plain answer vs answer + UTS (stage-2 token scores
 //    from M stochastic passes, token selection, uplink encoding) for M = 4, 8, 16.
@@ -27,15 +31,19 @@
 #include "datasets/shifts.h"
 #include "device/inference_runtime.h"
 #include "device/uts.h"
+#include "settings/defaults.h"
 
-ABSL_FLAG(std::string, checkpoint, "models/small",
+ABSL_FLAG(std::string, checkpoint_dir, "models/small",
           "the student's folder (a family's, or any Hugging Face folder)");
-ABSL_FLAG(std::string, precision, "int8", "student base: fp32, int8 or int4");
-ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads");
+ABSL_FLAG(std::string, student_precision, cdcca::settings::kStudentPrecision,
+          "student base: fp32, int8 or int4");
+ABSL_FLAG(int, torch_threads, 1,
+          "LibTorch intra-op threads; 1, the one-core device the latency rows measure, where "
+          "the programs' default is 0 (automatic)");
 ABSL_FLAG(int, frames, 64, "frames per measurement (at least 16: one uplink batch)");
 ABSL_FLAG(std::string, shift, "fog", "image shift of the stream");
 ABSL_FLAG(int, severity, 4, "shift severity");
-ABSL_FLAG(std::string, score, "vis",
+ABSL_FLAG(std::string, uts_score, "vis",
           "stage-2 score of the latency rows (vis, the device default; attention_variance, ...)");
 ABSL_FLAG(int, diagnostic_frames, 32, "VIS diagnostic: half-corrupted frames per shift");
 
@@ -98,9 +106,9 @@ ds::Image Splice(const ds::Image& clean, const ds::Image& corrupted, bool left) 
 
 int Main() {
   RuntimeOptions options;
-  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
-  options.precision = absl::GetFlag(FLAGS_precision);
-  options.threads = absl::GetFlag(FLAGS_threads);
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.precision = absl::GetFlag(FLAGS_student_precision);
+  options.threads = absl::GetFlag(FLAGS_torch_threads);
   std::unique_ptr<InferenceRuntime> runtime = Must(InferenceRuntime::Load(options));
   ds::ImageSet images = Must(ds::LoadFashionMnist(ds::Split::kTest));
   const ds::ImageShift shift = Must(ds::ImageShiftFromName(absl::GetFlag(FLAGS_shift)));
@@ -125,7 +133,7 @@ int Main() {
   // Interleaved: each frame is answered plain and then with UTS at every M back to back, so
   // a slow spell of the machine (other processes, frequency) hits all rows alike.
   UtsOptions defaults;
-  defaults.score = Must(ParseTokenScore(absl::GetFlag(FLAGS_score)));
+  defaults.score = Must(ParseTokenScore(absl::GetFlag(FLAGS_uts_score)));
   std::printf("stage-2 score %s\n",
               std::string(TokenScoreName(runtime->EffectiveScore(defaults.score))).c_str());
   for (int i = 0; i < 4; ++i) Must(runtime->Answer({frames[static_cast<size_t>(i)]}));  // warm-up

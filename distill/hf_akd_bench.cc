@@ -14,9 +14,14 @@
 // Prints one JSON line: load, preparation (teacher answers, Q_t / R_t / logits, ridge fit)
 // and training times, training samples/s, the loss terms and the peak GPU memory.
 //
-//   hf_akd_bench --teacher DIR --student DIR --inputs FILE [--config configs/distill/akd.json]
-//       [--teacher_precision bf16] [--student_precision int4] [--device cuda]
-//       [--lora_rank 8] [--lora_alpha 16] [--steps 200] [--batch 16] [--answer_tokens 32]
+// Flags of a job setting carry the programs' names (docs/SETTINGS.md, cdcca-cloud's); their
+// defaults are the defaults table's (settings/defaults.h) except where the documented job
+// deliberately runs another value, which the flag's help says.
+//
+//   hf_akd_bench --teacher DIR --student_base DIR --inputs FILE
+//       [--distill_config configs/distill/akd.json] [--teacher_precision bf16]
+//       [--student_precision int4] [--device cuda] [--lora_rank 8] [--lora_alpha 16]
+//       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32]
 #include <torch/torch.h>
 
 #include <chrono>
@@ -36,19 +41,24 @@
 #include "model/hub/safetensors.h"
 #include "model/runtime/gpu_memory.h"
 #include "nlohmann/json.hpp"
+#include "settings/defaults.h"
 
 ABSL_FLAG(std::string, teacher, "", "teacher's Hugging Face folder");
-ABSL_FLAG(std::string, student, "", "student's Hugging Face folder (the devices' base)");
+ABSL_FLAG(std::string, student_base, "", "student's Hugging Face folder (the devices' base)");
 ABSL_FLAG(std::string, inputs, "", "safetensors with tokens [S, N, D] and prompt_ids [S, P]");
-ABSL_FLAG(std::string, config, "configs/distill/akd.json", "distillation settings");
+ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json", "distillation settings");
 ABSL_FLAG(std::string, teacher_precision, "bf16", "teacher's precision");
-ABSL_FLAG(std::string, student_precision, "int4", "student mirror's precision (the devices')");
+ABSL_FLAG(std::string, student_precision, "int4",
+          "student mirror's precision (the devices'); the documented job's int4, where the "
+          "programs' default is int8");
 ABSL_FLAG(std::string, device, "cuda", "cuda or cpu");
-ABSL_FLAG(int, lora_rank, 8, "LoRA rank on q and v");
-ABSL_FLAG(double, lora_alpha, 16.0, "LoRA alpha");
-ABSL_FLAG(int, steps, 200, "training steps");
-ABSL_FLAG(int, batch, 16, "batch size");
-ABSL_FLAG(int, answer_tokens, 32, "the teacher's answer length bound (max_answer_tokens)");
+ABSL_FLAG(int, lora_rank, cdcca::settings::kLoraRank, "LoRA rank on q and v");
+ABSL_FLAG(double, lora_alpha, cdcca::settings::kLoraAlpha, "LoRA alpha");
+ABSL_FLAG(int, max_steps, cdcca::settings::kMaxSteps, "training steps");
+ABSL_FLAG(int, batch_size, cdcca::settings::kBatchSize, "batch size");
+ABSL_FLAG(int, max_answer_tokens, 32,
+          "the teacher's answer length bound, tokens; the documented job's 32 (rows of 648 LM "
+          "positions, as the reference is timed at), where the programs' default is 6");
 
 namespace cdcca::distill {
 namespace {
@@ -70,16 +80,22 @@ absl::StatusOr<std::unique_ptr<model::MultimodalModel>> Load(const std::string& 
 }
 
 int Run() {
+  if (absl::GetFlag(FLAGS_teacher).empty() || absl::GetFlag(FLAGS_student_base).empty() ||
+      absl::GetFlag(FLAGS_inputs).empty()) {
+    std::cerr << "hf_akd_bench: --teacher, --student_base and --inputs are required\n";
+    return 1;
+  }
   const torch::Device device(absl::GetFlag(FLAGS_device));
-  absl::StatusOr<DistillSettings> settings = LoadDistillSettings(absl::GetFlag(FLAGS_config));
+  absl::StatusOr<DistillSettings> settings =
+      LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
   if (!settings.ok()) {
     std::cerr << settings.status() << "\n";
     return 1;
   }
   JobOptions job = settings->job;
-  job.max_steps = absl::GetFlag(FLAGS_steps);
-  job.batch_size = absl::GetFlag(FLAGS_batch);
-  job.max_answer_tokens = absl::GetFlag(FLAGS_answer_tokens);
+  job.max_steps = absl::GetFlag(FLAGS_max_steps);
+  job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
 
   absl::StatusOr<model::SafetensorsContents> inputs =
       model::ReadSafetensors(absl::GetFlag(FLAGS_inputs));
@@ -113,7 +129,8 @@ int Run() {
     std::cerr << "teacher: " << teacher.status() << "\n";
     return 1;
   }
-  auto student = Load(absl::GetFlag(FLAGS_student), absl::GetFlag(FLAGS_student_precision), device);
+  auto student =
+      Load(absl::GetFlag(FLAGS_student_base), absl::GetFlag(FLAGS_student_precision), device);
   if (!student.ok()) {
     std::cerr << "student: " << student.status() << "\n";
     return 1;

@@ -36,12 +36,14 @@ dir=${2:?DIR}
 mkdir -p "$dir"
 if [ "$mode" = tiny ] || [ "$mode" = round-tiny ]; then
   shapes=(--teacher tiny-teacher --student tiny-student --samples 8 --prompt_tokens 12)
-  job=(--steps 20 --batch 4 --answer_tokens 8 --lora_rank 8 --lora_alpha 16)
-  round=(--frames 8 --steps 20 --batch 4 --answer_tokens 8 --device_answer_tokens 8 --bits_per_param 8)
+  job=(--max_steps 20 --batch_size 4 --max_answer_tokens 8 --lora_rank 8 --lora_alpha 16)
+  round=(--frames 8 --max_steps 20 --batch_size 4 --teacher_max_answer_tokens 8
+    --max_answer_tokens 8 --bits_per_param 8)
 else
   shapes=(--teacher llava-1.5-13b --student llava-1.5-7b --samples 64 --prompt_tokens 40)
-  job=(--steps 200 --batch 16 --answer_tokens 32 --lora_rank 8 --lora_alpha 16)
-  round=(--frames 32 --steps 40 --batch 8 --answer_tokens 32 --device_answer_tokens 16)
+  job=(--max_steps 200 --batch_size 16 --max_answer_tokens 32 --lora_rank 8 --lora_alpha 16)
+  round=(--frames 32 --max_steps 40 --batch_size 8 --teacher_max_answer_tokens 32
+    --max_answer_tokens 16)
 fi
 [ -f "$dir/inputs.safetensors" ] || python3 scripts/hf_akd_reference.py make --out "$dir" "${shapes[@]}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -71,13 +73,13 @@ PY
 }
 
 if [ "$mode" = round ] || [ "$mode" = round-tiny ]; then
-  measure "$dir/round.json" "$round_bench" --teacher "$dir/teacher" --student "$dir/student" \
+  measure "$dir/round.json" "$round_bench" --teacher "$dir/teacher" --student_base "$dir/student" \
     --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 \
-    --keep_fraction 0.5 --token_ratio 0.5 --feature_precision int8 "${round[@]}"
+    --uts_keep_fraction 0.5 --uts_token_ratio 0.5 --uplink_precision int8 "${round[@]}"
   exit $?
 fi
 
-measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student "$dir/student" \
+measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student_base "$dir/student" \
   --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 "${job[@]}" || true
 measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
-  --student "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true
+  --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true

@@ -8,13 +8,13 @@ reference that cdcca's hf_akd_bench (distill/hf_akd_bench.cc) is timed against (
         tokens of random frames ("tokens" [S, N, D], what devices uplink) and each sample's
         prompt ids ("prompt_ids" [S, P]: BOS, the image token, random text).
   run:  the job, the same losses as distill/hf_akd.cc on the same inputs:
-          - per sample, once: the teacher's greedy answer (at most --answer_tokens, then EOS),
-            and teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
+          - per sample, once: the teacher's greedy answer (at most --max_answer_tokens, then
+            EOS), and teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
             num_layers / 2 layers at the answer positions) and the answer's logits;
           - phi, psi: fp32 linear maps student width -> teacher width, ridge-fitted (lambda
             relative to the mean diagonal of X^T X) on the student's features over the pool;
-          - each step, a batch of --batch samples (reshuffled each epoch), teacher-forced on the
-            teacher's answer: l_ce CE + l_query MSE(LN Q_t, LN phi(Q_s)) + l_repr MSE(LN R_t,
+          - each step, a batch of --batch_size samples (reshuffled each epoch), teacher-forced on
+            the teacher's answer: l_ce CE + l_query MSE(LN Q_t, LN phi(Q_s)) + l_repr MSE(LN R_t,
             LN psi(R_s)) + l_kl T^2 KL(teacher || student at temperature T), CE and KL over the
             answer's predictor positions; AdamW on LoRA q/v + LM norms + projector biases +
             phi + psi; weights from configs/distill/akd.json.
@@ -24,8 +24,11 @@ Both print one JSON line with the same keys.
 
   python3 scripts/hf_akd_reference.py make --out DIR [--teacher llava-1.5-13b]
       [--student llava-1.5-7b] [--samples 64] [--prompt_tokens 40]
-  python3 scripts/hf_akd_reference.py run --teacher DIR --student DIR --inputs FILE
-      [--steps 200] [--batch 16] [--answer_tokens 32] [--lora_rank 8] [--lora_alpha 16]
+  python3 scripts/hf_akd_reference.py run --teacher DIR --student_base DIR --inputs FILE
+      [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32] [--lora_rank 8]
+      [--lora_alpha 16]
+run takes hf_akd_bench's flags under its names (the programs' names, docs/SETTINGS.md), so one
+argument list drives both (scripts/hf_akd_gpu.sh).
 """
 import argparse
 import json
@@ -192,14 +195,14 @@ def greedy(side, ids, tokens, max_new, eos):
 
 def run(args):
     dev = torch.device("cuda")
-    cfg = json.load(open(args.config))
+    cfg = json.load(open(args.distill_config))
     learner = cfg["learner"]
     torch.manual_seed(args.seed)
     t_load = time.perf_counter()
     cls = transformers.LlavaForConditionalGeneration
     teacher = cls.from_pretrained(args.teacher, dtype=torch.bfloat16, attn_implementation="sdpa",
                                   device_map={"": 0}).eval()
-    student = cls.from_pretrained(args.student, dtype=torch.bfloat16, attn_implementation="sdpa",
+    student = cls.from_pretrained(args.student_base, dtype=torch.bfloat16, attn_implementation="sdpa",
                                   device_map={"": 0})
     import peft
     lora = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
@@ -227,7 +230,7 @@ def run(args):
         for i in range(tokens.shape[0]):
             tok = tokens[i:i + 1].to(dev)
             prompt = T.expand(prompt_ids[i].tolist(), n_image)
-            answer = greedy(T, prompt, tok, args.answer_tokens, eos)
+            answer = greedy(T, prompt, tok, args.max_answer_tokens, eos)
             while answer and answer[-1] in eos:
                 answer.pop()
             answer.append(eos[0])
@@ -276,8 +279,8 @@ def run(args):
         if learner.get("ridge_init", True):
             qs, qt, rs, rt = [], [], [], []
             with torch.no_grad():
-                for begin in range(0, len(pool), args.batch):
-                    rows = list(range(begin, min(len(pool), begin + args.batch)))
+                for begin in range(0, len(pool), args.batch_size):
+                    rows = list(range(begin, min(len(pool), begin + args.batch_size)))
                     ids, mask, positions, _, toks = collate(rows)
                     _, r, q = S.forward(ids, mask, positions, toks)
                     qs.append(q.reshape(-1, q.shape[-1]))
@@ -301,9 +304,9 @@ def run(args):
     history = {}
     temp = learner["temperature"]
     t_train = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(args.max_steps):
         rows = []
-        while len(rows) < min(args.batch, len(pool)):
+        while len(rows) < min(args.batch_size, len(pool)):
             if cursor == len(order):
                 rng.shuffle(order)
                 cursor = 0
@@ -338,7 +341,7 @@ def run(args):
     torch.cuda.synchronize()
     train_seconds = time.perf_counter() - t_train
     job_seconds = time.perf_counter() - t_job
-    seen = args.steps * min(args.batch, len(pool))
+    seen = args.max_steps * min(args.batch_size, len(pool))
     summary = {k: {"first": v[0], "last": sum(v[-10:]) / len(v[-10:]), "mean": sum(v) / len(v)}
                for k, v in history.items()}
     row = {"implementation": "transformers+peft", "transformers": transformers.__version__,
@@ -346,7 +349,7 @@ def run(args):
            "teacher_precision": "bf16", "student_precision": "bf16", "samples": len(pool),
            "visual_tokens": n_image, "prompt_tokens": prompt_ids.shape[1],
            "mean_answer_tokens": sum(len(x["answer"]) - 1 for x in pool) / len(pool),
-           "trainable_parameters": trainable, "steps": args.steps, "batch": args.batch,
+           "trainable_parameters": trainable, "steps": args.max_steps, "batch": args.batch_size,
            "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
            "train_seconds": train_seconds, "job_seconds": job_seconds,
            "train_samples_per_second": seen / train_seconds, "job_samples_per_second": seen / job_seconds,
@@ -366,12 +369,12 @@ def main():
     m.add_argument("--prompt_tokens", type=int, default=40)
     r = sub.add_parser("run")
     r.add_argument("--teacher", required=True)
-    r.add_argument("--student", required=True)
+    r.add_argument("--student_base", required=True)
     r.add_argument("--inputs", required=True)
-    r.add_argument("--config", default="configs/distill/akd.json")
-    r.add_argument("--steps", type=int, default=200)
-    r.add_argument("--batch", type=int, default=16)
-    r.add_argument("--answer_tokens", type=int, default=32)
+    r.add_argument("--distill_config", default="configs/distill/akd.json")
+    r.add_argument("--max_steps", type=int, default=200)
+    r.add_argument("--batch_size", type=int, default=16)
+    r.add_argument("--max_answer_tokens", type=int, default=32)
     r.add_argument("--lora_rank", type=int, default=8)
     r.add_argument("--lora_alpha", type=float, default=16.0)
     r.add_argument("--lr", type=float, default=1e-3)

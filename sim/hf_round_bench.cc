@@ -10,9 +10,14 @@
 // loss terms, the digests of the device's state and the cloud's mirror after the update,
 // whether they agree, and the peak GPU memory. Exit status 2 when the digests differ.
 //
-//   hf_round_bench --teacher DIR --student DIR --inputs FILE [--device cuda] [--frames 32]
-//       [--keep_fraction 0.5] [--token_ratio 0.5] [--feature_precision int8] [--steps 40]
-//       [--batch 8] [--bits_per_param 2]
+// Flags of a round setting carry the programs' names (docs/SETTINGS.md); their defaults are
+// the defaults table's (settings/defaults.h) except where the documented round deliberately
+// runs another value, which the flag's help says.
+//
+//   hf_round_bench --teacher DIR --student_base DIR --inputs FILE [--device cuda] [--frames 32]
+//       [--uts_keep_fraction 0.5] [--uts_token_ratio 0.5] [--uplink_precision int8]
+//       [--max_steps 40] [--batch_size 8] [--max_answer_tokens 16]
+//       [--teacher_max_answer_tokens 32] [--bits_per_param 2]
 #include <torch/torch.h>
 
 #include <iostream>
@@ -25,29 +30,49 @@
 #include "model/hub/safetensors.h"
 #include "model/runtime/gpu_memory.h"
 #include "nlohmann/json.hpp"
+#include "settings/defaults.h"
 #include "sim/hub_round.h"
 
 ABSL_FLAG(std::string, teacher, "", "teacher's Hugging Face folder");
-ABSL_FLAG(std::string, student, "", "student's Hugging Face folder (the device's base)");
+ABSL_FLAG(std::string, student_base, "", "student's Hugging Face folder (the device's base)");
 ABSL_FLAG(std::string, inputs, "", "safetensors with prompt_ids [S, P]");
-ABSL_FLAG(std::string, config, "configs/distill/akd.json", "distillation settings");
+ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json", "distillation settings");
 ABSL_FLAG(std::string, teacher_precision, "bf16", "teacher's precision");
-ABSL_FLAG(std::string, student_precision, "int4", "the device's precision (mirrored)");
+ABSL_FLAG(std::string, student_precision, "int4",
+          "the device's precision (mirrored); the documented round's int4, where the programs' "
+          "default is int8");
 ABSL_FLAG(std::string, device, "cuda", "cuda or cpu: where the three models run");
 ABSL_FLAG(int, frames, 32, "frames the device answers");
-ABSL_FLAG(int, device_answer_tokens, 16, "the device's answer bound");
-ABSL_FLAG(int, answer_tokens, 32, "the teacher's pseudo-label bound (max_answer_tokens)");
-ABSL_FLAG(double, keep_fraction, 0.5, "UTS stage 1: share of frames kept (running quantile)");
+// One process plays both programs here, and the documented round bounds their answers apart:
+// the device answers up to 16 tokens (cdcca-device's --max_answer_tokens), the teacher labels
+// up to 32 (cdcca-cloud's --max_answer_tokens), the label length hf_akd_bench's job is timed
+// at. So the device's bound keeps the programs' name and the teacher's is named for its side.
+ABSL_FLAG(int, max_answer_tokens, 16,
+          "the device's answer bound, tokens (cdcca-device's --max_answer_tokens); the "
+          "documented round's 16, where the programs' default is 6");
+ABSL_FLAG(int, teacher_max_answer_tokens, 32,
+          "the teacher's pseudo-label bound, tokens (cdcca-cloud's --max_answer_tokens); the "
+          "documented round's 32, where the programs' default is 6");
+ABSL_FLAG(double, uts_keep_fraction, cdcca::settings::kUtsKeepFraction,
+          "UTS stage 1: share of frames kept (running quantile)");
 ABSL_FLAG(int, window, 256, "UTS stage 1: entropies the quantile looks at");
-ABSL_FLAG(int, passes, 8, "UTS stage 2: MC-dropout passes M");
-ABSL_FLAG(double, dropout, 0.1, "UTS stage 2: token dropout probability");
-ABSL_FLAG(double, token_ratio, 0.5, "UTS stage 2: share of visual tokens kept");
-ABSL_FLAG(std::string, feature_precision, "int8", "uplinked features: fp16, int8 or int4");
-ABSL_FLAG(int, steps, 40, "the job's training steps");
-ABSL_FLAG(int, batch, 8, "the job's batch size");
-ABSL_FLAG(int, lora_rank, 8, "LoRA rank on q and v");
-ABSL_FLAG(double, lora_alpha, 16.0, "LoRA alpha");
-ABSL_FLAG(double, bits_per_param, 2.0, "DWC budget in bits per trainable parameter");
+ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses, "UTS stage 2: MC-dropout passes M");
+ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
+          "UTS stage 2: token dropout probability");
+ABSL_FLAG(double, uts_token_ratio, cdcca::settings::kUtsTokenRatio,
+          "UTS stage 2: share of visual tokens kept");
+ABSL_FLAG(std::string, uplink_precision, "int8",
+          "uplinked features: fp16, int8 or int4; the documented round's int8, where the "
+          "programs' default is fp16");
+ABSL_FLAG(int, max_steps, 40,
+          "the job's training steps; the documented round's 40, where the programs' default is "
+          "200");
+ABSL_FLAG(int, batch_size, 8,
+          "the job's batch size; the documented round's 8, where the programs' default is 16");
+ABSL_FLAG(int, lora_rank, cdcca::settings::kLoraRank, "LoRA rank on q and v");
+ABSL_FLAG(double, lora_alpha, cdcca::settings::kLoraAlpha, "LoRA alpha");
+ABSL_FLAG(double, bits_per_param, cdcca::settings::kBitsPerParam,
+          "DWC budget in bits per trainable parameter");
 ABSL_FLAG(uint64_t, seed, 1, "frames and MC-dropout masks");
 
 namespace cdcca::sim {
@@ -56,34 +81,39 @@ namespace {
 using nlohmann::json;
 
 int Run() {
+  if (absl::GetFlag(FLAGS_teacher).empty() || absl::GetFlag(FLAGS_student_base).empty() ||
+      absl::GetFlag(FLAGS_inputs).empty()) {
+    std::cerr << "hf_round_bench: --teacher, --student_base and --inputs are required\n";
+    return 1;
+  }
   HubRoundOptions o;
   o.teacher_dir = absl::GetFlag(FLAGS_teacher);
-  o.student_dir = absl::GetFlag(FLAGS_student);
+  o.student_dir = absl::GetFlag(FLAGS_student_base);
   o.teacher_precision = absl::GetFlag(FLAGS_teacher_precision);
   o.student_precision = absl::GetFlag(FLAGS_student_precision);
   o.device = torch::Device(absl::GetFlag(FLAGS_device));
   o.frames = absl::GetFlag(FLAGS_frames);
-  o.max_answer_tokens = absl::GetFlag(FLAGS_device_answer_tokens);
+  o.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   o.seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<distill::DistillSettings> settings =
-      distill::LoadDistillSettings(absl::GetFlag(FLAGS_config));
+      distill::LoadDistillSettings(absl::GetFlag(FLAGS_distill_config));
   if (!settings.ok()) {
     std::cerr << settings.status() << "\n";
     return 1;
   }
   o.settings = *settings;
-  o.settings.job.max_steps = absl::GetFlag(FLAGS_steps);
-  o.settings.job.batch_size = absl::GetFlag(FLAGS_batch);
-  o.settings.job.max_answer_tokens = absl::GetFlag(FLAGS_answer_tokens);
-  o.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_keep_fraction));
+  o.settings.job.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.settings.job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.settings.job.max_answer_tokens = absl::GetFlag(FLAGS_teacher_max_answer_tokens);
+  o.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   o.uts.window = absl::GetFlag(FLAGS_window);
-  o.uts.mc_passes = absl::GetFlag(FLAGS_passes);
-  o.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_dropout));
-  o.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_token_ratio));
+  o.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  o.uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
+  o.uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   absl::StatusOr<compress::FeaturePrecision> precision =
-      compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_feature_precision));
+      compress::ParseFeaturePrecision(absl::GetFlag(FLAGS_uplink_precision));
   if (!precision.ok()) {
-    std::cerr << "--feature_precision: " << precision.status() << "\n";
+    std::cerr << "--uplink_precision: " << precision.status() << "\n";
     return 1;
   }
   o.uts.precision = *precision;

@@ -7,11 +7,12 @@
 // warm-up pair, with no early stop at eos. Prints one JSON line.
 //
 //   hf_bench --model DIR [--device cuda|cpu] [--precision bf16|fp32|int8|int4]
-//            [--new_tokens 64] [--repeats 3] [--paths static,reference] [--threads N]
-//            [--uts_passes 4,8,16]
-// --uts_passes adds "uts_stage2": per M, the median time of MultimodalModel::
-// StochasticVisualTokens (M passes as one batch, dropout 0.1), the visual tokens it scores,
-// and the peak GPU memory of those calls.
+//            [--new_tokens 64] [--repeats 3] [--paths static,reference] [--torch_threads N]
+//            [--uts_mc_passes 4,8,16]
+// --uts_mc_passes (the setting of that name, docs/SETTINGS.md, here a list of values to time)
+// adds "uts_stage2": per M, the median time of MultimodalModel::StochasticVisualTokens (M
+// passes as one batch, dropout 0.1), the visual tokens it scores, and the peak GPU memory of
+// those calls.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -40,10 +41,11 @@ ABSL_FLAG(int, new_tokens, 64, "tokens generated per timed answer");
 ABSL_FLAG(int, repeats, 3, "timed runs per measurement (after one warm-up)");
 ABSL_FLAG(std::string, paths, "static,reference",
           "decode loops to time: static (the default on CUDA), reference");
-ABSL_FLAG(int, threads, 0, "torch intra-op threads (0 = LibTorch's default)");
-ABSL_FLAG(std::string, uts_passes, "",
-          "comma list of M: also time UTS stage 2 (M MC-dropout passes over the visual tokens, "
-          "one batch, p = 0.1) against one answer's time to first token");
+ABSL_FLAG(int, torch_threads, 0, "torch intra-op threads (0 = LibTorch's default)");
+ABSL_FLAG(std::string, uts_mc_passes, "",
+          "comma list of M (values of the setting uts_mc_passes): also time UTS stage 2 (M "
+          "MC-dropout passes over the visual tokens, one batch, p = 0.1) against one answer's "
+          "time to first token; empty = do not");
 
 namespace cdcca::model {
 namespace {
@@ -72,7 +74,8 @@ int Run() {
     std::cerr << "hf_bench: --model is required\n";
     return 2;
   }
-  if (absl::GetFlag(FLAGS_threads) > 0) torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_torch_threads) > 0)
+    torch::set_num_threads(absl::GetFlag(FLAGS_torch_threads));
   torch::Device device(absl::GetFlag(FLAGS_device) == "cuda" ? torch::kCUDA : torch::kCPU, 0);
   if (device.is_cpu()) device = torch::Device(torch::kCPU);
 
@@ -165,10 +168,10 @@ int Run() {
   }
   if (!produced.empty()) row["tokens"] = produced.begin()->second;
   for (absl::string_view piece :
-       absl::StrSplit(absl::GetFlag(FLAGS_uts_passes), ',', absl::SkipEmpty())) {
+       absl::StrSplit(absl::GetFlag(FLAGS_uts_mc_passes), ',', absl::SkipEmpty())) {
     int passes = 0;
     if (!absl::SimpleAtoi(piece, &passes)) {
-      std::cerr << "hf_bench: --uts_passes: '" << piece << "' is not a number\n";
+      std::cerr << "hf_bench: --uts_mc_passes: '" << piece << "' is not a number\n";
       return 1;
     }
     VisualTokenPassOptions o;
