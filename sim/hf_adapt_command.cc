@@ -16,6 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cloud/train_round.h"
+#include "compress/delta_encoder.h"
+#include "compress/named_tensors.h"
 #include "datasets/domain.h"
 #include "datasets/formats.h"
 #include "datasets/shifts.h"
@@ -27,6 +30,7 @@
 #include "settings/defaults.h"
 #include "sim/adapt_eval.h"
 #include "sim/hub_adapt_eval.h"
+#include "storage/event_log.h"
 
 // The flags of hf-adapt and adapt-eval carry cdcca-cloud's and cdcca-device's names for the
 // same settings (--uts_mc_passes, --max_steps, --student_precision, ...); their defaults are
@@ -86,6 +90,9 @@ ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
           "hf-adapt, adapt-eval: MC-dropout passes M of UTS stage 2");
 ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
           "hf-adapt, adapt-eval: rate of UTS stage 2's dropout on the visual tokens in each pass");
+ABSL_FLAG(double, bits_per_param, cdcca::settings::kBitsPerParam,
+          "hf-adapt: the update's DWC budget in bits per trainable parameter (the state written is "
+          "the student after applying it, as a device holds it)");
 ABSL_FLAG(uint64_t, job_seed, 0, "hf-adapt: seed of the batches and the dropout masks");
 ABSL_FLAG(std::string, state, "", "export-adapter: the adapted state folder (hf-adapt --out)");
 
@@ -156,6 +163,7 @@ const char* const kHfAdaptFlags[] = {"teacher",
                                      "uts_token_ratio",
                                      "uts_mc_passes",
                                      "uts_dropout",
+                                     "bits_per_param",
                                      nullptr};
 
 const char* const kAdaptEvalFlags[] = {"teacher",
@@ -503,38 +511,66 @@ int HfAdaptCommand(const std::vector<std::string>& args) {
                            " frames (raise --uts_keep_fraction or lower --entropy_alpha)")));
   }
 
-  // The cloud's side.
+  // The cloud's side: the round's cloud step (cloud/train_round.h) from the student's
+  // pretrained set, as a job of cdcca-cloud runs it: the job, checked, DWC-encoded against the
+  // base and applied, so that the state written is what a device holds after the update.
   absl::StatusOr<std::unique_ptr<HfPairDistiller>> job = HfPairDistiller::Create(
       PairSideOf(**teacher, teacher_dir, *teacher_template),
       PairSideOf(**student, student_dir, *student_template), settings.learner, settings.job);
   if (!job.ok()) return Fail(kName, job.status());
-  absl::StatusOr<HfJobResult> result = (*job)->Run(samples);
-  if (!result.ok()) return Fail(kName, result.status());
+  const compress::NamedTensors base =
+      compress::Fp32Clones((*student)->model().TrainableParameters());
+  compress::DeltaEncoderOptions dwc;
+  dwc.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
+  std::vector<std::string> pseudo_labels;
+  bool kl_used = false;
+  absl::StatusOr<cloud::TrainedRound> round = cloud::TrainRound(
+      [&]() -> absl::StatusOr<cloud::TrainedSet> {
+        absl::StatusOr<HfJobResult> result = (*job)->RunFrom(base, samples);
+        if (!result.ok()) return result.status();
+        pseudo_labels = std::move(result->pseudo_labels);
+        kl_used = result->kl_used;
+        cloud::TrainedSet set;
+        set.trainable = std::move(result->trainable);
+        set.stats = std::move(result->stats);
+        set.notes = std::move(result->notes);
+        return set;
+      },
+      base, /*version=*/0, compress::DeltaEncoder(dwc));
+  if (!round.ok()) return Fail(kName, round.status());
+  if (round->outcome != cloud::RoundOutcome::kTrained) {
+    return Fail(kName, round->why.ok() ? absl::FailedPreconditionError("no sample was usable")
+                                       : round->why);
+  }
+  const distill::JobStats& stats = round->job.stats;
+  const compress::EncodeStats& update = round->next.update.stats;
   nlohmann::json terms = nlohmann::json::object();
-  for (const LossTerm& t : result->stats.terms) {
+  for (const LossTerm& t : stats.terms) {
     terms[t.name] = {{"first", t.first}, {"last", t.last}, {"mean", t.mean}};
   }
   nlohmann::json log = {{"event", "job"},
                         {"learner", settings.learner.name},
                         {"samples", samples.size()},
-                        {"steps", result->stats.steps},
-                        {"samples_per_second", result->stats.samples_per_second},
-                        {"prepare_seconds", result->stats.prepare_seconds},
-                        {"train_seconds", result->stats.train_seconds},
-                        {"kl", result->kl_used},
+                        {"steps", stats.steps},
+                        {"samples_per_second", stats.samples_per_second},
+                        {"prepare_seconds", stats.prepare_seconds},
+                        {"train_seconds", stats.train_seconds},
+                        {"kl", kl_used},
                         {"same_tokenizer", (*job)->same_tokenizer()},
                         {"terms", terms},
-                        {"notes", result->notes},
-                        {"pseudo_labels", result->pseudo_labels},
-                        {"device", result->stats.device}};
-  std::fprintf(stderr, "%s\n",
-               log.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+                        {"notes", round->job.notes},
+                        {"pseudo_labels", pseudo_labels},
+                        {"device", stats.device},
+                        {"update_bytes", update.payload_bytes},
+                        {"bits_per_param", update.bits_per_param},
+                        {"relative_error", update.relative_error}};
+  LogEvent(log);
 
   model::HfAdapterState state;
   state.base_model = std::filesystem::absolute(student_dir).string();
   state.precision = student_precision;
   state.adapters = adapters;
-  state.trainable = result->trainable;
+  state.trainable = std::move(round->next.state);
   state.info = log;
   state.info["teacher"] = std::filesystem::absolute(teacher_dir).string();
   if (absl::Status s = model::SaveHfAdapterState(state, out); !s.ok()) return Fail(kName, s);
