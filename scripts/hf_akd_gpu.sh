@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/hf_akd_bench.cc) against the
+# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/bench/hf_akd_bench.cc) against the
 # transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:
@@ -9,7 +9,7 @@
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
 #                                      batch 16, 200 steps, 64 uplinked samples
 #   scripts/hf_akd_gpu.sh round DIR    one whole round in process at the same shapes
-#                                      (sim/hf_round_bench.cc): an int4 device answers 32
+#                                      (sim/bench/hf_round_bench.cc): an int4 device answers 32
 #                                      frames, UTS, int8 uplink, the job (batch 8, 40 steps),
 #                                      DWC at 2 bits/param, apply on both sides, digests
 #   scripts/hf_akd_gpu.sh round-tiny DIR  the same on the tiny random pair (seconds)

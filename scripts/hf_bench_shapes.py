@@ -11,7 +11,7 @@ This script builds them (bf16) and times transformers on them: batch 1, one imag
 eager and SDPA attention; plus the measured HBM bandwidth and the weight-bytes-per-token
 limit. With --save DIR it also writes each model as a Hugging Face folder, with the very
 inputs transformers got in bench_inputs.safetensors, and with --cdcca BIN runs cdcca's
-hf_bench (model/runtime/hf_bench.cc) on that folder in the same run (after freeing
+hf_bench (model/bench/hf_bench.cc) on that folder in the same run (after freeing
 transformers' copy), recording its JSON line under "cdcca".
 
 CPU mode (--cpu --load FOLDER) times transformers fp32 on a folder saved before (the

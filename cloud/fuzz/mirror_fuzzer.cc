@@ -1,7 +1,8 @@
 // libFuzzer entry for the trainer's per-device state file (`<state_dir>/<device>.mirror`):
 // the file's framing, then each blob with the decoder the trainer uses on it (safetensors,
 // DWC encoder state, DWC payload).
-// Input: one flag byte, then the file. Flag bit 0 reseals the file's checksum, bit 1 the
+// Input: one flag byte, then the file. Flag bit 0 reseals the file's checksum (the sealed
+// envelope's or the older framing's: storage/fuzz/reseal_envelope.h), bit 1 the
 // encoder state's and the update payload's own checksums (compress/fuzz/reseal.h), so
 // mutations reach the parsers behind them.
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include "cloud/internal/mirror_file.h"
 #include "compress/delta_encoder.h"
 #include "compress/fuzz/reseal.h"
+#include "storage/fuzz/reseal_envelope.h"
 #include "compress/wire_format.h"
 #include "model/hub/safetensors_view.h"
 
@@ -27,7 +29,7 @@ std::string ResealBlob(const std::string& blob) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string file = cdcca::compress::fuzz::Reseal(data, size);
+  const std::string file = cdcca::storage::fuzz::ResealStateFile(data, size);
   const bool reseal_blobs = size > 0 && (data[0] & 2) != 0;
   absl::StatusOr<cdcca::cloud::internal::MirrorFile> f =
       cdcca::cloud::internal::DecodeMirrorFile(file, "fuzz.mirror");

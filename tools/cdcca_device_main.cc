@@ -442,6 +442,217 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   return 0;
 }
 
+// The prompts the frames ask in turn: --prompts_file's non-empty lines, else --prompt.
+absl::StatusOr<std::vector<std::string>> PromptsFromFlags() {
+  std::vector<std::string> prompts;
+  if (absl::GetFlag(FLAGS_prompts_file).empty()) {
+    prompts.push_back(absl::GetFlag(FLAGS_prompt));
+    return prompts;
+  }
+  std::ifstream in(absl::GetFlag(FLAGS_prompts_file));
+  if (!in) return absl::NotFoundError("cannot read --prompts_file");
+  for (std::string line; std::getline(in, line);) {
+    line = std::string(absl::StripAsciiWhitespace(line));
+    if (!line.empty()) prompts.push_back(line);
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError("--prompts_file has no prompt");
+  return prompts;
+}
+
+// The connection to --cloud as the flags describe it.
+absl::StatusOr<std::unique_ptr<cdcca::device::CloudClient>> ClientFromFlags() {
+  cdcca::device::CloudClientOptions co;
+  co.target = absl::GetFlag(FLAGS_cloud);
+  co.device_id = absl::GetFlag(FLAGS_device_id);
+  co.token = absl::GetFlag(FLAGS_token);
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    absl::StatusOr<std::string> t =
+        cdcca::storage::ReadFile(*cdcca::storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
+    if (!t.ok()) return t.status();
+    co.token = std::string(absl::StripAsciiWhitespace(*t));
+  }
+  if (co.device_id.empty() || co.token.empty()) {
+    return absl::InvalidArgumentError("--device_id and a token are required with --cloud");
+  }
+  co.insecure = absl::GetFlag(FLAGS_insecure);
+  co.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+            absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_server_name)};
+  co.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
+  return cdcca::device::CloudClient::Create(co);
+}
+
+// The agent's options as the flags set them.
+absl::StatusOr<cdcca::device::AgentOptions> AgentOptionsFromFlags() {
+  cdcca::device::AgentOptions ao;
+  ao.state_dir = absl::GetFlag(FLAGS_state_dir);
+  absl::StatusOr<cdcca::device::UtsOptions> uts = UtsFromFlags();
+  if (!uts.ok()) return uts.status();
+  ao.uts = *uts;
+  ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
+  ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
+  ao.bandwidth_bytes_per_s =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_bandwidth)));
+  ao.poll_interval = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_poll_ms)));
+  ao.queue_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_queue_max_mb)) << 20;
+  ao.update_byte_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_update_byte_budget));
+  if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) ao.fault = fault;
+  return ao;
+}
+
+// What the agent loop writes: answers to `out` (JSON lines), the status file about once a
+// second, frames that failed.
+struct AgentOutputs {
+  cdcca::device::DeviceAgent* agent = nullptr;
+  FILE* out = stdout;
+  std::string status_file;
+  int64_t failed_frames = 0;
+  int64_t frames = 0;
+
+  void WriteStatus() const {
+    if (status_file.empty()) return;
+    (void)cdcca::storage::WriteFileAtomically(*cdcca::storage::Env::Default(), status_file,
+                                              StatusJson(agent->Stats(), failed_frames) + "\n");
+  }
+};
+
+// Feeds --input's frames, --batch at a time at --fps, through the agent until the input
+// ends, --frames are done or a signal comes. A batch the model cannot answer is counted and
+// passed over: one input does not stop the device.
+void StreamFrames(FrameSource& source, const std::vector<std::string>& prompts,
+                  AgentOutputs& outputs) {
+  using cdcca::device::Frame;
+  const int64_t max_frames = absl::GetFlag(FLAGS_frames);
+  const double fps = absl::GetFlag(FLAGS_fps);
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  const absl::Time start = absl::Now();
+  absl::Time last_status = absl::InfinitePast();
+  int64_t& frame_index = outputs.frames;
+  bool ended = false;
+  while (!g_stop && !ended && (max_frames == 0 || frame_index < max_frames)) {
+    std::vector<Frame> frames;
+    std::vector<std::string> names;
+    while (static_cast<int>(frames.size()) < batch &&
+           (max_frames == 0 || frame_index + static_cast<int64_t>(frames.size()) < max_frames)) {
+      Frame f;
+      std::string name;
+      if (!source.Next(&f.image, &name)) {
+        ended = true;
+        break;
+      }
+      f.question = prompts[(frame_index + frames.size()) % prompts.size()];
+      frames.push_back(std::move(f));
+      names.push_back(std::move(name));
+    }
+    if (frames.empty()) break;
+    if (fps > 0) {
+      // Frame i is due at start + i / fps.
+      absl::SleepFor(start + absl::Seconds((frame_index + frames.size()) / fps) - absl::Now());
+    }
+    absl::StatusOr<std::vector<cdcca::device::FrameResult>> results =
+        outputs.agent->Process(frames);
+    if (!results.ok()) {
+      outputs.failed_frames += static_cast<int64_t>(frames.size());
+      frame_index += static_cast<int64_t>(frames.size());
+      std::fprintf(stderr, "{\"event\":\"frame_failed\",\"frames\":%zu,\"error\":%s}\n",
+                   frames.size(), JsonString(results.status().ToString()).c_str());
+      continue;
+    }
+    for (size_t i = 0; i < results->size(); ++i) {
+      const cdcca::device::FrameResult& r = (*results)[i];
+      std::fprintf(outputs.out,
+                   "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
+                   "\"entropy\":%.4f,\"model_version\":%llu,\"uplinked\":%s,\"kept_tokens\":%d,"
+                   "\"latency_ms\":%.2f,\"unix_ms\":%lld}\n",
+                   static_cast<long long>(frame_index), JsonString(names[i]).c_str(),
+                   JsonString(frames[i].question).c_str(), JsonString(r.answer).c_str(), r.entropy,
+                   static_cast<unsigned long long>(r.model_version), r.uplinked ? "true" : "false",
+                   r.kept_tokens, r.latency_ms,
+                   static_cast<long long>(absl::ToUnixMillis(absl::Now())));
+      ++frame_index;
+    }
+    std::fflush(outputs.out);
+    if (absl::Now() - last_status >= absl::Seconds(1)) {
+      outputs.WriteStatus();
+      last_status = absl::Now();
+    }
+  }
+}
+
+// Lets the queue drain and updates arrive before exiting: up to --linger_s, until nothing is
+// queued, the device is in sync at --linger_until_version or later, or a signal comes.
+void Linger(const AgentOutputs& outputs) {
+  const absl::Time linger_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  while (!g_stop && absl::Now() < linger_end) {
+    cdcca::device::AgentStats s = outputs.agent->Stats();
+    outputs.WriteStatus();
+    if (s.queue.batches == 0 && (s.in_sync || s.version == 0) && s.registered &&
+        s.version >= static_cast<uint64_t>(absl::GetFlag(FLAGS_linger_until_version))) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+// The collaborative loop with --cloud: the runtime, the client and the agent, the frames
+// streamed through it, then the linger.
+int RunWithCloud(const std::vector<std::string>& prompts) {
+  using namespace cdcca::device;  // NOLINT: the program's own loop
+  if (absl::GetFlag(FLAGS_state_dir).empty()) {
+    return Fail(absl::InvalidArgumentError("--state_dir is required with --cloud"));
+  }
+  absl::StatusOr<RuntimeOptions> runtime_options = RuntimeOptionsFromFlags();
+  if (!runtime_options.ok()) return Fail(runtime_options.status());
+  absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
+      InferenceRuntime::Load(*runtime_options);
+  if (!runtime.ok()) return Fail(runtime.status());
+  absl::StatusOr<std::unique_ptr<CloudClient>> client = ClientFromFlags();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<AgentOptions> ao = AgentOptionsFromFlags();
+  if (!ao.ok()) return Fail(ao.status());
+  absl::StatusOr<std::unique_ptr<DeviceAgent>> agent =
+      DeviceAgent::Create(*ao, runtime->get(), client->get());
+  if (!agent.ok()) return Fail(agent.status());
+  absl::StatusOr<std::unique_ptr<FrameSource>> source =
+      FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
+  if (!source.ok()) return Fail(source.status());
+
+  AgentOutputs outputs;
+  outputs.agent = agent->get();
+  outputs.status_file = absl::GetFlag(FLAGS_status_file);
+  if (absl::GetFlag(FLAGS_output) != "-") {
+    outputs.out = std::fopen(absl::GetFlag(FLAGS_output).c_str(), "a");
+    if (outputs.out == nullptr) return Fail(absl::UnavailableError("cannot open --output"));
+  }
+  {
+    AgentStats s = (*agent)->Stats();
+    std::fprintf(
+        stderr,
+        "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
+        "\"digest\":\"%016llx\",\"queued_batches\":%zu,\"token_score\":%s}\n",
+        JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
+        JsonString(absl::GetFlag(FLAGS_cloud)).c_str(), static_cast<unsigned long long>(s.version),
+        static_cast<unsigned long long>(s.state_digest), s.queue.batches,
+        JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao->uts.score)))).c_str());
+  }
+  if (absl::GetFlag(FLAGS_rollback)) {
+    const int64_t to = absl::GetFlag(FLAGS_rollback_to_version);
+    if (to < 0) return Fail(absl::InvalidArgumentError("--rollback_to_version must be >= 0"));
+    auto rolled = (*agent)->RollBack(static_cast<uint64_t>(to));
+    if (!rolled.ok()) return Fail(rolled.status());
+  }
+  (*agent)->Start();
+  StreamFrames(**source, prompts, outputs);
+  if (absl::Status s = (*agent)->Flush(); !s.ok()) return Fail(s);
+  Linger(outputs);
+  (*agent)->Stop();
+  outputs.WriteStatus();
+  std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld,\"status\":%s}\n",
+               static_cast<long long>(outputs.frames),
+               StatusJson((*agent)->Stats(), outputs.failed_frames).c_str());
+  if (outputs.out != stdout) std::fclose(outputs.out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -464,7 +675,6 @@ int main(int argc, char** argv) {
     return usage.contains_help_flags(absl::string_view(file.data(), file.size()));
   });
   using namespace cdcca::device;  // NOLINT: a program's main
-  namespace storage = cdcca::storage;
 
   const cdcca::cli::FlagFilter own = [&usage](const absl::CommandLineFlag& flag) {
     return usage.contains_help_flags(flag.Filename());
@@ -491,186 +701,15 @@ int main(int argc, char** argv) {
         " is not a model folder: its config.json must name a llava, blip-2 or instructblip "
         "model_type")));
   }
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  std::vector<std::string> prompts;
-  if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
-    std::ifstream in(absl::GetFlag(FLAGS_prompts_file));
-    if (!in) return Fail(absl::NotFoundError("cannot read --prompts_file"));
-    for (std::string line; std::getline(in, line);) {
-      line = std::string(absl::StripAsciiWhitespace(line));
-      if (!line.empty()) prompts.push_back(line);
-    }
-    if (prompts.empty()) return Fail(absl::InvalidArgumentError("--prompts_file has no prompt"));
-  } else {
-    prompts.push_back(absl::GetFlag(FLAGS_prompt));
-  }
+  absl::StatusOr<std::vector<std::string>> prompts = PromptsFromFlags();
+  if (!prompts.ok()) return Fail(prompts.status());
   // Without a cloud the device answers offline (and reports what UTS would uplink); with
   // one, it runs the collaborative loop.
   if (absl::GetFlag(FLAGS_cloud).empty()) {
     if (absl::GetFlag(FLAGS_rollback)) {
       return Fail(absl::InvalidArgumentError("--rollback needs --cloud"));
     }
-    return RunHubFolder(prompts);
+    return RunHubFolder(*prompts);
   }
-  if (state_dir.empty()) {
-    return Fail(absl::InvalidArgumentError("--state_dir is required with --cloud"));
-  }
-
-  absl::StatusOr<RuntimeOptions> runtime_options = RuntimeOptionsFromFlags();
-  if (!runtime_options.ok()) return Fail(runtime_options.status());
-  absl::StatusOr<std::unique_ptr<InferenceRuntime>> runtime =
-      InferenceRuntime::Load(*runtime_options);
-  if (!runtime.ok()) return Fail(runtime.status());
-
-  std::unique_ptr<CloudClient> client;
-  {
-    CloudClientOptions co;
-    co.target = absl::GetFlag(FLAGS_cloud);
-    co.device_id = absl::GetFlag(FLAGS_device_id);
-    co.token = absl::GetFlag(FLAGS_token);
-    if (!absl::GetFlag(FLAGS_token_file).empty()) {
-      absl::StatusOr<std::string> t =
-          storage::ReadFile(*storage::Env::Default(), absl::GetFlag(FLAGS_token_file));
-      if (!t.ok()) return Fail(t.status());
-      co.token = std::string(absl::StripAsciiWhitespace(*t));
-    }
-    if (co.device_id.empty() || co.token.empty()) {
-      return Fail(absl::InvalidArgumentError("--device_id and a token are required with --cloud"));
-    }
-    co.insecure = absl::GetFlag(FLAGS_insecure);
-    co.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
-              absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_server_name)};
-    co.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
-    absl::StatusOr<std::unique_ptr<CloudClient>> c = CloudClient::Create(co);
-    if (!c.ok()) return Fail(c.status());
-    client = *std::move(c);
-  }
-
-  AgentOptions ao;
-  ao.state_dir = state_dir;
-  absl::StatusOr<UtsOptions> uts = UtsFromFlags();
-  if (!uts.ok()) return Fail(uts.status());
-  ao.uts = *uts;
-  ao.batch_samples = absl::GetFlag(FLAGS_uplink_batch_samples);
-  ao.batch_max_age = absl::Seconds(absl::GetFlag(FLAGS_uplink_max_age_s));
-  ao.bandwidth_bytes_per_s =
-      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_bandwidth)));
-  ao.poll_interval = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_poll_ms)));
-  ao.queue_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_queue_max_mb)) << 20;
-  ao.update_byte_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_update_byte_budget));
-  if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) ao.fault = fault;
-  absl::StatusOr<std::unique_ptr<DeviceAgent>> agent =
-      DeviceAgent::Create(ao, runtime->get(), client.get());
-  if (!agent.ok()) return Fail(agent.status());
-
-  absl::StatusOr<std::unique_ptr<FrameSource>> source =
-      FrameSource::Open(absl::GetFlag(FLAGS_input), absl::GetFlag(FLAGS_loop));
-  if (!source.ok()) return Fail(source.status());
-
-  FILE* out = stdout;
-  if (absl::GetFlag(FLAGS_output) != "-") {
-    out = std::fopen(absl::GetFlag(FLAGS_output).c_str(), "a");
-    if (out == nullptr) return Fail(absl::UnavailableError("cannot open --output"));
-  }
-  const std::string status_file = absl::GetFlag(FLAGS_status_file);
-  int64_t failed_frames = 0;
-  auto write_status = [&] {
-    if (status_file.empty()) return;
-    (void)storage::WriteFileAtomically(*storage::Env::Default(), status_file,
-                                       StatusJson((*agent)->Stats(), failed_frames) + "\n");
-  };
-  {
-    AgentStats s = (*agent)->Stats();
-    std::fprintf(
-        stderr,
-        "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
-        "\"digest\":\"%016llx\",\"queued_batches\":%zu,\"token_score\":%s}\n",
-        JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
-        JsonString(absl::GetFlag(FLAGS_cloud)).c_str(), static_cast<unsigned long long>(s.version),
-        static_cast<unsigned long long>(s.state_digest), s.queue.batches,
-        JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao.uts.score)))).c_str());
-  }
-  if (absl::GetFlag(FLAGS_rollback)) {
-    const int64_t to = absl::GetFlag(FLAGS_rollback_to_version);
-    if (to < 0) return Fail(absl::InvalidArgumentError("--rollback_to_version must be >= 0"));
-    auto rolled = (*agent)->RollBack(static_cast<uint64_t>(to));
-    if (!rolled.ok()) return Fail(rolled.status());
-  }
-  (*agent)->Start();
-
-  const int64_t max_frames = absl::GetFlag(FLAGS_frames);
-  const double fps = absl::GetFlag(FLAGS_fps);
-  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
-  const absl::Time start = absl::Now();
-  absl::Time last_status = absl::InfinitePast();
-  int64_t frame_index = 0;
-  bool ended = false;
-  while (!g_stop && !ended && (max_frames == 0 || frame_index < max_frames)) {
-    std::vector<Frame> frames;
-    std::vector<std::string> names;
-    while (static_cast<int>(frames.size()) < batch &&
-           (max_frames == 0 || frame_index + static_cast<int64_t>(frames.size()) < max_frames)) {
-      Frame f;
-      std::string name;
-      if (!(*source)->Next(&f.image, &name)) {
-        ended = true;
-        break;
-      }
-      f.question = prompts[(frame_index + frames.size()) % prompts.size()];
-      frames.push_back(std::move(f));
-      names.push_back(std::move(name));
-    }
-    if (frames.empty()) break;
-    if (fps > 0) {
-      // Frame i is due at start + i / fps.
-      absl::SleepFor(start + absl::Seconds((frame_index + frames.size()) / fps) - absl::Now());
-    }
-    absl::StatusOr<std::vector<FrameResult>> results = (*agent)->Process(frames);
-    if (!results.ok()) {
-      // One input the model cannot answer does not stop the device.
-      failed_frames += static_cast<int64_t>(frames.size());
-      frame_index += static_cast<int64_t>(frames.size());
-      std::fprintf(stderr, "{\"event\":\"frame_failed\",\"frames\":%zu,\"error\":%s}\n",
-                   frames.size(), JsonString(results.status().ToString()).c_str());
-      continue;
-    }
-    for (size_t i = 0; i < results->size(); ++i) {
-      const FrameResult& r = (*results)[i];
-      std::fprintf(out,
-                   "{\"frame\":%lld,\"source\":%s,\"question\":%s,\"answer\":%s,"
-                   "\"entropy\":%.4f,\"model_version\":%llu,\"uplinked\":%s,\"kept_tokens\":%d,"
-                   "\"latency_ms\":%.2f,\"unix_ms\":%lld}\n",
-                   static_cast<long long>(frame_index), JsonString(names[i]).c_str(),
-                   JsonString(frames[i].question).c_str(), JsonString(r.answer).c_str(), r.entropy,
-                   static_cast<unsigned long long>(r.model_version), r.uplinked ? "true" : "false",
-                   r.kept_tokens, r.latency_ms,
-                   static_cast<long long>(absl::ToUnixMillis(absl::Now())));
-      ++frame_index;
-    }
-    std::fflush(out);
-    if (absl::Now() - last_status >= absl::Seconds(1)) {
-      write_status();
-      last_status = absl::Now();
-    }
-  }
-  if (absl::Status s = (*agent)->Flush(); !s.ok()) return Fail(s);
-
-  // Linger: let the queue drain and updates arrive before exiting.
-  const absl::Time linger_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  while (!g_stop && absl::Now() < linger_end) {
-    AgentStats s = (*agent)->Stats();
-    write_status();
-    if (s.queue.batches == 0 && (s.in_sync || s.version == 0) && s.registered &&
-        s.version >= static_cast<uint64_t>(absl::GetFlag(FLAGS_linger_until_version))) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  (*agent)->Stop();
-  write_status();
-  std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld,\"status\":%s}\n",
-               static_cast<long long>(frame_index),
-               StatusJson((*agent)->Stats(), failed_frames).c_str());
-  if (out != stdout) std::fclose(out);
-  return 0;
+  return RunWithCloud(*prompts);
 }
