@@ -127,9 +127,9 @@ class HubMirrorTrainer final : public MirrorTrainer {
   const SampleSpec& spec() const override { return spec_; }
 
   absl::StatusOr<TrainedSet> Train(const std::string& device_id,
-                                  const compress::NamedTensors& mirror,
-                                  const std::vector<compress::UplinkSample>& samples,
-                                  distill::ReplayBuffer* replay, uint64_t version) override {
+                                   const compress::NamedTensors& mirror,
+                                   const std::vector<compress::UplinkSample>& samples,
+                                   distill::ReplayBuffer* replay, uint64_t version) override {
     // One student model serves every device: one job at a time.
     absl::MutexLock lock(&mu_);
     std::unique_ptr<distill::HfPairDistiller>& distiller = distillers_[device_id];

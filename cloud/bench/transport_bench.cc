@@ -126,7 +126,8 @@ void Throughput() {
               absl::GetFlag(FLAGS_payload_mib));
   std::printf("| path | MB/s | share of TCP |\n|---|---:|---:|\n");
   std::printf("| plain TCP copy (ceiling) | %.0f | 100%% |\n", tcp_mbps);
-  std::printf("| gRPC, plaintext | %.0f | %.0f%% |\n", insecure_mbps, 100 * insecure_mbps / tcp_mbps);
+  std::printf("| gRPC, plaintext | %.0f | %.0f%% |\n", insecure_mbps,
+              100 * insecure_mbps / tcp_mbps);
   std::printf("| gRPC, TLS | %.0f | %.0f%% |\n\n", tls_mbps, 100 * tls_mbps / tcp_mbps);
 }
 
@@ -175,10 +176,15 @@ void UplinkLoad() {
   std::sort(all.begin(), all.end());
   const cloud::SampleStoreStats stats = cloud.samples()->Stats();
   const uint64_t syncs = stats.group_commits - syncs_before;
-  auto pct = [&](double p) { return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))]; };
-  std::printf("## Uplink: %d concurrent devices, one %zu KiB batch per Uplink call, fdatasync "
-              "before every ack\n\n", clients, batch_bytes >> 10);
-  std::printf("| acked batches/s | MB/s | batches per fdatasync | ack p50 ms | ack p99 ms | errors |\n");
+  auto pct = [&](double p) {
+    return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))];
+  };
+  std::printf(
+      "## Uplink: %d concurrent devices, one %zu KiB batch per Uplink call, fdatasync "
+      "before every ack\n\n",
+      clients, batch_bytes >> 10);
+  std::printf(
+      "| acked batches/s | MB/s | batches per fdatasync | ack p50 ms | ack p99 ms | errors |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|\n");
   std::printf("| %.0f | %.1f | %.1f | %.2f | %.2f | %d |\n\n", all.size() / secs,
               all.size() * batch_bytes / 1e6 / secs,

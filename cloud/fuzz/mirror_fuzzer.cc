@@ -12,9 +12,9 @@
 #include "cloud/internal/mirror_file.h"
 #include "compress/delta_encoder.h"
 #include "compress/fuzz/reseal.h"
-#include "storage/fuzz/reseal_envelope.h"
 #include "compress/wire_format.h"
 #include "model/hub/safetensors_view.h"
+#include "storage/fuzz/reseal_envelope.h"
 
 namespace {
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string>
 
-#include "storage/fuzz/reseal_envelope.h"
 #include "device/internal/state_file.h"
 #include "model/hub/safetensors_view.h"
+#include "storage/fuzz/reseal_envelope.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string file = cdcca::storage::fuzz::ResealStateFile(data, size);

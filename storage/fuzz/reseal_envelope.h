@@ -27,8 +27,8 @@ inline std::string ResealStateFile(const uint8_t* data, size_t size) {
     const uint64_t body = s.size() - 24;
     for (int i = 0; i < 8; ++i) s[12 + i] = static_cast<char>((body >> (8 * i)) & 0xff);
     const size_t covered = s.size() - 4;
-    const uint32_t crc = static_cast<uint32_t>(
-        crc32_z(0L, reinterpret_cast<const Bytef*>(s.data()), covered));
+    const uint32_t crc =
+        static_cast<uint32_t>(crc32_z(0L, reinterpret_cast<const Bytef*>(s.data()), covered));
     for (int i = 0; i < 4; ++i) s[covered + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
   }
   return s;
