@@ -200,6 +200,64 @@ def tok_wordlevel():
     return tok
 
 
+def tok_gpt2(vocab=700):
+    """OPT's tokenizer: GPT-2 byte-level BPE (the regex inside the ByteLevel pre-tokenizer),
+    OPT's specials at ids 0-3 and </s> prepended as the beginning of a sequence."""
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(training_corpus(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="</s> $A", pair="</s> $A </s> $B:1", special_tokens=[("</s>", tok.token_to_id("</s>"))])
+    return tok
+
+
+def train_unigram_spm(d, name, byte_fallback, rule, vocab=500):
+    """A SentencePiece Unigram model laid out as T5's (pad 0, </s> 1, <unk> 2, no <s>)."""
+    import sentencepiece as spm
+    corpus = os.path.join(d, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("\n".join(training_corpus()))
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=os.path.join(d, name), vocab_size=vocab, model_type="unigram",
+        byte_fallback=byte_fallback, character_coverage=0.995 if byte_fallback else 1.0,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, add_dummy_prefix=True,
+        remove_extra_whitespaces=True, normalization_rule_name=rule, minloglevel=2)
+    os.remove(corpus)
+    os.remove(os.path.join(d, name + ".vocab"))
+    return os.path.join(d, name + ".model")
+
+
+def tok_unigram_from_spm(model_path):
+    """tokenizer.json of a SentencePiece Unigram model the way transformers converts T5's:
+    the model's precompiled normalizer (when it has one) and runs of spaces folded, Metaspace
+    with a prefix, </s> appended."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    m = pb.ModelProto()
+    with open(model_path, "rb") as f:
+        m.ParseFromString(f.read())
+    vocab = [(p.piece, p.score) for p in m.pieces]
+    byte_fallback = m.trainer_spec.byte_fallback
+    tok = Tokenizer(models.Unigram(vocab, unk_id=m.trainer_spec.unk_id, byte_fallback=byte_fallback))
+    norms = []
+    if m.normalizer_spec.precompiled_charsmap:
+        norms.append(normalizers.Precompiled(m.normalizer_spec.precompiled_charsmap))
+    norms.append(normalizers.Replace(Regex(" {2,}"), " "))
+    tok.normalizer = normalizers.Sequence(norms)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    if byte_fallback:
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(content=" ", left=1, right=0)])
+    else:
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B:1 </s>:1", special_tokens=[("</s>", 1)])
+    return tok
+
+
 def make_hf_tokenizer(kind):
     """Returns (transformers tokenizer, extra files dict) for one variant name."""
     if kind == "bpe_bytelevel_qwen2":
@@ -223,7 +281,26 @@ def make_hf_tokenizer(kind):
     if kind == "wordlevel":
         tok = tok_wordlevel()
         return wrap(tok, unk_token="[UNK]", pad_token="[PAD]")
+    if kind == "bpe_bytelevel_gpt2":
+        tok = tok_gpt2()
+        return wrap(tok, bos_token="</s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
     raise ValueError(kind)
+
+
+UNIGRAM_KINDS = {
+    # T5's: NFKC-style precompiled normalizer, no byte fallback (unknown characters are <unk>).
+    "unigram_t5": dict(byte_fallback=False, rule="nmt_nfkc"),
+    # Byte fallback and no normalizer: rare characters become <0xNN> pieces.
+    "unigram_bytefallback": dict(byte_fallback=True, rule="identity"),
+}
+
+
+def make_unigram_tokenizer(d, kind):
+    """Trains a Unigram model into folder d (spiece.model) and returns the transformers
+    tokenizer of its tokenizer.json."""
+    os.makedirs(d, exist_ok=True)
+    path = train_unigram_spm(d, "spiece", **UNIGRAM_KINDS[kind])
+    return wrap(tok_unigram_from_spm(path), eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
 
 
 def tokenizer_expected(hf_tok, cases=TOKENIZER_CASES):
@@ -261,6 +338,31 @@ def build_tokenizers(out):
         write_json(os.path.join(d, "expected.json"), tokenizer_expected(reloaded))
         print(f"tokenizer {kind}: vocab {len(reloaded)}")
     build_sentencepiece(os.path.join(root, "sentencepiece_llama"))
+    for kind in ["bpe_bytelevel_gpt2"]:
+        d = os.path.join(root, kind)
+        os.makedirs(d, exist_ok=True)
+        make_hf_tokenizer(kind).save_pretrained(d)
+        reloaded = transformers.AutoTokenizer.from_pretrained(d)
+        write_json(os.path.join(d, "expected.json"), tokenizer_expected(reloaded))
+        print(f"tokenizer {kind}: vocab {len(reloaded)}")
+    for kind in UNIGRAM_KINDS:
+        build_unigram(os.path.join(root, kind), kind)
+
+
+def build_unigram(d, kind):
+    """tokenizer.json, spiece.model and the ids of both: transformers' (from tokenizer.json)
+    and SentencePiece's own (no </s>)."""
+    import sentencepiece as spm
+    make_unigram_tokenizer(d, kind).save_pretrained(d)
+    reloaded = transformers.AutoTokenizer.from_pretrained(d)
+    expected = tokenizer_expected(reloaded)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(d, "spiece.model"))
+    for c in expected["cases"]:
+        c["sp_ids"] = sp.encode(c["text"])
+        c["sp_decoded"] = sp.decode(c["sp_ids"])
+    expected["sentencepiece"] = spm.__version__
+    write_json(os.path.join(d, "expected.json"), expected)
+    print(f"tokenizer {kind}: vocab {len(reloaded)}")
 
 
 def build_sentencepiece(d):
@@ -433,9 +535,15 @@ def greedy_case(model, processor, image, prompt, max_new_tokens, tok):
                              output_logits=True, return_dict_in_generate=True)
     prompt_len = inputs["input_ids"].shape[1]
     seq = out.sequences[0]
-    # Decoder-only generate returns prompt + new tokens.
-    new = seq[prompt_len:].tolist() if seq.shape[0] > prompt_len else seq.tolist()
     logits = [l[0].float() for l in out.logits]
+    if model.config.get_text_config().is_encoder_decoder:
+        # Encoder-decoder generate returns the decoder's start token, then the new tokens.
+        new = seq[1:].tolist()
+        if new != [int(l.argmax()) for l in logits]:
+            raise RuntimeError(f"greedy tokens {new} are not the argmax of the step logits")
+    else:
+        # Decoder-only generate returns prompt + new tokens.
+        new = seq[prompt_len:].tolist() if seq.shape[0] > prompt_len else seq.tolist()
     margins = []
     for l in logits:
         top = torch.topk(l, 2).values
@@ -637,11 +745,46 @@ def to_legacy_layout(d):
     write_json(cfg_path, cfg)
 
 
-def build_blip2(out, name, instruct):
+def opt_text_config(vocab, tok, **over):
+    """blip2-opt-2.7b's language model, shrunk: pre-LayerNorm blocks, ReLU MLP, learned
+    positions (offset 2), tied head."""
+    cfg = dict(vocab_size=vocab, hidden_size=64, ffn_dim=112, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
+               activation_function="relu", enable_bias=True, layer_norm_elementwise_affine=True,
+               bos_token_id=tok.convert_tokens_to_ids("</s>"), eos_token_id=tok.convert_tokens_to_ids("</s>"),
+               pad_token_id=tok.convert_tokens_to_ids("<pad>"), tie_word_embeddings=True, dropout=0.1)
+    cfg.update(over)
+    return transformers.OPTConfig(**cfg)
+
+
+def t5_text_config(vocab, **over):
+    """blip2-flan-t5-xl's language model, shrunk: relative position buckets, RMS norm without
+    bias, gated-GELU MLP, untied head."""
+    cfg = dict(vocab_size=vocab, d_model=64, d_kv=16, d_ff=112, num_layers=2, num_decoder_layers=2,
+               num_heads=4, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+               feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+               pad_token_id=0, eos_token_id=1, layer_norm_epsilon=1e-6, dropout_rate=0.1)
+    cfg.update(over)
+    return transformers.T5Config(**cfg)
+
+
+# The language models a BLIP-2 / InstructBLIP fixture can have: (tokenizer kind, config maker).
+BLIP2_TEXT = {
+    "llama": "bpe_metaspace_llama2",
+    "opt": "bpe_bytelevel_gpt2",
+    "opt_proj": "bpe_bytelevel_gpt2",
+    "t5": "unigram_t5",
+}
+
+
+def build_blip2(out, name, instruct, text="llama"):
     d = os.path.join(out, "models", name)
     os.makedirs(d, exist_ok=True)
-    seed_all(5 if instruct else 3)
-    tok = make_hf_tokenizer("bpe_metaspace_llama2")
+    seed_all((5 if instruct else 3) + (0 if text == "llama" else sum(map(ord, name))))
+    if text == "t5":
+        tok = make_unigram_tokenizer(d, BLIP2_TEXT[text])  # leaves spiece.model in the folder
+    else:
+        tok = make_hf_tokenizer(BLIP2_TEXT[text])
     image_id = add_image_token(tok)
     prefix = "InstructBlip" if instruct else "Blip2"
     vcfg = getattr(transformers, prefix + "VisionConfig")(hidden_size=32, intermediate_size=64,
@@ -651,7 +794,16 @@ def build_blip2(out, name, instruct):
                intermediate_size=64, cross_attention_frequency=2, encoder_hidden_size=32,
                max_position_embeddings=64)
     qcfg = getattr(transformers, prefix + "QFormerConfig")(**qkw)
-    tcfg = llama_text_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    if text == "llama":
+        tcfg = llama_text_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    elif text == "opt":
+        tcfg = opt_text_config(len(tok), tok)
+    elif text == "opt_proj":
+        # opt-350m's layout: embeddings narrower than the blocks (project_in / project_out) and
+        # post-LayerNorm blocks without a final norm.
+        tcfg = opt_text_config(len(tok), tok, word_embed_proj_dim=48, do_layer_norm_before=False)
+    else:
+        tcfg = t5_text_config(len(tok))
     cfg = getattr(transformers, prefix + "Config")(vision_config=vcfg.to_dict(), qformer_config=qcfg.to_dict(),
                                                    text_config=tcfg.to_dict(), num_query_tokens=8,
                                                    image_token_index=image_id)
@@ -674,7 +826,8 @@ def build_blip2(out, name, instruct):
     cases = [("gradient_97x61.png", "Question: what color is the shirt? Answer:"),
              ("checker_40x40.png", "Describe the picture.")]
     finish_model(d, ref, proc, proc.tokenizer, out, cases,
-                 note=f"{prefix}, weights saved as float16, reference computed in float32 from them")
+                 note=f"{prefix} with a {text} language model, weights saved as float16, reference computed "
+                      "in float32 from them")
 
 
 def check_llava_processor(d, expected, pixels):
@@ -822,6 +975,10 @@ def main():
                 -1, "full")
         attempt("blip2_llama", build_blip2, args.out, "blip2_llama", False)
         attempt("instructblip_llama", build_blip2, args.out, "instructblip_llama", True)
+        attempt("blip2_opt", build_blip2, args.out, "blip2_opt", False, "opt")
+        attempt("blip2_opt_proj", build_blip2, args.out, "blip2_opt_proj", False, "opt_proj")
+        attempt("blip2_flan_t5", build_blip2, args.out, "blip2_flan_t5", False, "t5")
+        attempt("instructblip_flan_t5", build_blip2, args.out, "instructblip_flan_t5", True, "t5")
     write_readme(args.out)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
