@@ -1,7 +1,6 @@
 #include "cloud/trainer.h"
 
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -146,12 +145,6 @@ uint64_t DecodedSampleBytes(const compress::UplinkSample& s) {
     bytes += s.frame.size() + uint64_t{s.kept_indices.size()} * s.feature_dim * sizeof(float);
   }
   return bytes;
-}
-
-[[noreturn]] void InjectedCrash(const char* where) {
-  std::fprintf(stderr, "cdcca-cloud: test fault injected %s\n", where);
-  std::fflush(stderr);
-  _exit(86);
 }
 
 }  // namespace
@@ -757,8 +750,8 @@ struct PerDeviceStrategy::Impl {
                                          JobSplit& split, JobReport& report) {
     absl::StatusOr<TrainedRound> round = TrainRound(
         [&]() -> absl::StatusOr<TrainedSet> {
-          if (options.fault == "train_error") {
-            return absl::InternalError("test fault: training fails");
+          if (options.before_training) {
+            if (absl::Status s = options.before_training(id); !s.ok()) return s;
           }
           return trainer->Train(id, d.mirror, split.train, d.replay.get(), d.version);
         },
@@ -828,7 +821,6 @@ struct PerDeviceStrategy::Impl {
       report.guard = *verdict;
     }
     if (!report.guard.ship) return Withheld(id, d, in, split, std::move(pool), report);
-    if (options.fault == "after_train") InjectedCrash("after training");
 
     if (absl::Status s = Quarantine(id, d, in.quarantine); !s.ok()) return s;
     if (absl::Status s = CommitVersion(id, d, next, report.last_sequence); !s.ok()) return s;
@@ -851,7 +843,6 @@ struct PerDeviceStrategy::Impl {
     }
     d.replay->Add(usable);
     (void)ReleaseConsumed(id, d);
-    if (options.fault == "after_commit") InjectedCrash("after the commit");
     if (absl::Status s = PublishVersion(id, next); !s.ok()) return s;
     return report;
   }

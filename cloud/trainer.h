@@ -58,6 +58,7 @@
 #define CDCCA_CLOUD_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,8 +103,8 @@ struct PerDeviceStrategyOptions {
   int64_t lora_rank = settings::kLoraRank;
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
-  bool lora_qformer = settings::kLoraQformer;      // the Q-Former's query and value too
-  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
+  bool lora_qformer = settings::kLoraQformer;  // the Q-Former's query and value too
+  bool lora_projector = false;  // the projector into the LM too (programs: --profile)
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
   // computes with exactly that base, dequantized. Default: the defaults table's.
   std::string student_precision = settings::kStudentPrecision;
@@ -163,12 +164,9 @@ struct PerDeviceStrategyOptions {
   // The update guard (cloud/update_guard.h): held-out samples per device, and the rule that
   // withholds an update that does not raise their agreement with the teacher beyond noise.
   UpdateGuardOptions guard;
-  // Test-only fault injection: "after_train" (process exits after training, before the
-  // state file is written) or "after_commit" (after the state file, before publishing to
-  // the update store). The process _exit()s with code 86 at that point. "train_error": every
-  // training run fails (INTERNAL) instead. "" = off. The program reads it from the
-  // environment variable CDCCA_TEST_FAULT.
-  std::string fault;
+  // Tests: runs before each job's training; an error fails that training as a learner's
+  // error would. (Crashes at a chosen step are the Env's: storage/exit_at_env.h.)
+  std::function<absl::Status(const std::string& device_id)> before_training;
 };
 
 // The job settings a strategy made from `options` trains with (its distill_config, else the

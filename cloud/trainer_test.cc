@@ -603,7 +603,9 @@ TEST_F(TrainerTest, UndecodableHeldOutFrameIsQuarantinedNotScored) {
 // batches are quarantined and the cursor moves on; the device's next batches are trained.
 TEST_F(TrainerTest, JobThatKeepsFailingAtOneCursorQuarantinesItsBatches) {
   PerDeviceStrategyOptions failing = Options();
-  failing.fault = "train_error";
+  failing.before_training = [](const std::string&) {
+    return absl::InternalError("training fails");
+  };
   ASSERT_OK_AND_ASSIGN(strategy_,
                        PerDeviceStrategy::Create(failing, samples_.get(), updates_.get()));
   ASSERT_OK(strategy_->Recover());

@@ -1,7 +1,5 @@
 #include "device/agent.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -42,12 +40,6 @@ void LogEvent(const char* event, const std::string& detail) {
     }
   }
   std::fprintf(stderr, "{\"event\":\"%s\",\"detail\":\"%s\"}\n", event, escaped.c_str());
-}
-
-[[noreturn]] void InjectedCrash(const char* where) {
-  LogEvent("test_fault", where);
-  std::fflush(stderr);
-  _exit(86);
 }
 
 bool LinkError(const absl::Status& s) {
@@ -434,7 +426,6 @@ absl::Status DeviceAgent::PullUpdate() {
     if (absl::IsFailedPrecondition(fetched.status())) return Resync(0);
     if (!fetched.ok()) return fetched.status();
     if (!fetched->info.available()) return absl::OkStatus();
-    if (options_.fault == "download") InjectedCrash("after an update download");
     absl::Status applied = runtime_->ApplyUpdate(fetched->bytes);
     if (!applied.ok()) {
       {
@@ -445,7 +436,6 @@ absl::Status DeviceAgent::PullUpdate() {
                                                applied.ToString(), "; resyncing"));
       return Resync(0);
     }
-    if (options_.fault == "apply") InjectedCrash("after applying an update in memory");
     if (absl::Status s = SaveState(); !s.ok()) return s;
     LogEvent("update_applied",
              absl::StrFormat("version %d digest %016x (%d bytes)", runtime_->version(),

@@ -97,11 +97,6 @@ struct AgentOptions {
   // seeded with a hash of (score_seed, n) (InferenceRuntime::TokenScores' seed), so the
   // uplink does not depend on other threads of the process. 0 = the process's generator.
   uint64_t score_seed = 0;
-  // Test-only fault injection (the program reads CDCCA_TEST_FAULT): "download" exits the
-  // process right after an update has been downloaded, before anything is applied;
-  // "apply" exits after the update is applied in memory but before the state file is
-  // written. Exit code 86. "" = off.
-  std::string fault;
 };
 
 // One answered frame.

@@ -48,7 +48,7 @@ struct RuntimeOptions {
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
   bool lora_qformer = settings::kLoraQformer;      // BLIP-2 / InstructBLIP: the Q-Former's q and v
-  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
+  bool lora_projector = false;  // the projector into the LM too (programs: --profile)
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/flags_help.h"
+#include "cli/print_config.h"
 #include "compress/uplink_codec.h"
 #include "datasets/language.h"
 #include "datasets/shifts.h"
@@ -155,6 +156,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("lora_mlp", &e.lora_mlp));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_qformer", &e.lora_qformer));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_projector", &e.lora_projector));
+  CDCCA_RETURN_IF_ERROR(top.Read("profile", &e.profile));
+  e.lora_projector_given = j.contains("lora_projector");
+  e.uplink_precision_given = j.contains("uplink_precision");
   CDCCA_RETURN_IF_ERROR(top.Read("student_precision", &e.precision));
   CDCCA_RETURN_IF_ERROR(top.Read("devices", &e.devices));
   CDCCA_RETURN_IF_ERROR(top.Read("rounds", &e.rounds));
@@ -300,8 +304,24 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
         Check(e.link.loss >= 0 && e.link.loss < 1, where, "loss", "must be in [0, 1)"));
     CDCCA_RETURN_IF_ERROR(Check(e.link.latency_ms >= 0, where, "latency_ms", "must be >= 0"));
   }
+  CDCCA_RETURN_IF_ERROR(
+      Check(settings::IsProfile(e.profile), w, "profile", "must be measured or paper"));
+  CDCCA_RETURN_IF_ERROR(ApplyProfile(&e));
   CDCCA_RETURN_IF_ERROR(CheckExperiment(e, w));
   return e;
+}
+
+absl::Status ApplyProfile(Experiment* e) {
+  if (!settings::IsProfile(e->profile)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile must be measured or paper, not '", e->profile, "'"));
+  }
+  const std::string student = e->student_base.empty() ? e->checkpoint : e->student_base;
+  const settings::ProfileSettings p =
+      settings::ProfileDefaults(e->profile, cli::FolderModelType(student));
+  if (!e->uplink_precision_given) e->uts.precision = p.uplink_precision;
+  if (!e->lora_projector_given) e->lora_projector = p.lora_projector;
+  return absl::OkStatus();
 }
 
 absl::Status CheckExperiment(const Experiment& e, const std::string& source_name) {

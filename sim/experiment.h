@@ -2,7 +2,7 @@
 // configs/experiments/ (one per table of the paper, plus continual and fleet runs).
 //
 //   {
-//     "name": "image_shift", "title": "...", "paper_table": "Table 6",
+//     "name": "image_shift", "profile": "paper", "title": "...", "paper_table": "Table 6",
 //     "checkpoint_dir": "models/small", "student_precision": "int8",
 //     "devices": 1, "rounds": 3, "stream_frames": 256, "eval_scenes": 200,
 //     "schedule": [ {"shift": "fog", "severity": 4}, {"shift": "fog", "severity": 4,
@@ -18,7 +18,9 @@
 // A setting of the round has the name of the programs' flag that sets it (docs/SETTINGS.md:
 // "uts_keep_fraction" is cdcca-device's and cdcca-cloud's --uts_keep_fraction), and its
 // default is the defaults table's (settings/defaults.h), as the programs' is. A key the parser
-// does not know is an error naming the nearest one it does.
+// does not know is an error naming the nearest one it does. "profile" ("measured", the default,
+// or "paper") picks "uplink_precision" and "lora_projector" where the file leaves them out,
+// for the student's family (settings::ProfileDefaults), as the programs' --profile does.
 //
 // "task": "caption" makes it a captioning run (the paper's Table 2, COCO -> nocaps style):
 // every round streams the caption prompt on scenes of the three caption categories in turn
@@ -35,10 +37,10 @@
 // the cloud's teacher folder and the devices' student folder (LLaVA, BLIP-2 or InstructBLIP
 // sharing the vision tower, `cdcca-cloud --teacher --student_base`); the devices load the
 // student with the adapters of "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer" and
-// "lora_projector" (default 8, 16, false, false, false), the cloud mirrors them. The scenes,
-// rounds, UTS, jobs and scores are the family runs'; stage 2 scores by VIS (Eq. 3), and tent
-// and cotta adapt the same trainable set on the device. "device": "cuda" trains the
-// cloud's jobs on the GPU.
+// "lora_projector" (default 8, 16, false, false, the profile's), the cloud mirrors them. The
+// scenes, rounds, UTS, jobs and scores are the family runs'; stage 2 scores by VIS (Eq. 3), and
+// tent and cotta adapt the same trainable set on the device. "device": "cuda" trains the cloud's
+// jobs on the GPU.
 //
 // Methods (see sim/harness.h): source-only, tent, cotta (device-side, no cloud), pl, pkd,
 // cwd, akd (cloud learners on the UTS-filtered uplink), cd-cca (= akd with UTS), and the
@@ -73,8 +75,9 @@ struct UtsSettings {
   float token_ratio = static_cast<float>(settings::kUtsTokenRatio);      // stage 2
   int mc_passes = settings::kUtsMcPasses;
   float dropout_p = static_cast<float>(settings::kUtsDropout);
-  // Or "int8", "int4", "jpeg" (Hugging Face pairs).
-  std::string precision = settings::kUplinkPrecision;
+  // "jpeg" (the frame), or the kept tokens at "fp16", "int8", "int4". A file that leaves it
+  // out takes its "profile"'s for the student's family (ApplyProfile).
+  std::string precision = settings::ProfileDefaults(settings::kProfile, "").uplink_precision;
   // Stage-2 score (device::TokenScore): "vis" (the device default, VIS on every
   // architecture; the only one for a Hugging Face pair), or the ablations "variance_probe"
   // (the attention variance alone on a family without a token probe), "attention_variance",
@@ -138,8 +141,14 @@ struct Experiment {
   int64_t lora_rank = settings::kLoraRank;
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
-  bool lora_qformer = settings::kLoraQformer;      // the Q-Former's query and value too
-  bool lora_projector = settings::kLoraProjector;  // the projector into the LM too
+  bool lora_qformer = settings::kLoraQformer;  // the Q-Former's query and value too
+  // The projector into the LM too; a file that leaves it out takes its "profile"'s.
+  bool lora_projector = settings::ProfileDefaults(settings::kProfile, "").lora_projector;
+  // "measured" or "paper" (settings::ProfileDefaults), and which of the two settings it
+  // picks the file set itself.
+  std::string profile = settings::kProfile;
+  bool uplink_precision_given = false;
+  bool lora_projector_given = false;
   std::string precision = settings::kStudentPrecision;
   int devices = 1;
   int rounds = 3;
@@ -184,6 +193,11 @@ MethodName ParseMethodName(const std::string& method);
 absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                                            const std::string& source_name);
 absl::StatusOr<Experiment> LoadExperiment(const std::string& path);
+
+// Sets the settings `profile` picks (uplink_precision, lora_projector) that the file left
+// out, for the student the experiment runs (student_base, else checkpoint_dir): again after
+// command-line overrides of the model. INVALID_ARGUMENT for an unknown profile.
+absl::Status ApplyProfile(Experiment* e);
 
 // The checks that span fields, again after command-line overrides (--teacher, --methods):
 // a Hugging Face pair names both folders, and runs no device-side method. INVALID_ARGUMENT

@@ -235,6 +235,38 @@ TEST(ExperimentTest, EveryCheckedInExperimentParses) {
   EXPECT_GE(files, 10);
 }
 
+// "profile" picks the uplink and the projector's LoRA where the file leaves them out, by the
+// student's family; what the file says wins; a changed model is resolved again.
+TEST(ExperimentTest, TheProfilePicksWhatTheFileLeavesOutByFamily) {
+  const std::string small = std::string(CDCCA_SOURCE_DIR) + "/models/small";
+  const std::string llava = std::string(CDCCA_SOURCE_DIR) + "/models/llava-small";
+  const std::string base = R"("name": "x", "schedule": [{}], "methods": ["cd-cca"])";
+  ASSERT_OK_AND_ASSIGN(
+      Experiment e,
+      ParseExperiment("{" + base + R"(, "checkpoint_dir": ")" + small + "\"}", "m.json"));
+  EXPECT_EQ(e.profile, "measured");
+  EXPECT_EQ(e.uts.precision, "jpeg");
+  EXPECT_FALSE(e.lora_projector);
+  e.checkpoint = llava;  // as cdcca-sim --checkpoint_dir does
+  ASSERT_OK(ApplyProfile(&e));
+  EXPECT_EQ(e.uts.precision, "jpeg");
+  EXPECT_TRUE(e.lora_projector);
+  ASSERT_OK_AND_ASSIGN(
+      e,
+      ParseExperiment("{" + base + R"(, "profile": "paper", "checkpoint_dir": ")" + llava + "\"}",
+                      "p.json"));
+  EXPECT_EQ(e.uts.precision, "fp16");
+  EXPECT_FALSE(e.lora_projector);
+  ASSERT_OK_AND_ASSIGN(e, ParseExperiment("{" + base + R"(, "uplink_precision": "int8",
+                                              "lora_projector": false, "checkpoint_dir": ")" +
+                                              llava + "\"}",
+                                          "s.json"));
+  EXPECT_EQ(e.uts.precision, "int8");
+  EXPECT_FALSE(e.lora_projector);
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "profile": "papr"})", "b.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("profile")));
+}
+
 TEST(ExperimentTest, ShrinkKeepsTheShapeAndCutsTheWork) {
   ASSERT_OK_AND_ASSIGN(Experiment e, ParseExperiment(kGood, "good.json"));
   e.stream_frames = 1000;

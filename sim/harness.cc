@@ -1017,7 +1017,8 @@ absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e, const std::st
   if (!job.ok()) return job.status();
   // Floats as their shortest decimal (0.1f prints 0.1), as a flag's value reads.
   const auto decimal = [](float f) { return std::stod(absl::StrCat(f)); };
-  nlohmann::json j = {{"uts_keep_fraction", decimal(plan->uts.keep_fraction)},
+  nlohmann::json j = {{"profile", e.profile},
+                      {"uts_keep_fraction", decimal(plan->uts.keep_fraction)},
                       {"uts_token_ratio", decimal(plan->uts.token_ratio)},
                       {"uts_mc_passes", plan->uts.mc_passes},
                       {"uts_dropout", decimal(plan->uts.dropout_p)},

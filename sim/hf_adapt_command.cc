@@ -74,9 +74,13 @@ ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp,
 ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
           "hf-adapt, adapt-eval: LoRA on the Q-Former's attention query and value too (BLIP-2, "
           "InstructBLIP)");
-ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
+ABSL_FLAG(bool, lora_projector, false,
           "hf-adapt, adapt-eval: LoRA on the projector into the LM too (LLaVA's "
-          "multi_modal_projector, BLIP-2's language_projection)");
+          "multi_modal_projector, BLIP-2's language_projection). Unset: --profile's (measured: "
+          "on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
+          "hf-adapt, adapt-eval: default of --lora_projector where it is unset: measured (on "
+          "for a LLaVA student: the best measured) or paper (LoRA on the LM alone)");
 ABSL_FLAG(double, uts_keep_fraction, 0.0,
           "hf-adapt, adapt-eval: UTS stage 1, fraction of the stream kept by answer entropy "
           "(hf-adapt: the running quantile over the frames so far, as on a device); 0 = all");
@@ -158,6 +162,7 @@ const char* const kHfAdaptFlags[] = {"teacher",
                                      "lora_mlp",
                                      "lora_qformer",
                                      "lora_projector",
+                                     "profile",
                                      "uts_keep_fraction",
                                      "entropy_alpha",
                                      "uts_token_ratio",
@@ -185,6 +190,7 @@ const char* const kAdaptEvalFlags[] = {"teacher",
                                        "lora_mlp",
                                        "lora_qformer",
                                        "lora_projector",
+                                       "profile",
                                        "uts_keep_fraction",
                                        "uts_token_ratio",
                                        "uts_mc_passes",

@@ -295,11 +295,12 @@ TEST_F(HubProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
 
-// A device that adds LoRA on its projector (--lora_projector) while the cloud's mirror does
-// not would start from another state than the mirror: Register refuses it, naming the flag.
+// A device that adds LoRA on its projector (--lora_projector, the measured profile's on LLaVA)
+// while the cloud's mirror does not (--profile=paper) would start from another state than the
+// mirror: Register refuses it, naming the flag.
 TEST_F(HubProgramsTest, DeviceWithLoraTheCloudLacksIsRefusedAtRegister) {
   const std::string folder = Fixture("llava_clip_llama");
-  std::unique_ptr<Child> cloud = StartCloud(folder, folder);
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder, {"--profile=paper"});
   ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
   std::unique_ptr<Child> device = StartDevice(folder, {"--lora_projector"});
   const std::string log = WaitForDeviceLog("--lora_projector");

@@ -2,10 +2,11 @@
 // loopback with a tiny family and a folder of shifted scenes.
 //   1. Samples uplink, jobs run, both devices apply their updates, their digests equal the
 //      cloud's, and answers continue throughout.
-//   2. Faults (through the test-only CDCCA_TEST_FAULT hooks, which make a process _exit(86)
-//      at a chosen point): the cloud dies during a job (before and after its commit); a
-//      device dies after downloading an update and after applying it in memory; an update
-//      file is damaged on the cloud's disk. Each ends consistent, with nothing acked lost.
+//   2. Faults (a planned crash, _exit(86) as kill -9 leaves a process, just before the
+//      programs' Env writes a chosen file: storage/exit_at_env.h): the cloud dies during a
+//      job (before and after its commit); a device dies after downloading and applying an
+//      update in memory, before saving it; an update file is damaged on the cloud's disk.
+//      Each ends consistent, with nothing acked lost.
 //   3. The cloud's sample log loses its tail while the device has batches queued: the device
 //      renumbers them and both ends agree on the sequence again.
 #include <fcntl.h>
@@ -67,7 +68,8 @@ class ProgramsTest : public ::testing::Test {
     cloud_data_ = dir_.path() + "/cloud";
   }
 
-  std::unique_ptr<Child> StartCloud(const std::string& fault = "") {
+  // `exit_at`: where the process is to crash (storage/exit_at_env.h), "" = nowhere.
+  std::unique_ptr<Child> StartCloud(const std::string& exit_at = "") {
     const std::string port_file = dir_.path() + "/port";
     ::unlink(port_file.c_str());
     // The guard by its small-pool rule only: on the random fixture the paired rule is a coin
@@ -91,14 +93,14 @@ class ProgramsTest : public ::testing::Test {
                                      "--status_file=" + dir_.path() + "/cloud-status.json",
                                      "--status_interval_s=0.5",
                                      "--guard_min_pool=1000000"};
-    auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log", fault);
+    auto child = std::make_unique<Child>(args, dir_.path() + "/cloud.log", exit_at);
     if (port_ == 0) port_ = testing::WaitForPortFile(port_file, absl::Minutes(1));
     return child;
   }
 
   std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
 
-  std::unique_ptr<Child> StartDevice(const std::string& id, const std::string& fault = "",
+  std::unique_ptr<Child> StartDevice(const std::string& id, const std::string& exit_at = "",
                                      const std::vector<std::string>& extra = {}) {
     std::filesystem::create_directories(DeviceDir(id));
     std::filesystem::remove(DeviceDir(id) + "/status.json");  // only this run's status counts
@@ -124,7 +126,7 @@ class ProgramsTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     std::ofstream(dir_.path() + "/prompts")
         << "what is in the picture?\nhow many items are there?\n";
-    return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", fault);
+    return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", exit_at);
   }
 
   nlohmann::json DeviceStatus(const std::string& id) {
@@ -369,13 +371,14 @@ TEST_F(ProgramsTest, ADeviceRenumbersItsQueueAfterTheCloudLostTheTailOfItsLog) {
 }
 
 TEST_F(ProgramsTest, CloudKilledDuringJobsRestartsConsistent) {
-  // First start: dies in its first job, after training and before the commit.
-  std::unique_ptr<Child> cloud = StartCloud("after_train");
+  // First start: dies in its first job, after training and before the commit (the first
+  // write of the device's mirror state).
+  std::unique_ptr<Child> cloud = StartCloud("dev-a.mirror");
   ASSERT_GT(port_, 0);
   std::unique_ptr<Child> a = StartDevice("dev-a");
   EXPECT_EQ(cloud->Wait(absl::Minutes(3)), 86) << ReadText(dir_.path() + "/cloud.log");
   // Second start: dies after committing a job's state, before publishing the update.
-  cloud = StartCloud("after_commit");
+  cloud = StartCloud("/update-0");
   EXPECT_EQ(cloud->Wait(absl::Minutes(3)), 86) << ReadText(dir_.path() + "/cloud.log");
   // Third start: recovers (republishes the committed update) and carries on.
   cloud = StartCloud();
@@ -392,11 +395,12 @@ TEST_F(ProgramsTest, CloudKilledDuringJobsRestartsConsistent) {
 TEST_F(ProgramsTest, DeviceKilledDuringDownloadAndApplyRestartsConsistent) {
   std::unique_ptr<Child> cloud = StartCloud();
   ASSERT_GT(port_, 0);
-  // Dies once an update is downloaded, before applying it.
-  std::unique_ptr<Child> a = StartDevice("dev-a", "download");
+  // Dies once an update is downloaded and applied in memory, before the state file is
+  // written (opening its temp file) ...
+  std::unique_ptr<Child> a = StartDevice("dev-a", "trainable.state");
   ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
-  // Dies after applying it in memory, before saving the state.
-  a = StartDevice("dev-a", "apply");
+  // ... and, on the next start, with the temp file written, before it is renamed into place.
+  a = StartDevice("dev-a", "trainable.state@2");
   ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
   // Restarts on the last good state (the pretrained one), fetches the update again.
   a = StartDevice("dev-a");
@@ -418,7 +422,7 @@ TEST_F(ProgramsTest, DeviceKilledDuringDownloadAndApplyRestartsConsistent) {
 TEST_F(ProgramsTest, CorruptUpdateOnCloudDiskIsRepublished) {
   std::unique_ptr<Child> cloud = StartCloud();
   ASSERT_GT(port_, 0);
-  std::unique_ptr<Child> a = StartDevice("dev-a", "download");
+  std::unique_ptr<Child> a = StartDevice("dev-a", "trainable.state");
   ASSERT_EQ(a->Wait(absl::Minutes(3)), 86) << ReadText(DeviceDir("dev-a") + "/device.log");
   cloud->Kill();
   // Damage the newest update's payload bytes.

@@ -1,8 +1,9 @@
 // What a user runs is what the docs measured: the real cdcca-cloud and cdcca-device, started
 // with nothing but the settings they require (paths, id, token), report (--print_config) the
-// same round settings as cdcca-sim reports for the experiments behind the headline tables of
-// README.md and docs/RESULTS.md (the quickstart and the paper's image, multimodal and text
-// shift tables). Every one of those settings comes from settings/defaults.h.
+// same round settings as cdcca-sim reports for the quickstart (README.md's headline table),
+// on either family; with `--profile=paper` they report what cdcca-sim reports for the paper's
+// image, multimodal and text shift tables (docs/RESULTS.md). Every one of those settings
+// comes from settings/defaults.h.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -42,35 +43,52 @@ class SettingsTest : public ::testing::Test {
     return ReadJson(out);
   }
 
-  nlohmann::json CloudConfig() {
+  // The programs' configuration on model folder `models` (relative to the checkout), with
+  // `extra` flags.
+  nlohmann::json CloudConfig(const std::string& models = "models/small",
+                             const std::vector<std::string>& extra = {}) {
     std::ofstream(dir_ / "tokens") << "cam-1 0123456789abcdef0123456789abcdef\n";
-    return PrintedConfig(
-        {CDCCA_CLOUD_BINARY, "--print_config", "--insecure",
-         "--data_dir=" + (dir_ / "cloud").string(), "--tokens=" + (dir_ / "tokens").string(),
-         "--checkpoint_dir=" + Source("models/small")},
-        "cloud");
+    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
+                                     "--print_config",
+                                     "--insecure",
+                                     "--data_dir=" + (dir_ / "cloud").string(),
+                                     "--tokens=" + (dir_ / "tokens").string(),
+                                     "--checkpoint_dir=" + Source(models)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return PrintedConfig(args, "cloud");
   }
 
-  nlohmann::json DeviceConfig() {
-    return PrintedConfig(
-        {CDCCA_DEVICE_BINARY, "--print_config", "--insecure", "--cloud=127.0.0.1:50051",
-         "--device_id=cam-1", "--token=0123456789abcdef0123456789abcdef",
-         "--checkpoint_dir=" + Source("models/small"), "--state_dir=" + (dir_ / "device").string(),
-         "--input=scenes:fog:4"},
-        "device");
+  nlohmann::json DeviceConfig(const std::string& models = "models/small",
+                              const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {CDCCA_DEVICE_BINARY,
+                                     "--print_config",
+                                     "--insecure",
+                                     "--cloud=127.0.0.1:50051",
+                                     "--device_id=cam-1",
+                                     "--token=0123456789abcdef0123456789abcdef",
+                                     "--checkpoint_dir=" + Source(models),
+                                     "--state_dir=" + (dir_ / "device").string(),
+                                     "--input=scenes:fog:4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return PrintedConfig(args, "device");
   }
 
   // cdcca-sim's round settings for experiment `name`, with its distill settings file named
   // by absolute path (the experiment files name it relative to the checkout).
-  nlohmann::json SimConfig(const std::string& name) {
+  nlohmann::json SimConfig(const std::string& name, const std::string& models = "models/small") {
     std::ifstream in(Source("configs/experiments/" + name + ".json"));
     nlohmann::json experiment = nlohmann::json::parse(in);
     experiment["distill_config"] = Source("configs/distill/akd.json");
     const std::string path = (dir_ / (name + "_experiment.json")).string();
     std::ofstream(path) << experiment.dump();
-    return PrintedConfig({CDCCA_SIM_BINARY, "--print_config", "--experiment=" + path},
+    return PrintedConfig({CDCCA_SIM_BINARY, "--print_config", "--experiment=" + path,
+                          "--checkpoint_dir=" + Source(models)},
                          "sim_" + name);
   }
+
+  // Every round setting `sim` reports, reported alike by the cloud or the device (or both).
+  static void ExpectSameSettings(const nlohmann::json& sim, const nlohmann::json& cloud,
+                                 const nlohmann::json& device);
 
   static std::string Source(const std::string& relative) {
     return std::string(CDCCA_SOURCE_DIR) + "/" + relative;
@@ -89,38 +107,77 @@ bool SameSetting(const nlohmann::json& a, const nlohmann::json& b) {
   return a == b;
 }
 
-TEST_F(SettingsTest, TheProgramsWithoutFlagsRunTheHeadlineExperimentsSettings) {
-  const nlohmann::json cloud = CloudConfig();
-  const nlohmann::json device = DeviceConfig();
+void SettingsTest::ExpectSameSettings(const nlohmann::json& sim, const nlohmann::json& cloud,
+                                      const nlohmann::json& device) {
+  ASSERT_TRUE(sim.is_object());
   ASSERT_TRUE(cloud.is_object());
   ASSERT_TRUE(device.is_object());
-  for (const std::string experiment :
-       {"quickstart", "image_shift", "multimodal_shift", "text_shift"}) {
-    SCOPED_TRACE(experiment);
-    const nlohmann::json sim = SimConfig(experiment);
-    ASSERT_TRUE(sim.is_object());
-    // The round's settings, every one: a key the harness reports that neither program
-    // takes is a setting a user cannot reproduce.
-    EXPECT_GE(sim.size(), 30u) << sim.dump();
-    for (const auto& [key, value] : sim.items()) {
-      SCOPED_TRACE(key);
-      EXPECT_TRUE(cloud.contains(key) || device.contains(key)) << "neither program reports " << key;
-      if (cloud.contains(key)) {
-        EXPECT_TRUE(SameSetting(cloud[key], value))
-            << "cdcca-cloud runs " << cloud[key] << ", the experiment " << value;
-      }
-      if (device.contains(key)) {
-        EXPECT_TRUE(SameSetting(device[key], value))
-            << "cdcca-device runs " << device[key] << ", the experiment " << value;
-      }
+  // The round's settings, every one: a key the harness reports that neither program
+  // takes is a setting a user cannot reproduce.
+  EXPECT_GE(sim.size(), 30u) << sim.dump();
+  for (const auto& [key, value] : sim.items()) {
+    SCOPED_TRACE(key);
+    EXPECT_TRUE(cloud.contains(key) || device.contains(key)) << "neither program reports " << key;
+    if (cloud.contains(key)) {
+      EXPECT_TRUE(SameSetting(cloud[key], value))
+          << "cdcca-cloud runs " << cloud[key] << ", the experiment " << value;
+    }
+    if (device.contains(key)) {
+      EXPECT_TRUE(SameSetting(device[key], value))
+          << "cdcca-device runs " << device[key] << ", the experiment " << value;
     }
   }
   // The settings a device and its cloud must agree on are reported by both.
-  for (const char* key :
-       {"uts_keep_fraction", "uts_token_ratio", "uts_mc_passes", "student_precision", "lora_rank",
-        "lora_alpha", "lora_mlp", "lora_qformer", "lora_projector", "max_answer_tokens"}) {
+  for (const char* key : {"profile", "uts_keep_fraction", "uts_token_ratio", "uts_mc_passes",
+                          "student_precision", "lora_rank", "lora_alpha", "lora_mlp",
+                          "lora_qformer", "lora_projector", "max_answer_tokens"}) {
     EXPECT_TRUE(cloud.contains(key) && device.contains(key)) << key;
   }
+}
+
+TEST_F(SettingsTest, TheProgramsWithoutFlagsRunTheQuickstartsSettings) {
+  const nlohmann::json sim = SimConfig("quickstart");
+  ExpectSameSettings(sim, CloudConfig(), DeviceConfig());
+  // The measured profile: the frames uplinked, LoRA on the LM alone on a BLIP-2 student.
+  EXPECT_EQ(sim["profile"], "measured");
+  EXPECT_EQ(sim["uplink_precision"], "jpeg");
+  EXPECT_EQ(sim["lora_projector"], false);
+}
+
+TEST_F(SettingsTest, OnLlavaTheMeasuredProfileTrainsTheProjectorToo) {
+  const nlohmann::json sim = SimConfig("quickstart", "models/llava-small");
+  ExpectSameSettings(sim, CloudConfig("models/llava-small"), DeviceConfig("models/llava-small"));
+  EXPECT_EQ(sim["uplink_precision"], "jpeg");
+  EXPECT_EQ(sim["lora_projector"], true);
+  // A setting given on the command line wins over the profile's.
+  const nlohmann::json device =
+      DeviceConfig("models/llava-small", {"--lora_projector=false", "--uplink_precision=int8"});
+  ASSERT_TRUE(device.is_object());
+  EXPECT_EQ(device["lora_projector"], false);
+  EXPECT_EQ(device["uplink_precision"], "int8");
+}
+
+TEST_F(SettingsTest, ThePaperProfileRunsThePaperTablesSettings) {
+  for (const std::string models : {"models/small", "models/llava-small"}) {
+    const nlohmann::json cloud = CloudConfig(models, {"--profile=paper"});
+    const nlohmann::json device = DeviceConfig(models, {"--profile=paper"});
+    for (const std::string experiment : {"image_shift", "multimodal_shift", "text_shift"}) {
+      SCOPED_TRACE(experiment + " on " + models);
+      const nlohmann::json sim = SimConfig(experiment, models);
+      ExpectSameSettings(sim, cloud, device);
+      EXPECT_EQ(sim["uplink_precision"], "fp16");
+      EXPECT_EQ(sim["lora_projector"], false);
+    }
+  }
+}
+
+TEST_F(SettingsTest, AnUnknownProfileIsRefusedNamingTheChoices) {
+  const std::string log = (dir_ / "bad.log").string();
+  Child child({CDCCA_DEVICE_BINARY, "--print_config", "--profile=papr",
+               "--checkpoint_dir=" + Source("models/small")},
+              log, "", (dir_ / "bad.json").string());
+  EXPECT_NE(child.Wait(absl::Minutes(2)), 0);
+  EXPECT_THAT(ReadText(log), ::testing::HasSubstr("--profile must be measured or paper"));
 }
 
 TEST_F(SettingsTest, PrintConfigShowsWhatTheCommandLineSetsAndHidesTheToken) {

@@ -36,6 +36,7 @@
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
 #include "storage/env.h"
+#include "storage/exit_at_env.h"
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"listen\": \"0.0.0.0:50051\", "
@@ -119,9 +120,14 @@ ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp,
 ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
           "LoRA on the student's Q-Former attention query and value too (BLIP-2, "
           "InstructBLIP; the devices' --lora_qformer)");
-ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
+ABSL_FLAG(bool, lora_projector, false,
           "LoRA on the student's projector into the LM too (LLaVA's multi_modal_projector, "
-          "BLIP-2's language_projection; the devices' --lora_projector)");
+          "BLIP-2's language_projection; the devices' --lora_projector). "
+          "Unset: --profile's (measured: on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
+          "defaults of --lora_projector where it is unset: measured (the projector's LoRA on "
+          "LLaVA: the best measured) or paper (LoRA on the LM alone); the devices' --profile, "
+          "which also picks their uplink (measured: the frames; paper: the fp16 tokens)");
 ABSL_FLAG(std::string, student_precision, cdcca::settings::kStudentPrecision,
           "precision of the devices' frozen student base (fp32, int8, int4): the mirrors "
           "compute with exactly that base");
@@ -302,7 +308,6 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
         absl::StrCat("--guard_measure: ", measure.status().message()));
   }
   so.guard.measure = *measure;
-  if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) so.fault = fault;
   return absl::OkStatus();
 }
 
@@ -358,6 +363,7 @@ absl::StatusOr<ProgramOptions> OptionsFromFlags() {
   o.trainer_id = absl::GetFlag(FLAGS_trainer_id);
   o.lease = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_lease_s)));
   o.log = Log;
+  o.env = cdcca::storage::ProgramEnv();
   o.status_file = absl::GetFlag(FLAGS_status_file);
   o.status_interval = absl::Seconds(absl::GetFlag(FLAGS_status_interval_s));
   p.port_file = absl::GetFlag(FLAGS_port_file);
@@ -403,6 +409,17 @@ int main(int argc, char** argv) {
   if (absl::Status s = cdcca::cli::ApplyConfigFile(absl::GetFlag(FLAGS_config), argc, argv, own);
       !s.ok()) {
     return Fail(s);
+  }
+  {
+    const std::string student = absl::GetFlag(FLAGS_student_base).empty()
+                                    ? absl::GetFlag(FLAGS_checkpoint_dir)
+                                    : absl::GetFlag(FLAGS_student_base);
+    if (absl::Status s = cdcca::cli::ApplyProfile(
+            absl::GetFlag(FLAGS_profile), cdcca::cli::FolderModelType(student),
+            cdcca::cli::GivenFlags(argc, argv, absl::GetFlag(FLAGS_config)));
+        !s.ok()) {
+      return Fail(s);
+    }
   }
   if (absl::GetFlag(FLAGS_print_config)) return PrintConfig(own);
   // Block SIGINT/SIGTERM in every thread (they inherit this mask) and wait for them below.

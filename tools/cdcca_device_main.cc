@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@
 #include "opencv2/videoio.hpp"
 #include "settings/defaults.h"
 #include "storage/env.h"
+#include "storage/exit_at_env.h"
 
 ABSL_FLAG(std::string, config, "",
           "JSON file whose keys are these flags' names (e.g. {\"cloud\": \"cloud:50051\", "
@@ -95,9 +97,14 @@ ABSL_FLAG(bool, lora_mlp, cdcca::settings::kLoraMlp, "with --cloud: LoRA on the 
 ABSL_FLAG(bool, lora_qformer, cdcca::settings::kLoraQformer,
           "with --cloud: LoRA on the Q-Former's attention query and value too (BLIP-2, "
           "InstructBLIP; the cloud's --lora_qformer)");
-ABSL_FLAG(bool, lora_projector, cdcca::settings::kLoraProjector,
+ABSL_FLAG(bool, lora_projector, false,
           "with --cloud: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
-          "BLIP-2's language_projection; the cloud's --lora_projector)");
+          "BLIP-2's language_projection; the cloud's --lora_projector). Unset: --profile's "
+          "(measured: on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
+          "defaults of --uplink_precision and --lora_projector where they are unset: measured "
+          "(the frames uplinked, the projector's LoRA on LLaVA: the best measured) or paper "
+          "(the paper's fp16 token uplink and LoRA on the LM alone); the cloud's --profile");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads (0 = automatic: 1, the BLAS threads matrix products over "
           "every core)");
@@ -133,11 +140,12 @@ ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
           "local default: MC-dropout passes of UTS stage 2");
 ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
           "rate of UTS stage 2's element-wise dropout on the visual tokens in each pass");
-ABSL_FLAG(std::string, uplink_precision, cdcca::settings::kUplinkPrecision,
+ABSL_FLAG(std::string, uplink_precision, "",
           "precision of the kept visual tokens the device uplinks (fp16 | int8 | int4), or, on a "
           "Hugging Face folder, "
           "jpeg: the frame at the vision tower's input size as JPEG (quality 90) plus the kept "
-          "indices, the cloud recomputing the tokens with the tower the pair shares");
+          "indices, the cloud recomputing the tokens with the tower the pair shares. Unset: "
+          "--profile's (measured: jpeg; paper: fp16; fp16 where the model cannot send frames)");
 ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
 ABSL_FLAG(double, linger_s, 0,
           "after the input ends, keep the link up this long (or until the uplink queue is "
@@ -338,14 +346,28 @@ absl::StatusOr<cdcca::device::UtsOptions> UtsFromFlags() {
   return uts;
 }
 
-// config.json's model_type of the folder `dir` ("" where it cannot be read).
-std::string ModelType(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
-    return "";
+// True when the command line or --config set --uplink_precision (main fills it in): an
+// uplink the profile chose falls back to the tokens on a model that cannot send frames, one
+// the user chose is refused there.
+bool g_uplink_precision_given = false;
+
+// The uplink `uts` asks for, fitted to what `runtime` can send; INVALID_ARGUMENT for frames
+// the user asked for from a model that cannot send them.
+absl::Status FitUplinkToModel(const cdcca::device::InferenceRuntime& runtime,
+                              cdcca::device::UtsOptions* uts) {
+  if (uts->precision != cdcca::compress::FeaturePrecision::kJpeg || runtime.CanSendFrames()) {
+    return absl::OkStatus();
   }
-  return config["model_type"].get<std::string>();
+  if (g_uplink_precision_given) {
+    return absl::InvalidArgumentError(
+        "--uplink_precision=jpeg: this model cannot send frames (its image processor has no "
+        "fixed output size)");
+  }
+  uts->precision = cdcca::compress::FeaturePrecision::kFp16;
+  std::fprintf(stderr,
+               "{\"event\":\"uplink_precision\",\"precision\":\"fp16\",\"why\":\"this model "
+               "cannot send frames (its image processor has no fixed output size)\"}\n");
+  return absl::OkStatus();
 }
 
 // cdcca-device without a cloud: answers every frame through the runtime the --cloud path runs
@@ -374,11 +396,7 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   absl::StatusOr<std::unique_ptr<cdcca::device::InferenceRuntime>> runtime =
       cdcca::device::InferenceRuntime::Load(*runtime_options);
   if (!runtime.ok()) return Fail(runtime.status());
-  if (uts->precision == cdcca::compress::FeaturePrecision::kJpeg && !(*runtime)->CanSendFrames()) {
-    return Fail(absl::InvalidArgumentError(
-        "--uplink_precision=jpeg: this model cannot send frames (its image processor has no "
-        "fixed output size)"));
-  }
+  if (absl::Status s = FitUplinkToModel(**runtime, &*uts); !s.ok()) return Fail(s);
   cdcca::device::SampleStepOptions step_options;
   step_options.uts = *uts;
   cdcca::device::SampleStep step(step_options);
@@ -393,7 +411,7 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
   std::fprintf(stderr,
                "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
                "\"uplink\":false}\n",
-               JsonString(ModelType(runtime_options->checkpoint_dir)).c_str());
+               JsonString(cdcca::cli::FolderModelType(runtime_options->checkpoint_dir)).c_str());
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
   int64_t frame_index = 0;
   cdcca::device::Frame frame;
@@ -495,7 +513,7 @@ absl::StatusOr<cdcca::device::AgentOptions> AgentOptionsFromFlags() {
   ao.poll_interval = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_poll_ms)));
   ao.queue_max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_queue_max_mb)) << 20;
   ao.update_byte_budget = static_cast<uint64_t>(absl::GetFlag(FLAGS_update_byte_budget));
-  if (const char* fault = std::getenv("CDCCA_TEST_FAULT")) ao.fault = fault;
+  ao.env = cdcca::storage::ProgramEnv();
   return ao;
 }
 
@@ -609,6 +627,7 @@ int RunWithCloud(const std::vector<std::string>& prompts) {
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<AgentOptions> ao = AgentOptionsFromFlags();
   if (!ao.ok()) return Fail(ao.status());
+  if (absl::Status s = FitUplinkToModel(**runtime, &ao->uts); !s.ok()) return Fail(s);
   absl::StatusOr<std::unique_ptr<DeviceAgent>> agent =
       DeviceAgent::Create(*ao, runtime->get(), client->get());
   if (!agent.ok()) return Fail(agent.status());
@@ -680,6 +699,15 @@ int main(int argc, char** argv) {
     return usage.contains_help_flags(flag.Filename());
   };
   if (absl::Status s = cdcca::cli::ApplyConfigFile(absl::GetFlag(FLAGS_config), argc, argv, own);
+      !s.ok()) {
+    return Fail(s);
+  }
+  const std::set<std::string> given =
+      cdcca::cli::GivenFlags(argc, argv, absl::GetFlag(FLAGS_config));
+  g_uplink_precision_given = given.count("uplink_precision") > 0;
+  if (absl::Status s = cdcca::cli::ApplyProfile(
+          absl::GetFlag(FLAGS_profile),
+          cdcca::cli::FolderModelType(absl::GetFlag(FLAGS_checkpoint_dir)), given);
       !s.ok()) {
     return Fail(s);
   }

@@ -5,11 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cli/flags_help.h"
+#include "cli/print_config.h"
 #ifdef CDCCA_HAVE_PRETRAIN
 #include "model/family/commands.h"
 #endif
@@ -101,6 +104,23 @@ void PrintCommands(std::FILE* out) {
   std::fprintf(out, "\n`cdcca <command> --help` lists the flags.\n");
 }
 
+// A command with --profile: its profile's defaults (cli::ApplyProfile) for the student it
+// reads (--student_base, else --checkpoint_dir).
+absl::Status ApplyProfile(const cdcca::cli::FlagFilter& own, int argc, char** argv) {
+  absl::CommandLineFlag* profile = absl::FindCommandLineFlag("profile");
+  if (profile == nullptr || !own(*profile)) return absl::OkStatus();
+  std::string student;
+  for (const char* name : {"student_base", "checkpoint_dir"}) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag != nullptr && own(*flag) && !flag->CurrentValue().empty()) {
+      student = flag->CurrentValue();
+      break;
+    }
+  }
+  return cdcca::cli::ApplyProfile(profile->CurrentValue(), cdcca::cli::FolderModelType(student),
+                                  cdcca::cli::CommandLineNames(argc, argv));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,6 +148,10 @@ int main(int argc, char** argv) {
     std::vector<char*> positional = cdcca::cli::ParseFlagsOrHelp(
         static_cast<int>(rest.size()), rest.data(), own,
         absl::StrCat("usage: cdcca ", c.name, " [flags] [args]\n  ", c.summary));
+    if (absl::Status s = ApplyProfile(own, static_cast<int>(rest.size()), rest.data()); !s.ok()) {
+      std::fprintf(stderr, "cdcca %s: %s\n", c.name, std::string(s.message()).c_str());
+      return 2;
+    }
     std::vector<std::string> args(positional.begin() + 1, positional.end());
     return c.run(args);
   }

@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, student_base, "",
           "Hugging Face folder of the devices' student (with --teacher)");
 ABSL_FLAG(int, torch_threads, -1,
           "LibTorch intra-op threads (overrides the experiment's; 0 = automatic: 1)");
+ABSL_FLAG(std::string, profile, "",
+          "measured or paper: overrides the experiment's \"profile\" (the defaults of "
+          "uplink_precision and lora_projector where the file leaves them out; "
+          "docs/SETTINGS.md)");
 ABSL_FLAG(std::string, methods, "",
           "comma-separated methods to run (overrides the experiment's list)");
 ABSL_FLAG(bool, print_config, false,
@@ -104,6 +108,11 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_teacher).empty() || !absl::GetFlag(FLAGS_student_base).empty()) {
     experiment->teacher = absl::GetFlag(FLAGS_teacher);
     experiment->student_base = absl::GetFlag(FLAGS_student_base);
+  }
+  if (!absl::GetFlag(FLAGS_profile).empty()) experiment->profile = absl::GetFlag(FLAGS_profile);
+  if (absl::Status s = cdcca::sim::ApplyProfile(&*experiment); !s.ok()) {
+    std::fprintf(stderr, "cdcca-sim: %s\n", s.ToString().c_str());
+    return 2;
   }
   if (absl::GetFlag(FLAGS_torch_threads) >= 0)
     experiment->threads = absl::GetFlag(FLAGS_torch_threads);

@@ -25,19 +25,20 @@ extern char** environ;
 namespace cdcca::testing {
 
 // A child process with its stderr appended to a log file (and its stdout written to
-// `stdout_path` when one is given; else the test's).
+// `stdout_path` when one is given; else the test's). `exit_at` (when not empty) plans its
+// crash: CDCCA_TEST_EXIT_AT for the programs' Env (storage/exit_at_env.h).
 class Child {
  public:
-  Child(std::vector<std::string> args, const std::string& log, const std::string& fault = "",
+  Child(std::vector<std::string> args, const std::string& log, const std::string& exit_at = "",
         const std::string& stdout_path = "") {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string(*e).rfind("CDCCA_TEST_FAULT=", 0) != 0) env_strings.push_back(*e);
+      if (std::string(*e).rfind("CDCCA_TEST_EXIT_AT=", 0) != 0) env_strings.push_back(*e);
     }
-    if (!fault.empty()) env_strings.push_back("CDCCA_TEST_FAULT=" + fault);
+    if (!exit_at.empty()) env_strings.push_back("CDCCA_TEST_EXIT_AT=" + exit_at);
     std::vector<char*> envp;
     for (auto& e : env_strings) envp.push_back(e.data());
     envp.push_back(nullptr);
