@@ -13,6 +13,9 @@
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "tests/testing/jpeg_header.h"
+#ifdef CDCCA_TEST_POSTGRES
+#include "tests/testing/postgres_server.h"
+#endif
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_pki.h"
@@ -680,6 +683,37 @@ TEST(TransportE2eTest, DeviceQuotaIsResourceExhaustedAndLeavesOtherDevicesAlone)
   ASSERT_OK_AND_ASSIGN(ack, cloud.Client(0)->Uplink({MakeBatch(0, ack.stored() + 1)}));
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
 }
+
+#ifdef CDCCA_TEST_POSTGRES
+// The same quota on the shared store: a front on a real PostgreSQL refuses a device past
+// --device_quota_mib with the same transient QUOTA refusal, counting what the database holds.
+TEST(TransportE2eTest, DeviceQuotaOnPostgresIsTheSameTransientRefusal) {
+  ASSERT_OK_AND_ASSIGN(const std::string conninfo, testing::CreateSharedPostgresDatabase());
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.device_quota_bytes = 10000;
+  options.store = conninfo;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  std::vector<v1::UplinkBatch> batches;
+  for (uint64_t seq = 1; seq <= 20; ++seq) batches.push_back(MakeBatch(0, seq));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, cloud.Client(0)->Uplink(batches));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(ack.error().message(), HasSubstr("quota of 10000 bytes"));
+  EXPECT_EQ(ack.refusal(), v1::UPLINK_REFUSAL_TRANSIENT);
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_QUOTA);
+  EXPECT_GT(ack.stored(), 0u);
+  EXPECT_LT(ack.stored(), 20u);
+  EXPECT_EQ(ack.rejected_sequence(), ack.stored() + 1);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck other, cloud.Client(1)->Uplink({MakeBatch(1, 1)}));
+  EXPECT_EQ(other.stored(), 1u);
+  // Another front on the same database (here: the restarted one) holds it too.
+  ASSERT_OK(cloud.Restart());
+  ASSERT_OK_AND_ASSIGN(ack, cloud.Client(0)->Uplink({MakeBatch(0, ack.stored() + 1)}));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_QUOTA);
+}
+#endif
 
 TEST(TransportE2eTest, ClientRetriesWhileTheCloudIsAway) {
   TempDir dir;
