@@ -404,6 +404,7 @@ CloudServiceOptions ServiceOptionsFor(const CloudOptions& o, const PerDeviceStra
   CloudServiceOptions svc = o.service;
   if (strategy != nullptr) {
     svc.expected_fingerprint = strategy->BaseFingerprint();
+    svc.base_state_digest = strategy->BaseDigest();
     svc.expected_vision_fingerprint = strategy->VisionFingerprint();
     // Ingest checks batches against the model (transport only: as given).
     svc.sample_spec = strategy->Spec();

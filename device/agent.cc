@@ -88,6 +88,13 @@ absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOpti
   absl::StatusOr<std::unique_ptr<UplinkQueue>> queue = UplinkQueue::Open(qo);
   if (!queue.ok()) return queue.status();
   std::unique_ptr<DeviceAgent> agent(new DeviceAgent(options, runtime, client, *std::move(queue)));
+  // The pretrained base the runtime starts on (its Register fingerprint vouches for it): what
+  // the device returns to when the cloud holds no snapshot of it.
+  if (runtime->version() == 0) {
+    absl::StatusOr<std::string> base = runtime->SaveTrainableState();
+    if (!base.ok()) return base.status();
+    agent->base_state_ = *std::move(base);
+  }
   if (absl::Status s = agent->LoadState(); !s.ok()) return s;
   return agent;
 }
@@ -117,8 +124,12 @@ absl::Status DeviceAgent::LoadState() {
     valid = s.ok() && runtime_->StateDigest() == file->digest;
   }
   if (!valid) {
-    // Written durably, so damage is not a torn write; keep the pretrained state and let
-    // the cloud resync us rather than refuse to serve.
+    // Written durably, so damage is not a torn write; go back to the pretrained state (a
+    // load that failed its digest check left the file's weights in place) and let the cloud
+    // resync us rather than refuse to serve.
+    if (!base_state_.empty()) {
+      if (absl::Status s = runtime_->LoadTrainableState(base_state_, 0); !s.ok()) return s;
+    }
     LogEvent("damaged_state", path + " ignored; the cloud will resync");
   }
   absl::MutexLock lock(&mu_);
@@ -324,9 +335,9 @@ absl::Status DeviceAgent::RegisterWithCloud() {
     stats_.batches_acked = acked;
   }
   if (reply->resync_required()) return Resync(0);
-  // The pretrained base (version 0) has nothing to verify: the update chain starts there.
-  // A later version is checked against the cloud's mirror right away.
-  if (runtime_->version() == 0) return absl::OkStatus();
+  // The state is checked against the cloud's mirror right away, the pretrained base
+  // (version 0) too: a base whose weights differ from the cloud's would take every update
+  // the wrong way.
   return Report(/*allow_resync=*/true);
 }
 
@@ -460,6 +471,23 @@ absl::Status DeviceAgent::PullUpdate() {
   return absl::OkStatus();
 }
 
+absl::Status DeviceAgent::ResyncToBase() {
+  if (base_state_.empty()) {
+    return absl::FailedPreconditionError(
+        "the cloud holds no snapshot of this device and asks it back to the pretrained base, "
+        "but the agent did not start on the base (its runtime ran a later version)");
+  }
+  if (absl::Status s = runtime_->LoadTrainableState(base_state_, 0); !s.ok()) return s;
+  if (absl::Status s = SaveState(); !s.ok()) return s;
+  LogEvent("resynced", absl::StrFormat("version 0 (the pretrained base) digest %016x",
+                                       runtime_->StateDigest()));
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.resyncs;
+  }
+  return Report(/*allow_resync=*/false);
+}
+
 absl::Status DeviceAgent::Resync(uint64_t version) {
   const absl::Time asked = absl::Now();
   absl::StatusOr<FetchedPayload> snapshot = client_->FetchSnapshot(version);
@@ -487,9 +515,14 @@ absl::Status DeviceAgent::Report(bool allow_resync) {
     absl::MutexLock lock(&mu_);
     stats_.in_sync = reply->in_sync();
   }
-  if (reply->resync_required() && reply->snapshot_version() != 0) {
-    if (allow_resync) return Resync(reply->snapshot_version());
-    return absl::DataLossError("state differs from the cloud's even after a resync");
+  if (reply->resync_required()) {
+    if (!allow_resync) {
+      return absl::DataLossError(absl::StrCat(
+          "state differs from the cloud's even after a resync: ", reply->error().message()));
+    }
+    // No snapshot: the cloud's mirror of this device is the pretrained base.
+    if (reply->snapshot_version() == 0) return ResyncToBase();
+    return Resync(reply->snapshot_version());
   }
   return absl::OkStatus();
 }

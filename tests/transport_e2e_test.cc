@@ -191,6 +191,48 @@ TEST(TransportE2eTest, SnapshotAndReportAppliedDetectMismatch) {
   EXPECT_FALSE(record.in_sync());
 }
 
+// Version 0 is the pretrained base, whose digest a cloud with the model knows: a device that
+// reports it with another digest (its base state damaged) is out of sync and told to resync,
+// to the base while the cloud holds no snapshot of it, else to the newest snapshot. A cloud
+// without the model (base digest unknown) takes any version-0 digest.
+TEST(TransportE2eTest, ReportAppliedChecksVersionZeroAgainstTheBaseDigest) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.service.base_state_digest = 0xBA5E;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  ASSERT_OK(client->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply good, client->ReportApplied(0, 0xBA5E));
+  EXPECT_TRUE(good.in_sync());
+  EXPECT_FALSE(good.resync_required());
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply bad, client->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_FALSE(bad.in_sync());
+  EXPECT_TRUE(bad.resync_required());
+  EXPECT_EQ(bad.snapshot_version(), 0u);  // no snapshot: back to the base
+  EXPECT_EQ(bad.error().code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(bad.error().message(), HasSubstr("000000000da3a6ed of version 0"));
+  ASSERT_OK_AND_ASSIGN(auto record, cloud.registry()->Get("dev-0"));
+  EXPECT_FALSE(record.in_sync());
+  // Once the device has updates, version 0 is still the base, and a resync goes to the newest
+  // snapshot.
+  ASSERT_OK(cloud.updates()->PutUpdate("dev-0", 0, 1, 77, "delta"));
+  ASSERT_OK(cloud.updates()->PutSnapshot("dev-0", 1, 77, "full-state"));
+  ASSERT_OK_AND_ASSIGN(good, client->ReportApplied(0, 0xBA5E));
+  EXPECT_TRUE(good.in_sync());
+  ASSERT_OK_AND_ASSIGN(bad, client->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_FALSE(bad.in_sync());
+  EXPECT_EQ(bad.snapshot_version(), 1u);
+
+  TempDir other_dir;
+  CloudFixture without_model(Insecure(other_dir));
+  ASSERT_OK(without_model.Start());
+  auto other = without_model.Client(0);
+  ASSERT_OK(other->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply any, other->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_TRUE(any.in_sync());
+}
+
 TEST(TransportE2eTest, WrongOrMissingTokenIsUnauthenticated) {
   TempDir dir;
   CloudFixture cloud(Insecure(dir));
