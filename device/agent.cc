@@ -408,6 +408,7 @@ bool DeviceAgent::OnRefused(const v1::UplinkAck& ack) {
       report.set_reason(ack.refusal_reason());
       report.set_sample_count(dropped->sample_count());
       absl::MutexLock lock(&mu_);
+      stats_.last_refusal = what;
       ++stats_.dropped_batches;
       ++stats_.dropped_batches_by_reason[reason];
       unreported_drops_.push_back(report);
@@ -421,6 +422,7 @@ bool DeviceAgent::OnRefused(const v1::UplinkAck& ack) {
     LogEvent("uplink_refused", absl::StrCat(what, "; backing off"));
   }
   absl::MutexLock lock(&mu_);
+  stats_.last_refusal = what;
   // Registering again reconciles the numbering with the cloud's log; the backoff keeps a
   // refusal that persists from becoming a loop.
   if (ack.refusal() != v1::UPLINK_REFUSAL_TRANSIENT) stats_.registered = false;
@@ -562,6 +564,7 @@ absl::Status DeviceAgent::SyncOnce() {
   if (s.ok()) s = PullUpdate();
   absl::MutexLock lock(&mu_);
   stats_.link_up = !LinkError(s);
+  stats_.link_error = s.ok() ? "" : s.ToString();
   // After a lost link, register again: the cloud may have restarted (or lost data).
   if (LinkError(s)) stats_.registered = false;
   ++stats_.link_passes;
@@ -605,6 +608,7 @@ AgentStats DeviceAgent::Stats() const {
   {
     absl::MutexLock lock(&mu_);
     s = stats_;
+    s.uplink_backing_off = clock_->Now() < uplink_not_before_;
   }
   s.queue = queue_->Stats();
   return s;

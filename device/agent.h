@@ -134,8 +134,12 @@ struct AgentStats {
   uint64_t dropped_batches = 0;
   std::map<std::string, uint64_t> dropped_batches_by_reason;
   uint64_t uplink_backoffs = 0;  // transient refusals the uplink backed off after
-  uint64_t renumbered = 0;       // times the queue was renumbered to the cloud's log
-  uint64_t uplink_bytes = 0;     // payload bytes sent (resends included)
+  // The uplink waits now after a refusal (transient, or a sequence to renumber), and the
+  // last refusal it met ("batch N (reason): message"; "" = none yet).
+  bool uplink_backing_off = false;
+  std::string last_refusal;
+  uint64_t renumbered = 0;    // times the queue was renumbered to the cloud's log
+  uint64_t uplink_bytes = 0;  // payload bytes sent (resends included)
   // Real time spent in Uplink calls, and in fetching, applying and reporting updates and
   // snapshots (measured, cumulative).
   double uplink_seconds = 0;
@@ -148,7 +152,8 @@ struct AgentStats {
   uint64_t state_digest = 0;
   bool registered = false;
   bool link_up = false;
-  bool in_sync = false;  // the last ReportApplied matched the cloud's mirror
+  std::string link_error;  // how the link thread's last pass failed ("" = it did not)
+  bool in_sync = false;    // the last ReportApplied matched the cloud's mirror
   // Passes of the link thread (SyncOnce) finished, and whether the thread now waits for its
   // next poll (or a wake-up) with nothing left to do in the pass.
   uint64_t link_passes = 0;
