@@ -500,7 +500,8 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
                   "WHERE device_id = (SELECT device_id FROM jobs WHERE due_at <= now() AND "
                   "(lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) "
                   "ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                  "RETURNING device_id, fencing_token, lease_expires_at",
+                  "RETURNING device_id, fencing_token, lease_expires_at, (extract(epoch FROM "
+                  "clock_timestamp() - due_at) * 1000000)::bigint",
                   Params().Text(owner).Int64(Micros(lease))));
   if (r.rows() == 0) return std::optional<JobLease>();
   JobLease job;
@@ -508,6 +509,8 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
   PG_ASSIGN_OR_RETURN(job.device_id, r.Bytes(0, 0));
   PG_ASSIGN_OR_RETURN(job.fencing_token, r.Int64(0, 1));
   PG_ASSIGN_OR_RETURN(job.expires_at, r.Time(0, 2));
+  PG_ASSIGN_OR_RETURN(int64_t waited_us, r.Int64(0, 3));
+  job.waited = absl::Microseconds(std::max<int64_t>(0, waited_us));
   return std::optional<JobLease>(std::move(job));
 }
 

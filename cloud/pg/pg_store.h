@@ -91,6 +91,9 @@ struct JobLease {
   std::string owner;
   int64_t fencing_token = 0;
   absl::Time expires_at;  // the server's clock
+  // LeaseJob: how long the job had been due when it was leased (its wait in the queue, on
+  // the server's clock); zero for LeaseDeviceJob.
+  absl::Duration waited = absl::ZeroDuration();
 };
 
 // What a job publishes: the mirror after it, and the update it made (if any).

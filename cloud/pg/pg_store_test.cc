@@ -277,6 +277,8 @@ TEST_F(PgStoreTest, PublishStoresTheChainAndEndsTheJob) {
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->device_id, "d");
   EXPECT_EQ(lease->fencing_token, 1);
+  // It was due a second before this host's clock (the server's) read the lease: its queue wait.
+  EXPECT_GE(lease->waited, absl::Seconds(1));
   EXPECT_THAT(store_->LeaseJob("t2", absl::Minutes(1)), IsOkAndHolds(NoJob()));
 
   // Consumed only batch 1: the job stays due for batch 2.
