@@ -551,17 +551,23 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
   io_pool_.Schedule([this, reactor, request, reply] {
     const std::string& id = request->device_id();
     absl::StatusOr<uint64_t> expected = updates_->DigestOf(id, request->version());
+    // Version 0 is the pretrained base, whose digest the cloud knows from the model (no
+    // update or snapshot of the device records it).
+    if (request->version() == 0 && absl::IsNotFound(expected.status()) &&
+        options_.base_state_digest != 0) {
+      expected = options_.base_state_digest;
+    }
     bool in_sync = false;
     if (expected.ok()) {
       in_sync = *expected == request->state_digest();
       if (!in_sync) {
-        SetError(absl::DataLossError(absl::StrCat("state digest ", request->state_digest(),
-                                                  " of version ", request->version(),
-                                                  " differs from the cloud mirror's ", *expected)),
+        SetError(absl::DataLossError(absl::StrFormat(
+                     "state digest %016x of version %d differs from the cloud mirror's %016x",
+                     request->state_digest(), request->version(), *expected)),
                  reply->mutable_error());
       }
-    } else if (request->version() == 0 && updates_->Newest(id).value_or(1) == 0) {
-      in_sync = true;  // the pretrained base, before any update: nothing to compare yet
+    } else if (request->version() == 0 && absl::IsNotFound(expected.status())) {
+      in_sync = true;  // the pretrained base, on a cloud without the model: nothing to compare
     } else {
       SetError(expected.status(), reply->mutable_error());
     }

@@ -82,6 +82,11 @@ struct CloudServiceOptions {
   SampleSpec sample_spec;
   // Fingerprint of the student base devices must run; 0 = accept any.
   uint64_t expected_fingerprint = 0;
+  // Digest of the pretrained student's trainable set (compress::StateDigest): what every
+  // device runs at version 0, before its first update. ReportApplied checks a version-0
+  // report against it and answers a mismatch as for any other version (in_sync false, resync
+  // required). 0 = unknown (a cloud without the model): a version-0 report is in sync.
+  uint64_t base_state_digest = 0;
   // The teacher's vision tower: Register refuses a device whose tower differs (0 = no check).
   uint64_t expected_vision_fingerprint = 0;
   // Downlink chunk size when the device asks for none. Default: 1 MiB (the maximum).

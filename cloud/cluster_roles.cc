@@ -148,6 +148,8 @@ void JobWorker::RunLeased(const pg::JobLease& leased) {
     }
   });
   absl::StatusOr<JobReport> report = strategy_->RunJob(id);
+  // As the embedded scheduler measures it: from the moment the job was due to its start.
+  if (report.ok()) report->queue_seconds = absl::ToDoubleSeconds(leased.waited);
   {
     absl::MutexLock lock(&beat_mu);
     job_done = true;

@@ -43,7 +43,8 @@ struct JobReport {
   // tokenizers trains without the logit KL, and says so).
   std::vector<std::string> notes;
   // Set by JobScheduler: real time from the trigger firing to the job's start (waiting for
-  // a free worker).
+  // a free worker); on the shared store by JobWorker: from the moment the job was due to its
+  // lease (pg::JobLease::waited).
   double queue_seconds = 0;
   // The update guard's finding (pool 0 and decision "" where it did not run: guard off, or
   // nothing was trained). With update_withheld the update did not ship: new_version equals

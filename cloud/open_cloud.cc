@@ -296,6 +296,7 @@ absl::Status OpenSharedStore(const CloudOptions& o, bool serves, Cloud::Parts& p
 #ifdef CDCCA_HAVE_POSTGRESQL
   pg::PgCloudStoreOptions pg_options;
   pg_options.conninfo = o.store;
+  pg_options.max_device_bytes = o.device_quota_bytes;
   pg_options.sessions =
       serves ? std::max(1, o.store_sessions) : std::max(1, o.scheduler.threads) + 2;
   auto opened = pg::PgCloudStore::Open(pg_options);
@@ -403,6 +404,7 @@ CloudServiceOptions ServiceOptionsFor(const CloudOptions& o, const PerDeviceStra
   CloudServiceOptions svc = o.service;
   if (strategy != nullptr) {
     svc.expected_fingerprint = strategy->BaseFingerprint();
+    svc.base_state_digest = strategy->BaseDigest();
     svc.expected_vision_fingerprint = strategy->VisionFingerprint();
     // Ingest checks batches against the model (transport only: as given).
     svc.sample_spec = strategy->Spec();

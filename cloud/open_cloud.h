@@ -61,8 +61,9 @@ struct CloudOptions {
   // With `store`: a front's PostgreSQL sessions (its service gets as many I/O threads); a
   // trainer alone opens scheduler.threads + 2. Default: 16.
   int store_sessions = 16;
-  // Most bytes of a device's unconsumed samples the embedded sample log holds
-  // (SampleStoreOptions::max_device_bytes; 0 = no quota). Default: 1 GiB.
+  // Most bytes of a device's unconsumed samples the sample log holds, embedded or shared
+  // (SampleStoreOptions::max_device_bytes, pg::PgCloudStoreOptions::max_device_bytes; 0 = no
+  // quota). Default: 1 GiB.
   uint64_t device_quota_bytes = 1ull << 30;
   // Every file call of the embedded stores and of the strategy's state files goes through it
   // (it replaces strategy.env). Not owned; must outlive the cloud. nullptr = the real file

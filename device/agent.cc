@@ -80,6 +80,13 @@ absl::StatusOr<std::unique_ptr<DeviceAgent>> DeviceAgent::Create(const AgentOpti
   absl::StatusOr<std::unique_ptr<UplinkQueue>> queue = UplinkQueue::Open(qo);
   if (!queue.ok()) return queue.status();
   std::unique_ptr<DeviceAgent> agent(new DeviceAgent(options, runtime, client, *std::move(queue)));
+  // The pretrained base the runtime starts on (its Register fingerprint vouches for it): what
+  // the device returns to when the cloud holds no snapshot of it.
+  if (runtime->version() == 0) {
+    absl::StatusOr<std::string> base = runtime->SaveTrainableState();
+    if (!base.ok()) return base.status();
+    agent->base_state_ = *std::move(base);
+  }
   if (absl::Status s = agent->LoadState(); !s.ok()) return s;
   return agent;
 }
@@ -109,8 +116,12 @@ absl::Status DeviceAgent::LoadState() {
     valid = s.ok() && runtime_->StateDigest() == file->digest;
   }
   if (!valid) {
-    // Written durably, so damage is not a torn write; keep the pretrained state and let
-    // the cloud resync us rather than refuse to serve.
+    // Written durably, so damage is not a torn write; go back to the pretrained state (a
+    // load that failed its digest check left the file's weights in place) and let the cloud
+    // resync us rather than refuse to serve.
+    if (!base_state_.empty()) {
+      if (absl::Status s = runtime_->LoadTrainableState(base_state_, 0); !s.ok()) return s;
+    }
     LogEvent("damaged_state", path + " ignored; the cloud will resync");
   }
   absl::MutexLock lock(&mu_);
@@ -316,9 +327,9 @@ absl::Status DeviceAgent::RegisterWithCloud() {
     stats_.batches_acked = acked;
   }
   if (reply->resync_required()) return Resync(0);
-  // The pretrained base (version 0) has nothing to verify: the update chain starts there.
-  // A later version is checked against the cloud's mirror right away.
-  if (runtime_->version() == 0) return absl::OkStatus();
+  // The state is checked against the cloud's mirror right away, the pretrained base
+  // (version 0) too: a base whose weights differ from the cloud's would take every update
+  // the wrong way.
   return Report(/*allow_resync=*/true);
 }
 
@@ -389,6 +400,7 @@ bool DeviceAgent::OnRefused(const v1::UplinkAck& ack) {
       report.set_reason(ack.refusal_reason());
       report.set_sample_count(dropped->sample_count());
       absl::MutexLock lock(&mu_);
+      stats_.last_refusal = what;
       ++stats_.dropped_batches;
       ++stats_.dropped_batches_by_reason[reason];
       unreported_drops_.push_back(report);
@@ -402,6 +414,7 @@ bool DeviceAgent::OnRefused(const v1::UplinkAck& ack) {
     LogEvent("uplink_refused", absl::StrCat(what, "; backing off"));
   }
   absl::MutexLock lock(&mu_);
+  stats_.last_refusal = what;
   // Registering again reconciles the numbering with the cloud's log; the backoff keeps a
   // refusal that persists from becoming a loop.
   if (ack.refusal() != v1::UPLINK_REFUSAL_TRANSIENT) stats_.registered = false;
@@ -450,6 +463,23 @@ absl::Status DeviceAgent::PullUpdate() {
   return absl::OkStatus();
 }
 
+absl::Status DeviceAgent::ResyncToBase() {
+  if (base_state_.empty()) {
+    return absl::FailedPreconditionError(
+        "the cloud holds no snapshot of this device and asks it back to the pretrained base, "
+        "but the agent did not start on the base (its runtime ran a later version)");
+  }
+  if (absl::Status s = runtime_->LoadTrainableState(base_state_, 0); !s.ok()) return s;
+  if (absl::Status s = SaveState(); !s.ok()) return s;
+  LogEvent("resynced", absl::StrFormat("version 0 (the pretrained base) digest %016x",
+                                       runtime_->StateDigest()));
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.resyncs;
+  }
+  return Report(/*allow_resync=*/false);
+}
+
 absl::Status DeviceAgent::Resync(uint64_t version) {
   const absl::Time asked = absl::Now();
   absl::StatusOr<FetchedPayload> snapshot = client_->FetchSnapshot(version);
@@ -477,9 +507,14 @@ absl::Status DeviceAgent::Report(bool allow_resync) {
     absl::MutexLock lock(&mu_);
     stats_.in_sync = reply->in_sync();
   }
-  if (reply->resync_required() && reply->snapshot_version() != 0) {
-    if (allow_resync) return Resync(reply->snapshot_version());
-    return absl::DataLossError("state differs from the cloud's even after a resync");
+  if (reply->resync_required()) {
+    if (!allow_resync) {
+      return absl::DataLossError(absl::StrCat(
+          "state differs from the cloud's even after a resync: ", reply->error().message()));
+    }
+    // No snapshot: the cloud's mirror of this device is the pretrained base.
+    if (reply->snapshot_version() == 0) return ResyncToBase();
+    return Resync(reply->snapshot_version());
   }
   return absl::OkStatus();
 }
@@ -519,6 +554,7 @@ absl::Status DeviceAgent::SyncOnce() {
   if (s.ok()) s = PullUpdate();
   absl::MutexLock lock(&mu_);
   stats_.link_up = !LinkError(s);
+  stats_.link_error = s.ok() ? "" : s.ToString();
   // After a lost link, register again: the cloud may have restarted (or lost data).
   if (LinkError(s)) stats_.registered = false;
   ++stats_.link_passes;
@@ -562,6 +598,7 @@ AgentStats DeviceAgent::Stats() const {
   {
     absl::MutexLock lock(&mu_);
     s = stats_;
+    s.uplink_backing_off = clock_->Now() < uplink_not_before_;
   }
   s.queue = queue_->Stats();
   return s;

@@ -26,9 +26,13 @@
 // after every successful apply or resync and loaded at Create, so a crash mid-apply
 // restarts on the state before the update (which is then fetched again). The file is
 //   u64 version | u64 state digest | safetensors of the trainable set | u64 Hash64,
-// and a damaged file is ignored (the runtime keeps the pretrained state; the cloud then
-// resyncs it). When the cloud is away, Process keeps answering and queueing; the link
-// thread retries with backoff.
+// and a damaged file is ignored (the runtime goes back to the pretrained state; the cloud
+// then resyncs it). At every Register the device reports its version and state digest, the
+// pretrained base (version 0) included, and loads what the cloud's answer says when they
+// differ from the cloud's mirror: the snapshot it names, or, where the cloud holds none (its
+// mirror of the device is the pretrained base), the base the runtime started on, which the
+// Register fingerprint ties to the cloud's. When the cloud is away, Process keeps answering
+// and queueing; the link thread retries with backoff.
 //
 // Time (batch age, sample ids, the poll interval, bandwidth pacing) is read from a Clock:
 // the real one in `cdcca-device`; the harness runs its fleet's link threads on a
@@ -125,21 +129,26 @@ struct AgentStats {
   uint64_t dropped_batches = 0;
   std::map<std::string, uint64_t> dropped_batches_by_reason;
   uint64_t uplink_backoffs = 0;  // transient refusals the uplink backed off after
-  uint64_t renumbered = 0;       // times the queue was renumbered to the cloud's log
-  uint64_t uplink_bytes = 0;     // payload bytes sent (resends included)
+  // The uplink waits now after a refusal (transient, or a sequence to renumber), and the
+  // last refusal it met ("batch N (reason): message"; "" = none yet).
+  bool uplink_backing_off = false;
+  std::string last_refusal;
+  uint64_t renumbered = 0;    // times the queue was renumbered to the cloud's log
+  uint64_t uplink_bytes = 0;  // payload bytes sent (resends included)
   // Real time spent in Uplink calls, and in fetching, applying and reporting updates and
   // snapshots (measured, cumulative).
   double uplink_seconds = 0;
   double update_seconds = 0;
   uint64_t updates_applied = 0;
-  uint64_t resyncs = 0;           // snapshots loaded
+  uint64_t resyncs = 0;           // snapshots loaded, or the pretrained base restored
   uint64_t rollbacks = 0;         // RollBack()s that completed
   uint64_t rejected_updates = 0;  // payloads that failed verification or apply
   uint64_t version = 0;
   uint64_t state_digest = 0;
   bool registered = false;
   bool link_up = false;
-  bool in_sync = false;  // the last ReportApplied matched the cloud's mirror
+  std::string link_error;  // how the link thread's last pass failed ("" = it did not)
+  bool in_sync = false;    // the last ReportApplied matched the cloud's mirror
   // Passes of the link thread (SyncOnce) finished, and whether the thread now waits for its
   // next poll (or a wake-up) with nothing left to do in the pass.
   uint64_t link_passes = 0;
@@ -194,6 +203,9 @@ class DeviceAgent {
   absl::Status UplinkQueued();
   absl::Status PullUpdate();
   absl::Status Resync(uint64_t version);
+  // Loads the pretrained base (base_state_) as version 0, saves it and reports it.
+  // FAILED_PRECONDITION when the agent did not start on the base.
+  absl::Status ResyncToBase();
   absl::Status Report(bool allow_resync);
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch_mu_);
   // Encodes `samples` and queues them, split into as many batches as the wire's 1 MiB per
@@ -214,6 +226,9 @@ class DeviceAgent {
   CloudClient* const client_;
   const std::unique_ptr<UplinkQueue> queue_;
   Clock* const clock_;
+  // The runtime's trainable set as it started, when that was the pretrained base (version
+  // 0); empty otherwise. Set in Create, then constant.
+  std::string base_state_;
 
   // Samples waiting to fill a batch, and the UTS state (Process's thread; Flush).
   absl::Mutex batch_mu_;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/time/clock.h"
@@ -53,6 +54,13 @@ class AgentLoopTest : public ::testing::Test {
     checkpoint_ = dir_.path() + "/family";
     ASSERT_OK(testing::WriteTinyFamily(checkpoint_));
 
+    device::RuntimeOptions ro;
+    ro.checkpoint_dir = checkpoint_;
+    ro.precision = "int8";
+    ro.threads = 1;
+    ro.max_answer_tokens = 3;
+    ASSERT_OK_AND_ASSIGN(runtime_, device::InferenceRuntime::Load(ro));
+
     testing::CloudFixtureOptions fo;
     fo.data_dir = dir_.path() + "/cloud";
     fo.devices = 1;
@@ -60,18 +68,15 @@ class AgentLoopTest : public ::testing::Test {
     fo.server.insecure = true;
     fo.observer = &rollback_;
     fo.service.guard_holdout_fraction = service_holdout_fraction_;
+    // As a cloud with the model serves it (OpenCloud: the strategy's BaseDigest, checked
+    // equal below).
+    fo.service.base_state_digest = runtime_->StateDigest();
     cloud_ = std::make_unique<testing::CloudFixture>(fo);
     ASSERT_OK(cloud_->Start());
     ASSERT_OK_AND_ASSIGN(strategy_, cloud::PerDeviceStrategy::Create(
                                         StrategyOptions(), cloud_->samples(), cloud_->updates()));
+    ASSERT_EQ(strategy_->BaseDigest(), fo.service.base_state_digest);
     rollback_.strategy = strategy_.get();
-
-    device::RuntimeOptions ro;
-    ro.checkpoint_dir = checkpoint_;
-    ro.precision = "int8";
-    ro.threads = 1;
-    ro.max_answer_tokens = 3;
-    ASSERT_OK_AND_ASSIGN(runtime_, device::InferenceRuntime::Load(ro));
     device::CloudClientOptions co;
     co.max_attempts = 2;
     co.initial_backoff = absl::Milliseconds(10);
@@ -181,6 +186,73 @@ TEST_F(AgentLoopTest, RoundTripAndResyncOfADivergedState) {
   EXPECT_TRUE(s.in_sync);
   EXPECT_EQ(s.state_digest, strategy_->State("dev-0").state_digest);
   EXPECT_NE(s.state_digest, wrong);
+}
+
+// A state file at version 0 whose weights are not the pretrained base's (intact framing, its
+// own digest: a base state damaged before it was written, or another model's): the device
+// reports it at Register, the cloud checks it against the base digest it knows, and the
+// device returns to the base, before any update and after one alike.
+TEST_F(AgentLoopTest, AVersionZeroStateThatIsNotTheBaseIsResynced) {
+  ASSERT_OK_AND_ASSIGN(const std::string pretrained, runtime_->SaveTrainableState());
+  const uint64_t base = runtime_->StateDigest();
+  // The base with one weight moved a little: the lowest byte of the last float32 of the
+  // safetensors blob (its data ends it).
+  std::string damaged = pretrained;
+  damaged[damaged.size() - 4] ^= 0x01;
+  ASSERT_OK(runtime_->LoadTrainableState(damaged, 0));
+  const uint64_t wrong = runtime_->StateDigest();
+  ASSERT_NE(wrong, base);
+  ASSERT_OK(runtime_->LoadTrainableState(pretrained, 0));
+  const auto write_state = [&] {
+    std::string file;
+    const uint64_t version = 0;
+    file.append(reinterpret_cast<const char*>(&version), 8);
+    file.append(reinterpret_cast<const char*>(&wrong), 8);
+    file += damaged;
+    const uint64_t hash = compress::Hash64(file.data(), file.size());
+    file.append(reinterpret_cast<const char*>(&hash), 8);
+    std::filesystem::create_directories(Options().state_dir);
+    std::ofstream(Options().state_dir + "/trainable.state", std::ios::binary) << file;
+  };
+
+  // No update yet: the cloud holds no snapshot, so the device goes back to the base.
+  write_state();
+  {
+    ASSERT_OK_AND_ASSIGN(auto agent,
+                         device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+    EXPECT_EQ(agent->Stats().state_digest, wrong);
+    ASSERT_OK(agent->SyncOnce());
+    const device::AgentStats s = agent->Stats();
+    EXPECT_EQ(s.resyncs, 1u);
+    EXPECT_TRUE(s.in_sync);
+    EXPECT_EQ(s.version, 0u);
+    EXPECT_EQ(s.state_digest, base);
+    EXPECT_EQ(runtime_->StateDigest(), base);
+    ASSERT_OK_AND_ASSIGN(auto record, cloud_->registry()->Get("dev-0"));
+    EXPECT_TRUE(record.in_sync());
+    EXPECT_EQ(record.applied_digest(), base);
+    // Its uplink and the update on the base go on as for any device.
+    ASSERT_OK(agent->Process(Frames(4, 3)).status());
+    ASSERT_OK(agent->SyncOnce());
+    ASSERT_OK_AND_ASSIGN(cloud::JobReport report, strategy_->RunJob("dev-0"));
+    ASSERT_OK(agent->SyncOnce());
+    EXPECT_EQ(agent->Stats().version, 1u);
+    EXPECT_EQ(runtime_->StateDigest(), report.state_digest);
+    EXPECT_TRUE(agent->Stats().in_sync);
+  }
+
+  // After an update: the same file (version 0, not the base) is resynced to the snapshot.
+  ASSERT_OK(runtime_->LoadTrainableState(pretrained, 0));
+  write_state();
+  ASSERT_OK_AND_ASSIGN(auto agent,
+                       device::DeviceAgent::Create(Options(), runtime_.get(), client_.get()));
+  EXPECT_EQ(agent->Stats().state_digest, wrong);
+  ASSERT_OK(agent->SyncOnce());
+  const device::AgentStats s = agent->Stats();
+  EXPECT_EQ(s.resyncs, 1u);
+  EXPECT_TRUE(s.in_sync);
+  EXPECT_EQ(s.version, 1u);
+  EXPECT_EQ(s.state_digest, strategy_->State("dev-0").state_digest);
 }
 
 // A device returns to the state before its newest update together with the cloud: a new

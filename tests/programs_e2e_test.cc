@@ -9,6 +9,8 @@
 //      Each ends consistent, with nothing acked lost.
 //   3. The cloud's sample log loses its tail while the device has batches queued: the device
 //      renumbers them and both ends agree on the sequence again.
+//   4. --linger_s: the device drains its queue after its input (dropping what the cloud
+//      refuses for good), or exits at the deadline saying what it left and why.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -366,6 +368,100 @@ TEST_F(ProgramsTest, ADeviceRenumbersItsQueueAfterTheCloudLostTheTailOfItsLog) {
   const std::string log = ReadText(DeviceDir("dev-a") + "/device.log");
   EXPECT_THAT(log, HasSubstr("uplink_renumbered"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("uplink_refused")));
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
+
+// The device's last "exit" line in its log (null when there is none).
+nlohmann::json LastExitLine(const std::string& log_path) {
+  nlohmann::json last;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "exit") last = std::move(j);
+  }
+  return last;
+}
+
+// Uplink batches waiting on the device's disk (UplinkQueue's batch files).
+int QueuedBatchFiles(const std::string& queue_dir) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(queue_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (absl::StartsWith(name, "batch-") && absl::EndsWith(name, ".pb")) ++n;
+  }
+  return n;
+}
+
+// --linger_s after the input ends: the device keeps uplinking until its durable queue is
+// empty, dropping the batches the cloud refuses for good (questions past the model's 256
+// tokens) rather than waiting on them, and exits on its own long before the deadline, saying
+// so. With the cloud away it exits at the deadline saying how many batches it left on disk
+// and why, and its next start sends them.
+TEST_F(ProgramsTest, LingerDrainsTheQueueOrSaysWhatItLeftAndWhy) {
+  const std::string long_prompts = dir_.path() + "/long-prompts";
+  {
+    std::ofstream out(long_prompts);
+    out << "what is in the picture?\nhow many items are there?\n";
+    for (int i = 0; i < 75; ++i) out << "is the car red ";
+    out << "\n";
+  }
+  const std::string log = DeviceDir("dev-a") + "/device.log";
+  const std::string queue = DeviceDir("dev-a") + "/state/queue";
+  std::unique_ptr<Child> cloud = StartCloud();
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+
+  // 1. Cloud up: 16 frames, a third of them with a question the cloud refuses, then the
+  // linger drains the queue.
+  std::unique_ptr<Child> device =
+      StartDevice("dev-a", "", {"--prompts_file=" + long_prompts, "--frames=16", "--linger_s=120"});
+  ASSERT_EQ(device->Wait(absl::Minutes(3)), 0) << ReadText(log);
+  nlohmann::json status = LastExitLine(log)["status"];
+  ASSERT_TRUE(status.is_object()) << ReadText(log);
+  EXPECT_EQ(status["linger"].value("ended", ""), "drained") << status.dump();
+  EXPECT_EQ(status["linger"].value("waiting_batches", -1), 0) << status.dump();
+  EXPECT_EQ(status.value("waiting_batches", -1), 0) << status.dump();
+  EXPECT_EQ(QueuedBatchFiles(queue), 0);
+  EXPECT_GE(status.value("dropped_batches", 0), 1) << status.dump();
+  EXPECT_GE(status["dropped_batches_by_reason"].value("prompt_too_long", 0), 1) << status.dump();
+  // Every batch queued went somewhere: stored by the cloud (which numbers only those) or
+  // dropped as refused for good.
+  EXPECT_EQ(status.value("queued_batches_total", 0),
+            status.value("acked", 0) + status.value("dropped_batches", 0))
+      << status.dump();
+  const uint64_t acked = status.value("acked", 0ull);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return ReadJson(dir_.path() + "/cloud-status.json")["devices"]["dev-a"].value(
+                   "durable_sequence", 0ull) == acked;
+      },
+      absl::Seconds(30)))
+      << "device acked " << acked << "; cloud: " << ReadText(dir_.path() + "/cloud-status.json");
+
+  // 2. Cloud away: the device answers and queues, and the linger ends at its deadline with
+  // the batches on disk, saying the link is down.
+  cloud->Signal(SIGTERM);
+  ASSERT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+  device = StartDevice("dev-a", "", {"--frames=8", "--linger_s=2", "--uts_keep_fraction=0.9"});
+  ASSERT_EQ(device->Wait(absl::Minutes(3)), 0) << ReadText(log);
+  status = LastExitLine(log)["status"];
+  ASSERT_TRUE(status.is_object()) << ReadText(log);
+  const int left = QueuedBatchFiles(queue);
+  EXPECT_GT(left, 0) << status.dump();
+  EXPECT_EQ(status["linger"].value("ended", ""), "deadline") << status.dump();
+  EXPECT_EQ(status["linger"].value("waiting_batches", -1), left) << status.dump();
+  EXPECT_EQ(status.value("waiting_batches", -1), left) << status.dump();
+  EXPECT_THAT(status["linger"].value("why", ""), HasSubstr("link down")) << status.dump();
+
+  // 3. The cloud back: the next start sends what the last one left.
+  cloud = StartCloud();
+  device = StartDevice("dev-a", "", {"--frames=1", "--linger_s=120"});
+  ASSERT_EQ(device->Wait(absl::Minutes(3)), 0) << ReadText(log);
+  status = LastExitLine(log)["status"];
+  EXPECT_EQ(status["linger"].value("ended", ""), "drained") << status.dump();
+  EXPECT_EQ(QueuedBatchFiles(queue), 0);
+  EXPECT_GE(status.value("acked", 0ull), acked + left) << status.dump();
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }

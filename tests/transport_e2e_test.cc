@@ -13,6 +13,9 @@
 #include "gtest/gtest.h"
 #include "proto/wire.h"
 #include "tests/testing/jpeg_header.h"
+#ifdef CDCCA_TEST_POSTGRES
+#include "tests/testing/postgres_server.h"
+#endif
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_pki.h"
@@ -186,6 +189,48 @@ TEST(TransportE2eTest, SnapshotAndReportAppliedDetectMismatch) {
   EXPECT_EQ(snap.bytes, "full-state");
   ASSERT_OK_AND_ASSIGN(auto record, cloud.registry()->Get("dev-1"));
   EXPECT_FALSE(record.in_sync());
+}
+
+// Version 0 is the pretrained base, whose digest a cloud with the model knows: a device that
+// reports it with another digest (its base state damaged) is out of sync and told to resync,
+// to the base while the cloud holds no snapshot of it, else to the newest snapshot. A cloud
+// without the model (base digest unknown) takes any version-0 digest.
+TEST(TransportE2eTest, ReportAppliedChecksVersionZeroAgainstTheBaseDigest) {
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.service.base_state_digest = 0xBA5E;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  auto client = cloud.Client(0);
+  ASSERT_OK(client->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply good, client->ReportApplied(0, 0xBA5E));
+  EXPECT_TRUE(good.in_sync());
+  EXPECT_FALSE(good.resync_required());
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply bad, client->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_FALSE(bad.in_sync());
+  EXPECT_TRUE(bad.resync_required());
+  EXPECT_EQ(bad.snapshot_version(), 0u);  // no snapshot: back to the base
+  EXPECT_EQ(bad.error().code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(bad.error().message(), HasSubstr("000000000da3a6ed of version 0"));
+  ASSERT_OK_AND_ASSIGN(auto record, cloud.registry()->Get("dev-0"));
+  EXPECT_FALSE(record.in_sync());
+  // Once the device has updates, version 0 is still the base, and a resync goes to the newest
+  // snapshot.
+  ASSERT_OK(cloud.updates()->PutUpdate("dev-0", 0, 1, 77, "delta"));
+  ASSERT_OK(cloud.updates()->PutSnapshot("dev-0", 1, 77, "full-state"));
+  ASSERT_OK_AND_ASSIGN(good, client->ReportApplied(0, 0xBA5E));
+  EXPECT_TRUE(good.in_sync());
+  ASSERT_OK_AND_ASSIGN(bad, client->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_FALSE(bad.in_sync());
+  EXPECT_EQ(bad.snapshot_version(), 1u);
+
+  TempDir other_dir;
+  CloudFixture without_model(Insecure(other_dir));
+  ASSERT_OK(without_model.Start());
+  auto other = without_model.Client(0);
+  ASSERT_OK(other->Register(Registration()));
+  ASSERT_OK_AND_ASSIGN(v1::ReportAppliedReply any, other->ReportApplied(0, 0xDA3A6ED));
+  EXPECT_TRUE(any.in_sync());
 }
 
 TEST(TransportE2eTest, WrongOrMissingTokenIsUnauthenticated) {
@@ -680,6 +725,37 @@ TEST(TransportE2eTest, DeviceQuotaIsResourceExhaustedAndLeavesOtherDevicesAlone)
   ASSERT_OK_AND_ASSIGN(ack, cloud.Client(0)->Uplink({MakeBatch(0, ack.stored() + 1)}));
   EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
 }
+
+#ifdef CDCCA_TEST_POSTGRES
+// The same quota on the shared store: a front on a real PostgreSQL refuses a device past
+// --device_quota_mib with the same transient QUOTA refusal, counting what the database holds.
+TEST(TransportE2eTest, DeviceQuotaOnPostgresIsTheSameTransientRefusal) {
+  ASSERT_OK_AND_ASSIGN(const std::string conninfo, testing::CreateSharedPostgresDatabase());
+  TempDir dir;
+  CloudFixtureOptions options = Insecure(dir);
+  options.device_quota_bytes = 10000;
+  options.store = conninfo;
+  CloudFixture cloud(options);
+  ASSERT_OK(cloud.Start());
+  std::vector<v1::UplinkBatch> batches;
+  for (uint64_t seq = 1; seq <= 20; ++seq) batches.push_back(MakeBatch(0, seq));
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck ack, cloud.Client(0)->Uplink(batches));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(ack.error().message(), HasSubstr("quota of 10000 bytes"));
+  EXPECT_EQ(ack.refusal(), v1::UPLINK_REFUSAL_TRANSIENT);
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_QUOTA);
+  EXPECT_GT(ack.stored(), 0u);
+  EXPECT_LT(ack.stored(), 20u);
+  EXPECT_EQ(ack.rejected_sequence(), ack.stored() + 1);
+  ASSERT_OK_AND_ASSIGN(v1::UplinkAck other, cloud.Client(1)->Uplink({MakeBatch(1, 1)}));
+  EXPECT_EQ(other.stored(), 1u);
+  // Another front on the same database (here: the restarted one) holds it too.
+  ASSERT_OK(cloud.Restart());
+  ASSERT_OK_AND_ASSIGN(ack, cloud.Client(0)->Uplink({MakeBatch(0, ack.stored() + 1)}));
+  EXPECT_EQ(ack.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(ack.refusal_reason(), v1::REFUSAL_REASON_QUOTA);
+}
+#endif
 
 TEST(TransportE2eTest, ClientRetriesWhileTheCloudIsAway) {
   TempDir dir;

@@ -8,7 +8,10 @@
 //       --input=camera:0 --prompt="what is in the picture?" --output=answers.jsonl
 //
 // Answers go to --output as JSON lines; events and the final status go to stderr as JSON
-// lines. Exit status: 0 after the input ends (and --linger_s), 1 on a configuration error.
+// lines. After the input ends the device keeps uplinking what its queue holds for up to
+// --linger_s; the final status's "linger" says how that ended, how many batches are left on
+// disk (sent at the next start) and why. Exit status: 0 after the input ends (and the linger),
+// 1 on a configuration error.
 #include <pthread.h>
 
 #include <algorithm>
@@ -148,8 +151,9 @@ ABSL_FLAG(std::string, uplink_precision, "",
           "--profile's (measured: jpeg; paper: fp16; fp16 where the model cannot send frames)");
 ABSL_FLAG(int, max_attempts, 6, "attempts per cloud call while the link is down");
 ABSL_FLAG(double, linger_s, 0,
-          "after the input ends, keep the link up this long (or until the uplink queue is "
-          "empty and the model is in sync) before exiting");
+          "after the input ends, keep uplinking until the uplink queue is empty (batches the "
+          "cloud refuses for good are dropped) and the model is in sync, for at most this many "
+          "seconds; the exit line says how many batches are left and why");
 ABSL_FLAG(int64_t, linger_until_version, 0,
           "with --linger_s: also wait until the model runs at least this version");
 ABSL_FLAG(bool, print_config, false,
@@ -186,11 +190,13 @@ std::string JsonString(const std::string& s) {
 }
 
 // The agent's status; `failed_frames` counts the frames the model could not answer.
-std::string StatusJson(const AgentStats& s, int64_t failed_frames) {
-  return absl::StrFormat(
+// waiting_batches: batches in the durable queue now; queued_batches_total: batches queued
+// since the program started. `linger`, once the linger ended: its outcome (LingerOutcome).
+std::string StatusJson(const AgentStats& s, int64_t failed_frames, const std::string& linger = "") {
+  std::string json = absl::StrFormat(
       "{\"version\":%d,\"digest\":\"%016x\",\"answered\":%d,\"failed_frames\":%d,"
       "\"kept\":%d,\"held_out_samples\":%d,\"dropped\":%d,\"unsent_samples\":%d,"
-      "\"queued_batches\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
+      "\"queued_batches_total\":%d,\"waiting_batches\":%d,\"acked\":%d,\"uplink_bytes\":%d,"
       "\"dropped_batches\":%d,\"dropped_batches_by_reason\":%s,\"uplink_backoffs\":%d,"
       "\"renumbered\":%d,"
       "\"updates_applied\":%d,\"resyncs\":%d,\"rollbacks\":%d,\"rejected_updates\":%d,"
@@ -202,6 +208,11 @@ std::string StatusJson(const AgentStats& s, int64_t failed_frames) {
       s.uplink_backoffs, s.renumbered, s.updates_applied, s.resyncs, s.rollbacks,
       s.rejected_updates, s.registered ? "true" : "false", s.link_up ? "true" : "false",
       s.in_sync ? "true" : "false");
+  if (!linger.empty()) {
+    json.pop_back();
+    absl::StrAppend(&json, ",\"linger\":", linger, "}");
+  }
+  return json;
 }
 
 // Frames from OpenCV, converted to RGB datasets::Image.
@@ -525,11 +536,13 @@ struct AgentOutputs {
   std::string status_file;
   int64_t failed_frames = 0;
   int64_t frames = 0;
+  std::string linger;  // the linger's outcome as JSON, once it ended
 
+  std::string Json() const { return StatusJson(agent->Stats(), failed_frames, linger); }
   void WriteStatus() const {
     if (status_file.empty()) return;
     (void)cdcca::storage::WriteFileAtomically(*cdcca::storage::Env::Default(), status_file,
-                                              StatusJson(agent->Stats(), failed_frames) + "\n");
+                                              Json() + "\n");
   }
 };
 
@@ -596,23 +609,87 @@ void StreamFrames(FrameSource& source, const std::vector<std::string>& prompts,
   }
 }
 
-// Lets the queue drain and updates arrive before exiting: up to --linger_s, until nothing is
-// queued, the device is in sync at --linger_until_version or later, or a signal comes.
-void Linger(const AgentOutputs& outputs) {
-  const absl::Time linger_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  while (!g_stop && absl::Now() < linger_end) {
-    cdcca::device::AgentStats s = outputs.agent->Stats();
+// Why the device is not done after its input (the agent's `s`): batches wait in the queue,
+// or the model is not in sync at --linger_until_version or later. "" when it is done.
+std::string NotDoneBecause(const AgentStats& s) {
+  const auto with = [](std::string what, const std::string& detail) {
+    return detail.empty() ? what : absl::StrCat(what, ": ", detail);
+  };
+  if (s.queue.batches > 0) {
+    if (!s.link_up) return with("link down", s.link_error);
+    if (!s.registered) return with("not registered with the cloud", s.link_error);
+    if (s.uplink_backing_off) {
+      return with("the uplink backs off after the cloud's refusal", s.last_refusal);
+    }
+    if (!s.link_error.empty()) return with("link error", s.link_error);
+    return "the uplink is still sending them";
+  }
+  if (!s.registered) return with("not registered with the cloud", s.link_error);
+  if (!s.in_sync) return with("the model is not in sync with the cloud", s.link_error);
+  const int64_t until = absl::GetFlag(FLAGS_linger_until_version);
+  if (s.version < static_cast<uint64_t>(until)) {
+    return absl::StrFormat("the model runs version %d, not yet --linger_until_version=%d",
+                           s.version, until);
+  }
+  return "";
+}
+
+// How the linger after the input ended.
+struct LingerOutcome {
+  // "drained": nothing waits in the queue and the model is in sync (at
+  // --linger_until_version or later); "deadline": --linger_s passed first; "signal": SIGINT or
+  // SIGTERM came first; "off": --linger_s=0 and the device was not done.
+  std::string ended;
+  double seconds = 0;          // spent lingering
+  size_t waiting_batches = 0;  // left in the durable queue at exit
+  std::string why;             // NotDoneBecause at the end ("" when drained)
+
+  std::string Json() const {
+    return absl::StrFormat("{\"ended\":\"%s\",\"seconds\":%.3f,\"waiting_batches\":%d,\"why\":%s}",
+                           ended, seconds, waiting_batches, JsonString(why));
+  }
+};
+
+// Keeps the link working after the input ended, until the device is done (NotDoneBecause:
+// the queue empty, the batches the cloud refuses for good dropped by the agent, the model in
+// sync), --linger_s passes or a signal comes. Stops the agent and returns how it ended, with
+// the batches left on disk.
+LingerOutcome LingerAndStop(const AgentOutputs& outputs) {
+  const absl::Time start = absl::Now();
+  const double linger_s = std::max(0.0, absl::GetFlag(FLAGS_linger_s));
+  const absl::Time end = start + absl::Seconds(linger_s);
+  LingerOutcome out;
+  while (true) {
     outputs.WriteStatus();
-    if (s.queue.batches == 0 && (s.in_sync || s.version == 0) && s.registered &&
-        s.version >= static_cast<uint64_t>(absl::GetFlag(FLAGS_linger_until_version))) {
+    out.why = NotDoneBecause(outputs.agent->Stats());
+    if (out.why.empty()) {
+      out.ended = "drained";
       break;
     }
-    absl::SleepFor(absl::Milliseconds(200));
+    if (g_stop) {
+      out.ended = "signal";
+      break;
+    }
+    if (absl::Now() >= end) {
+      out.ended = linger_s > 0 ? "deadline" : "off";
+      break;
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(200), end - absl::Now()));
   }
+  // The call in flight ends inside Stop and may move the queue: count what is left after it.
+  outputs.agent->Stop();
+  const AgentStats last = outputs.agent->Stats();
+  out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  out.waiting_batches = last.queue.batches;
+  if (out.ended != "drained" && NotDoneBecause(last).empty()) {
+    out.ended = "drained";
+    out.why.clear();
+  }
+  return out;
 }
 
 // The collaborative loop with --cloud: the runtime, the client and the agent, the frames
-// streamed through it, then the linger.
+// streamed through it, then the linger (LingerAndStop).
 int RunWithCloud(const std::vector<std::string>& prompts) {
   using namespace cdcca::device;  // NOLINT: the program's own loop
   if (absl::GetFlag(FLAGS_state_dir).empty()) {
@@ -647,7 +724,7 @@ int RunWithCloud(const std::vector<std::string>& prompts) {
     std::fprintf(
         stderr,
         "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
-        "\"digest\":\"%016llx\",\"queued_batches\":%zu,\"token_score\":%s}\n",
+        "\"digest\":\"%016llx\",\"waiting_batches\":%zu,\"token_score\":%s}\n",
         JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
         JsonString(absl::GetFlag(FLAGS_cloud)).c_str(), static_cast<unsigned long long>(s.version),
         static_cast<unsigned long long>(s.state_digest), s.queue.batches,
@@ -662,12 +739,10 @@ int RunWithCloud(const std::vector<std::string>& prompts) {
   (*agent)->Start();
   StreamFrames(**source, prompts, outputs);
   if (absl::Status s = (*agent)->Flush(); !s.ok()) return Fail(s);
-  Linger(outputs);
-  (*agent)->Stop();
+  outputs.linger = LingerAndStop(outputs).Json();
   outputs.WriteStatus();
   std::fprintf(stderr, "{\"event\":\"exit\",\"frames\":%lld,\"status\":%s}\n",
-               static_cast<long long>(outputs.frames),
-               StatusJson((*agent)->Stats(), outputs.failed_frames).c_str());
+               static_cast<long long>(outputs.frames), outputs.Json().c_str());
   if (outputs.out != stdout) std::fclose(outputs.out);
   return 0;
 }

@@ -31,6 +31,7 @@ absl::StatusOr<std::unique_ptr<PgCloudStore>> PgCloudStore::Open(
   PgStoreOptions session_options;
   session_options.conninfo = options.conninfo;
   session_options.keep_per_device = options.keep_per_device;
+  session_options.max_device_bytes = options.max_device_bytes;
   for (int i = 0; i < options.sessions; ++i) {
     absl::StatusOr<std::unique_ptr<PgStore>> session = PgStore::Open(session_options);
     if (!session.ok()) return session.status();

@@ -38,6 +38,10 @@ struct PgCloudStoreOptions {
   int sessions = 4;
   // Updates and snapshots kept per device (each kind). Default: 16.
   int keep_per_device = 16;
+  // Most bytes of one device's stored batches (PgStoreOptions::max_device_bytes): an append
+  // past it fails with RESOURCE_EXHAUSTED, which the service answers as a transient QUOTA
+  // refusal. 0 = no quota. Default: 1 GiB.
+  uint64_t max_device_bytes = 1ull << 30;
 };
 
 class PgCloudStore final : public DeviceStore, public SampleLog, public UpdateLog {

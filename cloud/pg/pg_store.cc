@@ -207,31 +207,53 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
   PG_RETURN_IF_ERROR(CheckOrdered(batch.sequence(), "sequence"));
   v1::UplinkBatch stored = batch;
   stored.clear_dropped();
+  const std::string bytes = stored.SerializeAsString();
+  // The quota as a bigint; 0 = none.
+  const int64_t quota = Ordered(std::min(options_.max_device_bytes, kMaxOrdered));
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
   // One statement, its own transaction: the batch is inserted only when it follows the
-  // highest committed sequence (so no gap can be stored; Release never deletes the newest),
-  // and the call returns after its commit. A concurrent insert of the same sequence makes it
-  // wait for that transaction; if that commits, this inserts nothing.
+  // highest committed sequence (so no gap can be stored; Release never deletes the newest)
+  // and fits the device's quota, and the call returns after its commit. A concurrent insert
+  // of the same sequence makes it wait for that transaction; if that commits, this inserts
+  // nothing.
   PG_ASSIGN_OR_RETURN(
       Result r,
       conn_->Exec("INSERT INTO samples (device_id, sequence, sample_count, batch) "
                   "SELECT $1, $2, $3, $4 WHERE $2 = 1 + coalesce((SELECT max(sequence) FROM "
-                  "samples WHERE device_id = $1), 0) ON CONFLICT DO NOTHING RETURNING sequence",
+                  "samples WHERE device_id = $1), 0) AND ($5 = 0 OR octet_length($4) + "
+                  "coalesce((SELECT sum(octet_length(batch)) FROM samples WHERE device_id = "
+                  "$1), 0) <= $5) ON CONFLICT DO NOTHING RETURNING sequence",
                   Params()
                       .Text(device_id)
                       .Int64(Ordered(batch.sequence()))
                       .Int32(static_cast<int32_t>(batch.sample_count()))
-                      .Bytes(stored.SerializeAsString())));
+                      .Bytes(bytes)
+                      .Int64(quota)));
   if (r.rows() == 1) return AppendOutcome{false, batch.sequence()};
-  // Not inserted: a duplicate of a committed batch, or a sequence that skips ahead. The
-  // highest sequence read here is committed, so a duplicate is durable before it is reported.
+  // Not inserted: a duplicate of a committed batch, a sequence that skips ahead, or a batch
+  // past the quota. The highest sequence read here is committed, so a duplicate is durable
+  // before it is reported.
   PG_ASSIGN_OR_RETURN(uint64_t highest, HighestSequenceLocked(device_id));
   if (batch.sequence() <= highest) return AppendOutcome{true, highest};
   if (batch.sequence() > highest + 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("device ", device_id, ": batch sequence ", batch.sequence(),
                      " skips ahead of the highest stored ", highest));
+  }
+  if (quota != 0) {
+    PG_ASSIGN_OR_RETURN(
+        Result held,
+        conn_->Exec("SELECT coalesce(sum(octet_length(batch)), 0)::bigint FROM samples WHERE "
+                    "device_id = $1",
+                    Params().Text(device_id)));
+    PG_ASSIGN_OR_RETURN(int64_t held_bytes, held.Int64(0, 0));
+    if (held_bytes + static_cast<int64_t>(bytes.size()) > quota) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device ", device_id, " has ", held_bytes,
+                       " bytes in the sample log; batch ", batch.sequence(), " (", bytes.size(),
+                       " bytes) would pass its quota of ", quota, " bytes"));
+    }
   }
   // Its predecessor committed between the two statements: the device resends.
   return absl::AbortedError(absl::StrCat("device ", device_id, ": batch ", batch.sequence(),
@@ -478,7 +500,8 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
                   "WHERE device_id = (SELECT device_id FROM jobs WHERE due_at <= now() AND "
                   "(lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) "
                   "ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                  "RETURNING device_id, fencing_token, lease_expires_at",
+                  "RETURNING device_id, fencing_token, lease_expires_at, (extract(epoch FROM "
+                  "clock_timestamp() - due_at) * 1000000)::bigint",
                   Params().Text(owner).Int64(Micros(lease))));
   if (r.rows() == 0) return std::optional<JobLease>();
   JobLease job;
@@ -486,6 +509,8 @@ absl::StatusOr<std::optional<JobLease>> PgStore::LeaseJob(const std::string& own
   PG_ASSIGN_OR_RETURN(job.device_id, r.Bytes(0, 0));
   PG_ASSIGN_OR_RETURN(job.fencing_token, r.Int64(0, 1));
   PG_ASSIGN_OR_RETURN(job.expires_at, r.Time(0, 2));
+  PG_ASSIGN_OR_RETURN(int64_t waited_us, r.Int64(0, 3));
+  job.waited = absl::Microseconds(std::max<int64_t>(0, waited_us));
   return std::optional<JobLease>(std::move(job));
 }
 

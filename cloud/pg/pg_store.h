@@ -55,6 +55,11 @@ struct PgStoreOptions {
   // Updates and snapshots kept per device (each kind); older ones are deleted by Publish.
   // Default: 16.
   int keep_per_device = 16;
+  // Most bytes of one device's stored batches (the serialized batches its rows hold); an
+  // Append past it fails with RESOURCE_EXHAUSTED, as the embedded sample log's quota
+  // (SampleStoreOptions::max_device_bytes). Release deletes consumed rows, so a device whose
+  // samples are consumed is never blocked for good. 0 = no quota. Default: 1 GiB.
+  uint64_t max_device_bytes = 1ull << 30;
 };
 
 struct AppendOutcome {
@@ -86,6 +91,9 @@ struct JobLease {
   std::string owner;
   int64_t fencing_token = 0;
   absl::Time expires_at;  // the server's clock
+  // LeaseJob: how long the job had been due when it was leased (its wait in the queue, on
+  // the server's clock); zero for LeaseDeviceJob.
+  absl::Duration waited = absl::ZeroDuration();
 };
 
 // What a job publishes: the mirror after it, and the update it made (if any).
@@ -140,7 +148,8 @@ class PgStore {
   // `device_id`, or finds it stored: returns after the commit. A batch whose sequence is at
   // or below the device's highest stored one is a duplicate, not stored again (and reported
   // only once the original committed). FAILED_PRECONDITION for a sequence beyond the
-  // highest + 1, INVALID_ARGUMENT for sequence 0.
+  // highest + 1, INVALID_ARGUMENT for sequence 0, RESOURCE_EXHAUSTED when storing it would
+  // take the device's stored batches past options.max_device_bytes (nothing is stored).
   absl::StatusOr<AppendOutcome> Append(const std::string& device_id, const v1::UplinkBatch& batch);
   // The device's highest stored sequence; 0 if it has none.
   absl::StatusOr<uint64_t> HighestSequence(const std::string& device_id);

@@ -23,6 +23,7 @@ using ::cdcca::testing::IsOk;
 using ::cdcca::testing::IsOkAndHolds;
 using ::cdcca::testing::StatusIs;
 using ::cdcca::testing::WaitUntil;
+using ::testing::AllOf;
 using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::Optional;
@@ -60,10 +61,12 @@ class PgStoreTest : public ::testing::Test {
     ASSERT_NE(store_, nullptr);
   }
 
-  std::unique_ptr<PgStore> OpenStore(int keep_per_device = 16) {
+  std::unique_ptr<PgStore> OpenStore(int keep_per_device = 16,
+                                     uint64_t max_device_bytes = uint64_t{1} << 30) {
     PgStoreOptions options;
     options.conninfo = conninfo_;
     options.keep_per_device = keep_per_device;
+    options.max_device_bytes = max_device_bytes;
     absl::StatusOr<std::unique_ptr<PgStore>> store = PgStore::Open(options);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? std::move(*store) : nullptr;
@@ -142,6 +145,44 @@ TEST_F(PgStoreTest, ReleaseDeletesConsumedBatchesButTheNewest) {
   EXPECT_THAT(store_->Append("d", Batch(5)), Appended(false, 5u));
   EXPECT_THAT(store_->ReadBatches("d", 0, 100), IsOkAndHolds(::testing::SizeIs(2)));
   EXPECT_EQ(Query("SELECT count(*) FROM samples WHERE device_id = 'e'"), "1");  // per device
+}
+
+// The per-device quota: a batch that would take the device's stored batches past it is refused
+// with RESOURCE_EXHAUSTED (the service's transient QUOTA refusal) and not stored, whichever
+// front asks; other devices and resends of stored batches are not affected; once a job's
+// consumed batches are released the device appends again. 0 = no quota.
+TEST_F(PgStoreTest, AppendPastTheDeviceQuotaIsResourceExhaustedUntilReleased) {
+  const auto big = [](uint64_t sequence) {
+    v1::UplinkBatch batch = Batch(sequence);
+    batch.set_payload(std::string(1000, static_cast<char>('a' + sequence % 26)));
+    return batch;
+  };
+  const uint64_t batch_bytes = big(1).ByteSizeLong();
+  std::unique_ptr<PgStore> front = OpenStore(16, 3 * batch_bytes + batch_bytes / 2);
+  std::unique_ptr<PgStore> other_front = OpenStore(16, 3 * batch_bytes + batch_bytes / 2);
+  ASSERT_NE(front, nullptr);
+  ASSERT_NE(other_front, nullptr);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    ASSERT_THAT(front->Append("d", big(seq)), Appended(false, seq));
+  }
+  EXPECT_THAT(front->Append("d", big(4)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("device d has"), HasSubstr("quota"))));
+  // The quota counts what the database holds, not what one front stored.
+  EXPECT_THAT(other_front->Append("d", big(4)), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(Query("SELECT count(*) FROM samples WHERE device_id = 'd'"), "3");
+  EXPECT_THAT(front->HighestSequence("d"), IsOkAndHolds(3u));
+  EXPECT_THAT(front->Append("d", big(2)), Appended(true, 3u));   // a resend is no new byte
+  EXPECT_THAT(front->Append("e", big(1)), Appended(false, 1u));  // per device
+  // A job consumed 1 and 2: the device appends again.
+  ASSERT_THAT(front->Release("d", 2), IsOkAndHolds(2u));
+  EXPECT_THAT(other_front->Append("d", big(4)), Appended(false, 4u));
+  // Without a quota nothing is refused for size.
+  std::unique_ptr<PgStore> unbounded = OpenStore(16, 0);
+  ASSERT_NE(unbounded, nullptr);
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    ASSERT_THAT(unbounded->Append("f", big(seq)), Appended(false, seq));
+  }
 }
 
 // Two fronts receive the same device's stream at once (a reconnect while the old stream
@@ -236,6 +277,8 @@ TEST_F(PgStoreTest, PublishStoresTheChainAndEndsTheJob) {
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->device_id, "d");
   EXPECT_EQ(lease->fencing_token, 1);
+  // It was due a second before this host's clock (the server's) read the lease: its queue wait.
+  EXPECT_GE(lease->waited, absl::Seconds(1));
   EXPECT_THAT(store_->LeaseJob("t2", absl::Minutes(1)), IsOkAndHolds(NoJob()));
 
   // Consumed only batch 1: the job stays due for batch 2.

@@ -38,6 +38,9 @@ struct CloudFixtureOptions {
   cloud::CloudServiceOptions service;
   cloud::CloudObserver* observer = nullptr;
   uint64_t device_quota_bytes = 0;  // SampleStoreOptions::max_device_bytes
+  // "" = the embedded stores in data_dir; else a PostgreSQL conninfo, served as a front (no
+  // model; samples(), updates() and registry() are then null).
+  std::string store;
 };
 
 // Owns one running cloud (cloud::OpenCloud, transport only: no model). Restart() shuts it down
@@ -62,6 +65,10 @@ class CloudFixture {
     o.service = options_.service;
     o.observer = options_.observer;
     o.device_quota_bytes = options_.device_quota_bytes;
+    if (!options_.store.empty()) {
+      o.store = options_.store;
+      o.role = "front";
+    }
     absl::StatusOr<std::unique_ptr<cloud::Cloud>> opened = cloud::OpenCloud(o);
     if (!opened.ok()) return opened.status();
     cloud_ = *std::move(opened);
