@@ -1,7 +1,10 @@
 // BLIP-2 and InstructBLIP against transformers 5.x: the tiny random checkpoints under
-// tests/fixtures/hf/models/{blip2_llama,instructblip_llama} (fp16 weights, reference logits
-// computed in fp32 by scripts/hf_fixtures.py), given the pixel values and ids the processor
-// produced there. First-step logits within 1e-4 of the largest logit, identical greedy tokens.
+// tests/fixtures/hf/models/ (fp16 weights, reference logits computed in fp32 by
+// scripts/hf_fixtures.py) with a Llama LM (blip2_llama, instructblip_llama) and OPT's
+// (blip2_opt: pre-LayerNorm; blip2_opt_proj: post-LayerNorm with project_in / project_out)
+// and Flan-T5's encoder-decoder (blip2_flan_t5, instructblip_flan_t5; the tokens are the
+// decoder's after its start token), given the pixel values and ids the processor produced
+// there. First-step logits within 1e-4 of the largest logit, identical greedy tokens.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -15,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "model/arch/blip2.h"
 #include "model/arch/hf_model.h"
+#include "model/arch/t5_lm.h"
 #include "model/hub/hf_folder.h"
 #include "model/hub/safetensors.h"
 
@@ -123,30 +127,90 @@ TEST(Blip2ParityTest, CheckpointWithoutImageTokenPrependsTheQueries) {
   CheckFixture("instructblip_llama", true, dir);
 }
 
-TEST(Blip2ParityTest, Int8WeightsLoadSmallerAndAnswer) {
-  const std::string dir = FixtureDir("blip2_llama");
+// Loads `variant` at `precision` (int8 or int4) and at fp32: the quantized model holds fewer
+// bytes and its first logits on `prompt_ids` (image tokens added by Generate) stay within
+// `tolerance` of the largest fp32 logit.
+void CheckQuantized(const std::string& variant, const std::string& precision,
+                    const std::vector<int64_t>& prompt_ids, double tolerance) {
+  SCOPED_TRACE(variant + " " + precision);
+  const std::string dir = FixtureDir(variant);
   absl::StatusOr<std::unique_ptr<MultimodalModel>> fp32 = LoadHfModel(dir, HfModelOptions{});
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   HfModelOptions o;
-  o.precision = "int8";
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> int8 = LoadHfModel(dir, o);
-  ASSERT_TRUE(int8.ok()) << int8.status();
-  EXPECT_LT((*int8)->ResidentBytes(), (*fp32)->ResidentBytes());
+  o.precision = precision;
+  o.int4_group = 32;
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> quantized = LoadHfModel(dir, o);
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  EXPECT_LT((*quantized)->ResidentBytes(), (*fp32)->ResidentBytes());
   absl::StatusOr<SafetensorsContents> pixels =
       ReadSafetensors(dir + "/expected_pixels.safetensors");
   ASSERT_TRUE(pixels.ok()) << pixels.status();
   MultimodalInputs in;
   in.pixel_values = pixels->tensors[0].second.unsqueeze(0);
-  in.input_ids = torch::tensor({1, 312, 71}, torch::kLong).unsqueeze(0);  // image tokens added
+  in.input_ids = torch::tensor(prompt_ids, torch::kLong).unsqueeze(0);
   GreedyOptions g;
   g.max_new_tokens = 2;
-  absl::StatusOr<GreedyResult> a = (*int8)->Generate(in, g);
+  absl::StatusOr<GreedyResult> a = (*quantized)->Generate(in, g);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_TRUE(torch::isfinite(a->first_logits).all().item<bool>());
   absl::StatusOr<GreedyResult> b = (*fp32)->Generate(in, g);
   ASSERT_TRUE(b.ok()) << b.status();
   const double scale = b->first_logits.abs().max().item<double>();
-  EXPECT_LT((a->first_logits - b->first_logits).abs().max().item<double>(), 0.1 * scale);
+  EXPECT_LT((a->first_logits - b->first_logits).abs().max().item<double>(), tolerance * scale);
+}
+
+TEST(Blip2ParityTest, Int8WeightsLoadSmallerAndAnswer) {
+  CheckQuantized("blip2_llama", "int8", {1, 312, 71}, 0.1);
+}
+
+TEST(Blip2ParityTest, Blip2OptMatchesTransformers) {
+  CheckFixture("blip2_opt", false);
+  CheckFixture("blip2_opt", true);
+}
+
+TEST(Blip2ParityTest, Blip2OptWithProjectionsMatchesTransformers) {
+  CheckFixture("blip2_opt_proj", false);
+  CheckFixture("blip2_opt_proj", true);
+}
+
+TEST(Blip2ParityTest, Blip2FlanT5MatchesTransformers) {
+  CheckFixture("blip2_flan_t5", false);
+  CheckFixture("blip2_flan_t5", true);
+}
+
+TEST(Blip2ParityTest, InstructBlipFlanT5MatchesTransformers) {
+  CheckFixture("instructblip_flan_t5", false);
+  CheckFixture("instructblip_flan_t5", true);
+}
+
+TEST(Blip2ParityTest, T5QuantizedWeightsLoadSmallerAndAnswer) {
+  CheckQuantized("blip2_flan_t5", "int8", {196, 10, 52, 11, 1}, 0.1);
+  // 4-bit groups of tiny random weights move T5's unscaled attention scores the most.
+  CheckQuantized("blip2_flan_t5", "int4", {196, 10, 52, 11, 1}, 0.5);
+}
+
+// The relative position buckets of T5Attention._relative_position_bucket's formula for 32
+// buckets and max distance 128, past the exact range the fixtures' short prompts reach (e.g.
+// bidirectional -100: 8 + int(ln(100 / 8) / ln(128 / 8) * 8) = 15; causal -20:
+// 16 + int(ln(20 / 16) / ln(128 / 16) * 16) = 17).
+TEST(Blip2ParityTest, T5RelativeBucketsMatchTransformers) {
+  torch::Tensor rel = torch::tensor(
+      std::vector<int64_t>{-200, -128, -100, -20, -8, -7, -1, 0, 1, 7, 8, 20, 100, 128, 200});
+  EXPECT_TRUE(torch::equal(
+      T5RelativeBucket(rel, true, 32, 128),
+      torch::tensor(std::vector<int64_t>{15, 15, 15, 10, 8, 7, 1, 0, 17, 23, 24, 26, 31, 31, 31})))
+      << T5RelativeBucket(rel, true, 32, 128);
+  EXPECT_TRUE(torch::equal(
+      T5RelativeBucket(rel, false, 32, 128),
+      torch::tensor(std::vector<int64_t>{31, 31, 30, 17, 8, 7, 1, 0, 0, 0, 0, 0, 0, 0, 0})))
+      << T5RelativeBucket(rel, false, 32, 128);
+}
+
+TEST(Blip2ParityTest, OptQuantizedWeightsLoadSmallerAndAnswer) {
+  for (const char* variant : {"blip2_opt", "blip2_opt_proj"}) {
+    CheckQuantized(variant, "int8", {2, 579, 29}, 0.1);
+    CheckQuantized(variant, "int4", {2, 579, 29}, 0.3);
+  }
 }
 
 TEST(Blip2ParityTest, LoadHfModelDispatchesBothTypes) {
