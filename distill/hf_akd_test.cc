@@ -7,6 +7,8 @@
 // - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
 //   why it does not, an int8 student trains on the CPU;
 // - a complete sample (every token of the frame): the teacher labels it from all its tokens;
+// - the same for a T5 language model (encoder-decoder: the prompt in the encoder, the answer
+//   teacher-forced in the decoder);
 // - the device learners (distill/hf_self_learner.h): TENT moves the norms alone and lowers
 //   its entropy, CoTTA's stochastic restore returns the set to its source state.
 #include "distill/hf_akd.h"
@@ -421,8 +423,8 @@ TEST_P(HfPairJobTest, AnAnswersProbabilityIsWhatGreedyDecodingChoseItWith) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfPairJobTest,
-                         ::testing::Values("llava_clip_llama", "blip2_llama",
-                                           "instructblip_llama"));
+                         ::testing::Values("llava_clip_llama", "blip2_llama", "instructblip_llama",
+                                           "blip2_flan_t5", "instructblip_flan_t5"));
 
 TEST(HfPairJobTest, DifferentTokenizersTrainWithoutTheKlAndSaySo) {
   // Same tower shapes, different tokenizers (vocabularies of 857 and 700).

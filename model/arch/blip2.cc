@@ -517,17 +517,16 @@ class Blip2MultimodalModel : public MultimodalModel {
   }
 
   int64_t RepresentationLayer() const override {
-    if (model_->is_encoder_decoder()) return model_->t5_language_model->config().num_layers / 2;
+    // T5: R is the decoder's state, which reads the answer as a decoder LM does.
+    if (model_->is_encoder_decoder()) {
+      return model_->t5_language_model->config().num_decoder_layers / 2;
+    }
     return model_->language_model->config().num_hidden_layers / 2;
   }
   torch::nn::Module& module() override { return *model_; }
 
   absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
-    if (model_->is_encoder_decoder()) {
-      // TokenInputs holds prompt and answer as one decoder row; T5 reads them apart.
-      return absl::UnimplementedError(
-          "BLIP-2 forward: training on uplinked tokens needs a decoder LM; this folder's is T5");
-    }
+    if (model_->is_encoder_decoder()) return ForwardTokensT5(in);
     absl::StatusOr<Merged> m = Merge(in);
     if (!m.ok()) return m.status();
     try {
@@ -590,6 +589,67 @@ class Blip2MultimodalModel : public MultimodalModel {
     torch::Tensor mask;     // [B, T'] int64
     torch::Tensor queries;  // [B, Q, H_qformer] fp32: the Q-Former's query outputs
   };
+
+  // ForwardTokens with T5: each row's prompt (with the queries in place) is the encoder's input
+  // and its answer the decoder's, teacher-forced from the start token, laid out in the row's
+  // positions so the contract holds: logits[:, t] predicts input_ids[:, t + 1] over the answer
+  // (the start token sits at the prompt's last position). Elsewhere the rows hold no prediction.
+  absl::StatusOr<TokenForward> ForwardTokensT5(const TokenInputs& in) {
+    const int64_t b = in.input_ids.defined() && in.input_ids.dim() == 2 ? in.input_ids.size(0) : 0;
+    const int64_t t = b > 0 ? in.input_ids.size(1) : 0;
+    if (!in.prompt_lengths.defined() || in.prompt_lengths.dim() != 1 ||
+        in.prompt_lengths.size(0) != b) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a T5 language model needs TokenInputs::prompt_lengths [", b, "]"));
+    }
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      T5ForConditionalGenerationImpl& lm = *model_->t5_language_model;
+      const int64_t merged = m->embeds.size(1), offset = merged - t;
+      torch::Tensor keep = m->mask.to(torch::kCPU, torch::kLong);
+      torch::Tensor text_keep = keep.narrow(1, offset, t);
+      torch::Tensor lengths = in.prompt_lengths.to(torch::kCPU, torch::kLong);
+      torch::Tensor ids = in.input_ids.to(torch::kCPU, torch::kLong);
+      torch::Tensor encoder_mask = keep.clone();
+      torch::Tensor decoder_ids = torch::zeros({b, merged}, torch::kLong);
+      torch::Tensor decoder_mask = torch::zeros({b, merged}, torch::kLong);
+      for (int64_t r = 0; r < b; ++r) {
+        // The row's tokens begin after its left padding.
+        const int64_t start = t - text_keep[r].sum().item<int64_t>();
+        const int64_t p = lengths[r].item<int64_t>();
+        if (p < 1 || start + p > t) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "prompt_lengths[", r, "] = ", p, " does not fit the row's ", t - start, " tokens"));
+        }
+        const int64_t end = offset + start + p;  // the answer's first position (merged row)
+        encoder_mask[r].narrow(0, end, merged - end).zero_();
+        decoder_ids[r][end - 1] = lm.config().decoder_start_token_id;
+        if (end < merged) {
+          decoder_ids[r]
+              .narrow(0, end, merged - end)
+              .copy_(ids[r].narrow(0, end - offset, t - (end - offset)));
+        }
+        decoder_mask[r].narrow(0, end - 1, merged - end + 1).fill_(1);
+      }
+      const torch::Device device = m->embeds.device();
+      encoder_mask = encoder_mask.to(device);
+      torch::Tensor encoded = lm.Encode(m->embeds, encoder_mask);
+      torch::Tensor captured;
+      torch::Tensor logits =
+          lm.DecodeLogits(decoder_ids.to(device), encoded, encoder_mask, nullptr,
+                          decoder_mask.to(device), RepresentationLayer(), &captured);
+      TokenForward f;
+      f.logits = logits.narrow(1, offset, t);
+      f.representation = captured.narrow(1, offset, t).to(torch::kFloat);
+      f.queries = m->queries;
+      f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},
+                                      f.queries.options().dtype(torch::kBool));
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+    }
+  }
 
   // The Q-Former over the kept tokens (dropped ones masked out of its cross-attention keys),
   // projected into the LM input as InputsEmbeds places an image's queries.

@@ -206,6 +206,89 @@ TEST(Blip2ParityTest, T5RelativeBucketsMatchTransformers) {
       << T5RelativeBucket(rel, false, 32, 128);
 }
 
+// T5's teacher-forced forward on visual tokens (what the cloud's AKD trains on) agrees with
+// its own greedy decoding: over each row's answer the logits are the step logits generation
+// chose the answer from, for two left-padded rows of different lengths in one batch.
+TEST(Blip2ParityTest, T5ForwardTokensMatchesItsGreedyDecoding) {
+  for (const char* variant : {"blip2_flan_t5", "instructblip_flan_t5"}) {
+    SCOPED_TRACE(variant);
+    const std::string dir = FixtureDir(variant);
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<nlohmann::json> expected = ReadJsonFile(dir + "/expected.json");
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    absl::StatusOr<SafetensorsContents> pixels =
+        ReadSafetensors(dir + "/expected_pixels.safetensors");
+    ASSERT_TRUE(pixels.ok()) << pixels.status();
+    std::map<std::string, torch::Tensor> pixel_by_case(pixels->tensors.begin(),
+                                                       pixels->tensors.end());
+    std::vector<std::vector<int64_t>> prompts, answers, qformer;
+    std::vector<torch::Tensor> tokens, step_logits;
+    for (size_t i = 0; i < 2; ++i) {
+      const nlohmann::json& c = (*expected)["cases"][i];
+      MultimodalInputs px;
+      px.pixel_values = pixel_by_case.at("case" + std::to_string(i)).unsqueeze(0);
+      absl::StatusOr<torch::Tensor> t = (*m)->EncodeImages(px);
+      ASSERT_TRUE(t.ok()) << t.status();
+      tokens.push_back(*t);
+      prompts.push_back(c["input_ids"].get<std::vector<int64_t>>());
+      if (c.contains("qformer_input_ids")) {
+        qformer.push_back(c["qformer_input_ids"].get<std::vector<int64_t>>());
+      }
+      TokenInputs in;
+      in.visual_tokens = *t;
+      in.input_ids = Ids(c["input_ids"]);
+      if (!qformer.empty()) in.qformer_input_ids = Ids(c["qformer_input_ids"]);
+      GreedyOptions g;
+      g.max_new_tokens = 4;
+      g.keep_step_logits = true;
+      absl::StatusOr<GreedyResult> r = (*m)->GenerateFromTokens(in, g);
+      ASSERT_TRUE(r.ok()) << r.status();
+      answers.push_back(r->tokens[0]);
+      step_logits.push_back(torch::stack(r->step_logits).select(1, 0));  // [a, V]
+    }
+    int64_t width = 0, q_width = 0;
+    for (size_t i = 0; i < 2; ++i) {
+      width = std::max<int64_t>(width, prompts[i].size() + answers[i].size());
+      if (!qformer.empty()) q_width = std::max<int64_t>(q_width, qformer[i].size());
+    }
+    TokenInputs batch;
+    batch.visual_tokens = torch::cat(tokens);
+    batch.input_ids = torch::zeros({2, width}, torch::kLong);
+    batch.attention_mask = torch::zeros({2, width}, torch::kLong);
+    batch.prompt_lengths = torch::tensor(
+        {static_cast<int64_t>(prompts[0].size()), static_cast<int64_t>(prompts[1].size())});
+    if (!qformer.empty()) {
+      batch.qformer_input_ids = torch::zeros({2, q_width}, torch::kLong);
+      batch.qformer_attention_mask = torch::zeros({2, q_width}, torch::kLong);
+    }
+    for (int64_t r = 0; r < 2; ++r) {
+      std::vector<int64_t> row = prompts[r];
+      row.insert(row.end(), answers[r].begin(), answers[r].end());
+      const int64_t n = static_cast<int64_t>(row.size());
+      batch.input_ids[r].narrow(0, width - n, n).copy_(torch::tensor(row, torch::kLong));
+      batch.attention_mask[r].narrow(0, width - n, n).fill_(1);
+      if (!qformer.empty()) {
+        const int64_t qn = static_cast<int64_t>(qformer[r].size());
+        batch.qformer_input_ids[r].narrow(0, 0, qn).copy_(torch::tensor(qformer[r], torch::kLong));
+        batch.qformer_attention_mask[r].narrow(0, 0, qn).fill_(1);
+      }
+    }
+    absl::StatusOr<TokenForward> f = (*m)->ForwardTokens(batch);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_TRUE(torch::isfinite(f->logits).all().item<bool>());
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t a = static_cast<int64_t>(answers[r].size());
+      const int64_t first = width - a - 1;  // the prompt's last position predicts answer[0]
+      torch::Tensor got = f->logits[r].narrow(0, first, a);
+      const double scale = step_logits[r].abs().max().item<double>();
+      EXPECT_LE((got - step_logits[r]).abs().max().item<double>(), 1e-4 * scale) << "row " << r;
+    }
+    batch.prompt_lengths = torch::Tensor();
+    EXPECT_EQ((*m)->ForwardTokens(batch).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(Blip2ParityTest, OptQuantizedWeightsLoadSmallerAndAnswer) {
   for (const char* variant : {"blip2_opt", "blip2_opt_proj"}) {
     CheckQuantized(variant, "int8", {2, 579, 29}, 0.1);

@@ -180,7 +180,8 @@ T5SublayerImpl& T5StackImpl::Sublayer(size_t block_index, size_t m) {
 
 torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Tensor& mask,
                                    const torch::Tensor& encoder_hidden,
-                                   const torch::Tensor& encoder_mask, T5DecoderCache* cache) {
+                                   const torch::Tensor& encoder_mask, T5DecoderCache* cache,
+                                   int64_t capture_block, torch::Tensor* captured) {
   const int64_t b = embeds.size(0), t = embeds.size(1);
   const torch::ScalarType dtype = embeds.scalar_type();
   const torch::Device device = embeds.device();
@@ -197,11 +198,18 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
     const int64_t total = past + t;
     torch::Tensor query = torch::arange(past, total, longs).view({t, 1});
     torch::Tensor key = torch::arange(0, total, longs).view({1, total});
-    torch::Tensor causal =
-        torch::zeros({t, total}, torch::TensorOptions().dtype(dtype).device(device))
-            .masked_fill(key > query, LowestValue(dtype));
-    self_bias = first.PositionBias(past, t, total, /*bidirectional=*/false, device).to(dtype) +
-                causal.view({1, 1, t, total});
+    // Later keys and masked ones get the lowest value once (a row with every key masked stays
+    // finite, as the padding rows of a teacher-forced batch are).
+    torch::Tensor blocked = (key > query).view({1, t, total});
+    if (mask.defined()) {
+      blocked = blocked | (mask.to(device, torch::kLong) == 0).view({b, 1, total});
+    }
+    torch::Tensor additive =
+        torch::zeros(blocked.sizes(), torch::TensorOptions().dtype(dtype).device(device))
+            .masked_fill(blocked, LowestValue(dtype))
+            .unsqueeze(1);
+    self_bias =
+        first.PositionBias(past, t, total, /*bidirectional=*/false, device).to(dtype) + additive;
     const int64_t s = encoder_hidden.size(1);
     torch::Tensor enc_keep =
         encoder_mask.defined() ? encoder_mask.to(device, torch::kLong) : torch::ones({b, s}, longs);
@@ -209,6 +217,7 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
   }
   torch::Tensor h = embeds;
   for (size_t i = 0; i < block->size(); ++i) {
+    if (captured != nullptr && capture_block == static_cast<int64_t>(i)) *captured = h;
     for (T5Sublayer& s : sublayers_[i]) {
       T5SublayerImpl& sub = *s;
       torch::Tensor normed = sub.layer_norm(h);
@@ -226,6 +235,7 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
       h = ClampHalf(h);
     }
   }
+  if (captured != nullptr && capture_block == static_cast<int64_t>(block->size())) *captured = h;
   return final_layer_norm(h);
 }
 
@@ -277,12 +287,12 @@ torch::Tensor T5ForConditionalGenerationImpl::Encode(const torch::Tensor& inputs
   return encoder->forward(inputs_embeds, mask);
 }
 
-torch::Tensor T5ForConditionalGenerationImpl::DecodeLogits(const torch::Tensor& decoder_ids,
-                                                           const torch::Tensor& encoder_hidden,
-                                                           const torch::Tensor& encoder_mask,
-                                                           T5DecoderCache* cache) {
-  torch::Tensor h = decoder->forward(shared(decoder_ids.to(encoder_hidden.device())),
-                                     torch::Tensor(), encoder_hidden, encoder_mask, cache);
+torch::Tensor T5ForConditionalGenerationImpl::DecodeLogits(
+    const torch::Tensor& decoder_ids, const torch::Tensor& encoder_hidden,
+    const torch::Tensor& encoder_mask, T5DecoderCache* cache, const torch::Tensor& decoder_mask,
+    int64_t capture_block, torch::Tensor* captured) {
+  torch::Tensor h = decoder->forward(shared(decoder_ids.to(encoder_hidden.device())), decoder_mask,
+                                     encoder_hidden, encoder_mask, cache, capture_block, captured);
   if (config_.scale_decoder_outputs) h = h * std::pow(static_cast<double>(config_.d_model), -0.5);
   torch::Tensor logits = lm_head     ? lm_head(h)
                          : tied_head ? tied_head(h)

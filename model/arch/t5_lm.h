@@ -97,11 +97,14 @@ class T5StackImpl : public torch::nn::Module {
  public:
   T5StackImpl(const T5Config& c, bool decoder, const HfPrecision& p);
   // Encoder: embeds [B, S, D] and mask [B, S] (1 = token) -> hidden [B, S, D] after the final
-  // norm. Decoder: embeds [B, T, D] (the new positions), the encoder's output and mask, and a
-  // cache (appended to; nullptr = none) -> hidden [B, T, D].
+  // norm. Decoder: embeds [B, T, D] (the new positions), their key mask [B, past + T] (1 =
+  // attend; undefined = all), the encoder's output and mask, and a cache (appended to;
+  // nullptr = none) -> hidden [B, T, D]. captured (non-null): the hidden state after
+  // capture_block blocks.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& mask,
                         const torch::Tensor& encoder_hidden = {},
-                        const torch::Tensor& encoder_mask = {}, T5DecoderCache* cache = nullptr);
+                        const torch::Tensor& encoder_mask = {}, T5DecoderCache* cache = nullptr,
+                        int64_t capture_block = -1, torch::Tensor* captured = nullptr);
   // block.N.layer.M.
   T5SublayerImpl& Sublayer(size_t block_index, size_t m);
   size_t num_blocks() const { return sublayers_.size(); }
@@ -130,9 +133,13 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module {
   torch::Tensor EmbedTokens(const torch::Tensor& ids);  // [B, T] -> [B, T, D]
   // Encoder output [B, S, D] for input embeddings and mask [B, S] (undefined = all tokens).
   torch::Tensor Encode(const torch::Tensor& inputs_embeds, const torch::Tensor& mask);
-  // Logits [B, T, V] fp32 of decoder ids [B, T] (the new positions after the cache's).
+  // Logits [B, T, V] fp32 of decoder ids [B, T] (the new positions after the cache's), with
+  // their key mask [B, past + T] (undefined = all). captured (non-null): the decoder's hidden
+  // state after capture_block blocks [B, T, D].
   torch::Tensor DecodeLogits(const torch::Tensor& decoder_ids, const torch::Tensor& encoder_hidden,
-                             const torch::Tensor& encoder_mask, T5DecoderCache* cache);
+                             const torch::Tensor& encoder_mask, T5DecoderCache* cache,
+                             const torch::Tensor& decoder_mask = {}, int64_t capture_block = -1,
+                             torch::Tensor* captured = nullptr);
 
   const T5Config& config() const { return config_; }
   const HfPrecision& precision() const { return precision_; }
