@@ -57,6 +57,7 @@ HfTextBatch CollateHfRows(const std::vector<HfTextRow>& rows, torch::Device devi
   torch::Tensor q_mask = torch::zeros({b, q_width}, torch::kLong);
   HfTextBatch batch;
   std::vector<torch::Tensor> tokens, present;
+  std::vector<int64_t> prompt_lengths;
   for (int64_t r = 0; r < b; ++r) {
     const HfTextRow& x = rows[static_cast<size_t>(r)];
     std::vector<int64_t> row = *x.prompt;
@@ -78,12 +79,14 @@ HfTextBatch CollateHfRows(const std::vector<HfTextRow>& rows, torch::Device devi
     }
     tokens.push_back(x.tokens);
     present.push_back(x.present);
+    prompt_lengths.push_back(static_cast<int64_t>(x.prompt->size()));
     batch.answer_lengths.push_back(a);
   }
   batch.inputs.visual_tokens = torch::cat(tokens);
   batch.inputs.visual_present = torch::cat(present);
   batch.inputs.input_ids = ids.to(device);
   batch.inputs.attention_mask = mask.to(device);
+  batch.inputs.prompt_lengths = torch::tensor(prompt_lengths, torch::kLong).to(device);
   if (q_width > 0) {
     batch.inputs.qformer_input_ids = q_ids.to(device);
     batch.inputs.qformer_attention_mask = q_mask.to(device);
@@ -134,14 +137,19 @@ torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
   return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
 }
 
-// One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`.
+// One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`, whose first
+// `prompt_length` are the prompt (-1: ids are the prompt alone, for generation).
 model::TokenInputs TokenInputsOf(const torch::Tensor& tokens, const torch::Tensor& present,
                                  const std::vector<int64_t>& ids,
-                                 const std::vector<int64_t>& qformer, torch::Device d) {
+                                 const std::vector<int64_t>& qformer, torch::Device d,
+                                 int64_t prompt_length = -1) {
   model::TokenInputs in;
   in.visual_tokens = tokens;
   in.visual_present = present;
   in.input_ids = Ids(ids, d);
+  if (prompt_length >= 0) {
+    in.prompt_lengths = torch::tensor({prompt_length}, torch::kLong).to(d);
+  }
   if (!qformer.empty()) {
     in.qformer_input_ids = Ids(qformer, d);
     in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
@@ -188,8 +196,9 @@ struct HfPairDistiller::State {
   }
 
   static model::TokenInputs Inputs(const PreparedSample& s, const std::vector<int64_t>& ids,
-                                   const std::vector<int64_t>& qformer, torch::Device d) {
-    return TokenInputsOf(s.tokens, s.present, ids, qformer, d);
+                                   const std::vector<int64_t>& qformer, torch::Device d,
+                                   int64_t prompt_length) {
+    return TokenInputsOf(s.tokens, s.present, ids, qformer, d, prompt_length);
   }
 
   // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits. The teacher reads
@@ -232,8 +241,8 @@ struct HfPairDistiller::State {
     // Teacher-forced on its answer.
     std::vector<int64_t> full = *t_prompt;
     full.insert(full.end(), answer.begin(), answer.end());
-    absl::StatusOr<model::TokenForward> f =
-        teacher.model->ForwardTokens(Inputs(*out, full, *t_qformer, teacher.model->device()));
+    absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(Inputs(
+        *out, full, *t_qformer, teacher.model->device(), static_cast<int64_t>(t_prompt->size())));
     if (!f.ok()) return f.status();
     const int64_t p = static_cast<int64_t>(t_prompt->size());
     const int64_t a = static_cast<int64_t>(answer.size());
@@ -573,7 +582,7 @@ absl::StatusOr<double> AnswerIdsProbability(const HfPairSide& side, const HfSamp
   full.insert(full.end(), ids.begin(), ids.end());
   absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(
       TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device), full,
-                    prompt->qformer, device));
+                    prompt->qformer, device, static_cast<int64_t>(prompt->lm.size())));
   if (!f.ok()) return f.status();
   const int64_t p = static_cast<int64_t>(prompt->lm.size());
   const int64_t a = static_cast<int64_t>(ids.size());

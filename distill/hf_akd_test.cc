@@ -7,6 +7,8 @@
 // - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
 //   why it does not, an int8 student trains on the CPU;
 // - a complete sample (every token of the frame): the teacher labels it from all its tokens;
+// - the same for a T5 language model (encoder-decoder: the prompt in the encoder, the answer
+//   teacher-forced in the decoder);
 // - the device learners (distill/hf_self_learner.h): TENT moves the norms alone and lowers
 //   its entropy, CoTTA's stochastic restore returns the set to its source state.
 #include "distill/hf_akd.h"
@@ -421,8 +423,46 @@ TEST_P(HfPairJobTest, AnAnswersProbabilityIsWhatGreedyDecodingChoseItWith) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfPairJobTest,
-                         ::testing::Values("llava_clip_llama", "blip2_llama",
-                                           "instructblip_llama"));
+                         ::testing::Values("llava_clip_llama", "blip2_llama", "instructblip_llama",
+                                           "blip2_flan_t5", "instructblip_flan_t5"));
+
+// An OPT student (biases and LayerNorms trainable, LoRA on q_proj/v_proj) moves towards its
+// teacher's distributions. The KL term alone: the tiny random OPT's distributions are flat, so
+// fitting its argmax labels (CE) sharpens the student past them and the KL would rise with it.
+TEST(HfPairJobTest, OptStudentLearnsTheTeachersDistributions) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair("blip2_opt", &teacher, &student));
+  Case c = FirstCase("blip2_opt", *student->model);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student->model->TrainableParameters()) {
+      if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_ce = 0;
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 25;
+  o.batch_size = 4;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<HfPairDistiller> job,
+                       HfPairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(HfJobResult r, job->Run(Samples(c, 6)));
+  EXPECT_TRUE(r.kl_used);
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("kl"));
+  EXPECT_LT(terms["kl"].last, 0.5 * terms["kl"].first);
+  int biases = 0;
+  for (const auto& [name, t] : r.trainable) {
+    biases += name.find("language_model.model.decoder.layers.") == 0 && name.size() > 5 &&
+              name.compare(name.size() - 5, 5, ".bias") == 0;
+  }
+  EXPECT_EQ(biases, 2 * (4 + 2 + 2));  // per layer: q, k, v, out, fc1, fc2, two LayerNorms
+}
 
 TEST(HfPairJobTest, DifferentTokenizersTrainWithoutTheKlAndSaySo) {
   // Same tower shapes, different tokenizers (vocabularies of 857 and 700).

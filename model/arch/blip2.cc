@@ -29,6 +29,40 @@ HfPrecision Fp32Compute(HfPrecision p) {
   return p;
 }
 
+// LoRA on T5's attention q and v (self- and cross-attention, encoder and decoder; with
+// lora_mlp its MLP projections too), drawn as AddDecoderLora draws the decoder's.
+absl::Status AddT5Lora(T5ForConditionalGenerationImpl& lm, const AdapterOptions& options) {
+  if (options.lora_rank <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA rank must be > 0, got ", options.lora_rank));
+  }
+  if (!(options.lora_alpha > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA alpha must be > 0, got ", options.lora_alpha));
+  }
+  if (lm.encoder->Sublayer(0, 0).attention->q->has_lora()) {
+    return absl::InvalidArgumentError("the model already has LoRA adapters");
+  }
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+  for (T5StackImpl* stack : {lm.encoder.get(), lm.decoder.get()}) {
+    for (size_t b = 0; b < stack->num_blocks(); ++b) {
+      for (size_t m = 0; m < stack->num_sublayers(); ++m) {
+        T5SublayerImpl& sub = stack->Sublayer(b, m);
+        if (!sub.attention.is_empty()) {
+          AddLinearLora(sub.attention->q, options, gen);
+          AddLinearLora(sub.attention->v, options, gen);
+        } else if (options.lora_mlp) {
+          T5DenseImpl& d = *sub.DenseReluDense;
+          for (HfLinear* l : {&d.wi_0, &d.wi_1, &d.wi, &d.wo}) {
+            if (!l->is_empty()) AddLinearLora(*l, options, gen);
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
@@ -48,7 +82,20 @@ absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
             "language_projection");
   if (!s.ok()) return s.status();
   p.projection = *s;
-  s = Probe(folder, {"language_model.model.", "model.language_model.", "language_model."},
+  // OPT's blocks sit under a "decoder." of their own.
+  // T5: one tree (shared, encoder, decoder, lm_head) under the LM's prefix.
+  if (absl::StatusOr<std::string> t5 =
+          Probe(folder, {"language_model.", "model.language_model."}, "shared.weight", "T5");
+      t5.ok()) {
+    p.lm_body = *t5;
+    p.lm_head = *t5 + "lm_head.";
+    p.t5 = true;
+    return p;
+  }
+  // OPT's blocks sit under a "decoder." of their own.
+  s = Probe(folder,
+            {"language_model.model.", "model.language_model.", "language_model.",
+             "language_model.model.decoder.", "model.language_model.decoder."},
             "embed_tokens.weight", "language model");
   if (!s.ok()) return s.status();
   p.lm_body = *s;
@@ -115,19 +162,49 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2
                                                                      const DecoderConfig& text,
                                                                      const HfPrecision& precision)
     : config_(config), precision_(precision) {
-  vision_model = register_module("vision_model", Blip2VisionModel(config.vision, precision));
+  BuildImageSide(text.hidden_size);
+  language_model = register_module("language_model", DecoderLm(text, precision));
+}
+
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& config,
+                                                                     const T5Config& text,
+                                                                     const HfPrecision& precision)
+    : config_(config), precision_(precision) {
+  BuildImageSide(text.d_model);
+  t5_language_model =
+      register_module("language_model", T5ForConditionalGeneration(text, precision));
+}
+
+void Blip2ForConditionalGenerationImpl::BuildImageSide(int64_t lm_width) {
+  vision_model = register_module("vision_model", Blip2VisionModel(config_.vision, precision_));
   query_tokens = register_parameter(
       "query_tokens",
-      Placeholder({1, config.num_query_tokens, config.qformer.hidden_size}, torch::kFloat));
-  qformer = register_module("qformer",
-                            QFormerModel(config.qformer, config.instruct, Fp32Compute(precision)));
+      Placeholder({1, config_.num_query_tokens, config_.qformer.hidden_size}, torch::kFloat));
+  qformer = register_module(
+      "qformer", QFormerModel(config_.qformer, config_.instruct, Fp32Compute(precision_)));
   HfLinearOptions proj;
-  proj.in_features = config.qformer.hidden_size;
-  proj.out_features = text.hidden_size;
+  proj.in_features = config_.qformer.hidden_size;
+  proj.out_features = lm_width;
   proj.bias = true;
-  proj.precision = precision;
+  proj.precision = precision_;
   language_projection = register_module("language_projection", HfLinear(proj));
-  language_model = register_module("language_model", DecoderLm(text, precision));
+}
+
+torch::Tensor Blip2ForConditionalGenerationImpl::EmbedTokens(const torch::Tensor& ids) {
+  return is_encoder_decoder() ? t5_language_model->EmbedTokens(ids)
+                              : language_model->EmbedTokens(ids);
+}
+
+GreedyResult Blip2ForConditionalGenerationImpl::GenerateFromEmbeds(const torch::Tensor& embeds,
+                                                                   const torch::Tensor& mask,
+                                                                   const GreedyOptions& options) {
+  if (is_encoder_decoder()) return T5GreedyGenerate(*t5_language_model, embeds, mask, options);
+  return GreedyGenerateFromEmbeds(*language_model, embeds, mask, options);
+}
+
+std::vector<int64_t> Blip2ForConditionalGenerationImpl::ConfigEosTokenIds() const {
+  return is_encoder_decoder() ? t5_language_model->config().eos_token_ids
+                              : language_model->config().eos_token_ids;
 }
 
 absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>>
@@ -140,11 +217,24 @@ Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPr
   if (text_json == folder.config().end() || !text_json->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": field text_config is missing"));
   }
-  absl::StatusOr<DecoderConfig> text = ParseDecoderConfig(*text_json, file);
-  if (!text.ok()) return text.status();
+  absl::StatusOr<std::string> text_type = ConfigModelType(*text_json, file);
+  if (!text_type.ok()) return text_type.status();
   std::shared_ptr<Blip2ForConditionalGenerationImpl> model;
   try {
-    model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *text, precision);
+    if (*text_type == "t5") {
+      absl::StatusOr<T5Config> t5 = ParseT5Config(*text_json, file);
+      if (!t5.ok()) return t5.status();
+      // The head is the shared embedding unless the checkpoint has one of its own (published
+      // Flan-T5 folders have; transformers 5 saves a tied one without).
+      absl::StatusOr<Blip2Prefixes> p = FindBlip2Prefixes(folder);
+      if (!p.ok()) return p.status();
+      t5->tie_word_embeddings = !folder.Has(p->lm_head + "weight");
+      model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *t5, precision);
+    } else {
+      absl::StatusOr<DecoderConfig> text = ParseDecoderConfig(*text_json, file);
+      if (!text.ok()) return text.status();
+      model = std::make_shared<Blip2ForConditionalGenerationImpl>(*config, *text, precision);
+    }
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat(folder.dir(), ": building the model: ", e.what_without_backtrace()));
@@ -176,6 +266,14 @@ absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, tor
     if (absl::Status s = folder.LoadInto(*qformer, p->qformer, options); !s.ok()) return s;
     if (absl::Status s = folder.LoadInto(*language_projection, p->projection, options); !s.ok()) {
       return s;
+    }
+    if (is_encoder_decoder()) {
+      if (!p->t5) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(folder.dir(), ": text_config is t5 but there are no T5 weights (",
+                         p->lm_body, "shared.weight)"));
+      }
+      return t5_language_model->Load(folder, p->lm_body, device);
     }
     return language_model->Load(folder, p->lm_body, p->lm_head, device);
   } catch (const c10::Error& e) {
@@ -218,7 +316,7 @@ Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
   if (absl::Status s = CheckImageInputs(in, /*one_image=*/false); !s.ok()) return s;
   torch::Tensor queries =
       ImageQueries(in.pixel_values, in.qformer_input_ids, in.qformer_attention_mask);
-  torch::Tensor text = language_model->EmbedTokens(in.input_ids);
+  torch::Tensor text = EmbedTokens(in.input_ids);
   absl::StatusOr<torch::Tensor> merged =
       MergeBlip2Queries(text, in.input_ids, queries, config_.image_token_id);
   if (!merged.ok()) return merged.status();
@@ -230,6 +328,10 @@ Blip2ForConditionalGenerationImpl::InputsEmbeds(const Blip2Inputs& in) {
 }
 
 absl::StatusOr<torch::Tensor> Blip2ForConditionalGenerationImpl::Logits(const Blip2Inputs& in) {
+  if (is_encoder_decoder()) {
+    return absl::FailedPreconditionError(
+        "BLIP-2 forward: a T5 language model needs decoder ids; use Generate");
+  }
   try {
     torch::NoGradGuard no_grad;
     absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
@@ -246,7 +348,7 @@ absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
     torch::NoGradGuard no_grad;
     absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> e = InputsEmbeds(in);
     if (!e.ok()) return e.status();
-    return GreedyGenerateFromEmbeds(*language_model, e->first, e->second, options);
+    return GenerateFromEmbeds(e->first, e->second, options);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
   }
@@ -365,7 +467,11 @@ class Blip2MultimodalModel : public MultimodalModel {
   torch::Device device() const override { return device_; }
 
   absl::Status AddAdapters(const AdapterOptions& options) override {
-    if (absl::Status s = AddDecoderLora(*model_->language_model, options); !s.ok()) return s;
+    if (model_->is_encoder_decoder()) {
+      if (absl::Status s = AddT5Lora(*model_->t5_language_model, options); !s.ok()) return s;
+    } else if (absl::Status s = AddDecoderLora(*model_->language_model, options); !s.ok()) {
+      return s;
+    }
     if (options.lora_qformer) {
       at::Generator gen = at::detail::createCPUGenerator(options.seed + 1);
       for (const auto& layer : *model_->qformer->encoder->layer) {
@@ -411,11 +517,16 @@ class Blip2MultimodalModel : public MultimodalModel {
   }
 
   int64_t RepresentationLayer() const override {
+    // T5: R is the decoder's state, which reads the answer as a decoder LM does.
+    if (model_->is_encoder_decoder()) {
+      return model_->t5_language_model->config().num_decoder_layers / 2;
+    }
     return model_->language_model->config().num_hidden_layers / 2;
   }
   torch::nn::Module& module() override { return *model_; }
 
   absl::StatusOr<TokenForward> ForwardTokens(const TokenInputs& in) override {
+    if (model_->is_encoder_decoder()) return ForwardTokensT5(in);
     absl::StatusOr<Merged> m = Merge(in);
     if (!m.ok()) return m.status();
     try {
@@ -461,6 +572,13 @@ class Blip2MultimodalModel : public MultimodalModel {
                                                   const GreedyOptions& options) override {
     absl::StatusOr<Merged> m = Merge(in);
     if (!m.ok()) return m.status();
+    if (model_->is_encoder_decoder()) {
+      try {
+        return model_->GenerateFromEmbeds(m->embeds, m->mask, options);
+      } catch (const c10::Error& e) {
+        return absl::InternalError(absl::StrCat("BLIP-2 generate: ", e.what_without_backtrace()));
+      }
+    }
     return GreedyFromTokenEmbeds(*model_->language_model, m->embeds, m->mask, options,
                                  "BLIP-2 generate");
   }
@@ -471,6 +589,67 @@ class Blip2MultimodalModel : public MultimodalModel {
     torch::Tensor mask;     // [B, T'] int64
     torch::Tensor queries;  // [B, Q, H_qformer] fp32: the Q-Former's query outputs
   };
+
+  // ForwardTokens with T5: each row's prompt (with the queries in place) is the encoder's input
+  // and its answer the decoder's, teacher-forced from the start token, laid out in the row's
+  // positions so the contract holds: logits[:, t] predicts input_ids[:, t + 1] over the answer
+  // (the start token sits at the prompt's last position). Elsewhere the rows hold no prediction.
+  absl::StatusOr<TokenForward> ForwardTokensT5(const TokenInputs& in) {
+    const int64_t b = in.input_ids.defined() && in.input_ids.dim() == 2 ? in.input_ids.size(0) : 0;
+    const int64_t t = b > 0 ? in.input_ids.size(1) : 0;
+    if (!in.prompt_lengths.defined() || in.prompt_lengths.dim() != 1 ||
+        in.prompt_lengths.size(0) != b) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a T5 language model needs TokenInputs::prompt_lengths [", b, "]"));
+    }
+    absl::StatusOr<Merged> m = Merge(in);
+    if (!m.ok()) return m.status();
+    try {
+      T5ForConditionalGenerationImpl& lm = *model_->t5_language_model;
+      const int64_t merged = m->embeds.size(1), offset = merged - t;
+      torch::Tensor keep = m->mask.to(torch::kCPU, torch::kLong);
+      torch::Tensor text_keep = keep.narrow(1, offset, t);
+      torch::Tensor lengths = in.prompt_lengths.to(torch::kCPU, torch::kLong);
+      torch::Tensor ids = in.input_ids.to(torch::kCPU, torch::kLong);
+      torch::Tensor encoder_mask = keep.clone();
+      torch::Tensor decoder_ids = torch::zeros({b, merged}, torch::kLong);
+      torch::Tensor decoder_mask = torch::zeros({b, merged}, torch::kLong);
+      for (int64_t r = 0; r < b; ++r) {
+        // The row's tokens begin after its left padding.
+        const int64_t start = t - text_keep[r].sum().item<int64_t>();
+        const int64_t p = lengths[r].item<int64_t>();
+        if (p < 1 || start + p > t) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "prompt_lengths[", r, "] = ", p, " does not fit the row's ", t - start, " tokens"));
+        }
+        const int64_t end = offset + start + p;  // the answer's first position (merged row)
+        encoder_mask[r].narrow(0, end, merged - end).zero_();
+        decoder_ids[r][end - 1] = lm.config().decoder_start_token_id;
+        if (end < merged) {
+          decoder_ids[r]
+              .narrow(0, end, merged - end)
+              .copy_(ids[r].narrow(0, end - offset, t - (end - offset)));
+        }
+        decoder_mask[r].narrow(0, end - 1, merged - end + 1).fill_(1);
+      }
+      const torch::Device device = m->embeds.device();
+      encoder_mask = encoder_mask.to(device);
+      torch::Tensor encoded = lm.Encode(m->embeds, encoder_mask);
+      torch::Tensor captured;
+      torch::Tensor logits =
+          lm.DecodeLogits(decoder_ids.to(device), encoded, encoder_mask, nullptr,
+                          decoder_mask.to(device), RepresentationLayer(), &captured);
+      TokenForward f;
+      f.logits = logits.narrow(1, offset, t);
+      f.representation = captured.narrow(1, offset, t).to(torch::kFloat);
+      f.queries = m->queries;
+      f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},
+                                      f.queries.options().dtype(torch::kBool));
+      return f;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("BLIP-2 forward: ", e.what_without_backtrace()));
+    }
+  }
 
   // The Q-Former over the kept tokens (dropped ones masked out of its cross-attention keys),
   // projected into the LM input as InputsEmbeds places an image's queries.
@@ -506,8 +685,8 @@ class Blip2MultimodalModel : public MultimodalModel {
       torch::Tensor projected =
           model_->language_projection->forward(m.queries.to(model_->precision().dtype));
       torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
-      absl::StatusOr<torch::Tensor> merged = MergeBlip2Queries(
-          model_->language_model->EmbedTokens(ids), ids, projected, c.image_token_id);
+      absl::StatusOr<torch::Tensor> merged =
+          MergeBlip2Queries(model_->EmbedTokens(ids), ids, projected, c.image_token_id);
       if (!merged.ok()) return merged.status();
       m.embeds = *merged;
       m.mask = in.attention_mask.defined() ? in.attention_mask.to(device_, torch::kLong)
@@ -537,8 +716,7 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& 
   if (!model.ok()) return model.status();
   absl::StatusOr<Blip2Prefixes> prefixes = FindBlip2Prefixes(folder);
   if (!prefixes.ok()) return prefixes.status();
-  std::vector<int64_t> eos =
-      ReadEosTokenIds(folder.dir(), (*model)->language_model->config().eos_token_ids);
+  std::vector<int64_t> eos = ReadEosTokenIds(folder.dir(), (*model)->ConfigEosTokenIds());
   return std::unique_ptr<MultimodalModel>(std::make_unique<Blip2MultimodalModel>(
       std::move(*model), std::move(eos), device, *std::move(prefixes)));
 }

@@ -1,13 +1,16 @@
 // BLIP-2 and InstructBLIP (transformers' Blip2ForConditionalGeneration and
-// InstructBlipForConditionalGeneration) with a Llama-family decoder:
+// InstructBlipForConditionalGeneration) with a decoder LM (Llama family or OPT) or T5's
+// encoder-decoder (Flan-T5):
 //   pixel_values -> ViT (blip2_vision.h) -> Q-Former over the learned query tokens
 //   (qformer.h; InstructBLIP also reads the instruction, tokenized by qformer_tokenizer/)
-//   -> language_projection -> the image's Q rows of the LM input (blip2_inputs.h) -> DecoderLm.
+//   -> language_projection -> the image's Q rows of the LM input (blip2_inputs.h) -> DecoderLm,
+//   or T5's encoder input, whose decoder then generates (t5_lm.h).
 //
 // Checkpoint names (5.x layout as HfFolder gives them): vision_model.*, query_tokens,
-// qformer.*, language_projection.*, and the LM under language_model.model.* +
-// language_model.lm_head.* (what transformers saves for these classes) or
-// model.language_model.* + lm_head.*; a `model.` prefix on the other parts is accepted too.
+// qformer.*, language_projection.*, and the LM under language_model.model.* (OPT:
+// language_model.model.decoder.*) + language_model.lm_head.* (what transformers saves for
+// these classes) or model.language_model.* + lm_head.*; T5 under language_model.{shared,
+// encoder, decoder, lm_head}.*; a `model.` prefix on the other parts is accepted too.
 //
 // Precision: the ViT, the language projection and the LM compute in precision.dtype with
 // their linear weights stored as precision.weights; the Q-Former and the query tokens compute
@@ -32,6 +35,7 @@
 #include "model/arch/hf_linear.h"
 #include "model/arch/hf_model.h"
 #include "model/arch/qformer.h"
+#include "model/arch/t5_lm.h"
 #include "model/hub/blip2_config.h"
 #include "model/hub/hf_folder.h"
 #include "model/runtime/generation.h"
@@ -44,8 +48,11 @@ struct Blip2Prefixes {
   std::string query_tokens;  // "query_tokens" (a full tensor name)
   std::string qformer;       // "qformer."
   std::string projection;    // "language_projection."
-  std::string lm_body;       // "language_model.model." or "model.language_model."
-  std::string lm_head;       // "language_model.lm_head." or "lm_head."
+  // "language_model.model." or "model.language_model." (+ "decoder." for OPT); T5: the
+  // prefix of its whole tree, "language_model."
+  std::string lm_body;
+  std::string lm_head;  // "language_model.lm_head." or "lm_head." (T5: unused)
+  bool t5 = false;      // the LM is T5's encoder-decoder
 };
 absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder);
 
@@ -68,9 +75,13 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  public:
   Blip2ForConditionalGenerationImpl(const Blip2Config& config, const DecoderConfig& text,
                                     const HfPrecision& precision);
+  // With T5's encoder-decoder as the LM.
+  Blip2ForConditionalGenerationImpl(const Blip2Config& config, const T5Config& text,
+                                    const HfPrecision& precision);
 
-  // Reads config.json (model_type blip-2 or instructblip, text_config llama/qwen2), builds the
-  // model and loads every weight onto `device`. Errors name the file and the field/tensor.
+  // Reads config.json (model_type blip-2 or instructblip, text_config llama/qwen2/opt/t5),
+  // builds the model and loads every weight onto `device`. Errors name the file and the
+  // field/tensor.
   static absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> FromFolder(
       const HfFolder& folder, const HfPrecision& precision, torch::Device device);
 
@@ -82,15 +93,17 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
                              const torch::Tensor& qformer_attention_mask = {});
 
   // The LM's input embeddings [B, T', H_lm] with the queries in place, and the matching
-  // attention mask (undefined when the input's was). InvalidArgument on a wrong number of
-  // image tokens.
+  // attention mask (undefined when the input's was): a decoder's input, or T5's encoder
+  // input. InvalidArgument on a wrong number of image tokens.
   absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> InputsEmbeds(const Blip2Inputs& in);
 
   // Logits [B, T', V] fp32 of one forward pass (no cache): what transformers' forward gives.
+  // Decoder LMs only (T5's needs decoder ids: FailedPrecondition).
   absl::StatusOr<torch::Tensor> Logits(const Blip2Inputs& in);
 
-  // Greedy answer (GreedyGenerateFromEmbeds over the merged embeddings). Torch errors are
-  // returned as Internal.
+  // Greedy answer (GreedyGenerateFromEmbeds over the merged embeddings; T5GreedyGenerate for
+  // T5, whose tokens are the decoder's after its start token). Torch errors are returned as
+  // Internal.
   absl::StatusOr<GreedyResult> Generate(const Blip2Inputs& in, const GreedyOptions& options);
 
   // UTS stage 2 (VIS, hf_model.h VisualTokenPassOptions) for one image: the M passes run the
@@ -104,6 +117,15 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // image token id).
   std::vector<int64_t> ExpandInputIds(const std::vector<int64_t>& prompt_ids) const;
 
+  // The LM's token embeddings [B, T] -> [B, T, E] (the decoder's embed_tokens, T5's shared).
+  torch::Tensor EmbedTokens(const torch::Tensor& ids);
+  // Greedy decoding from merged embeddings (InputsEmbeds' output) with either LM.
+  GreedyResult GenerateFromEmbeds(const torch::Tensor& embeds, const torch::Tensor& mask,
+                                  const GreedyOptions& options);
+  bool is_encoder_decoder() const { return !t5_language_model.is_empty(); }
+  // The ids generation stops at by the LM's config (generation_config.json may override).
+  std::vector<int64_t> ConfigEosTokenIds() const;
+
   const Blip2Config& config() const { return config_; }
   const HfPrecision& precision() const { return precision_; }
 
@@ -111,12 +133,16 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   torch::Tensor query_tokens;  // [1, Q, H_qformer] fp32
   QFormerModel qformer{nullptr};
   HfLinear language_projection{nullptr};
+  // The LM, registered as "language_model": a decoder LM, or T5 (exactly one is non-null).
   DecoderLm language_model{nullptr};
+  T5ForConditionalGeneration t5_language_model{nullptr};
 
  private:
   // InvalidArgument unless the instruction ids fit the layout and pixel_values are
   // [B (1 when one_image), C, S, S] for the tower.
   absl::Status CheckImageInputs(const Blip2Inputs& in, bool one_image) const;
+  // The vision tower, query tokens, Q-Former and projection (to `lm_width`).
+  void BuildImageSide(int64_t lm_width);
 
   Blip2Config config_;
   HfPrecision precision_;

@@ -20,8 +20,11 @@ absl::StatusOr<torch::Tensor> MergeBlip2Queries(const torch::Tensor& text_embeds
                                                 const torch::Tensor& input_ids,
                                                 const torch::Tensor& queries,
                                                 std::optional<int64_t> image_token_id) {
+  const bool wider = image_token_id.has_value() && queries.dim() == 3 && text_embeds.dim() == 3 &&
+                     queries.size(2) > text_embeds.size(2);
   if (text_embeds.dim() != 3 || queries.dim() != 3 || input_ids.dim() != 2 ||
-      queries.size(0) != text_embeds.size(0) || queries.size(2) != text_embeds.size(2) ||
+      queries.size(0) != text_embeds.size(0) ||
+      (queries.size(2) != text_embeds.size(2) && !wider) ||
       input_ids.size(0) != text_embeds.size(0) || input_ids.size(1) != text_embeds.size(1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("BLIP-2 inputs: text embeds ", c10::str(text_embeds.sizes()), ", ids ",
@@ -30,6 +33,11 @@ absl::StatusOr<torch::Tensor> MergeBlip2Queries(const torch::Tensor& text_embeds
   }
   torch::Tensor q = queries.to(text_embeds.scalar_type());
   if (!image_token_id.has_value()) return torch::cat({q, text_embeds}, 1);
+  if (wider) {
+    q = q.reshape(-1)
+            .narrow(0, 0, q.size(0) * q.size(1) * text_embeds.size(2))
+            .view({q.size(0), q.size(1), text_embeds.size(2)});
+  }
   torch::Tensor mask = input_ids.eq(*image_token_id);  // [B, T]
   torch::Tensor per_row = mask.sum(1);
   if (!per_row.eq(queries.size(1)).all().item<bool>()) {

@@ -29,6 +29,9 @@ std::vector<int64_t> ExpandBlip2InputIds(const std::vector<int64_t>& prompt_ids,
 // text_embeds [B, T, H] = embed(input_ids); queries [B, Q, H] (projected). With an image
 // token id: returns text_embeds with row b's image-token positions replaced by queries[b]
 // (InvalidArgument unless each row has exactly Q image tokens). Without: [B, Q + T, H].
+// Queries wider than the embeddings (queries [B, Q, H'] with H' > H: OPT with project_in,
+// whose projection gives the blocks' width) fill the image positions as transformers'
+// masked_scatter does: with the first B * Q * H values of the queries in row-major order.
 absl::StatusOr<torch::Tensor> MergeBlip2Queries(const torch::Tensor& text_embeds,
                                                 const torch::Tensor& input_ids,
                                                 const torch::Tensor& queries,

@@ -100,7 +100,8 @@ DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPreci
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
-  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+  o_proj = register_module(c.is_opt() ? "out_proj" : "o_proj",
+                           linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
 }
 
 namespace {
@@ -197,8 +198,10 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
     k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   }
-  q = ApplyRope(q, cos, sin);
-  k = ApplyRope(k, cos, sin);
+  if (cos.defined()) {  // rotary positions (OPT adds learned ones to the embeddings instead)
+    q = ApplyRope(q, cos, sin);
+    k = ApplyRope(k, cos, sin);
+  }
   if (cache != nullptr) {
     cache->Append(layer, k, v);
     k = cache->keys[layer];
@@ -232,6 +235,11 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
 }
 
 DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p) : act_(c.hidden_act) {
+  if (c.is_opt()) {  // registered by the layer, under OPT's names
+    up_proj = HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p});
+    down_proj = HfLinear(HfLinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p});
+    return;
+  }
   gate_proj = register_module(
       "gate_proj", HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
   up_proj = register_module(
@@ -241,6 +249,7 @@ DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p) : a
 }
 
 torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
+  if (!gate_proj) return down_proj(Activation(act_, up_proj(x)));
   if (packed_gate_up.Serves(x)) {
     torch::Tensor gu = packed_gate_up.forward(x);  // [..., 2 intermediate]
     const int64_t inter = gu.size(-1) / 2;
@@ -250,7 +259,19 @@ torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
   return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p) {
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
+    : norm_before_(c.do_layer_norm_before) {
+  if (c.is_opt()) {
+    self_attn = register_module("self_attn", DecoderAttention(c, p));
+    self_attn_layer_norm = register_module("self_attn_layer_norm",
+                                           HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+    mlp = DecoderMlp(c, p);
+    register_module("fc1", mlp->up_proj);
+    register_module("fc2", mlp->down_proj);
+    final_layer_norm =
+        register_module("final_layer_norm", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+    return;
+  }
   input_layernorm =
       register_module("input_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
   self_attn = register_module("self_attn", DecoderAttention(c, p));
@@ -263,6 +284,15 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& sin, const torch::Tensor& mask,
                                         DecoderKvCache* cache, size_t layer, double dropout_p,
                                         torch::Tensor* last_query_probs) {
+  if (self_attn_layer_norm) {  // OPT: LayerNorm before each sublayer, or after its residual add
+    torch::Tensor a = self_attn->forward(norm_before_ ? self_attn_layer_norm(x) : x, cos, sin, mask,
+                                         cache, layer, last_query_probs);
+    torch::Tensor h = x + TrainingDropout(a, dropout_p);
+    if (!norm_before_) h = self_attn_layer_norm(h);
+    torch::Tensor f = TrainingDropout(mlp(norm_before_ ? final_layer_norm(h) : h), dropout_p);
+    h = h + f;
+    return norm_before_ ? h : final_layer_norm(h);
+  }
   torch::Tensor a =
       self_attn->forward(input_layernorm(x), cos, sin, mask, cache, layer, last_query_probs);
   a = TrainingDropout(a, dropout_p);
@@ -274,19 +304,42 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 
 DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision)
     : config_(config), precision_(precision) {
-  embed_tokens = register_module(
-      "embed_tokens", HfEmbedding(config.vocab_size, config.hidden_size, precision.dtype));
+  const int64_t embed_dim = EmbedDim();
+  embed_tokens =
+      register_module("embed_tokens", HfEmbedding(config.vocab_size, embed_dim, precision.dtype));
+  if (config.is_opt()) {
+    embed_positions = register_module(
+        "embed_positions",
+        HfEmbedding(config.max_position_embeddings + DecoderConfig::kOptPositionOffset,
+                    config.hidden_size, precision.dtype));
+    if (embed_dim != config.hidden_size) {
+      project_in = register_module(
+          "project_in", HfLinear(HfLinearOptions{embed_dim, config.hidden_size, false, precision}));
+      project_out = register_module(
+          "project_out",
+          HfLinear(HfLinearOptions{config.hidden_size, embed_dim, false, precision}));
+    }
+  }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers->push_back(DecoderLayer(config, precision));
   }
-  norm =
-      register_module("norm", HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
+  if (!config.is_opt()) {
+    norm = register_module("norm",
+                           HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
+  } else if (config.final_layer_norm) {
+    final_layer_norm =
+        register_module("final_layer_norm",
+                        HfLayerNorm(config.hidden_size, config.layer_norm_eps, precision.dtype));
+  }
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
-        "lm_head",
-        HfLinear(HfLinearOptions{config.hidden_size, config.vocab_size, false, precision}));
+        "lm_head", HfLinear(HfLinearOptions{embed_dim, config.vocab_size, false, precision}));
   }
+}
+
+int64_t DecoderLmImpl::EmbedDim() const {
+  return config_.is_opt() ? config_.word_embed_proj_dim : config_.hidden_size;
 }
 
 absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body_prefix,
@@ -296,7 +349,17 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
   if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok())
     return s;
   if (absl::Status s = folder.LoadInto(*layers, body_prefix + "layers.", o); !s.ok()) return s;
-  if (absl::Status s = folder.LoadInto(*norm, body_prefix + "norm.", o); !s.ok()) return s;
+  // The parts a config may not have (null holders) are skipped.
+  auto get = [](auto& holder) -> torch::nn::Module* { return holder ? holder.get() : nullptr; };
+  for (const auto& [module, name] : std::vector<std::pair<torch::nn::Module*, std::string>>{
+           {get(norm), "norm."},
+           {get(final_layer_norm), "final_layer_norm."},
+           {get(embed_positions), "embed_positions."},
+           {get(project_in), "project_in."},
+           {get(project_out), "project_out."}}) {
+    if (module == nullptr) continue;
+    if (absl::Status s = folder.LoadInto(*module, body_prefix + name, o); !s.ok()) return s;
+  }
   if (lm_head) {
     if (absl::Status s = folder.LoadInto(*lm_head, lm_head_prefix, o); !s.ok()) return s;
   }
@@ -308,7 +371,7 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
       if (!tied_head) {
         tied_head = register_module(
             "tied_head",
-            HfLinear(HfLinearOptions{config_.hidden_size, config_.vocab_size, false, precision_}));
+            HfLinear(HfLinearOptions{EmbedDim(), config_.vocab_size, false, precision_}));
       }
       if (absl::Status s = tied_head->AdoptQuantized(embed_tokens->quantized_weight()); !s.ok()) {
         return s;
@@ -352,7 +415,7 @@ void DecoderLmImpl::FuseProjections() {
         attn.packed_qkv.Fuse({attn.q_proj, attn.k_proj, attn.v_proj});
       }
       DecoderMlpImpl& mlp = *layer->mlp;
-      if (!mlp.packed_gate_up.Intact()) {
+      if (mlp.gate_proj && !mlp.packed_gate_up.Intact()) {
         mlp.packed_gate_up.Fuse({mlp.gate_proj, mlp.up_proj});
       }
     }
@@ -365,7 +428,7 @@ void DecoderLmImpl::FuseProjections() {
       FuseLinears({attn.q_proj, attn.k_proj, attn.v_proj}, &attn.qkv_weight, &attn.qkv_bias);
     }
     DecoderMlpImpl& mlp = *layer->mlp;
-    if (!mlp.gate_up_weight.defined()) {
+    if (mlp.gate_proj && !mlp.gate_up_weight.defined()) {
       FuseLinears({mlp.gate_proj, mlp.up_proj}, &mlp.gate_up_weight, &mlp.gate_up_bias);
     }
   }
@@ -385,7 +448,10 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
                                                 : torch::ones({b, total}, long_opts);
   TORCH_CHECK(keep.size(0) == b && keep.size(1) == total, "attention_mask must be [B, past + T]");
   torch::Tensor positions = options.position_ids;
-  if (!positions.defined()) {
+  if (!positions.defined() && config_.is_opt()) {
+    // OPTLearnedPositionalEmbedding: cumsum(mask) * mask - 1, padding at -1.
+    positions = (keep.cumsum(-1) * keep - 1).narrow(1, past, t);
+  } else if (!positions.defined()) {
     if (attention_mask.defined()) {
       positions = (keep.cumsum(-1) - 1).masked_fill(keep == 0, 1).narrow(1, past, t);
     } else {
@@ -393,10 +459,16 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
     }
   }
   positions = positions.to(device, torch::kLong);
-  const int64_t seq_len = positions.max().item<int64_t>() + 1;
-  torch::Tensor cos, sin;
-  RopeCosSin(RopeInvFreq(config_.rope, config_.head_dim, seq_len), positions,
-             inputs_embeds.scalar_type(), &cos, &sin, config_.rope.attention_factor);
+  torch::Tensor cos, sin;  // undefined for OPT
+  torch::Tensor h = inputs_embeds;
+  if (config_.is_opt()) {
+    if (project_in) h = project_in(h);
+    h = h + embed_positions(positions + DecoderConfig::kOptPositionOffset);
+  } else {
+    const int64_t seq_len = positions.max().item<int64_t>() + 1;
+    RopeCosSin(RopeInvFreq(config_.rope, config_.head_dim, seq_len), positions,
+               inputs_embeds.scalar_type(), &cos, &sin, config_.rope.attention_factor);
+  }
 
   // Additive mask [B, 1, T, past + T]: query i (absolute past + i) sees key j <= past + i
   // that the padding mask keeps; the rest gets the dtype's lowest value, as transformers.
@@ -415,7 +487,6 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
     cache->values.assign(layers->size(), torch::Tensor());
   }
   DecoderOutput out;
-  torch::Tensor h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
     if (options.capture_layer == static_cast<int64_t>(i)) out.captured = h;
     torch::Tensor probs;
@@ -425,9 +496,11 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
     if (options.last_query_attention != nullptr) options.last_query_attention->push_back(probs);
   }
   if (options.capture_layer == static_cast<int64_t>(layers->size())) out.captured = h;
-  h = norm(h);
+  if (norm) h = norm(h);
+  if (final_layer_norm) h = final_layer_norm(h);
   out.hidden = h;
   torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
+  if (project_out) last = project_out(last);
   torch::Tensor logits = lm_head     ? lm_head(last)
                          : tied_head ? tied_head(last)
                                      : torch::linear(last, embed_tokens->weight);

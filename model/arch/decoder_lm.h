@@ -1,12 +1,21 @@
-// Llama-family decoder LMs as transformers defines them (modeling_llama.py, modeling_qwen2.py):
-// `llama` (Vicuna, LLaMA 2/3) and `qwen2`. RMSNorm, RoPE (rope.h), grouped-query attention
-// (eager: softmax in fp32), optional attention/MLP biases, SiLU-gated MLP, tied or untied
-// LM head, and a KV cache for decoding.
+// Decoder-only LMs as transformers defines them (modeling_llama.py, modeling_qwen2.py,
+// modeling_opt.py), with a KV cache for decoding and eager attention (softmax in fp32):
+//   `llama` (Vicuna, LLaMA 2/3) and `qwen2`: RMSNorm, RoPE (rope.h), grouped-query attention,
+//   optional attention/MLP biases, SiLU-gated MLP, tied or untied LM head.
+//   `opt` (the LM of BLIP-2's OPT checkpoints): learned positions (row position + 2 of
+//   embed_positions), LayerNorm with bias before each sublayer (do_layer_norm_before) or after
+//   its residual add, biased projections, non-gated MLP (fc1, activation, fc2), a final
+//   LayerNorm with pre-LayerNorm blocks, project_in / project_out around the blocks where the
+//   embeddings are narrower (word_embed_proj_dim), and a head tied to embed_tokens.
 //
-// Module tree (the checkpoint's names under a body prefix such as "model." or
-// "model.language_model."): embed_tokens, layers.N.{input_layernorm,
-// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, norm; and
-// lm_head (own prefix, e.g. "lm_head."), absent when tied to embed_tokens.
+// Module tree (the checkpoint's names under a body prefix such as "model.",
+// "model.language_model." or, for OPT, "model.decoder."):
+//   llama/qwen2: embed_tokens, layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+//     post_attention_layernorm, mlp.{gate,up,down}_proj}, norm;
+//   opt: embed_tokens, embed_positions, [project_in, project_out], layers.N.{self_attn.{q,k,v,
+//     out}_proj, self_attn_layer_norm, fc1, fc2, final_layer_norm}, [final_layer_norm];
+// and lm_head (own prefix, e.g. "lm_head."), absent when tied to embed_tokens. (OPT's fc1 and
+// fc2 are the MLP's up_proj and down_proj members, registered in the layer.)
 //
 // Thread-safety: concurrent Forward calls with distinct caches are fine under NoGradGuard.
 #ifndef CDCCA_MODEL_ARCH_DECODER_LM_H_
@@ -95,6 +104,7 @@ class DecoderAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         torch::Tensor* last_query_probs = nullptr);
+  // o_proj is registered as "out_proj" for OPT.
   HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // [q; k; v] weights (and biases) in one tensor once DecoderLmImpl::FuseProjections ran;
   // q/k/v_proj's weights are then views of it. Undefined before or for quantized weights.
@@ -113,7 +123,9 @@ TORCH_MODULE(DecoderAttention);
 class DecoderMlpImpl : public torch::nn::Module {
  public:
   DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p);
-  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  // down(act(gate(x)) * up(x)); OPT: down(act(up(x))).
+  torch::Tensor forward(const torch::Tensor& x);
+  // OPT: no gate_proj (null); up_proj and down_proj are its fc1 and fc2.
   HfLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   // [gate; up] in one tensor after FuseProjections (see DecoderAttentionImpl::qkv_weight).
   torch::Tensor gate_up_weight, gate_up_bias;
@@ -131,9 +143,16 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         double dropout_p = 0.0, torch::Tensor* last_query_probs = nullptr);
-  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};  // null for OPT
   DecoderAttention self_attn{nullptr};
+  // The MLP. For OPT it is not a registered module: its fc1 and fc2 are registered in this
+  // layer, where the checkpoint has them (layers.N.fc1, not layers.N.mlp.fc1).
   DecoderMlp mlp{nullptr};
+  // OPT only (null otherwise): the LayerNorms around attention and the MLP.
+  HfLayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
+
+ private:
+  bool norm_before_;  // OPT: do_layer_norm_before
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -148,9 +167,13 @@ class DecoderLmImpl : public torch::nn::Module {
   absl::Status Load(const HfFolder& folder, const std::string& body_prefix,
                     const std::string& lm_head_prefix, torch::Device device);
 
-  torch::Tensor EmbedTokens(const torch::Tensor& ids);  // [B, T] -> [B, T, H]
+  // [B, T] -> [B, T, E], E = EmbedDim().
+  torch::Tensor EmbedTokens(const torch::Tensor& ids);
+  // The width of the token embeddings (what EmbedTokens gives and Forward takes): hidden_size,
+  // or OPT's word_embed_proj_dim.
+  int64_t EmbedDim() const;
 
-  // inputs_embeds [B, T, H]; attention_mask [B, past + T] (1 = attend) or undefined (all);
+  // inputs_embeds [B, T, E]; attention_mask [B, past + T] (1 = attend) or undefined (all);
   // cache: appended to when given (nullptr = none).
   DecoderOutput Forward(const torch::Tensor& inputs_embeds, const torch::Tensor& attention_mask,
                         DecoderKvCache* cache, const DecoderForwardOptions& options = {});
@@ -170,7 +193,12 @@ class DecoderLmImpl : public torch::nn::Module {
 
   HfEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  HfRmsNorm norm{nullptr};
+  HfRmsNorm norm{nullptr};  // null for OPT
+  // OPT only: learned positions [max_position_embeddings + 2, H]; the final LayerNorm (null
+  // with post-LayerNorm blocks); project_in [E -> H] and project_out [H -> E] where E != H.
+  HfEmbedding embed_positions{nullptr};
+  HfLayerNorm final_layer_norm{nullptr};
+  HfLinear project_in{nullptr}, project_out{nullptr};
   HfLinear lm_head{nullptr};  // null when tied
   // Tied embeddings with quantized weights: the LM head over the embedding's packed rows
   // (shared, not copied; registered as "tied_head" after Load), so the largest matrix product

@@ -52,7 +52,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCommandTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2",
                                            "llava_clip_llama_gqa_rope",
                                            "llava_clip_llama_bias_yarn", "llava_clip_llama_dynamic",
-                                           "blip2_llama", "instructblip_llama"));
+                                           "blip2_llama", "instructblip_llama", "blip2_opt",
+                                           "blip2_opt_proj", "blip2_flan_t5",
+                                           "instructblip_flan_t5"));
 
 TEST(GenerateCommandErrorsTest, NameTheCause) {
   GenerateRequest r;

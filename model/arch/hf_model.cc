@@ -302,7 +302,7 @@ absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
     add(l->self_attn->q_proj);
     add(l->self_attn->v_proj);
     if (options.lora_mlp) {
-      add(l->mlp->gate_proj);
+      if (l->mlp->gate_proj) add(l->mlp->gate_proj);  // OPT has none
       add(l->mlp->up_proj);
       add(l->mlp->down_proj);
     }

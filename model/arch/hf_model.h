@@ -165,6 +165,10 @@ struct TokenInputs {
   torch::Tensor attention_mask;  // [B, T] 1 = token, 0 = padding; undefined = all tokens
   // InstructBLIP only: the instruction in the Q-Former's tokenizer [B, Tq] (and its mask).
   torch::Tensor qformer_input_ids, qformer_attention_mask;
+  // [B] int64: per row the length of its prompt (the expanded prompt ids that begin the row's
+  // tokens; the rest is the answer). Encoder-decoder LMs (T5) need it for ForwardTokens (the
+  // encoder reads the prompt, the decoder the answer); decoder LMs ignore it.
+  torch::Tensor prompt_lengths;
 };
 
 struct TokenForward {

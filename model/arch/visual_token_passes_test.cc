@@ -182,7 +182,8 @@ TEST_P(VisualTokenPassesTest, RefusesBadPassesRatesMasksAndBatches) {
 
 INSTANTIATE_TEST_SUITE_P(Folders, VisualTokenPassesTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
-                                           "instructblip_llama"));
+                                           "instructblip_llama", "blip2_opt", "blip2_flan_t5",
+                                           "instructblip_flan_t5"));
 
 // Eq. 3 by hand over F_m computed pass by pass from the model's parts.
 torch::Tensor PlainVis(const std::vector<torch::Tensor>& f) {

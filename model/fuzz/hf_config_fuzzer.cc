@@ -31,6 +31,18 @@ void CheckDecoder(const DecoderConfig& d) {
   Check(d.rope.original_max_position_embeddings >= 0 &&
         d.rope.original_max_position_embeddings <= kMaxHfPositions);
   Check(CheckActivation(d.hidden_act, "hidden_act").ok());
+  if (d.is_opt()) Check(d.word_embed_proj_dim > 0 && d.word_embed_proj_dim <= kMaxHfConfigSize);
+}
+
+void CheckT5(const T5Config& t) {
+  for (int64_t v : {t.vocab_size, t.d_model, t.d_kv, t.d_ff, t.num_layers, t.num_decoder_layers,
+                    t.num_heads, t.relative_attention_max_distance}) {
+    Check(v > 0 && v <= kMaxHfConfigSize);
+  }
+  Check(t.relative_attention_num_buckets >= 4 &&
+        t.relative_attention_num_buckets <= kMaxHfConfigSize);
+  Check(t.decoder_start_token_id >= 0 && t.decoder_start_token_id < t.vocab_size);
+  Check(CheckActivation(t.dense_act_fn, "feed_forward_proj").ok());
 }
 
 void CheckVision(const ClipVisionConfig& v) {
@@ -53,6 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(r->original_max_position_embeddings >= 0);
   }
   if (absl::StatusOr<DecoderConfig> d = ParseDecoderConfig(*j, file); d.ok()) CheckDecoder(*d);
+  if (absl::StatusOr<T5Config> t = ParseT5Config(*j, file); t.ok()) CheckT5(*t);
   if (absl::StatusOr<ClipVisionConfig> v = ParseClipVisionConfig(*j, file); v.ok()) {
     CheckVision(*v);
   }
@@ -66,12 +79,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(b->vision.NumPositions() > 1 && b->num_query_tokens > 0);
     Check(b->qformer.cross_attention_frequency > 0 &&
           b->qformer.hidden_size % b->qformer.num_attention_heads == 0);
-    // blip2.cc parses the text_config the same way.
+    // blip2.cc parses the text_config the same way (T5's by ParseT5Config).
     auto text = j->find("text_config");
     if (text != j->end() && text->is_object()) {
       if (absl::StatusOr<DecoderConfig> d = ParseDecoderConfig(*text, file); d.ok()) {
         CheckDecoder(*d);
       }
+      if (absl::StatusOr<T5Config> t = ParseT5Config(*text, file); t.ok()) CheckT5(*t);
     }
   }
   return 0;

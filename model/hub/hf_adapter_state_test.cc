@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <vector>
 
 #include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
@@ -162,6 +164,79 @@ TEST(HfAdapterStateTest, ExportUsesPeftNamesAndKeepsTheRestApart) {
     }
   }
   EXPECT_EQ(ExportPeftAdapter(s, TempDir("half")).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// OPT's and T5's language models take LoRA on their own q/v names: the trainable set holds
+// them under the checkpoint's names with the LM's norms (and OPT's biases), a saved state
+// reapplied to a fresh base answers as the trained model, and the export targets those names.
+TEST(HfAdapterStateTest, OptAndT5LoraUseTheirOwnNamesRoundTripAndExport) {
+  struct Case {
+    std::string variant;
+    std::vector<std::string> expected;  // tensors the trainable set must hold
+    std::string regex;
+    size_t lora_tensors;
+    std::vector<int64_t> prompt;
+  };
+  const std::vector<Case> cases = {
+      {"blip2_opt",
+       {"language_model.model.decoder.layers.0.self_attn.q_proj.lora_a",
+        "language_model.model.decoder.layers.1.self_attn.v_proj.lora_b",
+        "language_model.model.decoder.layers.0.self_attn.out_proj.bias",
+        "language_model.model.decoder.layers.0.fc1.bias",
+        "language_model.model.decoder.layers.1.self_attn_layer_norm.weight",
+        "language_model.model.decoder.final_layer_norm.bias", "query_tokens"},
+       ".*language_model.*\\.(q_proj|v_proj)",
+       8,
+       {2, 579, 29}},
+      {"blip2_flan_t5",
+       {"language_model.encoder.block.0.layer.0.SelfAttention.q.lora_a",
+        "language_model.decoder.block.1.layer.0.SelfAttention.v.lora_b",
+        "language_model.decoder.block.0.layer.1.EncDecAttention.q.lora_b",
+        "language_model.decoder.block.1.layer.2.layer_norm.weight",
+        "language_model.encoder.final_layer_norm.weight", "query_tokens"},
+       ".*language_model.*\\.(q|v)",
+       // encoder 2 blocks x 1 attention + decoder 2 blocks x 2 attentions, x q, v x A, B
+       24,
+       {196, 10, 52, 11, 1}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.variant);
+    std::unique_ptr<MultimodalModel> trained = Adapted(c.variant, 6);
+    HfAdapterState s = StateOf(*trained, c.variant);
+    std::set<std::string> names;
+    for (const auto& [name, t] : s.trainable) names.insert(name);
+    for (const std::string& want : c.expected) EXPECT_EQ(names.count(want), 1u) << want;
+    for (const std::string& name : names) {
+      EXPECT_EQ(name.find("embed"), std::string::npos) << name;
+      EXPECT_EQ(name.find("shared"), std::string::npos) << name;
+    }
+
+    const std::string dir = TempDir("opt_t5_" + c.variant);
+    ASSERT_OK(SaveHfAdapterState(s, dir));
+    ASSERT_OK_AND_ASSIGN(HfAdapterState loaded, LoadHfAdapterState(dir));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fresh,
+                         LoadHfModel(FixtureDir(c.variant), {}));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents pixels,
+                         ReadSafetensors(FixtureDir(c.variant) + "/expected_pixels.safetensors"));
+    MultimodalInputs in;
+    in.pixel_values = pixels.tensors[0].second.unsqueeze(0);
+    in.input_ids = torch::tensor(c.prompt, torch::kLong).unsqueeze(0);
+    GreedyOptions g;
+    g.max_new_tokens = 3;
+    ASSERT_OK_AND_ASSIGN(GreedyResult base, fresh->Generate(in, g));
+    ASSERT_OK(ApplyHfAdapterState(loaded, *fresh));
+    ASSERT_OK_AND_ASSIGN(GreedyResult want, trained->Generate(in, g));
+    ASSERT_OK_AND_ASSIGN(GreedyResult got, fresh->Generate(in, g));
+    EXPECT_TRUE(torch::equal(got.first_logits, want.first_logits));
+    EXPECT_FALSE(torch::allclose(base.first_logits, want.first_logits));
+
+    const std::string out = TempDir("export_" + c.variant);
+    ASSERT_OK(ExportPeftAdapter(s, out));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
+    EXPECT_EQ(lora.tensors.size(), c.lora_tensors);
+    std::ifstream config(out + "/adapter_config.json");
+    EXPECT_EQ(nlohmann::json::parse(config)["target_modules"], c.regex);
+  }
 }
 
 // A state with the Q-Former's LoRA (lora_qformer) round-trips with its option, exports its

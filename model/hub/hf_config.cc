@@ -49,6 +49,7 @@ struct DecoderDefaults {
 };
 constexpr DecoderDefaults kLlamaDefaults{32000, 4096, 11008, 32, 32, 2048};
 constexpr DecoderDefaults kQwen2Defaults{151936, 4096, 22016, 32, 32, 32768};
+constexpr DecoderDefaults kOptDefaults{50272, 768, 3072, 12, 12, 2048};
 
 // An integer field, `fallback` when absent or not an integer (transformers' defaults fill
 // what a config leaves out).
@@ -140,6 +141,75 @@ absl::StatusOr<RopeConfig> ParseYarn(const json& params, const std::string& wher
     r.attention_factor = YarnMscale(r.factor, 1.0);
   }
   return r;
+}
+
+}  // namespace
+
+namespace {
+
+// The rest of an OPT config (OPTConfig's names and class defaults), after the sizes `d`
+// already holds.
+absl::StatusOr<DecoderConfig> ParseOptFields(const json& c, const std::string& file,
+                                             DecoderConfig d) {
+  d.hidden_act = "relu";
+  if (absl::Status s = ReadConfigField(c, "activation_function", "", file, &d.hidden_act);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckActivation(d.hidden_act, "activation_function"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
+  }
+  bool bias = true;
+  if (absl::Status s = ReadConfigField(c, "enable_bias", "", file, &bias); !s.ok()) return s;
+  d.qkv_bias = d.o_bias = d.mlp_bias = bias;
+  bool affine = true;
+  if (absl::Status s = ReadConfigField(c, "layer_norm_elementwise_affine", "", file, &affine);
+      !s.ok()) {
+    return s;
+  }
+  if (!affine) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field layer_norm_elementwise_affine = false is not supported"));
+  }
+  if (absl::Status s =
+          ReadConfigField(c, "do_layer_norm_before", "", file, &d.do_layer_norm_before);
+      !s.ok()) {
+    return s;
+  }
+  bool remove_final = false;
+  if (absl::Status s = ReadConfigField(c, "_remove_final_layer_norm", "", file, &remove_final);
+      !s.ok()) {
+    return s;
+  }
+  d.final_layer_norm = d.do_layer_norm_before && !remove_final;
+  d.word_embed_proj_dim = d.hidden_size;
+  if (absl::Status s = ReadConfigField(c, "word_embed_proj_dim", "", file, &d.word_embed_proj_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (d.word_embed_proj_dim <= 0 || d.word_embed_proj_dim > kMaxHfConfigSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field word_embed_proj_dim = ", d.word_embed_proj_dim,
+                     " is not in 1..", kMaxHfConfigSize));
+  }
+  if (d.hidden_size % d.num_attention_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field hidden_size = ", d.hidden_size,
+                     " is not a multiple of num_attention_heads = ", d.num_attention_heads));
+  }
+  d.head_dim = d.hidden_size / d.num_attention_heads;
+  d.num_key_value_heads = d.num_attention_heads;
+  // OPTConfig leaves it to PretrainedConfig, whose default ties the head.
+  d.tie_word_embeddings = true;
+  if (absl::Status s = ReadConfigField(c, "tie_word_embeddings", "", file, &d.tie_word_embeddings);
+      !s.ok()) {
+    return s;
+  }
+  d.eos_token_ids = ConfigIdList(c, "eos_token_id");
+  if (d.eos_token_ids.empty()) d.eos_token_ids = {2};
+  d.bos_token_id = IntOr(c, "bos_token_id", 2);
+  d.pad_token_id = IntOr(c, "pad_token_id", 1);
+  return d;
 }
 
 }  // namespace
@@ -310,13 +380,17 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::strin
     defaults = &kLlamaDefaults;
   } else if (d.model_type == "qwen2") {
     defaults = &kQwen2Defaults;
+  } else if (d.model_type == "opt") {
+    defaults = &kOptDefaults;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": field model_type = \"", d.model_type,
-                                                   "\" is not a supported decoder (llama, qwen2)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field model_type = \"", d.model_type,
+                     "\" is not a supported decoder (llama, qwen2, opt)"));
   }
   d.vocab_size = IntOr(c, "vocab_size", defaults->vocab_size);
   d.hidden_size = IntOr(c, "hidden_size", defaults->hidden_size);
-  d.intermediate_size = IntOr(c, "intermediate_size", defaults->intermediate_size);
+  d.intermediate_size =
+      IntOr(c, d.is_opt() ? "ffn_dim" : "intermediate_size", defaults->intermediate_size);
   d.num_hidden_layers = IntOr(c, "num_hidden_layers", defaults->num_hidden_layers);
   d.num_attention_heads = IntOr(c, "num_attention_heads", defaults->num_attention_heads);
   d.num_key_value_heads = IntOr(c, "num_key_value_heads", d.num_attention_heads);
@@ -353,6 +427,7 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::strin
                                                    " must be even, positive and at most ",
                                                    kMaxHfConfigSize));
   }
+  if (d.is_opt()) return ParseOptFields(c, file, d);
   if (absl::Status s = ReadConfigField(c, "rms_norm_eps", "", file, &d.rms_norm_eps); !s.ok()) {
     return s;
   }
@@ -388,6 +463,97 @@ absl::StatusOr<DecoderConfig> ParseDecoderConfig(const json& c, const std::strin
   d.bos_token_id = IntOr(c, "bos_token_id", -1);
   d.pad_token_id = IntOr(c, "pad_token_id", -1);
   return d;
+}
+
+absl::StatusOr<T5Config> ParseT5Config(const json& c, const std::string& file) {
+  if (!c.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": text config is not an object"));
+  }
+  T5Config t;
+  std::string type;
+  if (absl::Status s = ReadConfigField(c, "model_type", "", file, &type); !s.ok()) return s;
+  if (type != "t5") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field model_type = \"", type, "\" is not t5"));
+  }
+  for (const auto& [key, out] : std::vector<std::pair<const char*, int64_t*>>{
+           {"vocab_size", &t.vocab_size},
+           {"d_model", &t.d_model},
+           {"d_kv", &t.d_kv},
+           {"d_ff", &t.d_ff},
+           {"num_layers", &t.num_layers},
+           {"num_heads", &t.num_heads},
+           {"relative_attention_num_buckets", &t.relative_attention_num_buckets},
+           {"relative_attention_max_distance", &t.relative_attention_max_distance}}) {
+    if (absl::Status s = ReadConfigField(c, key, "", file, out); !s.ok()) return s;
+    if (*out <= 0 || *out > kMaxHfConfigSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": field ", key, " = ", *out, " is not in 1..", kMaxHfConfigSize));
+    }
+  }
+  t.num_decoder_layers = t.num_layers;
+  if (absl::Status s = ReadConfigField(c, "num_decoder_layers", "", file, &t.num_decoder_layers);
+      !s.ok()) {
+    return s;
+  }
+  if (t.num_decoder_layers <= 0 || t.num_decoder_layers > kMaxHfConfigSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field num_decoder_layers = ", t.num_decoder_layers, " is not in 1..",
+                     kMaxHfConfigSize));
+  }
+  if (t.relative_attention_num_buckets < 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": field relative_attention_num_buckets = ", t.relative_attention_num_buckets,
+        " is below 4"));
+  }
+  if (absl::Status s = ReadConfigField(c, "layer_norm_epsilon", "", file, &t.layer_norm_epsilon);
+      !s.ok()) {
+    return s;
+  }
+  std::string proj = "relu";
+  if (absl::Status s = ReadConfigField(c, "feed_forward_proj", "", file, &proj); !s.ok()) return s;
+  t.gated = proj.rfind("gated-", 0) == 0;
+  t.dense_act_fn = t.gated ? proj.substr(6) : proj;
+  if (t.dense_act_fn == "gelu" && t.gated) t.dense_act_fn = "gelu_new";  // T5Config's mapping
+  if (absl::Status s = CheckActivation(t.dense_act_fn, "feed_forward_proj"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": field feed_forward_proj = \"", proj,
+                                                   "\" is not [gated-]<activation> with a "
+                                                   "supported activation"));
+  }
+  bool is_decoder = false;
+  if (absl::Status s = ReadConfigField(c, "is_decoder", "", file, &is_decoder); !s.ok()) return s;
+  if (is_decoder) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field is_decoder = true is not supported (a T5 encoder-decoder)"));
+  }
+  if (absl::Status s = ReadConfigField(c, "tie_word_embeddings", "", file, &t.tie_word_embeddings);
+      !s.ok()) {
+    return s;
+  }
+  t.scale_decoder_outputs = t.tie_word_embeddings;
+  if (absl::Status s =
+          ReadConfigField(c, "scale_decoder_outputs", "", file, &t.scale_decoder_outputs);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadConfigField(c, "pad_token_id", "", file, &t.pad_token_id); !s.ok()) {
+    return s;
+  }
+  t.decoder_start_token_id = t.pad_token_id;
+  if (absl::Status s =
+          ReadConfigField(c, "decoder_start_token_id", "", file, &t.decoder_start_token_id);
+      !s.ok()) {
+    return s;
+  }
+  if (t.decoder_start_token_id < 0 || t.decoder_start_token_id >= t.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field decoder_start_token_id = ", t.decoder_start_token_id,
+                     " is not a token of the vocabulary"));
+  }
+  if (std::vector<int64_t> eos = ConfigIdList(c, "eos_token_id"); !eos.empty()) {
+    t.eos_token_ids = eos;
+  }
+  return t;
 }
 
 absl::StatusOr<ClipVisionConfig> ParseClipVisionConfig(const json& c, const std::string& file) {

@@ -1,5 +1,5 @@
-// config.json of a Hugging Face model folder as plain structs: the Llama-family decoder
-// (`llama`, `qwen2`; a top-level config or a LLaVA / BLIP-2 text_config), its rotary
+// config.json of a Hugging Face model folder as plain structs: the decoder LMs (`llama`,
+// `qwen2`, `opt`; a top-level config or a LLaVA / BLIP-2 text_config), its rotary
 // embedding settings, the CLIP / SigLIP vision tower, LLaVA's top level, and
 // generation_config.json's eos ids. transformers 4.x and 5.x spellings; omitted fields take
 // transformers' class defaults; a value the code does not support, of the wrong JSON type or
@@ -84,7 +84,7 @@ absl::StatusOr<RopeConfig> ParseRopeConfig(const nlohmann::json& text_config,
                                            const std::string& file);
 
 struct DecoderConfig {
-  std::string model_type;  // llama | qwen2
+  std::string model_type;  // llama | qwen2 | opt
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -103,14 +103,62 @@ struct DecoderConfig {
   std::vector<int64_t> eos_token_ids;  // may be empty
   int64_t bos_token_id = -1;           // -1 = none
   int64_t pad_token_id = -1;           // -1 = none
+
+  // OPT only (model_type "opt"): LayerNorm with bias (eps layer_norm_eps) instead of RMSNorm,
+  // learned positions instead of rotary ones, a non-gated MLP (fc1, fc2).
+  double layer_norm_eps = 1e-5;
+  // Pre-LayerNorm blocks (true: opt-125m and 1.3b up) or post-LayerNorm (opt-350m).
+  bool do_layer_norm_before = true;
+  // The final LayerNorm after the last block: with pre-LayerNorm blocks, unless the config's
+  // _remove_final_layer_norm.
+  bool final_layer_norm = false;
+  // Width of the token embeddings and the LM head: hidden_size, or narrower with
+  // project_in / project_out between them and the blocks (opt-350m).
+  int64_t word_embed_proj_dim = 0;
+  bool is_opt() const { return model_type == "opt"; }
+  // OPT's learned positions start at this row of embed_positions (rows 0 and 1 are unused).
+  static constexpr int64_t kOptPositionOffset = 2;
 };
 
-// Parses a decoder config (a top-level config.json or a LLaVA text_config), with 4.x and
-// 5.x spellings. Errors are InvalidArgument naming `file_for_errors` and the field: unknown
-// model_type, unsupported hidden_act or rope scaling, sliding-window attention, bad sizes
-// (non-positive, or above kMaxHfConfigSize).
+// Parses a decoder config (a top-level config.json or a LLaVA / BLIP-2 text_config), with
+// 4.x and 5.x spellings; OPT's names (ffn_dim, activation_function, enable_bias, ...) fill the
+// same fields. Errors are InvalidArgument naming `file_for_errors` and the field: unknown
+// model_type, unsupported hidden_act or rope scaling, sliding-window attention, OPT's
+// LayerNorm without affine parameters, bad sizes (non-positive, or above kMaxHfConfigSize).
 absl::StatusOr<DecoderConfig> ParseDecoderConfig(const nlohmann::json& text_config,
                                                  const std::string& file_for_errors);
+
+// T5's encoder-decoder (`t5`; the language model of BLIP-2's and InstructBLIP's Flan-T5
+// checkpoints), transformers' T5Config names and class defaults.
+struct T5Config {
+  int64_t vocab_size = 32128;
+  int64_t d_model = 512;
+  int64_t d_kv = 64;  // per head
+  int64_t d_ff = 2048;
+  int64_t num_layers = 6;          // encoder blocks
+  int64_t num_decoder_layers = 6;  // = num_layers when the config omits it
+  int64_t num_heads = 8;
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  double layer_norm_epsilon = 1e-6;
+  // feed_forward_proj "gated-<act>" (wi_0, wi_1, wo) or "<act>" (wi, wo); "gated-gelu" is
+  // gelu_new, as T5Config maps it.
+  bool gated = false;
+  std::string dense_act_fn = "relu";
+  // The head: lm_head.weight when the checkpoint has one, else the shared embedding. The
+  // decoder output is scaled by d_model^-0.5 before it when scale_decoder_outputs (configs
+  // that predate the field: when tie_word_embeddings).
+  bool tie_word_embeddings = true;
+  bool scale_decoder_outputs = true;
+  int64_t decoder_start_token_id = 0;  // = pad_token_id when the config omits it
+  int64_t pad_token_id = 0;
+  std::vector<int64_t> eos_token_ids{1};
+};
+
+// Parses a T5 config (a top-level config.json or a BLIP-2 text_config). InvalidArgument naming
+// `file` and the field: another model_type, a feed_forward_proj other than [gated-]<act> with
+// an activation CheckActivation accepts, is_decoder true, bad sizes.
+absl::StatusOr<T5Config> ParseT5Config(const nlohmann::json& c, const std::string& file);
 
 // The eos ids a checkpoint stops at: generation_config.json's eos_token_id (int or list)
 // when the folder has one, else `fallback` (the config's).

@@ -56,6 +56,66 @@ TEST(HfConfigTest, FieldsOfTheWrongJsonTypeAreErrorsNamingTheField) {
               IsInvalidNaming("c", "projector_hidden_act"));
 }
 
+// The text_configs of the BLIP-2 OPT and Flan-T5 fixtures (transformers 5 wrote them).
+json FixtureTextConfig(const std::string& variant) {
+  absl::StatusOr<json> c = ReadJsonFile(std::string(CDCCA_SOURCE_DIR) +
+                                        "/tests/fixtures/hf/models/" + variant + "/config.json");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? (*c)["text_config"] : json::object();
+}
+
+TEST(HfConfigTest, OptAndT5ConfigsReadAsTransformersWroteThem) {
+  absl::StatusOr<DecoderConfig> opt = ParseDecoderConfig(FixtureTextConfig("blip2_opt_proj"), "c");
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_TRUE(opt->is_opt());
+  EXPECT_EQ(opt->intermediate_size, 112);  // ffn_dim
+  EXPECT_EQ(opt->word_embed_proj_dim, 48);
+  EXPECT_FALSE(opt->do_layer_norm_before);
+  EXPECT_FALSE(opt->final_layer_norm);  // post-LayerNorm blocks have none
+  EXPECT_TRUE(opt->qkv_bias && opt->o_bias && opt->mlp_bias);
+  EXPECT_EQ(opt->hidden_act, "relu");
+  EXPECT_TRUE(opt->tie_word_embeddings);
+  absl::StatusOr<T5Config> t5 = ParseT5Config(FixtureTextConfig("blip2_flan_t5"), "c");
+  ASSERT_TRUE(t5.ok()) << t5.status();
+  EXPECT_TRUE(t5->gated);
+  EXPECT_EQ(t5->dense_act_fn, "gelu_new");
+  EXPECT_EQ(t5->d_kv, 16);
+  EXPECT_EQ(t5->num_decoder_layers, 2);
+  EXPECT_FALSE(t5->scale_decoder_outputs);
+  EXPECT_EQ(t5->decoder_start_token_id, 0);
+  EXPECT_EQ(t5->eos_token_ids, std::vector<int64_t>{1});
+  // A config from before scale_decoder_outputs: a tied head scales, as transformers 4 did.
+  json old = FixtureTextConfig("blip2_flan_t5");
+  old.erase("scale_decoder_outputs");
+  absl::StatusOr<T5Config> t5_old = ParseT5Config(old, "c");
+  ASSERT_TRUE(t5_old.ok()) << t5_old.status();
+  EXPECT_TRUE(t5_old->scale_decoder_outputs);
+}
+
+TEST(HfConfigTest, OptAndT5FieldsTheCodeDoesNotSupportAreErrorsNamingThem) {
+  json opt = FixtureTextConfig("blip2_opt");
+  opt["layer_norm_elementwise_affine"] = false;
+  EXPECT_THAT(ParseDecoderConfig(opt, "m/config.json").status(),
+              IsInvalidNaming("m/config.json", "layer_norm_elementwise_affine"));
+  json opt_act = FixtureTextConfig("blip2_opt");
+  opt_act["activation_function"] = "swiglu";
+  EXPECT_THAT(ParseDecoderConfig(opt_act, "c").status(),
+              IsInvalidNaming("c", "activation_function"));
+  json t5 = FixtureTextConfig("blip2_flan_t5");
+  t5["feed_forward_proj"] = "gated-mish";
+  EXPECT_THAT(ParseT5Config(t5, "m/config.json").status(),
+              IsInvalidNaming("m/config.json", "feed_forward_proj"));
+  json decoder_only = FixtureTextConfig("blip2_flan_t5");
+  decoder_only["is_decoder"] = true;
+  EXPECT_THAT(ParseT5Config(decoder_only, "c").status(), IsInvalidNaming("c", "is_decoder"));
+  json start = FixtureTextConfig("blip2_flan_t5");
+  start["decoder_start_token_id"] = 100000;
+  EXPECT_THAT(ParseT5Config(start, "c").status(), IsInvalidNaming("c", "decoder_start_token_id"));
+  json width = FixtureTextConfig("blip2_flan_t5");
+  width["d_kv"] = 0;
+  EXPECT_THAT(ParseT5Config(width, "c").status(), IsInvalidNaming("c", "d_kv"));
+}
+
 TEST(HfConfigTest, NullMeansTheDefaultAsTransformersReadsNone) {
   json c = Llama();
   c["attention_bias"] = nullptr;

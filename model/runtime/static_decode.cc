@@ -174,7 +174,9 @@ bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_em
   if (inputs_embeds.dim() != 3 || inputs_embeds.size(0) != 1 || options.keep_step_logits) {
     return false;
   }
-  if (lm.precision().weights != Precision::kFp32 || lm.config().rope.type == "dynamic") {
+  // The static step is the Llama family's block (rotary positions, RMSNorm, gated MLP).
+  if (lm.precision().weights != Precision::kFp32 || lm.config().rope.type == "dynamic" ||
+      lm.config().is_opt()) {
     return false;
   }
   const auto* first = lm.layers->size() > 0 ? lm.layers->ptr(0)->as<DecoderLayerImpl>() : nullptr;

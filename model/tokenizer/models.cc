@@ -1,6 +1,6 @@
 // Models of tokenizer.json: BPE (byte fallback, merges as "a b" or ["a", "b"],
 // ignore_merges, unk fusing, continuing_subword_prefix / end_of_word_suffix), WordPiece,
-// WordLevel.
+// WordLevel, Unigram (Viterbi over the pieces' scores, unknown runs fused, byte fallback).
 #include "model/tokenizer/models.h"
 
 #include <algorithm>
@@ -337,6 +337,170 @@ absl::StatusOr<std::unique_ptr<Model>> ParseBpe(const JsonAt& json) {
 
 }  // namespace
 
+// ---- Unigram ---------------------------------------------------------------------------------
+
+namespace {
+
+// SentencePiece's Unigram model as the tokenizers library runs it: the segmentation of a word
+// into pieces whose scores (log probabilities) sum highest (Viterbi over byte positions). A
+// code point no piece starts with is unknown, scored as the lowest piece score minus 10;
+// adjacent unknowns fuse into one unk token, which byte fallback (when every byte has its
+// <0xNN> piece) spells as bytes instead.
+class Unigram : public Model {
+ public:
+  Unigram(Vocabulary vocab, std::vector<double> scores, std::optional<int32_t> unk_id,
+          bool byte_fallback)
+      : vocab_(std::move(vocab)),
+        scores_(std::move(scores)),
+        unk_id_(unk_id),
+        byte_fallback_(byte_fallback) {
+    double lowest = 0;
+    for (size_t i = 0; i < scores_.size(); ++i) {
+      lowest = i == 0 ? scores_[i] : std::min(lowest, scores_[i]);
+      if (std::optional<std::string> t = vocab_.Token(static_cast<int32_t>(i))) {
+        longest_piece_ = std::max(longest_piece_, t->size());
+      }
+    }
+    unk_score_ = lowest - kUnkPenalty;
+  }
+
+  absl::Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override {
+    if (word.empty()) return absl::OkStatus();
+    // best[i]: the best segmentation of word[0, i): its score, where its last piece starts
+    // and that piece's id (-1: not reached yet).
+    struct Node {
+      double score = 0;
+      size_t start = 0;
+      int32_t id = -1;
+      bool reached = false;
+    };
+    std::vector<Node> best(word.size() + 1);
+    best[0].reached = true;
+    size_t at = 0;
+    while (at < word.size()) {
+      size_t next = at;
+      NextCodePoint(word, &next);
+      const size_t char_len = next - at;
+      if (best[at].reached) {
+        bool single = false;  // a piece covers exactly this code point
+        for (size_t end = next; end <= word.size() && end - at <= longest_piece_;) {
+          if (std::optional<int32_t> id = vocab_.Find(word.substr(at, end - at))) {
+            const double s = best[at].score + Score(*id);
+            if (!best[end].reached || s > best[end].score) best[end] = {s, at, *id, true};
+            if (end - at == char_len) single = true;
+          }
+          if (end == word.size()) break;
+          NextCodePoint(word, &end);
+        }
+        if (!single) {
+          const double s = best[at].score + unk_score_;
+          const int32_t unk = unk_id_.value_or(-1);
+          if (!best[next].reached || s > best[next].score) best[next] = {s, at, unk, true};
+        }
+      }
+      at = next;
+    }
+    // Back from the end: the pieces in reverse, unknown runs fused.
+    std::vector<std::pair<size_t, size_t>> pieces;  // [start, end) byte ranges, reversed
+    std::vector<bool> unknown;
+    for (size_t end = word.size(); end > 0;) {
+      const Node& n = best[end];
+      const bool unk = unk_id_.has_value() && n.id == *unk_id_;
+      if (unk && !unknown.empty() && unknown.back()) {
+        pieces.back().first = n.start;
+      } else {
+        pieces.push_back({n.start, end});
+        unknown.push_back(unk);
+      }
+      end = n.start;
+    }
+    for (size_t i = pieces.size(); i-- > 0;) {
+      const std::string_view piece =
+          word.substr(pieces[i].first, pieces[i].second - pieces[i].first);
+      if (std::optional<int32_t> id = vocab_.Find(piece)) {
+        ids->push_back(*id);
+        continue;
+      }
+      if (byte_fallback_ && AppendBytes(piece, ids)) continue;
+      if (!unk_id_.has_value()) {
+        return absl::InvalidArgumentError(
+            Concat("Unigram: '", std::string(piece), "' is unknown and the model has no unk_id"));
+      }
+      ids->push_back(*unk_id_);
+    }
+    return absl::OkStatus();
+  }
+
+  std::optional<int32_t> TokenToId(std::string_view token) const override {
+    return vocab_.Find(token);
+  }
+  std::optional<std::string> IdToToken(int32_t id) const override { return vocab_.Token(id); }
+  int64_t VocabSize() const override { return vocab_.IdBound(); }
+
+ private:
+  static constexpr double kUnkPenalty = 10.0;
+
+  double Score(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < scores_.size() ? scores_[id] : unk_score_;
+  }
+
+  // Appends the <0xNN> pieces of `piece`'s bytes; false (nothing appended) when one is missing.
+  bool AppendBytes(std::string_view piece, std::vector<int32_t>* ids) const {
+    std::vector<int32_t> bytes;
+    for (char c : piece) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned>(static_cast<uint8_t>(c)));
+      std::optional<int32_t> id = vocab_.Find(name);
+      if (!id) return false;
+      bytes.push_back(*id);
+    }
+    ids->insert(ids->end(), bytes.begin(), bytes.end());
+    return true;
+  }
+
+  Vocabulary vocab_;
+  std::vector<double> scores_;  // by id
+  std::optional<int32_t> unk_id_;
+  bool byte_fallback_;
+  double unk_score_ = 0;
+  size_t longest_piece_ = 0;  // bytes
+};
+
+// {"type": "Unigram", "vocab": [[piece, score], ...], "unk_id": int or null, "byte_fallback"}.
+absl::StatusOr<std::unique_ptr<Model>> ParseUnigram(const JsonAt& json) {
+  JsonAt list = json.Field("vocab");
+  if (absl::Status st = list.ExpectArray(); !st.ok()) return st;
+  if (list.value.size() > static_cast<size_t>(INT32_MAX)) return list.Error("too many pieces");
+  Vocabulary vocab;
+  std::vector<double> scores;
+  for (size_t i = 0; i < list.value.size(); ++i) {
+    JsonAt e = list.Index(i);
+    if (!e.value.is_array() || e.value.size() != 2 || !e.value[0].is_string() ||
+        !e.value[1].is_number()) {
+      return e.Error("must be [piece, score]");
+    }
+    if (absl::Status st = vocab.Add(e.value[0].get<std::string>(), static_cast<int32_t>(i));
+        !st.ok()) {
+      return e.Error(std::string(st.message()));
+    }
+    scores.push_back(e.value[1].get<double>());
+  }
+  std::optional<int32_t> unk;
+  if (JsonAt u = json.Field("unk_id"); !u.IsNullOrAbsent()) {
+    absl::StatusOr<int64_t> id = u.Int();
+    if (!id.ok()) return id.status();
+    if (*id < 0 || static_cast<size_t>(*id) >= scores.size()) {
+      return u.Error("is not the id of a piece");
+    }
+    unk = static_cast<int32_t>(*id);
+  }
+  absl::StatusOr<bool> byte_fallback = json.BoolOr("byte_fallback", false);
+  if (!byte_fallback.ok()) return byte_fallback.status();
+  return std::make_unique<Unigram>(std::move(vocab), std::move(scores), unk, *byte_fallback);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Model>> ParseModel(const JsonAt& json) {
   if (absl::Status st = json.ExpectObject(); !st.ok()) return st;
   std::string type;
@@ -352,6 +516,7 @@ absl::StatusOr<std::unique_ptr<Model>> ParseModel(const JsonAt& json) {
     type = "WordLevel";
   }
   if (type == "BPE") return ParseBpe(json);
+  if (type == "Unigram") return ParseUnigram(json);
   if (type == "WordPiece") {
     absl::StatusOr<Vocabulary> vocab = ParseVocabulary(json.Field("vocab"));
     if (!vocab.ok()) return vocab.status();

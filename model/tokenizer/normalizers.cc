@@ -1,12 +1,111 @@
 // Normalizers of tokenizer.json: Sequence, NFC/NFD/NFKC/NFKD, Lowercase, Strip,
-// StripAccents, Replace, Prepend, BertNormalizer, ByteLevel.
+// StripAccents, Replace, Prepend, BertNormalizer, ByteLevel, Precompiled.
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "model/tokenizer/components.h"
 #include "model/tokenizer/unicode.h"
 
 namespace cdcca::tokenizer {
 namespace {
+
+// SentencePiece's precompiled normalization rules (the Precompiled normalizer, T5's and other
+// Unigram models'). The charsmap is a little-endian uint32 byte count of a trie, the trie (a
+// Darts-clone double array of uint32 units mapping a UTF-8 key to an offset), then the
+// replacements, NUL-terminated, that the offsets point into.
+//
+// Applied as the tokenizers library does: per extended grapheme cluster, a cluster shorter
+// than 6 bytes whose bytes begin with a key is replaced as a whole by the replacement of the
+// shortest such key; otherwise each code point that begins with a key is replaced by it and
+// the others are kept.
+class PrecompiledNormalizer : public Normalizer {
+ public:
+  // InvalidArgument when `charsmap` is not laid out as above.
+  static absl::StatusOr<std::unique_ptr<PrecompiledNormalizer>> Create(std::string_view charsmap) {
+    if (charsmap.size() < 4) return absl::InvalidArgumentError("charsmap shorter than 4 bytes");
+    const auto* b = reinterpret_cast<const uint8_t*>(charsmap.data());
+    const uint64_t trie_bytes = static_cast<uint64_t>(b[0]) | static_cast<uint64_t>(b[1]) << 8 |
+                                static_cast<uint64_t>(b[2]) << 16 |
+                                static_cast<uint64_t>(b[3]) << 24;
+    if (trie_bytes % 4 != 0 || trie_bytes == 0 || trie_bytes > charsmap.size() - 4) {
+      return absl::InvalidArgumentError("charsmap trie size does not fit the charsmap");
+    }
+    auto n = std::unique_ptr<PrecompiledNormalizer>(new PrecompiledNormalizer());
+    n->units_.resize(trie_bytes / 4);
+    for (size_t i = 0; i < n->units_.size(); ++i) {
+      const uint8_t* u = b + 4 + 4 * i;
+      n->units_[i] = static_cast<uint32_t>(u[0]) | static_cast<uint32_t>(u[1]) << 8 |
+                     static_cast<uint32_t>(u[2]) << 16 | static_cast<uint32_t>(u[3]) << 24;
+    }
+    n->replacements_ = std::string(charsmap.substr(4 + trie_bytes));
+    return n;
+  }
+
+  absl::Status Normalize(std::string* text) const override {
+    absl::StatusOr<std::vector<size_t>> bounds = GraphemeBoundaries(*text);
+    if (!bounds.ok()) return bounds.status();
+    const std::string_view s = *text;
+    std::string out;
+    out.reserve(s.size());
+    for (size_t g = 0; g + 1 < bounds->size(); ++g) {
+      const std::string_view cluster = s.substr((*bounds)[g], (*bounds)[g + 1] - (*bounds)[g]);
+      if (cluster.size() < 6) {
+        if (std::optional<std::string_view> r = Replacement(cluster)) {
+          out.append(*r);
+          continue;
+        }
+      }
+      size_t pos = 0;
+      while (pos < cluster.size()) {
+        const size_t start = pos;
+        NextCodePoint(cluster, &pos);
+        const std::string_view cp = cluster.substr(start, pos - start);
+        std::optional<std::string_view> r = Replacement(cp);
+        out.append(r ? *r : cp);
+      }
+    }
+    *text = std::move(out);
+    return absl::OkStatus();
+  }
+
+ private:
+  PrecompiledNormalizer() = default;
+
+  // Darts-clone unit fields.
+  static bool HasLeaf(uint32_t u) { return ((u >> 8) & 1) == 1; }
+  static uint32_t Value(uint32_t u) { return u & ((1u << 31) - 1); }
+  static uint32_t Label(uint32_t u) { return u & ((1u << 31) | 0xFF); }
+  static uint32_t Offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
+
+  // The replacement of the shortest key `key` begins with; nullopt when none (or when the
+  // trie points outside itself or the replacements: a damaged charsmap changes nothing).
+  std::optional<std::string_view> Replacement(std::string_view key) const {
+    size_t node = Offset(units_[0]);
+    for (char ch : key) {
+      const auto c = static_cast<uint8_t>(ch);
+      if (c == 0) break;
+      node ^= c;
+      if (node >= units_.size()) return std::nullopt;
+      const uint32_t unit = units_[node];
+      if (Label(unit) != c) return std::nullopt;
+      node ^= Offset(unit);
+      if (node >= units_.size()) return std::nullopt;
+      if (HasLeaf(unit)) {
+        const size_t at = Value(units_[node]);
+        if (at >= replacements_.size()) return std::nullopt;
+        const size_t end = replacements_.find('\0', at);
+        return std::string_view(replacements_)
+            .substr(at, (end == std::string::npos ? replacements_.size() : end) - at);
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::vector<uint32_t> units_;
+  std::string replacements_;
+};
 
 class SequenceNormalizer : public Normalizer {
  public:
@@ -218,6 +317,21 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonAt& json) 
     absl::StatusOr<std::string> content = json.Field("content").String();
     if (!content.ok()) return content.status();
     return std::make_unique<ReplaceNormalizer>(*std::move(pattern), *std::move(content));
+  }
+  if (*type == "Precompiled") {
+    absl::StatusOr<std::string> encoded = json.Field("precompiled_charsmap").String();
+    if (!encoded.ok()) return encoded.status();
+    std::string charsmap;
+    if (!absl::Base64Unescape(*encoded, &charsmap)) {
+      return json.Field("precompiled_charsmap").Error("is not base64");
+    }
+    // An empty charsmap normalizes nothing (SentencePiece's "identity" rule).
+    if (charsmap.empty())
+      return std::make_unique<SequenceNormalizer>(std::vector<std::unique_ptr<Normalizer>>());
+    absl::StatusOr<std::unique_ptr<PrecompiledNormalizer>> p =
+        PrecompiledNormalizer::Create(charsmap);
+    if (!p.ok()) return json.Field("precompiled_charsmap").Error(std::string(p.status().message()));
+    return *std::move(p);
   }
   if (*type == "Prepend") {
     absl::StatusOr<std::string> prefix = json.Field("prepend").String();

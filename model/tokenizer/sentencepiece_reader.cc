@@ -103,10 +103,55 @@ bool ReadPiece(const char* data, size_t size, SentencePiecePiece* piece) {
   return type >= 1 && type <= 6;
 }
 
+// TrainerSpec: model_type = 3, byte_fallback = 35, unk_id = 40, eos_id = 42.
+bool ReadTrainerSpec(const char* data, size_t size, SentencePieceSpec* spec) {
+  WireReader r(data, size);
+  while (!r.done()) {
+    uint64_t key = 0, v = 0;
+    if (!r.Varint(&key)) return false;
+    const uint64_t field = key >> 3;
+    const uint32_t wire = key & 7;
+    if (wire == 0 && (field == 3 || field == 35 || field == 40 || field == 42)) {
+      if (!r.Varint(&v)) return false;
+      if (field == 3) spec->model_type = static_cast<int>(v);
+      if (field == 35) spec->byte_fallback = v != 0;
+      // int32 fields: -1 arrives sign-extended to 64 bits.
+      if (field == 40) spec->unk_id = static_cast<int32_t>(static_cast<uint32_t>(v));
+      if (field == 42) spec->eos_id = static_cast<int32_t>(static_cast<uint32_t>(v));
+    } else if (!r.Skip(wire)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// NormalizerSpec: precompiled_charsmap = 2, add_dummy_prefix = 3, remove_extra_whitespaces = 4.
+bool ReadNormalizerSpec(const char* data, size_t size, SentencePieceSpec* spec) {
+  WireReader r(data, size);
+  while (!r.done()) {
+    uint64_t key = 0, v = 0;
+    if (!r.Varint(&key)) return false;
+    const uint64_t field = key >> 3;
+    const uint32_t wire = key & 7;
+    if (field == 2 && wire == 2) {
+      const char* s = nullptr;
+      size_t n = 0;
+      if (!r.Bytes(&s, &n)) return false;
+      spec->precompiled_charsmap.assign(s, n);
+    } else if ((field == 3 || field == 4) && wire == 0) {
+      if (!r.Varint(&v)) return false;
+      (field == 3 ? spec->add_dummy_prefix : spec->remove_extra_whitespaces) = v != 0;
+    } else if (!r.Skip(wire)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool ReadSentencePieceModel(const std::string& model_bytes, std::vector<SentencePiecePiece>* pieces,
-                            std::string* error) {
+                            std::string* error, SentencePieceSpec* spec) {
   pieces->clear();
   WireReader r(model_bytes.data(), model_bytes.size());
   while (!r.done()) {
@@ -125,6 +170,15 @@ bool ReadSentencePieceModel(const std::string& model_bytes, std::vector<Sentence
         return false;
       }
       pieces->push_back(std::move(piece));
+    } else if (spec != nullptr && ((key >> 3) == 2 || (key >> 3) == 3) && wire == 2) {
+      const char* s = nullptr;
+      size_t n = 0;
+      const bool trainer = (key >> 3) == 2;
+      if (!r.Bytes(&s, &n) ||
+          !(trainer ? ReadTrainerSpec(s, n, spec) : ReadNormalizerSpec(s, n, spec))) {
+        *error = trainer ? "malformed trainer_spec" : "malformed normalizer_spec";
+        return false;
+      }
     } else if (!r.Skip(wire)) {
       *error = "malformed protobuf (bad field)";
       return false;

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "model/tokenizer/components.h"
@@ -464,11 +465,103 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(const std::stri
     if (!parsed.ok()) return parsed.status();
     t = *std::move(parsed);
     from_sentencepiece = true;
+  } else if (const std::string spiece_path = Concat(dir, "/spiece.model");
+             FileExists(spiece_path)) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> parsed = FromSentencePieceUnigram(spiece_path);
+    if (!parsed.ok()) return parsed.status();
+    t = *std::move(parsed);
   } else {
-    return absl::NotFoundError(Concat(dir, ": no tokenizer.json or tokenizer.model"));
+    return absl::NotFoundError(Concat(dir, ": no tokenizer.json, tokenizer.model or spiece.model"));
   }
   if (absl::Status st = t->ApplyConfig(dir, from_sentencepiece); !st.ok()) return st;
   return t;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePieceUnigram(
+    const std::string& model_path) {
+  absl::StatusOr<std::string> bytes = ReadFile(model_path);
+  if (!bytes.ok()) return bytes.status();
+  std::vector<SentencePiecePiece> pieces;
+  SentencePieceSpec spec;
+  std::string error;
+  if (!ReadSentencePieceModel(*bytes, &pieces, &error, &spec)) {
+    return absl::InvalidArgumentError(Concat(model_path, ": not a SentencePiece model: ", error));
+  }
+  if (spec.model_type != 1) {
+    return absl::InvalidArgumentError(
+        Concat(model_path, ": trainer_spec.model_type = ", spec.model_type,
+               " is not supported here (only a Unigram model, 1, converts as T5's)"));
+  }
+  if (spec.unk_id < 0 || static_cast<size_t>(spec.unk_id) >= pieces.size()) {
+    return absl::InvalidArgumentError(
+        Concat(model_path, ": trainer_spec.unk_id = ", spec.unk_id, " is not a piece"));
+  }
+  // The pipeline transformers' conversion of T5's spiece.model gives: the model's
+  // precompiled normalization and runs of spaces folded, Metaspace with the dummy prefix,
+  // </s> appended.
+  Json vocab = Json::array();
+  Json added = Json::array();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    vocab.push_back(Json::array({pieces[i].piece, pieces[i].score}));
+    if (pieces[i].unknown || pieces[i].control) {
+      added.push_back({{"id", i},
+                       {"content", pieces[i].piece},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
+    }
+  }
+  Json normalizers = Json::array();
+  if (!spec.precompiled_charsmap.empty()) {
+    normalizers.push_back(
+        {{"type", "Precompiled"},
+         {"precompiled_charsmap", absl::Base64Escape(spec.precompiled_charsmap)}});
+  }
+  if (spec.remove_extra_whitespaces) {
+    normalizers.push_back(
+        {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}});
+  }
+  const std::string meta = "\xE2\x96\x81";
+  const Json metaspace = {{"type", "Metaspace"},
+                          {"replacement", meta},
+                          {"prepend_scheme", spec.add_dummy_prefix ? "always" : "never"},
+                          {"split", true}};
+  Json decoder = metaspace;
+  if (spec.byte_fallback) {
+    decoder = {
+        {"type", "Sequence"},
+        {"decoders",
+         Json::array({{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
+                      {{"type", "ByteFallback"}},
+                      {{"type", "Fuse"}},
+                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  }
+  Json post = nullptr;
+  if (spec.eos_id >= 0 && static_cast<size_t>(spec.eos_id) < pieces.size()) {
+    const std::string& eos = pieces[spec.eos_id].piece;
+    post = {{"type", "TemplateProcessing"},
+            {"single", Json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                    {{"SpecialToken", {{"id", eos}, {"type_id", 0}}}}})},
+            {"pair", Json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                  {{"SpecialToken", {{"id", eos}, {"type_id", 0}}}},
+                                  {{"Sequence", {{"id", "B"}, {"type_id", 1}}}},
+                                  {{"SpecialToken", {{"id", eos}, {"type_id", 1}}}}})},
+            {"special_tokens",
+             {{eos, {{"id", eos}, {"ids", Json::array({spec.eos_id})}, {"tokens", {eos}}}}}}};
+  }
+  Json json = {{"added_tokens", added},
+               {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
+               {"pre_tokenizer", metaspace},
+               {"post_processor", post},
+               {"decoder", decoder},
+               {"model",
+                {{"type", "Unigram"},
+                 {"unk_id", spec.unk_id},
+                 {"byte_fallback", spec.byte_fallback},
+                 {"vocab", vocab}}}};
+  return FromJson(json.dump(-1, ' ', false, Json::error_handler_t::replace), model_path);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(

@@ -1,12 +1,13 @@
 // cdcca::tokenizer::Tokenizer: the tokenizer of a Hugging Face model folder, giving the ids
 // transformers' `tokenizer(text)` gives and decoding as `tokenizer.decode` does.
 //
-// Reads `tokenizer.json` as the `tokenizers` library defines it (BPE, WordPiece, WordLevel
-// models; normalizers, pre-tokenizers, post-processors, decoders; added tokens), or, when a
-// folder has none, a SentencePiece `tokenizer.model` converted the way transformers'
-// LlamaTokenizer converts it. `tokenizer_config.json` / `special_tokens_map.json` add the
-// special tokens they name, add_bos_token / add_eos_token and clean_up_tokenization_spaces.
-// Torch-free. A loaded Tokenizer is immutable: Encode/Decode are thread-safe.
+// Reads `tokenizer.json` as the `tokenizers` library defines it (BPE, WordPiece, WordLevel,
+// Unigram models; normalizers, pre-tokenizers, post-processors, decoders; added tokens), or,
+// when a folder has none, a SentencePiece `tokenizer.model` converted the way transformers'
+// LlamaTokenizer converts it, or T5's `spiece.model` (FromSentencePieceUnigram).
+// `tokenizer_config.json` / `special_tokens_map.json` add the special tokens they name,
+// add_bos_token / add_eos_token and clean_up_tokenization_spaces. Torch-free. A loaded Tokenizer is
+// immutable: Encode/Decode are thread-safe.
 #ifndef CDCCA_MODEL_TOKENIZER_TOKENIZER_H_
 #define CDCCA_MODEL_TOKENIZER_TOKENIZER_H_
 
@@ -48,9 +49,16 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
       std::string_view json, std::string_view file = "tokenizer.json");
   // Loads a model folder (or a tokenizer subfolder such as qformer_tokenizer/):
-  // tokenizer.json, else tokenizer.model; then tokenizer_config.json and
+  // tokenizer.json, else tokenizer.model, else spiece.model; then tokenizer_config.json and
   // special_tokens_map.json when present.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFolder(const std::string& dir);
+  // A SentencePiece Unigram model (T5's spiece.model, the file a folder has when it has no
+  // tokenizer.json or tokenizer.model) converted as transformers converts T5's: its
+  // precompiled normalizer and runs of spaces folded to one, Metaspace (the dummy prefix as
+  // add_dummy_prefix says), byte fallback as the model has it, eos appended. InvalidArgument
+  // for a malformed file or another model type.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSentencePieceUnigram(
+      const std::string& model_path);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;

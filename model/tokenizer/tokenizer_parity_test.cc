@@ -54,7 +54,38 @@ TEST_P(TokenizerParity, IdsAndDecodedTextMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
                          testing::Values("bpe_bytelevel_qwen2", "bpe_bytelevel_llama3",
                                          "bpe_metaspace_llama2", "bpe_metaspace_pretok",
-                                         "wordpiece_bert", "wordlevel", "sentencepiece_llama"));
+                                         "wordpiece_bert", "wordlevel", "sentencepiece_llama",
+                                         "bpe_bytelevel_gpt2", "unigram_t5",
+                                         "unigram_bytefallback"));
+
+// A folder with only T5's spiece.model (and tokenizer_config.json): converted as transformers
+// converts it, the same ids and text as the tokenizer.json made from it.
+class SentencePieceUnigramParity : public testing::TestWithParam<std::string> {};
+
+TEST_P(SentencePieceUnigramParity, SpieceModelAloneMatchesItsTokenizerJson) {
+  const std::string fixture = FixtureDir("tokenizers/" + GetParam());
+  const std::string dir = testing::TempDir() + "/spiece_only_" + GetParam();
+  fs::create_directories(dir);
+  for (const char* name : {"spiece.model", "tokenizer_config.json"}) {
+    fs::copy_file(fixture + "/" + name, dir + "/" + name, fs::copy_options::overwrite_existing);
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFolder(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const nlohmann::json expected = ReadJson(fixture + "/expected.json");
+  ASSERT_GE(expected["cases"].size(), 10u);
+  for (const auto& c : expected["cases"]) {
+    const std::string text = c["text"];
+    SCOPED_TRACE("text: " + text);
+    absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(text, true);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, c["ids"].get<std::vector<int32_t>>());
+    const std::vector<int32_t> reference = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ((*tok)->Decode(reference, true), c["decoded_skip_special"].get<std::string>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SentencePieceUnigramParity,
+                         testing::Values("unigram_t5", "unigram_bytefallback"));
 
 // The model folders' tokenizers: the LM input transformers' processor built is the prompt's
 // ids with the <image> placeholder expanded (LLaVA) or the query tokens' placeholders put
@@ -105,7 +136,8 @@ TEST_P(ModelFolderTokenizer, PromptIdsAndAnswerTextMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFolderTokenizer,
                          testing::Values("llava_clip_llama", "llava_siglip_qwen2",
                                          "llava_clip_llama_gqa_rope", "blip2_llama",
-                                         "instructblip_llama"));
+                                         "instructblip_llama", "blip2_opt", "blip2_flan_t5",
+                                         "instructblip_flan_t5"));
 
 }  // namespace
 }  // namespace cdcca::tokenizer

@@ -107,6 +107,25 @@ TEST(Normalizers, ReplacePrependSequence) {
             std::string(kMeta) + "Hi" + kMeta + "you");
 }
 
+// A charsmap that is not a trie size and a trie: an error naming the field, never a read
+// outside it. (The real charsmap is checked against transformers by the unigram_t5 fixture.)
+TEST(Normalizers, PrecompiledCharsmapIsChecked) {
+  for (const char* charsmap : {"AAE=",              // 2 bytes
+                               "/////wAAAAA=",      // trie size 2^32 - 1
+                               "BgAAAAAAAAAAAA==",  // trie size 6, not whole units
+                               "not base64!"}) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::FromJson(
+        std::string(R"({"normalizer":{"type":"Precompiled","precompiled_charsmap":")") + charsmap +
+        R"("},"model":{"type":"WordLevel","vocab":{}}})");
+    ASSERT_FALSE(t.ok()) << charsmap;
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("normalizer.precompiled_charsmap"))
+        << charsmap;
+  }
+  // An empty charsmap (SentencePiece's identity rule) changes nothing.
+  EXPECT_EQ(Normalized(R"({"type":"Precompiled","precompiled_charsmap":""})", "A\xEF\xAC\x81"),
+            "A\xEF\xAC\x81");
+}
+
 TEST(Normalizers, BertNormalizer) {
   const std::string bert =
       R"({"type":"BertNormalizer","clean_text":true,"handle_chinese_chars":true,"strip_accents":null,"lowercase":true})";
@@ -280,6 +299,31 @@ TEST(Models, BpeByteFallbackAndUnk) {
   EXPECT_THAT(Ids(*no_unk, "aza"), ElementsAre(1, 1));  // unknown chars vanish without unk
 }
 
+// Unigram: the segmentation whose piece scores sum highest; an uncovered code point is unk,
+// adjacent unknowns fuse, byte fallback spells them as <0xNN> pieces when all exist.
+TEST(Models, UnigramViterbiUnknownsAndByteFallback) {
+  const std::string vocab =
+      R"("vocab":[["<unk>",0],["a",-1],["b",-2],["ab",-2.5],["abb",-6],["<0xC3>",0],["<0xA9>",0]])";
+  auto t = Load(WordModelJson(R"({"type":"Unigram","unk_id":0,)" + vocab + "}"));
+  ASSERT_NE(t, nullptr);
+  EXPECT_THAT(Ids(*t, "ab"), ElementsAre(3));          // -2.5 beats a + b at -3
+  EXPECT_THAT(Ids(*t, "abb"), ElementsAre(3, 2));      // ab + b (-4.5) beats abb (-6)
+  EXPECT_THAT(Ids(*t, "azza"), ElementsAre(1, 0, 1));  // one unk for "zz"
+  EXPECT_THAT(Ids(*t, "a\xC3\xA9"), ElementsAre(1, 0));
+  auto fallback =
+      Load(WordModelJson(R"({"type":"Unigram","unk_id":0,"byte_fallback":true,)" + vocab + "}"));
+  ASSERT_NE(fallback, nullptr);
+  EXPECT_THAT(Ids(*fallback, "a\xC3\xA9"), ElementsAre(1, 5, 6));  // é as its two bytes
+  EXPECT_THAT(Ids(*fallback, "az"), ElementsAre(1, 0));            // no <0x7A>: unk
+  auto no_unk = Load(WordModelJson(R"({"type":"Unigram",)" + vocab + "}"));
+  ASSERT_NE(no_unk, nullptr);
+  EXPECT_FALSE(no_unk->Encode("az").ok());  // tokenizers' MissingUnkId
+  EXPECT_FALSE(
+      Tokenizer::FromJson(WordModelJson(R"({"type":"Unigram","unk_id":9,)" + vocab + "}")).ok());
+  EXPECT_FALSE(
+      Tokenizer::FromJson(WordModelJson(R"({"type":"Unigram","vocab":[["a","x"]]})")).ok());
+}
+
 TEST(Models, BpeSubwordPrefixAndSuffix) {
   auto t = Load(WordModelJson(
       R"({"type":"BPE","continuing_subword_prefix":"##","end_of_word_suffix":"</w>",
@@ -443,9 +487,9 @@ TEST(Errors, UnsupportedComponentNamesFileAndPath) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message(),
             "tokenizer.json: pre_tokenizer.pretokenizers[1].type 'Foo' is not supported");
-  t = Tokenizer::FromJson(R"({"model":{"type":"Unigram","vocab":[]}})", "dir/tokenizer.json");
+  t = Tokenizer::FromJson(R"({"model":{"type":"CharLevel","vocab":[]}})", "dir/tokenizer.json");
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().message(), "dir/tokenizer.json: model.type 'Unigram' is not supported");
+  EXPECT_EQ(t.status().message(), "dir/tokenizer.json: model.type 'CharLevel' is not supported");
 }
 
 TEST(Errors, MalformedInputIsAnErrorNotACrash) {

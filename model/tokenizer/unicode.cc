@@ -1,9 +1,13 @@
 #include "model/tokenizer/unicode.h"
 
+#include <unicode/brkiter.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
 #include <unicode/ustring.h>
+#include <unicode/utext.h>
+
+#include <memory>
 
 #include "absl/status/status.h"
 #include "model/tokenizer/concat.h"
@@ -199,6 +203,33 @@ std::string Lowercase(std::string_view s) {
     }
     icu::UnicodeString(dst, n).toUTF8String(out);
   }
+  return out;
+}
+
+absl::StatusOr<std::vector<size_t>> GraphemeBoundaries(std::string_view s) {
+  std::vector<size_t> out{0};
+  if (s.empty()) return out;
+  UErrorCode err = U_ZERO_ERROR;
+  std::unique_ptr<icu::BreakIterator> it(
+      icu::BreakIterator::createCharacterInstance(icu::Locale::getRoot(), err));
+  if (U_FAILURE(err) || it == nullptr) {
+    return absl::InternalError(Concat("ICU grapheme iterator unavailable: ", u_errorName(err)));
+  }
+  // A UText over the UTF-8 bytes: the iterator's offsets are byte offsets.
+  UText* text = utext_openUTF8(nullptr, s.data(), static_cast<int64_t>(s.size()), &err);
+  if (U_FAILURE(err)) {
+    return absl::InternalError(Concat("ICU cannot read the text: ", u_errorName(err)));
+  }
+  it->setText(text, err);
+  if (U_FAILURE(err)) {
+    utext_close(text);
+    return absl::InternalError(Concat("ICU cannot segment the text: ", u_errorName(err)));
+  }
+  for (int32_t b = it->next(); b != icu::BreakIterator::DONE; b = it->next()) {
+    out.push_back(static_cast<size_t>(b));
+  }
+  utext_close(text);
+  if (out.back() != s.size()) out.push_back(s.size());
   return out;
 }
 

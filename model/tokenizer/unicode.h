@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -52,6 +53,10 @@ bool IsChineseChar(char32_t c);
 // Per-code-point full lowercase mapping (Rust char::to_lowercase: no context, so a final
 // capital sigma maps to σ).
 std::string Lowercase(std::string_view s);
+
+// Byte offsets where the extended grapheme clusters (UAX #29, as Rust's unicode-segmentation
+// `graphemes(true)`) of valid UTF-8 text begin, followed by s.size(); {0} for empty text.
+absl::StatusOr<std::vector<size_t>> GraphemeBoundaries(std::string_view s);
 
 enum class NormalizationForm { kNfc, kNfd, kNfkc, kNfkd };
 absl::StatusOr<std::string> Normalize(NormalizationForm form, std::string_view s);
