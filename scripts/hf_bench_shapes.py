@@ -5,6 +5,8 @@ Speed does not depend on weight values, and nothing can be downloaded, so the sp
 benchmarks of issue "Real MLLMs" run on random weights at the shapes of
   llava-1.5-7b              CLIP ViT-L/14-336 + Vicuna/LLaMA-7B
   instructblip-vicuna-7b    EVA ViT-g/14 + Q-Former (32 queries) + Vicuna-7B
+  blip2-opt-2.7b            EVA ViT-g/14 + Q-Former (32 queries) + OPT-2.7B
+  blip2-flan-t5-xl          EVA ViT-g/14 + Q-Former (32 queries) + Flan-T5-XL (encoder-decoder)
   llava-interleave-qwen-0.5b  SigLIP so400m/14-384 + Qwen2-0.5B
 This script builds them (bf16) and times transformers on them: batch 1, one image, a
 32-token text prompt, greedy, 64 new tokens; time to first token and decode tokens/s,
@@ -52,6 +54,30 @@ SHAPES = {
                                              num_attention_heads=32, num_key_value_heads=32,
                                              max_position_embeddings=2048),
                                    queries=32),
+    # BLIP-2 with the language models of its published checkpoints (EVA ViT-g/14, 32 queries).
+    "blip2-opt-2.7b": dict(kind="blip2",
+                           vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39,
+                                       num_attention_heads=16, image_size=224, patch_size=14),
+                           qformer=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                        intermediate_size=3072, cross_attention_frequency=2,
+                                        encoder_hidden_size=1408, vocab_size=30522),
+                           text=dict(type="opt", vocab_size=50272, hidden_size=2560, ffn_dim=10240,
+                                     num_hidden_layers=32, num_attention_heads=32,
+                                     max_position_embeddings=2048, word_embed_proj_dim=2560,
+                                     do_layer_norm_before=True, bos_token_id=2, eos_token_id=50118,
+                                     pad_token_id=1),
+                           queries=32),
+    "blip2-flan-t5-xl": dict(kind="blip2",
+                             vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39,
+                                         num_attention_heads=16, image_size=224, patch_size=14),
+                             qformer=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                          intermediate_size=3072, cross_attention_frequency=2,
+                                          encoder_hidden_size=1408, vocab_size=30522),
+                             text=dict(type="t5", vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120,
+                                       num_layers=24, num_decoder_layers=24, num_heads=32,
+                                       feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+                             queries=32),
     "llava-interleave-qwen-0.5b": dict(kind="llava",
                                        vision=dict(type="siglip", hidden_size=1152, intermediate_size=4304,
                                                    num_hidden_layers=26, num_attention_heads=16, image_size=384,
@@ -67,7 +93,14 @@ SHAPES = {
 def text_config(t):
     t = dict(t)
     kind = t.pop("type")
-    return (transformers.Qwen2Config if kind == "qwen2" else transformers.LlamaConfig)(**t)
+    return {"qwen2": transformers.Qwen2Config, "opt": transformers.OPTConfig,
+            "t5": transformers.T5Config}.get(kind, transformers.LlamaConfig)(**t)
+
+
+def blip2_class(model_type):
+    return (transformers.InstructBlipForConditionalGeneration if model_type == "instructblip"
+            else transformers.Blip2ForConditionalGeneration if model_type == "blip-2"
+            else transformers.LlavaForConditionalGeneration)
 
 
 def build(name):
@@ -88,10 +121,11 @@ def build(name):
         image_size = vcfg.image_size
     else:
         tcfg = text_config(s["text"])
-        cfg = transformers.InstructBlipConfig(vision_config=s["vision"], qformer_config=s["qformer"],
+        config_cls = transformers.Blip2Config if s["kind"] == "blip2" else transformers.InstructBlipConfig
+        cfg = config_cls(vision_config=s["vision"], qformer_config=s["qformer"],
                                               text_config=tcfg.to_dict(), num_query_tokens=s["queries"],
                                               image_token_index=tcfg.vocab_size - 1)
-        cls = transformers.InstructBlipForConditionalGeneration
+        cls = blip2_class(cfg.model_type)
         image_tokens = s["queries"]
         image_size = s["vision"]["image_size"]
     return cfg, cls, image_tokens, image_size
@@ -198,8 +232,7 @@ def cpu_load(args):
     """transformers fp32 on CPU on a saved folder, with its saved inputs."""
     base_rss = rss_bytes()
     cfg = transformers.AutoConfig.from_pretrained(args.load)
-    cls = (transformers.InstructBlipForConditionalGeneration if cfg.model_type == "instructblip"
-           else transformers.LlavaForConditionalGeneration)
+    cls = blip2_class(cfg.model_type)
     model = cls.from_pretrained(args.load, dtype=torch.float32).eval()
     inputs = load_inputs(os.path.join(args.load, "bench_inputs.safetensors"), torch.device("cpu"),
                          torch.float32)
