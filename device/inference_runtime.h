@@ -47,7 +47,7 @@ struct RuntimeOptions {
   int64_t lora_rank = settings::kLoraRank;
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
-  bool lora_qformer = settings::kLoraQformer;      // BLIP-2 / InstructBLIP: the Q-Former's q and v
+  bool lora_qformer = settings::kLoraQformer;  // BLIP-2 / InstructBLIP: the Q-Former's q and v
   bool lora_projector = false;  // the projector into the LM too (programs: --profile)
 };
 

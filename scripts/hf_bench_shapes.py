@@ -35,6 +35,12 @@ import time
 import torch
 import transformers
 
+# BLIP-2's and InstructBLIP's vision tower (EVA ViT-g/14 at 224) and Q-Former.
+EVA_VIT_G = dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,
+                 image_size=224, patch_size=14)
+QFORMER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+               cross_attention_frequency=2, encoder_hidden_size=1408)
+
 SHAPES = {
     "llava-1.5-7b": dict(kind="llava", vision=dict(type="clip", hidden_size=1024, intermediate_size=4096,
                                                    num_hidden_layers=24, num_attention_heads=16, image_size=336,
@@ -44,11 +50,8 @@ SHAPES = {
                                    max_position_embeddings=4096),
                          layer=-2, strategy="default"),
     "instructblip-vicuna-7b": dict(kind="instructblip",
-                                   vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39,
-                                               num_attention_heads=16, image_size=224, patch_size=14),
-                                   qformer=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                intermediate_size=3072, cross_attention_frequency=2,
-                                                encoder_hidden_size=1408, vocab_size=30523),
+                                   vision=EVA_VIT_G,
+                                   qformer=dict(QFORMER, vocab_size=30523),
                                    text=dict(type="llama", vocab_size=32001, hidden_size=4096,
                                              intermediate_size=11008, num_hidden_layers=32,
                                              num_attention_heads=32, num_key_value_heads=32,
@@ -56,11 +59,8 @@ SHAPES = {
                                    queries=32),
     # BLIP-2 with the language models of its published checkpoints (EVA ViT-g/14, 32 queries).
     "blip2-opt-2.7b": dict(kind="blip2",
-                           vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39,
-                                       num_attention_heads=16, image_size=224, patch_size=14),
-                           qformer=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                        intermediate_size=3072, cross_attention_frequency=2,
-                                        encoder_hidden_size=1408, vocab_size=30522),
+                           vision=EVA_VIT_G,
+                           qformer=dict(QFORMER, vocab_size=30522),
                            text=dict(type="opt", vocab_size=50272, hidden_size=2560, ffn_dim=10240,
                                      num_hidden_layers=32, num_attention_heads=32,
                                      max_position_embeddings=2048, word_embed_proj_dim=2560,
@@ -68,11 +68,8 @@ SHAPES = {
                                      pad_token_id=1),
                            queries=32),
     "blip2-flan-t5-xl": dict(kind="blip2",
-                             vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39,
-                                         num_attention_heads=16, image_size=224, patch_size=14),
-                             qformer=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                          intermediate_size=3072, cross_attention_frequency=2,
-                                          encoder_hidden_size=1408, vocab_size=30522),
+                             vision=EVA_VIT_G,
+                             qformer=dict(QFORMER, vocab_size=30522),
                              text=dict(type="t5", vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120,
                                        num_layers=24, num_decoder_layers=24, num_heads=32,
                                        feed_forward_proj="gated-gelu", tie_word_embeddings=False,
