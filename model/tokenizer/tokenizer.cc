@@ -338,6 +338,23 @@ absl::StatusOr<std::optional<AddedToken>> ConfigToken(const JsonAt& json) {
   return std::optional<AddedToken>(std::move(t));
 }
 
+// tokenizer.json's "added_tokens" for a SentencePiece model: its unknown and control pieces,
+// special and unnormalized, at their piece ids.
+Json SpecialPiecesJson(const std::vector<SentencePiecePiece>& pieces) {
+  Json added = Json::array();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!pieces[i].unknown && !pieces[i].control) continue;
+    added.push_back({{"id", i},
+                     {"content", pieces[i].piece},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  return added;
+}
+
 }  // namespace
 
 absl::Status Tokenizer::ApplyConfig(const std::string& dir, bool from_sentencepiece) {
@@ -500,19 +517,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePieceUnigram(
   // precompiled normalization and runs of spaces folded, Metaspace with the dummy prefix,
   // </s> appended.
   Json vocab = Json::array();
-  Json added = Json::array();
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    vocab.push_back(Json::array({pieces[i].piece, pieces[i].score}));
-    if (pieces[i].unknown || pieces[i].control) {
-      added.push_back({{"id", i},
-                       {"content", pieces[i].piece},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", false},
-                       {"special", true}});
-    }
-  }
+  for (const SentencePiecePiece& p : pieces) vocab.push_back(Json::array({p.piece, p.score}));
+  const Json added = SpecialPiecesJson(pieces);
   Json normalizers = Json::array();
   if (!spec.precompiled_charsmap.empty()) {
     normalizers.push_back(
@@ -617,18 +623,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(
   });
   Json merge_list = Json::array();
   for (const Merge& m : merges) merge_list.push_back(Json::array({m.left, m.right}));
-  Json added = Json::array();
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (pieces[i].unknown || pieces[i].control) {
-      added.push_back({{"id", i},
-                       {"content", pieces[i].piece},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", false},
-                       {"special", true}});
-    }
-  }
+  const Json added = SpecialPiecesJson(pieces);
   const std::string meta = "\xE2\x96\x81";
   Json spec = {
       {"added_tokens", added},
