@@ -35,15 +35,28 @@ absl::Status Seal(NewVersion& next) {
   return absl::OkStatus();
 }
 
+// A version after `version`, filled by `fill` under the guard that turns LibTorch's
+// exceptions into a Status.
+absl::StatusOr<NewVersion> NextVersion(uint64_t version,
+                                       absl::FunctionRef<absl::Status(NewVersion&)> fill) {
+  NewVersion next;
+  next.base_version = version;
+  next.version = version + 1;
+  try {
+    if (absl::Status s = fill(next); !s.ok()) return s;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("encoding version ", next.version, ": ", e.what_without_backtrace()));
+  }
+  return next;
+}
+
 }  // namespace
 
 absl::StatusOr<NewVersion> EncodeVersion(const compress::NamedTensors& trained,
                                          const compress::NamedTensors& mirror, uint64_t version,
                                          const compress::DeltaEncoder& encoder) {
-  NewVersion next;
-  next.base_version = version;
-  next.version = version + 1;
-  try {
+  return NextVersion(version, [&](NewVersion& next) -> absl::Status {
     SteadyClock::time_point start = SteadyClock::now();
     compress::DeltaEncoder used = encoder;
     absl::StatusOr<compress::UpdatePayload> payload =
@@ -74,20 +87,14 @@ absl::StatusOr<NewVersion> EncodeVersion(const compress::NamedTensors& trained,
     if (!applied.ok()) return applied.status();
     if (absl::Status s = Seal(next); !s.ok()) return s;
     next.apply_seconds = Since(start);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("encoding version ", next.version, ": ", e.what_without_backtrace()));
-  }
-  return next;
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<NewVersion> RestoreVersion(compress::NamedTensors target,
                                           const compress::NamedTensors& mirror, uint64_t version,
                                           const compress::DeltaEncoderOptions& options) {
-  NewVersion next;
-  next.base_version = version;
-  next.version = version + 1;
-  try {
+  return NextVersion(version, [&](NewVersion& next) -> absl::Status {
     SteadyClock::time_point start = SteadyClock::now();
     compress::DeltaEncoderOptions uncapped = options;
     uncapped.byte_budget = 0;
@@ -103,11 +110,8 @@ absl::StatusOr<NewVersion> RestoreVersion(compress::NamedTensors target,
     next.state = std::move(target);
     if (absl::Status s = Seal(next); !s.ok()) return s;
     next.apply_seconds = Since(start);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("encoding version ", next.version, ": ", e.what_without_backtrace()));
-  }
-  return next;
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<TrainedRound> TrainRound(absl::FunctionRef<absl::StatusOr<TrainedSet>()> learn,

@@ -5,7 +5,7 @@
 //                   finite, is encoded as the next version (EncodeVersion). What
 //                   PerDeviceStrategy::RunJob (cloud/trainer.h) runs per job before the
 //                   update guard and the commit, and what the in-process round
-//                   (sim/hub_round.h) and `cdcca hf-adapt` run without either.
+//                   (sim/inprocess_round.h) and `cdcca adapt` run without either.
 //   EncodeVersion   DWC: the trained set against the mirror as the next version's update
 //                   bytes (error feedback through the encoder's residual; a byte budget below
 //                   the smallest payload raised to the smallest that fits), applied to a copy

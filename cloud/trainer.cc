@@ -916,7 +916,7 @@ absl::StatusOr<std::unique_ptr<PerDeviceStrategy>> PerDeviceStrategy::Create(
   if (absl::Status s = options.env->CreateDirs(options.state_dir); !s.ok()) return s;
 
   absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =
-      internal::CreateHubMirrorTrainer(pair);
+      internal::MirrorTrainer::Create(pair);
   if (!trainer.ok()) return trainer.status();
   impl->trainer = *std::move(trainer);
   impl->guard = std::make_unique<internal::GuardScorer>(impl->trainer.get(), &impl->options.guard);

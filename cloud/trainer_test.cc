@@ -22,8 +22,8 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/arch/hf_answerer.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/answerer.h"
+#include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
 #include "storage/fault_injection_env.h"
 #include "tests/testing/fault_walk.h"
@@ -131,8 +131,8 @@ class TrainerTest : public ::testing::Test {
   // (The device reads the family's student folder at int8 with the default adapters, as the
   // mirror does.)
   compress::NamedTensors DeviceState() {
-    absl::StatusOr<std::unique_ptr<model::HfAnswerer>> student =
-        model::HfAnswerer::Load(checkpoint_, "int8", "cpu");
+    absl::StatusOr<std::unique_ptr<model::Answerer>> student =
+        model::Answerer::Load(checkpoint_, "int8", "cpu");
     EXPECT_OK(student);
     EXPECT_OK((*student)->model().AddAdapters(model::AdapterOptions{}));
     return compress::Fp32Clones((*student)->model().TrainableParameters());

@@ -17,7 +17,7 @@
 
 ABSL_FLAG(std::string, out, "",
           "output: the directory (render), the checkpoint directory (pretrain), the results file "
-          "(answer), the adapted state (hf-adapt), the PEFT adapter folder (export-adapter), the "
+          "(answer), the adapted state (adapt), the PEFT adapter folder (export-adapter), the "
           "report OUT.md and OUT.json (adapt-eval)");
 ABSL_FLAG(std::string, questions, "",
           "VQAv2 questions JSON (cdcca eval vqa, cdcca answer; answer --task aokvqa: an A-OKVQA "

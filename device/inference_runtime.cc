@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "compress/named_tensors.h"
-#include "device/internal/hub_student.h"
+#include "device/internal/student.h"
 #include "model/hub/safetensors.h"
 #include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
@@ -18,8 +18,8 @@ namespace cdcca::device {
 
 struct InferenceRuntime::Impl {
   RuntimeOptions options;
-  std::unique_ptr<internal::HubStudent> hub;
-  uint64_t hub_draws ABSL_GUARDED_BY(mu) = 0;  // unseeded stage-2 draws so far
+  std::unique_ptr<internal::Student> student;
+  uint64_t stage2_draws ABSL_GUARDED_BY(mu) = 0;  // unseeded stage-2 draws so far
 
   // Guards the student (the model is not thread-safe: answers, scores and updates exclude
   // each other), its trainable tensors and `version`.
@@ -41,30 +41,6 @@ auto CatchTorch(const char* what, Fn fn) -> decltype(fn()) {
 
 }  // namespace
 
-namespace internal {
-
-bool IsHubFolder(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  if (!in) return false;
-  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
-    return false;
-  }
-  const std::string type = config["model_type"].get<std::string>();
-  return type == "llava" || type == "blip-2" || type == "instructblip";
-}
-
-#ifndef CDCCA_RUNTIME_HF
-absl::StatusOr<std::unique_ptr<HubStudent>> LoadHubStudent(const RuntimeOptions& options) {
-  return absl::UnimplementedError(absl::StrCat(
-      options.checkpoint_dir,
-      " is a Hugging Face folder, and this build has no Hugging Face tokenizers (PCRE2/ICU "
-      "missing at configure time)"));
-}
-#endif
-
-}  // namespace internal
-
 InferenceRuntime::InferenceRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 InferenceRuntime::~InferenceRuntime() = default;
 
@@ -74,20 +50,20 @@ absl::StatusOr<std::unique_ptr<InferenceRuntime>> InferenceRuntime::Load(
     return absl::InvalidArgumentError("max_answer_tokens must be in 1-64");
   }
   model::SetIntraOpThreads(options.threads);
-  if (!internal::IsHubFolder(options.checkpoint_dir)) {
+  if (!internal::IsModelFolder(options.checkpoint_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(
         options.checkpoint_dir,
         " is not a model folder: its config.json must name a llava, blip-2 or instructblip "
         "model_type (a Hugging Face folder, or a cdcca family's, which cdcca pretrain writes "
         "as one)"));
   }
-  absl::StatusOr<std::unique_ptr<internal::HubStudent>> hub = internal::LoadHubStudent(options);
-  if (!hub.ok()) return hub.status();
+  absl::StatusOr<std::unique_ptr<internal::Student>> student = internal::Student::Load(options);
+  if (!student.ok()) return student.status();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->hub = *std::move(hub);
+  impl->student = *std::move(student);
   absl::MutexLock lock(&impl->mu);
-  impl->trainable = impl->hub->Trainable();
+  impl->trainable = impl->student->Trainable();
   return std::unique_ptr<InferenceRuntime>(new InferenceRuntime(std::move(impl)));
 }
 
@@ -106,7 +82,7 @@ absl::StatusOr<std::vector<AnswerResult>> InferenceRuntime::Answer(
     absl::MutexLock lock(&impl_->mu);
     absl::StatusOr<AnswerResult> r = CatchTorch("answer", [&]() -> absl::StatusOr<AnswerResult> {
       torch::NoGradGuard no_grad;
-      return impl_->hub->Answer(f);
+      return impl_->student->Answer(f);
     });
     if (!r.ok()) return r.status();
     out.push_back(*std::move(r));
@@ -133,10 +109,10 @@ absl::StatusOr<std::vector<float>> InferenceRuntime::TokenScores(const VisualTok
     return absl::InvalidArgumentError("dropout_p must be in (0, 1)");
   }
   absl::MutexLock lock(&impl_->mu);
-  const uint64_t draw = seed.has_value() ? *seed : impl_->hub_draws++;
+  const uint64_t draw = seed.has_value() ? *seed : impl_->stage2_draws++;
   return CatchTorch("token scores", [&]() -> absl::StatusOr<std::vector<float>> {
     torch::NoGradGuard no_grad;
-    return impl_->hub->Scores(visual, passes, dropout_p, draw, kind);
+    return impl_->student->Scores(visual, passes, dropout_p, draw, kind);
   });
 }
 
@@ -195,10 +171,10 @@ absl::StatusOr<std::string> InferenceRuntime::FrameJpeg(const VisualTokens& visu
     return absl::InvalidArgumentError("the jpeg uplink needs the frame the tokens came from");
   }
   absl::MutexLock lock(&impl_->mu);
-  return impl_->hub->FrameJpeg(*visual.source, quality);
+  return impl_->student->FrameJpeg(*visual.source, quality);
 }
 
-bool InferenceRuntime::CanSendFrames() const { return impl_->hub->CanSendFrames(); }
+bool InferenceRuntime::CanSendFrames() const { return impl_->student->CanSendFrames(); }
 
 uint64_t InferenceRuntime::version() const {
   absl::ReaderMutexLock lock(&impl_->mu);
@@ -210,9 +186,9 @@ uint64_t InferenceRuntime::StateDigest() const {
   return compress::StateDigest(impl_->trainable);
 }
 
-uint64_t InferenceRuntime::VisionFingerprint() const { return impl_->hub->VisionFingerprint(); }
+uint64_t InferenceRuntime::VisionFingerprint() const { return impl_->student->VisionFingerprint(); }
 
-uint64_t InferenceRuntime::BaseFingerprint() const { return impl_->hub->BaseFingerprint(); }
+uint64_t InferenceRuntime::BaseFingerprint() const { return impl_->student->BaseFingerprint(); }
 
 int64_t InferenceRuntime::TrainableParameters() const {
   absl::ReaderMutexLock lock(&impl_->mu);
@@ -223,7 +199,7 @@ int64_t InferenceRuntime::TrainableParameters() const {
 
 int64_t InferenceRuntime::BaseBytes() const {
   absl::MutexLock lock(&impl_->mu);
-  return impl_->hub->BaseBytes();
+  return impl_->student->BaseBytes();
 }
 
 AnsweredFrame AnsweredFrameOf(const AnswerResult& answer, uint64_t version) {

@@ -43,7 +43,7 @@ struct RuntimeOptions {
   // "chat", "none" or a named template), and the adapters the cloud trains
   // (LoRA on the LM's q/v, rank and alpha; MLP too with lora_mlp). They must be the cloud's:
   // the base fingerprint Register compares covers them.
-  std::string hub_template = "auto";
+  std::string student_template = "auto";
   int64_t lora_rank = settings::kLoraRank;
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
@@ -88,9 +88,9 @@ class InferenceRuntime {
   // Answers every frame, in order.
   absl::StatusOr<std::vector<AnswerResult>> Answer(const std::vector<Frame>& frames);
 
-  // UTS stage 2 for one frame: `passes` stochastic dropout passes (VIS, model/arch/hf_model.h
-  // VisualTokenPassOptions) from the frame `visual` came from, as one batched forward;
-  // returns one score per visual token, scored with EffectiveScore(score): vis,
+  // UTS stage 2 for one frame: `passes` stochastic dropout passes (VIS,
+  // model/arch/multimodal_model.h VisualTokenPassOptions) from the frame `visual` came from, as one
+  // batched forward; returns one score per visual token, scored with EffectiveScore(score): vis,
   // attention_variance or attention_mass (FAILED_PRECONDITION for the probe's scores).
   // dropout_p must be in (0, 1). The draw depends on `seed` alone when given (several
   // devices in one process: the harness), else on the runtime's own count of draws.

@@ -1,7 +1,7 @@
 // SampleStep: the device's half of a round for one answer, from the answer to the sample it
 // uplinks (DESIGN.md, "One round"). Every driver that answers on a device, or stands in for
 // one, calls it: the agent loop (DeviceAgent::Process, which the harness runs), cdcca-device
-// offline, the in-process round (sim/hub_round.h), `cdcca hf-adapt` and `cdcca adapt-eval`'s
+// offline, the in-process round (sim/inprocess_round.h), `cdcca adapt` and `cdcca adapt-eval`'s
 // arms (sim/adapt_eval.h BuildArmUplink).
 //
 //   Run(answer)  held out for the cloud's update guard? (compress::IsHeldOutSample of the

@@ -1,6 +1,6 @@
 // The UTS settings a cloud sends in its Register reply, over a device's own (device/uts.h).
 // Apart from uts.h so that UTS itself needs no protobuf (the GPU machine's core build runs
-// it in sim/hub_round.h).
+// it in sim/inprocess_round.h).
 #ifndef CDCCA_DEVICE_UTS_CLOUD_SETTINGS_H_
 #define CDCCA_DEVICE_UTS_CLOUD_SETTINGS_H_
 

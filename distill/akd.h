@@ -1,8 +1,8 @@
 // The settings of Adapter-based Knowledge Distillation (paper Sec. 3.3) and of the cloud
 // baselines that share its job: pseudo-label only ("pl"), PKD ("pkd", Pearson-correlation
-// feature KD) and channel-wise divergence ("cwd"). One job (distill::HfPairDistiller,
-// distill/hf_akd.h), configured by which feature loss aligns the student's query output Q and
-// representation R with the teacher's through the cloud-only maps phi and psi:
+// feature KD) and channel-wise divergence ("cwd"). One job (distill::PairDistiller,
+// distill/pair_distiller.h), configured by which feature loss aligns the student's query output Q
+// and representation R with the teacher's through the cloud-only maps phi and psi:
 //   l_ce * CE(student, pseudo-labels)
 //   + l_query * D(Q_t, phi(Q_s)) + l_repr * D(R_t, psi(R_s))
 //   + l_kl * T^2 * KL(softmax(teacher / T) || softmax(student / T))

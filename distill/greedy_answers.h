@@ -12,19 +12,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "distill/hf_akd.h"
+#include "distill/pair_distiller.h"
 
 namespace cdcca::distill {
 
 // `side`'s greedy answer to `sample`, at most max_new_tokens: the prompt in the side's
 // template and tokenizer, the sample's present tokens as the visual input, no gradients.
 // Returns the decoded text with surrounding whitespace stripped; `ids` (optional) receives
-// the answer's ids without the EOS (the pseudo-label HfPairDistiller trains on). An answer
+// the answer's ids without the EOS (the pseudo-label PairDistiller trains on). An answer
 // ends before an image placeholder id (model::MultimodalModel::image_token_id), which a
 // model read back would take for an image position. Errors of the codec or the model.
 // `entropy` (optional) receives the mean entropy (nats) of the distributions the answer's
 // tokens were chosen from, EOS included (model::MeanStepEntropy): how sure the side is.
-absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample& sample,
+absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,
                                          int max_new_tokens, std::vector<int64_t>* ids = nullptr,
                                          double* entropy = nullptr);
 
@@ -35,11 +35,11 @@ absl::StatusOr<std::string> GreedyAnswer(const HfPairSide& side, const HfSample&
 // (cloud/update_guard.h, GuardMeasure::kTeacherProbability): with a calibrated teacher it is
 // the chance that the answer is right. 1 for an empty answer on a side without an EOS.
 // Errors of the codec or the model.
-absl::StatusOr<double> AnswerProbability(const HfPairSide& side, const HfSample& sample,
+absl::StatusOr<double> AnswerProbability(const PairSide& side, const PairSample& sample,
                                          const std::string& answer);
 // The same for answer ids as they are (nothing appended): the product of their probabilities
 // teacher-forced after the prompt; 1 for no ids.
-absl::StatusOr<double> AnswerIdsProbability(const HfPairSide& side, const HfSample& sample,
+absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSample& sample,
                                             const std::vector<int64_t>& ids);
 
 }  // namespace cdcca::distill

@@ -1,7 +1,7 @@
 // What every adaptation job shares: its options, its loss-term summaries and its statistics.
-// The jobs themselves are distill::HfPairDistiller (AKD and the cloud baselines,
-// distill/hf_akd.h) and distill::HfSelfLearner (TENT and CoTTA on the device,
-// distill/hf_self_learner.h).
+// The jobs themselves are distill::PairDistiller (AKD and the cloud baselines,
+// distill/pair_distiller.h) and distill::SelfLearner (TENT and CoTTA on the device,
+// distill/self_learner.h).
 //
 // Thread-safety: plain values; SummarizeLossTerm is pure.
 #ifndef CDCCA_DISTILL_JOB_H_

@@ -2,7 +2,7 @@
 # Builds the core (CDCCA_CORE_ONLY) `cdcca` into build-gpu/ on the GPU machine, against
 # PyTorch's bundled LibTorch and .gpu-deps/ from scripts/gpu_deps.sh (carried). Sourced by
 # gpu_pretrain.sh and gpu_schedules.sh; leaves LD_LIBRARY_PATH and CDCCA_FASHION_MNIST_DIR
-# set for running it. CDCCA_GPU_TARGETS names other targets (scripts/hf_bench_gpu.sh: hf_bench).
+# set for running it. CDCCA_GPU_TARGETS names other targets (scripts/hf_bench_gpu.sh: decode_bench).
 set -euo pipefail
 deps=$PWD/.gpu-deps
 arch=x86_64-linux-gnu

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/bench/hf_akd_bench.cc) against the
+# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/bench/akd_bench.cc) against the
 # transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:
-#   scripts/hf_akd_gpu.sh build        builds hf_akd_bench (core-only, PyTorch's LibTorch)
+#   scripts/hf_akd_gpu.sh build        builds akd_bench (core-only, PyTorch's LibTorch)
 #   scripts/hf_akd_gpu.sh tiny  DIR    the whole comparison on a tiny random pair (seconds)
 #   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
 #                                      batch 16, 200 steps, 64 uplinked samples
 #   scripts/hf_akd_gpu.sh round DIR    one whole round in process at the same shapes
-#                                      (sim/bench/hf_round_bench.cc): an int4 device answers 32
+#                                      (sim/bench/round_bench.cc): an int4 device answers 32
 #                                      frames, UTS, int8 uplink, the job (batch 8, 40 steps),
 #                                      DWC at 2 bits/param, apply on both sides, digests
 #   scripts/hf_akd_gpu.sh round-tiny DIR  the same on the tiny random pair (seconds)
@@ -19,12 +19,12 @@ set -euo pipefail
 mode=${1:?build, tiny or full}
 export PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-bench=build-gpu/distill/hf_akd_bench
-round_bench=build-gpu/sim/hf_round_bench
+bench=build-gpu/distill/akd_bench
+round_bench=build-gpu/sim/round_bench
 
 if [ "$mode" = build ]; then
   start=$(date +%s)
-  export CDCCA_GPU_TARGETS="hf_akd_bench hf_round_bench"
+  export CDCCA_GPU_TARGETS="akd_bench round_bench"
   (source scripts/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """One AKD job on a LLaVA teacher-student pair as a PyTorch + transformers + peft loop: the
-reference that cdcca's hf_akd_bench (distill/bench/hf_akd_bench.cc) is timed against (issue 21).
+reference that cdcca's akd_bench (distill/bench/akd_bench.cc) is timed against (issue 21).
 
   make: random-weight LLaVA folders at published shapes (speed does not depend on weight
         values, and nothing can be downloaded), the student's vision tower copied into the
         teacher (a pair shares its tower), and the job's inputs: the student tower's output
         tokens of random frames ("tokens" [S, N, D], what devices uplink) and each sample's
         prompt ids ("prompt_ids" [S, P]: BOS, the image token, random text).
-  run:  the job, the same losses as distill/hf_akd.cc on the same inputs:
+  run:  the job, the same losses as distill/pair_distiller.cc on the same inputs:
           - per sample, once: the teacher's greedy answer (at most --max_answer_tokens, then
             EOS), and teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
             num_layers / 2 layers at the answer positions) and the answer's logits;
@@ -27,7 +27,7 @@ Both print one JSON line with the same keys.
   python3 scripts/hf_akd_reference.py run --teacher DIR --student_base DIR --inputs FILE
       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32] [--lora_rank 8]
       [--lora_alpha 16]
-run takes hf_akd_bench's flags under its names (the programs' names, docs/SETTINGS.md), so one
+run takes akd_bench's flags under its names (the programs' names, docs/SETTINGS.md), so one
 argument list drives both (scripts/hf_akd_gpu.sh).
 """
 import argparse

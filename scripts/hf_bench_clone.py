@@ -9,7 +9,7 @@
                      denormals would change it)
 
 The GPU machine makes the skeleton of the 0.5B folder (scripts/hf_bench_gpu.sh gpu); the
-2-core machine fills it and runs cdcca's hf_bench on CPU.
+2-core machine fills it and runs cdcca's decode_bench on CPU.
 """
 import json
 import os

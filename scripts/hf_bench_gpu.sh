@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19 "Speed and memory", one device call per mode, on the GPU machine (device tool):
-#   gpu  builds cdcca's hf_bench (core-only, PyTorch's LibTorch, carried .gpu-deps/), creates
+#   gpu  builds cdcca's decode_bench (core-only, PyTorch's LibTorch, carried .gpu-deps/), creates
 #        the random-weight folders at the published shapes (scripts/hf_bench_shapes.py) and
 #        times transformers (eager, SDPA) and cdcca (bf16, CUDA) on the same weights and
 #        inputs; writes $OUT/hf_bench_gpu.json and, for the 2-core machine, the 0.5B folder's
@@ -13,23 +13,23 @@ set -euo pipefail
 mode=${1:?gpu or cpu}
 out=${OUT:-$PWD/out}
 mkdir -p "$out"
-work=${HF_BENCH_DIR:-/tmp/hf_bench}
+work=${HF_BENCH_DIR:-/tmp/decode_bench}
 qwen=llava-interleave-qwen-0.5b
 export PYTHONUNBUFFERED=1
 
 # Build; if the CUDA-graph code does not compile against this LibTorch, build without it.
-export CDCCA_GPU_TARGETS=hf_bench
+export CDCCA_GPU_TARGETS=decode_bench
 start=$(date +%s)
-if ! (source scripts/gpu_build.sh) >"$out/build.log" 2>&1 || [ ! -x build-gpu/model/hf_bench ]; then
+if ! (source scripts/gpu_build.sh) >"$out/build.log" 2>&1 || [ ! -x build-gpu/model/decode_bench ]; then
   echo "build with CUDA graphs failed; retrying without" | tee -a "$out/build.log"
   cmake build-gpu -DCDCCA_CUDA_GRAPHS=OFF -DCMAKE_CXX_FLAGS=-DCDCCA_NO_AT_RMS_NORM >>"$out/build.log" 2>&1
   (source scripts/gpu_build.sh) >>"$out/build.log" 2>&1
 fi
 tail -5 "$out/build.log"
 echo "build: $(( $(date +%s) - start )) s"
-[ -x build-gpu/model/hf_bench ] || { echo "hf_bench did not build"; exit 1; }
+[ -x build-gpu/model/decode_bench ] || { echo "decode_bench did not build"; exit 1; }
 export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-bench=build-gpu/model/hf_bench
+bench=build-gpu/model/decode_bench
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 lscpu | grep -E "Model name|^CPU\(s\)" || true
 

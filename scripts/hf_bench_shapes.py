@@ -13,14 +13,14 @@ This script builds them (bf16) and times transformers on them: batch 1, one imag
 eager and SDPA attention; plus the measured HBM bandwidth and the weight-bytes-per-token
 limit. With --save DIR it also writes each model as a Hugging Face folder, with the very
 inputs transformers got in bench_inputs.safetensors, and with --cdcca BIN runs cdcca's
-hf_bench (model/bench/hf_bench.cc) on that folder in the same run (after freeing
+decode_bench (model/bench/decode_bench.cc) on that folder in the same run (after freeing
 transformers' copy), recording its JSON line under "cdcca".
 
 CPU mode (--cpu --load FOLDER) times transformers fp32 on a folder saved before (the
 0.5B one) with the saved inputs, and records the process's resident memory.
 
   python3 scripts/hf_bench_shapes.py --out OUT.json [--models a,b] [--save DIR]
-      [--cdcca build-gpu/model/hf_bench] [--keep NAME,...]
+      [--cdcca build-gpu/model/decode_bench] [--keep NAME,...]
   python3 scripts/hf_bench_shapes.py --cpu --load DIR --out OUT.json
 scripts/hf_bench_gpu.sh runs the whole comparison on the GPU machine.
 """
@@ -156,7 +156,7 @@ def generate_seconds(model, inputs, new_tokens, device):
 def timed_pairs(model, inputs, new_tokens, device, repeats=3):
     """A 1-token and an N-token generate back to back, `repeats` times after a warm-up pair:
     TTFT = median 1-token time, decode = (N - 1) / median of the pairs' differences (the
-    same method as cdcca's hf_bench)."""
+    same method as cdcca's decode_bench)."""
     ones, fulls, diffs = [], [], []
     for i in range(repeats + 1):
         one = generate_seconds(model, inputs, 1, device)
@@ -253,8 +253,8 @@ def main():
     ap.add_argument("--new_tokens", type=int, default=64)
     ap.add_argument("--prompt_tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cdcca", default="", help="cdcca's hf_bench binary, run on each saved folder")
-    ap.add_argument("--cdcca_args", default="", help="extra hf_bench flags (space-separated)")
+    ap.add_argument("--cdcca", default="", help="cdcca's decode_bench binary, run on each saved folder")
+    ap.add_argument("--cdcca_args", default="", help="extra decode_bench flags (space-separated)")
     ap.add_argument("--cdcca_exact_ops", action="store_true",
                     help="also time cdcca's static loop with CDCCA_STATIC_EXACT_OPS=1")
     ap.add_argument("--keep", default="", help="saved folders to keep; the others are deleted after use")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Makes the inputs of scripts/peft_check.py: for each tiny Hugging Face fixture family, one
-# `cdcca hf-adapt` round (teacher and student the same folder, the student's adapters trained
+# `cdcca adapt` round (teacher and student the same folder, the student's adapters trained
 # on the fixture images), its PEFT export, and the adapted student's greedy answers
 # (`cdcca generate --json --adapter_state`) on two images. Runs here (the full build); the
 # check itself runs where transformers and peft are (the GPU machine):
 #   scripts/peft_check.sh [OUT]              (default build/peft_check)
 #   python3 scripts/peft_check.py OUT        (prints and writes OUT/report.json)
-# CDCCA_ADAPT_FLAGS adds hf-adapt flags for the trainable set, e.g. "--lora_projector" (LoRA on
+# CDCCA_ADAPT_FLAGS adds adapt flags for the trainable set, e.g. "--lora_projector" (LoRA on
 # the projector into the LM too; with --lora_qformer the LLaVA fixtures are skipped).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +24,7 @@ for fam in llava_clip_llama llava_siglip_qwen2 blip2_llama instructblip_llama; d
   esac
   d="$out/$fam"
   mkdir -p "$d"
-  "$cdcca" hf-adapt --teacher "$fixtures/models/$fam" --student_base "$fixtures/models/$fam" \
+  "$cdcca" adapt --teacher "$fixtures/models/$fam" --student_base "$fixtures/models/$fam" \
     --student_precision fp32 --images "$fixtures/images" --prompt "$prompt" --max_steps 30 \
     --batch_size 4 --lr 1e-2 --max_answer_tokens 6 "${adapt_flags[@]}" --out "$d/state" \
     2>"$d/hf_adapt.log" >/dev/null

@@ -1,6 +1,6 @@
 // The defaults table: the one place that says what every setting of the collaborative round
 // is when nobody sets it. cdcca-cloud's and cdcca-device's flags, the experiment files of
-// cdcca-sim (sim/experiment.h), the offline commands (cdcca hf-adapt, adapt-eval) and the
+// cdcca-sim (sim/experiment.h), the offline commands (cdcca adapt, adapt-eval) and the
 // learner presets (distill/akd.h) all take their defaults from here, so that a program
 // started without a setting runs the configuration that the headline tables of
 // docs/RESULTS.md measured. docs/SETTINGS.md lists each setting once, with the programs that

@@ -6,7 +6,7 @@
 //     from the UTS-selected half, and does UTS beat random tokens at the same ratio?
 //
 // This header defines the experiment: its options and arms, the scenes, how an arm builds
-// its uplink from what the device observed, and the report. sim/hub_adapt_eval.h runs it on
+// its uplink from what the device observed, and the report. sim/adapt_eval_pair.h runs it on
 // a teacher-student pair.
 //
 // Thread-safety: plain values; the functions are pure but GenerateAdaptScenes (which uses
@@ -38,7 +38,7 @@ struct UplinkArm {
   float token_ratio = 1.0f;  // fraction of the grid kept (kUts, kRandom)
   std::string score;         // the stage-2 token score's name (kUts)
   // The teacher labels each sample from all its tokens while the student trains on the kept
-  // ones (distill/hf_akd.h HfSample::complete).
+  // ones (distill/pair_distiller.h PairSample::complete).
   bool teacher_all_tokens = false;
 };
 

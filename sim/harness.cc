@@ -23,11 +23,12 @@
 #include "device/agent.h"
 #include "device/cloud_client.h"
 #include "device/inference_runtime.h"
+#include "device/internal/student.h"
 #include "device/sample_step.h"
 #include "device/uts.h"
-#include "distill/hf_pair_side.h"
-#include "distill/hf_self_learner.h"
-#include "model/arch/hf_answerer.h"
+#include "distill/pair_side.h"
+#include "distill/self_learner.h"
+#include "model/arch/answerer.h"
 #include "model/hub/chat_template.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -313,9 +314,9 @@ struct Device {
   std::unique_ptr<device::DeviceAgent> agent;
   // Device-side adaptation (tent, cotta) on a copy of the student the runtime loads: its
   // trainable set goes into the runtime after each round's job.
-  std::unique_ptr<model::HfAnswerer> learner_model;
-  distill::HfPairSide learner_side;
-  std::unique_ptr<distill::HfSelfLearner> learner;
+  std::unique_ptr<model::Answerer> learner_model;
+  distill::PairSide learner_side;
+  std::unique_ptr<distill::SelfLearner> learner;
 };
 
 struct Cloud {
@@ -704,17 +705,14 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       d.agent = std::move(*agent);
       d.agent->Start();  // the program's sync loop: registers, uplinks, polls, applies
     } else if (plan->kind == MethodKind::kDevice) {
-      auto answerer = model::HfAnswerer::Load(ro.checkpoint_dir, ro.precision, "cpu");
+      auto answerer = model::Answerer::Load(ro.checkpoint_dir, ro.precision, "cpu");
       if (!answerer.ok()) return answerer.status();
       d.learner_model = *std::move(answerer);
-      model::AdapterOptions adapters;
-      adapters.lora_rank = ro.lora_rank;
-      adapters.lora_alpha = ro.lora_alpha;
-      adapters.lora_mlp = ro.lora_mlp;
-      adapters.lora_qformer = ro.lora_qformer;
-      adapters.lora_projector = ro.lora_projector;
-      if (absl::Status s = d.learner_model->model().AddAdapters(adapters); !s.ok()) return s;
-      auto format = model::ResolvePromptFormat(ro.hub_template, d.learner_model->model_type(),
+      if (absl::Status s = d.learner_model->model().AddAdapters(device::internal::AdaptersOf(ro));
+          !s.ok()) {
+        return s;
+      }
+      auto format = model::ResolvePromptFormat(ro.student_template, d.learner_model->model_type(),
                                                ro.checkpoint_dir);
       if (!format.ok()) return format.status();
       d.learner_side = distill::PairSideOf(*d.learner_model, ro.checkpoint_dir, *format);
@@ -724,7 +722,7 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
       jo.max_answer_tokens = e.AnswerTokens();
       if (e.job.lr > 0) jo.lr = e.job.lr;
       jo.seed = options.seed;  // the learner varies it per job
-      auto learner = distill::HfSelfLearner::Create(plan->learner, d.learner_side, jo);
+      auto learner = distill::SelfLearner::Create(plan->learner, d.learner_side, jo);
       if (!learner.ok()) return learner.status();
       d.learner = std::move(*learner);
     }
@@ -850,9 +848,9 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
         acked_after[static_cast<size_t>(i)] = after.queue.acked;
       } else if (d.learner) {
         progress(absl::StrCat("round ", round + 1, " device ", i, ": adapting on the device"));
-        std::vector<distill::HfSample> samples;
+        std::vector<distill::PairSample> samples;
         for (const compress::UplinkSample& u : local) {
-          auto sample = distill::HfSampleFromUplink(u, d.learner_side);
+          auto sample = distill::SampleFromUplink(u, d.learner_side);
           if (!sample.ok()) return sample.status();
           samples.push_back(*std::move(sample));
         }

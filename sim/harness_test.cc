@@ -382,7 +382,7 @@ TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
 // devices load the student folder, the cloud mirrors it and trains from the teacher folder,
 // and every cloud method's devices end each round in sync with their mirrors. One LLaVA and
 // one BLIP-2 fixture, each as its own teacher (the towers must match).
-TEST_F(HarnessTest, HubPairRunsEveryCloudMethodInSync) {
+TEST_F(HarnessTest, PairRunsEveryCloudMethodInSync) {
   for (const std::string folder : {"llava_clip_llama", "blip2_llama"}) {
     SCOPED_TRACE(folder);
     Experiment e = TinyExperiment({"source-only", "pl", "cd-cca"});
@@ -435,7 +435,7 @@ TEST_F(HarnessTest, HubPairRunsEveryCloudMethodInSync) {
 
 // A pair that names one folder, or a score the device does not compute, is refused before
 // anything runs, by the harness and by the program.
-TEST_F(HarnessTest, HubPairRefusesWhatItCannotRun) {
+TEST_F(HarnessTest, PairRefusesWhatItCannotRun) {
   Experiment e = TinyExperiment({"source-only", "cd-cca"});
   e.teacher = std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
   e.student_base = e.teacher;

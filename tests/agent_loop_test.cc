@@ -19,7 +19,7 @@
 #include "device/agent.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/arch/hf_answerer.h"
+#include "model/arch/answerer.h"
 #include "storage/fault_injection_env.h"
 #include "tests/testing/fault_walk.h"
 #include "tests/testing/status_matchers.h"
@@ -525,10 +525,10 @@ TEST_F(AgentLoopTest, ATransientRefusalBacksOffOnTheAgentsClock) {
 }
 
 // On a Hugging Face folder the device sends the frame at the tower's input size, and the
-// tokens the cloud recomputes from it (HfAnswerer::TowerTokensOfJpeg, what the Hub mirror
+// tokens the cloud recomputes from it (Answerer::TowerTokensOfJpeg, what the Hub mirror
 // trainer runs) are the device's own up to the JPEG's loss; a frame of another size is refused
 // before it is decoded.
-TEST(HubFramesTest, TheCloudRecomputesTheDevicesTokensFromItsFrame) {
+TEST(PairFramesTest, TheCloudRecomputesTheDevicesTokensFromItsFrame) {
   const std::string folder =
       std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/llava_clip_llama";
   device::RuntimeOptions ro;
@@ -552,8 +552,8 @@ TEST(HubFramesTest, TheCloudRecomputesTheDevicesTokensFromItsFrame) {
   frame.question = "what is shown?";
   ASSERT_OK_AND_ASSIGN(std::vector<device::AnswerResult> a, runtime->Answer({frame}));
   ASSERT_OK_AND_ASSIGN(std::string jpeg, runtime->FrameJpeg(a[0].visual));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<model::HfAnswerer> cloud,
-                       model::HfAnswerer::Load(folder, "fp32", "cpu"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<model::Answerer> cloud,
+                       model::Answerer::Load(folder, "fp32", "cpu"));
   using Size = std::pair<int, int>;
   ASSERT_OK_AND_ASSIGN(Size size, cloud->TowerInputSize());
   ASSERT_OK_AND_ASSIGN(compress::JpegSize declared, compress::ReadJpegSize(jpeg));

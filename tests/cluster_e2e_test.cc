@@ -101,7 +101,7 @@ class ClusterTest : public ::testing::Test {
     // random fixture the teacher's probabilities are ~1e-80 and one sample makes the paired
     // standard error, so the paired rule's decision is a coin flip that, once a slow machine
     // lets the pool pass 16, stops a device's versions. The paired rule is tested in
-    // update_guard_test and HubGuardTest.
+    // update_guard_test and MirrorTrainerGuardTest.
     std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
                                      "--store=" + conninfo_,
                                      "--role=" + role,

@@ -37,7 +37,7 @@
 #include "datasets/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
@@ -297,8 +297,8 @@ TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   const std::string log = testing::WaitForText(DeviceDir("dev-a") + "/device.log",
                                                "but the teacher reads tokens", absl::Minutes(2));
   // The towers as the device and the cloud's teacher read them from their folders.
-  ASSERT_OK_AND_ASSIGN(uint64_t device_tower, model::HfVisionFingerprint(other_dir));
-  ASSERT_OK_AND_ASSIGN(uint64_t teacher_tower, model::HfVisionFingerprint(cloud_dir + "/teacher"));
+  ASSERT_OK_AND_ASSIGN(uint64_t device_tower, model::TowerFingerprint(other_dir));
+  ASSERT_OK_AND_ASSIGN(uint64_t teacher_tower, model::TowerFingerprint(cloud_dir + "/teacher"));
   EXPECT_NE(device_tower, teacher_tower);
   EXPECT_THAT(log, HasSubstr(absl::StrFormat("runs vision tower %016x", device_tower)));
   EXPECT_THAT(log, HasSubstr(absl::StrFormat("tokens of tower %016x", teacher_tower)));

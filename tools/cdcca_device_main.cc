@@ -46,7 +46,7 @@
 #include "datasets/shifts.h"
 #include "device/agent.h"
 #include "device/inference_runtime.h"
-#include "device/internal/hub_student.h"
+#include "device/internal/student.h"
 #include "device/sample_step.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
@@ -335,7 +335,7 @@ absl::StatusOr<cdcca::device::RuntimeOptions> RuntimeOptionsFromFlags() {
   if (o.max_answer_tokens < 1 || o.max_answer_tokens > 64) {
     return absl::InvalidArgumentError("--max_answer_tokens must be in 1-64");
   }
-  o.hub_template = absl::GetFlag(FLAGS_student_template);
+  o.student_template = absl::GetFlag(FLAGS_student_template);
   o.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   o.lora_alpha = absl::GetFlag(FLAGS_lora_alpha);
   o.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
@@ -386,7 +386,7 @@ absl::Status FitUplinkToModel(const cdcca::device::InferenceRuntime& runtime,
 // on the mean answer-token entropy (running quantile, --uts_keep_fraction), stage 2 on the
 // frames it keeps (--uts_mc_passes, --uts_dropout, --uts_token_ratio), and the sample the
 // agent would uplink encoded at --uplink_precision, with its size in the answer line.
-int RunHubFolder(const std::vector<std::string>& prompts) {
+int RunOffline(const std::vector<std::string>& prompts) {
   using cdcca::device::SampleDecision;
   absl::StatusOr<cdcca::device::RuntimeOptions> runtime_options = RuntimeOptionsFromFlags();
   if (!runtime_options.ok()) return Fail(runtime_options.status());
@@ -420,7 +420,7 @@ int RunHubFolder(const std::vector<std::string>& prompts) {
     if (out == nullptr) return Fail(absl::NotFoundError("cannot open --output"));
   }
   std::fprintf(stderr,
-               "{\"event\":\"start\",\"mode\":\"hub_folder\",\"model_type\":%s,"
+               "{\"event\":\"start\",\"mode\":\"model_folder\",\"model_type\":%s,"
                "\"uplink\":false}\n",
                JsonString(cdcca::cli::FolderModelType(runtime_options->checkpoint_dir)).c_str());
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
@@ -798,7 +798,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));
   }
-  if (!internal::IsHubFolder(absl::GetFlag(FLAGS_checkpoint_dir))) {
+  if (!internal::IsModelFolder(absl::GetFlag(FLAGS_checkpoint_dir))) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--checkpoint_dir=", absl::GetFlag(FLAGS_checkpoint_dir),
         " is not a model folder: its config.json must name a llava, blip-2 or instructblip "
@@ -812,7 +812,7 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_rollback)) {
       return Fail(absl::InvalidArgumentError("--rollback needs --cloud"));
     }
-    return RunHubFolder(*prompts);
+    return RunOffline(*prompts);
   }
   return RunWithCloud(*prompts);
 }

@@ -16,11 +16,11 @@
 #ifdef CDCCA_HAVE_PRETRAIN
 #include "model/family/commands.h"
 #endif
-#ifdef CDCCA_HAVE_HF_COMMANDS
+#ifdef CDCCA_HAVE_MODEL_COMMANDS
 #include "model/arch/generate_command.h"
 #endif
-#ifdef CDCCA_HAVE_HF_ADAPT
-#include "sim/hf_adapt_command.h"
+#ifdef CDCCA_HAVE_ADAPT
+#include "sim/adapt_command.h"
 #endif
 #ifdef CDCCA_HAVE_COMPRESS
 #include "compress/inspect_command.h"
@@ -65,7 +65,7 @@ const Command kCommands[] = {
     {"model-eval", "VQA accuracy table of a checkpoint: --checkpoint_dir DIR",
      cdcca::model::ModelEvalCommand, cdcca::model::kModelEvalFlags},
 #endif
-#ifdef CDCCA_HAVE_HF_ADAPT
+#ifdef CDCCA_HAVE_ADAPT
     {"adapt-eval",
      "AKD vs PL and UTS vs random tokens on a shifted stream: --shift fog, on a family "
      "(--checkpoint_dir DIR, read as its pair) or a pair (--teacher DIR --student_base DIR)",
@@ -75,7 +75,7 @@ const Command kCommands[] = {
     {"tokenize", "ids of a text as transformers gives them: --model DIR --text TEXT",
      cdcca::tokenizer::TokenizeCommand, cdcca::tokenizer::kTokenizeFlags},
 #endif
-#ifdef CDCCA_HAVE_HF_COMMANDS
+#ifdef CDCCA_HAVE_MODEL_COMMANDS
     {"generate", "greedy answer of a Hugging Face model folder: --model DIR --image F --prompt T",
      cdcca::model::GenerateCommand, cdcca::model::kGenerateFlags},
     {"answer",
@@ -83,11 +83,11 @@ const Command kCommands[] = {
      "DIR --task vqa|aokvqa|caption --questions F (caption: --annotations F) --images DIR --out F",
      cdcca::model::AnswerCommand, cdcca::model::kAnswerFlags},
 #endif
-#ifdef CDCCA_HAVE_HF_ADAPT
-    {"hf-adapt",
+#ifdef CDCCA_HAVE_ADAPT
+    {"adapt",
      "one CD-CCA round on a Hugging Face pair: --teacher DIR --student_base DIR --images DIR "
      "--prompt T --out STATE",
-     cdcca::sim::HfAdaptCommand, cdcca::sim::kHfAdaptFlags},
+     cdcca::sim::AdaptCommand, cdcca::sim::kAdaptFlags},
     {"export-adapter", "an adapted state as a PEFT LoRA adapter: --state STATE --out DIR",
      cdcca::sim::ExportAdapterCommand, cdcca::sim::kExportAdapterFlags},
 #endif

@@ -2,10 +2,10 @@
 // strategy owns the per-device bookkeeping (state files, cursor, encoder, replay buffer,
 // publishing); a MirrorTrainer owns the frozen models and trains one device's mirror.
 //
-// HubMirrorTrainer, the one implementation: a teacher-student pair of model folders
-// (teacher_dir, student_base_dir; a cdcca family is the pair DIR/teacher, DIR), the student
-// loaded at the devices' precision with the adapters they run, distill::HfPairDistiller per
-// device. Jobs run one at a time (one student model is shared).
+// A teacher-student pair of model folders (teacher_dir, student_base_dir; a cdcca family is
+// the pair DIR/teacher, DIR), the student loaded at the devices' precision with the adapters
+// they run, one distill::PairDistiller per device. Jobs run one at a time (one student model
+// is shared).
 //
 // Thread-safety: Train, TeacherAnswers and StudentAnswers may run concurrently for different
 // devices, never for one device at once.
@@ -14,10 +14,12 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "cloud/train_round.h"
 #include "cloud/trainer.h"
 #include "cloud/uplink_check.h"
@@ -25,64 +27,92 @@
 #include "compress/uplink_codec.h"
 #include "distill/akd.h"
 #include "distill/job.h"
+#include "distill/pair_distiller.h"
+#include "distill/pair_side.h"
 #include "distill/replay_buffer.h"
+#include "model/arch/answerer.h"
+#include "model/arch/multimodal_model.h"
 
 namespace cdcca::cloud::internal {
 
 class MirrorTrainer {
  public:
-  virtual ~MirrorTrainer() = default;
+  // Loads the pair (options.teacher_dir, options.student_base_dir); refuses a pair whose
+  // towers differ, since the teacher reads the devices' tower tokens.
+  static absl::StatusOr<std::unique_ptr<MirrorTrainer>> Create(
+      const PerDeviceStrategyOptions& options);
+
   // The pretrained student's trainable set (fp32 CPU): every device's version 0.
-  virtual const compress::NamedTensors& base_trainable() const = 0;
+  const compress::NamedTensors& base_trainable() const;
   // What Register compares: the student base devices must run, and the teacher's tower.
-  virtual uint64_t base_fingerprint() const = 0;
-  virtual uint64_t vision_fingerprint() const = 0;
+  uint64_t base_fingerprint() const;
+  uint64_t vision_fingerprint() const;
   // What an uplinked batch must be for this model.
-  virtual const SampleSpec& spec() const = 0;
+  const SampleSpec& spec() const;
   // Trains the student with `mirror` as its trainable set on `samples` (and replayed ones
   // from `replay`); `version` is the mirror's (it varies the job's seed). The learner state
   // that persists between a device's jobs (phi, psi) is kept per `device_id`. A sample it
   // cannot use (a frame that does not decode) is left out and listed in TrainedSet::rejected;
   // an error means the job as a whole failed.
-  virtual absl::StatusOr<TrainedSet> Train(const std::string& device_id,
-                                           const compress::NamedTensors& mirror,
-                                           const std::vector<compress::UplinkSample>& samples,
-                                           distill::ReplayBuffer* replay, uint64_t version) = 0;
+  absl::StatusOr<TrainedSet> Train(const std::string& device_id,
+                                   const compress::NamedTensors& mirror,
+                                   const std::vector<compress::UplinkSample>& samples,
+                                   distill::ReplayBuffer* replay, uint64_t version);
   // Whether a sample can be answered and trained on at all (a frame decodes to the tower's
   // input); cheap, no model runs. The held-out pool takes only samples that pass, so that
   // one unusable sample can never fail every guarded job after it.
-  virtual absl::Status CheckSample(const compress::UplinkSample& sample) const {
-    return absl::OkStatus();
-  }
+  absl::Status CheckSample(const compress::UplinkSample& sample) const;
   // Drops what persists between `device_id`'s jobs (after a job that went non-finite, whose
   // learner state may be too, or whose update was withheld); its next job starts it afresh.
-  virtual void Forget(const std::string& device_id) = 0;
+  void Forget(const std::string& device_id);
 
   // The update guard's two sides (cloud/update_guard.h), one answer per sample, each a string
   // that equals another exactly when the two answers are the same answer:
   // the teacher's greedy answer from what it labels a job's sample from (its pseudo-label),
   // and with `entropies` the mean entropy (nats) of its answer tokens per sample (how sure it
   // is: distill::GreedyAnswer's),
-  virtual absl::StatusOr<std::vector<std::string>> TeacherAnswers(
+  absl::StatusOr<std::vector<std::string>> TeacherAnswers(
       const std::vector<const compress::UplinkSample*>& samples,
-      std::vector<double>* entropies = nullptr) = 0;
+      std::vector<double>* entropies = nullptr);
   // and the student's greedy answer on the same input with `mirror` as its trainable set:
   // what the device answers with that state. May run concurrently with Train for another
   // device (it waits where the trainer shares one student).
-  virtual absl::StatusOr<std::vector<std::string>> StudentAnswers(
+  absl::StatusOr<std::vector<std::string>> StudentAnswers(
       const compress::NamedTensors& mirror,
-      const std::vector<const compress::UplinkSample*>& samples) = 0;
+      const std::vector<const compress::UplinkSample*>& samples);
   // The teacher's probability of answering each sample with answers[i] (an answer as the two
   // calls above return it), read as TeacherAnswers reads the sample
   // (distill::AnswerProbability): what the guard's kTeacherProbability measure scores.
-  virtual absl::StatusOr<std::vector<double>> TeacherProbabilities(
+  absl::StatusOr<std::vector<double>> TeacherProbabilities(
       const std::vector<const compress::UplinkSample*>& samples,
-      const std::vector<std::string>& answers) = 0;
-};
+      const std::vector<std::string>& answers);
 
-// Unimplemented where the build has no Hugging Face tokenizers.
-absl::StatusOr<std::unique_ptr<MirrorTrainer>> CreateHubMirrorTrainer(
-    const PerDeviceStrategyOptions& options);
+ private:
+  MirrorTrainer() = default;
+
+  // Helpers of the methods above, commented where they are defined.
+  absl::StatusOr<distill::PairSample> JobSample(const compress::UplinkSample& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<std::string>> Answers(
+      const distill::PairSide& side, const std::vector<const compress::UplinkSample*>& samples,
+      std::vector<double>* entropies = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<float>> TokensOfFrame(const compress::UplinkSample& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after Create.
+  distill::DistillSettings settings_;
+  model::AdapterOptions adapters_;
+  std::unique_ptr<model::Answerer> teacher_, student_;
+  distill::PairSide teacher_side_, student_side_;
+  compress::NamedTensors base_trainable_;
+  uint64_t fingerprint_ = 0;
+  uint64_t vision_fingerprint_ = 0;
+  SampleSpec spec_;
+
+  absl::Mutex mu_;
+  std::unordered_map<std::string, std::unique_ptr<distill::PairDistiller>> distillers_
+      ABSL_GUARDED_BY(mu_);
+};
 
 // The job settings the options stand for: distill_config (or the learner's preset) with the
 // learner's feature term, and the option overrides of the job bounds.

@@ -187,7 +187,7 @@ int Main() {
       absl::StrSplit(absl::GetFlag(FLAGS_towers), ',', absl::SkipEmpty());
   for (const std::string& tower_name : tower_names) {
     const Tower tower = MakeTower(tower_name);
-    model::ClipVisionTower net(tower.config, model::HfPrecision{});
+    model::ClipVisionTower net(tower.config, model::WeightPrecision{});
     InitRandom(*net, 1);
     net->eval();
     const int64_t size = tower.config.image_size;

@@ -21,8 +21,8 @@
 #include "datasets/domain.h"
 #include "datasets/formats.h"
 #include "model/arch/generate_command.h"
-#include "model/arch/hf_model.h"
-#include "model/hub/hf_adapter_state.h"
+#include "model/arch/multimodal_model.h"
+#include "model/hub/adapter_state.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
@@ -134,9 +134,9 @@ absl::StatusOr<VqaSet> SceneQuestions(const fs::path& dir, const datasets::Image
 // An adapted state of the folder whose every trainable tensor is moved well off its start, so
 // that the adapted model answers differently.
 std::string WriteAdaptedState(const std::string& model_dir, const fs::path& dir) {
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(model_dir, {});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(model_dir, {});
   EXPECT_TRUE(m.ok()) << m.status();
-  HfAdapterState state;
+  AdapterState state;
   state.base_model = model_dir;
   state.precision = "fp32";
   state.adapters.lora_rank = 4;
@@ -158,10 +158,10 @@ std::string WriteAdaptedState(const std::string& model_dir, const fs::path& dir)
 // it (trimmed, trailing periods dropped).
 std::vector<std::string> LibraryAnswers(const std::string& model_dir, const std::string& state,
                                         const VqaSet& set, int64_t max_new_tokens) {
-  absl::StatusOr<std::unique_ptr<HfAnswerer>> a = HfAnswerer::Load(model_dir, "fp32", "cpu");
+  absl::StatusOr<std::unique_ptr<Answerer>> a = Answerer::Load(model_dir, "fp32", "cpu");
   EXPECT_TRUE(a.ok()) << a.status();
   if (!state.empty()) {
-    absl::StatusOr<HfAdapterState> s = LoadHfAdapterState(state);
+    absl::StatusOr<AdapterState> s = LoadHfAdapterState(state);
     EXPECT_TRUE(s.ok()) << s.status();
     EXPECT_TRUE(ApplyHfAdapterState(*s, (*a)->model()).ok());
   }

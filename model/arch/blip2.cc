@@ -12,7 +12,7 @@ namespace cdcca::model {
 namespace {
 
 // The first of `candidates` for which `<candidate><probe>` is in the folder.
-absl::StatusOr<std::string> Probe(const HfFolder& folder,
+absl::StatusOr<std::string> Probe(const ModelFolder& folder,
                                   std::initializer_list<const char*> candidates,
                                   const std::string& probe, const std::string& what) {
   for (const char* c : candidates) {
@@ -24,7 +24,7 @@ absl::StatusOr<std::string> Probe(const HfFolder& folder,
       absl::StrCat(folder.dir(), ": no ", what, " weights (looked for ", tried, ")"));
 }
 
-HfPrecision Fp32Compute(HfPrecision p) {
+WeightPrecision Fp32Compute(WeightPrecision p) {
   p.dtype = torch::kFloat;
   return p;
 }
@@ -53,7 +53,7 @@ absl::Status AddT5Lora(T5ForConditionalGenerationImpl& lm, const AdapterOptions&
           AddLinearLora(sub.attention->v, options, gen);
         } else if (options.lora_mlp) {
           T5DenseImpl& d = *sub.DenseReluDense;
-          for (HfLinear* l : {&d.wi_0, &d.wi_1, &d.wi, &d.wo}) {
+          for (Linear* l : {&d.wi_0, &d.wi_1, &d.wi, &d.wo}) {
             if (!l->is_empty()) AddLinearLora(*l, options, gen);
           }
         }
@@ -65,7 +65,7 @@ absl::Status AddT5Lora(T5ForConditionalGenerationImpl& lm, const AdapterOptions&
 
 }  // namespace
 
-absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
+absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const ModelFolder& folder) {
   Blip2Prefixes p;
   absl::StatusOr<std::string> s =
       Probe(folder, {"vision_model.", "model.vision_model."}, "embeddings.class_embedding", "ViT");
@@ -105,9 +105,9 @@ absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder) {
   return p;
 }
 
-absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
+absl::Status LoadBlip2Vision(const ModelFolder& folder, const std::string& prefix,
                              Blip2VisionModelImpl& vision, torch::Device device) {
-  HfLoadIntoOptions options;
+  LoadIntoOptions options;
   options.device = device;
   const std::string first = prefix + "encoder.layers.0.self_attn.";
   if (!vision.config().qkv_bias || folder.Has(first + "qkv.bias") ||
@@ -134,7 +134,7 @@ absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
              {"self_attn.projection.", layer->self_attn->projection.get()}}) {
       if (absl::Status s = folder.LoadInto(*module, lp + name, options); !s.ok()) return s;
     }
-    HfLinearImpl& qkv = *layer->self_attn->qkv;
+    LinearImpl& qkv = *layer->self_attn->qkv;
     const torch::ScalarType dtype = qkv.options().precision.dtype;
     absl::StatusOr<torch::Tensor> w = folder.Load(lp + "self_attn.qkv.weight", dtype, device);
     if (!w.ok()) return w.status();
@@ -158,17 +158,15 @@ absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
   return absl::OkStatus();
 }
 
-Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& config,
-                                                                     const DecoderConfig& text,
-                                                                     const HfPrecision& precision)
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
+    const Blip2Config& config, const DecoderConfig& text, const WeightPrecision& precision)
     : config_(config), precision_(precision) {
   BuildImageSide(text.hidden_size);
   language_model = register_module("language_model", DecoderLm(text, precision));
 }
 
-Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& config,
-                                                                     const T5Config& text,
-                                                                     const HfPrecision& precision)
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
+    const Blip2Config& config, const T5Config& text, const WeightPrecision& precision)
     : config_(config), precision_(precision) {
   BuildImageSide(text.d_model);
   t5_language_model =
@@ -182,12 +180,12 @@ void Blip2ForConditionalGenerationImpl::BuildImageSide(int64_t lm_width) {
       Placeholder({1, config_.num_query_tokens, config_.qformer.hidden_size}, torch::kFloat));
   qformer = register_module(
       "qformer", QFormerModel(config_.qformer, config_.instruct, Fp32Compute(precision_)));
-  HfLinearOptions proj;
+  LinearOptions proj;
   proj.in_features = config_.qformer.hidden_size;
   proj.out_features = lm_width;
   proj.bias = true;
   proj.precision = precision_;
-  language_projection = register_module("language_projection", HfLinear(proj));
+  language_projection = register_module("language_projection", Linear(proj));
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::EmbedTokens(const torch::Tensor& ids) {
@@ -208,7 +206,8 @@ std::vector<int64_t> Blip2ForConditionalGenerationImpl::ConfigEosTokenIds() cons
 }
 
 absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>>
-Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPrecision& precision,
+Blip2ForConditionalGenerationImpl::FromFolder(const ModelFolder& folder,
+                                              const WeightPrecision& precision,
                                               torch::Device device) {
   const std::string file = folder.config_path();
   absl::StatusOr<Blip2Config> config = ParseBlip2Config(folder.config(), file);
@@ -244,11 +243,12 @@ Blip2ForConditionalGenerationImpl::FromFolder(const HfFolder& folder, const HfPr
   return model;
 }
 
-absl::Status Blip2ForConditionalGenerationImpl::Load(const HfFolder& folder, torch::Device device) {
+absl::Status Blip2ForConditionalGenerationImpl::Load(const ModelFolder& folder,
+                                                     torch::Device device) {
   absl::StatusOr<Blip2Prefixes> p = FindBlip2Prefixes(folder);
   if (!p.ok()) return p.status();
   try {
-    HfLoadIntoOptions options;
+    LoadIntoOptions options;
     options.device = device;
     if (absl::Status s = LoadBlip2Vision(folder, p->vision, *vision_model, device); !s.ok())
       return s;
@@ -356,10 +356,27 @@ absl::StatusOr<GreedyResult> Blip2ForConditionalGenerationImpl::Generate(
 
 absl::StatusOr<VisualTokenPasses> Blip2ForConditionalGenerationImpl::StochasticVisualTokens(
     const Blip2Inputs& in, const VisualTokenPassOptions& options) {
-  if (absl::Status s = CheckImageInputs(in, /*one_image=*/true); !s.ok()) return s;
+  if (in.image_embeds.defined()) {
+    const int64_t n = config_.vision.NumPositions();
+    if (in.image_embeds.dim() != 3 || in.image_embeds.size(0) != 1 ||
+        in.image_embeds.size(1) != n || in.image_embeds.size(2) != config_.vision.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat("UTS stage 2 takes the vision tokens as [1, ",
+                                                     n, ", ", config_.vision.hidden_size, "], got ",
+                                                     c10::str(in.image_embeds.sizes())));
+    }
+    if (config_.instruct != in.qformer_input_ids.defined()) {
+      return absl::InvalidArgumentError(config_.instruct ? "InstructBLIP needs qformer_input_ids"
+                                                         : "BLIP-2 takes no qformer_input_ids");
+    }
+  } else if (absl::Status s = CheckImageInputs(in, /*one_image=*/true); !s.ok()) {
+    return s;
+  }
   try {
     torch::NoGradGuard no_grad;
-    torch::Tensor image = vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
+    torch::Tensor image =
+        in.image_embeds.defined()
+            ? in.image_embeds.to(query_tokens.device(), torch::kFloat)
+            : vision_model->forward(in.pixel_values).to(torch::kFloat);  // [1, N, E]
     absl::StatusOr<torch::Tensor> masks = VisInputMasks(options, image.size(1), image.size(2));
     if (!masks.ok()) return masks.status();
     const int64_t m = masks->size(0);
@@ -452,6 +469,7 @@ class Blip2MultimodalModel : public MultimodalModel {
       const MultimodalInputs& inputs, const VisualTokenPassOptions& options) override {
     Blip2Inputs in;
     if (inputs.pixel_values.defined()) in.pixel_values = inputs.pixel_values.to(device_);
+    if (inputs.visual_tokens.defined()) in.image_embeds = inputs.visual_tokens.to(device_);
     if (inputs.qformer_input_ids.defined()) {
       in.qformer_input_ids = inputs.qformer_input_ids.to(device_);
     }
@@ -708,8 +726,8 @@ class Blip2MultimodalModel : public MultimodalModel {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& folder,
-                                                                const HfPrecision& precision,
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const ModelFolder& folder,
+                                                                const WeightPrecision& precision,
                                                                 torch::Device device) {
   absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> model =
       Blip2ForConditionalGenerationImpl::FromFolder(folder, precision, device);

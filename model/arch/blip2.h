@@ -6,7 +6,7 @@
 //   -> language_projection -> the image's Q rows of the LM input (blip2_inputs.h) -> DecoderLm,
 //   or T5's encoder input, whose decoder then generates (t5_lm.h).
 //
-// Checkpoint names (5.x layout as HfFolder gives them): vision_model.*, query_tokens,
+// Checkpoint names (5.x layout as ModelFolder gives them): vision_model.*, query_tokens,
 // qformer.*, language_projection.*, and the LM under language_model.model.* (OPT:
 // language_model.model.decoder.*) + language_model.lm_head.* (what transformers saves for
 // these classes) or model.language_model.* + lm_head.*; T5 under language_model.{shared,
@@ -32,12 +32,12 @@
 #include "absl/status/statusor.h"
 #include "model/arch/blip2_vision.h"
 #include "model/arch/decoder_lm.h"
-#include "model/arch/hf_linear.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/layers.h"
+#include "model/arch/multimodal_model.h"
 #include "model/arch/qformer.h"
 #include "model/arch/t5_lm.h"
 #include "model/hub/blip2_config.h"
-#include "model/hub/hf_folder.h"
+#include "model/hub/model_folder.h"
 #include "model/runtime/generation.h"
 
 namespace cdcca::model {
@@ -54,11 +54,11 @@ struct Blip2Prefixes {
   std::string lm_head;  // "language_model.lm_head." or "lm_head." (T5: unused)
   bool t5 = false;      // the LM is T5's encoder-decoder
 };
-absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const HfFolder& folder);
+absl::StatusOr<Blip2Prefixes> FindBlip2Prefixes(const ModelFolder& folder);
 
 // Loads the ViT from `<prefix>...`, taking the fused qkv bias either as `qkv.bias` [3H] or as
 // `q_bias` + `v_bias` [H] (the k third is zero). Errors name the folder's file and tensor.
-absl::Status LoadBlip2Vision(const HfFolder& folder, const std::string& prefix,
+absl::Status LoadBlip2Vision(const ModelFolder& folder, const std::string& prefix,
                              Blip2VisionModelImpl& vision, torch::Device device);
 
 struct Blip2Inputs {
@@ -69,23 +69,26 @@ struct Blip2Inputs {
   torch::Tensor attention_mask;          // [B, T] 1 = token, 0 = left padding; undefined = all ones
   torch::Tensor qformer_input_ids;       // InstructBLIP: [B, Tq] int64 (undefined for BLIP-2)
   torch::Tensor qformer_attention_mask;  // InstructBLIP: [B, Tq]; undefined = all ones
+  // StochasticVisualTokens only: the vision model's output [1, N, E] (float), read instead
+  // of running it on pixel_values.
+  torch::Tensor image_embeds;
 };
 
 class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  public:
   Blip2ForConditionalGenerationImpl(const Blip2Config& config, const DecoderConfig& text,
-                                    const HfPrecision& precision);
+                                    const WeightPrecision& precision);
   // With T5's encoder-decoder as the LM.
   Blip2ForConditionalGenerationImpl(const Blip2Config& config, const T5Config& text,
-                                    const HfPrecision& precision);
+                                    const WeightPrecision& precision);
 
   // Reads config.json (model_type blip-2 or instructblip, text_config llama/qwen2/opt/t5),
   // builds the model and loads every weight onto `device`. Errors name the file and the
   // field/tensor.
   static absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> FromFolder(
-      const HfFolder& folder, const HfPrecision& precision, torch::Device device);
+      const ModelFolder& folder, const WeightPrecision& precision, torch::Device device);
 
-  absl::Status Load(const HfFolder& folder, torch::Device device);
+  absl::Status Load(const ModelFolder& folder, torch::Device device);
 
   // The projected query outputs [B, Q, H_lm] (in the LM's dtype) for an image batch.
   torch::Tensor ImageQueries(const torch::Tensor& pixel_values,
@@ -106,8 +109,8 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // Internal.
   absl::StatusOr<GreedyResult> Generate(const Blip2Inputs& in, const GreedyOptions& options);
 
-  // UTS stage 2 (VIS, hf_model.h VisualTokenPassOptions) for one image: the M passes run the
-  // Q-Former once on M dropped-out copies of the ViT's tokens; F is each token's contribution
+  // UTS stage 2 (VIS, multimodal_model.h VisualTokenPassOptions) for one image: the M passes run
+  // the Q-Former once on M dropped-out copies of the ViT's tokens; F is each token's contribution
   // to the cross-attention output of every cross-attending layer. InvalidArgument for a batch
   // other than one, inputs InputsEmbeds refuses or bad options; torch errors as Internal.
   absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(const Blip2Inputs& in,
@@ -127,12 +130,12 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   std::vector<int64_t> ConfigEosTokenIds() const;
 
   const Blip2Config& config() const { return config_; }
-  const HfPrecision& precision() const { return precision_; }
+  const WeightPrecision& precision() const { return precision_; }
 
   Blip2VisionModel vision_model{nullptr};
   torch::Tensor query_tokens;  // [1, Q, H_qformer] fp32
   QFormerModel qformer{nullptr};
-  HfLinear language_projection{nullptr};
+  Linear language_projection{nullptr};
   // The LM, registered as "language_model": a decoder LM, or T5 (exactly one is non-null).
   DecoderLm language_model{nullptr};
   T5ForConditionalGeneration t5_language_model{nullptr};
@@ -145,18 +148,18 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   void BuildImageSide(int64_t lm_width);
 
   Blip2Config config_;
-  HfPrecision precision_;
+  WeightPrecision precision_;
 };
 TORCH_MODULE(Blip2ForConditionalGeneration);
 
-// The MultimodalModel of a blip-2 / instructblip folder (hf_model.cc dispatches here).
+// The MultimodalModel of a blip-2 / instructblip folder (multimodal_model.cc dispatches here).
 // ExpandPrompt leaves the text as it is (the processor adds no placeholder to the text; the
 // image tokens go before BOS, so they cannot be written into it); ExpandImageTokens prepends
 // num_query_tokens image tokens to the tokenized prompt. Generate also accepts the prompt's
 // ids without them (no image token at all) and prepends them itself. InstructBLIP needs
 // qformer_input_ids (the prompt in qformer_tokenizer/'s WordPiece).
-absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const HfFolder& folder,
-                                                                const HfPrecision& precision,
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadBlip2Model(const ModelFolder& folder,
+                                                                const WeightPrecision& precision,
                                                                 torch::Device device);
 
 // The MultimodalModel of a model built in memory (pretraining's): the same as LoadBlip2Model

@@ -17,9 +17,9 @@
 
 #include "gtest/gtest.h"
 #include "model/arch/blip2.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/arch/t5_lm.h"
-#include "model/hub/hf_folder.h"
+#include "model/hub/model_folder.h"
 #include "model/hub/safetensors.h"
 
 namespace cdcca::model {
@@ -37,7 +37,7 @@ torch::Tensor Ids(const nlohmann::json& list) {
 // `legacy`: the folder is a copy of the fixture whose config.json has no image token id,
 // as the InstructBLIP checkpoints transformers 4.x published: the prompt's ids go in without
 // image tokens and the queries are prepended, which must give the same logits and tokens.
-void CheckFixture(const std::string& variant, bool through_hf_model,
+void CheckFixture(const std::string& variant, bool through_loader,
                   const std::string& legacy_dir = "") {
   const std::string fixture = FixtureDir(variant);
   const std::string dir = legacy_dir.empty() ? fixture : legacy_dir;
@@ -49,15 +49,15 @@ void CheckFixture(const std::string& variant, bool through_hf_model,
   std::map<std::string, torch::Tensor> pixel_by_case(pixels->tensors.begin(),
                                                      pixels->tensors.end());
 
-  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status();
   absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> direct;
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> via_hf_model;
-  if (through_hf_model) {
-    via_hf_model = LoadHfModel(dir, HfModelOptions{});
-    ASSERT_TRUE(via_hf_model.ok()) << via_hf_model.status();
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> via_loader;
+  if (through_loader) {
+    via_loader = LoadModel(dir, ModelOptions{});
+    ASSERT_TRUE(via_loader.ok()) << via_loader.status();
   } else {
-    direct = Blip2ForConditionalGenerationImpl::FromFolder(*folder, HfPrecision{}, torch::kCPU);
+    direct = Blip2ForConditionalGenerationImpl::FromFolder(*folder, WeightPrecision{}, torch::kCPU);
     ASSERT_TRUE(direct.ok()) << direct.status();
   }
 
@@ -79,8 +79,8 @@ void CheckFixture(const std::string& variant, bool through_hf_model,
     options.max_new_tokens = c["max_new_tokens"].get<int64_t>();
 
     absl::StatusOr<GreedyResult> result;
-    if (through_hf_model) {
-      MultimodalModel& m = **via_hf_model;
+    if (through_loader) {
+      MultimodalModel& m = **via_loader;
       EXPECT_EQ(m.ExpandImageTokens(prompt_ids), legacy_dir.empty() ? input_ids : prompt_ids);
       options.eos_token_ids = m.eos_token_ids();
       result = m.Generate(in, options);
@@ -134,12 +134,12 @@ void CheckQuantized(const std::string& variant, const std::string& precision,
                     const std::vector<int64_t>& prompt_ids, double tolerance) {
   SCOPED_TRACE(variant + " " + precision);
   const std::string dir = FixtureDir(variant);
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> fp32 = LoadHfModel(dir, HfModelOptions{});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> fp32 = LoadModel(dir, ModelOptions{});
   ASSERT_TRUE(fp32.ok()) << fp32.status();
-  HfModelOptions o;
+  ModelOptions o;
   o.precision = precision;
   o.int4_group = 32;
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> quantized = LoadHfModel(dir, o);
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> quantized = LoadModel(dir, o);
   ASSERT_TRUE(quantized.ok()) << quantized.status();
   EXPECT_LT((*quantized)->ResidentBytes(), (*fp32)->ResidentBytes());
   absl::StatusOr<SafetensorsContents> pixels =
@@ -213,7 +213,7 @@ TEST(Blip2ParityTest, T5ForwardTokensMatchesItsGreedyDecoding) {
   for (const char* variant : {"blip2_flan_t5", "instructblip_flan_t5"}) {
     SCOPED_TRACE(variant);
     const std::string dir = FixtureDir(variant);
-    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(dir, ModelOptions{});
     ASSERT_TRUE(m.ok()) << m.status();
     absl::StatusOr<nlohmann::json> expected = ReadJsonFile(dir + "/expected.json");
     ASSERT_TRUE(expected.ok()) << expected.status();

@@ -11,7 +11,7 @@ torch::Tensor Blip2QkvBiasFromParts(const torch::Tensor& q_bias, const torch::Te
 }
 
 Blip2VisionEmbeddingsImpl::Blip2VisionEmbeddingsImpl(const Blip2VisionConfig& config,
-                                                     const HfPrecision& precision) {
+                                                     const WeightPrecision& precision) {
   const torch::ScalarType dtype = precision.dtype;
   class_embedding =
       register_parameter("class_embedding", Placeholder({1, 1, config.hidden_size}, dtype));
@@ -36,18 +36,18 @@ torch::Tensor Blip2VisionEmbeddingsImpl::forward(const torch::Tensor& pixel_valu
 }
 
 namespace {
-HfLinear MakeLinear(int64_t in, int64_t out, bool bias, const HfPrecision& precision) {
-  HfLinearOptions o;
+Linear MakeLinear(int64_t in, int64_t out, bool bias, const WeightPrecision& precision) {
+  LinearOptions o;
   o.in_features = in;
   o.out_features = out;
   o.bias = bias;
   o.precision = precision;
-  return HfLinear(o);
+  return Linear(o);
 }
 }  // namespace
 
 Blip2VisionAttentionImpl::Blip2VisionAttentionImpl(const Blip2VisionConfig& config,
-                                                   const HfPrecision& precision)
+                                                   const WeightPrecision& precision)
     : heads_(config.num_attention_heads) {
   const int64_t h = config.hidden_size;
   qkv = register_module("qkv", MakeLinear(h, 3 * h, config.qkv_bias, precision));
@@ -73,7 +73,7 @@ torch::Tensor Blip2VisionAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 Blip2VisionMlpImpl::Blip2VisionMlpImpl(const Blip2VisionConfig& config,
-                                       const HfPrecision& precision)
+                                       const WeightPrecision& precision)
     : act_(config.hidden_act) {
   fc1 = register_module("fc1",
                         MakeLinear(config.hidden_size, config.intermediate_size, true, precision));
@@ -86,14 +86,14 @@ torch::Tensor Blip2VisionMlpImpl::forward(const torch::Tensor& x) {
 }
 
 Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& config,
-                                           const HfPrecision& precision) {
+                                           const WeightPrecision& precision) {
   const int64_t h = config.hidden_size;
   self_attn = register_module("self_attn", Blip2VisionAttention(config, precision));
   layer_norm1 =
-      register_module("layer_norm1", HfLayerNorm(h, config.layer_norm_eps, precision.dtype));
+      register_module("layer_norm1", LayerNormLayer(h, config.layer_norm_eps, precision.dtype));
   mlp = register_module("mlp", Blip2VisionMlp(config, precision));
   layer_norm2 =
-      register_module("layer_norm2", HfLayerNorm(h, config.layer_norm_eps, precision.dtype));
+      register_module("layer_norm2", LayerNormLayer(h, config.layer_norm_eps, precision.dtype));
 }
 
 torch::Tensor Blip2VisionLayerImpl::forward(const torch::Tensor& x) {
@@ -102,7 +102,7 @@ torch::Tensor Blip2VisionLayerImpl::forward(const torch::Tensor& x) {
 }
 
 Blip2VisionEncoderImpl::Blip2VisionEncoderImpl(const Blip2VisionConfig& config,
-                                               const HfPrecision& precision) {
+                                               const WeightPrecision& precision) {
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers->push_back(Blip2VisionLayer(config, precision));
@@ -115,12 +115,12 @@ torch::Tensor Blip2VisionEncoderImpl::forward(torch::Tensor x) {
 }
 
 Blip2VisionModelImpl::Blip2VisionModelImpl(const Blip2VisionConfig& config,
-                                           const HfPrecision& precision)
+                                           const WeightPrecision& precision)
     : config_(config) {
   embeddings = register_module("embeddings", Blip2VisionEmbeddings(config, precision));
   encoder = register_module("encoder", Blip2VisionEncoder(config, precision));
   post_layernorm = register_module(
-      "post_layernorm", HfLayerNorm(config.hidden_size, config.layer_norm_eps, precision.dtype));
+      "post_layernorm", LayerNormLayer(config.hidden_size, config.layer_norm_eps, precision.dtype));
 }
 
 torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {

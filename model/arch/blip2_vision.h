@@ -9,7 +9,7 @@
 // `q_bias` / `v_bias` [H] (see Blip2QkvBiasFromParts).
 //
 // Precision: compute in precision.dtype; the linear weights (qkv, projection, fc1, fc2) are
-// held as precision.weights (int8 / int4 quantized at load, hf_linear.h); the patch
+// held as precision.weights (int8 / int4 quantized at load, layers.h); the patch
 // convolution, embeddings and norms stay float. Parameters are placeholders until loaded.
 //
 // Not thread-safe for concurrent forward + mutation; concurrent forwards under NoGradGuard
@@ -21,7 +21,7 @@
 
 #include <string>
 
-#include "model/arch/hf_linear.h"
+#include "model/arch/layers.h"
 #include "model/hub/blip2_config.h"
 
 namespace cdcca::model {
@@ -31,7 +31,7 @@ torch::Tensor Blip2QkvBiasFromParts(const torch::Tensor& q_bias, const torch::Te
 
 class Blip2VisionEmbeddingsImpl : public torch::nn::Module {
  public:
-  Blip2VisionEmbeddingsImpl(const Blip2VisionConfig& config, const HfPrecision& precision);
+  Blip2VisionEmbeddingsImpl(const Blip2VisionConfig& config, const WeightPrecision& precision);
   // pixel_values [B, C, image_size, image_size] -> [B, P, H] (class token first).
   torch::Tensor forward(const torch::Tensor& pixel_values);
 
@@ -43,11 +43,11 @@ TORCH_MODULE(Blip2VisionEmbeddings);
 
 class Blip2VisionAttentionImpl : public torch::nn::Module {
  public:
-  Blip2VisionAttentionImpl(const Blip2VisionConfig& config, const HfPrecision& precision);
+  Blip2VisionAttentionImpl(const Blip2VisionConfig& config, const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, H] -> [B, T, H], no mask
 
-  HfLinear qkv{nullptr};  // [3H, H], bias [3H] iff config.qkv_bias
-  HfLinear projection{nullptr};
+  Linear qkv{nullptr};  // [3H, H], bias [3H] iff config.qkv_bias
+  Linear projection{nullptr};
 
  private:
   int64_t heads_;
@@ -56,11 +56,11 @@ TORCH_MODULE(Blip2VisionAttention);
 
 class Blip2VisionMlpImpl : public torch::nn::Module {
  public:
-  Blip2VisionMlpImpl(const Blip2VisionConfig& config, const HfPrecision& precision);
+  Blip2VisionMlpImpl(const Blip2VisionConfig& config, const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& x);
 
-  HfLinear fc1{nullptr};
-  HfLinear fc2{nullptr};
+  Linear fc1{nullptr};
+  Linear fc2{nullptr};
 
  private:
   std::string act_;
@@ -70,19 +70,19 @@ TORCH_MODULE(Blip2VisionMlp);
 // Pre-norm block: x + attn(ln1(x)), then + mlp(ln2(.)).
 class Blip2VisionLayerImpl : public torch::nn::Module {
  public:
-  Blip2VisionLayerImpl(const Blip2VisionConfig& config, const HfPrecision& precision);
+  Blip2VisionLayerImpl(const Blip2VisionConfig& config, const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& x);
 
-  HfLayerNorm layer_norm1{nullptr};
+  LayerNormLayer layer_norm1{nullptr};
   Blip2VisionAttention self_attn{nullptr};
-  HfLayerNorm layer_norm2{nullptr};
+  LayerNormLayer layer_norm2{nullptr};
   Blip2VisionMlp mlp{nullptr};
 };
 TORCH_MODULE(Blip2VisionLayer);
 
 class Blip2VisionEncoderImpl : public torch::nn::Module {
  public:
-  Blip2VisionEncoderImpl(const Blip2VisionConfig& config, const HfPrecision& precision);
+  Blip2VisionEncoderImpl(const Blip2VisionConfig& config, const WeightPrecision& precision);
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::ModuleList layers{nullptr};
@@ -91,7 +91,7 @@ TORCH_MODULE(Blip2VisionEncoder);
 
 class Blip2VisionModelImpl : public torch::nn::Module {
  public:
-  Blip2VisionModelImpl(const Blip2VisionConfig& config, const HfPrecision& precision = {});
+  Blip2VisionModelImpl(const Blip2VisionConfig& config, const WeightPrecision& precision = {});
 
   // pixel_values [B, C, image_size, image_size] (converted to the weights' dtype) ->
   // last_hidden_state [B, P, H], post-layernormed, as transformers returns it. Throws
@@ -102,7 +102,7 @@ class Blip2VisionModelImpl : public torch::nn::Module {
 
   Blip2VisionEmbeddings embeddings{nullptr};
   Blip2VisionEncoder encoder{nullptr};
-  HfLayerNorm post_layernorm{nullptr};
+  LayerNormLayer post_layernorm{nullptr};
 
  private:
   Blip2VisionConfig config_;

@@ -5,13 +5,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace cdcca::model {
-ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipVisionConfig& c, const HfPrecision& p)
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipVisionConfig& c, const WeightPrecision& p)
     : heads_(c.num_attention_heads),
       head_dim_(c.hidden_size / c.num_attention_heads),
       act_(c.hidden_act) {
-  auto linear = [&](int64_t in, int64_t out) {
-    return HfLinear(HfLinearOptions{in, out, true, p});
-  };
+  auto linear = [&](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, true, p}); };
   self_attn_ = register_module("self_attn", std::make_shared<Attention>());
   self_attn_->q_proj = self_attn_->register_module("q_proj", linear(c.hidden_size, c.hidden_size));
   self_attn_->k_proj = self_attn_->register_module("k_proj", linear(c.hidden_size, c.hidden_size));
@@ -19,12 +17,12 @@ ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipVisionConfig& c, const HfPr
   self_attn_->out_proj =
       self_attn_->register_module("out_proj", linear(c.hidden_size, c.hidden_size));
   layer_norm1_ =
-      register_module("layer_norm1", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+      register_module("layer_norm1", LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
   mlp_ = register_module("mlp", std::make_shared<Mlp>());
   mlp_->fc1 = mlp_->register_module("fc1", linear(c.hidden_size, c.intermediate_size));
   mlp_->fc2 = mlp_->register_module("fc2", linear(c.intermediate_size, c.hidden_size));
   layer_norm2_ =
-      register_module("layer_norm2", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+      register_module("layer_norm2", LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
 }
 
 torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
@@ -46,7 +44,7 @@ torch::Tensor ClipEncoderLayerImpl::forward(const torch::Tensor& x) {
 }
 
 ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config,
-                                         const HfPrecision& precision)
+                                         const WeightPrecision& precision)
     : config_(config), precision_(precision) {
   const auto dtype = precision.dtype;
   const int64_t h = config.hidden_size;
@@ -64,17 +62,17 @@ ClipVisionTowerImpl::ClipVisionTowerImpl(const ClipVisionConfig& config,
   } else {
     e.class_embedding = e.register_parameter("class_embedding", Placeholder({h}, dtype), false);
     vm.pre_layrnorm =
-        vm.register_module("pre_layrnorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
+        vm.register_module("pre_layrnorm", LayerNormLayer(h, config.layer_norm_eps, dtype));
   }
   e.position_embedding =
-      e.register_module("position_embedding", HfEmbedding(config.num_positions(), h, dtype));
+      e.register_module("position_embedding", Embedding(config.num_positions(), h, dtype));
   vm.encoder = vm.register_module("encoder", std::make_shared<Encoder>());
   vm.encoder->layers = vm.encoder->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     vm.encoder->layers->push_back(ClipEncoderLayer(config, precision));
   }
   vm.post_layernorm =
-      vm.register_module("post_layernorm", HfLayerNorm(h, config.layer_norm_eps, dtype));
+      vm.register_module("post_layernorm", LayerNormLayer(h, config.layer_norm_eps, dtype));
 }
 
 std::vector<torch::Tensor> ClipVisionTowerImpl::HiddenStates(const torch::Tensor& pixel_values,

@@ -17,29 +17,29 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/arch/hf_linear.h"
-#include "model/hub/hf_config.h"
+#include "model/arch/layers.h"
+#include "model/hub/folder_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
 
-// ClipVisionConfig and ParseClipVisionConfig are in hf_config.h (torch-free).
+// ClipVisionConfig and ParseClipVisionConfig are in folder_config.h (torch-free).
 
 class ClipEncoderLayerImpl : public torch::nn::Module {
  public:
-  ClipEncoderLayerImpl(const ClipVisionConfig& c, const HfPrecision& p);
+  ClipEncoderLayerImpl(const ClipVisionConfig& c, const WeightPrecision& p);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   struct Attention : torch::nn::Module {
-    HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+    Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   };
   struct Mlp : torch::nn::Module {
-    HfLinear fc1{nullptr}, fc2{nullptr};
+    Linear fc1{nullptr}, fc2{nullptr};
   };
   std::shared_ptr<Attention> self_attn_;
   std::shared_ptr<Mlp> mlp_;
-  HfLayerNorm layer_norm1_{nullptr}, layer_norm2_{nullptr};
+  LayerNormLayer layer_norm1_{nullptr}, layer_norm2_{nullptr};
   int64_t heads_, head_dim_;
   std::string act_;
 };
@@ -47,7 +47,7 @@ TORCH_MODULE(ClipEncoderLayer);
 
 class ClipVisionTowerImpl : public torch::nn::Module {
  public:
-  ClipVisionTowerImpl(const ClipVisionConfig& config, const HfPrecision& precision);
+  ClipVisionTowerImpl(const ClipVisionConfig& config, const WeightPrecision& precision);
 
   // pixel_values [B, C, H, W] -> hidden states as transformers' output_hidden_states lists
   // them: [0] = embeddings (after CLIP's pre-layernorm), [i] = output of layer i. Layers past
@@ -66,20 +66,20 @@ class ClipVisionTowerImpl : public torch::nn::Module {
   struct Embeddings : torch::nn::Module {
     std::shared_ptr<PatchConv> patch_embedding;
     torch::Tensor class_embedding;  // CLIP only
-    HfEmbedding position_embedding{nullptr};
+    Embedding position_embedding{nullptr};
   };
   struct Encoder : torch::nn::Module {
     torch::nn::ModuleList layers{nullptr};
   };
   struct VisionModel : torch::nn::Module {
     std::shared_ptr<Embeddings> embeddings;
-    HfLayerNorm pre_layrnorm{nullptr};  // CLIP only
+    LayerNormLayer pre_layrnorm{nullptr};  // CLIP only
     std::shared_ptr<Encoder> encoder;
-    HfLayerNorm post_layernorm{nullptr};
+    LayerNormLayer post_layernorm{nullptr};
   };
 
   ClipVisionConfig config_;
-  HfPrecision precision_;
+  WeightPrecision precision_;
   std::shared_ptr<VisionModel> vision_model_;
 };
 TORCH_MODULE(ClipVisionTower);

@@ -89,13 +89,13 @@ void DecoderKvCache::Append(size_t layer, const torch::Tensor& k, const torch::T
   vc = vb.narrow(2, 0, total);
 }
 
-DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p)
+DecoderAttentionImpl::DecoderAttentionImpl(const DecoderConfig& c, const WeightPrecision& p)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
       hidden_(c.hidden_size) {
   auto linear = [&](int64_t in, int64_t out, bool bias) {
-    return HfLinear(HfLinearOptions{in, out, bias, p});
+    return Linear(LinearOptions{in, out, bias, p});
   };
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
@@ -234,18 +234,19 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
   return o_proj(out);
 }
 
-DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p) : act_(c.hidden_act) {
+DecoderMlpImpl::DecoderMlpImpl(const DecoderConfig& c, const WeightPrecision& p)
+    : act_(c.hidden_act) {
   if (c.is_opt()) {  // registered by the layer, under OPT's names
-    up_proj = HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p});
-    down_proj = HfLinear(HfLinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p});
+    up_proj = Linear(LinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p});
+    down_proj = Linear(LinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p});
     return;
   }
   gate_proj = register_module(
-      "gate_proj", HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
+      "gate_proj", Linear(LinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
   up_proj = register_module(
-      "up_proj", HfLinear(HfLinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
+      "up_proj", Linear(LinearOptions{c.hidden_size, c.intermediate_size, c.mlp_bias, p}));
   down_proj = register_module(
-      "down_proj", HfLinear(HfLinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p}));
+      "down_proj", Linear(LinearOptions{c.intermediate_size, c.hidden_size, c.mlp_bias, p}));
 }
 
 torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
@@ -259,24 +260,24 @@ torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
   return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p)
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const WeightPrecision& p)
     : norm_before_(c.do_layer_norm_before) {
   if (c.is_opt()) {
     self_attn = register_module("self_attn", DecoderAttention(c, p));
     self_attn_layer_norm = register_module("self_attn_layer_norm",
-                                           HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+                                           LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
     mlp = DecoderMlp(c, p);
     register_module("fc1", mlp->up_proj);
     register_module("fc2", mlp->down_proj);
     final_layer_norm =
-        register_module("final_layer_norm", HfLayerNorm(c.hidden_size, c.layer_norm_eps, p.dtype));
+        register_module("final_layer_norm", LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
     return;
   }
   input_layernorm =
-      register_module("input_layernorm", HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
+      register_module("input_layernorm", RmsNormLayer(c.hidden_size, c.rms_norm_eps, p.dtype));
   self_attn = register_module("self_attn", DecoderAttention(c, p));
   post_attention_layernorm = register_module("post_attention_layernorm",
-                                             HfRmsNorm(c.hidden_size, c.rms_norm_eps, p.dtype));
+                                             RmsNormLayer(c.hidden_size, c.rms_norm_eps, p.dtype));
   mlp = register_module("mlp", DecoderMlp(c, p));
 }
 
@@ -302,22 +303,21 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return h + f;
 }
 
-DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision)
+DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const WeightPrecision& precision)
     : config_(config), precision_(precision) {
   const int64_t embed_dim = EmbedDim();
   embed_tokens =
-      register_module("embed_tokens", HfEmbedding(config.vocab_size, embed_dim, precision.dtype));
+      register_module("embed_tokens", Embedding(config.vocab_size, embed_dim, precision.dtype));
   if (config.is_opt()) {
     embed_positions = register_module(
         "embed_positions",
-        HfEmbedding(config.max_position_embeddings + DecoderConfig::kOptPositionOffset,
-                    config.hidden_size, precision.dtype));
+        Embedding(config.max_position_embeddings + DecoderConfig::kOptPositionOffset,
+                  config.hidden_size, precision.dtype));
     if (embed_dim != config.hidden_size) {
       project_in = register_module(
-          "project_in", HfLinear(HfLinearOptions{embed_dim, config.hidden_size, false, precision}));
+          "project_in", Linear(LinearOptions{embed_dim, config.hidden_size, false, precision}));
       project_out = register_module(
-          "project_out",
-          HfLinear(HfLinearOptions{config.hidden_size, embed_dim, false, precision}));
+          "project_out", Linear(LinearOptions{config.hidden_size, embed_dim, false, precision}));
     }
   }
   layers = register_module("layers", torch::nn::ModuleList());
@@ -326,15 +326,14 @@ DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const HfPrecision& pre
   }
   if (!config.is_opt()) {
     norm = register_module("norm",
-                           HfRmsNorm(config.hidden_size, config.rms_norm_eps, precision.dtype));
+                           RmsNormLayer(config.hidden_size, config.rms_norm_eps, precision.dtype));
   } else if (config.final_layer_norm) {
-    final_layer_norm =
-        register_module("final_layer_norm",
-                        HfLayerNorm(config.hidden_size, config.layer_norm_eps, precision.dtype));
+    final_layer_norm = register_module(
+        "final_layer_norm", LayerNormLayer(config.hidden_size, config.layer_norm_eps, precision.dtype));
   }
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
-        "lm_head", HfLinear(HfLinearOptions{embed_dim, config.vocab_size, false, precision}));
+        "lm_head", Linear(LinearOptions{embed_dim, config.vocab_size, false, precision}));
   }
 }
 
@@ -342,9 +341,9 @@ int64_t DecoderLmImpl::EmbedDim() const {
   return config_.is_opt() ? config_.word_embed_proj_dim : config_.hidden_size;
 }
 
-absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body_prefix,
+absl::Status DecoderLmImpl::Load(const ModelFolder& folder, const std::string& body_prefix,
                                  const std::string& lm_head_prefix, torch::Device device) {
-  HfLoadIntoOptions o;
+  LoadIntoOptions o;
   o.device = device;
   if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok())
     return s;
@@ -370,8 +369,7 @@ absl::Status DecoderLmImpl::Load(const HfFolder& folder, const std::string& body
     if (!lm_head) {
       if (!tied_head) {
         tied_head = register_module(
-            "tied_head",
-            HfLinear(HfLinearOptions{EmbedDim(), config_.vocab_size, false, precision_}));
+            "tied_head", Linear(LinearOptions{EmbedDim(), config_.vocab_size, false, precision_}));
       }
       if (absl::Status s = tied_head->AdoptQuantized(embed_tokens->quantized_weight()); !s.ok()) {
         return s;
@@ -386,16 +384,16 @@ namespace {
 
 // Concatenates `parts`' weights (and biases) along the output dimension into *weight
 // (*bias) and points each part at its slice.
-void FuseLinears(const std::vector<HfLinear>& parts, torch::Tensor* weight, torch::Tensor* bias) {
+void FuseLinears(const std::vector<Linear>& parts, torch::Tensor* weight, torch::Tensor* bias) {
   std::vector<torch::Tensor> ws, bs;
-  for (const HfLinear& p : parts) {
+  for (const Linear& p : parts) {
     ws.push_back(p->weight);
     if (p->bias.defined()) bs.push_back(p->bias);
   }
   *weight = torch::cat(ws, 0);
   if (bs.size() == parts.size()) *bias = torch::cat(bs, 0);
   int64_t offset = 0;
-  for (const HfLinear& p : parts) {
+  for (const Linear& p : parts) {
     const int64_t n = p->weight.size(0);
     p->weight.set_data(weight->narrow(0, offset, n));
     if (bias->defined()) p->bias.set_data(bias->narrow(0, offset, n));

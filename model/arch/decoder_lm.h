@@ -30,16 +30,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "model/arch/hf_linear.h"
+#include "model/arch/layers.h"
 #include "model/arch/rope.h"
-#include "model/hub/hf_config.h"
-#include "model/hub/hf_folder.h"
+#include "model/hub/folder_config.h"
+#include "model/hub/model_folder.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
 
 // DecoderConfig, ParseDecoderConfig, ReadEosTokenIds and the config field helpers
-// (config.json's side, torch-free) are in hf_config.h.
+// (config.json's side, torch-free) are in folder_config.h.
 
 // Per layer, keys and values [B, kv_heads, past, head_dim] of every position seen so far.
 // Without autograd (NoGradGuard, or nothing that needs a gradient) they are views of buffers
@@ -76,7 +76,7 @@ struct DecoderForwardOptions {
   // none, which is what transformers' Llama computes).
   double dropout_p = 0.0;
   // Non-null: receives, per layer, the last position's attention weights [B, heads, past + T]
-  // (fp32, masked keys at 0): what UTS stage 2 reads on LLaVA (hf_model.h).
+  // (fp32, masked keys at 0): what UTS stage 2 reads on LLaVA (multimodal_model.h).
   std::vector<torch::Tensor>* last_query_attention = nullptr;
 };
 
@@ -88,7 +88,7 @@ struct DecoderOutput {
 
 class DecoderAttentionImpl : public torch::nn::Module {
  public:
-  DecoderAttentionImpl(const DecoderConfig& c, const HfPrecision& p);
+  DecoderAttentionImpl(const DecoderConfig& c, const WeightPrecision& p);
   // LLaMA-Adapter (Zhang et al., 2023): registers "adapter_prompt" [length, hidden]
   // (normal, std 0.02) and "adapter_gate" [heads] (zero). Every query then also attends, in
   // a softmax of its own, to the prompt's keys and values (k_proj / v_proj of the prompt, no
@@ -105,12 +105,12 @@ class DecoderAttentionImpl : public torch::nn::Module {
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         torch::Tensor* last_query_probs = nullptr);
   // o_proj is registered as "out_proj" for OPT.
-  HfLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // [q; k; v] weights (and biases) in one tensor once DecoderLmImpl::FuseProjections ran;
   // q/k/v_proj's weights are then views of it. Undefined before or for quantized weights.
   torch::Tensor qkv_weight, qkv_bias;
   // Quantized weights on CPU: q/k/v's packed weights as one product, after FuseProjections.
-  HfFusedLinear packed_qkv;
+  FusedLinear packed_qkv;
   int64_t heads() const { return heads_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -122,14 +122,14 @@ TORCH_MODULE(DecoderAttention);
 
 class DecoderMlpImpl : public torch::nn::Module {
  public:
-  DecoderMlpImpl(const DecoderConfig& c, const HfPrecision& p);
+  DecoderMlpImpl(const DecoderConfig& c, const WeightPrecision& p);
   // down(act(gate(x)) * up(x)); OPT: down(act(up(x))).
   torch::Tensor forward(const torch::Tensor& x);
   // OPT: no gate_proj (null); up_proj and down_proj are its fc1 and fc2.
-  HfLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   // [gate; up] in one tensor after FuseProjections (see DecoderAttentionImpl::qkv_weight).
   torch::Tensor gate_up_weight, gate_up_bias;
-  HfFusedLinear packed_gate_up;  // as DecoderAttentionImpl::packed_qkv
+  FusedLinear packed_gate_up;  // as DecoderAttentionImpl::packed_qkv
   const std::string& act() const { return act_; }
 
  private:
@@ -139,17 +139,17 @@ TORCH_MODULE(DecoderMlp);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const DecoderConfig& c, const HfPrecision& p);
+  DecoderLayerImpl(const DecoderConfig& c, const WeightPrecision& p);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         double dropout_p = 0.0, torch::Tensor* last_query_probs = nullptr);
-  HfRmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};  // null for OPT
+  RmsNormLayer input_layernorm{nullptr}, post_attention_layernorm{nullptr};  // null for OPT
   DecoderAttention self_attn{nullptr};
   // The MLP. For OPT it is not a registered module: its fc1 and fc2 are registered in this
   // layer, where the checkpoint has them (layers.N.fc1, not layers.N.mlp.fc1).
   DecoderMlp mlp{nullptr};
   // OPT only (null otherwise): the LayerNorms around attention and the MLP.
-  HfLayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
+  LayerNormLayer self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
 
  private:
   bool norm_before_;  // OPT: do_layer_norm_before
@@ -158,13 +158,13 @@ TORCH_MODULE(DecoderLayer);
 
 class DecoderLmImpl : public torch::nn::Module {
  public:
-  DecoderLmImpl(const DecoderConfig& config, const HfPrecision& precision);
+  DecoderLmImpl(const DecoderConfig& config, const WeightPrecision& precision);
 
   // Fills the weights: body tensors under `body_prefix` ("model."), the head under
-  // `lm_head_prefix` ("lm_head."; ignored when tied). Errors as HfFolder::LoadInto. With
-  // int8/int4 weights the token embedding is packed too (HfEmbeddingImpl::Quantize; a tied
+  // `lm_head_prefix` ("lm_head."; ignored when tied). Errors as ModelFolder::LoadInto. With
+  // int8/int4 weights the token embedding is packed too (EmbeddingImpl::Quantize; a tied
   // head shares its rows) and no float embedding matrix stays resident.
-  absl::Status Load(const HfFolder& folder, const std::string& body_prefix,
+  absl::Status Load(const ModelFolder& folder, const std::string& body_prefix,
                     const std::string& lm_head_prefix, torch::Device device);
 
   // [B, T] -> [B, T, E], E = EmbedDim().
@@ -179,7 +179,7 @@ class DecoderLmImpl : public torch::nn::Module {
                         DecoderKvCache* cache, const DecoderForwardOptions& options = {});
 
   const DecoderConfig& config() const { return config_; }
-  const HfPrecision& precision() const { return precision_; }
+  const WeightPrecision& precision() const { return precision_; }
 
   // Concatenates each layer's q/k/v and gate/up weights (and biases) into one tensor and
   // makes the separate weights views of it: the same values and memory, one matrix product
@@ -191,23 +191,23 @@ class DecoderLmImpl : public torch::nn::Module {
   // State kept between generations by static_decode.cc (buffers, captured graph).
   std::shared_ptr<void> static_decode_state;
 
-  HfEmbedding embed_tokens{nullptr};
+  Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  HfRmsNorm norm{nullptr};  // null for OPT
+  RmsNormLayer norm{nullptr};  // null for OPT
   // OPT only: learned positions [max_position_embeddings + 2, H]; the final LayerNorm (null
   // with post-LayerNorm blocks); project_in [E -> H] and project_out [H -> E] where E != H.
-  HfEmbedding embed_positions{nullptr};
-  HfLayerNorm final_layer_norm{nullptr};
-  HfLinear project_in{nullptr}, project_out{nullptr};
-  HfLinear lm_head{nullptr};  // null when tied
+  Embedding embed_positions{nullptr};
+  LayerNormLayer final_layer_norm{nullptr};
+  Linear project_in{nullptr}, project_out{nullptr};
+  Linear lm_head{nullptr};  // null when tied
   // Tied embeddings with quantized weights: the LM head over the embedding's packed rows
   // (shared, not copied; registered as "tied_head" after Load), so the largest matrix product
   // of a step runs on packed weights too. Null otherwise.
-  HfLinear tied_head{nullptr};
+  Linear tied_head{nullptr};
 
  private:
   DecoderConfig config_;
-  HfPrecision precision_;
+  WeightPrecision precision_;
 };
 TORCH_MODULE(DecoderLm);
 

@@ -193,8 +193,8 @@ TEST(DecoderConfigTest, ReadsFieldsDefaultsAndRejectsUnknownTypes) {
 TEST(DecoderLmTest, GqaEqualsMhaWithRepeatedKvHeads) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig gqa_c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
   ASSERT_OK_AND_ASSIGN(DecoderConfig mha_c, ParseDecoderConfig(TinyConfig(4, 4), "c"));
-  DecoderLm gqa(gqa_c, HfPrecision{});
-  DecoderLm mha(mha_c, HfPrecision{});
+  DecoderLm gqa(gqa_c, WeightPrecision{});
+  DecoderLm mha(mha_c, WeightPrecision{});
   Randomize(*gqa, 3);
   torch::NoGradGuard no_grad;
   auto mha_params = mha->named_parameters();
@@ -218,7 +218,7 @@ TEST(DecoderLmTest, GqaEqualsMhaWithRepeatedKvHeads) {
 
 TEST(DecoderLmTest, KvCacheDecodeEqualsFullRecompute) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 4);
   torch::NoGradGuard no_grad;
   torch::Tensor ids = torch::tensor({{3, 8, 1, 44, 20, 6, 13}}, torch::kLong);
@@ -235,7 +235,7 @@ TEST(DecoderLmTest, KvCacheDecodeEqualsFullRecompute) {
 
 TEST(DecoderLmTest, LeftPaddedBatchGeneratesAsUnpaddedRows) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 5);
   torch::NoGradGuard no_grad;
   GreedyOptions o;
@@ -257,14 +257,14 @@ TEST(DecoderLmTest, LeftPaddedBatchGeneratesAsUnpaddedRows) {
 
 TEST(DecoderLmTest, StopsAtEosAndLoadsQuantizedFromAFolder) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 6);
   testing::TempDir dir;
   ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
-  DecoderLm fp(c, HfPrecision{});
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+  DecoderLm fp(c, WeightPrecision{});
   ASSERT_OK(fp->Load(folder, "model.", "lm_head.", torch::kCPU));
-  HfPrecision p8;
+  WeightPrecision p8;
   p8.weights = Precision::kInt8;
   DecoderLm q8(c, p8);
   ASSERT_OK(q8->Load(folder, "model.", "lm_head.", torch::kCPU));
@@ -289,16 +289,16 @@ TEST(DecoderLmTest, StopsAtEosAndLoadsQuantizedFromAFolder) {
 
 // A float model holding what `weights` / `group` make of `folder`'s weights: every linear
 // weight and the token embedding replaced by their dequantized quantization.
-DecoderLm DequantizedFloatModel(const DecoderConfig& c, const HfFolder& folder, Precision weights,
-                                int64_t group) {
-  DecoderLm ref(c, HfPrecision{});
+DecoderLm DequantizedFloatModel(const DecoderConfig& c, const ModelFolder& folder,
+                                Precision weights, int64_t group) {
+  DecoderLm ref(c, WeightPrecision{});
   EXPECT_OK(ref->Load(folder, "model.", "lm_head.", torch::kCPU));
   torch::NoGradGuard no_grad;
   auto roundtrip = [&](const torch::Tensor& w) {
     return DequantizeWeight(QuantizeWeight(w, weights, group), weights, w.size(1), group);
   };
   for (const auto& m : ref->modules()) {
-    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
+    if (auto* linear = dynamic_cast<LinearImpl*>(m.get()); linear != nullptr) {
       linear->weight.set_data(roundtrip(linear->weight));
     }
   }
@@ -314,16 +314,16 @@ DecoderLm DequantizedFloatModel(const DecoderConfig& c, const HfFolder& folder, 
 TEST(DecoderLmTest, QuantizedKernelsEqualTheDequantizedFloatModel) {
   for (const bool tied : {false, true}) {
     ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2, tied), "c"));
-    DecoderLm lm(c, HfPrecision{});
+    DecoderLm lm(c, WeightPrecision{});
     Randomize(*lm, 7);
     testing::TempDir dir;
     ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2, tied), dir));
-    ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
+    ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
     torch::NoGradGuard no_grad;
     torch::Tensor ids = torch::tensor({{3, 1, 4, 1, 5, 9, 2, 6}}, torch::kLong);
     for (const auto& [weights, group] : {std::make_pair(Precision::kInt8, int64_t{128}),
                                          std::make_pair(Precision::kInt4, int64_t{32})}) {
-      HfPrecision p;
+      WeightPrecision p;
       p.weights = weights;
       p.int4_group = group;
       DecoderLm q(c, p);
@@ -347,16 +347,16 @@ TEST(DecoderLmTest, QuantizedKernelsEqualTheDequantizedFloatModel) {
 TEST(DecoderLmTest, QuantizedModelsHoldNoFloatEmbedding) {
   for (const bool tied : {false, true}) {
     ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2, tied), "c"));
-    DecoderLm lm(c, HfPrecision{});
+    DecoderLm lm(c, WeightPrecision{});
     Randomize(*lm, 8);
     testing::TempDir dir;
     ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2, tied), dir));
-    ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
-    DecoderLm fp(c, HfPrecision{});
+    ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+    DecoderLm fp(c, WeightPrecision{});
     ASSERT_OK(fp->Load(folder, "model.", "lm_head.", torch::kCPU));
     EXPECT_EQ(fp->embed_tokens->weight.storage().nbytes(), 50 * 32 * sizeof(float));
     for (const Precision weights : {Precision::kInt8, Precision::kInt4}) {
-      HfPrecision p;
+      WeightPrecision p;
       p.weights = weights;
       p.int4_group = 32;
       DecoderLm q(c, p);
@@ -395,12 +395,12 @@ TEST(DecoderLmTest, QuantizedModelsHoldNoFloatEmbedding) {
 // hold no extra bytes, and step aside when a layer is given another weight.
 TEST(DecoderLmTest, FusedPackedProjectionsEqualTheSeparateLayers) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 9);
   testing::TempDir dir;
   ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
-  HfPrecision p;
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+  WeightPrecision p;
   p.weights = Precision::kInt4;
   p.int4_group = 32;
   DecoderLm q(c, p);
@@ -435,7 +435,7 @@ TEST(DecoderLmTest, FusedPackedProjectionsEqualTheSeparateLayers) {
 // of the whole cache per step); with it the cache concatenates, so gradients flow.
 TEST(DecoderLmTest, KvCacheGrowsInPlaceWithoutAutograd) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 10);
   torch::Tensor ids = torch::tensor({{3, 8, 1, 44, 20, 6}}, torch::kLong);
   {
@@ -473,12 +473,12 @@ TEST(DecoderLmTest, KvCacheGrowsInPlaceWithoutAutograd) {
 // on a machine with CUDA the moved model computes the CPU logits.
 TEST(DecoderLmTest, QuantizedModelFollowsToWithoutAFullWeight) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, HfPrecision{});
+  DecoderLm lm(c, WeightPrecision{});
   Randomize(*lm, 8);
   testing::TempDir dir;
   ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir.path()));
-  HfPrecision p;
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+  WeightPrecision p;
   p.weights = Precision::kInt4;
   p.int4_group = 32;
   DecoderLm q(c, p);
@@ -490,7 +490,7 @@ TEST(DecoderLmTest, QuantizedModelFollowsToWithoutAFullWeight) {
   q->to(torch::kCPU);
   int checked = 0;
   for (const auto& m : q->modules()) {
-    if (auto* linear = dynamic_cast<HfLinearImpl*>(m.get()); linear != nullptr) {
+    if (auto* linear = dynamic_cast<LinearImpl*>(m.get()); linear != nullptr) {
       EXPECT_EQ(linear->weight.storage().nbytes(),
                 static_cast<size_t>(linear->weight.element_size()));
       EXPECT_EQ(linear->weight.sizes(), torch::IntArrayRef({linear->options().out_features,

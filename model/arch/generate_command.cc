@@ -14,8 +14,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "datasets/formats.h"
-#include "model/arch/hf_answerer.h"
-#include "model/hub/hf_adapter_state.h"
+#include "model/arch/answerer.h"
+#include "model/hub/adapter_state.h"
 #include "nlohmann/json.hpp"
 
 // --model is defined by `cdcca tokenize` (model/tokenizer/tokenize_command.cc).
@@ -23,13 +23,13 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(std::string, image, "", "generate: the image file");
 ABSL_FLAG(std::string, prompt, "",
           "generate: the text the processor receives (LLaVA: contains <image>); answer --task "
-          "caption: the instruction (default: the architecture's); hf-adapt: the question asked "
+          "caption: the instruction (default: the architecture's); adapt: the question asked "
           "about every image");
 ABSL_FLAG(int64_t, max_new_tokens, 32, "generate/answer: most tokens generated");
 // --precision (precision_flag.cc): the model's weights; empty = fp32.
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_FLAG(std::string, device, "cpu",
-          "generate, answer, hf-adapt, adapt-eval: where the models run, cpu or cuda");
+          "generate, answer, adapt, adapt-eval: where the models run, cpu or cuda");
 ABSL_FLAG(bool, json, false, "generate: print {input_ids, tokens, text, first_logits}");
 // --questions, --annotations and --out are defined by `cdcca eval` / `cdcca render`
 // (datasets/commands.cc).
@@ -38,13 +38,13 @@ ABSL_DECLARE_FLAG(std::string, annotations);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_FLAG(std::string, images, "",
           "answer: the folder of the images (found by the id in their file names; by "
-          "file_name for --task caption); hf-adapt: a folder of images or a comma list of files");
+          "file_name for --task caption); adapt: a folder of images or a comma list of files");
 ABSL_FLAG(std::string, task, "vqa",
           "answer: vqa (--questions: VQAv2 questions), aokvqa (--questions: an A-OKVQA split) "
           "or caption (--annotations: COCO captions)");
 ABSL_FLAG(int64_t, limit, 0, "answer: answer at most this many questions or images (0 = all)");
 ABSL_FLAG(std::string, adapter_state, "",
-          "generate/answer: apply this adapted state (cdcca hf-adapt --out DIR) to --model first");
+          "generate/answer: apply this adapted state (cdcca adapt --out DIR) to --model first");
 ABSL_FLAG(std::string, template, "",
           "generate/answer: prompt format: llava, vicuna, chatml, chat (the folder's chat "
           "template), auto (the folder's chat template, else llava for LLaVA and none for "
@@ -54,9 +54,9 @@ namespace cdcca::model {
 namespace {
 
 // The adapted state in `dir` applied to the answerer's freshly loaded base; "" = none.
-absl::Status ApplyAdapterState(const std::string& dir, HfAnswerer& answerer) {
+absl::Status ApplyAdapterState(const std::string& dir, Answerer& answerer) {
   if (dir.empty()) return absl::OkStatus();
-  absl::StatusOr<HfAdapterState> state = LoadHfAdapterState(dir);
+  absl::StatusOr<AdapterState> state = LoadHfAdapterState(dir);
   if (!state.ok()) return state.status();
   if (absl::Status s = ApplyHfAdapterState(*state, answerer.model()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
@@ -67,8 +67,8 @@ absl::Status ApplyAdapterState(const std::string& dir, HfAnswerer& answerer) {
 }  // namespace
 
 absl::StatusOr<GenerateReply> RunGenerate(const GenerateRequest& request) {
-  absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
-      HfAnswerer::Load(request.model_dir, request.precision, request.device);
+  absl::StatusOr<std::unique_ptr<Answerer>> answerer =
+      Answerer::Load(request.model_dir, request.precision, request.device);
   if (!answerer.ok()) return answerer.status();
   absl::StatusOr<std::string> prompt = request.prompt;
   if (!request.template_name.empty()) {
@@ -232,8 +232,8 @@ std::string AnswerInstruction(const std::string& model_type, const std::string& 
 absl::StatusOr<AnswerSummary> RunAnswer(const AnswerRequest& request) {
   absl::StatusOr<std::vector<AnswerItem>> items = ReadItems(request);
   if (!items.ok()) return items.status();
-  absl::StatusOr<std::unique_ptr<HfAnswerer>> answerer =
-      HfAnswerer::Load(request.model_dir, request.precision, request.device);
+  absl::StatusOr<std::unique_ptr<Answerer>> answerer =
+      Answerer::Load(request.model_dir, request.precision, request.device);
   if (!answerer.ok()) return answerer.status();
   if (absl::Status s = ApplyAdapterState(request.adapter_state, **answerer); !s.ok()) return s;
   const std::string model_type = (*answerer)->model_type();

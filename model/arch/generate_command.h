@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/arch/hf_answerer.h"
+#include "model/arch/answerer.h"
 
 namespace cdcca::model {
 
@@ -32,7 +32,7 @@ struct GenerateRequest {
   int64_t max_new_tokens = 32;
   std::string precision = "fp32";
   std::string device = "cpu";
-  // An adapted state (hf_adapter_state.h, `cdcca hf-adapt --out`) to apply to the model
+  // An adapted state (adapter_state.h, `cdcca adapt --out`) to apply to the model
   // first; "" = the folder's weights as they are.
   std::string adapter_state;
 };

@@ -25,7 +25,8 @@ torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig&
   return picked.size() == 1 ? picked[0] : torch::cat(picked, -1);
 }
 
-LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : config_(config) {
+LlavaImpl::LlavaImpl(const LlavaConfig& config, const WeightPrecision& precision)
+    : config_(config) {
   model_ = register_module("model", std::make_shared<Body>());
   vision_tower_ =
       model_->register_module("vision_tower", ClipVisionTower(config.vision, precision));
@@ -35,14 +36,14 @@ LlavaImpl::LlavaImpl(const LlavaConfig& config, const HfPrecision& precision) : 
   const int64_t out = config.text.hidden_size;
   const bool bias = config.multimodal_projector_bias;
   projector_->linear_1 =
-      projector_->register_module("linear_1", HfLinear(HfLinearOptions{in, out, bias, precision}));
+      projector_->register_module("linear_1", Linear(LinearOptions{in, out, bias, precision}));
   projector_->linear_2 =
-      projector_->register_module("linear_2", HfLinear(HfLinearOptions{out, out, bias, precision}));
+      projector_->register_module("linear_2", Linear(LinearOptions{out, out, bias, precision}));
   language_model_ = model_->register_module("language_model", DecoderLm(config.text, precision));
 }
 
-absl::Status LlavaImpl::Load(const HfFolder& folder, torch::Device device) {
-  HfLoadIntoOptions o;
+absl::Status LlavaImpl::Load(const ModelFolder& folder, torch::Device device) {
+  LoadIntoOptions o;
   o.device = device;
   if (absl::Status s = folder.LoadInto(*vision_tower_, "model.vision_tower.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*projector_, "model.multi_modal_projector.", o); !s.ok()) {
@@ -152,21 +153,39 @@ class LlavaModel : public MultimodalModel {
     }
   }
 
-  // UTS stage 2 (VIS, hf_model.h): element-wise dropout on the projected image rows of the LM
-  // input; F is what the first RepresentationLayer() layers add to each image row. The mass
+  // UTS stage 2 (VIS, multimodal_model.h): element-wise dropout on the projected image rows of the
+  // LM input; F is what the first RepresentationLayer() layers add to each image row. The mass
   // (ablations) is the last prompt position's attention.
   absl::StatusOr<VisualTokenPasses> StochasticVisualTokens(
       const MultimodalInputs& in, const VisualTokenPassOptions& options) override {
-    if (absl::Status s = CheckInputs(in); !s.ok()) return s;
-    if (in.pixel_values.size(0) != 1 || in.input_ids.size(0) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "UTS stage 2 takes one image and prompt, got pixel_values ",
-          c10::str(in.pixel_values.sizes()), " and input_ids ", c10::str(in.input_ids.sizes())));
+    const LlavaConfig& c = llava_->config();
+    const bool given = in.visual_tokens.defined();
+    if (given) {
+      const int64_t d = c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size());
+      if (in.visual_tokens.dim() != 3 || in.visual_tokens.size(1) != c.NumImageTokens() ||
+          in.visual_tokens.size(2) != d) {
+        return absl::InvalidArgumentError(absl::StrCat("visual_tokens must be [1, ",
+                                                       c.NumImageTokens(), ", ", d, "], got ",
+                                                       c10::str(in.visual_tokens.sizes())));
+      }
+      if (!in.input_ids.defined() || in.input_ids.dim() != 2) {
+        return absl::InvalidArgumentError("input_ids must be [B, T]");
+      }
+    } else if (absl::Status s = CheckInputs(in); !s.ok()) {
+      return s;
+    }
+    const torch::Tensor& image = given ? in.visual_tokens : in.pixel_values;
+    if (image.size(0) != 1 || in.input_ids.size(0) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("UTS stage 2 takes one image and prompt, got ",
+                                                     c10::str(image.sizes()), " and input_ids ",
+                                                     c10::str(in.input_ids.sizes())));
     }
     try {
       torch::NoGradGuard no_grad;
       llava_->eval();
-      torch::Tensor selected = llava_->SelectedFeatures(in.pixel_values.to(device_));
+      torch::Tensor selected =
+          given ? in.visual_tokens.to(device_, llava_->language_model().precision().dtype)
+                : llava_->SelectedFeatures(in.pixel_values.to(device_));
       torch::Tensor projected = llava_->Project(selected);  // [1, N, H]
       torch::Tensor ids = in.input_ids.to(device_, torch::kLong);
       const int64_t n = projected.size(1), t = ids.size(1);
@@ -358,8 +377,8 @@ std::unique_ptr<MultimodalModel> WrapLlavaModel(std::shared_ptr<LlavaImpl> model
                                       std::move(eos_token_ids), device);
 }
 
-absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
-                                                                const HfPrecision& precision,
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const ModelFolder& folder,
+                                                                const WeightPrecision& precision,
                                                                 torch::Device device) {
   absl::StatusOr<LlavaConfig> config = ParseLlavaConfig(folder.config(), folder.config_path());
   if (!config.ok()) return config.status();

@@ -19,13 +19,13 @@
 #include "absl/status/statusor.h"
 #include "model/arch/clip_vision.h"
 #include "model/arch/decoder_lm.h"
-#include "model/arch/hf_model.h"
-#include "model/hub/hf_config.h"
+#include "model/arch/multimodal_model.h"
+#include "model/hub/folder_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
 
-// LlavaConfig and ParseLlavaConfig are in hf_config.h (torch-free).
+// LlavaConfig and ParseLlavaConfig are in folder_config.h (torch-free).
 
 // The tower's features LLaVA projects: the hidden states at `config`'s
 // vision_feature_layers (concatenated), without the class token under the "default"
@@ -36,9 +36,9 @@ torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig&
 
 class LlavaImpl : public torch::nn::Module {
  public:
-  LlavaImpl(const LlavaConfig& config, const HfPrecision& precision);
+  LlavaImpl(const LlavaConfig& config, const WeightPrecision& precision);
 
-  absl::Status Load(const HfFolder& folder, torch::Device device);
+  absl::Status Load(const ModelFolder& folder, torch::Device device);
 
   // pixel_values [B, C, S, S] -> projected features [B, NumImageTokens(), text hidden].
   torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
@@ -60,7 +60,7 @@ class LlavaImpl : public torch::nn::Module {
 
  private:
   struct Projector : torch::nn::Module {
-    HfLinear linear_1{nullptr}, linear_2{nullptr};
+    Linear linear_1{nullptr}, linear_2{nullptr};
   };
   struct Body : torch::nn::Module {};  // "model."
 
@@ -73,8 +73,8 @@ class LlavaImpl : public torch::nn::Module {
 TORCH_MODULE(Llava);
 
 // The MultimodalModel for model_type "llava".
-absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const HfFolder& folder,
-                                                                const HfPrecision& precision,
+absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadLlavaModel(const ModelFolder& folder,
+                                                                const WeightPrecision& precision,
                                                                 torch::Device device);
 
 // The MultimodalModel of a model built in memory (pretraining's): what LoadLlavaModel gives

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -60,7 +60,7 @@ class LlavaParityTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlavaParityTest, MatchesTransformersInFp32) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   EXPECT_EQ(model->model_type(), "llava");
   for (const Case& c : ReadCases(dir)) {
     ASSERT_TRUE(c.pixels.defined());
@@ -82,8 +82,8 @@ TEST_P(LlavaParityTest, MatchesTransformersInFp32) {
 
 TEST_P(LlavaParityTest, ExpandsTheImagePlaceholderAsTheProcessor) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir));
   ASSERT_OK_AND_ASSIGN(LlavaConfig config, ParseLlavaConfig(folder.config(), "config.json"));
   for (const Case& c : ReadCases(dir)) {
     // Collapse the processor's run of image tokens back to the one placeholder.
@@ -106,7 +106,7 @@ TEST_P(LlavaParityTest, ExpandsTheImagePlaceholderAsTheProcessor) {
 // fixed-shape steps) is what CUDA runs; on CPU it must give the reference loop's tokens.
 TEST_P(LlavaParityTest, StaticCacheDecodeGivesTheReferenceTokens) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   for (const Case& c : ReadCases(dir)) {
     for (int64_t padding : {0, 2}) {  // left padding: masked keys, positions after it
       MultimodalInputs in;
@@ -139,13 +139,13 @@ TEST_P(LlavaParityTest, StaticCacheDecodeGivesTheReferenceTokens) {
 // checks that the kernels add nothing beyond the quantization itself.
 TEST_P(LlavaParityTest, QuantizedGenerationStaysCloseToFp32) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fp32, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fp32, LoadModel(dir, {}));
   for (const auto& [precision, tolerance] :
        std::vector<std::pair<std::string, float>>{{"int8", 0.05f}, {"int4", 0.5f}}) {
-    HfModelOptions o;
+    ModelOptions o;
     o.precision = precision;
     o.int4_group = 32;
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> q, LoadHfModel(dir, o));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> q, LoadModel(dir, o));
     for (const Case& c : ReadCases(dir)) {
       MultimodalInputs in;
       in.pixel_values = c.pixels;
@@ -170,14 +170,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LlavaParityTest,
 
 TEST(LlavaTest, QuantizedWeightsStayCloseAndSmall) {
   const std::string dir = FixtureDir("llava_clip_llama");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fp32, LoadHfModel(dir, {}));
-  HfModelOptions o8;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> fp32, LoadModel(dir, {}));
+  ModelOptions o8;
   o8.precision = "int8";
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> int8, LoadHfModel(dir, o8));
-  HfModelOptions o4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> int8, LoadModel(dir, o8));
+  ModelOptions o4;
   o4.precision = "int4";
   o4.int4_group = 32;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> int4, LoadHfModel(dir, o4));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> int4, LoadModel(dir, o4));
   EXPECT_LT(int8->ResidentBytes(), fp32->ResidentBytes() * 0.6);
   EXPECT_LT(int4->ResidentBytes(), int8->ResidentBytes());
   const Case c = ReadCases(dir)[0];
@@ -194,7 +194,7 @@ TEST(LlavaTest, QuantizedWeightsStayCloseAndSmall) {
 
 TEST(LlavaTest, BadInputsAreErrorsNamingTheCause) {
   const std::string dir = FixtureDir("llava_clip_llama");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const Case c = ReadCases(dir)[0];
   MultimodalInputs in;
   in.pixel_values = torch::zeros({1, 3, 31, 31});
@@ -212,18 +212,18 @@ TEST(LlavaTest, BadInputsAreErrorsNamingTheCause) {
   std::filesystem::copy_file(dir + "/model.safetensors", tmp.file("model.safetensors"));
   config["model_type"] = "llava_next";
   std::ofstream(tmp.file("config.json")) << config.dump();
-  EXPECT_THAT(LoadHfModel(tmp.path(), {}).status(),
+  EXPECT_THAT(LoadModel(tmp.path(), {}).status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model_type")));
   config["model_type"] = "llava";
   config["text_config"]["hidden_size"] = 48;  // misshaped against the checkpoint
   config["text_config"]["head_dim"] = 12;
   std::ofstream(tmp.file("config.json")) << config.dump();
   EXPECT_THAT(
-      LoadHfModel(tmp.path(), {}).status(),
+      LoadModel(tmp.path(), {}).status(),
       testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors")));
-  HfModelOptions bad;
+  ModelOptions bad;
   bad.precision = "int3";
-  EXPECT_THAT(LoadHfModel(dir, bad).status(),
+  EXPECT_THAT(LoadModel(dir, bad).status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int3")));
 }
 

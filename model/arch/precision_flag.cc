@@ -1,4 +1,4 @@
-// --precision: the weights of the model `cdcca generate` and `cdcca answer` load (hf-adapt and
+// --precision: the weights of the model `cdcca generate` and `cdcca answer` load (adapt and
 // adapt-eval name their student's --student_precision, as cdcca-cloud and cdcca-device do).
 #include <string>
 

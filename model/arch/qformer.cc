@@ -10,23 +10,23 @@
 namespace cdcca::model {
 namespace {
 
-HfLinear MakeLinear(int64_t in, int64_t out, const HfPrecision& precision) {
-  HfLinearOptions o;
+Linear MakeLinear(int64_t in, int64_t out, const WeightPrecision& precision) {
+  LinearOptions o;
   o.in_features = in;
   o.out_features = out;
   o.bias = true;
   o.precision = precision;
   o.precision.dtype = torch::kFloat;
-  return HfLinear(o);
+  return Linear(o);
 }
 
-HfLayerNorm MakeLayerNorm(int64_t dim, double eps) { return HfLayerNorm(dim, eps, torch::kFloat); }
+LayerNormLayer MakeLayerNorm(int64_t dim, double eps) { return LayerNormLayer(dim, eps, torch::kFloat); }
 
 }  // namespace
 
 QFormerMultiHeadAttentionImpl::QFormerMultiHeadAttentionImpl(const QFormerConfig& config,
                                                              bool is_cross_attention,
-                                                             const HfPrecision& precision)
+                                                             const WeightPrecision& precision)
     : heads_(config.num_attention_heads), hidden_(config.hidden_size) {
   const int64_t h = config.hidden_size;
   const int64_t kv_in = is_cross_attention ? config.encoder_hidden_size : h;
@@ -70,7 +70,7 @@ torch::Tensor QFormerMultiHeadAttentionImpl::forward(const torch::Tensor& hidden
 }
 
 QFormerResidualOutputImpl::QFormerResidualOutputImpl(int64_t in_features, int64_t hidden,
-                                                     double eps, const HfPrecision& precision) {
+                                                     double eps, const WeightPrecision& precision) {
   dense = register_module("dense", MakeLinear(in_features, hidden, precision));
   LayerNorm = register_module("LayerNorm", MakeLayerNorm(hidden, eps));
 }
@@ -81,7 +81,7 @@ torch::Tensor QFormerResidualOutputImpl::forward(const torch::Tensor& x,
 }
 
 QFormerAttentionImpl::QFormerAttentionImpl(const QFormerConfig& config, bool is_cross_attention,
-                                           const HfPrecision& precision) {
+                                           const WeightPrecision& precision) {
   attention = register_module("attention",
                               QFormerMultiHeadAttention(config, is_cross_attention, precision));
   output = register_module("output", QFormerResidualOutput(config.hidden_size, config.hidden_size,
@@ -100,7 +100,7 @@ torch::Tensor QFormerAttentionImpl::forward(const torch::Tensor& hidden,
 }
 
 QFormerIntermediateImpl::QFormerIntermediateImpl(const QFormerConfig& config,
-                                                 const HfPrecision& precision)
+                                                 const WeightPrecision& precision)
     : act_(config.hidden_act) {
   dense =
       register_module("dense", MakeLinear(config.hidden_size, config.intermediate_size, precision));
@@ -111,7 +111,7 @@ torch::Tensor QFormerIntermediateImpl::forward(const torch::Tensor& x) {
 }
 
 QFormerLayerImpl::QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index,
-                                   const HfPrecision& precision) {
+                                   const WeightPrecision& precision) {
   attention = register_module("attention",
                               QFormerAttention(config, /*is_cross_attention=*/false, precision));
   if (layer_index % config.cross_attention_frequency == 0) {
@@ -159,7 +159,8 @@ torch::Tensor QFormerLayerImpl::forward(const torch::Tensor& hidden, const torch
   return out;
 }
 
-QFormerEncoderImpl::QFormerEncoderImpl(const QFormerConfig& config, const HfPrecision& precision) {
+QFormerEncoderImpl::QFormerEncoderImpl(const QFormerConfig& config,
+                                       const WeightPrecision& precision) {
   layer = register_module("layer", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layer->push_back(QFormerLayer(config, i, precision));
@@ -168,10 +169,10 @@ QFormerEncoderImpl::QFormerEncoderImpl(const QFormerConfig& config, const HfPrec
 
 QFormerEmbeddingsImpl::QFormerEmbeddingsImpl(const QFormerConfig& config) {
   word_embeddings = register_module(
-      "word_embeddings", HfEmbedding(config.vocab_size, config.hidden_size, torch::kFloat));
-  position_embeddings = register_module(
-      "position_embeddings",
-      HfEmbedding(config.max_position_embeddings, config.hidden_size, torch::kFloat));
+      "word_embeddings", Embedding(config.vocab_size, config.hidden_size, torch::kFloat));
+  position_embeddings =
+      register_module("position_embeddings",
+                      Embedding(config.max_position_embeddings, config.hidden_size, torch::kFloat));
   layernorm =
       register_module("layernorm", MakeLayerNorm(config.hidden_size, config.layer_norm_eps));
 }
@@ -206,7 +207,7 @@ torch::Tensor ImageAllowed(const torch::Tensor& image_mask, const torch::Tensor&
 }  // namespace
 
 QFormerModelImpl::QFormerModelImpl(const QFormerConfig& config, bool with_instruction,
-                                   const HfPrecision& precision)
+                                   const WeightPrecision& precision)
     : config_(config) {
   if (with_instruction) {
     config_.use_qformer_text_input = true;

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "model/arch/hf_linear.h"
+#include "model/arch/layers.h"
 #include "model/hub/blip2_config.h"
 
 namespace cdcca::model {
@@ -34,7 +34,7 @@ namespace cdcca::model {
 class QFormerMultiHeadAttentionImpl : public torch::nn::Module {
  public:
   QFormerMultiHeadAttentionImpl(const QFormerConfig& config, bool is_cross_attention,
-                                const HfPrecision& precision);
+                                const WeightPrecision& precision);
   // hidden [B, T, H]; keys/values from `kv_source` [B, S, H or encoder_hidden_size];
   // additive_mask [B, 1, 1, S] (0 = attend, large negative = masked) or undefined.
   // allowed [B, 1, 1, S] bool (false = the key has weight exactly 0; a row with no allowed
@@ -48,9 +48,9 @@ class QFormerMultiHeadAttentionImpl : public torch::nn::Module {
                         double dropout_p = 0.0, torch::Tensor* probs_out = nullptr,
                         torch::Tensor* contributions_out = nullptr);
 
-  HfLinear query{nullptr};
-  HfLinear key{nullptr};
-  HfLinear value{nullptr};
+  Linear query{nullptr};
+  Linear key{nullptr};
+  Linear value{nullptr};
 
  private:
   int64_t heads_;
@@ -62,18 +62,18 @@ TORCH_MODULE(QFormerMultiHeadAttention);
 class QFormerResidualOutputImpl : public torch::nn::Module {
  public:
   QFormerResidualOutputImpl(int64_t in_features, int64_t hidden, double eps,
-                            const HfPrecision& precision);
+                            const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual);
 
-  HfLinear dense{nullptr};
-  HfLayerNorm LayerNorm{nullptr};  // NOLINT: the checkpoint's name
+  Linear dense{nullptr};
+  LayerNormLayer LayerNorm{nullptr};  // NOLINT: the checkpoint's name
 };
 TORCH_MODULE(QFormerResidualOutput);
 
 class QFormerAttentionImpl : public torch::nn::Module {
  public:
   QFormerAttentionImpl(const QFormerConfig& config, bool is_cross_attention,
-                       const HfPrecision& precision);
+                       const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& kv_source,
                         const torch::Tensor& additive_mask, const torch::Tensor& allowed = {},
                         double dropout_p = 0.0, torch::Tensor* probs_out = nullptr,
@@ -86,10 +86,10 @@ TORCH_MODULE(QFormerAttention);
 
 class QFormerIntermediateImpl : public torch::nn::Module {
  public:
-  QFormerIntermediateImpl(const QFormerConfig& config, const HfPrecision& precision);
+  QFormerIntermediateImpl(const QFormerConfig& config, const WeightPrecision& precision);
   torch::Tensor forward(const torch::Tensor& x);
 
-  HfLinear dense{nullptr};
+  Linear dense{nullptr};
 
  private:
   std::string act_;
@@ -98,7 +98,8 @@ TORCH_MODULE(QFormerIntermediate);
 
 class QFormerLayerImpl : public torch::nn::Module {
  public:
-  QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index, const HfPrecision& precision);
+  QFormerLayerImpl(const QFormerConfig& config, int64_t layer_index,
+                   const WeightPrecision& precision);
   // hidden [B, Q + T, H] with the Q query positions first; image [B, N, E].
   // image_allowed [B, 1, 1, N] bool or undefined, dropout_p, cross_probs and
   // cross_contributions as QFormerModelImpl::ForwardQueries and ForwardStochastic (both are
@@ -123,7 +124,7 @@ TORCH_MODULE(QFormerLayer);
 
 class QFormerEncoderImpl : public torch::nn::Module {
  public:
-  QFormerEncoderImpl(const QFormerConfig& config, const HfPrecision& precision);
+  QFormerEncoderImpl(const QFormerConfig& config, const WeightPrecision& precision);
   torch::nn::ModuleList layer{nullptr};  // the checkpoint's name ("encoder.layer.N")
 };
 TORCH_MODULE(QFormerEncoder);
@@ -136,9 +137,9 @@ class QFormerEmbeddingsImpl : public torch::nn::Module {
   // query_embeds [B, Q, H]; input_ids [B, T] (T may be 0 or undefined) -> [B, Q + T, H].
   torch::Tensor forward(const torch::Tensor& query_embeds, const torch::Tensor& input_ids);
 
-  HfEmbedding word_embeddings{nullptr};
-  HfEmbedding position_embeddings{nullptr};
-  HfLayerNorm layernorm{nullptr};
+  Embedding word_embeddings{nullptr};
+  Embedding position_embeddings{nullptr};
+  LayerNormLayer layernorm{nullptr};
 };
 TORCH_MODULE(QFormerEmbeddings);
 
@@ -147,7 +148,7 @@ class QFormerModelImpl : public torch::nn::Module {
   // `with_instruction`: InstructBLIP layout (embeddings module, text feed-forward in every
   // layer); otherwise BLIP-2's (a layernorm on the query embeddings only).
   QFormerModelImpl(const QFormerConfig& config, bool with_instruction,
-                   const HfPrecision& precision = {});
+                   const WeightPrecision& precision = {});
 
   // query_embeds [B, Q, H] (the expanded query_tokens); image_embeds [B, N, E];
   // instruction_ids [B, T] int64 and instruction_mask [B, T] (1 = token, 0 = padding;
@@ -179,7 +180,7 @@ class QFormerModelImpl : public torch::nn::Module {
                                std::vector<torch::Tensor>* cross_contributions = nullptr);
 
   // forward() in either layout with the model's dropout at dropout_p (as ForwardQueries) and
-  // the hooks of UTS stage 2 (VIS, hf_model.h): per cross-attending layer, cross_probs (if
+  // the hooks of UTS stage 2 (VIS, multimodal_model.h): per cross-attending layer, cross_probs (if
   // non-null) receives the weights [B, heads, Q, N] before dropout and cross_contributions
   // (if non-null) each image token's contribution to the query rows' cross-attention output
   // [B, N, H] (QFormerMultiHeadAttentionImpl::forward's contributions_out).
@@ -193,7 +194,7 @@ class QFormerModelImpl : public torch::nn::Module {
   const QFormerConfig& config() const { return config_; }
   bool with_instruction() const { return !embeddings.is_empty(); }
 
-  HfLayerNorm layernorm{nullptr};         // BLIP-2 only
+  LayerNormLayer layernorm{nullptr};           // BLIP-2 only
   QFormerEmbeddings embeddings{nullptr};  // InstructBLIP only
   QFormerEncoder encoder{nullptr};
 

@@ -161,7 +161,7 @@ TEST(Blip2VisionTest, OutputIsPostLayerNormed) {
 
 TEST(Blip2VisionTest, FusedQkvIsThreeLinearsWithQAndVBiasesAndNoKBias) {
   Blip2VisionConfig c = TinyVision();
-  Blip2VisionAttention attn(c, HfPrecision{});
+  Blip2VisionAttention attn(c, WeightPrecision{});
   Randomize(*attn, 3);
   torch::Tensor q_bias = torch::randn({16});
   torch::Tensor v_bias = torch::randn({16});
@@ -229,7 +229,7 @@ TEST(Blip2VisionTest, LoadsFusedOrSplitQkvBiasFromHfNames) {
     SCOPED_TRACE(split ? "q_bias/v_bias" : "qkv.bias");
     const std::string dir =
         WriteFolder(split ? "vit_split" : "vit_fused", *reference, "vision_model.", split);
-    absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+    absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
     ASSERT_TRUE(folder.ok()) << folder.status();
     Blip2VisionModel loaded(c);
     absl::Status s = LoadBlip2Vision(*folder, "vision_model.", *loaded, torch::kCPU);
@@ -238,7 +238,7 @@ TEST(Blip2VisionTest, LoadsFusedOrSplitQkvBiasFromHfNames) {
   }
   // A missing tensor is named.
   const std::string dir = WriteFolder("vit_wrong_prefix", *reference, "vision.", false);
-  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status();
   Blip2VisionModel loaded(c);
   absl::Status s = LoadBlip2Vision(*folder, "vision_model.", *loaded, torch::kCPU);

@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <string>
 
-#include "model/hub/hf_config.h"
+#include "model/hub/folder_config.h"
 
 namespace cdcca::model {
 
-// RopeConfig and ParseRopeConfig (the config.json fields) are in hf_config.h.
+// RopeConfig and ParseRopeConfig (the config.json fields) are in folder_config.h.
 
 // fp32 [head_dim / 2] inverse frequencies. `seq_len` (max position + 1 of the current
 // forward) only matters for `dynamic`.

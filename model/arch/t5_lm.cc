@@ -50,19 +50,19 @@ torch::Tensor T5RelativeBucket(const torch::Tensor& relative_position, bool bidi
   return buckets + torch::where(small, rel, large);
 }
 
-T5AttentionImpl::T5AttentionImpl(const T5Config& c, bool relative_bias, const HfPrecision& p)
+T5AttentionImpl::T5AttentionImpl(const T5Config& c, bool relative_bias, const WeightPrecision& p)
     : heads_(c.num_heads),
       d_kv_(c.d_kv),
       buckets_(c.relative_attention_num_buckets),
       max_distance_(c.relative_attention_max_distance) {
   const int64_t inner = heads_ * d_kv_;
-  q = register_module("q", HfLinear(HfLinearOptions{c.d_model, inner, false, p}));
-  k = register_module("k", HfLinear(HfLinearOptions{c.d_model, inner, false, p}));
-  v = register_module("v", HfLinear(HfLinearOptions{c.d_model, inner, false, p}));
-  o = register_module("o", HfLinear(HfLinearOptions{inner, c.d_model, false, p}));
+  q = register_module("q", Linear(LinearOptions{c.d_model, inner, false, p}));
+  k = register_module("k", Linear(LinearOptions{c.d_model, inner, false, p}));
+  v = register_module("v", Linear(LinearOptions{c.d_model, inner, false, p}));
+  o = register_module("o", Linear(LinearOptions{inner, c.d_model, false, p}));
   if (relative_bias) {
     relative_attention_bias =
-        register_module("relative_attention_bias", HfEmbedding(buckets_, heads_, p.dtype));
+        register_module("relative_attention_bias", Embedding(buckets_, heads_, p.dtype));
   }
 }
 
@@ -119,10 +119,8 @@ torch::Tensor T5AttentionImpl::forward(const torch::Tensor& x, const torch::Tens
   return o(out);
 }
 
-T5DenseImpl::T5DenseImpl(const T5Config& c, const HfPrecision& p) : act_(c.dense_act_fn) {
-  auto linear = [&](int64_t in, int64_t out) {
-    return HfLinear(HfLinearOptions{in, out, false, p});
-  };
+T5DenseImpl::T5DenseImpl(const T5Config& c, const WeightPrecision& p) : act_(c.dense_act_fn) {
+  auto linear = [&](int64_t in, int64_t out) { return Linear(LinearOptions{in, out, false, p}); };
   if (c.gated) {
     wi_0 = register_module("wi_0", linear(c.d_model, c.d_ff));
     wi_1 = register_module("wi_1", linear(c.d_model, c.d_ff));
@@ -138,7 +136,7 @@ torch::Tensor T5DenseImpl::forward(const torch::Tensor& x) {
 }
 
 T5SublayerImpl::T5SublayerImpl(const T5Config& c, Kind kind, bool relative_bias,
-                               const HfPrecision& p)
+                               const WeightPrecision& p)
     : kind_(kind) {
   switch (kind) {
     case Kind::kSelfAttention:
@@ -151,10 +149,11 @@ T5SublayerImpl::T5SublayerImpl(const T5Config& c, Kind kind, bool relative_bias,
       DenseReluDense = register_module("DenseReluDense", T5Dense(c, p));
       break;
   }
-  layer_norm = register_module("layer_norm", HfRmsNorm(c.d_model, c.layer_norm_epsilon, p.dtype));
+  layer_norm =
+      register_module("layer_norm", RmsNormLayer(c.d_model, c.layer_norm_epsilon, p.dtype));
 }
 
-T5StackImpl::T5StackImpl(const T5Config& c, bool decoder, const HfPrecision& p)
+T5StackImpl::T5StackImpl(const T5Config& c, bool decoder, const WeightPrecision& p)
     : decoder_(decoder) {
   using Kind = T5SublayerImpl::Kind;
   block = register_module("block", torch::nn::ModuleList());
@@ -171,7 +170,7 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool decoder, const HfPrecision& p)
     sublayers_.push_back(std::move(subs));
   }
   final_layer_norm =
-      register_module("final_layer_norm", HfRmsNorm(c.d_model, c.layer_norm_epsilon, p.dtype));
+      register_module("final_layer_norm", RmsNormLayer(c.d_model, c.layer_norm_epsilon, p.dtype));
 }
 
 T5SublayerImpl& T5StackImpl::Sublayer(size_t block_index, size_t m) {
@@ -240,21 +239,20 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
 }
 
 T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(const T5Config& config,
-                                                               const HfPrecision& precision)
+                                                               const WeightPrecision& precision)
     : config_(config), precision_(precision) {
-  shared =
-      register_module("shared", HfEmbedding(config.vocab_size, config.d_model, precision.dtype));
+  shared = register_module("shared", Embedding(config.vocab_size, config.d_model, precision.dtype));
   encoder = register_module("encoder", T5Stack(config, /*decoder=*/false, precision));
   decoder = register_module("decoder", T5Stack(config, /*decoder=*/true, precision));
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
-        "lm_head", HfLinear(HfLinearOptions{config.d_model, config.vocab_size, false, precision}));
+        "lm_head", Linear(LinearOptions{config.d_model, config.vocab_size, false, precision}));
   }
 }
 
-absl::Status T5ForConditionalGenerationImpl::Load(const HfFolder& folder, const std::string& prefix,
-                                                  torch::Device device) {
-  HfLoadIntoOptions o;
+absl::Status T5ForConditionalGenerationImpl::Load(const ModelFolder& folder,
+                                                  const std::string& prefix, torch::Device device) {
+  LoadIntoOptions o;
   o.device = device;
   if (absl::Status s = folder.LoadInto(*shared, prefix + "shared.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*encoder, prefix + "encoder.", o); !s.ok()) return s;
@@ -268,7 +266,7 @@ absl::Status T5ForConditionalGenerationImpl::Load(const HfFolder& folder, const 
       if (!tied_head) {
         tied_head = register_module(
             "tied_head",
-            HfLinear(HfLinearOptions{config_.d_model, config_.vocab_size, false, precision_}));
+            Linear(LinearOptions{config_.d_model, config_.vocab_size, false, precision_}));
       }
       if (absl::Status s = tied_head->AdoptQuantized(shared->quantized_weight()); !s.ok()) {
         return s;

@@ -24,9 +24,9 @@
 
 #include "absl/status/status.h"
 #include "model/arch/decoder_lm.h"
-#include "model/arch/hf_linear.h"
-#include "model/hub/hf_config.h"
-#include "model/hub/hf_folder.h"
+#include "model/arch/layers.h"
+#include "model/hub/folder_config.h"
+#include "model/hub/model_folder.h"
 #include "model/runtime/generation.h"
 
 namespace cdcca::model {
@@ -45,7 +45,7 @@ torch::Tensor T5RelativeBucket(const torch::Tensor& relative_position, bool bidi
 
 class T5AttentionImpl : public torch::nn::Module {
  public:
-  T5AttentionImpl(const T5Config& c, bool relative_bias, const HfPrecision& p);
+  T5AttentionImpl(const T5Config& c, bool relative_bias, const WeightPrecision& p);
   // x [B, T, D]. kv: the cross-attention source [B, S, D] (undefined for self-attention).
   // bias [B or 1, heads, T, keys] additive (positions and mask). Self-attention appends to
   // cache->self (nullptr = no cache); cross-attention computes its keys and values into
@@ -57,8 +57,8 @@ class T5AttentionImpl : public torch::nn::Module {
   torch::Tensor PositionBias(int64_t past, int64_t t, int64_t keys, bool bidirectional,
                              torch::Device device);
 
-  HfLinear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
-  HfEmbedding relative_attention_bias{nullptr};  // [buckets, heads]; block 0 only
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Embedding relative_attention_bias{nullptr};  // [buckets, heads]; block 0 only
 
  private:
   int64_t heads_, d_kv_, buckets_, max_distance_;
@@ -67,9 +67,9 @@ TORCH_MODULE(T5Attention);
 
 class T5DenseImpl : public torch::nn::Module {
  public:
-  T5DenseImpl(const T5Config& c, const HfPrecision& p);
+  T5DenseImpl(const T5Config& c, const WeightPrecision& p);
   torch::Tensor forward(const torch::Tensor& x);  // wo(act(wi_0 x) * wi_1 x) or wo(act(wi x))
-  HfLinear wi_0{nullptr}, wi_1{nullptr}, wi{nullptr}, wo{nullptr};
+  Linear wi_0{nullptr}, wi_1{nullptr}, wi{nullptr}, wo{nullptr};
 
  private:
   std::string act_;
@@ -81,9 +81,9 @@ TORCH_MODULE(T5Dense);
 class T5SublayerImpl : public torch::nn::Module {
  public:
   enum class Kind { kSelfAttention, kCrossAttention, kFeedForward };
-  T5SublayerImpl(const T5Config& c, Kind kind, bool relative_bias, const HfPrecision& p);
+  T5SublayerImpl(const T5Config& c, Kind kind, bool relative_bias, const WeightPrecision& p);
   Kind kind() const { return kind_; }
-  HfRmsNorm layer_norm{nullptr};
+  RmsNormLayer layer_norm{nullptr};
   T5Attention attention{nullptr};  // registered as SelfAttention or EncDecAttention
   T5Dense DenseReluDense{nullptr};
 
@@ -95,7 +95,7 @@ TORCH_MODULE(T5Sublayer);
 // The encoder's or the decoder's stack of blocks.
 class T5StackImpl : public torch::nn::Module {
  public:
-  T5StackImpl(const T5Config& c, bool decoder, const HfPrecision& p);
+  T5StackImpl(const T5Config& c, bool decoder, const WeightPrecision& p);
   // Encoder: embeds [B, S, D] and mask [B, S] (1 = token) -> hidden [B, S, D] after the final
   // norm. Decoder: embeds [B, T, D] (the new positions), their key mask [B, past + T] (1 =
   // attend; undefined = all), the encoder's output and mask, and a cache (appended to;
@@ -112,7 +112,7 @@ class T5StackImpl : public torch::nn::Module {
 
   // Per block a module holding the ModuleList "layer" of its sublayers (checkpoint names).
   torch::nn::ModuleList block{nullptr};
-  HfRmsNorm final_layer_norm{nullptr};
+  RmsNormLayer final_layer_norm{nullptr};
 
  private:
   bool decoder_;
@@ -124,11 +124,11 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module {
  public:
   // tie_word_embeddings in `config` decides whether an lm_head is built (false) or the head
   // is the shared embedding (true).
-  T5ForConditionalGenerationImpl(const T5Config& config, const HfPrecision& precision);
+  T5ForConditionalGenerationImpl(const T5Config& config, const WeightPrecision& precision);
 
-  // Fills the weights under `prefix` ("language_model."). Errors as HfFolder::LoadInto. With
+  // Fills the weights under `prefix` ("language_model."). Errors as ModelFolder::LoadInto. With
   // int8/int4 weights the shared embedding is packed too (a tied head shares its rows).
-  absl::Status Load(const HfFolder& folder, const std::string& prefix, torch::Device device);
+  absl::Status Load(const ModelFolder& folder, const std::string& prefix, torch::Device device);
 
   torch::Tensor EmbedTokens(const torch::Tensor& ids);  // [B, T] -> [B, T, D]
   // Encoder output [B, S, D] for input embeddings and mask [B, S] (undefined = all tokens).
@@ -142,18 +142,18 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module {
                              torch::Tensor* captured = nullptr);
 
   const T5Config& config() const { return config_; }
-  const HfPrecision& precision() const { return precision_; }
+  const WeightPrecision& precision() const { return precision_; }
 
-  HfEmbedding shared{nullptr};
+  Embedding shared{nullptr};
   T5Stack encoder{nullptr}, decoder{nullptr};
-  HfLinear lm_head{nullptr};  // null when the head is the shared embedding
+  Linear lm_head{nullptr};  // null when the head is the shared embedding
   // Quantized weights with the shared head: the head over the embedding's packed rows
   // (registered as "tied_head" after Load), as DecoderLmImpl::tied_head.
-  HfLinear tied_head{nullptr};
+  Linear tied_head{nullptr};
 
  private:
   T5Config config_;
-  HfPrecision precision_;
+  WeightPrecision precision_;
 };
 TORCH_MODULE(T5ForConditionalGeneration);
 

@@ -1,5 +1,5 @@
 // UTS stage 2 on Hugging Face folders: VIS (MultimodalModel::StochasticVisualTokens,
-// hf_model.h) on the tiny random checkpoints under tests/fixtures/hf/models/:
+// multimodal_model.h) on the tiny random checkpoints under tests/fixtures/hf/models/:
 // - the draw: element-wise input masks (features, not whole tokens) at about the rate asked
 //   for, from the seed (same seed, same scores), and the model's own dropout active;
 // - Eq. 3: the score is the population variance over the passes of F, averaged over F's
@@ -16,8 +16,8 @@
 #include <fstream>
 
 #include "model/arch/blip2.h"
-#include "model/arch/hf_model.h"
 #include "model/arch/llava.h"
+#include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 
@@ -57,7 +57,7 @@ class VisualTokenPassesTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions o;
   o.passes = 6;
@@ -115,10 +115,38 @@ TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
   EXPECT_GT((d.features - a.features).abs().max().item<float>(), 1e-4f);
 }
 
+// Stage 2 from the tower's tokens (what the answer computed; the device's path) gives what
+// it gives from the pixels, which run the tower again: the same tokens, scores and F.
+TEST_P(VisualTokenPassesTest, PassesFromTheTowersTokensEqualThePassesFromThePixels) {
+  const std::string dir = FixtureDir(GetParam());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
+  const MultimodalInputs pixels = FirstCase(dir);
+  ASSERT_OK_AND_ASSIGN(torch::Tensor tokens, model->EncodeImages(pixels));
+  MultimodalInputs given = pixels;
+  given.pixel_values = torch::Tensor();
+  given.visual_tokens = tokens;
+  VisualTokenPassOptions o;
+  o.passes = 4;
+  o.dropout_p = 0.25;
+  o.seed = 5;
+  o.keep_features = true;
+  ASSERT_OK_AND_ASSIGN(VisualTokenPasses a, model->StochasticVisualTokens(pixels, o));
+  ASSERT_OK_AND_ASSIGN(VisualTokenPasses b, model->StochasticVisualTokens(given, o));
+  EXPECT_TRUE(torch::equal(a.tokens, b.tokens));
+  EXPECT_TRUE(torch::equal(a.input_masks, b.input_masks));
+  EXPECT_TRUE(torch::allclose(a.features, b.features, 1e-5, 1e-7));
+  EXPECT_TRUE(torch::allclose(a.variance, b.variance, 1e-5, 1e-10));
+  EXPECT_GT(b.variance.max().item<float>(), 0.0f);
+  // Tokens of another shape are refused, naming the shape expected.
+  given.visual_tokens = tokens.narrow(1, 0, tokens.size(1) - 1);
+  EXPECT_THAT(model->StochasticVisualTokens(given, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 // The M passes run as one batch compute what running them one at a time computes.
 TEST_P(VisualTokenPassesTest, BatchedPassesEqualThePassesOneByOne) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions draw;
   draw.passes = 4;
@@ -148,7 +176,7 @@ TEST_P(VisualTokenPassesTest, BatchedPassesEqualThePassesOneByOne) {
 
 TEST_P(VisualTokenPassesTest, RefusesBadPassesRatesMasksAndBatches) {
   const std::string dir = FixtureDir(GetParam());
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions o;
   for (int passes : {0, -1, 257}) {
@@ -194,11 +222,11 @@ torch::Tensor PlainVis(const std::vector<torch::Tensor>& f) {
 // LLaVA: F is what the first half of the LM's layers add to each dropped-out image row.
 TEST(LlavaVisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
   const std::string dir = FixtureDir("llava_clip_llama");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir));
   ASSERT_OK_AND_ASSIGN(LlavaConfig config, ParseLlavaConfig(folder.config(), "config.json"));
   if (!folder.Has("lm_head.weight")) config.text.tie_word_embeddings = true;
-  Llava llava(config, HfPrecision{});
+  Llava llava(config, WeightPrecision{});
   ASSERT_OK(llava->Load(folder, torch::kCPU));
   llava->eval();
   torch::NoGradGuard no_grad;
@@ -238,11 +266,11 @@ TEST(LlavaVisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
 // cross-attending Q-Former layer, here recomputed from the layers' weights.
 TEST(Blip2VisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
   const std::string dir = FixtureDir("blip2_llama");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadHfModel(dir, {}));
-  ASSERT_OK_AND_ASSIGN(HfFolder folder, HfFolder::Open(dir));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir));
   ASSERT_OK_AND_ASSIGN(
       std::shared_ptr<Blip2ForConditionalGenerationImpl> blip,
-      Blip2ForConditionalGenerationImpl::FromFolder(folder, HfPrecision{}, torch::kCPU));
+      Blip2ForConditionalGenerationImpl::FromFolder(folder, WeightPrecision{}, torch::kCPU));
   blip->eval();
   torch::NoGradGuard no_grad;
   const MultimodalInputs in = FirstCase(dir);

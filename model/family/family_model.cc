@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "model/arch/hf_linear.h"
+#include "model/arch/layers.h"
 #include "model/arch/qformer.h"
 #include "model/hub/safetensors.h"
 
@@ -27,7 +27,7 @@ torch::Tensor PrefixedMask(const torch::Tensor& valid, int64_t l) {
 
 // The Hugging Face folder name of a model parameter: the decoder body lives under
 // "language_model.model." there, its head under "language_model.lm_head.".
-std::string HfName(const std::string& name) {
+std::string CheckpointName(const std::string& name) {
   const std::string lm = "language_model.";
   if (absl::StartsWith(name, lm) && !absl::StartsWith(name, lm + "lm_head.")) {
     return lm + "model." + name.substr(lm.size());
@@ -223,7 +223,7 @@ absl::StatusOr<Blip2ForConditionalGeneration> NewFamilyModel(const VisionConfig&
   }
   try {
     const FamilyTowerArchitecture arch = FamilyTowerConfig(vision, tower);
-    Blip2ForConditionalGeneration model(arch.blip2, arch.text, HfPrecision{});
+    Blip2ForConditionalGeneration model(arch.blip2, arch.text, WeightPrecision{});
     model->vision_model = model->replace_module("vision_model", MakeFamilyVit(vision));
     InitializeHfParameters(*model);
     for (auto& p : model->parameters()) p.set_requires_grad(true);
@@ -339,7 +339,7 @@ absl::Status WriteFamilyFolder(const std::string& dir, torch::nn::Module& model,
     torch::NoGradGuard no_grad;
     std::map<std::string, torch::Tensor> merged;  // LoRA folded into the base weights
     for (const auto& m : model.named_modules()) {
-      if (auto* linear = dynamic_cast<HfLinearImpl*>(m.value().get());
+      if (auto* linear = dynamic_cast<LinearImpl*>(m.value().get());
           linear != nullptr && linear->has_lora()) {
         merged[m.key() + ".weight"] = linear->MergedWeight();
       }
@@ -401,7 +401,7 @@ absl::Status SaveFamilyFolder(const std::string& dir, Blip2ForConditionalGenerat
       {"do_normalize", true},
       {"image_mean", {0.5, 0.5, 0.5}},
       {"image_std", {0.25, 0.25, 0.25}}};
-  return WriteFamilyFolder(dir, model, HfName, tower, vocabulary, config,
+  return WriteFamilyFolder(dir, model, CheckpointName, tower, vocabulary, config,
                            "preprocessor_config.json", preprocessor);
 }
 

@@ -4,7 +4,7 @@
 // projection, Llama decoder) sized by the family config (config.h), sharing one ViT. The
 // student halves the Q-Former depth, as the paper's does. Pretraining (pretrain.h) trains
 // these models and writes them as Hugging Face folders; everything after it reads the folders
-// through LoadHfModel, as it reads a downloaded checkpoint.
+// through LoadModel, as it reads a downloaded checkpoint.
 //
 // Parameter names are transformers' (Blip2ForConditionalGeneration): "vision_model.*",
 // "query_tokens", "qformer.*", "language_projection.*", and the decoder under
@@ -28,7 +28,7 @@
 #include "model/arch/blip2.h"
 #include "model/arch/blip2_vision.h"
 #include "model/arch/decoder_lm.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/family/config.h"
 #include "model/hub/blip2_config.h"
 #include "nlohmann/json.hpp"
@@ -73,8 +73,8 @@ Blip2VisionModel MakeFamilyVit(const VisionConfig& vision);
 absl::StatusOr<Blip2ForConditionalGeneration> NewFamilyModel(const VisionConfig& vision,
                                                              const TowerConfig& tower);
 
-// `model` behind the interface every program uses (hf_model.h), sharing its weights: what
-// LoadHfModel would give for the folder SaveFamilyFolder writes of it, without the round trip.
+// `model` behind the interface every program uses (multimodal_model.h), sharing its weights: what
+// LoadModel would give for the folder SaveFamilyFolder writes of it, without the round trip.
 std::unique_ptr<MultimodalModel> FamilyMultimodalModel(Blip2ForConditionalGeneration model,
                                                        torch::Device device);
 
@@ -97,7 +97,7 @@ struct FamilyGroupOutput {
 // present), then every group's rows continue from their scene's cached prefix. The model's
 // dropout (Q-Former and LM) runs at dropout_p. The LM sees [L projected queries][prompt,
 // left-padded][answer] with padding taking no position, as transformers numbers a left-padded
-// row: what the folder computes for the same ids in LoadHfModel's layout.
+// row: what the folder computes for the same ids in LoadModel's layout.
 std::vector<FamilyGroupOutput> ForwardQuestionGroups(Blip2ForConditionalGenerationImpl& model,
                                                      const torch::Tensor& visual_tokens,
                                                      const torch::Tensor& visual_mask,

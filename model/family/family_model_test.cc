@@ -1,5 +1,5 @@
 // The project's families as the one BLIP-2 implementation: a fresh model, its training
-// forward, and the Hugging Face folder it is saved as (which LoadHfModel, and transformers,
+// forward, and the Hugging Face folder it is saved as (which LoadModel, and transformers,
 // answer from with the same tokens).
 #include "model/family/family_model.h"
 
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "model/arch/hf_model.h"
-#include "model/hub/hf_folder.h"
+#include "model/arch/multimodal_model.h"
+#include "model/hub/model_folder.h"
 #include "model/hub/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -193,7 +193,7 @@ TEST(FamilyModelTest, HuggingFaceFolderAnswersWithTheSameTokens) {
         "preprocessor_config.json", "generation_config.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }
-  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status();
   EXPECT_EQ(folder->config()["model_type"], "blip-2");
   EXPECT_EQ(folder->config()["cdcca"]["role"], "student");
@@ -203,7 +203,7 @@ TEST(FamilyModelTest, HuggingFaceFolderAnswersWithTheSameTokens) {
   EXPECT_TRUE(folder->Has("query_tokens"));
 
   std::unique_ptr<MultimodalModel> mine = FamilyMultimodalModel(f.model, torch::kCPU);
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadHfModel(dir, HfModelOptions{});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadModel(dir, ModelOptions{});
   ASSERT_TRUE(hf.ok()) << hf.status();
   const std::vector<std::vector<int64_t>> prompts = {{5, 6, 7, 4}, {1, 7, 4}};
   for (int row = 0; row < 2; ++row) {
@@ -251,7 +251,7 @@ TEST(FamilyModelTest, CommittedFamilyFolderAnswersAsRecorded) {
   nlohmann::json expected = nlohmann::json::parse(in);
   absl::StatusOr<SafetensorsContents> pixels = ReadSafetensors(dir + "/cdcca_pixels.safetensors");
   ASSERT_TRUE(pixels.ok()) << pixels.status();
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadHfModel(dir, HfModelOptions{});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadModel(dir, ModelOptions{});
   ASSERT_TRUE(hf.ok()) << hf.status();
   ASSERT_EQ(expected["cases"].size(), 2u);
   for (size_t i = 0; i < expected["cases"].size(); ++i) {

@@ -8,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/arch/decoder_lm.h"
-#include "model/arch/hf_linear.h"
-#include "model/hub/hf_folder.h"
+#include "model/arch/layers.h"
+#include "model/hub/model_folder.h"
 #include "model/hub/safetensors.h"
 
 namespace cdcca::model {
@@ -109,7 +109,7 @@ json LlavaFamilyHfConfigJson(const VisionConfig& vision, const TowerConfig& t) {
 }
 
 ClipVisionTower MakeLlavaFamilyVit(const VisionConfig& vision) {
-  ClipVisionTower vit(LlavaFamilyVitConfig(vision), HfPrecision{});
+  ClipVisionTower vit(LlavaFamilyVitConfig(vision), WeightPrecision{});
   InitializeHfParameters(*vit);
   // The position embedding starts as the grid sinusoid, as a BLIP-2 family's does: the LM
   // numbers the image tokens, but a dropped token takes no position, so the "where"
@@ -144,7 +144,7 @@ absl::StatusOr<Llava> NewLlavaFamilyModel(const VisionConfig& vision, const Towe
                                                    vision.NumPatches(), " image tokens"));
   }
   try {
-    Llava model(LlavaFamilyConfig(vision, tower), HfPrecision{});
+    Llava model(LlavaFamilyConfig(vision, tower), WeightPrecision{});
     InitializeHfParameters(*model);
     for (auto& p : model->parameters()) p.set_requires_grad(true);
     return model;
@@ -155,12 +155,12 @@ absl::StatusOr<Llava> NewLlavaFamilyModel(const VisionConfig& vision, const Towe
 }
 
 absl::StatusOr<Llava> LoadLlavaFamilyModel(const std::string& dir, torch::Device device) {
-  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
   if (!folder.ok()) return folder.status();
   absl::StatusOr<LlavaConfig> config = ParseLlavaConfig(folder->config(), folder->config_path());
   if (!config.ok()) return config.status();
   try {
-    Llava model(*config, HfPrecision{});
+    Llava model(*config, WeightPrecision{});
     if (absl::Status s = model->Load(*folder, device); !s.ok()) return s;
     model->eval();
     return model;

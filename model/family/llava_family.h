@@ -29,11 +29,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/arch/clip_vision.h"
-#include "model/arch/hf_model.h"
 #include "model/arch/llava.h"
+#include "model/arch/multimodal_model.h"
 #include "model/family/config.h"
 #include "model/family/family_model.h"
-#include "model/hub/hf_config.h"
+#include "model/hub/folder_config.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -70,12 +70,12 @@ torch::Tensor LlavaFamilyVisualTokens(ClipVisionTowerImpl& vit, const VisionConf
 absl::StatusOr<Llava> NewLlavaFamilyModel(const VisionConfig& vision, const TowerConfig& tower);
 
 // The model a folder SaveLlavaFamilyFolder wrote holds, fp32 on `device`, as a module to train
-// further or save again (LoadHfModel gives the same weights behind MultimodalModel). Errors
-// as HfFolder's and ParseLlavaConfig's.
+// further or save again (LoadModel gives the same weights behind MultimodalModel). Errors
+// as ModelFolder's and ParseLlavaConfig's.
 absl::StatusOr<Llava> LoadLlavaFamilyModel(const std::string& dir, torch::Device device);
 
-// `model` behind the interface every program uses (hf_model.h), sharing its weights: what
-// LoadHfModel gives for the folder SaveLlavaFamilyFolder writes of it.
+// `model` behind the interface every program uses (multimodal_model.h), sharing its weights: what
+// LoadModel gives for the folder SaveLlavaFamilyFolder writes of it.
 std::unique_ptr<MultimodalModel> LlavaFamilyMultimodalModel(Llava model, torch::Device device);
 
 // The teacher-forced forward of pretraining (family_model.h's FamilyQuestionGroup and

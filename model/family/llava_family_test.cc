@@ -1,5 +1,5 @@
 // The LLaVA-style families: a fresh model, its training forward, and the Hugging Face folder
-// it is saved as (which LoadHfModel answers from with the same tokens, and whose chat template,
+// it is saved as (which LoadModel answers from with the same tokens, and whose chat template,
 // tokenizer and image processor give the layout and pixels pretraining trains on).
 #include "model/family/llava_family.h"
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/hub/chat_template.h"
 #include "model/hub/image_processor.h"
 #include "model/hub/safetensors.h"
@@ -225,7 +225,7 @@ TEST(LlavaFamilyTest, HuggingFaceFolderAnswersWithTheSameTokensAndLoadsBack) {
         "processor_config.json", "chat_template.jinja", "generation_config.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }
-  absl::StatusOr<HfFolder> folder = HfFolder::Open(dir);
+  absl::StatusOr<ModelFolder> folder = ModelFolder::Open(dir);
   ASSERT_TRUE(folder.ok()) << folder.status();
   EXPECT_EQ(folder->config()["model_type"], "llava");
   EXPECT_EQ(folder->config()["architectures"][0], "LlavaForConditionalGeneration");
@@ -237,7 +237,7 @@ TEST(LlavaFamilyTest, HuggingFaceFolderAnswersWithTheSameTokensAndLoadsBack) {
   EXPECT_TRUE(folder->Has("model.vision_tower.vision_model.embeddings.class_embedding"));
 
   std::unique_ptr<MultimodalModel> mine = LlavaFamilyMultimodalModel(f.model, torch::kCPU);
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadHfModel(dir, HfModelOptions{});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> hf = LoadModel(dir, ModelOptions{});
   ASSERT_TRUE(hf.ok()) << hf.status();
   EXPECT_EQ((*hf)->model_type(), "llava");
   const std::vector<std::vector<int64_t>> prompts = {{kImageToken, 1, 5, 6, 7, 4},

@@ -22,10 +22,10 @@
 #include "datasets/metrics.h"
 #include "datasets/tokenizer.h"
 #include "model/arch/blip2.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/family/family_model.h"
 #include "model/family/llava_family.h"
-#include "model/hub/hf_folder.h"
+#include "model/hub/model_folder.h"
 #include "model/hub/safetensors.h"
 #include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
@@ -195,10 +195,10 @@ absl::StatusOr<FamilyTower> LoadTower(const std::string& folder, const FamilyCon
     if (!m.ok()) return m.status();
     return TowerOf(*m, f, t, vocabulary);
   }
-  absl::StatusOr<HfFolder> hf = HfFolder::Open(folder);
+  absl::StatusOr<ModelFolder> hf = ModelFolder::Open(folder);
   if (!hf.ok()) return hf.status();
   absl::StatusOr<std::shared_ptr<Blip2ForConditionalGenerationImpl>> loaded =
-      Blip2ForConditionalGenerationImpl::FromFolder(*hf, HfPrecision{}, device);
+      Blip2ForConditionalGenerationImpl::FromFolder(*hf, WeightPrecision{}, device);
   if (!loaded.ok()) return loaded.status();
   return TowerOf(Blip2ForConditionalGeneration(*loaded), f, t, vocabulary);
 }
@@ -531,7 +531,7 @@ struct CaptionEval {
 };
 
 // Greedy answers of `model` (the one interface every program uses) to rows of a QaBatch:
-// the LM ids as LoadHfModel's processor lays them out (left padding, the image tokens, the
+// the LM ids as LoadModel's processor lays them out (left padding, the image tokens, the
 // prompt) over each row's scene's visual tokens (tokens [S, N, D], CPU), at most max_tokens.
 absl::StatusOr<std::vector<std::vector<int>>> AnswerRows(MultimodalModel& model,
                                                          const torch::Tensor& tokens,
@@ -1209,7 +1209,7 @@ absl::Status Pretrain(const PretrainOptions& opt) {
 namespace {
 
 // What model-eval compares: the teacher and the student at each precision, loaded from the
-// family's folders as any program loads a model folder (LoadHfModel), in eval() mode.
+// family's folders as any program loads a model folder (LoadModel), in eval() mode.
 struct EvalModels {
   ds::ImageSet test;  // the Fashion-MNIST test split the scenes are drawn from
   std::vector<std::pair<std::string, std::unique_ptr<MultimodalModel>>> models;
@@ -1233,10 +1233,10 @@ absl::StatusOr<EvalModels> LoadEvalModels(const AccuracyOptions& opt) {
            {"student fp32", opt.checkpoint_dir, "fp32"},
            {"student int8", opt.checkpoint_dir, "int8"},
            {"student int4", opt.checkpoint_dir, "int4"}}) {
-    HfModelOptions o;
+    ModelOptions o;
     o.precision = precision;
     o.device = device;
-    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, o);
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(dir, o);
     if (!m.ok()) return m.status();
     (*m)->module().eval();
     out.models.emplace_back(name, *std::move(m));

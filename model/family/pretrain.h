@@ -8,7 +8,7 @@
 //      visual-token dropping).
 //   3. student: the same on the narrow source domain, from a cache of the ViT's tokens.
 // Both end as Hugging Face folders (the student's, with the teacher's in teacher/), which
-// every program then reads through LoadHfModel as it reads a downloaded checkpoint. Each
+// every program then reads through LoadModel as it reads a downloaded checkpoint. Each
 // stage checkpoints into the output directory (stages/, resume_*) so an interrupted run
 // resumes where it stopped; data are index-addressed and every step reseeds, so a resumed run
 // follows the same sample order. Runs on CUDA when available, else on all CPU cores.

@@ -13,7 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/arch/hf_model.h"
+#include "model/arch/multimodal_model.h"
 #include "model/family/config.h"
 #include "model/family/family_model.h"
 #include "model/family/llava_family.h"
@@ -216,7 +216,7 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
   ASSERT_TRUE(Pretrain(o).ok());
   // The family is two model folders that load as any downloaded checkpoint does.
   for (const std::string& dir : {out, out + "/teacher"}) {
-    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(dir, ModelOptions{});
     ASSERT_TRUE(m.ok()) << dir << ": " << m.status();
     EXPECT_EQ((*m)->model_type(), "blip-2");
   }
@@ -251,7 +251,7 @@ TEST(PretrainTest, TinyFamilyTrainsAndARerunLoadsTheFinishedStages) {
 }
 
 // The LLaVA-style family trains through the same stages, resumes from a stop inside a tower
-// stage to the same weights, and ends as two LLaVA folders that answer (LoadHfModel) exactly
+// stage to the same weights, and ends as two LLaVA folders that answer (LoadModel) exactly
 // as the in-memory student did when pretraining recorded its parity cases; model-eval reads
 // them.
 TEST(PretrainTest, LlavaTinyFamilyTrainsResumesAndLoadsAsItAnswered) {
@@ -263,7 +263,7 @@ TEST(PretrainTest, LlavaTinyFamilyTrainsResumesAndLoadsAsItAnswered) {
   std::filesystem::remove_all(o.out_dir);
   ASSERT_TRUE(Pretrain(o).ok());
   for (const std::string& dir : {o.out_dir, o.out_dir + "/teacher"}) {
-    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadHfModel(dir, HfModelOptions{});
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(dir, ModelOptions{});
     ASSERT_TRUE(m.ok()) << dir << ": " << m.status();
     EXPECT_EQ((*m)->model_type(), "llava");
     EXPECT_TRUE(std::filesystem::exists(dir + "/chat_template.jinja")) << dir;
@@ -287,7 +287,7 @@ TEST(PretrainTest, LlavaTinyFamilyTrainsResumesAndLoadsAsItAnswered) {
   absl::StatusOr<SafetensorsContents> pixels =
       ReadSafetensors(o.out_dir + "/cdcca_pixels.safetensors");
   ASSERT_TRUE(pixels.ok()) << pixels.status();
-  absl::StatusOr<std::unique_ptr<MultimodalModel>> student = LoadHfModel(o.out_dir, {});
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> student = LoadModel(o.out_dir, {});
   ASSERT_TRUE(student.ok()) << student.status();
   ASSERT_EQ(expected["cases"].size(), 2u);
   for (size_t i = 0; i < expected["cases"].size(); ++i) {

@@ -20,7 +20,7 @@ enum class TokenScoreKind {
   // dropout active) of each token's representation F where the model acts on it, averaged
   // over F's features: BLIP-2 / InstructBLIP and the project's families, the token's
   // contribution to the Q-Former's cross-attention output in every cross-attending layer;
-  // LLaVA, what the lower half of the LM adds to the token's row (model/arch/hf_model.h,
+  // LLaVA, what the lower half of the LM adds to the token's row (model/arch/multimodal_model.h,
   // VisualTokenPassOptions). Nothing trained for it. The kinds below are ablations.
   kVis,
   // Variance over the M dropout passes of the cross-attention mass each visual token
@@ -50,7 +50,7 @@ enum class TokenScoreKind {
   // (docs/BENCHMARKS.md). Without a probe (no model folder has one) the device scores with
   // the attention variance alone (device InferenceRuntime::EffectiveScore).
   kVarianceProbe,
-  // VIS divided by the squared size of the token's mean F (model/arch/hf_model.h,
+  // VIS divided by the squared size of the token's mean F (model/arch/multimodal_model.h,
   // VisRelativeVariance): element-wise dropout moves F in proportion to the token, so plain
   // VIS also ranks by how large F is; this ranks by how much F moves for its size. An
   // ablation, measured beside VIS in docs/BENCHMARKS.md.

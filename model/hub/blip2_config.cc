@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "model/hub/hf_config.h"
+#include "model/hub/folder_config.h"
 
 namespace cdcca::model {
 namespace {
@@ -21,7 +21,7 @@ absl::Status ReadPositive(const nlohmann::json& section, const std::string& key,
   return absl::OkStatus();
 }
 
-// An activation name transformers' ACT2FN has and hf_linear.h implements.
+// An activation name transformers' ACT2FN has and layers.h implements.
 absl::Status ReadAct(const nlohmann::json& section, const std::string& key,
                      const std::string& where, const std::string& file, std::string* out) {
   std::string name = *out;

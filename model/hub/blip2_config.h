@@ -26,7 +26,7 @@ struct Blip2VisionConfig {
   int64_t image_size = 224;  // square input, pixels
   int64_t patch_size = 14;
   double layer_norm_eps = 1e-6;
-  std::string hidden_act = "gelu";  // transformers' ACT2FN name (hf_linear.h Activation)
+  std::string hidden_act = "gelu";  // transformers' ACT2FN name (layers.h Activation)
   bool qkv_bias = true;             // q and v biases (k never has one)
   // Derived: (image_size / patch_size)^2 patches + the class token.
   int64_t NumPositions() const;

@@ -19,7 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "model/hub/hf_json.h"
+#include "model/hub/folder_json.h"
 
 namespace cdcca::model {
 namespace {

@@ -1,5 +1,5 @@
 // FNV-1a 64, the model module's fingerprint hash (checkpoint.h BaseFingerprint /
-// ModuleFingerprint, hf_model.h HfVisionFingerprint, hf_adapter_state.h HfFolderFingerprint):
+// ModuleFingerprint, multimodal_model.h TowerFingerprint, adapter_state.h FolderFingerprint):
 // h = Fnv1a(h, bytes...) folded from kFnvOffset. Identity checks, not a MAC.
 #ifndef CDCCA_MODEL_HUB_FNV_H_
 #define CDCCA_MODEL_HUB_FNV_H_

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "model/hub/hf_json.h"
+#include "model/hub/folder_json.h"
 #include "nlohmann/json.hpp"
 
 namespace cdcca::model {
@@ -747,7 +747,7 @@ absl::StatusOr<std::pair<int, int>> ResizeOutputSize(const ResizeSpec& spec, int
 absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(absl::string_view json_text,
                                                                absl::string_view file_name) {
   const std::string name(file_name);
-  // Size and nesting bounded (hf_json.h) before anything is built from the text.
+  // Size and nesting bounded (folder_json.h) before anything is built from the text.
   absl::StatusOr<json> parsed = ParseHfJson(json_text, name);
   if (!parsed.ok()) return parsed.status();
   const json& root = *parsed;

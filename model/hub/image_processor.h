@@ -140,7 +140,7 @@ struct ImageProcessorConfig {
 // whose value is not null or false is InvalidArgument naming the file and the field, since
 // it may change pixels in a way this code does not reproduce. A JSON null for a boolean
 // means false (transformers tests the attribute's truth); for other fields, the class
-// default. Size, nesting (hf_json.h) and every pixel size (kMaxImageProcessorSide) are
+// default. Size, nesting (folder_json.h) and every pixel size (kMaxImageProcessorSide) are
 // bounded: an error, not an allocation.
 absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(absl::string_view json_text,
                                                                absl::string_view file_name);

@@ -1,5 +1,5 @@
 // Peak memory of LibTorch's CUDA caching allocator, for the benchmarks that report it
-// (hf_bench, hf_akd_bench). Zero on CPU and where LibTorch is not a CUDA build.
+// (decode_bench, akd_bench). Zero on CPU and where LibTorch is not a CUDA build.
 #ifndef CDCCA_MODEL_RUNTIME_GPU_MEMORY_H_
 #define CDCCA_MODEL_RUNTIME_GPU_MEMORY_H_
 

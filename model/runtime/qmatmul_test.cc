@@ -8,7 +8,7 @@
 
 #include <tuple>
 
-#include "model/arch/hf_linear.h"
+#include "model/arch/layers.h"
 
 namespace cdcca::model {
 namespace {
@@ -71,10 +71,10 @@ TEST(QuantizedLinearTest, TrainingProductHasTheGradientsOfTheDequantizedWeight) 
   torch::manual_seed(7);
   for (bool with_bias : {true, false}) {
     for (Precision precision : {Precision::kInt8, Precision::kInt4}) {
-      HfPrecision p;
+      WeightPrecision p;
       p.weights = precision;
       p.int4_group = 32;
-      HfLinear layer(HfLinearOptions{64, 24, with_bias, p});
+      Linear layer(LinearOptions{64, 24, with_bias, p});
       torch::Tensor w = torch::randn({24, 64});
       ASSERT_TRUE(layer->Adopt("weight", w).ok());
       if (with_bias) {

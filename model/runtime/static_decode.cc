@@ -76,9 +76,9 @@ bool ExactOps() {
   return exact;
 }
 
-// RMSNorm as HfRmsNormImpl::forward computes it (fp32 statistics, cast back, times the
+// RMSNorm as RmsNormLayerImpl::forward computes it (fp32 statistics, cast back, times the
 // weight), in fewer kernels where LibTorch has rms_norm (2.4+).
-torch::Tensor RmsNorm(HfRmsNormImpl& norm, double eps, const torch::Tensor& x) {
+torch::Tensor RmsNorm(RmsNormLayerImpl& norm, double eps, const torch::Tensor& x) {
   if (ExactOps()) return norm.forward(x);
 #if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)) && \
     !defined(CDCCA_NO_AT_RMS_NORM)
@@ -92,8 +92,7 @@ torch::Tensor RmsNorm(HfRmsNormImpl& norm, double eps, const torch::Tensor& x) {
 }
 
 // residual + linear(x) in one kernel where the layer has no bias and float weights.
-torch::Tensor AddLinear(const torch::Tensor& residual, HfLinearImpl& linear,
-                        const torch::Tensor& x) {
+torch::Tensor AddLinear(const torch::Tensor& residual, LinearImpl& linear, const torch::Tensor& x) {
   if (linear.bias.defined() || ExactOps()) return residual + linear.forward(x);
   const int64_t out = linear.weight.size(0);
   return torch::addmm(residual.view({-1, out}), x.view({-1, x.size(-1)}), linear.weight.t())

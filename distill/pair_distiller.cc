@@ -1,0 +1,680 @@
+#include "distill/pair_distiller.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "distill/greedy_answers.h"
+#include "distill/losses.h"
+
+namespace cdcca::distill {
+
+absl::StatusOr<std::vector<int64_t>> SidePromptIds(const PairSide& side,
+                                                   const std::string& prompt) {
+  std::string text = prompt;
+  if (side.format_prompt) {
+    absl::StatusOr<std::string> f = side.format_prompt(prompt);
+    if (!f.ok()) return f.status();
+    text = *f;
+  }
+  absl::StatusOr<std::vector<int64_t>> ids = side.encode(text, /*special=*/true);
+  if (!ids.ok()) return ids.status();
+  return side.model->ExpandImageTokens(*ids);
+}
+
+absl::StatusOr<std::vector<int64_t>> SideQformerIds(const PairSide& side,
+                                                    const std::string& prompt) {
+  if (side.model->model_type() != "instructblip") return std::vector<int64_t>{};
+  if (!side.qformer_encode) {
+    return absl::InvalidArgumentError("an InstructBLIP side needs its Q-Former tokenizer");
+  }
+  return side.qformer_encode(prompt);
+}
+
+TextBatch CollateHfRows(const std::vector<TextRow>& rows, torch::Device device) {
+  int64_t width = 0, q_width = 0;
+  for (const TextRow& r : rows) {
+    width = std::max<int64_t>(width, r.prompt->size() + r.answer->size());
+    q_width = std::max<int64_t>(q_width, r.qformer->size());
+  }
+  const int64_t b = static_cast<int64_t>(rows.size());
+  torch::Tensor ids = torch::zeros({b, width}, torch::kLong);
+  torch::Tensor mask = torch::zeros({b, width}, torch::kLong);
+  torch::Tensor targets = torch::full({b, width}, -1, torch::kLong);
+  torch::Tensor answer_mask = torch::zeros({b, width}, torch::kBool);
+  torch::Tensor q_ids = torch::zeros({b, q_width}, torch::kLong);
+  torch::Tensor q_mask = torch::zeros({b, q_width}, torch::kLong);
+  TextBatch batch;
+  std::vector<torch::Tensor> tokens, present;
+  std::vector<int64_t> prompt_lengths;
+  for (int64_t r = 0; r < b; ++r) {
+    const TextRow& x = rows[static_cast<size_t>(r)];
+    std::vector<int64_t> row = *x.prompt;
+    row.insert(row.end(), x.answer->begin(), x.answer->end());
+    const int64_t n = static_cast<int64_t>(row.size());
+    const int64_t pad = width - n;
+    const int64_t a = static_cast<int64_t>(x.answer->size());
+    ids[r].narrow(0, pad, n).copy_(torch::tensor(row, torch::kLong));
+    mask[r].narrow(0, pad, n).fill_(1);
+    // logits at position t predict token t + 1: the answer's predictors are the a positions
+    // before the last.
+    targets[r].narrow(0, width - a - 1, a).copy_(torch::tensor(*x.answer, torch::kLong));
+    answer_mask[r].narrow(0, width - a, a).fill_(true);
+    if (!x.qformer->empty()) {
+      const int64_t qn = static_cast<int64_t>(x.qformer->size());
+      // The Q-Former reads its instruction right-padded, as the processor pads it.
+      q_ids[r].narrow(0, 0, qn).copy_(torch::tensor(*x.qformer, torch::kLong));
+      q_mask[r].narrow(0, 0, qn).fill_(1);
+    }
+    tokens.push_back(x.tokens);
+    present.push_back(x.present);
+    prompt_lengths.push_back(static_cast<int64_t>(x.prompt->size()));
+    batch.answer_lengths.push_back(a);
+  }
+  batch.inputs.visual_tokens = torch::cat(tokens);
+  batch.inputs.visual_present = torch::cat(present);
+  batch.inputs.input_ids = ids.to(device);
+  batch.inputs.attention_mask = mask.to(device);
+  batch.inputs.prompt_lengths = torch::tensor(prompt_lengths, torch::kLong).to(device);
+  if (q_width > 0) {
+    batch.inputs.qformer_input_ids = q_ids.to(device);
+    batch.inputs.qformer_attention_mask = q_mask.to(device);
+  }
+  batch.targets = targets.to(device);
+  batch.answer_mask = answer_mask.to(device);
+  return batch;
+}
+
+void LossTermHistory::Add(const std::vector<std::pair<std::string, torch::Tensor>>& terms) {
+  if (names_.empty()) {
+    for (const auto& [name, t] : terms) names_.push_back(name);
+  }
+  for (const auto& [name, t] : terms) values_[name].push_back(t.item<double>());
+}
+
+std::vector<LossTerm> LossTermHistory::Summaries() const {
+  std::vector<LossTerm> out;
+  for (const std::string& name : names_) out.push_back(SummarizeLossTerm(name, values_.at(name)));
+  return out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What the job keeps per sample: the student's text and the teacher's targets.
+struct PreparedSample {
+  torch::Tensor tokens;                   // [1, N, D] on the job device
+  torch::Tensor present;                  // [1, N] bool
+  std::vector<int64_t> student_prompt;    // expanded LM ids
+  std::vector<int64_t> student_answer;    // pseudo-label ids + eos
+  std::vector<int64_t> student_qformer;   // InstructBLIP students
+  torch::Tensor teacher_queries;          // [L, Hq_t]
+  torch::Tensor teacher_queries_present;  // [L] bool
+  torch::Tensor teacher_repr;             // [P, H_t] (P = answer length, or 1 when pooled)
+  torch::Tensor teacher_logits;           // [P, V] when the KL term runs
+};
+
+int64_t FirstEos(const model::MultimodalModel& m) {
+  const std::vector<int64_t> eos = m.eos_token_ids();
+  return eos.empty() ? -1 : eos[0];
+}
+
+torch::Tensor Row(const torch::Tensor& t) { return t.unsqueeze(0); }
+
+torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
+  return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
+}
+
+// One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`, whose first
+// `prompt_length` are the prompt (-1: ids are the prompt alone, for generation).
+model::TokenInputs TokenInputsOf(const torch::Tensor& tokens, const torch::Tensor& present,
+                                 const std::vector<int64_t>& ids,
+                                 const std::vector<int64_t>& qformer, torch::Device d,
+                                 int64_t prompt_length = -1) {
+  model::TokenInputs in;
+  in.visual_tokens = tokens;
+  in.visual_present = present;
+  in.input_ids = Ids(ids, d);
+  if (prompt_length >= 0) {
+    in.prompt_lengths = torch::tensor({prompt_length}, torch::kLong).to(d);
+  }
+  if (!qformer.empty()) {
+    in.qformer_input_ids = Ids(qformer, d);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
+  return in;
+}
+
+// A sample's present mask as a [1, N] bool row on `device` (all present when undefined).
+torch::Tensor PresentRow(const PairSample& sample, torch::Device device) {
+  return sample.present.defined()
+             ? Row(sample.present.to(device, torch::kBool))
+             : torch::ones({1, sample.tokens.size(0)},
+                           torch::TensorOptions().dtype(torch::kBool).device(device));
+}
+
+// A sample's LM prompt ids in `side` (its template and tokenizer) and InstructBLIP's Q-Former
+// ids (empty for the other models): what GreedyAnswer and AnswerIdsProbability feed the model.
+struct SidePrompt {
+  std::vector<int64_t> lm, qformer;
+};
+absl::StatusOr<SidePrompt> SidePromptOf(const PairSide& side, const std::string& prompt) {
+  absl::StatusOr<std::vector<int64_t>> lm = SidePromptIds(side, prompt);
+  if (!lm.ok()) return lm.status();
+  absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, prompt);
+  if (!qformer.ok()) return qformer.status();
+  return SidePrompt{*std::move(lm), *std::move(qformer)};
+}
+
+}  // namespace
+
+struct PairDistiller::State {
+  PairSide teacher, student;
+  DistillConfig config;
+  JobOptions options;
+  bool same_tokenizer = false;
+  bool use_kl = false;
+  torch::Device device = torch::kCPU;
+  torch::nn::Linear phi{nullptr}, psi{nullptr};
+  bool fitted = false;
+  int64_t jobs = 0;
+
+  bool UsesFeatures() const {
+    return config.feature_loss != FeatureLoss::kNone && (config.l_query > 0 || config.l_repr > 0);
+  }
+
+  static model::TokenInputs Inputs(const PreparedSample& s, const std::vector<int64_t>& ids,
+                                   const std::vector<int64_t>& qformer, torch::Device d,
+                                   int64_t prompt_length) {
+    return TokenInputsOf(s.tokens, s.present, ids, qformer, d, prompt_length);
+  }
+
+  // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits. The teacher reads
+  // every token of a complete sample, the student its present ones.
+  absl::Status Prepare(const PairSample& sample, PreparedSample* out, std::string* label) {
+    torch::NoGradGuard no_grad;
+    PairSample teacher_view = sample;
+    if (sample.complete) teacher_view.present = torch::Tensor();
+    out->tokens = Row(sample.tokens.to(device, torch::kFloat));
+    out->present = PresentRow(teacher_view, device);
+    absl::StatusOr<std::vector<int64_t>> t_prompt = SidePromptIds(teacher, sample.prompt);
+    if (!t_prompt.ok()) return t_prompt.status();
+    absl::StatusOr<std::vector<int64_t>> t_qformer = SideQformerIds(teacher, sample.prompt);
+    if (!t_qformer.ok()) return t_qformer.status();
+    std::vector<int64_t> answer;
+    absl::StatusOr<std::string> text =
+        GreedyAnswer(teacher, teacher_view, options.max_answer_tokens, &answer);
+    if (!text.ok()) return text.status();
+    *label = *std::move(text);
+    const int64_t t_eos_id = FirstEos(*teacher.model);
+    if (t_eos_id >= 0) answer.push_back(t_eos_id);
+
+    // The student's answer: the same ids with an identical tokenizer, else the label's text.
+    if (same_tokenizer) {
+      out->student_answer = answer;
+    } else {
+      absl::StatusOr<std::vector<int64_t>> ids = student.encode(*label, /*special=*/false);
+      if (!ids.ok()) return ids.status();
+      out->student_answer = *ids;
+      const int64_t s_eos = FirstEos(*student.model);
+      if (s_eos >= 0) out->student_answer.push_back(s_eos);
+    }
+    absl::StatusOr<std::vector<int64_t>> s_prompt = SidePromptIds(student, sample.prompt);
+    if (!s_prompt.ok()) return s_prompt.status();
+    out->student_prompt = *s_prompt;
+    absl::StatusOr<std::vector<int64_t>> s_qformer = SideQformerIds(student, sample.prompt);
+    if (!s_qformer.ok()) return s_qformer.status();
+    out->student_qformer = *s_qformer;
+
+    // Teacher-forced on its answer.
+    std::vector<int64_t> full = *t_prompt;
+    full.insert(full.end(), answer.begin(), answer.end());
+    absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(Inputs(
+        *out, full, *t_qformer, teacher.model->device(), static_cast<int64_t>(t_prompt->size())));
+    if (!f.ok()) return f.status();
+    const int64_t p = static_cast<int64_t>(t_prompt->size());
+    const int64_t a = static_cast<int64_t>(answer.size());
+    out->teacher_queries = f->queries[0].to(device);
+    out->teacher_queries_present = f->queries_present[0].to(device);
+    torch::Tensor r = f->representation[0].narrow(0, p, a).to(device);
+    out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
+    if (use_kl) out->teacher_logits = f->logits[0].narrow(0, p - 1, a).to(device);
+    out->present = PresentRow(sample, device);  // what the student trains on
+    return absl::OkStatus();
+  }
+
+  TextBatch Collate(const std::vector<PreparedSample>& pool,
+                    const std::vector<int64_t>& rows) const {
+    std::vector<TextRow> text;
+    for (int64_t i : rows) {
+      const PreparedSample& x = pool[static_cast<size_t>(i)];
+      text.push_back(
+          {x.tokens, x.present, &x.student_prompt, &x.student_answer, &x.student_qformer});
+    }
+    return CollateHfRows(text, device);
+  }
+
+  // The student's R as the teacher's is kept: per answer position [B, P, H] with mask [B, P],
+  // or the answer mean [B, 1, H].
+  std::pair<torch::Tensor, torch::Tensor> StudentRepr(const TextBatch& batch,
+                                                      const torch::Tensor& representation) const {
+    const int64_t b = representation.size(0), width = representation.size(1);
+    if (!same_tokenizer) {
+      torch::Tensor m = batch.answer_mask.unsqueeze(-1).to(representation.scalar_type());
+      torch::Tensor mean = (representation * m).sum(1, true) / m.sum(1, true).clamp_min(1.0);
+      return {mean, torch::ones({b, 1}, batch.answer_mask.options())};
+    }
+    const int64_t p = *std::max_element(batch.answer_lengths.begin(), batch.answer_lengths.end());
+    std::vector<torch::Tensor> rows;
+    torch::Tensor mask = torch::zeros({b, p}, torch::TensorOptions().dtype(torch::kBool));
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t a = batch.answer_lengths[r];
+      torch::Tensor x = representation[r].narrow(0, width - a, a);
+      if (a < p) x = torch::cat({x, torch::zeros({p - a, x.size(1)}, x.options())});
+      rows.push_back(x);
+      mask[r].narrow(0, 0, a).fill_(true);
+    }
+    return {torch::stack(rows), mask.to(representation.device())};
+  }
+
+  // The teacher's side of a batch, padded as StudentRepr pads: [B, P, H_t].
+  static torch::Tensor Stack(const std::vector<PreparedSample>& pool,
+                             const std::vector<int64_t>& rows,
+                             torch::Tensor PreparedSample::*field) {
+    int64_t p = 0;
+    for (int64_t i : rows) p = std::max<int64_t>(p, (pool[i].*field).size(0));
+    std::vector<torch::Tensor> out;
+    for (int64_t i : rows) {
+      torch::Tensor x = pool[i].*field;
+      if (x.size(0) < p) {
+        std::vector<int64_t> shape = x.sizes().vec();
+        shape[0] = p - x.size(0);
+        x = torch::cat({x, torch::zeros(shape, x.options())});
+      }
+      out.push_back(x);
+    }
+    return torch::stack(out);
+  }
+
+  void FitProjections(const std::vector<PreparedSample>& pool) {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> qs, qt, rs, rt;
+    const int64_t chunk = std::max(1, options.batch_size);
+    for (int64_t begin = 0; begin < static_cast<int64_t>(pool.size()); begin += chunk) {
+      std::vector<int64_t> rows;
+      for (int64_t i = begin; i < std::min<int64_t>(pool.size(), begin + chunk); ++i) {
+        rows.push_back(i);
+      }
+      TextBatch batch = Collate(pool, rows);
+      absl::StatusOr<model::TokenForward> f = student.model->ForwardTokens(batch.inputs);
+      if (!f.ok()) return;  // Run's first step reports the same error
+      torch::Tensor present = f->queries_present.to(device);
+      qs.push_back(f->queries.to(device).index({present}));
+      qt.push_back(Stack(pool, rows, &PreparedSample::teacher_queries).index({present}));
+      auto [r, mask] = StudentRepr(batch, f->representation.to(device));
+      rs.push_back(r.index({mask}));
+      rt.push_back(Stack(pool, rows, &PreparedSample::teacher_repr).index({mask}));
+    }
+    auto target = [&](const torch::Tensor& y) {
+      return config.normalize && config.feature_loss == FeatureLoss::kMse ? LayerNormFeatures(y)
+                                                                          : y;
+    };
+    RidgeFit(torch::cat(qs), target(torch::cat(qt)), config.ridge_lambda, phi);
+    RidgeFit(torch::cat(rs), target(torch::cat(rt)), config.ridge_lambda, psi);
+  }
+};
+
+PairDistiller::PairDistiller(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PairDistiller::~PairDistiller() = default;
+
+bool PairDistiller::same_tokenizer() const { return state_->same_tokenizer; }
+
+absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide teacher,
+                                                                     PairSide student,
+                                                                     const DistillConfig& config,
+                                                                     const JobOptions& options) {
+  for (const PairSide* side : {&teacher, &student}) {
+    if (side->model == nullptr || !side->encode || !side->decode) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(side == &teacher ? "teacher" : "student", ": model or text codec missing"));
+    }
+  }
+  if (options.max_steps <= 0 || options.batch_size <= 0 || !(options.lr > 0) ||
+      options.max_answer_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_steps, batch_size, lr and max_answer_tokens must be > 0 (got ", options.max_steps,
+        ", ", options.batch_size, ", ", options.lr, ", ", options.max_answer_tokens, ")"));
+  }
+  if (student.model->TrainableParameters().empty()) {
+    return absl::InvalidArgumentError("the student has no trainable set");
+  }
+  auto state = std::make_unique<State>();
+  state->teacher = std::move(teacher);
+  state->student = std::move(student);
+  state->config = config;
+  state->options = options;
+  state->device = state->student.model->device();
+  state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&
+                          state->teacher.tokenizer_id == state->student.tokenizer_id;
+  state->use_kl = config.l_kl > 0 && state->same_tokenizer;
+  return std::unique_ptr<PairDistiller>(new PairDistiller(std::move(state)));
+}
+
+absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& samples) {
+  State& s = *state_;
+  if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
+  PairJobResult result;
+  result.kl_used = s.use_kl;
+  if (!s.same_tokenizer) {
+    // Said whatever the KL weight: a pair with different tokenizers never gets the term.
+    result.notes.push_back(absl::StrCat(
+        "kl_off: the teacher's and the student's tokenizers differ, so the logit KL (weight ",
+        s.config.l_kl,
+        ") is left out, pseudo-labels are re-tokenized by the student and R is "
+        "aligned on the answer mean"));
+  }
+  const Clock::time_point prepare_start = Clock::now();
+  std::vector<PreparedSample> pool(samples.size());
+  model::MultimodalModel& student = *s.student.model;
+  torch::nn::Module& module = student.module();
+  try {
+    s.teacher.model->module().eval();
+    module.eval();
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const PairSample& x = samples[i];
+      if (!x.tokens.defined() || x.tokens.dim() != 2 ||
+          (x.present.defined() &&
+           (x.present.dim() != 1 || x.present.size(0) != x.tokens.size(0)))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample ", i, ": tokens must be [N, D] and present [N]"));
+      }
+      std::string label;
+      if (absl::Status st = s.Prepare(x, &pool[i], &label); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("sample ", i, ": ", st.message()));
+      }
+      result.pseudo_labels.push_back(std::move(label));
+    }
+    if (s.UsesFeatures() && !s.phi) {
+      // Widths from one student pass (no grad) and the teacher's kept features.
+      torch::NoGradGuard no_grad;
+      TextBatch one = s.Collate(pool, {0});
+      absl::StatusOr<model::TokenForward> f = student.ForwardTokens(one.inputs);
+      if (!f.ok()) return f.status();
+      s.phi = torch::nn::Linear(f->queries.size(-1), pool[0].teacher_queries.size(-1));
+      s.psi = torch::nn::Linear(f->representation.size(-1), pool[0].teacher_repr.size(-1));
+      s.phi->to(s.device);
+      s.psi->to(s.device);
+      if (s.config.ridge_init) s.FitProjections(pool);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("preparing the job: ", e.what_without_backtrace()));
+  }
+  result.stats.prepare_seconds =
+      std::chrono::duration<double>(Clock::now() - prepare_start).count();
+
+  // Only the trainable set (and phi, psi) get gradients.
+  for (auto& p : module.parameters()) p.set_requires_grad(false);
+  model::NamedTensors trainable = student.TrainableParameters();
+  std::vector<torch::Tensor> params;
+  for (auto& [name, t] : trainable) {
+    t.set_requires_grad(true);
+    params.push_back(t);
+  }
+  if (s.UsesFeatures()) {
+    for (auto& p : s.phi->parameters()) params.push_back(p);
+    for (auto& p : s.psi->parameters()) params.push_back(p);
+  }
+  torch::optim::AdamW optimizer(
+      params, torch::optim::AdamWOptions(s.options.lr).weight_decay(s.options.weight_decay));
+
+  std::mt19937_64 rng(s.options.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(s.jobs));
+  std::vector<int64_t> order(pool.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  size_t cursor = order.size();
+  LossTermHistory history;
+  const Clock::time_point train_start = Clock::now();
+  try {
+    for (int step = 0; step < s.options.max_steps; ++step) {
+      std::vector<int64_t> rows;
+      while (static_cast<int>(rows.size()) < std::min<int>(s.options.batch_size, pool.size())) {
+        if (cursor == order.size()) {
+          std::shuffle(order.begin(), order.end(), rng);
+          cursor = 0;
+        }
+        rows.push_back(order[cursor++]);
+      }
+      TextBatch batch = s.Collate(pool, rows);
+      absl::StatusOr<model::TokenForward> f = student.ForwardTokens(batch.inputs);
+      if (!f.ok()) return f.status();
+      std::vector<std::pair<std::string, torch::Tensor>> terms;
+      // CE and KL read the answer's predictor positions alone (row-major, as the teacher's
+      // answer logits are stacked): the same means as over the whole masked [B, T, V].
+      const torch::Tensor predictors = batch.targets >= 0;
+      const torch::Tensor logits = f->logits.index({predictors});  // [K, V]
+      torch::Tensor ce = TokenCrossEntropy(logits, batch.targets.index({predictors}));
+      torch::Tensor total = s.config.l_ce * ce;
+      terms.emplace_back("ce", ce);
+      if (s.UsesFeatures() && s.config.l_query > 0) {
+        torch::Tensor qt = State::Stack(pool, rows, &PreparedSample::teacher_queries);
+        torch::Tensor q = FeatureDistance(s.config, qt, s.phi->forward(f->queries.to(s.device)),
+                                          f->queries_present.to(s.device));
+        total = total + s.config.l_query * q;
+        terms.emplace_back("query", q);
+      }
+      if (s.UsesFeatures() && s.config.l_repr > 0) {
+        auto [r, mask] = s.StudentRepr(batch, f->representation.to(s.device));
+        torch::Tensor rt = State::Stack(pool, rows, &PreparedSample::teacher_repr);
+        torch::Tensor rep = FeatureDistance(s.config, rt, s.psi->forward(r), mask);
+        total = total + s.config.l_repr * rep;
+        terms.emplace_back("repr", rep);
+      }
+      if (s.use_kl) {
+        std::vector<torch::Tensor> teacher_logits;
+        for (int64_t r : rows) teacher_logits.push_back(pool[r].teacher_logits);
+        torch::Tensor kl = TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(),
+                                         s.config.temperature);
+        total = total + s.config.l_kl * kl;
+        terms.emplace_back("kl", kl);
+      }
+      terms.insert(terms.begin(), {"total", total});
+      optimizer.zero_grad();
+      total.backward();
+      optimizer.step();
+      history.Add(terms);
+      result.stats.steps = step + 1;
+      result.stats.samples_seen += static_cast<int64_t>(rows.size());
+      if (PastBudget(s.options, train_start) && step + 1 < s.options.max_steps) {
+        result.stats.stopped_by_budget = true;
+        break;
+      }
+    }
+  } catch (const c10::Error& e) {
+    for (auto& [name, t] : trainable) t.set_requires_grad(false);
+    return absl::InternalError(absl::StrCat("training step: ", e.what_without_backtrace()));
+  }
+  result.stats.train_seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
+  result.stats.samples_per_second =
+      result.stats.train_seconds > 0 ? result.stats.samples_seen / result.stats.train_seconds : 0;
+  result.stats.current_samples = static_cast<int64_t>(samples.size());
+  result.stats.device = s.device.str();
+  result.stats.terms = history.Summaries();
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : trainable) {
+    t.set_requires_grad(false);
+    result.trainable.emplace_back(name,
+                                  t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
+  }
+  ++s.jobs;
+  return result;
+}
+
+absl::StatusOr<PairJobResult> PairDistiller::RunFrom(const compress::NamedTensors& mirror,
+                                                     const std::vector<PairSample>& samples) {
+  model::MultimodalModel& student = *state_->student.model;
+  const model::NamedTensors params = student.TrainableParameters();
+  if (params.size() != mirror.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the mirror has ", mirror.size(), " tensors, the student's trainable set ", params.size()));
+  }
+  if (absl::Status s = compress::CopyInto(mirror, params); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the mirror: ", s.message()));
+  }
+  const compress::NamedTensors before = compress::Fp32Clones(params);
+  absl::StatusOr<PairJobResult> result = Run(samples);
+  if (!result.ok()) return result.status();
+  absl::flat_hash_map<std::string, const torch::Tensor*> at_start;
+  for (const auto& [name, t] : before) at_start[name] = &t;
+  absl::flat_hash_map<std::string, const torch::Tensor*> base;
+  for (const auto& [name, t] : mirror) base[name] = &t;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : result->trainable) {
+    t = (*base.at(name) + (t - *at_start.at(name))).contiguous();
+  }
+  return result;
+}
+
+absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,
+                                         int max_new_tokens, std::vector<int64_t>* ids,
+                                         double* entropy) {
+  torch::NoGradGuard no_grad;
+  const torch::Device device = side.model->device();
+  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
+  if (!prompt.ok()) return prompt.status();
+  model::GreedyOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.eos_token_ids = side.model->eos_token_ids();
+  g.keep_step_logits = entropy != nullptr;
+  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(
+      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
+                    prompt->lm, prompt->qformer, device),
+      g);
+  if (!gen.ok()) return gen.status();
+  if (entropy != nullptr) *entropy = model::MeanStepEntropy(*gen, 0);
+  std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
+  // The image placeholder cannot be part of an answer that is read back (it would stand for
+  // an image position): the answer ends before it, as at an EOS.
+  const int64_t image = side.model->image_token_id();
+  answer.erase(std::find(answer.begin(), answer.end(), image), answer.end());
+  std::string text(absl::StripAsciiWhitespace(side.decode(answer)));
+  if (ids != nullptr) *ids = std::move(answer);
+  return text;
+}
+
+absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSample& sample,
+                                            const std::vector<int64_t>& ids) {
+  if (ids.empty()) return 1.0;
+  torch::NoGradGuard no_grad;
+  const torch::Device device = side.model->device();
+  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
+  if (!prompt.ok()) return prompt.status();
+  std::vector<int64_t> full = prompt->lm;
+  full.insert(full.end(), ids.begin(), ids.end());
+  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(
+      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device), full,
+                    prompt->qformer, device, static_cast<int64_t>(prompt->lm.size())));
+  if (!f.ok()) return f.status();
+  const int64_t p = static_cast<int64_t>(prompt->lm.size());
+  const int64_t a = static_cast<int64_t>(ids.size());
+  // logits[t] predicts id t + 1: the answer's ids are predicted from p - 1 on.
+  torch::Tensor logp =
+      torch::log_softmax(f->logits[0].narrow(0, p - 1, a).to(torch::kCPU, torch::kDouble), -1);
+  torch::Tensor chosen = logp.gather(1, torch::tensor(ids, torch::kLong).unsqueeze(1));
+  return std::exp(chosen.sum().item<double>());
+}
+
+absl::StatusOr<double> AnswerProbability(const PairSide& side, const PairSample& sample,
+                                         const std::string& answer) {
+  std::vector<int64_t> ids;
+  if (!answer.empty()) {
+    absl::StatusOr<std::vector<int64_t>> encoded = side.encode(answer, /*special=*/false);
+    if (!encoded.ok()) return encoded.status();
+    ids = *std::move(encoded);
+  }
+  if (const int64_t eos = FirstEos(*side.model); eos >= 0) ids.push_back(eos);
+  return AnswerIdsProbability(side, sample, ids);
+}
+
+PairSide IdsAsTextSide(model::MultimodalModel* model) {
+  PairSide side;
+  side.model = model;
+  side.encode = [](const std::string& text, bool) -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> ids;
+    for (absl::string_view w : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(w, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat("not an id: '", w, "'"));
+      }
+      ids.push_back(id);
+    }
+    return ids;
+  };
+  side.decode = [](const std::vector<int64_t>& ids) { return absl::StrJoin(ids, " "); };
+  side.tokenizer_id = "ids-as-text";
+  return side;
+}
+
+absl::StatusOr<PairSample> SampleFromUplink(const compress::UplinkSample& sample,
+                                            const PairSide& student) {
+  const int64_t n = sample.grid_tokens;
+  const int64_t d = sample.feature_dim;
+  const size_t kept = sample.kept_indices.size();
+  if (n <= 0 || d <= 0 || sample.features.size() != kept * static_cast<size_t>(d)) {
+    return absl::InvalidArgumentError(absl::StrCat("sample ", sample.sample_id, ": ",
+                                                   sample.features.size(), " feature values for ",
+                                                   kept, " kept tokens of width ", d));
+  }
+  PairSample h;
+  h.tokens = torch::zeros({n, d}, torch::kFloat);
+  h.present = torch::zeros({n}, torch::kBool);
+  if (kept > 0) {
+    std::vector<int64_t> rows(sample.kept_indices.begin(), sample.kept_indices.end());
+    for (int64_t r : rows) {
+      if (r >= n) {
+        return absl::InvalidArgumentError(absl::StrCat("sample ", sample.sample_id, ": kept token ",
+                                                       r, " outside its grid of ", n));
+      }
+    }
+    const torch::Tensor index = torch::tensor(rows, torch::kLong);
+    const torch::Tensor values = torch::from_blob(const_cast<float*>(sample.features.data()),
+                                                  {static_cast<int64_t>(kept), d}, torch::kFloat);
+    h.tokens.index_copy_(0, index, values);  // copies: `values` does not outlive the sample
+    h.present.index_fill_(0, index, true);
+  }
+  h.prompt = student.decode(
+      std::vector<int64_t>(sample.prompt_tokens.begin(), sample.prompt_tokens.end()));
+  return h;
+}
+
+absl::StatusOr<PairSample> CompleteHfSample(const compress::UplinkSample& sample,
+                                            const std::vector<float>& all_features,
+                                            const PairSide& student) {
+  // The kept indices and the prompt are checked as an uplinked sample's, the grid from the
+  // sample with every row kept.
+  absl::StatusOr<PairSample> kept = SampleFromUplink(sample, student);
+  if (!kept.ok()) return kept.status();
+  const size_t want = static_cast<size_t>(sample.grid_tokens) * sample.feature_dim;
+  if (all_features.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample ", sample.sample_id, ": ", all_features.size(), " feature values for a grid of ",
+        sample.grid_tokens, "x", sample.feature_dim));
+  }
+  kept->tokens = torch::tensor(all_features, torch::kFloat)
+                     .reshape({static_cast<int64_t>(sample.grid_tokens),
+                               static_cast<int64_t>(sample.feature_dim)});
+  kept->complete = true;
+  return kept;
+}
+
+}  // namespace cdcca::distill

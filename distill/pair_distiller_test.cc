@@ -1,0 +1,850 @@
+// AKD on Hugging Face pairs (distill/pair_distiller.h) on the tiny random checkpoints under
+// tests/fixtures/hf/models/:
+// - the training forward: on all tokens it gives the logits the generation path gives
+//   (whose parity with transformers the parity tests hold); a dropped token has no effect;
+// - the trainable set: the paper's members under the checkpoint's names, LoRA drawn from the
+//   seed alone, nothing else changes in a job;
+// - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
+//   why it does not, an int8 student trains on the CPU;
+// - a complete sample (every token of the frame): the teacher labels it from all its tokens;
+// - the same for a T5 language model (encoder-decoder: the prompt in the encoder, the answer
+//   teacher-forced in the decoder);
+// - the device learners (distill/self_learner.h): TENT moves the norms alone and lowers
+//   its entropy, CoTTA's stochastic restore returns the set to its source state.
+#include "distill/pair_distiller.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "compress/named_tensors.h"
+#include "distill/greedy_answers.h"
+#include "distill/self_learner.h"
+#include "model/arch/multimodal_model.h"
+#include "model/hub/safetensors.h"
+#include "model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+
+namespace cdcca::distill {
+namespace {
+
+using model::MultimodalModel;
+
+std::string FixtureDir(const std::string& variant) {
+  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A loaded folder and its text codec.
+struct Side {
+  std::unique_ptr<MultimodalModel> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer, qformer;
+  PairSide side;
+};
+
+std::unique_ptr<Side> LoadSide(const std::string& variant, const std::string& precision = "fp32") {
+  const std::string dir = FixtureDir(variant);
+  auto s = std::make_unique<Side>();
+  model::ModelOptions o;
+  o.precision = precision;
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> m = model::LoadModel(dir, o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return nullptr;
+  s->model = *std::move(m);
+  s->tokenizer = *tokenizer::Tokenizer::FromFolder(dir);
+  if (variant.rfind("instructblip", 0) == 0) {
+    s->qformer = *tokenizer::Tokenizer::FromFolder(dir + "/qformer_tokenizer");
+  }
+  Side* raw = s.get();
+  s->side.model = raw->model.get();
+  s->side.encode = [raw](const std::string& text,
+                         bool special) -> absl::StatusOr<std::vector<int64_t>> {
+    absl::StatusOr<std::vector<int32_t>> ids = raw->tokenizer->Encode(text, special);
+    if (!ids.ok()) return ids.status();
+    return std::vector<int64_t>(ids->begin(), ids->end());
+  };
+  s->side.decode = [raw](const std::vector<int64_t>& ids) {
+    return raw->tokenizer->Decode(std::vector<int32_t>(ids.begin(), ids.end()), true);
+  };
+  if (s->qformer) {
+    s->side.qformer_encode =
+        [raw](const std::string& text) -> absl::StatusOr<std::vector<int64_t>> {
+      absl::StatusOr<std::vector<int32_t>> ids = raw->qformer->Encode(text, true);
+      if (!ids.ok()) return ids.status();
+      return std::vector<int64_t>(ids->begin(), ids->end());
+    };
+  }
+  s->side.tokenizer_id = FileBytes(dir + "/tokenizer.json");
+  return s;
+}
+
+// The first fixture case's prompt and its tower tokens (from the model's own tower).
+struct Case {
+  std::string prompt;
+  model::MultimodalInputs inputs;
+  torch::Tensor tokens;  // [N, D]
+};
+
+Case FirstCase(const std::string& variant, MultimodalModel& m) {
+  const std::string dir = FixtureDir(variant);
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json c = nlohmann::json::parse(in)["cases"][0];
+  Case out;
+  out.prompt = c["prompt"].get<std::string>();
+  absl::StatusOr<model::SafetensorsContents> pixels =
+      model::ReadSafetensors(dir + "/expected_pixels.safetensors");
+  EXPECT_TRUE(pixels.ok()) << pixels.status();
+  for (const auto& [name, t] : pixels->tensors) {
+    if (name == "case0") out.inputs.pixel_values = t.unsqueeze(0);
+  }
+  out.inputs.input_ids =
+      torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
+  if (c.contains("qformer_input_ids")) {
+    out.inputs.qformer_input_ids =
+        torch::tensor(c["qformer_input_ids"].get<std::vector<int64_t>>(), torch::kLong)
+            .unsqueeze(0);
+    out.inputs.qformer_attention_mask = torch::ones_like(out.inputs.qformer_input_ids);
+  }
+  absl::StatusOr<torch::Tensor> tokens = m.EncodeImages(out.inputs);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  out.tokens = (*tokens)[0];
+  return out;
+}
+
+model::TokenInputs TokenInputsOf(const Case& c) {
+  model::TokenInputs in;
+  in.visual_tokens = c.tokens.unsqueeze(0);
+  in.input_ids = c.inputs.input_ids;
+  in.qformer_input_ids = c.inputs.qformer_input_ids;
+  in.qformer_attention_mask = c.inputs.qformer_attention_mask;
+  return in;
+}
+
+class TokenForwardTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenForwardTest, AllTokensGiveTheGenerationPathsLogits) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  model::GreedyOptions g;
+  g.max_new_tokens = 1;
+  ASSERT_OK_AND_ASSIGN(model::GreedyResult gen, s->model->Generate(c.inputs, g));
+  torch::NoGradGuard no_grad;
+  ASSERT_OK_AND_ASSIGN(model::TokenForward f, s->model->ForwardTokens(TokenInputsOf(c)));
+  const int64_t t = c.inputs.input_ids.size(1);
+  ASSERT_EQ(f.logits.size(1), t);
+  EXPECT_TRUE(torch::allclose(f.logits[0][t - 1], gen.first_logits[0], 1e-4, 1e-4));
+  EXPECT_EQ(f.representation.size(1), t);
+  EXPECT_EQ(f.queries.size(0), 1);
+  EXPECT_TRUE(f.queries_present.all().item<bool>());
+}
+
+TEST_P(TokenForwardTest, ADroppedTokenHasNoEffect) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  torch::NoGradGuard no_grad;
+  model::TokenInputs in = TokenInputsOf(c);
+  const int64_t n = c.tokens.size(0);
+  in.visual_present = torch::ones({1, n}, torch::kBool);
+  in.visual_present[0][1] = false;
+  in.visual_present[0][n - 1] = false;
+  ASSERT_OK_AND_ASSIGN(model::TokenForward a, s->model->ForwardTokens(in));
+  in.visual_tokens = in.visual_tokens.clone();
+  in.visual_tokens[0][1].fill_(7.0);
+  in.visual_tokens[0][n - 1].normal_();
+  ASSERT_OK_AND_ASSIGN(model::TokenForward b, s->model->ForwardTokens(in));
+  // The last position reads the image through attention only: it must not see the change.
+  const int64_t t = in.input_ids.size(1);
+  EXPECT_TRUE(torch::equal(a.logits[0][t - 1], b.logits[0][t - 1]));
+  // And a kept token does change it.
+  in.visual_tokens[0][0].fill_(7.0);
+  ASSERT_OK_AND_ASSIGN(model::TokenForward d, s->model->ForwardTokens(in));
+  EXPECT_FALSE(torch::equal(a.logits[0][t - 1], d.logits[0][t - 1]));
+}
+
+TEST_P(TokenForwardTest, TrainableSetIsThePapersUnderCheckpointNames) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  model::AdapterOptions a;
+  a.lora_rank = 4;
+  a.seed = 11;
+  ASSERT_OK(s->model->AddAdapters(a));
+  EXPECT_FALSE(s->model->AddAdapters(a).ok());
+  model::NamedTensors set = s->model->TrainableParameters();
+  const bool llava = GetParam().rfind("llava", 0) == 0;
+  int lora = 0, norms = 0, visual = 0;
+  for (const auto& [name, t] : set) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(name.find("vision"), std::string::npos);
+    EXPECT_EQ(name.find("embed"), std::string::npos);
+    EXPECT_EQ(name.find("qformer."), std::string::npos);
+    if (name.find(".lora_") != std::string::npos) {
+      ++lora;
+      EXPECT_TRUE(name.find("q_proj") != std::string::npos ||
+                  name.find("v_proj") != std::string::npos);
+    }
+    if (name.find("norm") != std::string::npos) ++norms;
+    if (name == "query_tokens" || name.find("multi_modal_projector") != std::string::npos) {
+      ++visual;
+    }
+    // The name is the checkpoint's: transformers' LM layers sit under language_model.
+    if (name != "query_tokens" && name.find("multi_modal_projector") == std::string::npos) {
+      EXPECT_NE(name.find("language_model."), std::string::npos);
+    }
+  }
+  EXPECT_EQ(lora, 2 * 2 * 2);   // 2 layers x q, v x A, B
+  EXPECT_EQ(norms, 2 * 2 + 1);  // two per layer and the final norm
+  EXPECT_EQ(visual, llava ? 2 : 1);
+  // The same seed draws the same LoRA in another load.
+  std::unique_ptr<Side> again = LoadSide(GetParam());
+  ASSERT_OK(again->model->AddAdapters(a));
+  model::NamedTensors set2 = again->model->TrainableParameters();
+  ASSERT_EQ(set.size(), set2.size());
+  for (size_t i = 0; i < set.size(); ++i) {
+    EXPECT_EQ(set[i].first, set2[i].first);
+    EXPECT_TRUE(torch::equal(set[i].second, set2[i].second)) << set[i].first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenForwardTest,
+                         ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
+                                           "instructblip_llama"));
+
+// A job of `steps` on the first case with a few token masks.
+struct JobRun {
+  absl::StatusOr<PairJobResult> result;
+  model::NamedTensors before, frozen_before, frozen_after;
+};
+
+std::vector<PairSample> Samples(const Case& c, int count) {
+  std::vector<PairSample> out;
+  torch::manual_seed(3);
+  for (int i = 0; i < count; ++i) {
+    PairSample s;
+    s.tokens = c.tokens + 0.05 * torch::randn_like(c.tokens);
+    s.present = torch::rand({c.tokens.size(0)}) > 0.3;
+    s.prompt = c.prompt;
+    out.push_back(s);
+  }
+  return out;
+}
+
+model::NamedTensors Frozen(torch::nn::Module& m, const model::NamedTensors& trainable) {
+  std::set<const void*> train;
+  for (const auto& [n, t] : trainable) train.insert(t.data_ptr());
+  model::NamedTensors out;
+  for (const auto& p : m.named_parameters()) {
+    if (p.value().numel() > 1 && !train.count(p.value().data_ptr())) {
+      out.emplace_back(p.key(), p.value().detach().clone());
+    }
+  }
+  return out;
+}
+
+// Teacher and student from one fixture folder, the student with its adapters.
+void LoadPair(const std::string& variant, std::unique_ptr<Side>* teacher,
+              std::unique_ptr<Side>* student) {
+  *teacher = LoadSide(variant);
+  *student = LoadSide(variant);
+  ASSERT_NE(*teacher, nullptr);
+  ASSERT_NE(*student, nullptr);
+  ASSERT_OK((*student)->model->AddAdapters({}));
+}
+
+class PairJobTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PairJobTest, SameTokenizerPairLearnsTheTeachersAnswersWithTheKl) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *student->model);
+  // The student's norms and LoRA move away from the teacher first, so there is a gap to close.
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student->model->TrainableParameters()) {
+      if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 25;
+  o.batch_size = 4;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  EXPECT_TRUE(job->same_tokenizer());
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  model::NamedTensors frozen =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 6)));
+  EXPECT_TRUE(r.kl_used);
+  EXPECT_TRUE(r.notes.empty());
+  ASSERT_EQ(r.pseudo_labels.size(), 6u);
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("kl") && terms.count("query") && terms.count("repr") &&
+              terms.count("ce"));
+  EXPECT_LT(terms["ce"].last, terms["ce"].first);
+  EXPECT_LT(terms["kl"].last, terms["kl"].first);
+  EXPECT_EQ(r.stats.steps, 25);
+  // The trainable set moved (every member that gets a gradient), nothing else did.
+  ASSERT_EQ(r.trainable.size(), before.size());
+  int moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(r.trainable[i].first, before[i].first);
+    moved += !torch::equal(r.trainable[i].second, before[i].second.to(torch::kFloat));
+  }
+  EXPECT_GT(moved, static_cast<int>(before.size()) / 2);
+  model::NamedTensors after =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  ASSERT_EQ(after.size(), frozen.size());
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, frozen[i].second)) << frozen[i].first;
+  }
+}
+
+// A complete sample (the cloud recomputed every token from the frame): the teacher labels it
+// from all its tokens, whatever UTS kept; the student trains on its present ones. Masks that
+// keep two tokens make the teacher's answer differ from its all-token one on some sample
+// (checked first, so the test can tell the two apart).
+TEST_P(PairJobTest, ACompleteSampleIsLabelledFromAllItsTokens) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *student->model);
+  const int64_t n = c.tokens.size(0);
+  std::vector<PairSample> kept_only, complete;
+  std::vector<std::string> masked_labels, all_labels;
+  torch::manual_seed(11);
+  for (int i = 0; i < 6; ++i) {
+    PairSample s;
+    s.tokens = c.tokens + 0.5 * torch::randn_like(c.tokens);
+    s.present = torch::zeros({n}, torch::kBool);
+    s.present[i % n] = true;
+    s.present[(i + 3) % n] = true;
+    s.prompt = c.prompt;
+    PairSample all = s;
+    all.present = torch::Tensor();
+    ASSERT_OK_AND_ASSIGN(std::string masked, GreedyAnswer(teacher->side, s, 4));
+    ASSERT_OK_AND_ASSIGN(std::string full, GreedyAnswer(teacher->side, all, 4));
+    masked_labels.push_back(masked);
+    all_labels.push_back(full);
+    kept_only.push_back(s);
+    s.complete = true;
+    complete.push_back(s);
+  }
+  ASSERT_NE(masked_labels, all_labels) << "the masks never change the teacher's answer";
+
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  JobOptions o;
+  o.max_steps = 3;
+  o.batch_size = 2;
+  o.max_answer_tokens = 4;
+  const compress::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  auto run = [&](const std::vector<PairSample>& samples) {
+    EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+    absl::StatusOr<std::unique_ptr<PairDistiller>> job =
+        PairDistiller::Create(teacher->side, student->side, config, o);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return (*job)->Run(samples);
+  };
+  ASSERT_OK_AND_ASSIGN(PairJobResult on_kept, run(kept_only));
+  EXPECT_EQ(on_kept.pseudo_labels, masked_labels);
+  ASSERT_OK_AND_ASSIGN(PairJobResult teacher_all, run(complete));
+  EXPECT_EQ(teacher_all.pseudo_labels, all_labels);
+  std::vector<PairSample> complete_student_all = complete;
+  for (PairSample& s : complete_student_all) s.present = torch::Tensor();
+  ASSERT_OK_AND_ASSIGN(PairJobResult both_all, run(complete_student_all));
+  EXPECT_EQ(both_all.pseudo_labels, all_labels);
+  // The same labels and steps; only what the student reads differs, and so does its state.
+  bool differs = false;
+  for (size_t i = 0; i < teacher_all.trainable.size(); ++i) {
+    differs =
+        differs || !torch::equal(teacher_all.trainable[i].second, both_all.trainable[i].second);
+  }
+  EXPECT_TRUE(differs);
+}
+
+// An answer's teacher-forced probability is the product of the probabilities greedy
+// decoding (with its KV cache) chose its ids with, the EOS included: the update guard's
+// teacher_probability measure reads the same distributions the teacher answers from.
+TEST_P(PairJobTest, AnAnswersProbabilityIsWhatGreedyDecodingChoseItWith) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *teacher->model);
+  teacher->model->module().eval();
+  PairSample s;
+  s.tokens = c.tokens;
+  s.prompt = c.prompt;
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> prompt, SidePromptIds(teacher->side, c.prompt));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(teacher->side, c.prompt));
+  model::TokenInputs in;
+  in.visual_tokens = c.tokens.unsqueeze(0);
+  in.visual_present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
+  in.input_ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
+  if (!qformer.empty()) {
+    in.qformer_input_ids = torch::tensor(qformer, torch::kLong).unsqueeze(0);
+    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
+  }
+  model::GreedyOptions g;
+  g.max_new_tokens = 5;
+  g.eos_token_ids = teacher->model->eos_token_ids();
+  g.keep_step_logits = true;
+  ASSERT_OK_AND_ASSIGN(model::GreedyResult gen, teacher->model->GenerateFromTokens(in, g));
+  const std::vector<int64_t>& ids = gen.tokens[0];
+  ASSERT_FALSE(ids.empty());
+  ASSERT_EQ(gen.step_logits.size(), ids.size());
+  double expected = 1.0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    expected *= torch::softmax(gen.step_logits[k][0].to(torch::kDouble), -1)[ids[k]].item<double>();
+  }
+  ASSERT_OK_AND_ASSIGN(double p, AnswerIdsProbability(teacher->side, s, ids));
+  EXPECT_GT(p, 0.0);
+  EXPECT_LE(p, 1.0);
+  EXPECT_NEAR(p, expected, 1e-3 * expected);
+  // One id fewer: the last factor drops out.
+  const std::vector<int64_t> shorter(ids.begin(), ids.end() - 1);
+  ASSERT_OK_AND_ASSIGN(double q, AnswerIdsProbability(teacher->side, s, shorter));
+  EXPECT_GE(q, p);
+  EXPECT_DOUBLE_EQ(*AnswerIdsProbability(teacher->side, s, {}), 1.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PairJobTest,
+                         ::testing::Values("llava_clip_llama", "blip2_llama", "instructblip_llama",
+                                           "blip2_flan_t5", "instructblip_flan_t5"));
+
+// An OPT student (biases and LayerNorms trainable, LoRA on q_proj/v_proj) moves towards its
+// teacher's distributions. The KL term alone: the tiny random OPT's distributions are flat, so
+// fitting its argmax labels (CE) sharpens the student past them and the KL would rise with it.
+TEST(PairJobTest, OptStudentLearnsTheTeachersDistributions) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair("blip2_opt", &teacher, &student));
+  Case c = FirstCase("blip2_opt", *student->model);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student->model->TrainableParameters()) {
+      if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.5);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_ce = 0;
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 25;
+  o.batch_size = 4;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 6)));
+  EXPECT_TRUE(r.kl_used);
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("kl"));
+  EXPECT_LT(terms["kl"].last, 0.5 * terms["kl"].first);
+  int biases = 0;
+  for (const auto& [name, t] : r.trainable) {
+    biases += name.find("language_model.model.decoder.layers.") == 0 && name.size() > 5 &&
+              name.compare(name.size() - 5, 5, ".bias") == 0;
+  }
+  EXPECT_EQ(biases, 2 * (4 + 2 + 2));  // per layer: q, k, v, out, fc1, fc2, two LayerNorms
+}
+
+TEST(PairJobTest, DifferentTokenizersTrainWithoutTheKlAndSaySo) {
+  // Same tower shapes, different tokenizers (vocabularies of 857 and 700).
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama_gqa_rope");
+  ASSERT_NE(teacher, nullptr);
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  EXPECT_FALSE(job->same_tokenizer());
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 3)));
+  EXPECT_FALSE(r.kl_used);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("tokenizers differ"), std::string::npos) << r.notes[0];
+  for (const LossTerm& t : r.stats.terms) {
+    EXPECT_NE(t.name, "kl");
+    EXPECT_TRUE(std::isfinite(t.last)) << t.name;
+  }
+}
+
+TEST(PairJobTest, AnInt8StudentTrainsOnTheCpu) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_siglip_qwen2");
+  std::unique_ptr<Side> student = LoadSide("llava_siglip_qwen2", "int8");
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_siglip_qwen2", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pkd"));
+  JobOptions o;
+  o.max_steps = 3;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 2)));
+  int lora_moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].first.find("q_proj.lora_b") != std::string::npos) {
+      lora_moved += !torch::equal(r.trainable[i].second, before[i].second);
+    }
+  }
+  // LoRA B of the first layer gets its gradient through the second layer's packed weights.
+  EXPECT_EQ(lora_moved, 2);
+}
+
+// A time budget ends a job after the step that used it up: here the first of 50.
+TEST(PairJobTest, ATimeBudgetEndsTheJobAfterTheStepThatUsedItUp) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+  JobOptions o;
+  o.max_steps = 50;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  o.time_budget_s = 1e-9;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 2)));
+  EXPECT_EQ(r.stats.steps, 1);
+  EXPECT_TRUE(r.stats.stopped_by_budget);
+  o.time_budget_s = 0;  // none: every step
+  o.max_steps = 3;
+  ASSERT_OK_AND_ASSIGN(job, PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(r, job->Run(Samples(c, 2)));
+  EXPECT_EQ(r.stats.steps, 3);
+  EXPECT_FALSE(r.stats.stopped_by_budget);
+}
+
+TEST(PairJobTest, RefusesMissingCodecsAndBadOptions) {
+  std::unique_ptr<Side> s = LoadSide("llava_clip_llama");
+  ASSERT_OK(s->model->AddAdapters({}));
+  PairSide broken = s->side;
+  broken.decode = nullptr;
+  DistillConfig config;
+  EXPECT_EQ(PairDistiller::Create(s->side, broken, config, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  JobOptions o;
+  o.max_steps = 0;
+  EXPECT_EQ(PairDistiller::Create(s->side, s->side, config, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(s->side, s->side, config, {}));
+  EXPECT_EQ(job->Run({}).status().code(), absl::StatusCode::kInvalidArgument);
+  PairSample wrong;
+  wrong.tokens = torch::zeros({3, 5});
+  wrong.prompt = "USER: <image>\nhi ASSISTANT:";
+  absl::Status st = job->Run({wrong}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("sample 0"), std::string::npos) << st;
+}
+
+TEST(SampleFromUplinkTest, PlacesTheKeptTokensInTheirRowsAndDecodesThePrompt) {
+  compress::UplinkSample u;
+  u.sample_id = 9;
+  u.grid_tokens = 4;
+  u.feature_dim = 2;
+  u.kept_indices = {1, 3};
+  u.features = {1, 2, 3, 4};
+  u.prompt_tokens = {1, 856, 40};
+  const PairSide side = IdsAsTextSide(nullptr);
+  absl::StatusOr<PairSample> h = SampleFromUplink(u, side);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(torch::equal(
+      h->tokens, torch::tensor({0.f, 0.f, 1.f, 2.f, 0.f, 0.f, 3.f, 4.f}).reshape({4, 2})));
+  EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, true, false, true})));
+  EXPECT_EQ(h->prompt, "1 856 40");
+  absl::StatusOr<std::vector<int64_t>> ids = side.encode(h->prompt, true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int64_t>{1, 856, 40}));
+  EXPECT_FALSE(side.encode("1 x", true).ok());
+
+  compress::UplinkSample outside = u;
+  outside.kept_indices = {1, 4};
+  EXPECT_THAT(SampleFromUplink(outside, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  compress::UplinkSample short_features = u;
+  short_features.features.pop_back();
+  EXPECT_THAT(SampleFromUplink(short_features, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(CompleteHfSampleTest, HoldsEveryTokenAndTheKeptOnesAsPresent) {
+  compress::UplinkSample u;
+  u.sample_id = 4;
+  u.grid_tokens = 3;
+  u.feature_dim = 2;
+  u.kept_indices = {2};
+  u.features = {5, 6};
+  u.prompt_tokens = {1, 40};
+  const PairSide side = IdsAsTextSide(nullptr);
+  absl::StatusOr<PairSample> h = CompleteHfSample(u, {1, 2, 3, 4, 5, 6}, side);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->complete);
+  EXPECT_TRUE(
+      torch::equal(h->tokens, torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).reshape({3, 2})));
+  EXPECT_TRUE(torch::equal(h->present, torch::tensor({false, false, true})));
+  EXPECT_EQ(h->prompt, "1 40");
+  EXPECT_THAT(CompleteHfSample(u, {1, 2, 3, 4, 5}, side).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(SampleFromUplink(u, side)->complete);
+}
+
+// The tensors an adapter option adds to `variant`'s trainable set: `with` holds the student
+// with `extra`, `added` the names the default adapters do not have. The shared ones are
+// checked equal, so the LM's LoRA draw does not move with the option.
+struct ExtraLora {
+  std::unique_ptr<Side> plain, with;
+  std::set<std::string> added;
+};
+ExtraLora AddExtraLora(const std::string& variant, const model::AdapterOptions& extra) {
+  ExtraLora e{LoadSide(variant), LoadSide(variant), {}};
+  EXPECT_NE(e.plain, nullptr);
+  EXPECT_NE(e.with, nullptr);
+  if (e.plain == nullptr || e.with == nullptr) return e;
+  EXPECT_OK(e.plain->model->AddAdapters({}));
+  EXPECT_OK(e.with->model->AddAdapters(extra));
+  std::map<std::string, torch::Tensor> base;
+  for (auto& [n, t] : e.plain->model->TrainableParameters()) base[n] = t;
+  for (auto& [n, t] : e.with->model->TrainableParameters()) {
+    if (!base.count(n)) {
+      e.added.insert(n);
+    } else {
+      EXPECT_TRUE(torch::equal(t, base[n])) << n;  // the LM's draw is unchanged
+    }
+  }
+  return e;
+}
+
+// A short PL job (5 steps of 3 at lr 1e-2, every LoRA B drawn non-zero first so that every A
+// gets a gradient) on `student` from a teacher of `variant`: the names of the trainable
+// tensors it moved.
+absl::StatusOr<std::set<std::string>> MovedByAShortJob(const std::string& variant, Side& student) {
+  std::unique_ptr<Side> teacher = LoadSide(variant);
+  if (teacher == nullptr) return absl::InternalError("no teacher");
+  Case c = FirstCase(variant, *student.model);
+  absl::StatusOr<DistillConfig> config = PresetDistillConfig("pl");
+  if (!config.ok()) return config.status();
+  JobOptions o;
+  o.max_steps = 5;
+  o.batch_size = 3;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : student.model->TrainableParameters()) {
+      if (absl::EndsWith(name, ".lora_b")) t.normal_(0.0, 0.5);
+    }
+  }
+  const compress::NamedTensors before = compress::Fp32Clones(student.model->TrainableParameters());
+  absl::StatusOr<std::unique_ptr<PairDistiller>> job =
+      PairDistiller::Create(teacher->side, student.side, *config, o);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<PairJobResult> r = (*job)->Run(Samples(c, 4));
+  if (!r.ok()) return r.status();
+  std::set<std::string> moved;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (!torch::equal(r->trainable[i].second, before[i].second)) moved.insert(before[i].first);
+  }
+  return moved;
+}
+
+// lora_qformer adds LoRA on the Q-Former's query and value (self and cross) to the trainable
+// set, under the checkpoint's names, leaves the LM's LoRA draw as it was, and trains: a job
+// moves the Q-Former's factors. LLaVA has no Q-Former and refuses it.
+TEST(QFormerLoraTest, TheQFormersQueryAndValueTrainUnderTheCheckpointsNames) {
+  for (const std::string variant : {"blip2_llama", "instructblip_llama"}) {
+    SCOPED_TRACE(variant);
+    model::AdapterOptions q;
+    q.lora_qformer = true;
+    ExtraLora e = AddExtraLora(variant, q);
+    ASSERT_NE(e.with, nullptr);
+    for (const std::string& n : e.added) {
+      EXPECT_EQ(n.rfind("qformer.", 0), 0u) << n;
+      EXPECT_TRUE(absl::EndsWith(n, ".query.lora_a") || absl::EndsWith(n, ".query.lora_b") ||
+                  absl::EndsWith(n, ".value.lora_a") || absl::EndsWith(n, ".value.lora_b"))
+          << n;
+    }
+    EXPECT_GT(e.added.size(), 0u);
+    EXPECT_EQ(e.added.size() % 4, 0u);  // A and B of query and value per attention
+
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved, MovedByAShortJob(variant, *e.with));
+    int qformer_moved = 0;
+    for (const std::string& n : moved) qformer_moved += n.rfind("qformer.", 0) == 0;
+    EXPECT_GT(qformer_moved, 0);
+  }
+  std::unique_ptr<Side> llava = LoadSide("llava_clip_llama");
+  ASSERT_NE(llava, nullptr);
+  model::AdapterOptions q;
+  q.lora_qformer = true;
+  EXPECT_THAT(llava->model->AddAdapters(q),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// lora_projector adds LoRA on the projector into the LM (LLaVA's multi_modal_projector
+// linear_1 and linear_2, BLIP-2's and InstructBLIP's language_projection) to the trainable
+// set, under the checkpoint's names, leaves the LM's LoRA draw as it was, changes what the
+// student computes once its B factors are non-zero, and trains: a job moves every factor.
+TEST(ProjectorLoraTest, TheProjectorTrainsUnderTheCheckpointsNamesOnEveryArchitecture) {
+  for (const std::string variant : {"blip2_llama", "instructblip_llama", "llava_clip_llama"}) {
+    SCOPED_TRACE(variant);
+    model::AdapterOptions p;
+    p.lora_projector = true;
+    ExtraLora e = AddExtraLora(variant, p);
+    ASSERT_NE(e.with, nullptr);
+    for (const std::string& n : e.added) {
+      EXPECT_TRUE(absl::StrContains(n, "multi_modal_projector.linear_") ||
+                  absl::StartsWith(n, "language_projection."))
+          << n;
+      EXPECT_TRUE(absl::EndsWith(n, ".lora_a") || absl::EndsWith(n, ".lora_b")) << n;
+    }
+    EXPECT_EQ(e.added.size(), variant == "llava_clip_llama" ? 4u : 2u);
+
+    Case c = FirstCase(variant, *e.with->model);
+    auto logits_of = [&](model::MultimodalModel& m) -> torch::Tensor {
+      torch::NoGradGuard no_grad;
+      absl::StatusOr<model::TokenForward> f = m.ForwardTokens(TokenInputsOf(c));
+      EXPECT_TRUE(f.ok()) << f.status();
+      return f.ok() ? f->logits : torch::zeros({1});
+    };
+    // B starts at zero: the same logits as without; the projector's B alone non-zero moves them.
+    EXPECT_TRUE(torch::allclose(logits_of(*e.with->model), logits_of(*e.plain->model)));
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(5);
+      for (auto& [name, t] : e.with->model->TrainableParameters()) {
+        if (e.added.count(name) && absl::EndsWith(name, ".lora_b")) t.normal_(0.0, 0.5);
+      }
+    }
+    EXPECT_FALSE(torch::allclose(logits_of(*e.with->model), logits_of(*e.plain->model)));
+
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved, MovedByAShortJob(variant, *e.with));
+    for (const std::string& n : e.added) EXPECT_TRUE(moved.count(n)) << n;
+  }
+}
+
+class SelfLearnerTest : public ::testing::TestWithParam<std::string> {};
+
+// TENT on the student's own answers: its entropy falls, the norm parameters of the trainable
+// set move, and nothing else in it or in the model does.
+TEST_P(SelfLearnerTest, TentMovesTheNormsAloneAndLowersItsEntropy) {
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  JobOptions o;
+  o.max_steps = 15;
+  o.batch_size = 3;
+  o.lr = 3e-2;
+  o.max_answer_tokens = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SelfLearner> tent,
+                       SelfLearner::Create("tent", student->side, o));
+  model::NamedTensors before;
+  for (auto& [n, t] : student->model->TrainableParameters()) before.emplace_back(n, t.clone());
+  model::NamedTensors frozen =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  torch::manual_seed(3);
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, tent->Run(Samples(c, 6)));
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  ASSERT_TRUE(terms.count("entropy"));
+  EXPECT_LT(terms["entropy"].last, terms["entropy"].first);
+  ASSERT_EQ(r.trainable.size(), before.size());
+  int norms_moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const bool moved = !torch::equal(r.trainable[i].second, before[i].second.to(torch::kFloat));
+    if (IsNormParameterName(before[i].first)) {
+      norms_moved += moved;
+    } else {
+      EXPECT_FALSE(moved) << before[i].first;
+    }
+  }
+  EXPECT_GT(norms_moved, 0);
+  model::NamedTensors after =
+      Frozen(student->model->module(), student->model->TrainableParameters());
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i].second, frozen[i].second)) << frozen[i].first;
+  }
+}
+
+// CoTTA trains the whole trainable set toward its EMA's soft labels; with every element
+// restored after every step (restore_prob 1) the job ends where it started, and with none
+// restored it moves. Its EMA carries over to the next job.
+TEST_P(SelfLearnerTest, CottaRestoresToTheSourceStateItsProbabilitySays) {
+  std::unique_ptr<Side> student = LoadSide(GetParam());
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *student->model);
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 3;
+  o.lr = 1e-2;
+  o.max_answer_tokens = 4;
+  const compress::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  CottaConfig always;
+  always.restore_prob = 1.0;
+  always.confidence_threshold = 2.0;  // always unsure: the augmented views run too
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SelfLearner> restored,
+                       SelfLearner::Create("cotta", student->side, o, always));
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, restored->Run(Samples(c, 4)));
+  EXPECT_EQ(compress::StateDigest(r.trainable), compress::StateDigest(start));
+  std::map<std::string, LossTerm> terms;
+  for (const LossTerm& t : r.stats.terms) terms[t.name] = t;
+  EXPECT_TRUE(terms.count("soft_ce") && terms.count("confidence"));
+
+  CottaConfig never;
+  never.restore_prob = 0.0;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SelfLearner> cotta,
+                       SelfLearner::Create("cotta", student->side, o, never));
+  ASSERT_OK_AND_ASSIGN(PairJobResult first, cotta->Run(Samples(c, 4)));
+  EXPECT_NE(compress::StateDigest(first.trainable), compress::StateDigest(start));
+  ASSERT_OK_AND_ASSIGN(PairJobResult second, cotta->Run(Samples(c, 4)));
+  EXPECT_NE(compress::StateDigest(second.trainable), compress::StateDigest(first.trainable));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SelfLearnerTest,
+                         ::testing::Values("llava_clip_llama", "blip2_llama",
+                                           "instructblip_llama"));
+
+TEST(SelfLearnerCreateTest, RefusesUnknownLearnersAndMissingCodecs) {
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_NE(student, nullptr);
+  ASSERT_OK(student->model->AddAdapters({}));
+  ASSERT_OK(SelfLearner::Create("cotta", student->side, JobOptions{}).status());
+  EXPECT_THAT(SelfLearner::Create("akd", student->side, JobOptions{}),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  PairSide no_codec = student->side;
+  no_codec.decode = nullptr;
+  EXPECT_THAT(SelfLearner::Create("tent", no_codec, JobOptions{}),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace cdcca::distill

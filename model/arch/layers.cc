@@ -1,0 +1,390 @@
+#include "model/arch/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "model/runtime/fused_ops.h"
+#include "model/runtime/qmatmul.h"
+
+namespace cdcca::model {
+namespace {
+
+// x W^T + b with W a quantized weight, differentiable in x and b (W is the frozen base): backward
+// dequantizes W again rather than autograd keeping each layer's dequantized copy alive from
+// the forward to the backward pass, which for a 7B int4 student is 13.5 GB of bf16 weights
+// per training step. The forward product is the one torch::linear gives.
+class DequantizedMatmul : public torch::autograd::Function<DequantizedMatmul> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& bias, const torch::Tensor& values,
+                               const torch::Tensor& scales, int64_t precision, int64_t in_features,
+                               int64_t group) {
+    ctx->save_for_backward({values, scales});
+    ctx->saved_data["precision"] = precision;
+    ctx->saved_data["in_features"] = in_features;
+    ctx->saved_data["group"] = group;
+    // A layer without bias passes an empty tensor: autograd functions take no undefined inputs.
+    const bool has_bias = bias.numel() > 0;
+    ctx->saved_data["bias"] = has_bias && bias.requires_grad();
+    return torch::linear(x, Weight(values, scales, precision, in_features, group, x),
+                         has_bias ? bias : torch::Tensor());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor w =
+        Weight(saved[0], saved[1], ctx->saved_data["precision"].toInt(),
+               ctx->saved_data["in_features"].toInt(), ctx->saved_data["group"].toInt(), grads[0]);
+    const torch::Tensor& g = grads[0];
+    torch::Tensor bias_grad;
+    if (ctx->saved_data["bias"].toBool()) bias_grad = g.reshape({-1, g.size(-1)}).sum(0);
+    return {torch::matmul(g, w), bias_grad,       torch::Tensor(), torch::Tensor(),
+            torch::Tensor(),     torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor Weight(const torch::Tensor& values, const torch::Tensor& scales,
+                              int64_t precision, int64_t in_features, int64_t group,
+                              const torch::Tensor& like) {
+    return DequantizeWeight(QuantizedWeight{values, scales}, static_cast<Precision>(precision),
+                            in_features, group)
+        .to(like.scalar_type());
+  }
+};
+
+}  // namespace
+
+torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype, torch::Device device) {
+  return torch::zeros({1}, torch::dtype(dtype).device(device)).expand(shape);
+}
+
+LinearImpl::LinearImpl(const LinearOptions& options) : options_(options) {
+  weight = register_parameter(
+      "weight", Placeholder({options.out_features, options.in_features}, options.precision.dtype),
+      /*requires_grad=*/false);
+  if (options.bias) {
+    bias = register_parameter("bias", Placeholder({options.out_features}, options.precision.dtype),
+                              /*requires_grad=*/false);
+  }
+}
+
+absl::Status LinearImpl::Adopt(const std::string& local_name, torch::Tensor tensor) {
+  torch::NoGradGuard no_grad;
+  if (local_name == "bias" && options_.bias) {
+    bias.set_data(tensor.to(options_.precision.dtype));
+    return absl::OkStatus();
+  }
+  if (local_name != "weight") {
+    return absl::InvalidArgumentError(absl::StrCat("linear layer has no tensor ", local_name));
+  }
+  if (!quantized()) {
+    weight.set_data(tensor.to(options_.precision.dtype));
+    return absl::OkStatus();
+  }
+  const torch::Device device = tensor.device();
+  QuantizedWeight q = QuantizeWeight(tensor.to(torch::kFloat), options_.precision.weights,
+                                     options_.precision.int4_group);
+  q_.values = q.values.to(device);
+  q_.scales = q.scales.to(device);
+  // The float weight is dropped: the placeholder stays registered for its shape only.
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, device));
+  return absl::OkStatus();
+}
+
+template <typename Move>
+void LinearImpl::MoveHeld(Move move) {
+  if (!quantized() || !q_.values.defined()) {
+    move();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> shape = weight.sizes().vec();
+  // to() of an expanded tensor would allocate the full [out, in] weight on the target.
+  weight.set_data(torch::zeros({1}, weight.options()));
+  move();
+  weight.set_data(weight.expand(shape));
+  q_.values = q_.values.to(weight.device());
+  q_.scales = q_.scales.to(weight.device());
+}
+
+void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(device, dtype, non_blocking); });
+}
+
+void LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(dtype, non_blocking); });
+}
+
+void LinearImpl::to(torch::Device device, bool non_blocking) {
+  MoveHeld([&] { torch::nn::Module::to(device, non_blocking); });
+}
+
+absl::Status LinearImpl::AdoptQuantized(const QuantizedWeight& q) {
+  const int64_t groups_wanted =
+      (options_.in_features + options_.precision.int4_group - 1) / options_.precision.int4_group;
+  const bool int8 = options_.precision.weights == Precision::kInt8;
+  const bool shaped =
+      q.values.defined() && q.scales.defined() && q.values.dim() == 2 &&
+      q.values.size(0) == options_.out_features &&
+      (int8 ? q.values.scalar_type() == torch::kChar && q.values.size(1) == options_.in_features &&
+                  q.scales.dim() == 1
+            : q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
+                  q.scales.size(1) == groups_wanted &&
+                  q.values.size(1) == groups_wanted * options_.precision.int4_group / 2) &&
+      q.scales.size(0) == options_.out_features;
+  if (!quantized() || !shaped) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear layer [", options_.out_features, ", ", options_.in_features,
+                     "] cannot adopt this packed weight (precision or shape differs)"));
+  }
+  q_ = q;
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(q.values.device()));
+  return absl::OkStatus();
+}
+
+bool LinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
+  // The packed kernels take int4 groups of a multiple of 32 (the published 32/64/128); other
+  // group sizes (the small families use any divisor of the width) dequantize per call.
+  const bool kernel_group =
+      options_.precision.weights != Precision::kInt4 || options_.precision.int4_group % 32 == 0;
+  // The kernels have no backward: a training pass whose input needs a gradient (LoRA below
+  // this layer) multiplies with the dequantized weight, which autograd differentiates.
+  const bool needs_grad = torch::GradMode::is_enabled() && x.requires_grad();
+  return quantized() && q_.values.defined() && q_.values.device().is_cpu() && x.device().is_cpu() &&
+         x.scalar_type() == torch::kFloat && kernel_group && !needs_grad;
+}
+
+torch::Tensor LinearImpl::EffectiveWeight() const {
+  if (!quantized() || !q_.values.defined()) return weight;
+  return DequantizeWeight(q_, options_.precision.weights, options_.in_features,
+                          options_.precision.int4_group)
+      .to(options_.precision.dtype);
+}
+
+void LinearImpl::AddLora(int64_t rank, double alpha) {
+  if (rank <= 0 || has_lora()) return;
+  const auto options =
+      torch::TensorOptions().dtype(options_.precision.dtype).device(weight.device());
+  // A as torch's Linear default (kaiming-uniform-like scale), B zero: the product starts at 0.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options_.in_features));
+  lora_a = register_parameter(
+      "lora_a", torch::empty({rank, options_.in_features}, options).uniform_(-bound, bound));
+  lora_b = register_parameter("lora_b", torch::zeros({options_.out_features, rank}, options));
+  lora_scale_ = alpha / static_cast<double>(rank);
+}
+
+torch::Tensor LinearImpl::MergedWeight() const {
+  TORCH_CHECK(!quantized(), "MergedWeight needs an unquantized layer");
+  if (!has_lora()) return weight;
+  return weight + torch::matmul(lora_b, lora_a) * lora_scale_;
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (has_lora() && !quantized()) {
+    // Folding B A into the weight costs out * in * rank multiplications, the side path below
+    // rows * (in + out) * rank and three more passes over the rows, so many rows (training
+    // batches, prompts) take the folded weight: the same product up to rounding, and autograd
+    // takes the gradients of the weight, A and B through the fold (the teacher's 2-core
+    // pretraining step ~8 % shorter).
+    const int64_t in = options_.in_features, out = options_.out_features;
+    const int64_t rows = x.numel() / std::max<int64_t>(1, in);
+    if (rows * (in + out) >= in * out) return torch::linear(x, MergedWeight(), bias);
+  }
+  torch::Tensor y;
+  if (UsesPackedKernel(x)) {
+    y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
+                        options_.precision.int4_group, bias);
+  } else if (quantized() && q_.values.defined() && torch::GradMode::is_enabled() &&
+             x.requires_grad()) {
+    y = DequantizedMatmul::apply(x, bias.defined() ? bias : x.new_empty({0}), q_.values, q_.scales,
+                                 static_cast<int64_t>(options_.precision.weights),
+                                 options_.in_features, options_.precision.int4_group);
+  } else {
+    y = torch::linear(x, EffectiveWeight(), bias);
+  }
+  if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
+  return y;
+}
+
+int64_t LinearImpl::WeightBytes() const {
+  if (quantized() && q_.values.defined()) return QuantizedBytes(q_);
+  return weight.numel() * weight.element_size();
+}
+
+bool FusedLinear::Fuse(const std::vector<Linear>& parts) {
+  torch::NoGradGuard no_grad;
+  if (parts.size() < 2) return false;
+  const LinearOptions& first = parts[0]->options();
+  for (const Linear& p : parts) {
+    const LinearOptions& o = p->options();
+    if (!p->quantized() || !p->quantized_weight().values.defined() ||
+        !p->quantized_weight().values.device().is_cpu() || p->has_lora() ||
+        o.in_features != first.in_features || o.precision.weights != first.precision.weights ||
+        o.precision.int4_group != first.precision.int4_group || o.bias != first.bias) {
+      return false;
+    }
+  }
+  std::vector<torch::Tensor> values, scales, biases;
+  for (const Linear& p : parts) {
+    values.push_back(p->quantized_weight().values);
+    scales.push_back(p->quantized_weight().scales);
+    if (p->bias.defined()) biases.push_back(p->bias.detach());
+  }
+  QuantizedWeight fused{torch::cat(values, 0), torch::cat(scales, 0)};
+  torch::Tensor bias = biases.empty() ? torch::Tensor() : torch::cat(biases, 0);
+  int64_t offset = 0;
+  views_.clear();
+  for (Linear p : parts) {  // a copy of the holder: the layers are changed
+    const int64_t n = p->options().out_features;
+    QuantizedWeight view{fused.values.narrow(0, offset, n), fused.scales.narrow(0, offset, n)};
+    TORCH_CHECK(p->AdoptQuantized(view).ok(), "FusedLinear: a part refused its slice");
+    if (bias.defined()) p->bias.set_data(bias.narrow(0, offset, n));
+    views_.push_back({view.values.data_ptr(), view.scales.data_ptr(),
+                      bias.defined() ? p->bias.data_ptr() : nullptr});
+    offset += n;
+  }
+  parts_ = parts;
+  q_ = std::move(fused);
+  bias_ = std::move(bias);
+  return true;
+}
+
+bool FusedLinear::Intact() const {
+  if (parts_.empty()) return false;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const LinearImpl& p = *parts_[i];
+    const QuantizedWeight& w = p.quantized_weight();
+    if (!w.values.defined() || w.values.data_ptr() != views_[i].values ||
+        w.scales.data_ptr() != views_[i].scales ||
+        (bias_.defined() && p.bias.data_ptr() != views_[i].bias)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool FusedLinear::Serves(const torch::Tensor& x) const {
+  if (!Intact() || !parts_[0]->UsesPackedKernel(x)) return false;
+  const bool grad = torch::GradMode::is_enabled();
+  for (const Linear& p : parts_) {
+    if (p->has_lora() || (grad && bias_.defined() && p->bias.requires_grad())) return false;
+  }
+  return true;
+}
+
+torch::Tensor FusedLinear::forward(const torch::Tensor& x) const {
+  const LinearOptions& o = parts_[0]->options();
+  return QuantizedLinear(x, q_, o.precision.weights, o.in_features, o.precision.int4_group, bias_);
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, torch::ScalarType dtype) : dtype_(dtype) {
+  weight = register_parameter("weight", Placeholder({num, dim}, dtype), /*requires_grad=*/false);
+}
+
+void EmbeddingImpl::Quantize(Precision precision, int64_t group) {
+  torch::NoGradGuard no_grad;
+  if (precision == Precision::kFp32) return;
+  const torch::Device device = weight.device();
+  QuantizedWeight q = QuantizeWeight(weight.to(torch::kFloat), precision, group);
+  q_.values = q.values.to(device);
+  q_.scales = q.scales.to(device);
+  precision_ = precision;
+  group_ = group;
+  weight.set_data(Placeholder(weight.sizes(), dtype_).to(device));
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+  if (!quantized()) return torch::embedding(weight, ids);
+  // Only the gathered rows are dequantized: the same values DequantizeWeight gives for the
+  // whole matrix.
+  torch::Tensor flat = ids.reshape({-1}).to(q_.values.device(), torch::kLong);
+  QuantizedWeight rows{q_.values.index_select(0, flat), q_.scales.index_select(0, flat)};
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(weight.size(1));
+  return DequantizeWeight(rows, precision_, weight.size(1), group_).to(dtype_).view(shape);
+}
+
+RmsNormLayerImpl::RmsNormLayerImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
+  weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
+}
+
+torch::Tensor RmsNormLayerImpl::forward(const torch::Tensor& x) { return RmsNorm(x, weight, eps_); }
+
+LayerNormLayerImpl::LayerNormLayerImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
+  weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
+  bias = register_parameter("bias", Placeholder({dim}, dtype), /*requires_grad=*/false);
+}
+
+torch::Tensor LayerNormLayerImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
+}
+
+torch::Tensor Activation(const std::string& name, const torch::Tensor& x) {
+  if (name == "silu" || name == "swish") return torch::silu(x);
+  if (name == "gelu") return torch::gelu(x);
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (name == "quick_gelu") return x * torch::sigmoid(1.702 * x);
+  if (name == "relu") return torch::relu(x);
+  TORCH_CHECK(false, "unsupported activation ", name);
+}
+
+void InitializeHfParameters(torch::nn::Module& module, double std) {
+  torch::NoGradGuard no_grad;
+  // `module` itself may be under construction (not yet owned by a shared_ptr), so it is not
+  // taken from named_modules(include_self).
+  std::vector<torch::nn::Module*> all{&module};
+  for (const auto& m : module.modules(/*include_self=*/false)) all.push_back(m.get());
+  for (torch::nn::Module* mp : all) {
+    torch::nn::Module& m = *mp;
+    const bool norm = dynamic_cast<RmsNormLayerImpl*>(&m) != nullptr ||
+                      dynamic_cast<LayerNormLayerImpl*>(&m) != nullptr;
+    for (auto& p : m.named_parameters(/*recurse=*/false)) {
+      torch::Tensor& t = p.value();
+      // A placeholder is an expanded single element: a zero stride on a dimension > 1.
+      bool placeholder = false;
+      for (int64_t d = 0; d < t.dim(); ++d) placeholder |= t.stride(d) == 0 && t.size(d) > 1;
+      // (A one-element parameter cannot be told apart; initialising it again is harmless.)
+      if (!placeholder && t.numel() > 1) continue;
+      torch::Tensor fresh = torch::empty(t.sizes(), t.options());
+      if (p.key() == "bias") {
+        fresh.zero_();
+      } else if (norm) {
+        fresh.fill_(1.0);
+      } else {
+        fresh.normal_(0.0, std);
+      }
+      t.set_data(fresh);
+    }
+  }
+}
+
+int64_t ResidentBytes(torch::nn::Module& module) {
+  std::set<const void*> seen;
+  int64_t total = 0;
+  auto count = [&](const torch::Tensor& t) {
+    if (!t.defined()) return;
+    const void* key = t.storage().data();
+    if (key == nullptr || !seen.insert(key).second) return;
+    total += static_cast<int64_t>(t.storage().nbytes());
+  };
+  for (const auto& p : module.parameters()) count(p);
+  for (const auto& b : module.buffers()) count(b);
+  for (const auto& m : module.modules()) {
+    const QuantizedWeight* q = nullptr;
+    if (auto* linear = dynamic_cast<LinearImpl*>(m.get()); linear != nullptr) {
+      q = &linear->quantized_weight();
+    } else if (auto* embedding = dynamic_cast<EmbeddingImpl*>(m.get()); embedding != nullptr) {
+      q = &embedding->quantized_weight();
+    }
+    if (q != nullptr) {
+      count(q->values);
+      count(q->scales);
+    }
+  }
+  return total;
+}
+
+}  // namespace cdcca::model
