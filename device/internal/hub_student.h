@@ -1,5 +1,5 @@
 // The device's student when --checkpoint_dir is a Hugging Face folder (LLaVA, BLIP-2,
-// InstructBLIP; issue 21): what InferenceRuntime delegates to instead of a cdcca family.
+// InstructBLIP): what InferenceRuntime delegates to instead of a cdcca family.
 //
 // Answers go through the vision tower's tokens (HfAnswerer::AnswerRgbFromTokens), the same
 // computation the cloud mirror runs on uplinked tokens; UTS stage 2 is VIS (hf_model.h
