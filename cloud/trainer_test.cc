@@ -379,7 +379,7 @@ TEST_F(TrainerTest, JobCommitIsAllOrNothingUnderEveryFileFault) {
   env_ = storage::Env::Default();
 }
 
-// Regression (issue 20, attack finding 1): after the sample log lost its tail, the durable
+// Regression: after the sample log lost its tail, the durable
 // sequence went back, the device renumbered its batches from there, and the trainer's cursor
 // (still at the old end) skipped every one of them.
 TEST_F(TrainerTest, CursorIsClampedToTheDurableLogAndRenumberedBatchesAreTrained) {

@@ -213,7 +213,7 @@ TEST(UplinkCodecTest, JpegBatchesCarryTheFrameInsteadOfFeatures) {
   }
 }
 
-// Regression (issue 20, attack finding 6): an int8 row whose largest value is a tiny
+// Regression: an int8 row whose largest value is a tiny
 // subnormal made max|x| / 127 underflow to a zero scale; x / 0 (NaN or inf) was then cast
 // to int8, which is undefined behaviour, and a zero scale was written to the payload.
 TEST(UplinkCodecTest, Int8RowOfTinySubnormalsGetsAPositiveScale) {

@@ -39,7 +39,7 @@ for name, rs in groups.items():
     lead = [r['teacher_accuracy'] - r['source_accuracy'] for r in rs]
     gains = ' / '.join('%+.2f' % (sum(gain(r, l) for r in rs) / len(rs)) for l in LEARNERS)
     diffs = [ms([gain(r, LEARNERS[3]) - gain(r, l) for r in rs]) for l in LEARNERS[:3]]
-    # The share of the lead only where the teacher leads by 5 or more (issue 37's goal).
+    # The share of the lead only where the teacher leads by 5 or more (the half-the-lead measure).
     led = [100 * gain(r, LEARNERS[3]) / d for r, d in zip(rs, lead) if d >= 5]
     if led:
         m, se = mean_and_se(led)

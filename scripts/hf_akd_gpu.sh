@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, "Real sizes on the GPU": one AKD job of cdcca (distill/bench/akd_bench.cc) against the
+# Real sizes on the GPU: one AKD job of cdcca (distill/bench/akd_bench.cc) against the
 # transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One AKD job on a LLaVA teacher-student pair as a PyTorch + transformers + peft loop: the
-reference that cdcca's akd_bench (distill/bench/akd_bench.cc) is timed against (issue 21).
+reference that cdcca's akd_bench (distill/bench/akd_bench.cc) is timed against.
 
   make: random-weight LLaVA folders at published shapes (speed does not depend on weight
         values, and nothing can be downloaded), the student's vision tower copied into the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19 "Speed and memory", one device call per mode, on the GPU machine (device tool):
+# Speed and memory at published shapes, one device call per mode, on the GPU machine (device tool):
 #   gpu  builds cdcca's decode_bench (core-only, PyTorch's LibTorch, carried .gpu-deps/), creates
 #        the random-weight folders at the published shapes (scripts/hf_bench_shapes.py) and
 #        times transformers (eager, SDPA) and cdcca (bf16, CUDA) on the same weights and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that a `cdcca export-adapter` folder makes transformers + peft answer as cdcca's
-adapted student does (issue 21, acceptance 2).
+adapted student does.
 
 For each family folder that scripts/peft_check.sh wrote: load the base with transformers
 (float32, eager attention), load non_lora.safetensors into it (every tensor must be a

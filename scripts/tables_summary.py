@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One line per cdcca-sim run folder, for issue 37's goals: how CD-CCA stands against
+"""One line per cdcca-sim run folder: how CD-CCA stands against
 source-only and every baseline, how much of the teacher's lead it holds, and its lowest round.
 
   scripts/tables_summary.py RUN_DIR [RUN_DIR ...]

@@ -1,4 +1,4 @@
-// `cdcca adapt` and `cdcca export-adapter` (issue 21): one CD-CCA round on a Hugging Face
+// `cdcca adapt` and `cdcca export-adapter`: one CD-CCA round on a Hugging Face
 // teacher-student pair, offline, and the PEFT export of its result; `cdcca adapt-eval` on a pair.
 //
 //   cdcca adapt --teacher DIR --student_base DIR --images DIR --prompt TEXT --out STATE

@@ -378,7 +378,7 @@ TEST_F(HarnessTest, SimProgramRunsSeveralSeeds) {
   EXPECT_FALSE(std::filesystem::exists(out + "/seed-5"));
 }
 
-// A Hugging Face pair (issue 21) runs the experiment's rounds through the same services: the
+// A Hugging Face pair runs the experiment's rounds through the same services: the
 // devices load the student folder, the cloud mirrors it and trains from the teacher folder,
 // and every cloud method's devices end each round in sync with their mirrors. One LLaVA and
 // one BLIP-2 fixture, each as its own teacher (the towers must match).

@@ -1,6 +1,5 @@
 // One whole round of the collaborative loop on a Hugging Face teacher-student pair, in one
-// process (issue 21, "a whole round at those shapes ... in process where the GPU machine
-// lacks gRPC"): what cdcca-device and cdcca-cloud do over gRPC, step by step, with the same
+// process: what cdcca-device and cdcca-cloud do over gRPC, step by step, with the same
 // library calls and nothing in between but the bytes each side would send.
 //
 //   device: answers each frame from the vision tower's tokens (greedy, int4/int8 student),

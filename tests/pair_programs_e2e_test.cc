@@ -1,4 +1,4 @@
-// The collaborative loop on Hugging Face pairs (issue 21), end to end: a real `cdcca-cloud
+// The collaborative loop on Hugging Face pairs, end to end: a real `cdcca-cloud
 // --teacher DIR --student_base DIR` and a real `cdcca-device --checkpoint_dir DIR --cloud`
 // on loopback, with the tiny random checkpoints of tests/fixtures/hf/models/.
 //   1. Per family (LLaVA CLIP+Llama, LLaVA SigLIP+Qwen2, BLIP-2, InstructBLIP): frames are

@@ -281,7 +281,7 @@ TEST_F(ProgramsTest, DeviceRollsBackToItsStateBeforeTheNewestUpdate) {
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }
 
-// Issue 21: the teacher reads the tokens a device uplinks, so a device whose vision tower is
+// The teacher reads the tokens a device uplinks, so a device whose vision tower is
 // not the teacher's is refused at Register, with both towers named, and sends nothing.
 TEST_F(ProgramsTest, DeviceWithAnotherVisionTowerIsRefusedAtRegister) {
   // The same family, its vision tower's weights moved.

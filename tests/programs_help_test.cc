@@ -153,7 +153,7 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   EXPECT_EQ(a["uplinked"], false);
   EXPECT_GT(a["entropy"].get<double>(), 0.0);
   EXPECT_FALSE(std::getline(answers, line));  // one frame, one answer
-  // UTS (issue 21): the first frame of an empty running-quantile window passes stage 1;
+  // UTS: the first frame of an empty running-quantile window passes stage 1;
   // stage 2 keeps half of the 5 x 5 image tokens, encoded at fp16 by default.
   EXPECT_EQ(a["uts_kept"], true) << line;
   EXPECT_EQ(a["tokens_total"], 25);
@@ -174,7 +174,7 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
     EXPECT_THAT(refused.output, HasSubstr(flag.substr(2, flag.find('=') - 2))) << flag;
   }
 
-  // With --cloud (issue 21) the folder runs the agent loop: it needs a state directory, and
+  // With --cloud the folder runs the agent loop: it needs a state directory, and
   // while the cloud is away it keeps answering, through the tower's tokens (what the cloud's
   // mirror computes), with transformers' answer.
   const Outcome no_state = RunProgram(base + " --cloud=127.0.0.1:1 --output=/dev/null");

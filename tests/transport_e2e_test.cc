@@ -279,7 +279,7 @@ TEST(TransportE2eTest, DeviceCannotTouchAnotherDevicesData) {
   EXPECT_EQ(cloud.samples()->HighestDurable("dev-0"), 1u);
 }
 
-// A device whose vision tower is not the teacher's (issue 21): the teacher could not read
+// A device whose vision tower is not the teacher's: the teacher could not read
 // its tokens. Refused with both fingerprints named; a device that reports none is refused too.
 TEST(TransportE2eTest, RegisterRefusesADeviceWhoseVisionTowerIsNotTheTeachers) {
   TempDir dir;
@@ -459,7 +459,7 @@ TEST(TransportE2eTest, ClientCaRequiresACertificateUnlessTokenOnlyDevicesAreAllo
   }
 }
 
-// Regression (issue 20, part 4 and attack finding 5): with mutual TLS a certificate issued
+// Regression: with mutual TLS a certificate issued
 // to one device carried another device's token and acted as that device.
 TEST(TransportE2eTest, MutualTlsCertificateMustStandForTheTokensDevice) {
   TempDir dir;
@@ -546,7 +546,7 @@ compress::UplinkSample Zeros(uint32_t grid, uint32_t dim, uint32_t kept) {
   return s;
 }
 
-// Regression (issue 20, attack findings 2, 3 and 6): batches that do not fit the model, that
+// Regression: batches that do not fit the model, that
 // decompress to far more than they weigh, or whose header fields lie, were acked and stored,
 // and then failed or bloated every job of their device.
 TEST(TransportE2eTest, IngestRefusesBatchesThatDoNotFitTheModelAndNeverStoresThem) {
@@ -671,7 +671,7 @@ TEST(TransportE2eTest, IngestTakesFramesOfTheTowersInputSizeOnly) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("for its size")));
 }
 
-// Regression (issue 20, attack finding 6): bytes that are not an UplinkBatch ended the
+// Regression: bytes that are not an UplinkBatch ended the
 // stream OK with stored=0, as if the client had simply closed it.
 TEST(TransportE2eTest, MalformedUplinkMessageIsInvalidArgument) {
   TempDir dir;
@@ -699,7 +699,7 @@ TEST(TransportE2eTest, MalformedUplinkMessageIsInvalidArgument) {
   EXPECT_EQ(cloud.samples()->HighestDurable("dev-0"), 1u);
 }
 
-// Regression (issue 20, attack finding 6): one device could fill the disk.
+// Regression: one device could fill the disk.
 TEST(TransportE2eTest, DeviceQuotaIsResourceExhaustedAndLeavesOtherDevicesAlone) {
   TempDir dir;
   CloudFixtureOptions options = Insecure(dir);

@@ -1,7 +1,7 @@
 // compress_bench: DWC throughput and rate/error on a realistic synthetic trainable set.
 //   build-*/compress/compress_bench [--reps N] [--layout small|llava-7b]
 // --layout small (default): the `small` student's set. llava-7b: the paper's set on a
-// LLaVA-1.5-7B-shaped student (issue 21): LoRA rank 8 on q and v of 32 layers of 4096, both
+// LLaVA-1.5-7B-shaped student: LoRA rank 8 on q and v of 32 layers of 4096, both
 // RMSNorms of every layer and the final one, and the projector's two biases.
 // Prints encode MB/s, decode+apply MB/s against memcpy of the same fp32 bytes, and a table
 // of bits/parameter vs relative reconstruction error for DWC at several budgets and for

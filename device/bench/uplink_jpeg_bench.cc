@@ -1,5 +1,5 @@
 // uplink_jpeg_bench: what uplinking a frame's visual tokens costs against sending its JPEG,
-// at the published vision-tower shapes (issue 21, "UTS on real visual tokens"):
+// at the published vision-tower shapes:
 //   clip-l-336     CLIP ViT-L/14 at 336 px, LLaVA-1.5's tower: 576 x 1024 (layer -2, no CLS)
 //   siglip-so400m  SigLIP so400m/14 at 384 px, llava-interleave-qwen's: 729 x 1152 (last layer)
 // with random weights (transformers' initialisation: linear and embedding weights normal(0,

@@ -1,4 +1,4 @@
-// Multimodal models loaded from Hugging Face folders (issue 19): one interface that LLaVA,
+// Multimodal models loaded from Hugging Face folders: one interface that LLaVA,
 // BLIP-2 and InstructBLIP implement, and LoadModel(), which dispatches on config.json's
 // model_type. Programs (cdcca generate / answer, the device) use only this header.
 //
@@ -135,7 +135,7 @@ torch::Tensor VisRelativeVariance(const torch::Tensor& features);
 // Both of them into out->variance and out->relative_variance (CPU), from one pass variance.
 void SetVisScores(const torch::Tensor& features, VisualTokenPasses* out);
 
-// The paper's trainable set on a Hugging Face model (issue 21): LoRA on the LM's q_proj and
+// The paper's trainable set on a Hugging Face model: LoRA on the LM's q_proj and
 // v_proj of every layer (and gate/up/down_proj with lora_mlp), the LM's norm weights and
 // linear biases, and the Q-Former's query_tokens (BLIP-2, InstructBLIP) or the projector's
 // biases (LLaVA). The vision tower, the Q-Former's own weights, embeddings and the LM head
@@ -213,7 +213,7 @@ class MultimodalModel {
   virtual int64_t ResidentBytes() = 0;
   virtual torch::Device device() const = 0;
 
-  // ---- Training on uplinked visual tokens (issue 21) ----
+  // ---- Training on uplinked visual tokens ----
 
   // The vision tower's output per image, {N, D}: VisualTokenPasses::tokens' shape, what a
   // device uplinks and TokenInputs::visual_tokens holds.
@@ -272,7 +272,7 @@ absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options);
 void AddLinearLora(Linear& linear, const AdapterOptions& options, at::Generator& gen);
 
 // The identity of a folder's vision tower, which Register compares between a device and its
-// cloud's teacher (issue 21): a hash over the tower's tensors as stored (names below the
+// cloud's teacher: a hash over the tower's tensors as stored (names below the
 // tower's prefix, shapes, fp32 values) and, for LLaVA, the feature layers and select strategy
 // that decide which of its hidden states are the tokens. Independent of the precision a model
 // is loaded at. Errors as LoadModel's.

@@ -1,5 +1,4 @@
-// decode_bench: cdcca's speed and memory on a Hugging Face model folder (issue 19, "Speed and
-// memory"). Loads the folder, feeds the inputs scripts/hf_bench_shapes.py saved beside the
+// decode_bench: cdcca's speed and memory on a Hugging Face model folder. Loads the folder, feeds the inputs scripts/hf_bench_shapes.py saved beside the
 // weights (bench_inputs.safetensors: input_ids after image-token expansion, pixel_values,
 // and for InstructBLIP qformer_input_ids), and times greedy generation as that script times
 // transformers: time to first token = a generation of one token, decode tokens/s =

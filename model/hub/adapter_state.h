@@ -1,4 +1,4 @@
-// The adapted state of a Hugging Face student (issue 21): its trainable set (multimodal_model.h
+// The adapted state of a Hugging Face student: its trainable set (multimodal_model.h
 // AdapterOptions) after AKD, saved next to what it adapts, applied to a freshly loaded base,
 // and exported as a PEFT LoRA adapter that transformers + peft load.
 //
@@ -57,7 +57,7 @@ absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out
 absl::StatusOr<uint64_t> FolderFingerprint(const std::string& dir);
 
 // What a device running a Hugging Face student reports as its base at Register and its cloud
-// mirror expects (issue 21): the folder's fingerprint, the precision its frozen base runs at,
+// mirror expects: the folder's fingerprint, the precision its frozen base runs at,
 // the adapter options and the digest of the trainable set as the adapters start
 // (compress::StateDigest), so a device whose adapters differ from the cloud's is refused.
 uint64_t StudentBaseFingerprint(uint64_t folder_fingerprint, const std::string& precision,

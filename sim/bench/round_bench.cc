@@ -1,5 +1,5 @@
 // round_bench: one whole round of the loop on a Hugging Face pair in one process
-// (sim/inprocess_round.h), timed step by step (issue 21, "a whole round at those shapes"). The GPU
+// (sim/inprocess_round.h), timed step by step. The GPU
 // machine has no gRPC, so this is where the round runs at published shapes:
 // scripts/hf_akd_gpu.sh round DIR builds the LLaVA-1.5-13B / 7B-shaped pair
 // (scripts/hf_akd_reference.py make) and runs it.
