@@ -21,6 +21,7 @@
 #include "compress/named_tensors.h"
 #include "device/inference_runtime.h"
 #include "model/arch/answerer.h"
+#include "model/arch/multimodal_model.h"
 
 namespace cdcca::device::internal {
 
