@@ -43,7 +43,9 @@ ABSL_FLAG(double, sample_s, 5, "time between two RSS and CPU readings, s");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "the model every process loads (\"\" = the tiny test family)");
 ABSL_FLAG(std::string, cloud_binary, "build/cloud/cdcca-cloud", "the cdcca-cloud program");
-ABSL_FLAG(std::string, cloud_flags, "--torch_threads=1,--store_sessions=8",
+// A job per device a minute at most (the program's default waits 10 min, longer than most
+// runs), so that the trainers work during the run.
+ABSL_FLAG(std::string, cloud_flags, "--torch_threads=1,--store_sessions=8,--trigger_interval_s=60",
           "comma-separated flags for every cdcca-cloud process");
 ABSL_FLAG(std::string, json, "", "also write the report here");
 ABSL_FLAG(std::string, work_dir, "", "keep everything here (\"\" = a temporary directory)");

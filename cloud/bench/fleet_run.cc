@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -259,6 +260,8 @@ absl::Status KillAndRestart(Servers& s, const std::string& role, int index) {
     return absl::OkStatus();
   }
   s.trainers[index]->Kill();
+  // The dead process's status file would count its jobs as the new one's.
+  std::filesystem::remove(s.launcher->StatusPath(name));
   s.trainers[index] = s.launcher->Start("trainer", name);
   return absl::OkStatus();
 }

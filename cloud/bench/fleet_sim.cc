@@ -273,9 +273,16 @@ struct UplinkCall : Fleet::Call, grpc::ClientWriteReactor<v1::UplinkBatch> {
     }
   }
   void OnDone(const grpc::Status& s) override;
-  bool Apply(Fleet::Device& d, absl::Time) override {
-    TakeAcks(d, ack.highest_durable_sequence(), &totals.acked, &totals.regressions);
-    if (!ack.has_error()) return true;
+  bool Apply(Fleet::Device& d, absl::Time now) override {
+    if (!ack.has_error()) {
+      TakeAcks(d, ack.highest_durable_sequence(), &totals.acked, &totals.regressions);
+      return true;
+    }
+    // A refused stream acks what it stored before the refusal; a store that could not be
+    // read says 0, which denies nothing.
+    uint64_t ignored = 0;
+    TakeAcks(d, std::max(ack.highest_durable_sequence(), d.acked_sequence), &totals.acked,
+             &ignored);
     totals.refusal = wire::RefusalReasonName(ack.refusal_reason());
     switch (ack.refusal()) {
       case v1::UPLINK_REFUSAL_PERMANENT:
@@ -289,7 +296,7 @@ struct UplinkCall : Fleet::Call, grpc::ClientWriteReactor<v1::UplinkBatch> {
         d.registered = false;
         return true;
       default:  // TRANSIENT, or a cloud that does not say: later
-        d.retry_at = absl::Now() + absl::Seconds(1);
+        d.retry_at = now + absl::Seconds(1);
         return true;
     }
   }
