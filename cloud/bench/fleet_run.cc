@@ -496,6 +496,18 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
   }
   const absl::Time quiet_until = faults.empty() ? drained : faults.front().at;
   for (absl::Time t : (*fleet)->FailuresSince(start)) r.errors_outside_faults += t < quiet_until;
+  nlohmann::json stuck_list = nlohmann::json::array();
+  for (const DeviceOutcome& d : (*fleet)->Outcomes()) {
+    if (d.queued_batches == 0 || stuck_list.size() >= 10) continue;
+    stuck_list.push_back({{"id", d.id},
+                          {"queued", d.queued_batches},
+                          {"first_queued", d.first_queued},
+                          {"acked", d.acked_sequence},
+                          {"online", d.online},
+                          {"registered", d.registered},
+                          {"in_call", d.in_call},
+                          {"failures", d.failures}});
+  }
   (*fleet)->Stop();
   nlohmann::json fleet_report = (*fleet)->Report();
   r.ack_regressions = fleet_report.value("ack_regressions", 0ull);
@@ -514,6 +526,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
               {"drain_s", absl::ToDoubleSeconds(drained - (start + options.duration))},
               {"stuck_devices", r.stuck_devices},
               {"batches_still_queued", queued},
+              {"stuck", stuck_list},
               {"acked_batches_checked", r.checked_batches},
               {"acked_batches_lost", r.lost_batches},
               {"errors_outside_faults", r.errors_outside_faults},

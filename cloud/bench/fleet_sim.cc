@@ -722,8 +722,9 @@ std::vector<DeviceOutcome> Fleet::Outcomes() const {
   std::vector<DeviceOutcome> out;
   for (const auto& d : shared_->devices) {
     absl::MutexLock lock(&d->mu);
-    out.push_back(
-        {d->id, d->acked_sequence, d->acked_batches, d->queue.size(), d->version, d->online});
+    out.push_back({d->id, d->acked_sequence, d->acked_batches, d->queue.size(), d->version,
+                   d->online, d->registered, d->call != nullptr,
+                   d->queue.empty() ? 0 : d->queue.front().sequence(), d->failures});
   }
   return out;
 }

@@ -99,6 +99,10 @@ struct DeviceOutcome {
   uint64_t queued_batches = 0;  // made and not acked yet
   uint64_t version = 0;
   bool online = true;
+  bool registered = false;
+  bool in_call = false;       // a call of it is open
+  uint64_t first_queued = 0;  // the sequence at the head of its queue (0 = empty)
+  int failures = 0;           // calls failed in a row
 };
 
 // Counts of calls that ended, per RPC.
