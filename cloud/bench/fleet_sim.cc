@@ -474,7 +474,10 @@ void Fleet::Stop() {
   if (sh.scheduler.joinable()) sh.scheduler.join();
   for (auto& d : sh.devices) {
     absl::MutexLock lock(&d->mu);
-    if (d->call != nullptr) d->call->ctx.TryCancel();
+    if (d->call != nullptr) {
+      d->cut = true;  // not a failure of the cloud's
+      d->call->ctx.TryCancel();
+    }
   }
   // The calls end on gRPC's threads; they touch the devices until then.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
