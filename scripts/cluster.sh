@@ -314,11 +314,13 @@ start_nginx() {
   status_port="$(free_port)"
   [ "$port" != "$status_port" ] || status_port="$(free_port)"
   # A template line holding @BACKEND@ stands for one line per front.
+  # One connection per device and one per open call, with room for the others.
   awk -v prefix="$ngdir" -v listen="127.0.0.1:$port" -v status="127.0.0.1:$status_port" \
-      -v backends="${backends[*]}" '
+      -v backends="${backends[*]}" -v connections="$((1024 + 2 * devices))" '
     {
       gsub(/@PREFIX@/, prefix); gsub(/@STATUS_LISTEN@/, status); gsub(/@LISTEN@/, listen)
       gsub(/@GENERATION@/, "1"); gsub(/@WORKERS@/, "1")
+      gsub(/@WORKER_CONNECTIONS@/, connections)
       gsub(/@STREAM_IDLE_TIMEOUT@/, "600s"); gsub(/@CONNECT_TIMEOUT@/, "2s")
       gsub(/@FAIL_TIMEOUT@/, "5s"); gsub(/@LISTEN_SSL@/, ""); gsub(/@TLS@/, "")
       if ($0 !~ /@BACKEND@/) { print; next }

@@ -45,6 +45,7 @@
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
 #include "tests/testing/child_process.h"
+#include "tests/testing/cloud_processes.h"
 #include "tests/testing/nginx_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/program_fixtures.h"
@@ -56,6 +57,8 @@ namespace cdcca {
 namespace {
 
 using ::cdcca::testing::Child;
+using ::cdcca::testing::CloudProcesses;
+using ::cdcca::testing::CloudProcessOptions;
 using ::cdcca::testing::NginxProxyOptions;
 using ::cdcca::testing::NginxServer;
 using ::cdcca::testing::PostgresServer;
@@ -95,40 +98,29 @@ class ClusterTest : public ::testing::Test {
   std::unique_ptr<Child> StartCloud(const std::string& role, const std::string& name,
                                     int* port = nullptr, const std::string& exit_at = "",
                                     const std::vector<std::string>& extra = {}) {
-    const std::string port_file = dir_.path() + "/" + name + ".port";
-    ::unlink(port_file.c_str());
+    return Processes().Start(role, name, port, exit_at, extra);
+  }
+
+  // The launcher of this test's cdcca-cloud processes, with the flags every test runs.
+  CloudProcesses Processes() const {
+    CloudProcessOptions o;
+    o.binary = CDCCA_CLOUD_BINARY;
+    o.dir = dir_.path();
+    o.conninfo = conninfo_;
+    o.checkpoint_dir = checkpoint_;
+    o.tokens_path = dir_.path() + "/tokens";
     // The guard holds out and scores in every job, by its small-pool rule only: on this
     // random fixture the teacher's probabilities are ~1e-80 and one sample makes the paired
     // standard error, so the paired rule's decision is a coin flip that, once a slow machine
     // lets the pool pass 16, stops a device's versions. The paired rule is tested in
     // update_guard_test and MirrorTrainerGuardTest.
-    std::vector<std::string> args = {CDCCA_CLOUD_BINARY,
-                                     "--store=" + conninfo_,
-                                     "--role=" + role,
-                                     "--data_dir=" + dir_.path() + "/" + name,
-                                     "--checkpoint_dir=" + checkpoint_,
-                                     "--student_precision=int8",
-                                     "--trigger_samples=4",
-                                     "--trigger_interval_s=3",
-                                     "--max_steps=3",
-                                     "--batch_size=4",
-                                     "--torch_threads=1",
-                                     "--bits_per_param=4",
-                                     "--lease_s=3",
-                                     "--store_sessions=2",
-                                     "--uts_keep_fraction=0.6",
-                                     "--uts_mc_passes=2",
-                                     "--status_file=" + dir_.path() + "/" + name + ".status",
-                                     "--status_interval_s=0.5",
-                                     "--guard_min_pool=1000000"};
-    if (role != "trainer") {
-      args.insert(args.end(), {"--tokens=" + dir_.path() + "/tokens", "--insecure",
-                               "--listen=127.0.0.1:0", "--port_file=" + port_file});
-    }
-    args.insert(args.end(), extra.begin(), extra.end());  // later flags win
-    auto child = std::make_unique<Child>(args, Log(name), exit_at);
-    if (port != nullptr) *port = testing::WaitForPortFile(port_file, absl::Minutes(2));
-    return child;
+    o.flags = {"--student_precision=int8", "--trigger_samples=4",
+               "--trigger_interval_s=3",   "--max_steps=3",
+               "--batch_size=4",           "--torch_threads=1",
+               "--bits_per_param=4",       "--lease_s=3",
+               "--store_sessions=2",       "--uts_keep_fraction=0.6",
+               "--uts_mc_passes=2",        "--guard_min_pool=1000000"};
+    return CloudProcesses(std::move(o));
   }
 
   // nginx passing every call to the fronts at `ports`; null (with the failure recorded)
@@ -141,7 +133,7 @@ class ClusterTest : public ::testing::Test {
     return nginx.ok() ? *std::move(nginx) : nullptr;
   }
 
-  std::string Log(const std::string& name) const { return dir_.path() + "/" + name + ".log"; }
+  std::string Log(const std::string& name) const { return Processes().Log(name); }
   std::string DeviceDir(const std::string& id) const { return dir_.path() + "/" + id; }
 
   std::unique_ptr<Child> StartDevice(const std::string& id, int port,

@@ -55,6 +55,8 @@ class Child {
   ~Child() { Kill(); }
 
   bool running() const { return pid_ > 0; }
+  // The process id while it runs (until Wait or Kill reaped it); -1 after.
+  pid_t pid() const { return pid_; }
 
   void Signal(int sig) {
     if (pid_ > 0) ::kill(pid_, sig);

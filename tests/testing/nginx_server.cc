@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/free_port.h"
+#include "tests/testing/proc_stats.h"
 #include "tests/testing/wait.h"
 
 namespace cdcca::testing {
@@ -94,26 +95,6 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// The processes whose parent is `parent` (from /proc).
-std::vector<pid_t> ChildrenOf(pid_t parent) {
-  std::vector<pid_t> children;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    // stat is "pid (comm) state ppid ...": comm may hold spaces, so parse after the last ')'.
-    const std::string stat = ReadText(entry.path().string() + "/stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
-    int ppid = 0;
-    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
-      children.push_back(pid);
-    }
-  }
-  return children;
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> NginxBinary() {
@@ -137,6 +118,13 @@ NginxServer::~NginxServer() { Stop().IgnoreError(); }
 std::string NginxServer::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
 bool NginxServer::running() const { return master_ != nullptr && master_->running(); }
+
+std::vector<pid_t> NginxServer::Pids() const {
+  if (!running()) return {};
+  std::vector<pid_t> pids = {master_->pid()};
+  for (const pid_t worker : ChildrenOf(master_->pid())) pids.push_back(worker);
+  return pids;
+}
 
 std::vector<std::string> NginxServer::AsServerUser(std::vector<std::string> args) const {
   // The kernel sends SIGTERM (fast shutdown) to the master when the thread that started it
@@ -169,6 +157,7 @@ std::string NginxServer::Config() const {
                               {"@STATUS_LISTEN@", absl::StrCat("127.0.0.1:", status_port_)},
                               {"@GENERATION@", absl::StrCat(generation_)},
                               {"@WORKERS@", absl::StrCat(options_.workers)},
+                              {"@WORKER_CONNECTIONS@", absl::StrCat(options_.worker_connections)},
                               {"@STREAM_IDLE_TIMEOUT@", NginxSeconds(options_.stream_idle_timeout)},
                               {"@CONNECT_TIMEOUT@", NginxSeconds(options_.connect_timeout)},
                               {"@FAIL_TIMEOUT@", NginxSeconds(options_.fail_timeout)},

@@ -44,6 +44,9 @@ struct NginxProxyOptions {
   // Worker processes. Default: 1, so round robin alternates strictly between the backends
   // (each worker keeps its own turn).
   int workers = 1;
+  // Connections one worker holds at most (worker_connections): one per connected device
+  // plus one per open call. Default: 1024.
+  int worker_connections = 1024;
   // Longest pause between two reads or two writes on one call, either side of nginx
   // (grpc_read_timeout, grpc_send_timeout, client_body_timeout, send_timeout); never a bound
   // on a whole stream. Default: 10 min.
@@ -96,6 +99,8 @@ class NginxServer {
   // and its workers.
   absl::Status Stop(absl::Duration timeout = absl::Seconds(30));
   bool running() const;
+  // The master's process id, then its workers' (from /proc); empty when nginx is stopped.
+  std::vector<pid_t> Pids() const;
 
  private:
   explicit NginxServer(NginxProxyOptions options);
