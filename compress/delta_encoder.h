@@ -33,7 +33,7 @@ namespace cdcca::compress {
 struct DeltaEncoderOptions {
   // Payload size cap in bytes, header and checksum included; 0 = no byte cap.
   uint64_t byte_budget = 0;
-  // Payload size cap as bits per trainable parameter (the target: 2.0); the budget
+  // Payload size cap as bits per trainable parameter (the project's target: 2.0); the budget
   // is the smaller of the two caps that are set; 0 = no cap. Default: 2 bits/param.
   double bits_per_param = 2.0;
   // Stop adding bits once ||delta - sent|| / ||delta|| <= this, even under budget; 0 = off.

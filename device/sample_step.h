@@ -1,8 +1,8 @@
 // SampleStep: the device's half of a round for one answer, from the answer to the sample it
-// uplinks (DESIGN.md, "One round"). Every driver that answers on a device, or stands in for
-// one, calls it: the agent loop (DeviceAgent::Process, which the harness runs), cdcca-device
-// offline, the in-process round (sim/inprocess_round.h), `cdcca adapt` and `cdcca adapt-eval`'s
-// arms (sim/adapt_eval.h BuildArmUplink).
+// uplinks (docs/ARCHITECTURE.md, "One round, function by function"). Every driver that answers
+// on a device, or stands in for one, calls it: the agent loop (DeviceAgent::Process, which the
+// harness runs), cdcca-device offline, the in-process round (sim/inprocess_round.h), `cdcca
+// adapt` and `cdcca adapt-eval`'s arms (sim/adapt_eval.h BuildArmUplink).
 //
 //   Run(answer)  held out for the cloud's update guard? (compress::IsHeldOutSample of the
 //                sample id: the whole frame goes up, every token, stage 2 skipped)

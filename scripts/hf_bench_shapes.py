@@ -2,7 +2,7 @@
 """Random-weight checkpoints at published shapes, and transformers' speed on them.
 
 Speed does not depend on weight values, and nothing can be downloaded, so the speed
-benchmarks of issue "Real MLLMs" run on random weights at the shapes of
+benchmarks of docs/BENCHMARKS.md run on random weights at the shapes of
   llava-1.5-7b              CLIP ViT-L/14-336 + Vicuna/LLaMA-7B
   instructblip-vicuna-7b    EVA ViT-g/14 + Q-Former (32 queries) + Vicuna-7B
   blip2-opt-2.7b            EVA ViT-g/14 + Q-Former (32 queries) + OPT-2.7B

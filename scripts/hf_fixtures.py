@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference fixtures for cdcca's Hugging Face parity tests (issue "Real MLLMs").
+"""Reference fixtures for cdcca's Hugging Face parity tests.
 
 Builds tiny random checkpoints of every supported family and variant, trains small
 tokenizers of each kind, writes image-processor settings, and records what transformers

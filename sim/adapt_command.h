@@ -10,7 +10,7 @@
 //     --uts_token_ratio tokens by VIS (device::SelectTokens); then the cloud's side:
 //     an AKD job (distill/pair_distiller.h, --learner, --distill_config, --max_steps) trains the
 //     student's adapters (--lora_rank, --lora_alpha) on the kept tokens, and the adapted state
-//     is written to STATE (model/adapter_state.h). One JSON line per frame and one for the
+//     is written to STATE (model/hub/adapter_state.h). One JSON line per frame and one for the
 //     job on stderr.
 //   cdcca export-adapter --state STATE --out DIR
 //     The state as a PEFT LoRA adapter plus non_lora.safetensors.

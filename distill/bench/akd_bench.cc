@@ -1,8 +1,9 @@
-// akd_bench: one AKD job of the cloud on a Hugging Face teacher-student pair, timed (issue
-// 21, "Real sizes on the GPU"). scripts/hf_akd_shapes.py builds the pair (random weights at
-// published shapes) and the job's inputs; scripts/hf_akd_reference.py runs the same job as a
-// PyTorch + transformers + peft loop of the same losses, on the same inputs; scripts/
-// hf_akd_gpu.sh runs both on the GPU machine.
+// akd_bench: one AKD job of the cloud on a Hugging Face teacher-student pair, timed
+// (docs/BENCHMARKS.md, "One AKD job at the LLaVA-1.5-13B / 7B shapes"). `scripts/
+// hf_akd_reference.py make` builds the pair (random weights at published shapes) and the job's
+// inputs; `scripts/hf_akd_reference.py run` runs the same job as a PyTorch + transformers +
+// peft loop of the same losses, on the same inputs; scripts/hf_akd_gpu.sh runs both on the GPU
+// machine.
 //
 // The inputs file holds what devices would have uplinked: "tokens" [S, N, D] (the vision
 // tower's output tokens) and "prompt_ids" [S, P] (each sample's prompt as the LM's ids, BOS

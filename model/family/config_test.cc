@@ -95,7 +95,7 @@ TEST(ConfigTest, VisionSizesAreBounded) {
   EXPECT_THAT(ParseFamilyConfig(j.dump()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.heads")));
   j = Tiny();
-  j["vision"]["channels"] = {8, 8};  // the old CNN's key is unknown now
+  j["vision"]["channels"] = {8, 8};  // a key no vision config has
   EXPECT_THAT(ParseFamilyConfig(j.dump()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("vision.channels")));
   // The vision config stored in checkpoint metadata gets the same checks.
