@@ -3,7 +3,8 @@
 // alike), a job trained away from the teacher's labels (a negative CE weight) lowers the
 // held-out agreement, and its update is withheld: no update, the device stays at version 0,
 // the batches are consumed. An uplinked frame is answered by both sides from every token of
-// it, whatever UTS kept, as the device answered it.
+// it, whatever UTS kept, as the device answered it. Devices' jobs trained together over the
+// one student give each device what its job alone gives.
 #include "cloud/internal/mirror_trainer.h"
 
 #include <torch/torch.h>
@@ -11,8 +12,10 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cloud/sample_store.h"
 #include "cloud/trainer.h"
 #include "cloud/update_store.h"
@@ -197,6 +200,94 @@ TEST(MirrorTrainerGuardTest, AFrameIsAnsweredFromEveryTokenOfIt) {
   ASSERT_OK_AND_ASSIGN(std::vector<std::string> student_full,
                        (*trainer)->StudentAnswers(base, pointers(full)));
   EXPECT_EQ(student_frames, student_full);
+}
+
+// Devices' jobs that train together over the one student, as TrainTogether runs them and as
+// Train calls that wait for the student at once run them (however the calls happen to group),
+// give each device the trained set its job alone gives. The devices start from different
+// mirrors and uplinked different tokens.
+TEST(MirrorTrainerTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
+  const std::string pair = Fixture("llava_clip_llama");
+  PerDeviceStrategyOptions o = PairOptions(pair);
+  o.max_steps = 3;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  o.torch_threads = 1;
+  o.max_jobs_together = 3;
+  absl::StatusOr<std::unique_ptr<internal::MirrorTrainer>> trainer =
+      internal::MirrorTrainer::Create(o);
+  if (absl::IsUnimplemented(trainer.status())) GTEST_SKIP() << "no Hugging Face tokenizers";
+  ASSERT_OK(trainer);
+  const SampleSpec spec = (*trainer)->spec();
+  const std::vector<uint32_t> question = Question(pair);
+  constexpr int kDevices = 3;
+  std::vector<compress::NamedTensors> mirrors(kDevices);
+  std::vector<std::vector<compress::UplinkSample>> samples(kDevices);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  torch::manual_seed(13);
+  for (int d = 0; d < kDevices; ++d) {
+    for (const auto& [name, t] : (*trainer)->base_trainable()) {
+      torch::Tensor m = t.clone();
+      if (name.find("lora_b") != std::string::npos) m.normal_(0.0, 0.3);
+      mirrors[d].emplace_back(name, m);
+    }
+    for (int i = 0; i < 3 + d; ++i) {
+      compress::UplinkSample s;
+      s.sample_id = static_cast<uint64_t>(i);
+      s.grid_tokens = spec.grid_tokens;
+      s.feature_dim = spec.feature_dim;
+      for (uint32_t k = d % 2; k < spec.grid_tokens; k += 2) s.kept_indices.push_back(k);
+      for (size_t k = 0; k < s.kept_indices.size() * spec.feature_dim; ++k) {
+        s.features.push_back(normal(rng));
+      }
+      s.prompt_tokens = question;
+      samples[d].push_back(std::move(s));
+    }
+  }
+  std::vector<TrainedSet> alone;
+  for (int d = 0; d < kDevices; ++d) {
+    ASSERT_OK_AND_ASSIGN(TrainedSet t, (*trainer)->Train(absl::StrCat("alone-", d), mirrors[d],
+                                                         samples[d], nullptr, 0));
+    alone.push_back(std::move(t));
+  }
+  std::vector<internal::MirrorTrainer::DeviceJob> jobs;
+  for (int d = 0; d < kDevices; ++d) {
+    jobs.push_back({absl::StrCat("together-", d), &mirrors[d], &samples[d], nullptr});
+  }
+  std::vector<absl::StatusOr<TrainedSet>> together = (*trainer)->TrainTogether(jobs);
+  std::vector<absl::StatusOr<TrainedSet>> concurrent(kDevices, absl::UnknownError("not run"));
+  {
+    std::vector<std::thread> threads;
+    for (int d = 0; d < kDevices; ++d) {
+      threads.emplace_back([&, d] {
+        concurrent[d] =
+            (*trainer)->Train(absl::StrCat("concurrent-", d), mirrors[d], samples[d], nullptr, 0);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_EQ(together.size(), static_cast<size_t>(kDevices));
+  for (int d = 0; d < kDevices; ++d) {
+    SCOPED_TRACE(d);
+    ASSERT_OK(together[d]);
+    ASSERT_OK(concurrent[d]);
+    EXPECT_EQ(together[d]->stats.current_samples, 3 + d);
+    for (const TrainedSet* got : {&*together[d], &*concurrent[d]}) {
+      ASSERT_EQ(got->trainable.size(), alone[d].trainable.size());
+      for (size_t i = 0; i < got->trainable.size(); ++i) {
+        const torch::Tensor& want = alone[d].trainable[i].second;
+        const double scale = 1.0 + want.abs().max().item<double>();
+        EXPECT_LE((got->trainable[i].second - want).abs().max().item<double>(), 1e-5 * scale)
+            << alone[d].trainable[i].first;
+      }
+    }
+  }
+  // One device twice in a group is refused: its learner state serves one job at a time.
+  std::vector<absl::StatusOr<TrainedSet>> twice = (*trainer)->TrainTogether(
+      {{"twice", &mirrors[0], &samples[0], nullptr}, {"twice", &mirrors[1], &samples[1], nullptr}});
+  EXPECT_THAT(twice[0].status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(twice[1].status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

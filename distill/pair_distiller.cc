@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "distill/greedy_answers.h"
 #include "distill/losses.h"
+#include "model/arch/row_segments.h"
 
 namespace cdcca::distill {
 
@@ -372,10 +373,107 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   return std::unique_ptr<PairDistiller>(new PairDistiller(std::move(state)));
 }
 
-absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& samples) {
-  State& s = *state_;
-  if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
+// A job between its phases: what it prepared, what it trains and how far it got.
+struct PairDistiller::Job {
+  PairDistiller* distiller = nullptr;
   PairJobResult result;
+  std::vector<PreparedSample> pool;
+  // What the optimizer trains: the student's own trainable set (a job alone) or this job's
+  // copy of it (jobs together).
+  model::NamedTensors trainable;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::mt19937_64 rng;
+  std::vector<int64_t> order;
+  size_t cursor = 0;
+  LossTermHistory history;
+  bool done = false;
+
+  // The next batch's samples: the pool reshuffled at each pass.
+  std::vector<int64_t> NextRows() {
+    const State& s = *distiller->state_;
+    std::vector<int64_t> rows;
+    while (static_cast<int>(rows.size()) < std::min<int>(s.options.batch_size, pool.size())) {
+      if (cursor == order.size()) {
+        std::shuffle(order.begin(), order.end(), rng);
+        cursor = 0;
+      }
+      rows.push_back(order[cursor++]);
+    }
+    return rows;
+  }
+
+  // The loss terms of this job's rows of a step ("total" first): `batch` and `f` hold only
+  // them, so every mean is over this job's rows as alone.
+  std::vector<std::pair<std::string, torch::Tensor>> Losses(const TextBatch& batch,
+                                                            const model::TokenForward& f,
+                                                            const std::vector<int64_t>& rows) {
+    State& s = *distiller->state_;
+    std::vector<std::pair<std::string, torch::Tensor>> terms;
+    // CE and KL read the answer's predictor positions alone (row-major, as the teacher's
+    // answer logits are stacked): the same means as over the whole masked [B, T, V].
+    const torch::Tensor predictors = batch.targets >= 0;
+    const torch::Tensor logits = f.logits.index({predictors});  // [K, V]
+    torch::Tensor ce = TokenCrossEntropy(logits, batch.targets.index({predictors}));
+    torch::Tensor total = s.config.l_ce * ce;
+    terms.emplace_back("ce", ce);
+    if (s.UsesFeatures() && s.config.l_query > 0) {
+      torch::Tensor qt = State::Stack(pool, rows, &PreparedSample::teacher_queries);
+      torch::Tensor q = FeatureDistance(s.config, qt, s.phi->forward(f.queries.to(s.device)),
+                                        f.queries_present.to(s.device));
+      total = total + s.config.l_query * q;
+      terms.emplace_back("query", q);
+    }
+    if (s.UsesFeatures() && s.config.l_repr > 0) {
+      auto [r, mask] = s.StudentRepr(batch, f.representation.to(s.device));
+      torch::Tensor rt = State::Stack(pool, rows, &PreparedSample::teacher_repr);
+      torch::Tensor rep = FeatureDistance(s.config, rt, s.psi->forward(r), mask);
+      total = total + s.config.l_repr * rep;
+      terms.emplace_back("repr", rep);
+    }
+    if (s.use_kl) {
+      std::vector<torch::Tensor> teacher_logits;
+      for (int64_t r : rows) teacher_logits.push_back(pool[r].teacher_logits);
+      torch::Tensor kl =
+          TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(), s.config.temperature);
+      total = total + s.config.l_kl * kl;
+      terms.emplace_back("kl", kl);
+    }
+    terms.insert(terms.begin(), {"total", total});
+    return terms;
+  }
+};
+
+namespace {
+
+// Rows [offset, offset + n) of a step's batch and of its forward pass.
+TextBatch BatchRows(const TextBatch& batch, int64_t offset, int64_t n) {
+  TextBatch out;
+  out.targets = batch.targets.narrow(0, offset, n);
+  out.answer_mask = batch.answer_mask.narrow(0, offset, n);
+  out.answer_lengths.assign(batch.answer_lengths.begin() + offset,
+                            batch.answer_lengths.begin() + offset + n);
+  return out;
+}
+
+model::TokenForward ForwardRows(const model::TokenForward& f, int64_t offset, int64_t n) {
+  model::TokenForward out;
+  out.logits = f.logits.narrow(0, offset, n);
+  out.representation = f.representation.narrow(0, offset, n);
+  out.queries = f.queries.narrow(0, offset, n);
+  out.queries_present = f.queries_present.narrow(0, offset, n);
+  return out;
+}
+
+}  // namespace
+
+// The job's teacher work and learner set-up: pseudo-labels and targets per sample, phi and psi
+// at the first job (fitted with the student as it is now). Fills job->pool and the result's
+// labels, notes and prepare time.
+absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job* job) {
+  State& s = *state_;
+  job->distiller = this;
+  if (samples.empty()) return absl::InvalidArgumentError("a job needs at least one sample");
+  PairJobResult& result = job->result;
   result.kl_used = s.use_kl;
   if (!s.same_tokenizer) {
     // Said whatever the KL weight: a pair with different tokenizers never gets the term.
@@ -386,12 +484,12 @@ absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& 
         "aligned on the answer mean"));
   }
   const Clock::time_point prepare_start = Clock::now();
-  std::vector<PreparedSample> pool(samples.size());
+  std::vector<PreparedSample>& pool = job->pool;
+  pool.assign(samples.size(), PreparedSample());
   model::MultimodalModel& student = *s.student.model;
-  torch::nn::Module& module = student.module();
   try {
     s.teacher.model->module().eval();
-    module.eval();
+    student.module().eval();
     for (size_t i = 0; i < samples.size(); ++i) {
       const PairSample& x = samples[i];
       if (!x.tokens.defined() || x.tokens.dim() != 2 ||
@@ -423,10 +521,14 @@ absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& 
   }
   result.stats.prepare_seconds =
       std::chrono::duration<double>(Clock::now() - prepare_start).count();
+  return absl::OkStatus();
+}
 
-  // Only the trainable set (and phi, psi) get gradients.
-  for (auto& p : module.parameters()) p.set_requires_grad(false);
-  model::NamedTensors trainable = student.TrainableParameters();
+// The job's optimizer over `trainable` (and phi, psi) and its batch order. Only these get
+// gradients: the student's own parameters are frozen.
+void PairDistiller::StartTraining(model::NamedTensors trainable, Job* job) {
+  State& s = *state_;
+  for (auto& p : s.student.model->module().parameters()) p.set_requires_grad(false);
   std::vector<torch::Tensor> params;
   for (auto& [name, t] : trainable) {
     t.set_requires_grad(true);
@@ -436,92 +538,138 @@ absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& 
     for (auto& p : s.phi->parameters()) params.push_back(p);
     for (auto& p : s.psi->parameters()) params.push_back(p);
   }
-  torch::optim::AdamW optimizer(
+  job->trainable = std::move(trainable);
+  job->optimizer = std::make_unique<torch::optim::AdamW>(
       params, torch::optim::AdamWOptions(s.options.lr).weight_decay(s.options.weight_decay));
+  job->rng.seed(s.options.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(s.jobs));
+  job->order.resize(job->pool.size());
+  for (size_t i = 0; i < job->order.size(); ++i) job->order[i] = static_cast<int64_t>(i);
+  job->cursor = job->order.size();
+}
 
-  std::mt19937_64 rng(s.options.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(s.jobs));
-  std::vector<int64_t> order(pool.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  size_t cursor = order.size();
-  LossTermHistory history;
+// The training steps of `jobs` (over one student), each step one forward pass over every
+// running job's batch. `segmented`: each job trains its own copy, which its rows read through
+// model::RowSegments; else the one job trains the student's own set.
+absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented) {
+  model::MultimodalModel& student = *jobs[0]->distiller->state_->student.model;
+  const torch::Device device = jobs[0]->distiller->state_->device;
+  const model::NamedTensors shared =
+      segmented ? student.TrainableParameters() : model::NamedTensors();
   const Clock::time_point train_start = Clock::now();
+  std::vector<Job*> running = jobs;
   try {
-    for (int step = 0; step < s.options.max_steps; ++step) {
-      std::vector<int64_t> rows;
-      while (static_cast<int>(rows.size()) < std::min<int>(s.options.batch_size, pool.size())) {
-        if (cursor == order.size()) {
-          std::shuffle(order.begin(), order.end(), rng);
-          cursor = 0;
+    for (bool first = true; !running.empty(); first = false) {
+      std::vector<std::vector<int64_t>> rows;
+      std::vector<TextRow> text;
+      std::vector<int64_t> job_of_row;
+      for (size_t k = 0; k < running.size(); ++k) {
+        rows.push_back(running[k]->NextRows());
+        for (int64_t i : rows.back()) {
+          const PreparedSample& x = running[k]->pool[static_cast<size_t>(i)];
+          text.push_back(
+              {x.tokens, x.present, &x.student_prompt, &x.student_answer, &x.student_qformer});
+          job_of_row.push_back(static_cast<int64_t>(k));
         }
-        rows.push_back(order[cursor++]);
       }
-      TextBatch batch = s.Collate(pool, rows);
-      absl::StatusOr<model::TokenForward> f = student.ForwardTokens(batch.inputs);
+      TextBatch batch = CollateHfRows(text, device);
+      absl::StatusOr<model::TokenForward> f;
+      if (segmented) {
+        std::vector<model::NamedTensors> copies;
+        for (Job* job : running) copies.push_back(job->trainable);
+        absl::StatusOr<model::RowSegments> segments = model::RowSegments::Create(
+            shared, std::move(copies), torch::tensor(job_of_row, torch::kLong).to(device));
+        if (!segments.ok()) return segments.status();
+        model::RowSegmentsScope scope(&*segments);
+        f = student.ForwardTokens(batch.inputs);
+        if (f.ok() && first) {
+          if (std::vector<std::string> unused = segments->Unused(); !unused.empty()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "the student reads ", unused[0],
+                " of its trainable set where rows cannot take their own job's values; its jobs "
+                "cannot run together"));
+          }
+        }
+      } else {
+        f = student.ForwardTokens(batch.inputs);
+      }
       if (!f.ok()) return f.status();
-      std::vector<std::pair<std::string, torch::Tensor>> terms;
-      // CE and KL read the answer's predictor positions alone (row-major, as the teacher's
-      // answer logits are stacked): the same means as over the whole masked [B, T, V].
-      const torch::Tensor predictors = batch.targets >= 0;
-      const torch::Tensor logits = f->logits.index({predictors});  // [K, V]
-      torch::Tensor ce = TokenCrossEntropy(logits, batch.targets.index({predictors}));
-      torch::Tensor total = s.config.l_ce * ce;
-      terms.emplace_back("ce", ce);
-      if (s.UsesFeatures() && s.config.l_query > 0) {
-        torch::Tensor qt = State::Stack(pool, rows, &PreparedSample::teacher_queries);
-        torch::Tensor q = FeatureDistance(s.config, qt, s.phi->forward(f->queries.to(s.device)),
-                                          f->queries_present.to(s.device));
-        total = total + s.config.l_query * q;
-        terms.emplace_back("query", q);
+      // Each job's loss depends on its own copy alone: the gradient of the sum is, for each
+      // copy, that of its job's loss.
+      torch::Tensor sum;
+      std::vector<std::vector<std::pair<std::string, torch::Tensor>>> terms(running.size());
+      int64_t offset = 0;
+      for (size_t k = 0; k < running.size(); ++k) {
+        const auto n = static_cast<int64_t>(rows[k].size());
+        terms[k] =
+            running[k]->Losses(BatchRows(batch, offset, n), ForwardRows(*f, offset, n), rows[k]);
+        sum = k == 0 ? terms[k][0].second : sum + terms[k][0].second;
+        offset += n;
       }
-      if (s.UsesFeatures() && s.config.l_repr > 0) {
-        auto [r, mask] = s.StudentRepr(batch, f->representation.to(s.device));
-        torch::Tensor rt = State::Stack(pool, rows, &PreparedSample::teacher_repr);
-        torch::Tensor rep = FeatureDistance(s.config, rt, s.psi->forward(r), mask);
-        total = total + s.config.l_repr * rep;
-        terms.emplace_back("repr", rep);
+      for (Job* job : running) job->optimizer->zero_grad();
+      sum.backward();
+      std::vector<Job*> still;
+      for (size_t k = 0; k < running.size(); ++k) {
+        Job& job = *running[k];
+        const State& s = *job.distiller->state_;
+        job.optimizer->step();
+        job.history.Add(terms[k]);
+        JobStats& stats = job.result.stats;
+        stats.steps += 1;
+        stats.samples_seen += static_cast<int64_t>(rows[k].size());
+        if (PastBudget(s.options, train_start) && stats.steps < s.options.max_steps) {
+          stats.stopped_by_budget = true;
+          job.done = true;
+        }
+        if (stats.steps >= s.options.max_steps) job.done = true;
+        if (job.done) {
+          stats.train_seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
+        } else {
+          still.push_back(&job);
+        }
       }
-      if (s.use_kl) {
-        std::vector<torch::Tensor> teacher_logits;
-        for (int64_t r : rows) teacher_logits.push_back(pool[r].teacher_logits);
-        torch::Tensor kl = TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(),
-                                         s.config.temperature);
-        total = total + s.config.l_kl * kl;
-        terms.emplace_back("kl", kl);
-      }
-      terms.insert(terms.begin(), {"total", total});
-      optimizer.zero_grad();
-      total.backward();
-      optimizer.step();
-      history.Add(terms);
-      result.stats.steps = step + 1;
-      result.stats.samples_seen += static_cast<int64_t>(rows.size());
-      if (PastBudget(s.options, train_start) && step + 1 < s.options.max_steps) {
-        result.stats.stopped_by_budget = true;
-        break;
-      }
+      running = std::move(still);
     }
   } catch (const c10::Error& e) {
-    for (auto& [name, t] : trainable) t.set_requires_grad(false);
+    for (Job* job : jobs) {
+      for (auto& [name, t] : job->trainable) t.set_requires_grad(false);
+    }
     return absl::InternalError(absl::StrCat("training step: ", e.what_without_backtrace()));
   }
-  result.stats.train_seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
+  return absl::OkStatus();
+}
+
+// The result's statistics and trained set (fp32 CPU clones); the job counts for the next
+// job's batch order.
+void PairDistiller::Finish(Job* job) {
+  State& s = *state_;
+  PairJobResult& result = job->result;
   result.stats.samples_per_second =
       result.stats.train_seconds > 0 ? result.stats.samples_seen / result.stats.train_seconds : 0;
-  result.stats.current_samples = static_cast<int64_t>(samples.size());
+  result.stats.current_samples = static_cast<int64_t>(job->pool.size());
   result.stats.device = s.device.str();
-  result.stats.terms = history.Summaries();
+  result.stats.terms = job->history.Summaries();
   torch::NoGradGuard no_grad;
-  for (auto& [name, t] : trainable) {
+  for (auto& [name, t] : job->trainable) {
     t.set_requires_grad(false);
     result.trainable.emplace_back(name,
                                   t.detach().to(torch::kCPU, torch::kFloat).contiguous().clone());
   }
   ++s.jobs;
-  return result;
 }
 
-absl::StatusOr<PairJobResult> PairDistiller::RunFrom(const compress::NamedTensors& mirror,
-                                                     const std::vector<PairSample>& samples) {
+absl::StatusOr<PairJobResult> PairDistiller::Run(const std::vector<PairSample>& samples) {
+  Job job;
+  if (absl::Status st = Prepare(samples, &job); !st.ok()) return st;
+  StartTraining(state_->student.model->TrainableParameters(), &job);
+  if (absl::Status st = Train({&job}, /*segmented=*/false); !st.ok()) return st;
+  Finish(&job);
+  return std::move(job.result);
+}
+
+// Copies `mirror` into the student's trainable set; returns that set as it then is, fp32
+// clones (what training changes are measured from).
+absl::StatusOr<compress::NamedTensors> PairDistiller::LoadMirror(
+    const compress::NamedTensors& mirror) {
   model::MultimodalModel& student = *state_->student.model;
   const model::NamedTensors params = student.TrainableParameters();
   if (params.size() != mirror.size()) {
@@ -531,18 +679,104 @@ absl::StatusOr<PairJobResult> PairDistiller::RunFrom(const compress::NamedTensor
   if (absl::Status s = compress::CopyInto(mirror, params); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("the mirror: ", s.message()));
   }
-  const compress::NamedTensors before = compress::Fp32Clones(params);
-  absl::StatusOr<PairJobResult> result = Run(samples);
-  if (!result.ok()) return result.status();
-  absl::flat_hash_map<std::string, const torch::Tensor*> at_start;
-  for (const auto& [name, t] : before) at_start[name] = &t;
+  return compress::Fp32Clones(params);
+}
+
+namespace {
+
+// `result`'s trained set as the mirror plus what training changed from `at_start`.
+void OntoMirror(const compress::NamedTensors& mirror, const compress::NamedTensors& at_start,
+                PairJobResult* result) {
+  absl::flat_hash_map<std::string, const torch::Tensor*> start;
+  for (const auto& [name, t] : at_start) start[name] = &t;
   absl::flat_hash_map<std::string, const torch::Tensor*> base;
   for (const auto& [name, t] : mirror) base[name] = &t;
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : result->trainable) {
-    t = (*base.at(name) + (t - *at_start.at(name))).contiguous();
+    t = (*base.at(name) + (t - *start.at(name))).contiguous();
   }
+}
+
+}  // namespace
+
+absl::StatusOr<PairJobResult> PairDistiller::RunFrom(const compress::NamedTensors& mirror,
+                                                     const std::vector<PairSample>& samples) {
+  absl::StatusOr<compress::NamedTensors> before = LoadMirror(mirror);
+  if (!before.ok()) return before.status();
+  absl::StatusOr<PairJobResult> result = Run(samples);
+  if (!result.ok()) return result.status();
+  OntoMirror(mirror, *before, &*result);
   return result;
+}
+
+std::vector<absl::StatusOr<PairJobResult>> PairDistiller::RunTogether(
+    const std::vector<PairJobInput>& jobs) {
+  std::vector<absl::StatusOr<PairJobResult>> out(
+      jobs.size(), absl::StatusOr<PairJobResult>(absl::UnknownError("not run")));
+  std::vector<size_t> valid;
+  absl::flat_hash_map<const PairDistiller*, int> uses;
+  for (const PairJobInput& in : jobs) ++uses[in.distiller];
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const PairJobInput& in = jobs[i];
+    if (in.distiller == nullptr || in.mirror == nullptr || in.samples == nullptr) {
+      out[i] = absl::InvalidArgumentError("a job needs its distiller, mirror and samples");
+    } else if (uses[in.distiller] > 1) {
+      out[i] = absl::InvalidArgumentError("a distiller runs one job at a time");
+    } else if (in.distiller->state_->student.model != jobs[0].distiller->state_->student.model) {
+      out[i] = absl::InvalidArgumentError("jobs run together must share one student model");
+    } else {
+      valid.push_back(i);
+    }
+  }
+  if (valid.size() == 1) {
+    const PairJobInput& in = jobs[valid[0]];
+    out[valid[0]] = in.distiller->RunFrom(*in.mirror, *in.samples);
+  }
+  if (valid.size() <= 1) return out;
+
+  // Each job prepares with the student holding its mirror, then trains a copy of it.
+  std::vector<std::unique_ptr<Job>> flights(jobs.size());
+  std::vector<compress::NamedTensors> at_start(jobs.size());
+  std::vector<Job*> ready;
+  for (size_t i : valid) {
+    const PairJobInput& in = jobs[i];
+    PairDistiller& d = *in.distiller;
+    absl::StatusOr<compress::NamedTensors> before = d.LoadMirror(*in.mirror);
+    if (!before.ok()) {
+      out[i] = before.status();
+      continue;
+    }
+    at_start[i] = *std::move(before);
+    flights[i] = std::make_unique<Job>();
+    if (absl::Status st = d.Prepare(*in.samples, flights[i].get()); !st.ok()) {
+      out[i] = st;
+      continue;
+    }
+    model::NamedTensors copy;
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& [name, t] : d.state_->student.model->TrainableParameters()) {
+        copy.emplace_back(name, t.detach().clone());
+      }
+    }
+    d.StartTraining(std::move(copy), flights[i].get());
+    ready.push_back(flights[i].get());
+  }
+  if (ready.empty()) return out;
+  // Segmented even where one job is left: each trains its copy, not the student's own set.
+  const absl::Status trained = Train(ready, /*segmented=*/true);
+  for (size_t i : valid) {
+    if (flights[i] == nullptr || flights[i]->optimizer == nullptr) continue;  // failed alone
+    if (!trained.ok()) {
+      out[i] = trained;
+      continue;
+    }
+    PairDistiller& d = *jobs[i].distiller;
+    d.Finish(flights[i].get());
+    OntoMirror(*jobs[i].mirror, at_start[i], &flights[i]->result);
+    out[i] = std::move(flights[i]->result);
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,

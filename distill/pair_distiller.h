@@ -139,6 +139,16 @@ class LossTermHistory {
   std::map<std::string, std::vector<double>> values_;
 };
 
+class PairDistiller;
+
+// One device's job of PairDistiller::RunTogether: what RunFrom takes, and the distiller that
+// keeps the device's learner state. Not owned; they outlive the call.
+struct PairJobInput {
+  PairDistiller* distiller = nullptr;
+  const compress::NamedTensors* mirror = nullptr;
+  const std::vector<PairSample>* samples = nullptr;
+};
+
 class PairDistiller {
  public:
   // `config`: the learner (feature term and weights); `options`: steps, batch size, lr,
@@ -165,12 +175,38 @@ class PairDistiller {
   absl::StatusOr<PairJobResult> RunFrom(const compress::NamedTensors& mirror,
                                         const std::vector<PairSample>& samples);
 
+  // Several devices' rounds over one student base: jobs[i] as
+  // jobs[i].distiller->RunFrom(*jobs[i].mirror, *jobs[i].samples), with result i equal to
+  // that job's alone up to float rounding. Each job prepares as alone (its teacher pass, its
+  // phi and psi), with the student holding its mirror. Then each step takes every running
+  // job's batch, drawn as alone, into one forward pass of the shared student, in which each
+  // row reads its own job's copy of the trainable set (model::RowSegments: the frozen base
+  // runs once over all rows); each job's loss is its own rows' alone, and its optimizer steps
+  // on the gradient of that loss alone. A job leaves the steps at its own max_steps or time
+  // budget. One job runs as RunFrom does.
+  //
+  // Every distiller must hold the same student model and appear once (InvalidArgument
+  // otherwise, for each job). A job whose samples do not fit fails alone, as its RunFrom
+  // would; an error of a shared step fails every job still training. The student's own
+  // trainable set is left as one of the jobs' mirrors (callers copy theirs in, as for
+  // RunFrom); its frozen base is untouched. FailedPrecondition for a student that reads a
+  // member of its trainable set where rows cannot take their own job's values.
+  static std::vector<absl::StatusOr<PairJobResult>> RunTogether(
+      const std::vector<PairJobInput>& jobs);
+
   // Whether the two tokenizers are identical (the KL term and per-position R apply).
   bool same_tokenizer() const;
 
  private:
   struct State;
+  struct Job;
   explicit PairDistiller(std::unique_ptr<State> state);
+  // The phases of a job, commented where they are defined.
+  absl::Status Prepare(const std::vector<PairSample>& samples, Job* job);
+  void StartTraining(model::NamedTensors trainable, Job* job);
+  static absl::Status Train(const std::vector<Job*>& jobs, bool segmented);
+  void Finish(Job* job);
+  absl::StatusOr<compress::NamedTensors> LoadMirror(const compress::NamedTensors& mirror);
   std::unique_ptr<State> state_;
 };
 

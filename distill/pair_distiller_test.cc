@@ -7,6 +7,7 @@
 // - a job: the loss falls, the KL term runs only with identical tokenizers and the job says
 //   why it does not, an int8 student trains on the CPU;
 // - a complete sample (every token of the frame): the teacher labels it from all its tokens;
+// - several devices' jobs run together over one student give each what its job alone gives;
 // - the same for a T5 language model (encoder-decoder: the prompt in the encoder, the answer
 //   teacher-forced in the decoder);
 // - the device learners (distill/self_learner.h): TENT moves the norms alone and lowers
@@ -563,6 +564,135 @@ TEST(PairJobTest, RefusesMissingCodecsAndBadOptions) {
   absl::Status st = job->Run({wrong}).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("sample 0"), std::string::npos) << st;
+}
+
+// Three devices' jobs over one student base, run together and each alone, two rounds (the
+// second with the phi and psi its first fitted): each device gets what its job alone gives.
+// The devices start from different mirrors, hold different samples (so different batch
+// draws) and one runs fewer steps, so a row that read another job's values, a loss mean over
+// mixed rows or a step too many would show.
+class PairJobsTogetherTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *student->model);
+  constexpr int kDevices = 3;
+  std::vector<compress::NamedTensors> mirrors(kDevices);
+  std::vector<std::vector<PairSample>> samples(kDevices);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(7);
+    for (int d = 0; d < kDevices; ++d) {
+      for (const auto& [name, t] : student->model->TrainableParameters()) {
+        torch::Tensor m = t.detach().to(torch::kFloat).clone();
+        if (name.find("lora_b") != std::string::npos) m.normal_(0.0, 0.3);
+        if (name.find("norm") != std::string::npos) m.mul_(1.0 + 0.1 * torch::randn_like(m));
+        mirrors[d].emplace_back(name, m);
+      }
+      samples[d] = Samples(c, 3 + d);
+      for (PairSample& s : samples[d]) s.tokens = s.tokens + 0.05 * torch::randn_like(s.tokens);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  auto options = [](int d) {
+    JobOptions o;
+    o.max_steps = d == 1 ? 2 : 4;
+    o.batch_size = 2;
+    o.lr = 1e-2;
+    o.max_answer_tokens = 3;
+    return o;
+  };
+  std::vector<std::unique_ptr<PairDistiller>> alone, together;
+  for (int d = 0; d < kDevices; ++d) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> a,
+                         PairDistiller::Create(teacher->side, student->side, config, options(d)));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> t,
+                         PairDistiller::Create(teacher->side, student->side, config, options(d)));
+    alone.push_back(std::move(a));
+    together.push_back(std::move(t));
+  }
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    std::vector<PairJobResult> expected;
+    for (int d = 0; d < kDevices; ++d) {
+      ASSERT_OK_AND_ASSIGN(PairJobResult r, alone[d]->RunFrom(mirrors[d], samples[d]));
+      expected.push_back(std::move(r));
+    }
+    std::vector<PairJobInput> jobs;
+    for (int d = 0; d < kDevices; ++d)
+      jobs.push_back({together[d].get(), &mirrors[d], &samples[d]});
+    std::vector<absl::StatusOr<PairJobResult>> got = PairDistiller::RunTogether(jobs);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kDevices));
+    for (int d = 0; d < kDevices; ++d) {
+      SCOPED_TRACE(d);
+      ASSERT_OK(got[d].status());
+      const PairJobResult& r = *got[d];
+      EXPECT_EQ(r.pseudo_labels, expected[d].pseudo_labels);
+      EXPECT_EQ(r.stats.steps, options(d).max_steps);
+      EXPECT_EQ(r.stats.samples_seen, expected[d].stats.samples_seen);
+      ASSERT_EQ(r.trainable.size(), expected[d].trainable.size());
+      int moved = 0;
+      for (size_t i = 0; i < r.trainable.size(); ++i) {
+        const torch::Tensor& want = expected[d].trainable[i].second;
+        const torch::Tensor& have = r.trainable[i].second;
+        EXPECT_EQ(r.trainable[i].first, expected[d].trainable[i].first);
+        // A key projection's bias adds the same q.b_k to every score of a query, which the
+        // softmax takes away: its gradient is zero but for rounding, which AdamW scales up to
+        // steps of the learning rate's size, so alone and together it moves by noise alone.
+        if (absl::EndsWith(r.trainable[i].first, "k_proj.bias")) continue;
+        const double scale = 1.0 + want.abs().max().item<double>();
+        EXPECT_LE((have - want).abs().max().item<double>(), 1e-5 * scale) << r.trainable[i].first;
+        moved += !torch::equal(want, mirrors[d][i].second);
+      }
+      EXPECT_GT(moved, static_cast<int>(r.trainable.size()) / 2);
+      ASSERT_EQ(r.stats.terms.size(), expected[d].stats.terms.size());
+      for (size_t i = 0; i < r.stats.terms.size(); ++i) {
+        const LossTerm& want = expected[d].stats.terms[i];
+        EXPECT_EQ(r.stats.terms[i].name, want.name);
+        EXPECT_NEAR(r.stats.terms[i].first, want.first, 1e-5 * (1 + std::abs(want.first)));
+        EXPECT_NEAR(r.stats.terms[i].last, want.last, 1e-5 * (1 + std::abs(want.last)))
+            << want.name;
+      }
+      mirrors[d] = r.trainable;  // the next round starts where the device is
+    }
+  }
+}
+
+// The decoder-only language models. The tiny T5 pair trains members whose gradient is below
+// AdamW's epsilon for a few elements, where float rounding alone decides the step (a few of 512
+// elements differ after one step, alone against together, and the difference grows over
+// rounds), so it would test AdamW's sensitivity rather than the rows' adapters.
+INSTANTIATE_TEST_SUITE_P(Families, PairJobsTogetherTest,
+                         ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_opt",
+                                           "instructblip_llama"));
+
+TEST(PairJobsTogetherTest, RefusesJobsOnOtherStudentsOrTwiceOnOneDistiller) {
+  std::unique_ptr<Side> teacher, student, other;
+  ASSERT_NO_FATAL_FAILURE(LoadPair("llava_clip_llama", &teacher, &student));
+  other = LoadSide("llava_clip_llama");
+  ASSERT_OK(other->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *student->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+  JobOptions o;
+  o.max_steps = 1;
+  o.batch_size = 1;
+  o.max_answer_tokens = 2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> a,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> b,
+                       PairDistiller::Create(teacher->side, other->side, config, o));
+  const compress::NamedTensors mirror = compress::Fp32Clones(student->model->TrainableParameters());
+  const std::vector<PairSample> s = Samples(c, 1);
+  std::vector<absl::StatusOr<PairJobResult>> got =
+      PairDistiller::RunTogether({{a.get(), &mirror, &s}, {b.get(), &mirror, &s}});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_OK(got[0].status());  // alone in the end
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kInvalidArgument);
+  got = PairDistiller::RunTogether({{a.get(), &mirror, &s}, {a.get(), &mirror, &s}});
+  EXPECT_EQ(got[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SampleFromUplinkTest, PlacesTheKeptTokensInTheirRowsAndDecodesThePrompt) {

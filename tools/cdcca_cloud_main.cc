@@ -205,6 +205,10 @@ ABSL_FLAG(int, trigger_samples, cdcca::settings::kTriggerSamples,
 ABSL_FLAG(double, trigger_interval_s, cdcca::settings::kTriggerIntervalS,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
+ABSL_FLAG(int, max_jobs_together, 4,
+          "most jobs of different devices that train together over the one student base when they "
+          "run at once (--trainer_threads): each device's rows read its own adapters and it gets "
+          "what its job alone gives; a step holds every job's batch (1 = one job at a time)");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
           "threads matrix products)");
@@ -292,6 +296,7 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
       static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
   so.max_resident_mirrors =
       static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_max_resident_mirrors)));
+  so.max_jobs_together = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_jobs_together)));
   so.guard.enabled = absl::GetFlag(FLAGS_guard);
   so.guard.holdout_fraction = absl::GetFlag(FLAGS_guard_holdout_fraction);
   so.guard.pool_capacity =

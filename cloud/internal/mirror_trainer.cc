@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<MirrorTrainer>> MirrorTrainer::Create(
   absl::StatusOr<distill::DistillSettings> settings = JobSettings(options);
   if (!settings.ok()) return settings.status();
   t->settings_ = *std::move(settings);
+  t->max_jobs_together_ = std::max<size_t>(1, options.max_jobs_together);
   const bool cuda = options.train_device == "cuda" && torch::cuda::is_available();
   const std::string device = cuda ? "cuda" : "cpu";
   // Process-wide: the program that trains sets its LibTorch threads here (docs/ARCHITECTURE.md,
@@ -129,49 +130,113 @@ absl::StatusOr<TrainedSet> MirrorTrainer::Train(const std::string& device_id,
                                                 const compress::NamedTensors& mirror,
                                                 const std::vector<compress::UplinkSample>& samples,
                                                 distill::ReplayBuffer* replay, uint64_t version) {
-  // One student model serves every device: one job at a time.
+  (void)version;
+  TrainRequest me;
+  me.job = {device_id, &mirror, &samples, replay};
+  {
+    absl::MutexLock queue(&queue_mu_);
+    waiting_.push_back(&me);
+  }
+  // One student model serves every device: one group of jobs at a time. The call that gets
+  // the model first runs its own job and those waiting behind it.
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<distill::PairDistiller>& distiller = distillers_[device_id];
-  if (distiller == nullptr) {
-    absl::StatusOr<std::unique_ptr<distill::PairDistiller>> created =
-        distill::PairDistiller::Create(teacher_side_, student_side_, settings_.learner,
-                                       settings_.job);
-    if (!created.ok()) return created.status();
-    distiller = *std::move(created);
+  std::vector<TrainRequest*> group;
+  {
+    absl::MutexLock queue(&queue_mu_);
+    if (me.done) return std::move(me.result);
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &me));
+    group.push_back(&me);
+    while (group.size() < max_jobs_together_ && !waiting_.empty()) {
+      group.push_back(waiting_.front());
+      waiting_.pop_front();
+    }
   }
-  // This round's samples, then the replayed ones at the job's replay share.
-  std::vector<const compress::UplinkSample*> chosen;
-  for (const compress::UplinkSample& s : samples) chosen.push_back(&s);
-  const double f = settings_.job.replay_fraction;
-  if (replay != nullptr && replay->size() > 0 && f > 0 && f < 1) {
-    const auto want = static_cast<size_t>(std::ceil(samples.size() * f / (1.0 - f)));
-    for (const compress::UplinkSample* s : replay->Draw(want)) chosen.push_back(s);
+  std::vector<DeviceJob> jobs;
+  for (const TrainRequest* r : group) jobs.push_back(r->job);
+  std::vector<absl::StatusOr<TrainedSet>> results = TrainGroup(jobs);
+  {
+    absl::MutexLock queue(&queue_mu_);
+    for (size_t g = 0; g < group.size(); ++g) {
+      group[g]->result = std::move(results[g]);
+      group[g]->done = true;
+    }
   }
-  // A sample that does not become one the pair trains on (a frame that does not decode)
-  // is left out: this round's are listed as rejected, replayed ones (used before) dropped.
-  TrainedSet out;
-  std::vector<distill::PairSample> job;
-  job.reserve(chosen.size());
-  int64_t current = 0;
-  for (size_t i = 0; i < chosen.size(); ++i) {
-    const compress::UplinkSample* s = chosen[i];
-    absl::StatusOr<distill::PairSample> h = JobSample(*s);
-    if (!h.ok()) {
-      if (i < samples.size()) out.rejected.emplace_back(i, h.status());
+  return std::move(me.result);
+}
+
+std::vector<absl::StatusOr<TrainedSet>> MirrorTrainer::TrainTogether(
+    const std::vector<DeviceJob>& jobs) {
+  absl::MutexLock lock(&mu_);
+  return TrainGroup(jobs);
+}
+
+// Each device's job: its samples as the pair reads them (this round's, then replayed ones at
+// the job's replay share), then one distill::PairDistiller::RunTogether over those with any.
+std::vector<absl::StatusOr<TrainedSet>> MirrorTrainer::TrainGroup(
+    const std::vector<DeviceJob>& group) {
+  std::vector<absl::StatusOr<TrainedSet>> out(group.size(), absl::UnknownError("not run"));
+  std::vector<std::vector<distill::PairSample>> jobs(group.size());
+  std::vector<TrainedSet> sets(group.size());
+  std::vector<int64_t> current(group.size(), 0);
+  std::vector<distill::PairJobInput> inputs;
+  std::vector<size_t> of_input;
+  for (size_t g = 0; g < group.size(); ++g) {
+    const DeviceJob& r = group[g];
+    std::unique_ptr<distill::PairDistiller>& distiller = distillers_[r.device_id];
+    if (distiller == nullptr) {
+      absl::StatusOr<std::unique_ptr<distill::PairDistiller>> created =
+          distill::PairDistiller::Create(teacher_side_, student_side_, settings_.learner,
+                                         settings_.job);
+      if (!created.ok()) {
+        out[g] = created.status();
+        continue;
+      }
+      distiller = *std::move(created);
+    }
+    const std::vector<compress::UplinkSample>& samples = *r.samples;
+    std::vector<const compress::UplinkSample*> chosen;
+    for (const compress::UplinkSample& s : samples) chosen.push_back(&s);
+    const double f = settings_.job.replay_fraction;
+    if (r.replay != nullptr && r.replay->size() > 0 && f > 0 && f < 1) {
+      const auto want = static_cast<size_t>(std::ceil(samples.size() * f / (1.0 - f)));
+      for (const compress::UplinkSample* s : r.replay->Draw(want)) chosen.push_back(s);
+    }
+    // A sample that does not become one the pair trains on (a frame that does not decode)
+    // is left out: this round's are listed as rejected, replayed ones (used before) dropped.
+    jobs[g].reserve(chosen.size());
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      absl::StatusOr<distill::PairSample> h = JobSample(*chosen[i]);
+      if (!h.ok()) {
+        if (i < samples.size()) sets[g].rejected.emplace_back(i, h.status());
+        continue;
+      }
+      if (i < samples.size()) ++current[g];
+      jobs[g].push_back(*std::move(h));
+    }
+    if (current[g] == 0) {
+      out[g] = std::move(sets[g]);
       continue;
     }
-    if (i < samples.size()) ++current;
-    job.push_back(*std::move(h));
+    inputs.push_back({distiller.get(), r.mirror, &jobs[g]});
+    of_input.push_back(g);
   }
-  (void)version;
-  if (current == 0) return out;
-  absl::StatusOr<distill::PairJobResult> result = distiller->RunFrom(mirror, job);
-  if (!result.ok()) return result.status();
-  out.stats = std::move(result->stats);
-  out.stats.current_samples = current;
-  out.stats.replay_samples = static_cast<int64_t>(job.size()) - current;
-  out.notes = std::move(result->notes);
-  out.trainable = std::move(result->trainable);
+  if (inputs.empty()) return out;
+  std::vector<absl::StatusOr<distill::PairJobResult>> results =
+      distill::PairDistiller::RunTogether(inputs);
+  for (size_t k = 0; k < results.size(); ++k) {
+    const size_t g = of_input[k];
+    if (!results[k].ok()) {
+      out[g] = results[k].status();
+      continue;
+    }
+    TrainedSet& set = sets[g];
+    set.stats = std::move(results[k]->stats);
+    set.stats.current_samples = current[g];
+    set.stats.replay_samples = static_cast<int64_t>(jobs[g].size()) - current[g];
+    set.notes = std::move(results[k]->notes);
+    set.trainable = std::move(results[k]->trainable);
+    out[g] = std::move(set);
+  }
   return out;
 }
 

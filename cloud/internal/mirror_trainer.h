@@ -4,14 +4,19 @@
 //
 // A teacher-student pair of model folders (teacher_dir, student_base_dir; a cdcca family is
 // the pair DIR/teacher, DIR), the student loaded at the devices' precision with the adapters
-// they run, one distill::PairDistiller per device. Jobs run one at a time (one student model
-// is shared).
+// they run, one distill::PairDistiller per device. One student model is shared, and the jobs
+// of different devices that wait for it at once run together, up to
+// options.max_jobs_together of them (distill::PairDistiller::RunTogether: one forward pass
+// over all their rows, each device's result what its job alone gives): the first of them
+// to hold the model runs the group for all, as LevelDB's first writer writes a batch for the
+// writers queued behind it.
 //
 // Thread-safety: Train, TeacherAnswers and StudentAnswers may run concurrently for different
 // devices, never for one device at once.
 #ifndef CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
 #define CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -53,11 +58,24 @@ class MirrorTrainer {
   // from `replay`); `version` is the mirror's (it varies the job's seed). The learner state
   // that persists between a device's jobs (phi, psi) is kept per `device_id`. A sample it
   // cannot use (a frame that does not decode) is left out and listed in TrainedSet::rejected;
-  // an error means the job as a whole failed.
+  // an error means the job as a whole failed. Calls for other devices that wait at the same
+  // time may train together with this one (the result is the same); `replay` is then read by
+  // the call that runs the group, while this one waits.
   absl::StatusOr<TrainedSet> Train(const std::string& device_id,
                                    const compress::NamedTensors& mirror,
                                    const std::vector<compress::UplinkSample>& samples,
                                    distill::ReplayBuffer* replay, uint64_t version);
+  // Train's arguments for one device, for TrainTogether (not owned; they outlive the call).
+  struct DeviceJob {
+    std::string device_id;
+    const compress::NamedTensors* mirror = nullptr;
+    const std::vector<compress::UplinkSample>* samples = nullptr;
+    distill::ReplayBuffer* replay = nullptr;
+  };
+  // Trains several devices' jobs together (distinct devices; InvalidArgument for a device
+  // that appears twice): result i is what Train of jobs[i] alone gives. What Train runs for
+  // the calls that wait at once.
+  std::vector<absl::StatusOr<TrainedSet>> TrainTogether(const std::vector<DeviceJob>& jobs);
   // Whether a sample can be answered and trained on at all (a frame decodes to the tower's
   // input); cheap, no model runs. The held-out pool takes only samples that pass, so that
   // one unusable sample can never fail every guarded job after it.
@@ -90,7 +108,16 @@ class MirrorTrainer {
  private:
   MirrorTrainer() = default;
 
+  // A Train call waiting for the student, or run by another call's group.
+  struct TrainRequest {
+    DeviceJob job;
+    absl::StatusOr<TrainedSet> result = absl::UnknownError("not run");
+    bool done = false;  // guarded by queue_mu_
+  };
+
   // Helpers of the methods above, commented where they are defined.
+  std::vector<absl::StatusOr<TrainedSet>> TrainGroup(const std::vector<DeviceJob>& jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<distill::PairSample> JobSample(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<std::string>> Answers(
@@ -108,6 +135,11 @@ class MirrorTrainer {
   uint64_t fingerprint_ = 0;
   uint64_t vision_fingerprint_ = 0;
   SampleSpec spec_;
+  size_t max_jobs_together_ = 1;
+
+  // Train calls not yet taken into a group, oldest first.
+  absl::Mutex queue_mu_;  // taken alone or inside mu_
+  std::deque<TrainRequest*> waiting_ ABSL_GUARDED_BY(queue_mu_);
 
   absl::Mutex mu_;
   std::unordered_map<std::string, std::unique_ptr<distill::PairDistiller>> distillers_

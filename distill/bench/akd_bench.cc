@@ -15,6 +15,14 @@
 // Prints one JSON line: load, preparation (teacher answers, Q_t / R_t / logits, ridge fit)
 // and training times, training samples/s, the loss terms and the peak GPU memory.
 //
+// --jobs K runs a fleet's round instead: K devices' jobs over the one loaded student, each
+// with its own learner state and its samples (the inputs, rotated by K-th parts so devices
+// hold them in different orders), from the pretrained trainable set. They run as
+// `cdcca-cloud --role trainer` runs jobs that wait for the student at once: in groups of at
+// most --max_jobs_together, each group one distill::PairDistiller::RunTogether. The line
+// then adds the device-jobs per hour; job_seconds and job_samples_per_second cover every
+// device's job, the other figures are the first device's.
+//
 // Flags of a job setting carry the programs' names (docs/SETTINGS.md, cdcca-cloud's); their
 // defaults are the defaults table's (settings/defaults.h) except where the documented job
 // deliberately runs another value, which the flag's help says.
@@ -23,8 +31,10 @@
 //       [--distill_config configs/distill/akd.json] [--teacher_precision bf16]
 //       [--student_precision int4] [--device cuda] [--lora_rank 8] [--lora_alpha 16]
 //       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32]
+//       [--jobs 1] [--max_jobs_together 4]
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -36,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "compress/named_tensors.h"
 #include "distill/akd.h"
 #include "distill/pair_distiller.h"
 #include "model/arch/multimodal_model.h"
@@ -60,6 +71,9 @@ ABSL_FLAG(int, batch_size, cdcca::settings::kBatchSize, "batch size");
 ABSL_FLAG(int, max_answer_tokens, 32,
           "the teacher's answer length bound, tokens; the documented job's 32 (rows of 648 LM "
           "positions, as the reference is timed at), where the programs' default is 6");
+ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
+ABSL_FLAG(int, max_jobs_together, 4,
+          "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
 
 namespace cdcca::distill {
 namespace {
@@ -147,19 +161,45 @@ int Run() {
   int64_t trainable = 0;
   for (const auto& [name, t] : (*student)->TrainableParameters()) trainable += t.numel();
 
-  auto distiller = PairDistiller::Create(IdsAsTextSide(teacher->get()),
-                                         IdsAsTextSide(student->get()), settings->learner, job);
-  if (!distiller.ok()) {
-    std::cerr << distiller.status() << "\n";
-    return 1;
+  // One distiller per device (its learner state), every device from the pretrained set.
+  const int devices = std::max(1, absl::GetFlag(FLAGS_jobs));
+  const size_t together = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_jobs_together)));
+  const compress::NamedTensors mirror = compress::Fp32Clones((*student)->TrainableParameters());
+  std::vector<std::unique_ptr<PairDistiller>> distillers;
+  std::vector<std::vector<PairSample>> device_samples;
+  for (int d = 0; d < devices; ++d) {
+    auto distiller = PairDistiller::Create(IdsAsTextSide(teacher->get()),
+                                           IdsAsTextSide(student->get()), settings->learner, job);
+    if (!distiller.ok()) {
+      std::cerr << distiller.status() << "\n";
+      return 1;
+    }
+    distillers.push_back(*std::move(distiller));
+    std::vector<PairSample> mine = samples;
+    std::rotate(mine.begin(), mine.begin() + (d * mine.size() / devices) % mine.size(), mine.end());
+    device_samples.push_back(std::move(mine));
   }
   const Clock::time_point job_start = Clock::now();
-  absl::StatusOr<PairJobResult> result = (*distiller)->Run(samples);
-  const double job_seconds = Since(job_start);
-  if (!result.ok()) {
-    std::cerr << "job: " << result.status() << "\n";
-    return 1;
+  std::vector<absl::StatusOr<PairJobResult>> results;
+  for (size_t first = 0; first < distillers.size(); first += together) {
+    std::vector<PairJobInput> group;
+    for (size_t d = first; d < std::min(distillers.size(), first + together); ++d) {
+      group.push_back({distillers[d].get(), &mirror, &device_samples[d]});
+    }
+    for (absl::StatusOr<PairJobResult>& r : PairDistiller::RunTogether(group)) {
+      results.push_back(std::move(r));
+    }
   }
+  const double job_seconds = Since(job_start);
+  for (size_t d = 0; d < results.size(); ++d) {
+    if (!results[d].ok()) {
+      std::cerr << "job of device " << d << ": " << results[d].status() << "\n";
+      return 1;
+    }
+  }
+  int64_t samples_seen = 0;
+  for (const absl::StatusOr<PairJobResult>& r : results) samples_seen += r->stats.samples_seen;
+  const absl::StatusOr<PairJobResult>& result = results[0];
   const model::GpuMemoryPeak peak = model::PeakGpuMemory(device);
   json terms = json::object();
   for (const LossTerm& t : result->stats.terms) {
@@ -188,7 +228,10 @@ int Run() {
       {"train_seconds", result->stats.train_seconds},
       {"job_seconds", job_seconds},
       {"train_samples_per_second", result->stats.samples_per_second},
-      {"job_samples_per_second", result->stats.samples_seen / job_seconds},
+      {"job_samples_per_second", samples_seen / job_seconds},
+      {"device_jobs", devices},
+      {"max_jobs_together", together},
+      {"device_jobs_per_hour", devices * 3600.0 / job_seconds},
       {"terms", terms},
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},

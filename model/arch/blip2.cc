@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/arch/blip2_inputs.h"
+#include "model/arch/row_segments.h"
 
 namespace cdcca::model {
 namespace {
@@ -697,8 +698,15 @@ class Blip2MultimodalModel : public MultimodalModel {
       }
       torch::Tensor present;
       if (in.visual_present.defined()) present = in.visual_present.to(device_, torch::kBool);
-      torch::Tensor out = model_->qformer->ForwardMasked(model_->query_tokens.expand({b, -1, -1}),
-                                                         image, qids, qmask, present, nullptr);
+      torch::Tensor queries = model_->query_tokens.expand({b, -1, -1});
+      if (const RowSegments* segments = ActiveRowSegments(); segments != nullptr) {
+        // Jobs trained together: each row's own query tokens.
+        if (torch::Tensor rows = segments->Rows(model_->query_tokens); rows.defined()) {
+          queries = rows.reshape({b, c.num_query_tokens, -1});
+        }
+      }
+      torch::Tensor out =
+          model_->qformer->ForwardMasked(queries, image, qids, qmask, present, nullptr);
       m.queries = out.slice(1, 0, c.num_query_tokens).to(torch::kFloat);
       torch::Tensor projected =
           model_->language_projection->forward(m.queries.to(model_->precision().dtype));

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "model/arch/row_segments.h"
 #include "model/runtime/fused_ops.h"
 #include "model/runtime/qmatmul.h"
 
@@ -183,6 +184,20 @@ torch::Tensor LinearImpl::MergedWeight() const {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (const RowSegments* segments = ActiveRowSegments(); segments != nullptr) {
+    const torch::Tensor bias_rows = segments->Rows(bias);
+    const torch::Tensor a_rows = segments->Rows(lora_a);
+    const torch::Tensor b_rows = segments->Rows(lora_b);
+    if (bias_rows.defined() || a_rows.defined() || b_rows.defined()) {
+      TORCH_CHECK(a_rows.defined() == b_rows.defined(),
+                  "row segments hold one LoRA factor of a layer without the other");
+      torch::Tensor y = BaseForward(x, bias_rows.defined() ? torch::Tensor() : bias);
+      if (bias_rows.defined()) y = AddPerRow(y, bias_rows);
+      if (a_rows.defined()) return y + PerRowLora(x, a_rows, b_rows) * lora_scale_;
+      if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
+      return y;
+    }
+  }
   if (has_lora() && !quantized()) {
     // Folding B A into the weight costs out * in * rank multiplications, the side path below
     // rows * (in + out) * rank and three more passes over the rows, so many rows (training
@@ -193,20 +208,23 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     const int64_t rows = x.numel() / std::max<int64_t>(1, in);
     if (rows * (in + out) >= in * out) return torch::linear(x, MergedWeight(), bias);
   }
-  torch::Tensor y;
-  if (UsesPackedKernel(x)) {
-    y = QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
-                        options_.precision.int4_group, bias);
-  } else if (quantized() && q_.values.defined() && torch::GradMode::is_enabled() &&
-             x.requires_grad()) {
-    y = DequantizedMatmul::apply(x, bias.defined() ? bias : x.new_empty({0}), q_.values, q_.scales,
-                                 static_cast<int64_t>(options_.precision.weights),
-                                 options_.in_features, options_.precision.int4_group);
-  } else {
-    y = torch::linear(x, EffectiveWeight(), bias);
-  }
+  torch::Tensor y = BaseForward(x, bias);
   if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
   return y;
+}
+
+torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {
+  if (UsesPackedKernel(x)) {
+    return QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
+                           options_.precision.int4_group, bias_term);
+  }
+  if (quantized() && q_.values.defined() && torch::GradMode::is_enabled() && x.requires_grad()) {
+    return DequantizedMatmul::apply(x, bias_term.defined() ? bias_term : x.new_empty({0}),
+                                    q_.values, q_.scales,
+                                    static_cast<int64_t>(options_.precision.weights),
+                                    options_.in_features, options_.precision.int4_group);
+  }
+  return torch::linear(x, EffectiveWeight(), bias_term);
 }
 
 int64_t LinearImpl::WeightBytes() const {
@@ -269,8 +287,11 @@ bool FusedLinear::Intact() const {
 bool FusedLinear::Serves(const torch::Tensor& x) const {
   if (!Intact() || !parts_[0]->UsesPackedKernel(x)) return false;
   const bool grad = torch::GradMode::is_enabled();
+  const RowSegments* segments = ActiveRowSegments();
   for (const Linear& p : parts_) {
     if (p->has_lora() || (grad && bias_.defined() && p->bias.requires_grad())) return false;
+    // A part whose bias is per row computes on its own.
+    if (segments != nullptr && bias_.defined() && segments->Rows(p->bias).defined()) return false;
   }
   return true;
 }
@@ -311,14 +332,30 @@ RmsNormLayerImpl::RmsNormLayerImpl(int64_t dim, double eps, torch::ScalarType dt
   weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
 }
 
-torch::Tensor RmsNormLayerImpl::forward(const torch::Tensor& x) { return RmsNorm(x, weight, eps_); }
+torch::Tensor RmsNormLayerImpl::forward(const torch::Tensor& x) {
+  if (const RowSegments* segments = ActiveRowSegments(); segments != nullptr) {
+    if (torch::Tensor w = segments->Rows(weight); w.defined()) {
+      return MulPerRow(RmsNorm(x, torch::ones_like(weight), eps_), w);
+    }
+  }
+  return RmsNorm(x, weight, eps_);
+}
 
-LayerNormLayerImpl::LayerNormLayerImpl(int64_t dim, double eps, torch::ScalarType dtype) : eps_(eps) {
+LayerNormLayerImpl::LayerNormLayerImpl(int64_t dim, double eps, torch::ScalarType dtype)
+    : eps_(eps) {
   weight = register_parameter("weight", Placeholder({dim}, dtype), /*requires_grad=*/false);
   bias = register_parameter("bias", Placeholder({dim}, dtype), /*requires_grad=*/false);
 }
 
 torch::Tensor LayerNormLayerImpl::forward(const torch::Tensor& x) {
+  if (const RowSegments* segments = ActiveRowSegments(); segments != nullptr) {
+    const torch::Tensor w = segments->Rows(weight), b = segments->Rows(bias);
+    if (w.defined() || b.defined()) {
+      torch::Tensor y = torch::layer_norm(x, {x.size(-1)}, {}, {}, eps_);
+      y = w.defined() ? MulPerRow(y, w) : y * weight;
+      return b.defined() ? AddPerRow(y, b) : y + bias;
+    }
+  }
   return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
 }
 

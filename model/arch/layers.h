@@ -60,6 +60,8 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   // hold to compute the same function). Unquantized layers only.
   torch::Tensor MergedWeight() const;
 
+  // With row segments active (model/arch/row_segments.h) that hold this layer's LoRA factors
+  // or bias, each row takes its own segment's: the frozen product once over all rows.
   torch::Tensor forward(const torch::Tensor& x);
 
   // Takes "weight" (quantizing it when the precision says so) and "bias".
@@ -97,6 +99,10 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   LinearOptions options_;
   double lora_scale_ = 0.0;
   QuantizedWeight q_;  // set once a quantized layer adopted its weight
+
+  // x W^T + `bias_term` (undefined: none), without the LoRA term: the packed kernel, the
+  // dequantizing product or torch's.
+  torch::Tensor BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term);
 
   // Runs `move` (a Module::to) with the placeholder shrunk to its one element, then moves
   // the packed weight to where the parameters went.
