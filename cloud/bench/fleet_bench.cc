@@ -10,7 +10,8 @@
 // (cloud/bench/fleet_sim.h) for --seconds, drains it, checks the store, and prints the
 // report as JSON on stdout (and into --json). A summary goes to stderr. Exits 1 when a
 // check fails: an acked batch missing from the store, a device left with queued batches,
-// a fault not recovered from, or (without --faults) a failed call.
+// a call left open past its deadline, a fault not recovered from, or (without --faults) a
+// failed call.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -96,7 +97,8 @@ int main(int argc, char** argv) {
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream(path) << text << "\n";
   }
-  bool ok = r->lost_batches == 0 && r->stuck_devices == 0 && r->ack_regressions == 0;
+  bool ok = r->lost_batches == 0 && r->stuck_devices == 0 && r->hung_calls == 0 &&
+            r->ack_regressions == 0;
   if (!o.faults) ok = ok && r->errors_outside_faults == 0;
   for (const cdcca::fleet::FaultOutcome& f : r->faults) {
     std::fprintf(stderr,
@@ -108,10 +110,10 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "%d devices, %.0f s: %llu acked batches checked, %llu lost, %d devices stuck, "
-               "%llu errors outside faults: %s\n",
+               "%d calls hung, %llu errors outside faults: %s\n",
                o.devices, absl::ToDoubleSeconds(o.duration),
                static_cast<unsigned long long>(r->checked_batches),
-               static_cast<unsigned long long>(r->lost_batches), r->stuck_devices,
+               static_cast<unsigned long long>(r->lost_batches), r->stuck_devices, r->hung_calls,
                static_cast<unsigned long long>(r->errors_outside_faults), ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

@@ -497,7 +497,12 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
   const absl::Time quiet_until = faults.empty() ? drained : faults.front().at;
   for (absl::Time t : (*fleet)->FailuresSince(start)) r.errors_outside_faults += t < quiet_until;
   nlohmann::json stuck_list = nlohmann::json::array();
+  nlohmann::json hung_list = nlohmann::json::array();
   for (const DeviceOutcome& d : (*fleet)->Outcomes()) {
+    if (d.hung) {
+      ++r.hung_calls;
+      if (hung_list.size() < 10) hung_list.push_back(d.id + ": " + d.call);
+    }
     if (d.queued_batches == 0 || stuck_list.size() >= 10) continue;
     stuck_list.push_back({{"id", d.id},
                           {"queued", d.queued_batches},
@@ -506,6 +511,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
                           {"online", d.online},
                           {"registered", d.registered},
                           {"in_call", d.in_call},
+                          {"call", d.call},
                           {"failures", d.failures}});
   }
   (*fleet)->Stop();
@@ -527,6 +533,8 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
               {"stuck_devices", r.stuck_devices},
               {"batches_still_queued", queued},
               {"stuck", stuck_list},
+              {"hung_calls", r.hung_calls},
+              {"hung", hung_list},
               {"acked_batches_checked", r.checked_batches},
               {"acked_batches_lost", r.lost_batches},
               {"errors_outside_faults", r.errors_outside_faults},
