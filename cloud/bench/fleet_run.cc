@@ -97,8 +97,10 @@ absl::Status StartServers(const FleetRunOptions& o, const std::string& dir,
   absl::StatusOr<std::string> conninfo = s.postgres->CreateDatabase();
   if (!conninfo.ok()) return conninfo.status();
   s.conninfo = *conninfo;
-  s.launcher.emplace(testing::CloudProcessOptions{o.cloud_binary, dir, s.conninfo, checkpoint,
-                                                  dir + "/tokens", o.cloud_flags});
+  testing::CloudProcessOptions launch{o.cloud_binary,  dir,          s.conninfo, checkpoint,
+                                      dir + "/tokens", o.cloud_flags};
+  launch.trainer_nice = o.trainer_nice;
+  s.launcher.emplace(launch);
   for (int i = 0; i < o.fronts; ++i) {
     const std::string name = absl::StrCat("front-", i);
     int port = 0;
@@ -522,6 +524,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
   if (absl::Status st = CheckStore(s.conninfo, (*fleet)->Outcomes(), r); !st.ok()) return st;
 
   r.report = {{"devices", options.devices},
+              {"trainer_nice", options.trainer_nice},
               {"fronts", options.fronts},
               {"trainers", options.trainers},
               {"duration_s", run_s},

@@ -59,6 +59,9 @@ struct FleetRunOptions {
   double warmup_fraction = 0.25;
   // Flags of every cdcca-cloud process (after the launcher's own).
   std::vector<std::string> cloud_flags;
+  // Niceness of the trainers (testing::CloudProcessOptions::trainer_nice): on this one host
+  // they would otherwise take a core from the serving path. Default: 10.
+  int trainer_nice = 10;
   // The devices' schedule and client settings (target, devices and model are filled in).
   FleetOptions fleet;
 };
