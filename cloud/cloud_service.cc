@@ -416,14 +416,16 @@ std::map<std::string, DeviceRefusals> CloudService::Refusals() const {
 
 // ---- FetchUpdate / FetchSnapshot ------------------------------------------------------------
 
-// Streams one stored payload from an offset, in chunks, info in the first chunk.
+// Streams one stored payload from an offset, in chunks, info in the first chunk. Created
+// idle: the lookup that decides what it sends runs on the I/O pool (a store may be a database
+// round trip away), which then starts it with one of the Start* calls.
 class CloudService::PayloadWriter : public grpc::ServerWriteReactor<v1::PayloadChunk> {
  public:
-  // Finishes at once with `status` when it is not OK.
-  explicit PayloadWriter(const absl::Status& status) { Finish(wire::ToGrpcStatus(status)); }
+  // Finishes at once with `status` (not OK).
+  void StartError(const absl::Status& status) { Finish(wire::ToGrpcStatus(status)); }
 
   // Sends a single chunk saying that nothing newer exists.
-  explicit PayloadWriter(uint64_t base_version) {
+  void StartNothingNewer(uint64_t base_version) {
     chunk_.mutable_info()->set_available(false);
     chunk_.mutable_info()->set_base_version(base_version);
     chunk_.mutable_info()->set_new_version(base_version);
@@ -431,11 +433,12 @@ class CloudService::PayloadWriter : public grpc::ServerWriteReactor<v1::PayloadC
     StartWrite(&chunk_);
   }
 
-  PayloadWriter(StoredUpdate update, uint64_t offset, uint32_t chunk_bytes, uint64_t cut_after)
-      : update_(std::move(update)),
-        offset_(offset),
-        chunk_bytes_(chunk_bytes),
-        cut_after_(cut_after) {
+  void StartPayload(StoredUpdate update, uint64_t offset, uint32_t chunk_bytes,
+                    uint64_t cut_after) {
+    update_ = std::move(update);
+    offset_ = offset;
+    chunk_bytes_ = chunk_bytes;
+    cut_after_ = cut_after;
     v1::PayloadInfo* info = chunk_.mutable_info();
     info->set_available(true);
     info->set_base_version(update_.base_version);
@@ -486,53 +489,83 @@ class CloudService::PayloadWriter : public grpc::ServerWriteReactor<v1::PayloadC
   v1::PayloadChunk chunk_;
 };
 
-grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchUpdate(
-    grpc::CallbackServerContext* ctx, const v1::FetchUpdateRequest* request) {
-  absl::Status bad = wire::ValidateDeviceId(request->device_id());
-  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
-  if (!bad.ok()) return new PayloadWriter(bad);
+void CloudService::StartUpdate(PayloadWriter* writer, const v1::FetchUpdateRequest& request) {
   absl::StatusOr<StoredUpdate> update =
-      updates_->UpdateAfter(request->device_id(), request->base_version());
+      updates_->UpdateAfter(request.device_id(), request.base_version());
   if (update.status().code() == absl::StatusCode::kNotFound) {
-    if (request->offset() != 0) {
-      return new PayloadWriter(absl::FailedPreconditionError(
+    if (request.offset() != 0) {
+      writer->StartError(absl::FailedPreconditionError(
           "resume requested, but no update is newer than the base version"));
+      return;
     }
-    return new PayloadWriter(request->base_version());
+    writer->StartNothingNewer(request.base_version());
+    return;
   }
-  if (!update.ok()) return new PayloadWriter(update.status());
-  if (request->new_version() != 0 && request->new_version() != update->new_version) {
-    return new PayloadWriter(absl::AbortedError(
-        absl::StrCat("resume asked for version ", request->new_version(),
-                     " but the update on top of ", request->base_version(), " is now version ",
+  if (!update.ok()) {
+    writer->StartError(update.status());
+    return;
+  }
+  if (request.new_version() != 0 && request.new_version() != update->new_version) {
+    writer->StartError(absl::AbortedError(
+        absl::StrCat("resume asked for version ", request.new_version(),
+                     " but the update on top of ", request.base_version(), " is now version ",
                      update->new_version, "; restart from offset 0")));
+    return;
   }
-  if (request->offset() > update->payload->size()) {
-    return new PayloadWriter(absl::InvalidArgumentError(
-        absl::StrCat("offset ", request->offset(), " is past the end of the ",
+  if (request.offset() > update->payload->size()) {
+    writer->StartError(absl::InvalidArgumentError(
+        absl::StrCat("offset ", request.offset(), " is past the end of the ",
                      update->payload->size(), "-byte update")));
+    return;
   }
   const uint64_t cut = TakeInjectedCut() ? options_.inject_cut_fetch_after_bytes : 0;
-  return new PayloadWriter(*std::move(update), request->offset(),
-                           ChunkBytesFor(request->device_id()), cut);
+  writer->StartPayload(*std::move(update), request.offset(), ChunkBytesFor(request.device_id()),
+                       cut);
+}
+
+void CloudService::StartSnapshot(PayloadWriter* writer, const v1::FetchSnapshotRequest& request) {
+  absl::StatusOr<StoredUpdate> snapshot =
+      updates_->Snapshot(request.device_id(), request.version());
+  if (!snapshot.ok()) {
+    writer->StartError(snapshot.status());
+    return;
+  }
+  if (request.offset() > snapshot->payload->size()) {
+    writer->StartError(absl::InvalidArgumentError(
+        absl::StrCat("offset ", request.offset(), " is past the end of the ",
+                     snapshot->payload->size(), "-byte snapshot")));
+    return;
+  }
+  const uint64_t cut = TakeInjectedCut() ? options_.inject_cut_fetch_after_bytes : 0;
+  writer->StartPayload(*std::move(snapshot), request.offset(), ChunkBytesFor(request.device_id()),
+                       cut);
+}
+
+grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::NewPayloadWriter(
+    grpc::CallbackServerContext* ctx, const std::string& device_id,
+    std::function<void(PayloadWriter*)> start) {
+  auto* writer = new PayloadWriter();
+  absl::Status bad = wire::ValidateDeviceId(device_id);
+  if (bad.ok()) bad = Authenticate(ctx, device_id).status();
+  if (!bad.ok()) {
+    writer->StartError(bad);
+    return writer;
+  }
+  io_pool_.Schedule([writer, start = std::move(start)] { start(writer); });
+  return writer;
+}
+
+// The request lives until the writer's OnDone, which needs the Finish that `start` leads to.
+grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchUpdate(
+    grpc::CallbackServerContext* ctx, const v1::FetchUpdateRequest* request) {
+  return NewPayloadWriter(ctx, request->device_id(),
+                          [this, request](PayloadWriter* w) { StartUpdate(w, *request); });
 }
 
 grpc::ServerWriteReactor<v1::PayloadChunk>* CloudService::FetchSnapshot(
     grpc::CallbackServerContext* ctx, const v1::FetchSnapshotRequest* request) {
-  absl::Status bad = wire::ValidateDeviceId(request->device_id());
-  if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
-  if (!bad.ok()) return new PayloadWriter(bad);
-  absl::StatusOr<StoredUpdate> snapshot =
-      updates_->Snapshot(request->device_id(), request->version());
-  if (!snapshot.ok()) return new PayloadWriter(snapshot.status());
-  if (request->offset() > snapshot->payload->size()) {
-    return new PayloadWriter(absl::InvalidArgumentError(
-        absl::StrCat("offset ", request->offset(), " is past the end of the ",
-                     snapshot->payload->size(), "-byte snapshot")));
-  }
-  const uint64_t cut = TakeInjectedCut() ? options_.inject_cut_fetch_after_bytes : 0;
-  return new PayloadWriter(*std::move(snapshot), request->offset(),
-                           ChunkBytesFor(request->device_id()), cut);
+  return NewPayloadWriter(ctx, request->device_id(),
+                          [this, request](PayloadWriter* w) { StartSnapshot(w, *request); });
 }
 
 // ---- ReportApplied --------------------------------------------------------------------------
@@ -543,13 +576,17 @@ grpc::ServerUnaryReactor* CloudService::ReportApplied(grpc::CallbackServerContex
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status bad = wire::ValidateDeviceId(request->device_id());
   if (bad.ok()) bad = Authenticate(ctx, request->device_id()).status();
-  if (bad.ok()) bad = registry_->Get(request->device_id()).status();
   if (!bad.ok()) {
     reactor->Finish(wire::ToGrpcStatus(bad));
     return reactor;
   }
+  // Every store call is a round trip away on the shared store: none on the reaction thread.
   io_pool_.Schedule([this, reactor, request, reply] {
     const std::string& id = request->device_id();
+    if (absl::Status s = registry_->Get(id).status(); !s.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(s));
+      return;
+    }
     absl::StatusOr<uint64_t> expected = updates_->DigestOf(id, request->version());
     // Version 0 is the pretrained base, whose digest the cloud knows from the model (no
     // update or snapshot of the device records it).

@@ -4,8 +4,9 @@
 // any byte offset.
 //
 // Reactions stay short: uplink appends go to the sample log's commit thread (SampleStore's group
-// commit, or the shared store's sessions), and registry writes run on a small pool; payloads are
-// served from memory.
+// commit, or the shared store's sessions); registry writes and every lookup a reply needs
+// (the update or snapshot a fetch streams, the device a report names) run on a small pool,
+// since on the shared store each is a database round trip; payloads are streamed from memory.
 //
 // What the payloads mean (UTS samples, DWC updates) is not this class's business; the
 // trainer side plugs in through CloudObserver and the stores.
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -151,6 +153,16 @@ class CloudService final
  private:
   class UplinkReactor;
   class PayloadWriter;
+
+  // Look up what a FetchUpdate / FetchSnapshot sends and start `writer` with it. Run on the
+  // I/O pool: the stores may block.
+  void StartUpdate(PayloadWriter* writer, const v1::FetchUpdateRequest& request);
+  void StartSnapshot(PayloadWriter* writer, const v1::FetchSnapshotRequest& request);
+  // A payload writer for the call: finished at once when the device id or the token is bad,
+  // else handed to `start` on the I/O pool.
+  grpc::ServerWriteReactor<v1::PayloadChunk>* NewPayloadWriter(
+      grpc::CallbackServerContext* ctx, const std::string& device_id,
+      std::function<void(PayloadWriter*)> start);
 
   // The device id the call's token names; UNAUTHENTICATED otherwise. When `claimed` is not
   // empty it must equal that id, and a client certificate must stand for that id

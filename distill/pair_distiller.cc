@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "distill/greedy_answers.h"
 #include "distill/losses.h"
+#include "model/arch/layers.h"
 #include "model/arch/row_segments.h"
 
 namespace cdcca::distill {
@@ -367,6 +368,11 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   state->config = config;
   state->options = options;
   state->device = state->student.model->device();
+  // On CUDA a step would dequantize every frozen weight of a quantized student in the
+  // forward and again in the backward pass: held dequantized once (the same values, the
+  // float weights' memory more), the products multiply directly. The CPU keeps the packed
+  // kernels and the memory.
+  if (state->device.is_cuda()) model::HoldDequantizedWeights(state->student.model->module());
   state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&
                           state->teacher.tokenizer_id == state->student.tokenizer_id;
   state->use_kl = config.l_kl > 0 && state->same_tokenizer;

@@ -3,7 +3,8 @@
 # transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:
-#   scripts/hf_akd_gpu.sh build        builds akd_bench (core-only, PyTorch's LibTorch)
+#   scripts/hf_akd_gpu.sh build        builds akd_bench, round_bench and decode_bench (core-only,
+#                                      PyTorch's LibTorch)
 #   scripts/hf_akd_gpu.sh tiny  DIR    the whole comparison on a tiny random pair (seconds)
 #   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
@@ -20,11 +21,12 @@ mode=${1:?build, tiny or full}
 export PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=$PWD/.gpu-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 bench=build-gpu/distill/akd_bench
+decode_bench=build-gpu/model/decode_bench
 round_bench=build-gpu/sim/round_bench
 
 if [ "$mode" = build ]; then
   start=$(date +%s)
-  export CDCCA_GPU_TARGETS="akd_bench round_bench"
+  export CDCCA_GPU_TARGETS="akd_bench round_bench decode_bench"
   (source scripts/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"
@@ -79,7 +81,21 @@ if [ "$mode" = round ] || [ "$mode" = round-tiny ]; then
   exit $?
 fi
 
-measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student_base "$dir/student" \
-  --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 "${job[@]}" || true
-measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
-  --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true
+# The student's weight pack (model/hub/weight_pack.h: its int4 weights stored once, as `cdcca
+# pack` writes it), so that the job's load reads them packed instead of quantizing 7B floats.
+# CDCCA_AKD_SIDE=cdcca or reference runs one side only (two device calls where one call's time
+# limit is shorter than both together; the folders and inputs in DIR are reused).
+side=${CDCCA_AKD_SIDE:-both}
+if [ "$side" != reference ]; then
+  if [ -x "$decode_bench" ] && [ ! -d "$dir/student/cdcca-packed" ]; then
+    "$decode_bench" --model "$dir/student" --precision int4 --device cuda --weight_pack write \
+      --load_only | tee "$dir/pack.json"
+  fi
+  measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student_base "$dir/student" \
+    --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 \
+    "${job[@]}" || true
+fi
+if [ "$side" != cdcca ]; then
+  measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
+    --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true
+fi

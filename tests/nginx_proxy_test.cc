@@ -6,6 +6,7 @@
 // the transport through nginx, not a shared store.
 #include <signal.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "proto/cdcca.grpc.pb.h"
 #include "proto/wire.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/free_port.h"
 #include "tests/testing/nginx_server.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -291,6 +293,88 @@ TEST_F(NginxProxyTest, MutualTlsEndsAtNginxAndTheCertificateStillBindsTheDevice)
   // A front behind the proxy refuses a call that brings no certificate through it.
   absl::StatusOr<v1::RegisterReply> direct = Client(front, 0)->Register(v1::RegisterRequest());
   EXPECT_EQ(direct.status().code(), absl::StatusCode::kUnauthenticated) << direct.status();
+}
+
+// A FetchUpdate through nginx to a front that is gone, as the fleet's devices make while a
+// front restarts: counts how it ended, and when.
+struct DeadFrontCall : grpc::ClientReadReactor<v1::PayloadChunk> {
+  grpc::ClientContext ctx;
+  v1::FetchUpdateRequest request;
+  v1::PayloadChunk chunk;
+  std::atomic<int>* done = nullptr;
+  grpc::Status status;
+  absl::Time started;
+  absl::Time ended;
+  std::atomic<bool> finished{false};
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&chunk);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status = s;
+    ended = absl::Now();
+    finished = true;
+    done->fetch_add(1);
+  }
+};
+
+// nginx answers a call it cannot pass on (no front listening) in gRPC: every call ends by
+// its deadline, UNAVAILABLE. (An HTML error page, nginx's default, left gRPC 1.51's client
+// with about one call in a thousand that never ended: neither its deadline nor a cancel
+// finished it.)
+TEST_F(NginxProxyTest, CallsToAFrontThatIsGoneEndUnavailableByTheirDeadline) {
+  ASSERT_OK_AND_ASSIGN(int dead_port, testing::FreeLoopbackPort());
+  std::unique_ptr<NginxServer> nginx = StartNginx({absl::StrCat("127.0.0.1:", dead_port)});
+  ASSERT_NE(nginx, nullptr);
+  constexpr int kChannels = 16, kCalls = 3000;
+  const absl::Duration deadline = absl::Seconds(2);
+  std::vector<std::unique_ptr<v1::Cloud::Stub>> stubs;
+  for (int c = 0; c < kChannels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs.push_back(v1::Cloud::NewStub(
+        grpc::CreateCustomChannel(nginx->address(), grpc::InsecureChannelCredentials(), args)));
+  }
+  std::atomic<int> done{0};
+  std::vector<std::unique_ptr<DeadFrontCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    auto call = std::make_unique<DeadFrontCall>();
+    call->done = &done;
+    call->request.set_device_id("dev-0");
+    call->ctx.AddMetadata(wire::kAuthMetadataKey, std::string(wire::kBearerPrefix) + tokens_[0]);
+    call->started = absl::Now();
+    call->ctx.set_deadline(absl::ToChronoTime(call->started + deadline));
+    stubs[i % kChannels]->async()->FetchUpdate(&call->ctx, &call->request, call.get());
+    call->StartRead(&call->chunk);
+    call->StartCall();
+    calls.push_back(std::move(call));
+    // About 500 calls a second, as the fleet's devices make them.
+    if (i % 50 == 49) absl::SleepFor(absl::Milliseconds(100));
+  }
+  WaitUntil([&] { return done.load() == kCalls; }, deadline + absl::Seconds(20));
+  int open = 0, late = 0, not_unavailable = 0;
+  std::string example;
+  for (const auto& call : calls) {
+    if (!call->finished) {
+      ++open;
+      continue;
+    }
+    if (call->ended - call->started > deadline + absl::Seconds(2)) ++late;
+    // The status nginx's error page gives, not gRPC's reading of an HTTP 502.
+    if (call->status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        call->status.error_message().find("no cloud front answered") == std::string::npos) {
+      ++not_unavailable;
+      example = absl::StrCat(call->status.error_code(), " ", call->status.error_message());
+    }
+  }
+  EXPECT_EQ(open, 0) << "calls never ended";
+  EXPECT_EQ(late, 0) << "calls ended well past their deadline";
+  EXPECT_EQ(not_unavailable, 0) << "e.g. " << example;
+  if (open > 0) {
+    // Their reactors may still be called: leave them be.
+    for (auto& call : calls) {
+      if (!call->finished) (void)call.release();
+    }
+  }
 }
 
 }  // namespace

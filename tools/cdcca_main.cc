@@ -82,6 +82,10 @@ const Command kCommands[] = {
      "a VQAv2 / A-OKVQA / COCO captions file answered into its official results file: --model "
      "DIR --task vqa|aokvqa|caption --questions F (caption: --annotations F) --images DIR --out F",
      cdcca::model::AnswerCommand, cdcca::model::kAnswerFlags},
+    {"pack",
+     "store a folder's weights quantized once, so later loads read them packed: --model DIR "
+     "--precision int8|int4",
+     cdcca::model::PackCommand, cdcca::model::kPackFlags},
 #endif
 #ifdef CDCCA_HAVE_ADAPT
     {"adapt",

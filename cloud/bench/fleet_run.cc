@@ -97,8 +97,10 @@ absl::Status StartServers(const FleetRunOptions& o, const std::string& dir,
   absl::StatusOr<std::string> conninfo = s.postgres->CreateDatabase();
   if (!conninfo.ok()) return conninfo.status();
   s.conninfo = *conninfo;
-  s.launcher.emplace(testing::CloudProcessOptions{o.cloud_binary, dir, s.conninfo, checkpoint,
-                                                  dir + "/tokens", o.cloud_flags});
+  testing::CloudProcessOptions launch{o.cloud_binary,  dir,          s.conninfo, checkpoint,
+                                      dir + "/tokens", o.cloud_flags};
+  launch.trainer_nice = o.trainer_nice;
+  s.launcher.emplace(launch);
   for (int i = 0; i < o.fronts; ++i) {
     const std::string name = absl::StrCat("front-", i);
     int port = 0;
@@ -497,7 +499,12 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
   const absl::Time quiet_until = faults.empty() ? drained : faults.front().at;
   for (absl::Time t : (*fleet)->FailuresSince(start)) r.errors_outside_faults += t < quiet_until;
   nlohmann::json stuck_list = nlohmann::json::array();
+  nlohmann::json hung_list = nlohmann::json::array();
   for (const DeviceOutcome& d : (*fleet)->Outcomes()) {
+    if (d.hung) {
+      ++r.hung_calls;
+      if (hung_list.size() < 10) hung_list.push_back(d.id + ": " + d.call);
+    }
     if (d.queued_batches == 0 || stuck_list.size() >= 10) continue;
     stuck_list.push_back({{"id", d.id},
                           {"queued", d.queued_batches},
@@ -506,6 +513,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
                           {"online", d.online},
                           {"registered", d.registered},
                           {"in_call", d.in_call},
+                          {"call", d.call},
                           {"failures", d.failures}});
   }
   (*fleet)->Stop();
@@ -516,6 +524,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
   if (absl::Status st = CheckStore(s.conninfo, (*fleet)->Outcomes(), r); !st.ok()) return st;
 
   r.report = {{"devices", options.devices},
+              {"trainer_nice", options.trainer_nice},
               {"fronts", options.fronts},
               {"trainers", options.trainers},
               {"duration_s", run_s},
@@ -527,6 +536,8 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
               {"stuck_devices", r.stuck_devices},
               {"batches_still_queued", queued},
               {"stuck", stuck_list},
+              {"hung_calls", r.hung_calls},
+              {"hung", hung_list},
               {"acked_batches_checked", r.checked_batches},
               {"acked_batches_lost", r.lost_batches},
               {"errors_outside_faults", r.errors_outside_faults},

@@ -13,6 +13,8 @@
 //   lost batches     acked to a device but neither in the sample log nor consumed by a
 //                    trainer's committed cursor (must be 0);
 //   stuck devices    devices whose queue still holds batches after the drain (must be 0);
+//   hung calls       calls still open after the drain well past their deadline
+//                    (FleetOptions::hung_after; must be 0: nothing ends them);
 //   per fault        when it began, how long its action took, and when the fleet had
 //                    recovered: the last failed call of its window (for the trainer, the
 //                    first job finished after it; for the drop, when every dropped device
@@ -57,6 +59,9 @@ struct FleetRunOptions {
   double warmup_fraction = 0.25;
   // Flags of every cdcca-cloud process (after the launcher's own).
   std::vector<std::string> cloud_flags;
+  // Niceness of the trainers (testing::CloudProcessOptions::trainer_nice): on this one host
+  // they would otherwise take a core from the serving path. Default: 10.
+  int trainer_nice = 10;
   // The devices' schedule and client settings (target, devices and model are filled in).
   FleetOptions fleet;
 };
@@ -75,6 +80,7 @@ struct FleetRunResult {
   uint64_t lost_batches = 0;
   uint64_t checked_batches = 0;  // acked batches compared with the store
   int stuck_devices = 0;
+  int hung_calls = 0;
   uint64_t ack_regressions = 0;
   uint64_t errors_outside_faults = 0;
   std::vector<FaultOutcome> faults;

@@ -89,6 +89,14 @@ nlohmann::json LatencyHistogram::ToJson() const {
 
 // ---- state ----------------------------------------------------------------------------------
 
+// A batch a device made and holds until the cloud acks it: its payload is one of the
+// fleet's pre-encoded ones (Shared::payloads).
+struct QueuedBatch {
+  uint64_t sequence = 0;
+  uint64_t model_version = 0;
+  int payload = 0;
+};
+
 // One simulated device. The scheduler thread and the call that ends hand it over through
 // the wake-up heap: at any time either one call of it is open or one wake-up is queued.
 struct Fleet::Device {
@@ -108,7 +116,7 @@ struct Fleet::Device {
   uint64_t next_sequence ABSL_GUARDED_BY(mu) = 1;
   uint64_t acked_sequence ABSL_GUARDED_BY(mu) = 0;
   uint64_t acked_batches ABSL_GUARDED_BY(mu) = 0;
-  std::deque<v1::UplinkBatch> queue ABSL_GUARDED_BY(mu);
+  std::deque<QueuedBatch> queue ABSL_GUARDED_BY(mu);
   absl::Time next_poll ABSL_GUARDED_BY(mu);
   absl::Time next_batch ABSL_GUARDED_BY(mu);
   absl::Time retry_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -121,6 +129,7 @@ struct Fleet::Device {
 };
 
 struct Fleet::Shared {
+  std::vector<std::string> payloads;  // 4 encoded samples each; constant after Create
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::Cloud::Stub>> stubs;
   std::vector<std::unique_ptr<Device>> devices;
@@ -186,6 +195,7 @@ struct Fleet::Call {
   int device = 0;
   int rpc = kRegister;
   absl::Time started;
+  absl::Time deadline;
   grpc::ClientContext ctx;
   grpc::Status status;
   Totals totals;
@@ -193,9 +203,9 @@ struct Fleet::Call {
 
 namespace {
 
-void Prepare(grpc::ClientContext& ctx, const std::string& token, absl::Duration timeout) {
+void Prepare(grpc::ClientContext& ctx, const std::string& token, absl::Time deadline) {
   ctx.AddMetadata(wire::kAuthMetadataKey, std::string(wire::kBearerPrefix) + token);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  ctx.set_deadline(absl::ToChronoTime(deadline));
 }
 
 // Drops the queued batches the cloud holds (sequence <= `highest`) as acked; counts an ack
@@ -203,7 +213,7 @@ void Prepare(grpc::ClientContext& ctx, const std::string& token, absl::Duration 
 void TakeAcks(Fleet::Device& d, uint64_t highest, uint64_t* acked, uint64_t* regressions)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu) {
   if (highest < d.acked_sequence) ++*regressions;
-  while (!d.queue.empty() && d.queue.front().sequence() <= highest) {
+  while (!d.queue.empty() && d.queue.front().sequence <= highest) {
     d.queue.pop_front();
     ++d.acked_batches;
     ++*acked;
@@ -213,7 +223,7 @@ void TakeAcks(Fleet::Device& d, uint64_t highest, uint64_t* acked, uint64_t* reg
 
 // Numbers the queue from `first` on, contiguously.
 void Renumber(Fleet::Device& d, uint64_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu) {
-  for (v1::UplinkBatch& b : d.queue) b.set_sequence(first++);
+  for (QueuedBatch& b : d.queue) b.sequence = first++;
   d.next_sequence = first;
 }
 
@@ -287,7 +297,7 @@ struct UplinkCall : Fleet::Call, grpc::ClientWriteReactor<v1::UplinkBatch> {
     switch (ack.refusal()) {
       case v1::UPLINK_REFUSAL_PERMANENT:
         // Dropped for good: the next batch takes its sequence.
-        if (!d.queue.empty() && d.queue.front().sequence() == ack.rejected_sequence()) {
+        if (!d.queue.empty() && d.queue.front().sequence == ack.rejected_sequence()) {
           d.queue.pop_front();
           Renumber(d, ack.rejected_sequence());
         }
@@ -384,6 +394,9 @@ absl::StatusOr<std::unique_ptr<Fleet>> Fleet::Create(FleetOptions options) {
   const int connections = options.connections <= 0 ? n : std::min(options.connections, n);
   std::unique_ptr<Fleet> fleet(new Fleet(std::move(options)));
   Shared& sh = *fleet->shared_;
+  for (int k = 0; k < std::max(1, fleet->options_.distinct_payloads); ++k) {
+    sh.payloads.push_back(testing::MakeModelBatch(fleet->options_.spec, k, 1).payload());
+  }
   for (int c = 0; c < connections; ++c) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
@@ -536,9 +549,10 @@ void Fleet::MakeBatches(Device& d, absl::Time now) {
   if (!shared_->producing.load()) return;
   uint64_t made = 0;
   while (now >= d.next_batch) {
-    v1::UplinkBatch b = testing::MakeModelBatch(options_.spec, d.index, d.next_sequence++);
-    b.set_model_version(d.version);
-    d.queue.push_back(std::move(b));
+    const uint64_t sequence = d.next_sequence++;
+    const int payload = static_cast<int>((static_cast<uint64_t>(d.index) * 7919 + sequence) %
+                                         shared_->payloads.size());
+    d.queue.push_back({sequence, d.version, payload});
     d.next_batch += options_.batch_interval;
     ++made;
   }
@@ -608,7 +622,8 @@ Fleet::Call* Fleet::Plan(Device& d, absl::Time now, absl::Time* wake) {
   call->started = now;
   const bool stream =
       call->rpc == kUplink || call->rpc == kFetchUpdate || call->rpc == kFetchSnapshot;
-  Prepare(call->ctx, d.token, stream ? options_.stream_timeout : options_.call_timeout);
+  call->deadline = now + (stream ? options_.stream_timeout : options_.call_timeout);
+  Prepare(call->ctx, d.token, call->deadline);
   d.call = call;
   return call;
 }
@@ -616,9 +631,14 @@ Fleet::Call* Fleet::Plan(Device& d, absl::Time now, absl::Time* wake) {
 Fleet::Call* Fleet::NewUplink(Device& d) {
   auto* c = new UplinkCall;
   c->rpc = kUplink;
-  for (const v1::UplinkBatch& b : d.queue) {
+  for (const QueuedBatch& q : d.queue) {
     if (static_cast<int>(c->batches.size()) >= options_.max_batches_per_stream) break;
-    c->batches.push_back(b);
+    v1::UplinkBatch& b = c->batches.emplace_back();
+    b.set_sequence(q.sequence);
+    b.set_model_version(q.model_version);
+    b.set_sample_count(4);
+    b.set_codec_version(1);
+    b.set_payload(shared_->payloads[q.payload]);
   }
   return c;
 }
@@ -723,11 +743,26 @@ std::pair<int, uint64_t> Fleet::Queued() const {
 
 std::vector<DeviceOutcome> Fleet::Outcomes() const {
   std::vector<DeviceOutcome> out;
+  const absl::Time now = absl::Now();
   for (const auto& d : shared_->devices) {
     absl::MutexLock lock(&d->mu);
-    out.push_back({d->id, d->acked_sequence, d->acked_batches, d->queue.size(), d->version,
-                   d->online, d->registered, d->call != nullptr,
-                   d->queue.empty() ? 0 : d->queue.front().sequence(), d->failures});
+    DeviceOutcome& o = out.emplace_back();
+    o.id = d->id;
+    o.acked_sequence = d->acked_sequence;
+    o.acked_batches = d->acked_batches;
+    o.queued_batches = d->queue.size();
+    o.version = d->version;
+    o.online = d->online;
+    o.registered = d->registered;
+    o.in_call = d->call != nullptr;
+    o.first_queued = d->queue.empty() ? 0 : d->queue.front().sequence;
+    o.failures = d->failures;
+    if (d->call != nullptr) {
+      o.call = absl::StrCat(
+          kRpcNames[d->call->rpc], " open for ",
+          absl::FormatDuration(absl::Trunc(now - d->call->started, absl::Milliseconds(1))));
+      o.hung = now > d->call->deadline + options_.hung_after;
+    }
   }
   return out;
 }

@@ -6,7 +6,8 @@
 //   Register (again after every time it was offline), ReportApplied of the version it runs
 //   (version 0 with the base state's digest), an Uplink stream of its queued batches
 //   whenever it holds some (a batch of real samples every batch_interval, encoded by the
-//   project's uplink codec, compress/uplink_codec.h), FetchUpdate every poll_interval and,
+//   project's uplink codec, compress/uplink_codec.h, a few encoded once and reused),
+//   FetchUpdate every poll_interval and,
 //   when an update is there, the whole payload (checked against its SHA-256), then
 //   ReportApplied of the new version with the digest the cloud announced; FetchSnapshot when
 //   the cloud asks for a resync. Calls that fail are retried after a jittered, growing
@@ -80,8 +81,16 @@ struct FleetOptions {
   // 0.5 s and 10 s.
   absl::Duration initial_backoff = absl::Milliseconds(500);
   absl::Duration max_backoff = absl::Seconds(10);
+  // A call still open this long past its deadline counts as hung (DeviceOutcome::hung).
+  // Default: 5 s.
+  absl::Duration hung_after = absl::Seconds(5);
   // Most batches one Uplink stream carries. Default: 8.
   int max_batches_per_stream = 8;
+  // Distinct sample payloads the devices uplink, encoded once when the fleet is created
+  // (what the samples hold does not matter to the cloud's serving path; encoding a fresh
+  // batch for every upload cost the bench more CPU than the front spent storing it).
+  // Default: 64.
+  int distinct_payloads = 64;
   uint64_t seed = 1;
   // What the devices run: the cloud's model (its fingerprints and base state's digest) and
   // the shape of its samples.
@@ -103,6 +112,11 @@ struct DeviceOutcome {
   bool in_call = false;       // a call of it is open
   uint64_t first_queued = 0;  // the sequence at the head of its queue (0 = empty)
   int failures = 0;           // calls failed in a row
+  // The open call (its RPC and how long it has been open) when in_call, else "".
+  std::string call;
+  // The open call has outlived its deadline by more than FleetOptions::hung_after: neither
+  // gRPC's deadline nor anything else ended it (a bug of the client library or of ours).
+  bool hung = false;
 };
 
 // Counts of calls that ended, per RPC.

@@ -406,11 +406,21 @@ absl::StatusOr<StoredPayload> PgStore::UpdateAfter(const std::string& device_id,
   PG_RETURN_IF_ERROR(CheckOrdered(base_version, "version"));
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
-  // One snapshot of the table for both reads: the newest version and the update on top of
-  // base_version agree.
-  PG_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(conn_.get()));
-  PG_RETURN_IF_ERROR(conn_->ExecScript("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"));
-  PG_ASSIGN_OR_RETURN(uint64_t latest, LatestVersionLocked(device_id));
+  // One statement, so one snapshot of the table: the newest version and the update on top
+  // of base_version agree. Every device polls with it, most finding nothing newer: one round
+  // trip, no transaction of its own.
+  PG_ASSIGN_OR_RETURN(
+      Result r,
+      conn_->Exec(absl::StrCat("WITH latest AS (SELECT coalesce(max(new_version), 0) AS v FROM "
+                               "updates WHERE device_id = $1) SELECT u.*, latest.v FROM latest "
+                               "LEFT JOIN LATERAL (SELECT ",
+                               kPayloadColumns,
+                               " FROM updates WHERE device_id = $1 AND NOT snapshot AND "
+                               "base_version = $2 AND $2 < latest.v ORDER BY new_version LIMIT 1) "
+                               "u ON true"),
+                  Params().Text(device_id).Int64(Ordered(base_version))));
+  PG_ASSIGN_OR_RETURN(int64_t latest_signed, r.Int64(0, 6));
+  const uint64_t latest = static_cast<uint64_t>(latest_signed);
   if (base_version == latest) {
     return absl::NotFoundError(absl::StrCat("no update newer than version ", base_version));
   }
@@ -419,17 +429,11 @@ absl::StatusOr<StoredPayload> PgStore::UpdateAfter(const std::string& device_id,
                                                       " but the cloud's newest is ", latest,
                                                       "; fetch a snapshot to resync"));
   }
-  PG_ASSIGN_OR_RETURN(
-      Result r, conn_->Exec(absl::StrCat("SELECT ", kPayloadColumns,
-                                         " FROM updates WHERE device_id = $1 AND NOT snapshot AND "
-                                         "base_version = $2 ORDER BY new_version LIMIT 1"),
-                            Params().Text(device_id).Int64(Ordered(base_version))));
-  if (r.rows() == 0) {
+  if (r.IsNull(0, 1)) {
     return absl::FailedPreconditionError(
         absl::StrCat("no stored update applies on top of version ", base_version,
                      " (too old or unknown); fetch a snapshot to resync"));
   }
-  PG_RETURN_IF_ERROR(txn.Commit());
   return PayloadRow(r, 0);
 }
 

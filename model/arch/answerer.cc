@@ -32,6 +32,8 @@ constexpr PromptTemplate kTemplates[] = {
     {"chatml", "<|im_start|>user <image>\n{prompt}<|im_end|><|im_start|>assistant"},
 };
 
+}  // namespace
+
 absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
   if (name == "cpu") return torch::Device(torch::kCPU);
   if (name == "cuda") {
@@ -42,8 +44,6 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
   }
   return absl::InvalidArgumentError(absl::StrCat("--device ", name, ": not cpu or cuda"));
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ApplyPromptTemplate(const std::string& name,
                                                 const std::string& prompt) {

@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -137,24 +139,35 @@ absl::Status LoadBlip2Vision(const ModelFolder& folder, const std::string& prefi
     }
     LinearImpl& qkv = *layer->self_attn->qkv;
     const torch::ScalarType dtype = qkv.options().precision.dtype;
-    absl::StatusOr<torch::Tensor> w = folder.Load(lp + "self_attn.qkv.weight", dtype, device);
-    if (!w.ok()) return w.status();
-    absl::StatusOr<torch::Tensor> q = folder.Load(lp + "self_attn.q_bias", dtype, device);
-    if (!q.ok()) return q.status();
-    absl::StatusOr<torch::Tensor> v = folder.Load(lp + "self_attn.v_bias", dtype, device);
-    if (!v.ok()) return v.status();
-    for (const auto& [name, t, shape] :
-         std::vector<std::tuple<std::string, torch::Tensor, std::vector<int64_t>>>{
-             {"qkv.weight", *w, {3 * h, h}}, {"q_bias", *q, {h}}, {"v_bias", *v, {h}}}) {
-      if (t.sizes().vec() != shape) {
+    // The weight pack (weight_pack.h) keeps a quantized qkv weight as LoadInto would: the
+    // floats are read only where it has none.
+    const std::string qkv_name = lp + "self_attn.qkv.weight";
+    absl::StatusOr<std::optional<QuantizedWeight>> packed = folder.PackedTensor(qkv_name, device);
+    if (!packed.ok()) return packed.status();
+    std::map<std::string, torch::Tensor> parts;
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"qkv.weight", {3 * h, h}}, {"q_bias", {h}}, {"v_bias", {h}}}) {
+      if (name == "qkv.weight" && packed->has_value()) continue;
+      absl::StatusOr<torch::Tensor> t = folder.Load(lp + "self_attn." + name, dtype, device);
+      if (!t.ok()) return t.status();
+      if (t->sizes().vec() != shape) {
         return absl::InvalidArgumentError(
             absl::StrCat(folder.FileOf(lp + "self_attn." + name), ": tensor ", lp, "self_attn.",
-                         name, " has shape ", c10::str(t.sizes()), ", the model needs ",
+                         name, " has shape ", c10::str(t->sizes()), ", the model needs ",
                          c10::str(c10::IntArrayRef(shape))));
       }
+      parts[name] = *std::move(t);
     }
-    if (absl::Status s = qkv.Adopt("weight", *w); !s.ok()) return s;
-    if (absl::Status s = qkv.Adopt("bias", Blip2QkvBiasFromParts(*q, *v)); !s.ok()) return s;
+    if (packed->has_value()) {
+      if (absl::Status s = qkv.AdoptPacked("weight", **packed); !s.ok()) return s;
+    } else {
+      if (absl::Status s = qkv.Adopt("weight", parts["qkv.weight"]); !s.ok()) return s;
+      if (const QuantizedWeight* held = qkv.Packed("weight")) folder.RecordPacked(qkv_name, *held);
+    }
+    if (absl::Status s = qkv.Adopt("bias", Blip2QkvBiasFromParts(parts["q_bias"], parts["v_bias"]));
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }

@@ -264,13 +264,13 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const WeightPrecision
     : norm_before_(c.do_layer_norm_before) {
   if (c.is_opt()) {
     self_attn = register_module("self_attn", DecoderAttention(c, p));
-    self_attn_layer_norm = register_module("self_attn_layer_norm",
-                                           LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
+    self_attn_layer_norm = register_module(
+        "self_attn_layer_norm", LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
     mlp = DecoderMlp(c, p);
     register_module("fc1", mlp->up_proj);
     register_module("fc2", mlp->down_proj);
-    final_layer_norm =
-        register_module("final_layer_norm", LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
+    final_layer_norm = register_module("final_layer_norm",
+                                       LayerNormLayer(c.hidden_size, c.layer_norm_eps, p.dtype));
     return;
   }
   input_layernorm =
@@ -328,8 +328,9 @@ DecoderLmImpl::DecoderLmImpl(const DecoderConfig& config, const WeightPrecision&
     norm = register_module("norm",
                            RmsNormLayer(config.hidden_size, config.rms_norm_eps, precision.dtype));
   } else if (config.final_layer_norm) {
-    final_layer_norm = register_module(
-        "final_layer_norm", LayerNormLayer(config.hidden_size, config.layer_norm_eps, precision.dtype));
+    final_layer_norm =
+        register_module("final_layer_norm",
+                        LayerNormLayer(config.hidden_size, config.layer_norm_eps, precision.dtype));
   }
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
@@ -345,8 +346,13 @@ absl::Status DecoderLmImpl::Load(const ModelFolder& folder, const std::string& b
                                  const std::string& lm_head_prefix, torch::Device device) {
   LoadIntoOptions o;
   o.device = device;
-  if (absl::Status s = folder.LoadInto(*embed_tokens, body_prefix + "embed_tokens.", o); !s.ok())
+  // The embedding's rows packed as a linear weight [vocab, hidden] would be (at int8/int4):
+  // the lookup dequantizes the rows it gathers and a tied head multiplies with the same bytes.
+  if (absl::Status s = LoadTokenEmbedding(*embed_tokens, folder, body_prefix + "embed_tokens.",
+                                          precision_, device);
+      !s.ok()) {
     return s;
+  }
   if (absl::Status s = folder.LoadInto(*layers, body_prefix + "layers.", o); !s.ok()) return s;
   // The parts a config may not have (null holders) are skipped.
   auto get = [](auto& holder) -> torch::nn::Module* { return holder ? holder.get() : nullptr; };
@@ -363,9 +369,6 @@ absl::Status DecoderLmImpl::Load(const ModelFolder& folder, const std::string& b
     if (absl::Status s = folder.LoadInto(*lm_head, lm_head_prefix, o); !s.ok()) return s;
   }
   if (precision_.weights != Precision::kFp32) {
-    // The embedding's rows packed as a linear weight [vocab, hidden] would be: the lookup
-    // dequantizes the rows it gathers and a tied head multiplies with the same bytes.
-    embed_tokens->Quantize(precision_.weights, precision_.int4_group);
     if (!lm_head) {
       if (!tied_head) {
         tied_head = register_module(

@@ -431,6 +431,57 @@ TEST(DecoderLmTest, FusedPackedProjectionsEqualTheSeparateLayers) {
   EXPECT_TRUE(torch::allclose(q->Forward(x, {}, nullptr).logits, full, 1e-5, 1e-5));
 }
 
+// A trainer's model holding its quantized weights dequantized (HoldDequantizedWeights)
+// computes what the per-call path computes: the same logits and LoRA gradients.
+TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCallPath) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, WeightPrecision{});
+  Randomize(*lm, 11);
+  testing::TempDir dir;
+  ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+  WeightPrecision p;
+  p.weights = Precision::kInt4;
+  p.int4_group = 32;
+  auto load_with_lora = [&](DecoderLm& m) {
+    ASSERT_OK(m->Load(folder, "model.", "lm_head.", torch::kCPU));
+    torch::manual_seed(5);
+    for (size_t i = 0; i < m->layers->size(); ++i) {
+      DecoderAttentionImpl& attn = *m->layers->ptr(i)->as<DecoderLayerImpl>()->self_attn;
+      for (LinearImpl* proj : {attn.q_proj.get(), attn.v_proj.get()}) {
+        proj->AddLora(4, 8.0);
+        torch::NoGradGuard no_grad;
+        proj->lora_b.normal_(0.0, 0.1);
+      }
+    }
+  };
+  DecoderLm per_call(c, p), held(c, p);
+  load_with_lora(per_call);
+  load_with_lora(held);
+  const int64_t packed_bytes = ResidentBytes(*held);
+  EXPECT_GT(HoldDequantizedWeights(*held), 0);
+  EXPECT_GT(ResidentBytes(*held), packed_bytes);  // the float copies are there
+  const torch::Tensor x = torch::randn({2, 5, 32});
+  torch::Tensor a = per_call->Forward(x, {}, nullptr).logits;
+  torch::Tensor b = held->Forward(x, {}, nullptr).logits;
+  EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-6));
+  a.square().mean().backward();
+  b.square().mean().backward();
+  int64_t compared = 0;
+  const auto held_parameters = held->named_parameters();
+  for (const auto& item : per_call->named_parameters()) {
+    const std::string& name = item.key();
+    const torch::Tensor& pa = item.value();
+    if (!pa.requires_grad()) continue;
+    const torch::Tensor& pb = held_parameters[name];
+    ASSERT_TRUE(pa.grad().defined() && pb.grad().defined()) << name;
+    EXPECT_GT(pa.grad().abs().sum().item<double>(), 0.0) << name;
+    EXPECT_TRUE(torch::allclose(pa.grad(), pb.grad(), 1e-5, 1e-6)) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(4 * per_call->layers->size()));
+}
+
 // Without autograd a decode step writes its keys into the cache's buffer in place (no copy
 // of the whole cache per step); with it the cache concatenates, so gradients flow.
 TEST(DecoderLmTest, KvCacheGrowsInPlaceWithoutAutograd) {

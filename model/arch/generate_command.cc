@@ -1,6 +1,7 @@
 #include "model/arch/generate_command.h"
 
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "datasets/formats.h"
 #include "model/arch/answerer.h"
+#include "model/arch/multimodal_model.h"
 #include "model/hub/adapter_state.h"
 #include "nlohmann/json.hpp"
 
@@ -322,6 +324,47 @@ int AnswerCommand(const std::vector<std::string>& args) {
                static_cast<long long>(summary->answered),
                r.task == "caption" ? "images" : "questions", summary->prompt_format.c_str(),
                summary->seconds, r.out_path.c_str());
+  return 0;
+}
+
+const char* const kPackFlags[] = {"model", "precision", "device", nullptr};
+
+int PackCommand(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "pack: unexpected argument %s\n", args[0].c_str());
+    return 2;
+  }
+  ModelOptions options;
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  options.precision = absl::GetFlag(FLAGS_precision);
+  if (dir.empty() || (options.precision != "int8" && options.precision != "int4")) {
+    std::fprintf(stderr, "pack: --model DIR and --precision int8|int4 are required\n");
+    return 2;
+  }
+  absl::StatusOr<torch::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "pack: %s\n", std::string(device.status().message()).c_str());
+    return 2;
+  }
+  options.device = *device;
+  options.weight_pack = ModelOptions::WeightPackUse::kWrite;
+  ModelOptions::WeightPackReport report;
+  options.weight_pack_report = &report;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<MultimodalModel>> model = LoadModel(dir, options);
+  if (!model.ok()) {
+    std::fprintf(stderr, "pack: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!report.read.empty()) {
+    std::printf("%s is up to date (loaded through it in %.1f s)\n", report.read.c_str(), seconds);
+  } else {
+    std::printf("wrote %s: %lld packed tensors, %.1f MB, in %.1f s\n", report.written.c_str(),
+                static_cast<long long>(report.written_tensors), report.written_bytes / 1e6,
+                seconds);
+  }
   return 0;
 }
 

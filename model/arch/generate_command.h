@@ -99,6 +99,13 @@ int AnswerCommand(const std::vector<std::string>& args);
 // other.
 extern const char* const kAnswerFlags[];
 
+// `cdcca pack --model DIR --precision int8|int4 [--device cpu|cuda]`: loads the folder at
+// that precision and writes its weight pack (weight_pack.h), so that later loads at that
+// precision read the packed weights instead of quantizing the checkpoint again. Prints what
+// it wrote, or that the pack there is already the folder's.
+int PackCommand(const std::vector<std::string>& args);
+extern const char* const kPackFlags[];
+
 }  // namespace cdcca::model
 
 #endif  // CDCCA_MODEL_ARCH_GENERATE_COMMAND_H_

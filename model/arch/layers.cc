@@ -90,9 +90,19 @@ absl::Status LinearImpl::Adopt(const std::string& local_name, torch::Tensor tens
                                      options_.precision.int4_group);
   q_.values = q.values.to(device);
   q_.scales = q.scales.to(device);
+  held_ = torch::Tensor();
   // The float weight is dropped: the placeholder stays registered for its shape only.
   weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, device));
   return absl::OkStatus();
+}
+
+const QuantizedWeight* LinearImpl::Packed(const std::string& local_name) const {
+  return local_name == "weight" && quantized() && q_.values.defined() ? &q_ : nullptr;
+}
+
+absl::Status LinearImpl::AdoptPacked(const std::string& local_name, const QuantizedWeight& q) {
+  if (local_name != "weight") return TensorSink::AdoptPacked(local_name, q);
+  return AdoptQuantized(q);
 }
 
 template <typename Move>
@@ -109,6 +119,7 @@ void LinearImpl::MoveHeld(Move move) {
   weight.set_data(weight.expand(shape));
   q_.values = q_.values.to(weight.device());
   q_.scales = q_.scales.to(weight.device());
+  if (held_.defined()) held_ = held_.to(weight.device(), weight.scalar_type());
 }
 
 void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
@@ -142,6 +153,7 @@ absl::Status LinearImpl::AdoptQuantized(const QuantizedWeight& q) {
                      "] cannot adopt this packed weight (precision or shape differs)"));
   }
   q_ = q;
+  held_ = torch::Tensor();
   weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(q.values.device()));
   return absl::OkStatus();
 }
@@ -154,8 +166,8 @@ bool LinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
   // The kernels have no backward: a training pass whose input needs a gradient (LoRA below
   // this layer) multiplies with the dequantized weight, which autograd differentiates.
   const bool needs_grad = torch::GradMode::is_enabled() && x.requires_grad();
-  return quantized() && q_.values.defined() && q_.values.device().is_cpu() && x.device().is_cpu() &&
-         x.scalar_type() == torch::kFloat && kernel_group && !needs_grad;
+  return quantized() && q_.values.defined() && !held_.defined() && q_.values.device().is_cpu() &&
+         x.device().is_cpu() && x.scalar_type() == torch::kFloat && kernel_group && !needs_grad;
 }
 
 torch::Tensor LinearImpl::EffectiveWeight() const {
@@ -214,6 +226,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {
+  if (held_.defined()) return torch::linear(x, held_, bias_term);
   if (UsesPackedKernel(x)) {
     return QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
                            options_.precision.int4_group, bias_term);
@@ -228,8 +241,25 @@ torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tenso
 }
 
 int64_t LinearImpl::WeightBytes() const {
-  if (quantized() && q_.values.defined()) return QuantizedBytes(q_);
+  const int64_t held = held_.defined() ? held_.numel() * held_.element_size() : 0;
+  if (quantized() && q_.values.defined()) return QuantizedBytes(q_) + held;
   return weight.numel() * weight.element_size();
+}
+
+void LinearImpl::HoldDequantized() {
+  torch::NoGradGuard no_grad;
+  if (quantized() && q_.values.defined() && !held_.defined()) held_ = EffectiveWeight();
+}
+
+int64_t HoldDequantizedWeights(torch::nn::Module& root) {
+  int64_t n = 0;
+  for (const std::shared_ptr<torch::nn::Module>& m : root.modules(/*include_self=*/true)) {
+    auto* linear = dynamic_cast<LinearImpl*>(m.get());
+    if (linear == nullptr || !linear->quantized()) continue;
+    linear->HoldDequantized();
+    n += linear->holds_dequantized() ? 1 : 0;
+  }
+  return n;
 }
 
 bool FusedLinear::Fuse(const std::vector<Linear>& parts) {
@@ -315,6 +345,50 @@ void EmbeddingImpl::Quantize(Precision precision, int64_t group) {
   precision_ = precision;
   group_ = group;
   weight.set_data(Placeholder(weight.sizes(), dtype_).to(device));
+}
+
+absl::Status EmbeddingImpl::AdoptQuantized(const QuantizedWeight& q, Precision precision,
+                                           int64_t group) {
+  const int64_t num = weight.size(0), dim = weight.size(1);
+  const int64_t groups = precision == Precision::kInt4 ? (dim + group - 1) / group : 1;
+  const bool shaped =
+      precision != Precision::kFp32 && q.values.defined() && q.scales.defined() &&
+      q.values.dim() == 2 && q.values.size(0) == num && q.scales.size(0) == num &&
+      (precision == Precision::kInt8
+           ? q.values.scalar_type() == torch::kChar && q.values.size(1) == dim &&
+                 q.scales.dim() == 1
+           : q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
+                 q.scales.size(1) == groups && q.values.size(1) == groups * group / 2);
+  if (!shaped) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding [", num, ", ", dim,
+                                                   "] cannot adopt these packed rows at ",
+                                                   PrecisionName(precision)));
+  }
+  q_ = q;
+  precision_ = precision;
+  group_ = group;
+  weight.set_data(Placeholder(weight.sizes(), dtype_).to(q.values.device()));
+  return absl::OkStatus();
+}
+
+absl::Status LoadTokenEmbedding(EmbeddingImpl& embedding, const ModelFolder& folder,
+                                const std::string& prefix, const WeightPrecision& precision,
+                                torch::Device device) {
+  const std::string name = prefix + "weight";
+  if (precision.weights != Precision::kFp32) {
+    absl::StatusOr<std::optional<QuantizedWeight>> packed = folder.PackedTensor(name, device);
+    if (!packed.ok()) return packed.status();
+    if (packed->has_value()) {
+      return embedding.AdoptQuantized(**packed, precision.weights, precision.int4_group);
+    }
+  }
+  LoadIntoOptions o;
+  o.device = device;
+  if (absl::Status s = folder.LoadInto(embedding, prefix, o); !s.ok()) return s;
+  if (precision.weights == Precision::kFp32) return absl::OkStatus();
+  embedding.Quantize(precision.weights, precision.int4_group);
+  folder.RecordPacked(name, embedding.quantized_weight());
+  return absl::OkStatus();
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
@@ -413,6 +487,7 @@ int64_t ResidentBytes(torch::nn::Module& module) {
     const QuantizedWeight* q = nullptr;
     if (auto* linear = dynamic_cast<LinearImpl*>(m.get()); linear != nullptr) {
       q = &linear->quantized_weight();
+      count(linear->dequantized_weight());
     } else if (auto* embedding = dynamic_cast<EmbeddingImpl*>(m.get()); embedding != nullptr) {
       q = &embedding->quantized_weight();
     }

@@ -66,6 +66,9 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
 
   // Takes "weight" (quantizing it when the precision says so) and "bias".
   absl::Status Adopt(const std::string& local_name, torch::Tensor tensor) override;
+  // The packed "weight" of a quantized layer (a weight pack keeps it), and taking it back.
+  const QuantizedWeight* Packed(const std::string& local_name) const override;
+  absl::Status AdoptPacked(const std::string& local_name, const QuantizedWeight& q) override;
   // Takes an already packed weight of this layer's shape and precision (as QuantizeWeight
   // makes it), sharing its tensors: e.g. the embedding's rows for a tied LM head. The float
   // weight is dropped as in Adopt. InvalidArgument for an unquantized layer or other shapes.
@@ -77,6 +80,15 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   bool UsesPackedKernel(const torch::Tensor& x) const;
 
   bool quantized() const { return options_.precision.weights != Precision::kFp32; }
+  // Keeps the weight dequantized (in the compute dtype) beside the packed bytes, so that no
+  // product dequantizes it per call any more: for a trainer, whose steps otherwise dequantize
+  // every frozen weight in the forward and again in the backward pass. The values multiplied
+  // are the per-call path's (EffectiveWeight); the layer holds the float weight's memory
+  // more. A no-op for an unquantized layer or one not loaded yet.
+  void HoldDequantized();
+  bool holds_dequantized() const { return held_.defined(); }
+  // HoldDequantized's copy (undefined until it ran).
+  const torch::Tensor& dequantized_weight() const { return held_; }
   // The effective weight [out, in] in the compute dtype.
   torch::Tensor EffectiveWeight() const;
   // Bytes held for the weight (quantized values + scales, or the float weight).
@@ -98,7 +110,8 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
  private:
   LinearOptions options_;
   double lora_scale_ = 0.0;
-  QuantizedWeight q_;  // set once a quantized layer adopted its weight
+  QuantizedWeight q_;   // set once a quantized layer adopted its weight
+  torch::Tensor held_;  // HoldDequantized's copy (undefined until then)
 
   // x W^T + `bias_term` (undefined: none), without the LoRA term: the packed kernel, the
   // dequantizing product or torch's.
@@ -110,6 +123,9 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   void MoveHeld(Move move);
 };
 TORCH_MODULE(Linear);
+
+// LinearImpl::HoldDequantized on every quantized layer under `root`; returns how many.
+int64_t HoldDequantizedWeights(torch::nn::Module& root);
 
 // Quantized Linear layers that read the same input (q/k/v, gate/up), computed by one
 // packed product on CPU: one pass and one parallel region instead of one per layer. Fuse
@@ -156,6 +172,9 @@ class EmbeddingImpl : public torch::nn::Module {
   // matrix: "weight" stays registered as a placeholder for its shape. For frozen embeddings
   // only (nothing trains packed rows). A no-op for fp32.
   void Quantize(Precision precision, int64_t group);
+  // Takes rows packed as Quantize packs them at `precision` (a weight pack's copy) instead.
+  // InvalidArgument where their shape differs from the embedding's.
+  absl::Status AdoptQuantized(const QuantizedWeight& q, Precision precision, int64_t group);
   bool quantized() const { return q_.values.defined(); }
   const QuantizedWeight& quantized_weight() const { return q_; }
   Precision precision() const { return precision_; }
@@ -168,6 +187,13 @@ class EmbeddingImpl : public torch::nn::Module {
   QuantizedWeight q_;  // set by Quantize
 };
 TORCH_MODULE(Embedding);
+
+// Loads token embedding `embedding` from `folder` at `<prefix>weight` and packs it at
+// `precision` (int8 / int4; fp32 only loads): from the folder's weight pack where it has the
+// rows, else by Quantize, recording them where the load writes a pack.
+absl::Status LoadTokenEmbedding(EmbeddingImpl& embedding, const ModelFolder& folder,
+                                const std::string& prefix, const WeightPrecision& precision,
+                                torch::Device device);
 
 // RMSNorm as Llama/Qwen2: x / sqrt(mean(x^2) + eps) in fp32, cast back, times "weight".
 class RmsNormLayerImpl : public torch::nn::Module {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -18,8 +19,10 @@
 #include "model/arch/blip2.h"
 #include "model/arch/decoder_lm.h"
 #include "model/arch/llava.h"
+#include "model/hub/adapter_state.h"
 #include "model/hub/fnv.h"
 #include "model/hub/folder_config.h"
+#include "model/hub/weight_pack.h"
 
 namespace cdcca::model {
 namespace {
@@ -71,8 +74,36 @@ absl::StatusOr<std::unique_ptr<MultimodalModel>> LoadModel(const std::string& di
   const std::string type = ConfigModelType(folder->config(), folder->config_path()).value_or("");
   for (const ModelTypeEntry& t : kModelTypes) {
     if (type != t.model_type) continue;
+    std::unique_ptr<WeightPack> pack;
+    WeightPackWriter writer;
+    uint64_t fingerprint = 0;
+    using Use = ModelOptions::WeightPackUse;
+    if (precision->weights != Precision::kFp32 && options.weight_pack != Use::kIgnore) {
+      absl::StatusOr<uint64_t> f = FolderFingerprint(dir);
+      if (!f.ok()) return f.status();
+      fingerprint = *f;
+      std::string why;
+      pack = WeightPack::Find(dir, precision->weights, precision->int4_group, fingerprint, &why);
+      if (!why.empty()) std::fprintf(stderr, "not using a weight pack: %s\n", why.c_str());
+      folder->UsePack(pack.get(),
+                      options.weight_pack == Use::kWrite && pack == nullptr ? &writer : nullptr);
+    }
     absl::StatusOr<std::unique_ptr<MultimodalModel>> model =
         t.load(*folder, *precision, options.device);
+    if (model.ok() && writer.tensors() > 0) {
+      if (absl::Status s =
+              writer.Write(dir, precision->weights, precision->int4_group, fingerprint);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (options.weight_pack_report != nullptr) {
+      *options.weight_pack_report = {
+          pack ? pack->path() : "", pack ? pack->loads() : 0,
+          writer.tensors() > 0 ? WeightPack::PathFor(dir, precision->weights, precision->int4_group)
+                               : "",
+          writer.tensors(), writer.bytes()};
+    }
 #ifdef __GLIBC__
     // Loading freed the checkpoint's float tensors (quantized or converted); hand the heap
     // pages back so the process's resident memory is what the model holds.

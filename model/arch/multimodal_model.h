@@ -29,6 +29,21 @@ struct ModelOptions {
   std::string precision = "fp32";
   int64_t int4_group = 128;  // 32, 64 or 128
   torch::Device device = torch::kCPU;
+  // The folder's weight pack at int8 / int4 (weight_pack.h): kUse reads the quantized weights
+  // from one made from these weights where there is one (and says on stderr why one that is
+  // there cannot be used); kWrite also writes one where there is none usable (`cdcca pack`);
+  // kIgnore quantizes at load. The loaded model is the same bit for bit either way.
+  enum class WeightPackUse { kUse, kWrite, kIgnore };
+  WeightPackUse weight_pack = WeightPackUse::kUse;
+  // Where set, told what the load did with the pack.
+  struct WeightPackReport {
+    std::string read;  // the pack read ("" = none)
+    int64_t read_tensors = 0;
+    std::string written;  // the pack written ("" = none)
+    int64_t written_tensors = 0;
+    int64_t written_bytes = 0;
+  };
+  WeightPackReport* weight_pack_report = nullptr;
 };
 
 // The weight storage and compute dtype an options set stands for. InvalidArgument naming
@@ -277,6 +292,10 @@ void AddLinearLora(Linear& linear, const AdapterOptions& options, at::Generator&
 // that decide which of its hidden states are the tokens. Independent of the precision a model
 // is loaded at. Errors as LoadModel's.
 absl::StatusOr<uint64_t> TowerFingerprint(const std::string& dir);
+
+// "cpu" or "cuda" (FailedPrecondition where no CUDA device is available); InvalidArgument
+// naming --device otherwise. (Defined beside the Answerer, which parses it too.)
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
 
 // Opens `dir` and builds the model config.json names (model_type llava; blip-2 and
 // instructblip where registered). Errors name the file and the field or tensor.

@@ -254,14 +254,16 @@ absl::Status T5ForConditionalGenerationImpl::Load(const ModelFolder& folder,
                                                   const std::string& prefix, torch::Device device) {
   LoadIntoOptions o;
   o.device = device;
-  if (absl::Status s = folder.LoadInto(*shared, prefix + "shared.", o); !s.ok()) return s;
+  if (absl::Status s = LoadTokenEmbedding(*shared, folder, prefix + "shared.", precision_, device);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = folder.LoadInto(*encoder, prefix + "encoder.", o); !s.ok()) return s;
   if (absl::Status s = folder.LoadInto(*decoder, prefix + "decoder.", o); !s.ok()) return s;
   if (lm_head) {
     if (absl::Status s = folder.LoadInto(*lm_head, prefix + "lm_head.", o); !s.ok()) return s;
   }
   if (precision_.weights != Precision::kFp32) {
-    shared->Quantize(precision_.weights, precision_.int4_group);
     if (!lm_head) {
       if (!tied_head) {
         tied_head = register_module(

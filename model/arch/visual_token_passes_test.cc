@@ -19,44 +19,20 @@
 #include "model/arch/llava.h"
 #include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
+#include "tests/testing/hf_fixture_case.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::model {
 namespace {
 
+using ::cdcca::testing::FirstCase;
+using ::cdcca::testing::HfFixtureDir;
 using ::cdcca::testing::StatusIs;
-using nlohmann::json;
-
-std::string FixtureDir(const std::string& variant) {
-  return std::string(CDCCA_SOURCE_DIR) + "/tests/fixtures/hf/models/" + variant;
-}
-
-// The first case of a fixture as the model's inputs (batch of one).
-MultimodalInputs FirstCase(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  const json c = json::parse(in)["cases"][0];
-  MultimodalInputs inputs;
-  absl::StatusOr<SafetensorsContents> pixels =
-      ReadSafetensors(dir + "/expected_pixels.safetensors");
-  EXPECT_TRUE(pixels.ok()) << pixels.status();
-  for (const auto& [name, t] : pixels->tensors) {
-    if (name == "case0") inputs.pixel_values = t.unsqueeze(0);
-  }
-  inputs.input_ids =
-      torch::tensor(c["input_ids"].get<std::vector<int64_t>>(), torch::kLong).unsqueeze(0);
-  if (c.contains("qformer_input_ids")) {
-    inputs.qformer_input_ids =
-        torch::tensor(c["qformer_input_ids"].get<std::vector<int64_t>>(), torch::kLong)
-            .unsqueeze(0);
-    inputs.qformer_attention_mask = torch::ones_like(inputs.qformer_input_ids);
-  }
-  return inputs;
-}
 
 class VisualTokenPassesTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
-  const std::string dir = FixtureDir(GetParam());
+  const std::string dir = HfFixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions o;
@@ -118,7 +94,7 @@ TEST_P(VisualTokenPassesTest, VisIsEq3OverElementWiseDropoutPasses) {
 // Stage 2 from the tower's tokens (what the answer computed; the device's path) gives what
 // it gives from the pixels, which run the tower again: the same tokens, scores and F.
 TEST_P(VisualTokenPassesTest, PassesFromTheTowersTokensEqualThePassesFromThePixels) {
-  const std::string dir = FixtureDir(GetParam());
+  const std::string dir = HfFixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const MultimodalInputs pixels = FirstCase(dir);
   ASSERT_OK_AND_ASSIGN(torch::Tensor tokens, model->EncodeImages(pixels));
@@ -145,7 +121,7 @@ TEST_P(VisualTokenPassesTest, PassesFromTheTowersTokensEqualThePassesFromThePixe
 
 // The M passes run as one batch compute what running them one at a time computes.
 TEST_P(VisualTokenPassesTest, BatchedPassesEqualThePassesOneByOne) {
-  const std::string dir = FixtureDir(GetParam());
+  const std::string dir = HfFixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   const MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions draw;
@@ -175,7 +151,7 @@ TEST_P(VisualTokenPassesTest, BatchedPassesEqualThePassesOneByOne) {
 }
 
 TEST_P(VisualTokenPassesTest, RefusesBadPassesRatesMasksAndBatches) {
-  const std::string dir = FixtureDir(GetParam());
+  const std::string dir = HfFixtureDir(GetParam());
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   MultimodalInputs in = FirstCase(dir);
   VisualTokenPassOptions o;
@@ -221,7 +197,7 @@ torch::Tensor PlainVis(const std::vector<torch::Tensor>& f) {
 
 // LLaVA: F is what the first half of the LM's layers add to each dropped-out image row.
 TEST(LlavaVisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
-  const std::string dir = FixtureDir("llava_clip_llama");
+  const std::string dir = HfFixtureDir("llava_clip_llama");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir));
   ASSERT_OK_AND_ASSIGN(LlavaConfig config, ParseLlavaConfig(folder.config(), "config.json"));
@@ -265,7 +241,7 @@ TEST(LlavaVisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
 // BLIP-2: F is each token's contribution to the cross-attention output of every
 // cross-attending Q-Former layer, here recomputed from the layers' weights.
 TEST(Blip2VisualTokenPassesTest, VisIsThePlainComputationPassByPass) {
-  const std::string dir = FixtureDir("blip2_llama");
+  const std::string dir = HfFixtureDir("blip2_llama");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
   ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir));
   ASSERT_OK_AND_ASSIGN(

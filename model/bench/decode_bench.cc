@@ -1,13 +1,13 @@
-// decode_bench: cdcca's speed and memory on a Hugging Face model folder. Loads the folder, feeds the inputs scripts/hf_bench_shapes.py saved beside the
-// weights (bench_inputs.safetensors: input_ids after image-token expansion, pixel_values,
-// and for InstructBLIP qformer_input_ids), and times greedy generation as that script times
-// transformers: time to first token = a generation of one token, decode tokens/s =
-// (N - 1) / (time of N tokens - time of one), medians over --repeats pairs of runs after a
-// warm-up pair, with no early stop at eos. Prints one JSON line.
+// decode_bench: cdcca's speed and memory on a Hugging Face model folder. Loads the folder, feeds
+// the inputs scripts/hf_bench_shapes.py saved beside the weights (bench_inputs.safetensors:
+// input_ids after image-token expansion, pixel_values, and for InstructBLIP qformer_input_ids), and
+// times greedy generation as that script times transformers: time to first token = a generation of
+// one token, decode tokens/s = (N - 1) / (time of N tokens - time of one), medians over --repeats
+// pairs of runs after a warm-up pair, with no early stop at eos. Prints one JSON line.
 //
 //   decode_bench --model DIR [--device cuda|cpu] [--precision bf16|fp32|int8|int4]
 //            [--new_tokens 64] [--repeats 3] [--paths static,reference] [--torch_threads N]
-//            [--uts_mc_passes 4,8,16]
+//            [--uts_mc_passes 4,8,16] [--weight_pack use|write|ignore] [--load_only]
 // --uts_mc_passes (the setting of that name, docs/SETTINGS.md, here a list of values to time)
 // adds "uts_stage2": per M, the median time of MultimodalModel::StochasticVisualTokens (M
 // passes as one batch, dropout 0.1), the visual tokens it scores, and the peak GPU memory of
@@ -40,6 +40,11 @@ ABSL_FLAG(int, new_tokens, 64, "tokens generated per timed answer");
 ABSL_FLAG(int, repeats, 3, "timed runs per measurement (after one warm-up)");
 ABSL_FLAG(std::string, paths, "static,reference",
           "decode loops to time: static (the default on CUDA), reference");
+ABSL_FLAG(std::string, weight_pack, "use",
+          "the folder's weight pack at int8/int4 (cdcca pack): use (where one is there), write "
+          "(use, else write one), ignore (quantize at load)");
+ABSL_FLAG(bool, load_only, false,
+          "print the load's figures and stop (with --weight_pack write: write the pack)");
 ABSL_FLAG(int, torch_threads, 0, "torch intra-op threads (0 = LibTorch's default)");
 ABSL_FLAG(std::string, uts_mc_passes, "",
           "comma list of M (values of the setting uts_mc_passes): also time UTS stage 2 (M "
@@ -81,6 +86,15 @@ int Run() {
   ModelOptions options;
   options.precision = absl::GetFlag(FLAGS_precision);
   options.device = device;
+  const std::string pack = absl::GetFlag(FLAGS_weight_pack);
+  using Use = ModelOptions::WeightPackUse;
+  if (pack != "use" && pack != "write" && pack != "ignore") {
+    std::cerr << "decode_bench: --weight_pack " << pack << ": not use, write or ignore\n";
+    return 2;
+  }
+  options.weight_pack = pack == "use" ? Use::kUse : pack == "write" ? Use::kWrite : Use::kIgnore;
+  ModelOptions::WeightPackReport pack_report;
+  options.weight_pack_report = &pack_report;
   const auto load_start = Clock::now();
   absl::StatusOr<std::unique_ptr<MultimodalModel>> model = LoadModel(dir, options);
   if (!model.ok()) {
@@ -90,6 +104,20 @@ int Run() {
   if (device.is_cuda()) torch::cuda::synchronize();
   const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
 
+  const json pack_json = {{"read", pack_report.read},
+                          {"read_tensors", pack_report.read_tensors},
+                          {"written", pack_report.written},
+                          {"written_bytes", pack_report.written_bytes}};
+  if (absl::GetFlag(FLAGS_load_only)) {
+    std::cout << json{{"model", dir},
+                      {"precision", options.precision},
+                      {"device", device.str()},
+                      {"load_s", load_s},
+                      {"weight_pack", pack_json}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
   std::string inputs_path = absl::GetFlag(FLAGS_inputs);
   if (inputs_path.empty()) inputs_path = dir + "/bench_inputs.safetensors";
   absl::StatusOr<SafetensorsContents> saved = ReadSafetensors(inputs_path);
@@ -115,6 +143,7 @@ int Run() {
   row["threads"] = torch::get_num_threads();
   row["cuda_graphs"] = CudaGraphsCompiledIn();
   row["load_s"] = load_s;
+  row["weight_pack"] = pack_json;
   row["resident_weight_bytes"] = (*model)->ResidentBytes();
   row["lm_input_tokens"] = in.input_ids.size(1);
   row["new_tokens"] = new_tokens;

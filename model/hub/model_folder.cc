@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/hub/folder_config.h"
+#include "model/hub/weight_pack.h"
 
 namespace cdcca::model {
 namespace {
@@ -104,6 +105,18 @@ absl::StatusOr<ModelFolder> ModelFolder::Open(const std::string& dir) {
   return f;
 }
 
+absl::StatusOr<ModelFolder> ModelFolder::OpenFile(const std::string& path) {
+  ModelFolder f;
+  f.dir_ = std::filesystem::path(path).parent_path().string();
+  f.config_ = json::object();
+  if (absl::Status s = f.IndexFile(path); !s.ok()) return s;
+  return f;
+}
+
+absl::Status TensorSink::AdoptPacked(const std::string& local_name, const QuantizedWeight& q) {
+  return absl::UnimplementedError(absl::StrCat("tensor ", local_name, " is not held packed"));
+}
+
 absl::Status ModelFolder::IndexFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
@@ -132,7 +145,15 @@ absl::Status ModelFolder::IndexFile(const std::string& path) {
   const std::string model_type = ConfigModelType(config_, dir_).value_or("");
   const uint64_t data_start = 8 + n;
   for (const auto& item : header.items()) {
-    if (item.key() == "__metadata__") continue;
+    if (item.key() == "__metadata__") {
+      if (!item.value().is_object()) {
+        return absl::DataLossError(absl::StrCat(path, ": __metadata__ is not an object"));
+      }
+      for (const auto& m : item.value().items()) {
+        if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
     TensorEntry e;
     e.file = path;
     e.disk_name = item.key();
@@ -242,6 +263,16 @@ absl::Status ModelFolder::LoadInto(torch::nn::Module& module, const std::string&
     for (const auto& b : m.named_buffers(/*recurse=*/false)) slots.emplace_back(b.key(), b.value());
     for (auto& [local, slot] : slots) {
       const std::string name = mod_prefix + local;
+      if (sink != nullptr && pack_ != nullptr && pack_->Has(name)) {
+        absl::StatusOr<QuantizedWeight> q = pack_->Load(name, options.device);
+        if (!q.ok()) return q.status();
+        if (absl::Status s = sink->AdoptPacked(local, *q); !s.ok()) {
+          return absl::Status(s.code(),
+                              absl::StrCat(pack_->path(), ": tensor ", name, ": ", s.message()));
+        }
+        consumed.insert(name);
+        continue;
+      }
       auto it = tensors_.find(name);
       if (it == tensors_.end()) {
         return absl::NotFoundError(absl::StrCat(
@@ -261,6 +292,7 @@ absl::Status ModelFolder::LoadInto(torch::nn::Module& module, const std::string&
           return absl::Status(s.code(), absl::StrCat(it->second.file, ": tensor ",
                                                      it->second.disk_name, ": ", s.message()));
         }
+        if (const QuantizedWeight* q = sink->Packed(local); q != nullptr) RecordPacked(name, *q);
       } else {
         slot.set_data(*t);
       }
@@ -275,6 +307,18 @@ absl::Status ModelFolder::LoadInto(torch::nn::Module& module, const std::string&
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<QuantizedWeight>> ModelFolder::PackedTensor(
+    const std::string& name, torch::Device device) const {
+  if (pack_ == nullptr || !pack_->Has(name)) return std::nullopt;
+  absl::StatusOr<QuantizedWeight> q = pack_->Load(name, device);
+  if (!q.ok()) return q.status();
+  return *std::move(q);
+}
+
+void ModelFolder::RecordPacked(const std::string& name, const QuantizedWeight& q) const {
+  if (pack_writer_ != nullptr) pack_writer_->Add(name, q);
 }
 
 }  // namespace cdcca::model

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/hub/folder_json.h"
+#include "model/runtime/quantize.h"
 #include "nlohmann/json.hpp"
 
 namespace torch::nn {
@@ -42,7 +43,17 @@ class TensorSink {
   // `local_name` is the parameter/buffer name inside the module ("weight"); `tensor` has the
   // checked shape, on the requested device and dtype.
   virtual absl::Status Adopt(const std::string& local_name, torch::Tensor tensor) = 0;
+  // The packed (quantized) form this sink keeps of `local_name` once adopted; nullptr where it
+  // keeps floats. A load that writes a weight pack (weight_pack.h) records it.
+  virtual const QuantizedWeight* Packed(const std::string& local_name) const { return nullptr; }
+  // Takes `q`, what Packed gave on an earlier load of the same checkpoint at the same
+  // precision, instead of the checkpoint's floats. InvalidArgument where the shape or the
+  // precision differs.
+  virtual absl::Status AdoptPacked(const std::string& local_name, const QuantizedWeight& q);
 };
+
+class WeightPack;
+class WeightPackWriter;
 
 struct LoadIntoOptions {
   // Where loaded tensors go. Default: CPU.
@@ -63,11 +74,16 @@ class ModelFolder {
   // outside the folder), DataLoss (truncated or malformed safetensors: names the file and
   // tensor).
   static absl::StatusOr<ModelFolder> Open(const std::string& dir);
+  // One safetensors file on its own (no config.json; names as stored), e.g. a weight pack.
+  // Errors as Open's.
+  static absl::StatusOr<ModelFolder> OpenFile(const std::string& path);
 
   const std::string& dir() const { return dir_; }
   std::string config_path() const { return dir_ + "/config.json"; }
   const nlohmann::json& config() const { return config_; }
   NameLayout layout() const { return layout_; }
+  // The "__metadata__" entries of the weight files, merged.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   bool Has(const std::string& name) const { return tensors_.count(name) > 0; }
   // All tensor names (5.x layout), sorted.
@@ -89,6 +105,20 @@ class ModelFolder {
   absl::Status LoadInto(torch::nn::Module& module, const std::string& prefix,
                         const LoadIntoOptions& options = {}) const;
 
+  // From now on LoadInto gives a sink the packed form of a tensor from `pack` where it has one
+  // (instead of reading the floats), and records in `writer` what sinks packed from floats.
+  // Either may be null; both must outlive the loads. Set by LoadModel.
+  void UsePack(const WeightPack* pack, WeightPackWriter* writer) {
+    pack_ = pack;
+    pack_writer_ = writer;
+  }
+  // For a tensor a loader packs outside LoadInto (a token embedding): the pack's form of
+  // `name` on `device`, or nullopt where UsePack gave no pack or it lacks `name`.
+  absl::StatusOr<std::optional<QuantizedWeight>> PackedTensor(const std::string& name,
+                                                              torch::Device device) const;
+  // Records `q` as the packed form of `name` where UsePack gave a writer.
+  void RecordPacked(const std::string& name, const QuantizedWeight& q) const;
+
  private:
   struct TensorEntry {
     std::string file;       // path of the safetensors file
@@ -105,6 +135,9 @@ class ModelFolder {
   nlohmann::json config_;
   NameLayout layout_ = NameLayout::kTransformers5;
   std::map<std::string, TensorEntry> tensors_;  // keyed by 5.x name
+  std::map<std::string, std::string> metadata_;
+  const WeightPack* pack_ = nullptr;
+  WeightPackWriter* pack_writer_ = nullptr;
 };
 
 }  // namespace cdcca::model

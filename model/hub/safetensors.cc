@@ -44,15 +44,13 @@ torch::ScalarType ToTorch(SafetensorsDtype dtype) {
   return torch::kFloat;  // unreachable: every SafetensorsDtype is listed
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> EncodeSafetensors(
+// The 8-byte length and the JSON header of `tensors` in the given order (padded so the data
+// starts 8-byte aligned, as the reference writer does); *data_bytes = the data section's size.
+absl::StatusOr<std::string> EncodeHeader(
     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<torch::Tensor> cpu;
-  cpu.reserve(tensors.size());
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || header.contains(name)) {
@@ -63,23 +61,46 @@ absl::StatusOr<std::string> EncodeSafetensors(
       return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": unsupported dtype ",
                                                      c10::toString(tensor.scalar_type())));
     }
-    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {
-        {"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
+    header[name] = {{"dtype", dtype},
+                    {"shape", tensor.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    cpu.push_back(std::move(t));
   }
   std::string head = header.dump();
-  // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
   head.append((8 - head.size() % 8) % 8, ' ');
-  std::string out;
-  out.reserve(8 + head.size() + offset);
   const uint64_t n = head.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
+  std::string out(reinterpret_cast<const char*>(&n), 8);
   out.append(head);
-  for (const torch::Tensor& t : cpu) {
-    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  *data_bytes = offset;
+  return out;
+}
+
+// Moves a finished `tmp` over `path` (the last step of an atomic write).
+absl::Status RenameIntoPlace(const std::string& tmp, const std::string& path) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// A tensor's bytes as the file holds them: on the CPU, contiguous.
+torch::Tensor FileBytes(const torch::Tensor& tensor) {
+  return tensor.detach().to(torch::kCPU).contiguous();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeSafetensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> out = EncodeHeader(tensors, metadata, &data_bytes);
+  if (!out.ok()) return out.status();
+  out->reserve(out->size() + data_bytes);
+  for (const auto& [name, tensor] : tensors) {
+    torch::Tensor t = FileBytes(tensor);
+    out->append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   }
   return out;
 }
@@ -107,18 +128,30 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
     out.flush();
     if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+  return RenameIntoPlace(tmp, path);
 }
 
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata) {
-  absl::StatusOr<std::string> bytes = EncodeSafetensors(tensors, metadata);
-  if (!bytes.ok()) return bytes.status();
-  return WriteFileAtomically(path, *bytes);
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> head = EncodeHeader(tensors, metadata, &data_bytes);
+  if (!head.ok()) return head.status();
+  // Streamed one tensor at a time: a checkpoint-sized file never sits in memory twice.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    out.write(head->data(), static_cast<std::streamsize>(head->size()));
+    for (const auto& [name, tensor] : tensors) {
+      torch::Tensor t = FileBytes(tensor);
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
+    }
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
+  }
+  return RenameIntoPlace(tmp, path);
 }
 
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {

@@ -35,6 +35,10 @@ struct CloudProcessOptions {
   absl::Duration port_timeout = absl::Minutes(2);
   // --status_interval_s of every process. Default: 0.5 s.
   double status_interval_s = 0.5;
+  // Niceness trainers run at (through /usr/bin/nice), so that on a host they share with
+  // fronts the serving path comes first and training takes the CPU left over. Default: 0
+  // (the caller's).
+  int trainer_nice = 0;
 };
 
 class CloudProcesses {
@@ -65,6 +69,9 @@ class CloudProcesses {
     }
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
     args.insert(args.end(), extra.begin(), extra.end());
+    if (role == "trainer" && options_.trainer_nice != 0) {
+      args.insert(args.begin(), {"/usr/bin/nice", "-n", std::to_string(options_.trainer_nice)});
+    }
     auto child = std::make_unique<Child>(args, Log(name), exit_at);
     if (port != nullptr) *port = WaitForPortFile(port_file, options_.port_timeout, child.get());
     return child;
