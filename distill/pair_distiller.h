@@ -20,7 +20,8 @@
 // tokenizers R is the mean over the answer positions and the KL term is left out whatever its
 // weight, and the job says so (PairJobResult::notes).
 //
-// Thread-safety: one Run at a time per distiller; it trains the student in place.
+// Thread-safety: one Run at a time per distiller; it trains the student in place. One
+// RunTogether at a time per student, and no Run of its distillers meanwhile.
 #ifndef CDCCA_DISTILL_HF_AKD_H_
 #define CDCCA_DISTILL_HF_AKD_H_
 
@@ -187,7 +188,7 @@ class PairDistiller {
   //
   // Every distiller must hold the same student model and appear once (InvalidArgument
   // otherwise, for each job). A job whose samples do not fit fails alone, as its RunFrom
-  // would; an error of a shared step fails every job still training. The student's own
+  // would; an error of a shared step fails every job of the group. The student's own
   // trainable set is left as one of the jobs' mirrors (callers copy theirs in, as for
   // RunFrom); its frozen base is untouched. FailedPrecondition for a student that reads a
   // member of its trainable set where rows cannot take their own job's values.

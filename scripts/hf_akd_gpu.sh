@@ -85,6 +85,9 @@ fi
 # pack` writes it), so that the job's load reads them packed instead of quantizing 7B floats.
 # CDCCA_AKD_SIDE=cdcca or reference runs one side only (two device calls where one call's time
 # limit is shorter than both together; the folders and inputs in DIR are reused).
+# CDCCA_AKD_JOBS=K runs cdcca's side as a fleet's round: K devices' jobs over the one student,
+# at most CDCCA_AKD_TOGETHER (default 4) together (akd_bench --jobs, --max_jobs_together;
+# cdcca.json then holds device_jobs_per_hour).
 side=${CDCCA_AKD_SIDE:-both}
 if [ "$side" != reference ]; then
   if [ -x "$decode_bench" ] && [ ! -d "$dir/student/cdcca-packed" ]; then
@@ -93,7 +96,8 @@ if [ "$side" != reference ]; then
   fi
   measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student_base "$dir/student" \
     --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 \
-    "${job[@]}" || true
+    "${job[@]}" --jobs "${CDCCA_AKD_JOBS:-1}" --max_jobs_together "${CDCCA_AKD_TOGETHER:-4}" ||
+    true
 fi
 if [ "$side" != cdcca ]; then
   measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
