@@ -4,8 +4,9 @@
 // transformers produced ([3, H, W] float32 per image stem): ImageBackend::kPil against the
 // PIL backend (*ImageProcessorPil, the 4.x "slow" one; expected_pil.safetensors) and
 // ImageBackend::kTorchvision against the default torchvision backend (expected.safetensors).
-// Asserted: every value bit-identical, and (the bound the parity tests hold to, reported separately) at most
-// 1/255 in rescaled units (a difference in normalised units times the channel's std).
+// Asserted: every value bit-identical, and (the bound the parity tests hold to, reported
+// separately) at most 1/255 in rescaled units (a difference in normalised units times the channel's
+// std).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
