@@ -12,6 +12,23 @@
 namespace cdcca::model {
 namespace {
 
+// Whether `q` is a [rows, cols] weight packed at `precision` as Quantize packs it: int8 values
+// with a scale per row, or int4 nibbles with a scale per group of `group` columns.
+bool PackedAs(const QuantizedWeight& q, Precision precision, int64_t rows, int64_t cols,
+              int64_t group) {
+  if (precision == Precision::kFp32 || !q.values.defined() || !q.scales.defined() ||
+      q.values.dim() != 2 || q.values.size(0) != rows || q.scales.size(0) != rows) {
+    return false;
+  }
+  if (precision == Precision::kInt8) {
+    return q.values.scalar_type() == torch::kChar && q.values.size(1) == cols &&
+           q.scales.dim() == 1;
+  }
+  const int64_t groups = (cols + group - 1) / group;
+  return q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
+         q.scales.size(1) == groups && q.values.size(1) == groups * group / 2;
+}
+
 // x W^T + b with W a quantized weight, differentiable in x and b (W is the frozen base): backward
 // dequantizes W again rather than autograd keeping each layer's dequantized copy alive from
 // the forward to the backward pass, which for a 7B int4 student is 13.5 GB of bf16 weights
@@ -135,19 +152,8 @@ void LinearImpl::to(torch::Device device, bool non_blocking) {
 }
 
 absl::Status LinearImpl::AdoptQuantized(const QuantizedWeight& q) {
-  const int64_t groups_wanted =
-      (options_.in_features + options_.precision.int4_group - 1) / options_.precision.int4_group;
-  const bool int8 = options_.precision.weights == Precision::kInt8;
-  const bool shaped =
-      q.values.defined() && q.scales.defined() && q.values.dim() == 2 &&
-      q.values.size(0) == options_.out_features &&
-      (int8 ? q.values.scalar_type() == torch::kChar && q.values.size(1) == options_.in_features &&
-                  q.scales.dim() == 1
-            : q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
-                  q.scales.size(1) == groups_wanted &&
-                  q.values.size(1) == groups_wanted * options_.precision.int4_group / 2) &&
-      q.scales.size(0) == options_.out_features;
-  if (!quantized() || !shaped) {
+  if (!quantized() || !PackedAs(q, options_.precision.weights, options_.out_features,
+                                options_.in_features, options_.precision.int4_group)) {
     return absl::InvalidArgumentError(
         absl::StrCat("linear layer [", options_.out_features, ", ", options_.in_features,
                      "] cannot adopt this packed weight (precision or shape differs)"));
@@ -350,16 +356,7 @@ void EmbeddingImpl::Quantize(Precision precision, int64_t group) {
 absl::Status EmbeddingImpl::AdoptQuantized(const QuantizedWeight& q, Precision precision,
                                            int64_t group) {
   const int64_t num = weight.size(0), dim = weight.size(1);
-  const int64_t groups = precision == Precision::kInt4 ? (dim + group - 1) / group : 1;
-  const bool shaped =
-      precision != Precision::kFp32 && q.values.defined() && q.scales.defined() &&
-      q.values.dim() == 2 && q.values.size(0) == num && q.scales.size(0) == num &&
-      (precision == Precision::kInt8
-           ? q.values.scalar_type() == torch::kChar && q.values.size(1) == dim &&
-                 q.scales.dim() == 1
-           : q.values.scalar_type() == torch::kByte && q.scales.dim() == 2 &&
-                 q.scales.size(1) == groups && q.values.size(1) == groups * group / 2);
-  if (!shaped) {
+  if (!PackedAs(q, precision, num, dim, group)) {
     return absl::InvalidArgumentError(absl::StrCat("embedding [", num, ", ", dim,
                                                    "] cannot adopt these packed rows at ",
                                                    PrecisionName(precision)));

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -76,8 +77,17 @@ absl::StatusOr<std::string> EncodeHeader(
   return out;
 }
 
-// Moves a finished `tmp` over `path` (the last step of an atomic write).
-absl::Status RenameIntoPlace(const std::string& tmp, const std::string& path) {
+// Writes `path` through `path`.tmp and a rename; `write` puts the contents on the stream.
+absl::Status WriteThroughTemporary(const std::string& path,
+                                   const std::function<void(std::ofstream&)>& write) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    write(out);
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
@@ -120,15 +130,9 @@ absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  return WriteThroughTemporary(path, [&](std::ofstream& out) {
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
-  }
-  return RenameIntoPlace(tmp, path);
+  });
 }
 
 absl::Status WriteSafetensors(const std::string& path,
@@ -138,20 +142,14 @@ absl::Status WriteSafetensors(const std::string& path,
   absl::StatusOr<std::string> head = EncodeHeader(tensors, metadata, &data_bytes);
   if (!head.ok()) return head.status();
   // Streamed one tensor at a time: a checkpoint-sized file never sits in memory twice.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  return WriteThroughTemporary(path, [&](std::ofstream& out) {
     out.write(head->data(), static_cast<std::streamsize>(head->size()));
     for (const auto& [name, tensor] : tensors) {
       torch::Tensor t = FileBytes(tensor);
       out.write(static_cast<const char*>(t.data_ptr()),
                 static_cast<std::streamsize>(t.numel() * t.element_size()));
     }
-    out.flush();
-    if (!out) return absl::UnavailableError(absl::StrCat("write failed: ", tmp));
-  }
-  return RenameIntoPlace(tmp, path);
+  });
 }
 
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {

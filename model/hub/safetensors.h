@@ -44,7 +44,7 @@ absl::StatusOr<SafetensorsContents> DecodeSafetensors(absl::string_view bytes);
 // written file. Unavailable naming the file when a write or the rename fails.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
 
-// EncodeSafetensors, written with WriteFileAtomically.
+// EncodeSafetensors' bytes written as WriteFileAtomically writes, one tensor at a time.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata);
