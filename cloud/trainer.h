@@ -136,8 +136,8 @@ struct PerDeviceStrategyOptions {
   // Most devices' jobs that train together over the one student base (jobs that wait for it
   // at the same time, as up to JobSchedulerOptions::threads do: each device's result is what
   // its job alone gives; a step's batch holds every job's rows, so activation memory grows
-  // with it). 1 = one job at a time. Default: 4.
-  size_t max_jobs_together = 4;
+  // with it). 1 = one job at a time.
+  size_t max_jobs_together = settings::kMaxJobsTogether;
   // Torch intra-op threads per job. 0 = automatic (1; model/runtime/threads.h).
   int torch_threads = 0;
   // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".

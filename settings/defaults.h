@@ -73,6 +73,11 @@ inline constexpr int kTriggerSamples = 256;
 // ... or this long after its last job with any new sample, s (0 = never), so that a device
 // that uplinks little is still adapted. Not measured: a choice of latency.
 inline constexpr double kTriggerIntervalS = 600;
+// Most devices' jobs that train together over the one student base when they wait for it at
+// the same time: each device's result is what its job alone gives, and a step holds every
+// grouped job's batch, so this bounds the step's activation memory. Not measured: a choice of
+// memory; it matters only with more than one trainer thread.
+inline constexpr int kMaxJobsTogether = 4;
 
 // --- The downlink (DWC) ---
 

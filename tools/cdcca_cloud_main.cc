@@ -205,7 +205,7 @@ ABSL_FLAG(int, trigger_samples, cdcca::settings::kTriggerSamples,
 ABSL_FLAG(double, trigger_interval_s, cdcca::settings::kTriggerIntervalS,
           "... or once this many seconds passed since its last job with any new sample (0 = off)");
 ABSL_FLAG(int, trainer_threads, 1, "jobs run at once (of different devices)");
-ABSL_FLAG(int, max_jobs_together, 4,
+ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most jobs of different devices that train together over the one student base when they "
           "run at once (--trainer_threads): each device's rows read its own adapters and it gets "
           "what its job alone gives; a step holds every job's batch (1 = one job at a time)");

@@ -72,7 +72,7 @@ ABSL_FLAG(int, max_answer_tokens, 32,
           "the teacher's answer length bound, tokens; the documented job's 32 (rows of 648 LM "
           "positions, as the reference is timed at), where the programs' default is 6");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
-ABSL_FLAG(int, max_jobs_together, 4,
+ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
 
 namespace cdcca::distill {
