@@ -213,7 +213,7 @@ grpc::ServerUnaryReactor* CloudService::Register(grpc::CallbackServerContext* ct
         "model fingerprint %016x does not match the cloud's student base %016x: install the "
         "base model the cloud serves, at its precision (and, for a Hugging Face folder, with "
         "its adapters: --lora_rank, --lora_alpha, --lora_mlp, --lora_qformer, "
-        "--lora_projector)",
+        "--lora_projector, --lora_vision)",
         request->model_fingerprint(), options_.expected_fingerprint));
   }
   if (!bad.ok()) {

@@ -105,6 +105,9 @@ struct PerDeviceStrategyOptions {
   bool lora_mlp = settings::kLoraMlp;
   bool lora_qformer = settings::kLoraQformer;  // the Q-Former's query and value too
   bool lora_projector = false;  // the projector into the LM too (programs: --profile)
+  // The student's vision tower too (its attention's LoRA and its LayerNorms), trained from
+  // the uplinked frames; token samples cannot train it and are refused.
+  bool lora_vision = settings::kLoraVision;
   // Precision of the devices' frozen student base: "fp32", "int8" or "int4". The mirror
   // computes with exactly that base, dequantized. Default: the defaults table's.
   std::string student_precision = settings::kStudentPrecision;

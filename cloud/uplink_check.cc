@@ -44,6 +44,11 @@ absl::Status CheckSample(const compress::UplinkSample& s, size_t i, const Sample
                absl::StrCat("an answer of ", s.answer_tokens.size(), " tokens; this cloud takes ",
                             spec.max_answer_tokens, " at most"));
   }
+  if (s.frame.empty() && spec.frames_only) {
+    return bad(v1::REFUSAL_REASON_FRAME,
+               "visual tokens, but this cloud trains the student's vision tower (--lora_vision), "
+               "which learns from frames: uplink frames (--uplink_precision=jpeg)");
+  }
   if (!s.frame.empty()) {
     const auto bad_frame = [&](absl::string_view why) {
       return bad(v1::REFUSAL_REASON_FRAME, why);

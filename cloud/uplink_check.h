@@ -42,6 +42,9 @@ struct SampleSpec {
   // output size depends on the image).
   uint32_t frame_width = 0;
   uint32_t frame_height = 0;
+  // Every sample must be a frame: the cloud trains the student's vision tower from frames
+  // (--lora_vision), which a sample of tokens cannot train.
+  bool frames_only = false;
 };
 
 // What a checked batch holds.

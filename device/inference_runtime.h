@@ -48,7 +48,8 @@ struct RuntimeOptions {
   double lora_alpha = settings::kLoraAlpha;
   bool lora_mlp = settings::kLoraMlp;
   bool lora_qformer = settings::kLoraQformer;  // BLIP-2 / InstructBLIP: the Q-Former's q and v
-  bool lora_projector = false;  // the projector into the LM too (programs: --profile)
+  bool lora_projector = false;               // the projector into the LM too (programs: --profile)
+  bool lora_vision = settings::kLoraVision;  // the vision tower too (uplink frames with it)
 };
 
 // One input: an RGB image (any size; resized to the model's input) and a question.

@@ -86,6 +86,11 @@ TextBatch CollateHfRows(const std::vector<TextRow>& rows, torch::Device device) 
   }
   batch.inputs.visual_tokens = torch::cat(tokens);
   batch.inputs.visual_present = torch::cat(present);
+  if (rows[0].pixels.defined()) {
+    std::vector<torch::Tensor> pixels;
+    for (const TextRow& x : rows) pixels.push_back(x.pixels);
+    batch.inputs.pixel_values = torch::cat(pixels);
+  }
   batch.inputs.input_ids = ids.to(device);
   batch.inputs.attention_mask = mask.to(device);
   batch.inputs.prompt_lengths = torch::tensor(prompt_lengths, torch::kLong).to(device);
@@ -119,6 +124,7 @@ using Clock = std::chrono::steady_clock;
 struct PreparedSample {
   torch::Tensor tokens;                   // [1, N, D] on the job device
   torch::Tensor present;                  // [1, N] bool
+  torch::Tensor pixels;                   // [1, C, H, W] where the student reads the frame
   std::vector<int64_t> student_prompt;    // expanded LM ids
   std::vector<int64_t> student_answer;    // pseudo-label ids + eos
   std::vector<int64_t> student_qformer;   // InstructBLIP students
@@ -165,6 +171,14 @@ torch::Tensor PresentRow(const PairSample& sample, torch::Device device) {
              ? Row(sample.present.to(device, torch::kBool))
              : torch::ones({1, sample.tokens.size(0)},
                            torch::TensorOptions().dtype(torch::kBool).device(device));
+}
+
+// The frame in place of the tokens where `side` reads pixels and `sample` has them.
+void SidePixels(const PairSide& side, const PairSample& sample, torch::Device d,
+                model::TokenInputs* in) {
+  if (side.reads_pixels && sample.pixels.defined()) {
+    in->pixel_values = Row(sample.pixels.to(d, torch::kFloat));
+  }
 }
 
 // A sample's LM prompt ids in `side` (its template and tokenizer) and InstructBLIP's Q-Former
@@ -216,10 +230,18 @@ struct PairDistiller::State {
     absl::StatusOr<std::vector<int64_t>> t_qformer = SideQformerIds(teacher, sample.prompt);
     if (!t_qformer.ok()) return t_qformer.status();
     std::vector<int64_t> answer;
-    absl::StatusOr<std::string> text =
-        GreedyAnswer(teacher, teacher_view, options.max_answer_tokens, &answer);
-    if (!text.ok()) return text.status();
-    *label = *std::move(text);
+    if (!sample.label.empty()) {
+      // A given label (the ground-truth arm): the teacher is forced on it.
+      absl::StatusOr<std::vector<int64_t>> ids = teacher.encode(sample.label, /*special=*/false);
+      if (!ids.ok()) return ids.status();
+      answer = *std::move(ids);
+      *label = sample.label;
+    } else {
+      absl::StatusOr<std::string> text =
+          GreedyAnswer(teacher, teacher_view, options.max_answer_tokens, &answer);
+      if (!text.ok()) return text.status();
+      *label = *std::move(text);
+    }
     const int64_t t_eos_id = FirstEos(*teacher.model);
     if (t_eos_id >= 0) answer.push_back(t_eos_id);
 
@@ -254,6 +276,9 @@ struct PairDistiller::State {
     out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
     if (use_kl) out->teacher_logits = f->logits[0].narrow(0, p - 1, a).to(device);
     out->present = PresentRow(sample, device);  // what the student trains on
+    if (student.reads_pixels && sample.pixels.defined()) {
+      out->pixels = Row(sample.pixels.to(device, torch::kFloat));
+    }
     return absl::OkStatus();
   }
 
@@ -262,8 +287,8 @@ struct PairDistiller::State {
     std::vector<TextRow> text;
     for (int64_t i : rows) {
       const PreparedSample& x = pool[static_cast<size_t>(i)];
-      text.push_back(
-          {x.tokens, x.present, &x.student_prompt, &x.student_answer, &x.student_qformer});
+      text.push_back({x.tokens, x.present, x.pixels, &x.student_prompt, &x.student_answer,
+                      &x.student_qformer});
     }
     return CollateHfRows(text, device);
   }
@@ -493,6 +518,17 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
   std::vector<PreparedSample>& pool = job->pool;
   pool.assign(samples.size(), PreparedSample());
   model::MultimodalModel& student = *s.student.model;
+  // A batch feeds the student either frames or tokens, not both.
+  if (s.student.reads_pixels) {
+    for (size_t i = 1; i < samples.size(); ++i) {
+      if (samples[i].pixels.defined() != samples[0].pixels.defined()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample ", i, (samples[i].pixels.defined() ? " has" : " has no"), " frame and sample 0",
+            (samples[0].pixels.defined() ? " has" : " has none"),
+            ": a student that trains its vision side reads every sample's frame or none"));
+      }
+    }
+  }
   try {
     s.teacher.model->module().eval();
     student.module().eval();
@@ -572,8 +608,8 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         rows.push_back(running[k]->NextRows());
         for (int64_t i : rows.back()) {
           const PreparedSample& x = running[k]->pool[static_cast<size_t>(i)];
-          text.push_back(
-              {x.tokens, x.present, &x.student_prompt, &x.student_answer, &x.student_qformer});
+          text.push_back({x.tokens, x.present, x.pixels, &x.student_prompt, &x.student_answer,
+                          &x.student_qformer});
           job_of_row.push_back(static_cast<int64_t>(k));
         }
       }
@@ -796,10 +832,11 @@ absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample&
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = side.model->eos_token_ids();
   g.keep_step_logits = entropy != nullptr;
-  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(
+  model::TokenInputs in =
       TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
-                    prompt->lm, prompt->qformer, device),
-      g);
+                    prompt->lm, prompt->qformer, device);
+  SidePixels(side, sample, device, &in);
+  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(in, g);
   if (!gen.ok()) return gen.status();
   if (entropy != nullptr) *entropy = model::MeanStepEntropy(*gen, 0);
   std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
@@ -821,9 +858,11 @@ absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSamp
   if (!prompt.ok()) return prompt.status();
   std::vector<int64_t> full = prompt->lm;
   full.insert(full.end(), ids.begin(), ids.end());
-  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(
+  model::TokenInputs in =
       TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device), full,
-                    prompt->qformer, device, static_cast<int64_t>(prompt->lm.size())));
+                    prompt->qformer, device, static_cast<int64_t>(prompt->lm.size()));
+  SidePixels(side, sample, device, &in);
+  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(in);
   if (!f.ok()) return f.status();
   const int64_t p = static_cast<int64_t>(prompt->lm.size());
   const int64_t a = static_cast<int64_t>(ids.size());

@@ -57,6 +57,10 @@ struct PairSide {
   std::function<absl::StatusOr<std::string>(const std::string& prompt)> format_prompt;
   // Identifies the tokenizer (e.g. a hash of tokenizer.json's bytes): equal ids = identical.
   std::string tokenizer_id;
+  // The side runs its own vision tower on a sample's frame (PairSample::pixels) where the
+  // sample has one, instead of reading its tokens: a student whose vision side trains
+  // (model::AdapterOptions::lora_vision). The teacher reads the tokens.
+  bool reads_pixels = false;
 };
 
 // A side whose "tokenizer" is the model's ids written as decimal text ("1 32000 450"): for
@@ -76,6 +80,7 @@ absl::StatusOr<std::vector<int64_t>> SideQformerIds(const PairSide& side,
 // on the model's device) and its ids (not owned; they outlive the call).
 struct TextRow {
   torch::Tensor tokens, present;
+  torch::Tensor pixels;  // [1, C, H, W] where the side reads the frame (every row or none)
   const std::vector<int64_t>* prompt;   // the expanded LM prompt
   const std::vector<int64_t>* answer;   // the answer, EOS included where the label has one
   const std::vector<int64_t>* qformer;  // InstructBLIP's Q-Former ids, else empty
@@ -101,6 +106,13 @@ struct PairSample {
   // targets from all of them; the student trains on `present`. False: rows outside
   // `present` are placeholders and both models read only `present`.
   bool complete = false;
+  // [C, H, W] float: the frame as the student's image processor gives it, where the sample
+  // came with one; a side that reads pixels (PairSide::reads_pixels) runs its tower on it.
+  torch::Tensor pixels;
+  // Non-empty: the answer the job trains on instead of the teacher's greedy one (the
+  // ground-truth arm of `cdcca adapt-eval`); the teacher's features and logits are
+  // teacher-forced on it.
+  std::string label;
 };
 
 // An uplinked sample (compress/uplink_codec.h) as the job reads it: its kept tokens in their

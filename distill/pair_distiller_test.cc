@@ -255,12 +255,23 @@ model::NamedTensors Frozen(torch::nn::Module& m, const model::NamedTensors& trai
 
 // Teacher and student from one fixture folder, the student with its adapters.
 void LoadPair(const std::string& variant, std::unique_ptr<Side>* teacher,
-              std::unique_ptr<Side>* student) {
+              std::unique_ptr<Side>* student, const model::AdapterOptions& adapters = {}) {
   *teacher = LoadSide(variant);
   *student = LoadSide(variant);
   ASSERT_NE(*teacher, nullptr);
   ASSERT_NE(*student, nullptr);
-  ASSERT_OK((*student)->model->AddAdapters({}));
+  ASSERT_OK((*student)->model->AddAdapters(adapters));
+}
+
+// Gives each sample the case's frame (pixel values, slightly perturbed per sample) and makes
+// `student` read it through its own tower: what the cloud does for a student that trains its
+// vision side.
+void GiveFrames(const Case& c, std::vector<PairSample>* samples, Side* student) {
+  torch::manual_seed(11);
+  for (PairSample& s : *samples) {
+    s.pixels = c.inputs.pixel_values[0] + 0.05 * torch::randn_like(c.inputs.pixel_values[0]);
+  }
+  student->side.reads_pixels = true;
 }
 
 class PairJobTest : public ::testing::TestWithParam<std::string> {};
@@ -573,10 +584,13 @@ TEST(PairJobTest, RefusesMissingCodecsAndBadOptions) {
 // mixed rows or a step too many would show.
 class PairJobsTogetherTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
+// Three devices' jobs over one student, two rounds each, alone and together: every result
+// equal. `frames`: the student trains its vision side from each sample's frame too.
+void CheckJobsTogetherEqualAlone(const std::string& variant, const model::AdapterOptions& adapters,
+                                 bool frames) {
   std::unique_ptr<Side> teacher, student;
-  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
-  Case c = FirstCase(GetParam(), *student->model);
+  ASSERT_NO_FATAL_FAILURE(LoadPair(variant, &teacher, &student, adapters));
+  Case c = FirstCase(variant, *student->model);
   constexpr int kDevices = 3;
   std::vector<compress::NamedTensors> mirrors(kDevices);
   std::vector<std::vector<PairSample>> samples(kDevices);
@@ -592,6 +606,7 @@ TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
       }
       samples[d] = Samples(c, 3 + d);
       for (PairSample& s : samples[d]) s.tokens = s.tokens + 0.05 * torch::randn_like(s.tokens);
+      if (frames) GiveFrames(c, &samples[d], student.get());
     }
   }
   ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
@@ -658,6 +673,18 @@ TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
       mirrors[d] = r.trainable;  // the next round starts where the device is
     }
   }
+}
+
+TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGives) {
+  CheckJobsTogetherEqualAlone(GetParam(), {}, /*frames=*/false);
+}
+
+// The same with the vision side trainable, the students reading the frames: each row's tower
+// runs with its own job's LoRA and LayerNorms.
+TEST_P(PairJobsTogetherTest, EachDeviceGetsWhatItsJobAloneGivesWithTheVisionSideTrained) {
+  model::AdapterOptions adapters;
+  adapters.lora_vision = true;
+  CheckJobsTogetherEqualAlone(GetParam(), adapters, /*frames=*/true);
 }
 
 // The decoder-only language models. The tiny T5 pair trains members whose gradient is below
@@ -775,10 +802,13 @@ ExtraLora AddExtraLora(const std::string& variant, const model::AdapterOptions& 
 // A short PL job (5 steps of 3 at lr 1e-2, every LoRA B drawn non-zero first so that every A
 // gets a gradient) on `student` from a teacher of `variant`: the names of the trainable
 // tensors it moved.
-absl::StatusOr<std::set<std::string>> MovedByAShortJob(const std::string& variant, Side& student) {
+absl::StatusOr<std::set<std::string>> MovedByAShortJob(const std::string& variant, Side& student,
+                                                       bool frames = false) {
   std::unique_ptr<Side> teacher = LoadSide(variant);
   if (teacher == nullptr) return absl::InternalError("no teacher");
   Case c = FirstCase(variant, *student.model);
+  std::vector<PairSample> samples = Samples(c, 4);
+  if (frames) GiveFrames(c, &samples, &student);
   absl::StatusOr<DistillConfig> config = PresetDistillConfig("pl");
   if (!config.ok()) return config.status();
   JobOptions o;
@@ -797,7 +827,7 @@ absl::StatusOr<std::set<std::string>> MovedByAShortJob(const std::string& varian
   absl::StatusOr<std::unique_ptr<PairDistiller>> job =
       PairDistiller::Create(teacher->side, student.side, *config, o);
   if (!job.ok()) return job.status();
-  absl::StatusOr<PairJobResult> r = (*job)->Run(Samples(c, 4));
+  absl::StatusOr<PairJobResult> r = (*job)->Run(samples);
   if (!r.ok()) return r.status();
   std::set<std::string> moved;
   for (size_t i = 0; i < before.size(); ++i) {
@@ -877,6 +907,87 @@ TEST(ProjectorLoraTest, TheProjectorTrainsUnderTheCheckpointsNamesOnEveryArchite
 
     ASSERT_OK_AND_ASSIGN(std::set<std::string> moved, MovedByAShortJob(variant, *e.with));
     for (const std::string& n : e.added) EXPECT_TRUE(moved.count(n)) << n;
+  }
+}
+
+// lora_vision adds the vision tower's attention LoRA (BLIP-2's fused qkv; CLIP's and SigLIP's
+// q_proj and v_proj) and its LayerNorms to the trainable set, under the checkpoint's names and
+// only in the layers the model reads (LLaVA stops at its feature layer and never reads
+// post_layernorm), leaves the other LoRA draws as they were, and trains from frames: the
+// pixel path gives what the tower's tokens give, a job on frames moves every added tensor, and
+// a batch of frames and tokens mixed is refused.
+TEST(VisionLoraTest, TheTowerTrainsFromFramesUnderTheCheckpointsNamesOnEveryArchitecture) {
+  for (const std::string variant :
+       {"blip2_llama", "instructblip_llama", "llava_clip_llama", "llava_siglip_qwen2"}) {
+    SCOPED_TRACE(variant);
+    const bool llava = variant.rfind("llava", 0) == 0;
+    model::AdapterOptions v;
+    v.lora_vision = true;
+    ExtraLora e = AddExtraLora(variant, v);
+    ASSERT_NE(e.with, nullptr);
+    int factors = 0, norms = 0;
+    for (const std::string& n : e.added) {
+      EXPECT_TRUE(absl::StartsWith(n, llava ? "model.vision_tower.vision_model." : "vision_model."))
+          << n;
+      EXPECT_FALSE(llava && absl::StrContains(n, "post_layernorm")) << n;
+      if (absl::EndsWith(n, ".lora_a") || absl::EndsWith(n, ".lora_b")) {
+        ++factors;
+        EXPECT_TRUE(absl::StrContains(n, llava ? "_proj." : ".qkv.")) << n;
+      } else {
+        ++norms;
+        EXPECT_TRUE(absl::StrContains(n, "layer_norm") || absl::StrContains(n, "layrnorm") ||
+                    absl::StrContains(n, "post_layernorm"))
+            << n;
+      }
+    }
+    EXPECT_GT(factors, 0);
+    EXPECT_GT(norms, 0);
+    // A and B per adapted linear: one linear (qkv) per BLIP-2 layer, two (q, v) per LLaVA one.
+    EXPECT_EQ(factors % (llava ? 4 : 2), 0);
+
+    Case c = FirstCase(variant, *e.with->model);
+    auto logits_of = [&](model::MultimodalModel& m, bool pixels) -> torch::Tensor {
+      torch::NoGradGuard no_grad;
+      model::TokenInputs in = TokenInputsOf(c);
+      if (pixels) in.pixel_values = c.inputs.pixel_values;
+      absl::StatusOr<model::TokenForward> f = m.ForwardTokens(in);
+      EXPECT_TRUE(f.ok()) << f.status();
+      return f.ok() ? f->logits : torch::zeros({1});
+    };
+    // B starts at zero and the norms as loaded: the frame gives what its tokens give.
+    EXPECT_TRUE(torch::allclose(logits_of(*e.with->model, true), logits_of(*e.plain->model, false),
+                                1e-4, 1e-5));
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(5);
+      for (auto& [name, t] : e.with->model->TrainableParameters()) {
+        if (e.added.count(name) && absl::EndsWith(name, ".lora_b")) t.normal_(0.0, 0.5);
+      }
+    }
+    // The tower's LoRA moves what the model reads from the frame (the tokens path skips it).
+    EXPECT_FALSE(torch::allclose(logits_of(*e.with->model, true), logits_of(*e.plain->model, false),
+                                 1e-4, 1e-5));
+    EXPECT_TRUE(
+        torch::allclose(logits_of(*e.with->model, false), logits_of(*e.plain->model, false)));
+
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved,
+                         MovedByAShortJob(variant, *e.with, /*frames=*/true));
+    for (const std::string& n : e.added) EXPECT_TRUE(moved.count(n)) << n;
+
+    // Frames and tokens in one job: refused before any work.
+    std::unique_ptr<Side> teacher = LoadSide(variant);
+    ASSERT_NE(teacher, nullptr);
+    std::vector<PairSample> mixed = Samples(c, 2);
+    GiveFrames(c, &mixed, e.with.get());
+    mixed[1].pixels = torch::Tensor();
+    ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+    JobOptions o;
+    o.max_steps = 1;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                         PairDistiller::Create(teacher->side, e.with->side, config, o));
+    EXPECT_THAT(job->Run(mixed).status(),
+                ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           ::testing::HasSubstr("frame")));
   }
 }
 

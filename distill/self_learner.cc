@@ -36,7 +36,7 @@ TextBatch Collate(const std::vector<Row>& pool, const std::vector<int64_t>& rows
   std::vector<TextRow> text;
   for (size_t r = 0; r < rows.size(); ++r) {
     const Row& x = pool[static_cast<size_t>(rows[r])];
-    text.push_back({x.tokens, x.present, &x.prompt, &answers[r], &x.qformer});
+    text.push_back({x.tokens, x.present, torch::Tensor(), &x.prompt, &answers[r], &x.qformer});
   }
   return CollateHfRows(text, device);
 }

@@ -46,6 +46,9 @@ inline constexpr int kLoraRank = 8;                       // LoRA on the LM's q 
 inline constexpr double kLoraAlpha = 16.0;
 inline constexpr bool kLoraMlp = false;
 inline constexpr bool kLoraQformer = false;
+// The student's vision tower trained in the cloud from the uplinked frames (LoRA on its
+// attention, its LayerNorms): needs the frames uplinked.
+inline constexpr bool kLoraVision = false;
 // kLoraProjector: no single default; see ProfileDefaults below.
 
 // --- The cloud's job (AKD, configs/distill/akd.json holds the same values) ---

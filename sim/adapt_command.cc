@@ -25,6 +25,7 @@
 #include "device/sample_step.h"
 #include "device/uts.h"
 #include "model/hub/adapter_state.h"
+#include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
@@ -77,6 +78,13 @@ ABSL_FLAG(bool, lora_projector, false,
           "adapt, adapt-eval: LoRA on the projector into the LM too (LLaVA's "
           "multi_modal_projector, BLIP-2's language_projection). Unset: --profile's (measured: "
           "on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
+          "adapt, adapt-eval: the vision tower's attention LoRA and LayerNorms too, trained "
+          "from each frame as the device would uplink it (JPEG at the tower's input size)");
+ABSL_FLAG(bool, ground_truth_arms, false,
+          "adapt-eval: add, for every arm, a twin whose job trains on each question's "
+          "ground-truth answer instead of the teacher's (the trainable set's ceiling without "
+          "label noise)");
 ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
           "adapt, adapt-eval: default of --lora_projector where it is unset: measured (on "
           "for a LLaVA student: the best measured) or paper (LoRA on the LM alone)");
@@ -161,6 +169,7 @@ const char* const kAdaptFlags[] = {"teacher",
                                    "lora_mlp",
                                    "lora_qformer",
                                    "lora_projector",
+                                   "lora_vision",
                                    "profile",
                                    "uts_keep_fraction",
                                    "entropy_alpha",
@@ -189,6 +198,8 @@ const char* const kAdaptEvalFlags[] = {"teacher",
                                        "lora_mlp",
                                        "lora_qformer",
                                        "lora_projector",
+                                       "lora_vision",
+                                       "ground_truth_arms",
                                        "profile",
                                        "uts_keep_fraction",
                                        "uts_token_ratio",
@@ -311,6 +322,15 @@ absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
       o.arms.push_back(twin);
     }
   }
+  if (absl::GetFlag(FLAGS_ground_truth_arms)) {
+    const size_t n = o.arms.size();
+    for (size_t i = 0; i < n; ++i) {
+      UplinkArm twin = o.arms[i];
+      twin.name += "+ground-truth";
+      twin.ground_truth = true;
+      o.arms.push_back(twin);
+    }
+  }
   for (absl::string_view l :
        absl::StrSplit(absl::GetFlag(FLAGS_learners), ',', absl::SkipEmpty())) {
     o.learners.emplace_back(l);
@@ -429,6 +449,7 @@ int AdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
+  adapters.lora_vision = absl::GetFlag(FLAGS_lora_vision);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
   const std::string student_name = absl::GetFlag(FLAGS_student_template);
@@ -502,6 +523,17 @@ int AdaptCommand(const std::vector<std::string>& args) {
     s.present = torch::zeros({visual.tokens}, torch::kBool);
     s.present.index_fill_(0, torch::tensor(std::vector<int64_t>(kept.begin(), kept.end())), true);
     s.prompt = prompt;
+    if (adapters.lora_vision) {
+      // The frame as the device would uplink it, which the student's own tower reads.
+      absl::StatusOr<std::string> jpeg = (*student)->TowerInputJpeg(
+          image->pixels.data(), image->width, image->height, device::kFrameJpegQuality);
+      if (!jpeg.ok()) return Fail(kName, jpeg.status());
+      absl::StatusOr<model::PixelValues> px = (*student)->TowerPixelsOfJpeg(*jpeg, path);
+      if (!px.ok()) return Fail(kName, px.status());
+      s.pixels =
+          torch::from_blob(px->data.data(), {px->channels, px->height, px->width}, torch::kFloat)
+              .clone();
+    }
     samples.push_back(s);
     nlohmann::json line = {{"event", "frame"},       {"image", path},
                            {"answer", answer->text}, {"entropy", answer->mean_entropy},
@@ -520,9 +552,11 @@ int AdaptCommand(const std::vector<std::string>& args) {
   // The cloud's side: the round's cloud step (cloud/train_round.h) from the student's
   // pretrained set, as a job of cdcca-cloud runs it: the job, checked, DWC-encoded against the
   // base and applied, so that the state written is what a device holds after the update.
-  absl::StatusOr<std::unique_ptr<PairDistiller>> job = PairDistiller::Create(
-      PairSideOf(**teacher, teacher_dir, *teacher_template),
-      PairSideOf(**student, student_dir, *student_template), settings.learner, settings.job);
+  distill::PairSide student_side = PairSideOf(**student, student_dir, *student_template);
+  student_side.reads_pixels = adapters.lora_vision;
+  absl::StatusOr<std::unique_ptr<PairDistiller>> job =
+      PairDistiller::Create(PairSideOf(**teacher, teacher_dir, *teacher_template), student_side,
+                            settings.learner, settings.job);
   if (!job.ok()) return Fail(kName, job.status());
   const compress::NamedTensors base =
       compress::Fp32Clones((*student)->model().TrainableParameters());
@@ -615,6 +649,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.adapters.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   pair.adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   pair.adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
+  pair.adapters.lora_vision = absl::GetFlag(FLAGS_lora_vision);
   return WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
 }
 

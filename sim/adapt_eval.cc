@@ -128,12 +128,40 @@ absl::StatusOr<std::vector<DistillConfig>> CheckAdaptEvalOptions(const AdaptEval
   return learners;
 }
 
+absl::StatusOr<std::string> GroundTruthAnswer(const std::vector<std::string>& direct_answers,
+                                              const std::string& what) {
+  if (direct_answers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        " has no answers: the ground-truth arm trains on the benchmark's answers, so it needs "
+        "a benchmark that has them (leave the arm out for one without)"));
+  }
+  std::string best;
+  int best_count = 0;
+  for (const std::string& a : direct_answers) {
+    const int n = static_cast<int>(std::count(direct_answers.begin(), direct_answers.end(), a));
+    if (n > best_count) {
+      best = a;
+      best_count = n;
+    }
+  }
+  return best;
+}
+
 std::string AdaptReport::Markdown() const {
   std::string out = absl::StrFormat(
       "Domain: %s (%s). Test: %d questions. Source student %.1f%%, teacher %.1f%% (all tokens). "
       "Stream: %d samples (device DA %.1f%%), %d uplinked after stage 1.\n\n",
       domain, device, test_questions, source_accuracy, teacher_accuracy, stream_samples,
       device_accuracy_stream, stage1_samples);
+  const double lead = teacher_accuracy - source_accuracy;
+  const double clean_lead = clean_teacher_accuracy - clean_source_accuracy;
+  absl::StrAppend(
+      &out, absl::StrFormat("The same questions on the clean images: student %.1f%%, teacher "
+                            "%.1f%%. Teacher's lead %+.1f points under the shift, %+.1f clean: "
+                            "the shift makes %+.1f of it.\n\n",
+                            clean_source_accuracy, clean_teacher_accuracy, lead, clean_lead,
+                            lead - clean_lead));
   out +=
       "| arm | learner | samples | tokens kept | teacher DA on uplink | DA % | gain | % of "
       "all-tokens gain |\n";
@@ -159,6 +187,10 @@ std::string AdaptReport::Json() const {
   j["device"] = device;
   j["source_accuracy"] = source_accuracy;
   j["teacher_accuracy"] = teacher_accuracy;
+  j["clean_source_accuracy"] = clean_source_accuracy;
+  j["clean_teacher_accuracy"] = clean_teacher_accuracy;
+  j["shift_induced_lead"] =
+      (teacher_accuracy - source_accuracy) - (clean_teacher_accuracy - clean_source_accuracy);
   j["device_accuracy_stream"] = device_accuracy_stream;
   j["stream_samples"] = stream_samples;
   j["stage1_samples"] = stage1_samples;

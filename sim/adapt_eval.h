@@ -40,7 +40,16 @@ struct UplinkArm {
   // The teacher labels each sample from all its tokens while the student trains on the kept
   // ones (distill/pair_distiller.h PairSample::complete).
   bool teacher_all_tokens = false;
+  // The job trains on each question's ground-truth answer (the most frequent of its direct
+  // answers) instead of the teacher's: the ceiling of the trainable set without label noise.
+  // A benchmark question without answers refuses the arm (InvalidArgument).
+  bool ground_truth = false;
 };
+
+// The answer the ground-truth arm trains on: the most frequent of `direct_answers` (the first
+// of the most frequent on a tie). InvalidArgument naming `what` when there is none.
+absl::StatusOr<std::string> GroundTruthAnswer(const std::vector<std::string>& direct_answers,
+                                              const std::string& what);
 
 struct AdaptEvalOptions {
   std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
@@ -81,8 +90,13 @@ struct AdaptRow {
 
 struct AdaptReport {
   std::string domain;
-  double source_accuracy = 0;         // the device student before adaptation
-  double teacher_accuracy = 0;        // the teacher, all tokens (an upper reference)
+  double source_accuracy = 0;   // the device student before adaptation
+  double teacher_accuracy = 0;  // the teacher, all tokens (an upper reference)
+  // The same test questions on the scenes' clean images (the shift taken off): the
+  // teacher's lead over the student there, against its lead under the shift, is the part of
+  // the lead the shift makes, which adaptation to the shift can hope to recover.
+  double clean_source_accuracy = 0;
+  double clean_teacher_accuracy = 0;
   double device_accuracy_stream = 0;  // the student's own DA on the stream it uplinks from
   int64_t stream_samples = 0, stage1_samples = 0;
   int test_questions = 0;

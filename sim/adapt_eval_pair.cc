@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "distill/pair_distiller.h"
 #include "distill/pair_side.h"
 #include "model/arch/answerer.h"
+#include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::sim {
@@ -114,11 +116,24 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
   if (!student_template.ok()) return student_template.status();
   const distill::PairSide teacher_side =
       distill::PairSideOf(**teacher, pair.teacher_dir, *teacher_template);
-  const distill::PairSide student_side =
+  distill::PairSide student_side =
       distill::PairSideOf(**student, pair.student_base_dir, *student_template);
+  // A student that trains its vision side reads each sample's frame through its own tower.
+  student_side.reads_pixels = pair.adapters.lora_vision;
 
   absl::StatusOr<AdaptScenes> scenes = GenerateAdaptScenes(o);
   if (!scenes.ok()) return scenes.status();
+  // A ground-truth arm needs every stream question's answer: refused before any work.
+  if (std::any_of(arms.begin(), arms.end(), [](const UplinkArm& a) { return a.ground_truth; })) {
+    for (size_t si = 0; si < scenes->stream.size(); ++si) {
+      for (size_t qi = 0; qi < scenes->stream[si].questions.size(); ++qi) {
+        absl::StatusOr<std::string> answer =
+            GroundTruthAnswer(scenes->stream[si].questions[qi].direct_answers,
+                              absl::StrCat("question ", qi, " of stream scene ", si));
+        if (!answer.ok()) return answer.status();
+      }
+    }
+  }
 
   AdaptReport report;
   report.domain = o.domain.name;
@@ -137,6 +152,17 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
     if (!teacher_acc.ok()) return teacher_acc.status();
     report.source_accuracy = *source;
     report.teacher_accuracy = *teacher_acc;
+    // The same questions on the clean renders: how much of the teacher's lead the shift makes.
+    std::vector<ds::Sample> clean = scenes->test;
+    for (ds::Sample& s : clean) s.image = s.scene.image;
+    absl::StatusOr<double> clean_source =
+        Accuracy(**student, *student_template, clean, o.max_answer_tokens, nullptr);
+    if (!clean_source.ok()) return clean_source.status();
+    absl::StatusOr<double> clean_teacher =
+        Accuracy(**teacher, *teacher_template, clean, o.max_answer_tokens, nullptr);
+    if (!clean_teacher.ok()) return clean_teacher.status();
+    report.clean_source_accuracy = *clean_source;
+    report.clean_teacher_accuracy = *clean_teacher;
     say(absl::StrFormat(
         "[adapt-eval] %s, Hugging Face pair on %s: %d test questions, student %.1f%%, teacher "
         "%.1f%% (%.1fs)",
@@ -145,6 +171,7 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
     // ---- the device on the stream ----
     t0 = Clock::now();
     StreamObservation obs;
+    std::vector<torch::Tensor> frame_pixels;  // by sample id, with lora_vision
     if (scores_needed) obs.scene_scores.emplace_back(kPairScore, std::vector<std::vector<float>>());
     ds::VqaAccumulator device_acc;
     std::vector<const ds::VqaItem*> stream_items;  // by sample id
@@ -192,6 +219,19 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
         }
         device_acc.Add(ds::VqaAccuracy(answer->text, q.direct_answers),
                        std::string(ds::AnswerTypeName(q.answer_type)));
+        if (pair.adapters.lora_vision) {
+          // The frame as the device uplinks it, which the student's tower trains on.
+          absl::StatusOr<std::string> jpeg =
+              (*student)->TowerInputJpeg(scene.image.pixels.data(), scene.image.width,
+                                         scene.image.height, device::kFrameJpegQuality);
+          if (!jpeg.ok()) return jpeg.status();
+          absl::StatusOr<model::PixelValues> px = (*student)->TowerPixelsOfJpeg(*jpeg, source_name);
+          if (!px.ok()) return px.status();
+          frame_pixels.push_back(torch::from_blob(px->data.data(),
+                                                  {px->channels, px->height, px->width},
+                                                  torch::kFloat)
+                                     .clone());
+        }
         obs.scene_of_sample.push_back(static_cast<int64_t>(obs.samples.size()));
         obs.num_tokens = visual.tokens;
         obs.samples.push_back(*std::move(s));
@@ -234,6 +274,14 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
                 ? distill::CompleteHfSample(u, obs.samples[u.sample_id].features, student_side)
                 : distill::SampleFromUplink(u, student_side);
         if (!h.ok()) return h.status();
+        if (pair.adapters.lora_vision) h->pixels = frame_pixels[u.sample_id];
+        if (arm.ground_truth) {
+          absl::StatusOr<std::string> answer =
+              GroundTruthAnswer(stream_items[u.sample_id]->direct_answers,
+                                absl::StrCat("stream question ", u.sample_id));
+          if (!answer.ok()) return answer.status();
+          h->label = *std::move(answer);
+        }
         job_samples.push_back(*std::move(h));
       }
       kept /= static_cast<double>(uplink->size());

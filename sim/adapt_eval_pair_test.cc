@@ -11,6 +11,7 @@
 
 #include "datasets/domain.h"
 #include "datasets/shifts.h"
+#include "gmock/gmock.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::sim {
@@ -107,6 +108,48 @@ TEST(AdaptEvalPairTest, ATeacherAllArmRunsBesideItsTwin) {
   for (const AdaptRow& row : r->rows) {
     EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
     if (row.arm != "all") EXPECT_NEAR(row.tokens_kept, 0.5, 0.05) << row.arm;
+  }
+}
+
+// A ground-truth arm trains on the benchmark's answers: its "teacher DA on the uplink" is
+// that of the answers themselves (every scene question holds its answer at least five times
+// in ten, so 100), and it runs on the same samples as its twin. The report has the clean
+// accuracies of the same test questions beside the shifted ones.
+TEST(AdaptEvalPairTest, AGroundTruthArmTrainsOnTheBenchmarksAnswers) {
+  AdaptEvalOptions o = SmallRun();
+  UplinkArm truth = o.arms[0];
+  truth.name += "+ground-truth";
+  truth.ground_truth = true;
+  o.arms = {o.arms[0], truth};
+  o.learners = {"pl"};
+  absl::StatusOr<AdaptReport> r = RunHubAdaptEval(o, Pair("llava_clip_llama", "llava_clip_llama"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->rows.size(), 2u);
+  EXPECT_EQ(r->rows[1].arm, "all+ground-truth");
+  EXPECT_EQ(r->rows[1].samples, r->rows[0].samples);
+  EXPECT_DOUBLE_EQ(r->rows[1].teacher_uplink_accuracy, 100.0);
+  for (double a : {r->clean_source_accuracy, r->clean_teacher_accuracy}) {
+    EXPECT_GE(a, 0.0);
+    EXPECT_LE(a, 100.0);
+  }
+  EXPECT_THAT(r->Markdown(), ::testing::HasSubstr("the shift makes"));
+  EXPECT_THAT(r->Json(), ::testing::HasSubstr("shift_induced_lead"));
+}
+
+// With the vision side trainable, every job trains the student's tower from the frames the
+// device would uplink: each arm runs and the adapted student answers the test scenes.
+TEST(AdaptEvalPairTest, AVisionSideStudentTrainsFromTheFrames) {
+  AdaptEvalOptions o = SmallRun();
+  o.arms = {o.arms[0], o.arms[1]};
+  o.learners = {"pl"};
+  EvalPairOptions pair = Pair("llava_clip_llama", "llava_clip_llama");
+  pair.adapters.lora_vision = true;
+  absl::StatusOr<AdaptReport> r = RunHubAdaptEval(o, pair);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->rows.size(), 2u);
+  for (const AdaptRow& row : r->rows) {
+    EXPECT_EQ(row.samples, r->stage1_samples) << row.arm;
+    EXPECT_FALSE(row.terms.empty()) << row.arm;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "device/uts.h"
+#include "gmock/gmock.h"
 #include "tests/testing/status_matchers.h"
 
 namespace cdcca::sim {
@@ -35,6 +36,20 @@ StreamObservation SmallObservation() {
       "attention_cv",
       std::vector<std::vector<float>>{{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}});
   return obs;
+}
+
+// The ground-truth arm's answer is the most frequent of a question's answers (the first of
+// those tied); a question without answers (a benchmark without them) refuses the arm.
+TEST(GroundTruthAnswerTest, TheMostFrequentAnswerOrAClearRefusal) {
+  ASSERT_OK_AND_ASSIGN(std::string a,
+                       GroundTruthAnswer({"red", "blue", "blue", "red", "blue"}, "q"));
+  EXPECT_EQ(a, "blue");
+  ASSERT_OK_AND_ASSIGN(a, GroundTruthAnswer({"two", "three", "three", "two"}, "q"));
+  EXPECT_EQ(a, "two");
+  EXPECT_THAT(GroundTruthAnswer({}, "question 3 of stream scene 1"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(::testing::HasSubstr("question 3 of stream scene 1"),
+                                        ::testing::HasSubstr("needs a benchmark that has them"))));
 }
 
 TEST(BuildArmUplinkTest, ArmsKeepWhatTheyMust) {

@@ -156,6 +156,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("lora_mlp", &e.lora_mlp));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_qformer", &e.lora_qformer));
   CDCCA_RETURN_IF_ERROR(top.Read("lora_projector", &e.lora_projector));
+  CDCCA_RETURN_IF_ERROR(top.Read("lora_vision", &e.lora_vision));
   CDCCA_RETURN_IF_ERROR(top.Read("profile", &e.profile));
   e.lora_projector_given = j.contains("lora_projector");
   e.uplink_precision_given = j.contains("uplink_precision");
@@ -326,6 +327,12 @@ absl::Status ApplyProfile(Experiment* e) {
 
 absl::Status CheckExperiment(const Experiment& e, const std::string& source_name) {
   const std::string& w = source_name;
+  if (e.lora_vision && e.uts.precision != "jpeg") {
+    return Check(false, w, "lora_vision",
+                 absl::StrCat("trains the vision tower from the frames: it needs "
+                              "\"uplink_precision\": \"jpeg\", not \"",
+                              e.uts.precision, "\""));
+  }
   if (e.teacher.empty() != e.student_base.empty()) {
     return Check(false, w, e.teacher.empty() ? "teacher" : "student_base",
                  "is required with the other: a Hugging Face pair names the teacher's folder and "

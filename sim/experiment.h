@@ -144,6 +144,9 @@ struct Experiment {
   bool lora_qformer = settings::kLoraQformer;  // the Q-Former's query and value too
   // The projector into the LM too; a file that leaves it out takes its "profile"'s.
   bool lora_projector = settings::ProfileDefaults(settings::kProfile, "").lora_projector;
+  // The vision tower's attention LoRA and LayerNorms too, trained from the frames (the file
+  // must uplink frames: "uplink_precision": "jpeg").
+  bool lora_vision = settings::kLoraVision;
   // "measured" or "paper" (settings::ProfileDefaults), and which of the two settings it
   // picks the file set itself.
   std::string profile = settings::kProfile;

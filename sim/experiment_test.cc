@@ -263,6 +263,19 @@ TEST(ExperimentTest, TheProfilePicksWhatTheFileLeavesOutByFamily) {
                                           "s.json"));
   EXPECT_EQ(e.uts.precision, "int8");
   EXPECT_FALSE(e.lora_projector);
+  // The vision side trains from frames: a file that uplinks tokens with it is refused.
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "lora_vision": true, "profile": "paper",
+                                 "checkpoint_dir": ")" +
+                                  small + "\"}",
+                              "v.json"),
+              ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                         ::testing::HasSubstr("lora_vision")));
+  ASSERT_OK_AND_ASSIGN(
+      e,
+      ParseExperiment("{" + base + R"(, "lora_vision": true, "checkpoint_dir": ")" + small + "\"}",
+                      "v.json"));
+  EXPECT_TRUE(e.lora_vision);
+  EXPECT_EQ(e.uts.precision, "jpeg");
   EXPECT_THAT(ParseExperiment("{" + base + R"(, "profile": "papr"})", "b.json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("profile")));
 }

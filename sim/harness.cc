@@ -469,6 +469,7 @@ absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experim
   po.lora_mlp = e.lora_mlp;
   po.lora_qformer = e.lora_qformer;
   po.lora_projector = e.lora_projector;
+  po.lora_vision = e.lora_vision;
   if (e.hub()) {
     po.teacher_dir = e.teacher;
     po.student_base_dir = e.student_base;
@@ -511,6 +512,7 @@ device::RuntimeOptions RuntimeOptionsFor(const Experiment& e) {
   ro.lora_mlp = e.lora_mlp;
   ro.lora_qformer = e.lora_qformer;
   ro.lora_projector = e.lora_projector;
+  ro.lora_vision = e.lora_vision;
   ro.precision = e.precision;
   ro.threads = e.threads;
   ro.max_answer_tokens = e.AnswerTokens();
@@ -1027,6 +1029,7 @@ absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e, const std::st
                       {"lora_mlp", ro.lora_mlp},
                       {"lora_qformer", ro.lora_qformer},
                       {"lora_projector", ro.lora_projector},
+                      {"lora_vision", ro.lora_vision},
                       {"bits_per_param", po->bits_per_param},
                       {"replay_capacity", po->replay_capacity},
                       {"guard", po->guard.enabled},

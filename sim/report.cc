@@ -391,7 +391,8 @@ namespace {
 // Where the devices' LoRA sits beyond the LM's q and v.
 std::string AdapterExtras(const Experiment& e) {
   return absl::StrCat(e.lora_mlp ? ", MLP too" : "", e.lora_qformer ? ", Q-Former too" : "",
-                      e.lora_projector ? ", projector too" : "");
+                      e.lora_projector ? ", projector too" : "",
+                      e.lora_vision ? ", vision tower too" : "");
 }
 
 }  // namespace

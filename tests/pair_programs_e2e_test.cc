@@ -26,8 +26,10 @@
 #include "cloud/sample_store.h"
 #include "cloud/update_store.h"
 #include "compress/uplink_codec.h"
+#include "device/internal/state_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/hub/safetensors_view.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
@@ -133,8 +135,9 @@ class PairProgramsTest : public ::testing::Test {
   // served by its folder alone).
   void RunDeviceToFirstUpdate(const std::string& folder,
                               const std::vector<std::string>& device_flags, nlohmann::json* status,
-                              std::optional<std::string> teacher = std::nullopt) {
-    cloud_ = StartCloud(teacher.value_or(folder), folder);
+                              std::optional<std::string> teacher = std::nullopt,
+                              const std::vector<std::string>& cloud_flags = {}) {
+    cloud_ = StartCloud(teacher.value_or(folder), folder, cloud_flags);
     ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
     std::unique_ptr<Child> device = StartDevice(folder, device_flags);
     ASSERT_TRUE(WaitInSync(1, absl::Minutes(3)))
@@ -231,6 +234,64 @@ TEST_P(InProcessRoundTest, DeviceAppliesTheUpdateAndMatchesTheCloud) {
 INSTANTIATE_TEST_SUITE_P(Families, InProcessRoundTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
                                            "instructblip_llama"));
+
+class VisionSideRoundTest : public PairProgramsTest,
+                            public ::testing::WithParamInterface<std::string> {};
+
+// The vision side trained in the cloud (--lora_vision on both programs, frames uplinked): the
+// cloud's mirror runs its own tower on each frame, the update carries the tower's LoRA and
+// LayerNorms, and the device applies it in place to the state the mirror holds, bit for bit
+// (its digest is the cloud's). The budget of 8 bits per parameter ships every tensor, so the
+// tower's LoRA is seen to arrive.
+TEST_P(VisionSideRoundTest, TheDeviceAppliesTheTowersUpdateAndMatchesTheCloud) {
+  nlohmann::json s;
+  RunDeviceToFirstUpdate(Fixture(GetParam()), {"--lora_vision", "--uplink_precision=jpeg"}, &s,
+                         std::nullopt, {"--lora_vision", "--bits_per_param=8"});
+  if (HasFatalFailure()) return;
+  std::vector<nlohmann::json> jobs = UpdateJobs();
+  ASSERT_FALSE(jobs.empty());
+  EXPECT_GT(jobs[0].value("samples", 0), 0);
+  EXPECT_THAT(ReadText(dir_.path() + "/cloud.log"),
+              ::testing::Not(HasSubstr("sample_quarantined")));
+  StopCloud();
+  // The device's state file (its version, digest and trainable set as safetensors).
+  const std::string bytes = ReadText(DeviceDir() + "/state/trainable.state");
+  absl::StatusOr<device::internal::TrainableStateFile> file =
+      device::internal::DecodeTrainableStateFile(bytes);
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<model::SafetensorsView> state = model::ParseSafetensors(file->safetensors);
+  ASSERT_TRUE(state.ok()) << state.status();
+  int tower_norms = 0, tower_moved = 0;
+  for (const model::SafetensorsEntry& t : state->tensors) {
+    if (!absl::StrContains(t.name, "vision_model.")) continue;
+    tower_norms += absl::StrContains(t.name, "norm");
+    // B starts at zero: any other byte is the update's.
+    if (absl::EndsWith(t.name, ".lora_b")) {
+      tower_moved += t.bytes.find_first_not_of('\0') != absl::string_view::npos;
+    }
+  }
+  EXPECT_GT(tower_norms, 0);
+  EXPECT_GT(tower_moved, 0) << "no LoRA factor of the tower arrived";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, VisionSideRoundTest,
+                         ::testing::Values("llava_clip_llama", "blip2_llama",
+                                           "instructblip_llama"));
+
+// A cloud that trains the vision side refuses batches of tokens at the uplink (they cannot
+// train the tower) with a reason the device logs, and stores none of them.
+TEST_F(PairProgramsTest, TokensAreRefusedWhereTheCloudTrainsTheTower) {
+  const std::string folder = Fixture("llava_clip_llama");
+  std::unique_ptr<Child> cloud = StartCloud(folder, folder, {"--lora_vision"});
+  ASSERT_GT(port_, 0) << ReadText(dir_.path() + "/cloud.log");
+  std::unique_ptr<Child> device = StartDevice(folder, {"--lora_vision", "--uplink_precision=fp16"});
+  const std::string log = WaitForDeviceLog("--uplink_precision=jpeg");
+  EXPECT_THAT(log, HasSubstr("which learns from frames"));
+  device->Signal(SIGTERM);
+  EXPECT_EQ(device->Wait(absl::Seconds(60)), 0);
+  cloud->Signal(SIGTERM);
+  EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
+}
 
 // The jpeg uplink between the real programs: the device sends frames, cdcca-cloud checks their
 // size at ingest, recomputes the tokens with the pair's tower and trains; the device ends on

@@ -124,6 +124,10 @@ ABSL_FLAG(bool, lora_projector, false,
           "LoRA on the student's projector into the LM too (LLaVA's multi_modal_projector, "
           "BLIP-2's language_projection; the devices' --lora_projector). "
           "Unset: --profile's (measured: on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
+          "the student's vision tower too: LoRA on its attention and its LayerNorms, trained "
+          "from the uplinked frames (the devices' --lora_vision; they must uplink frames, "
+          "--uplink_precision=jpeg: a sample of tokens cannot train the tower and is refused)");
 ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
           "defaults of --lora_projector where it is unset: measured (the projector's LoRA on "
           "LLaVA: the best measured) or paper (LoRA on the LM alone); the devices' --profile, "
@@ -262,6 +266,7 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
   so.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   so.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   so.lora_projector = absl::GetFlag(FLAGS_lora_projector);
+  so.lora_vision = absl::GetFlag(FLAGS_lora_vision);
   so.student_precision = absl::GetFlag(FLAGS_student_precision);
   so.learner = absl::GetFlag(FLAGS_learner);
   so.distill_config = absl::GetFlag(FLAGS_distill_config);

@@ -104,6 +104,9 @@ ABSL_FLAG(bool, lora_projector, false,
           "with --cloud: LoRA on the projector into the LM too (LLaVA's multi_modal_projector, "
           "BLIP-2's language_projection; the cloud's --lora_projector). Unset: --profile's "
           "(measured: on for LLaVA, off otherwise; paper: off)");
+ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
+          "with --cloud: the vision tower's attention LoRA and LayerNorms too, trained by the "
+          "cloud from the frames (the cloud's --lora_vision; uplink frames with it)");
 ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
           "defaults of --uplink_precision and --lora_projector where they are unset: measured "
           "(the frames uplinked, the projector's LoRA on LLaVA: the best measured) or paper "
@@ -341,6 +344,7 @@ absl::StatusOr<cdcca::device::RuntimeOptions> RuntimeOptionsFromFlags() {
   o.lora_mlp = absl::GetFlag(FLAGS_lora_mlp);
   o.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   o.lora_projector = absl::GetFlag(FLAGS_lora_projector);
+  o.lora_vision = absl::GetFlag(FLAGS_lora_vision);
   return o;
 }
 

@@ -20,10 +20,23 @@
 #include "model/arch/answerer.h"
 #include "model/arch/multimodal_model.h"
 #include "model/hub/adapter_state.h"
+#include "model/hub/image_processor.h"
 #include "model/runtime/threads.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::cloud::internal {
+namespace {
+
+// A sample of tokens where the student's vision tower trains (lora_vision): it cannot train
+// the tower, and a batch feeds the student frames or tokens, not both.
+absl::Status TokensCannotTrainTheTower(const compress::UplinkSample& s) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "sample ", s.sample_id,
+      " carries tokens, but the cloud trains the student's vision tower (--lora_vision), which "
+      "learns from frames: uplink frames (--uplink_precision=jpeg)"));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MirrorTrainer>> MirrorTrainer::Create(
     const PerDeviceStrategyOptions& options) {
@@ -48,6 +61,7 @@ absl::StatusOr<std::unique_ptr<MirrorTrainer>> MirrorTrainer::Create(
   t->adapters_.lora_mlp = options.lora_mlp;
   t->adapters_.lora_qformer = options.lora_qformer;
   t->adapters_.lora_projector = options.lora_projector;
+  t->adapters_.lora_vision = options.lora_vision;
   try {
     // The teacher's tower must be the devices' (Register compares these).
     absl::StatusOr<uint64_t> teacher_vision = model::TowerFingerprint(options.teacher_dir);
@@ -97,6 +111,9 @@ absl::StatusOr<std::unique_ptr<MirrorTrainer>> MirrorTrainer::Create(
     t->teacher_side_ = distill::PairSideOf(*t->teacher_, options.teacher_dir, *teacher_template);
     t->student_side_ =
         distill::PairSideOf(*t->student_, options.student_base_dir, *student_template);
+    // A student that trains its vision side runs its tower on each frame; the teacher reads
+    // its own tower's tokens (TokensOfFrame).
+    t->student_side_.reads_pixels = options.lora_vision;
     const auto [n, d] = t->student_->model().VisualTokenShape();
     SampleSpec& spec = t->spec_;
     spec.grid_tokens = static_cast<uint32_t>(n);
@@ -106,6 +123,7 @@ absl::StatusOr<std::unique_ptr<MirrorTrainer>> MirrorTrainer::Create(
       spec.frame_width = static_cast<uint32_t>(size->first);
       spec.frame_height = static_cast<uint32_t>(size->second);
     }
+    spec.frames_only = options.lora_vision;
     spec.vocab_size = static_cast<uint32_t>(t->student_->tokenizer().VocabSize());
     spec.max_answer_tokens = 128;
     // The question alone (no template); InstructBLIP's Q-Former reads it with absolute
@@ -244,8 +262,14 @@ std::vector<absl::StatusOr<TrainedSet>> MirrorTrainer::TrainGroup(
 // from every token of its frame, and the student trains on all of them too, since the
 // device answers from all of them (a student taught all-token labels from only the kept
 // tokens does worse: docs/RESULTS.md, "A teacher that sees what it labels").
+// With the vision side trainable (lora_vision) the sample also carries the frame's pixel
+// values, which the student's own tower reads, and a sample of tokens is refused: it cannot
+// train the tower, and a batch feeds the student frames or tokens, not both.
 absl::StatusOr<distill::PairSample> MirrorTrainer::JobSample(const compress::UplinkSample& s) {
-  if (s.frame.empty()) return distill::SampleFromUplink(s, student_side_);
+  if (s.frame.empty()) {
+    if (adapters_.lora_vision) return TokensCannotTrainTheTower(s);
+    return distill::SampleFromUplink(s, student_side_);
+  }
   absl::StatusOr<std::vector<float>> tokens = TokensOfFrame(s);
   if (!tokens.ok()) return tokens.status();
   compress::UplinkSample all = s;  // every token of the frame present
@@ -254,12 +278,23 @@ absl::StatusOr<distill::PairSample> MirrorTrainer::JobSample(const compress::Upl
   std::iota(all.kept_indices.begin(), all.kept_indices.end(), uint16_t{0});
   all.features = *std::move(tokens);
   absl::StatusOr<distill::PairSample> h = distill::SampleFromUplink(all, student_side_);
-  if (h.ok()) h->complete = true;
+  if (!h.ok()) return h;
+  h->complete = true;
+  if (adapters_.lora_vision) {
+    absl::StatusOr<model::PixelValues> px =
+        student_->TowerPixelsOfJpeg(s.frame, absl::StrCat("the frame of sample ", s.sample_id));
+    if (!px.ok()) return px.status();
+    h->pixels =
+        torch::from_blob(px->data.data(), {px->channels, px->height, px->width}, torch::kFloat)
+            .clone();
+  }
   return h;
 }
 
 absl::Status MirrorTrainer::CheckSample(const compress::UplinkSample& s) const {
-  if (s.frame.empty()) return absl::OkStatus();
+  if (s.frame.empty()) {
+    return adapters_.lora_vision ? TokensCannotTrainTheTower(s) : absl::OkStatus();
+  }
   return student_->DecodeTowerFrame(s.frame, absl::StrCat("the frame of sample ", s.sample_id))
       .status();
 }
@@ -340,10 +375,12 @@ absl::StatusOr<std::vector<std::string>> MirrorTrainer::Answers(
 }
 
 // A jpeg sample's tokens: the student's tower (the pair's, the devices') on the decoded
-// frame, grid_tokens x feature_dim values row by row.
+// frame, grid_tokens x feature_dim values row by row. Where the student's tower trains
+// (lora_vision) it is the mirror's, not the pair's: the teacher's own tower gives them.
 absl::StatusOr<std::vector<float>> MirrorTrainer::TokensOfFrame(const compress::UplinkSample& s) {
   const std::string source = absl::StrCat("the frame of sample ", s.sample_id);
-  absl::StatusOr<model::VisualTokenReply> tokens = student_->TowerTokensOfJpeg(s.frame, source);
+  model::Answerer& tower = adapters_.lora_vision ? *teacher_ : *student_;
+  absl::StatusOr<model::VisualTokenReply> tokens = tower.TowerTokensOfJpeg(s.frame, source);
   if (!tokens.ok()) return tokens.status();
   if (tokens->tokens != s.grid_tokens || tokens->dim != s.feature_dim) {
     return absl::InvalidArgumentError(absl::StrCat(source, " gives ", tokens->tokens, "x",

@@ -28,6 +28,7 @@ model::AdapterOptions AdaptersOf(const RuntimeOptions& options) {
   adapters.lora_mlp = options.lora_mlp;
   adapters.lora_qformer = options.lora_qformer;
   adapters.lora_projector = options.lora_projector;
+  adapters.lora_vision = options.lora_vision;
   return adapters;
 }
 

@@ -214,15 +214,20 @@ absl::StatusOr<datasets::Image> Answerer::DecodeTowerFrame(absl::string_view jpe
   return image;
 }
 
-absl::StatusOr<VisualTokenReply> Answerer::TowerTokensOfJpeg(absl::string_view jpeg,
-                                                             const std::string& source) {
+absl::StatusOr<PixelValues> Answerer::TowerPixelsOfJpeg(absl::string_view jpeg,
+                                                        const std::string& source) const {
   absl::StatusOr<datasets::Image> image = DecodeTowerFrame(jpeg, source);
   if (!image.ok()) return image.status();
   RgbImage rgb;
   rgb.width = image->width;
   rgb.height = image->height;
   rgb.pixels = std::move(image->pixels);
-  absl::StatusOr<PixelValues> pixels = RescaleNormalizePad(*processor_, rgb);
+  return RescaleNormalizePad(*processor_, rgb);
+}
+
+absl::StatusOr<VisualTokenReply> Answerer::TowerTokensOfJpeg(absl::string_view jpeg,
+                                                             const std::string& source) {
+  absl::StatusOr<PixelValues> pixels = TowerPixelsOfJpeg(jpeg, source);
   if (!pixels.ok()) return pixels.status();
   const auto start = std::chrono::steady_clock::now();
   MultimodalInputs in;

@@ -52,6 +52,7 @@ class MultimodalModel;
 struct ChatTemplate;
 struct GreedyResult;
 struct ImageProcessorConfig;
+struct PixelValues;
 struct MultimodalInputs;
 
 // A loaded folder ready to answer: model, tokenizer and image processor settings.
@@ -110,6 +111,10 @@ class Answerer {
   // another size or not a JPEG, DATA_LOSS for one that does not decode; `source` names it.
   absl::StatusOr<VisualTokenReply> TowerTokensOfJpeg(absl::string_view jpeg,
                                                      const std::string& source);
+  // The first two steps of TowerTokensOfJpeg, no model run: the frame's pixel values as the
+  // tower takes them (what a student that trains its vision side reads). The same errors.
+  absl::StatusOr<PixelValues> TowerPixelsOfJpeg(absl::string_view jpeg,
+                                                const std::string& source) const;
   // The first step of TowerTokensOfJpeg alone, no model run: the frame checked and decoded
   // to the tower's input size, with the same errors.
   absl::StatusOr<datasets::Image> DecodeTowerFrame(absl::string_view jpeg,

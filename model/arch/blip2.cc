@@ -519,6 +519,14 @@ class Blip2MultimodalModel : public MultimodalModel {
       at::Generator gen = at::detail::createCPUGenerator(options.seed + 2);
       AddLinearLora(model_->language_projection, options, gen);
     }
+    if (options.lora_vision) {
+      // Every layer of the tower feeds the Q-Former (through post_layernorm).
+      at::Generator gen = at::detail::createCPUGenerator(options.seed + 3);
+      for (const auto& layer : *model_->vision_model->encoder->layers) {
+        AddLinearLora(layer->as<Blip2VisionLayerImpl>()->self_attn->qkv, options, gen);
+      }
+    }
+    train_vision_ = options.lora_vision;
     return absl::OkStatus();
   }
 
@@ -530,14 +538,26 @@ class Blip2MultimodalModel : public MultimodalModel {
     // (lora_projector) are trainable too; their other weights not.
     auto lora_of = [](const std::string& name) {
       return (absl::StartsWith(name, "qformer.") ||
-              absl::StartsWith(name, "language_projection.")) &&
+              absl::StartsWith(name, "language_projection.") ||
+              absl::StartsWith(name, "vision_model.")) &&
              (absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b"));
+    };
+    // With lora_vision, the tower's LayerNorms (layer_norm1/2 of every layer, post_layernorm).
+    const bool vision = train_vision_;
+    auto vision_norm = [vision](const std::string& name) {
+      return vision && absl::StartsWith(name, "vision_model.") &&
+             (absl::StrContains(name, "layer_norm") || absl::StrContains(name, "post_layernorm"));
     };
     return SelectHfTrainable(
         *model_, "language_model.",
-        [lora_of](const std::string& name) { return name == "query_tokens" || lora_of(name); },
+        [lora_of, vision_norm](const std::string& name) {
+          return name == "query_tokens" || lora_of(name) || vision_norm(name);
+        },
         [&p](const std::string& name) {
           if (name == "query_tokens") return p.query_tokens;
+          if (absl::StartsWith(name, "vision_model.")) {
+            return p.vision + name.substr(std::string("vision_model.").size());
+          }
           if (absl::StartsWith(name, "qformer.")) {
             return p.qformer + name.substr(std::string("qformer.").size());
           }
@@ -687,7 +707,23 @@ class Blip2MultimodalModel : public MultimodalModel {
   // projected into the LM input as InputsEmbeds places an image's queries.
   absl::StatusOr<Merged> Merge(const TokenInputs& in) {
     const Blip2Config& c = model_->config();
-    const torch::Tensor& v = in.visual_tokens;
+    torch::Tensor v = in.visual_tokens;
+    if (in.pixel_values.defined()) {
+      // The tower on the frames, differentiable in its trainable part (lora_vision).
+      const torch::Tensor& px = in.pixel_values;
+      if (px.dim() != 4 || px.size(1) != c.vision.num_channels ||
+          px.size(2) != c.vision.image_size || px.size(3) != c.vision.image_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pixel_values must be [B, ", c.vision.num_channels, ", ", c.vision.image_size, ", ",
+            c.vision.image_size, "], got ", c10::str(px.sizes())));
+      }
+      try {
+        v = model_->vision_model->forward(px.to(device_));
+      } catch (const c10::Error& e) {
+        return absl::InternalError(
+            absl::StrCat("BLIP-2 vision tower: ", e.what_without_backtrace()));
+      }
+    }
     if (!v.defined() || v.dim() != 3 || v.size(2) != c.vision.hidden_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("visual_tokens must be [B, N, ", c.vision.hidden_size, "], got ",
@@ -743,6 +779,7 @@ class Blip2MultimodalModel : public MultimodalModel {
   std::vector<int64_t> eos_;
   torch::Device device_;
   Blip2Prefixes prefixes_;
+  bool train_vision_ = false;  // AdapterOptions::lora_vision: the tower's norms are trainable
 };
 
 }  // namespace

@@ -30,6 +30,11 @@ class ClipEncoderLayerImpl : public torch::nn::Module {
   ClipEncoderLayerImpl(const ClipVisionConfig& c, const WeightPrecision& p);
   torch::Tensor forward(const torch::Tensor& x);
 
+  // The attention's query and value projections: where LoRA goes on the tower
+  // (AdapterOptions::lora_vision).
+  Linear& q_proj() { return self_attn_->q_proj; }
+  Linear& v_proj() { return self_attn_->v_proj; }
+
  private:
   struct Attention : torch::nn::Module {
     Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
@@ -57,6 +62,10 @@ class ClipVisionTowerImpl : public torch::nn::Module {
   torch::Tensor LastHiddenState(const torch::Tensor& pixel_values);
 
   const ClipVisionConfig& config() const { return config_; }
+  // Encoder layer `i` (0-based).
+  ClipEncoderLayerImpl& layer(int64_t i) {
+    return vision_model_->encoder->layers->at<ClipEncoderLayerImpl>(static_cast<size_t>(i));
+  }
 
  private:
   // Conv with kernel = stride = patch: "weight" [hidden, C, p, p], "bias" (SigLIP).

@@ -3,19 +3,31 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
 namespace cdcca::model {
 
-torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig& config,
-                                  const torch::Tensor& pixel_values) {
+namespace {
+
+// The hidden-state index (0 = the embeddings, i = layer i's output) of the deepest feature
+// layer: the encoder layers that run.
+int64_t DeepestFeatureLayer(const LlavaConfig& config) {
   const int64_t n = config.vision.num_hidden_layers;
   int64_t deepest = 0;
   for (int64_t layer : config.vision_feature_layers) {
     deepest = std::max(deepest, layer < 0 ? layer + n + 1 : layer);
   }
-  std::vector<torch::Tensor> states = tower.HiddenStates(pixel_values, deepest);
+  return deepest;
+}
+
+}  // namespace
+
+torch::Tensor SelectLlavaFeatures(ClipVisionTowerImpl& tower, const LlavaConfig& config,
+                                  const torch::Tensor& pixel_values) {
+  const int64_t n = config.vision.num_hidden_layers;
+  std::vector<torch::Tensor> states = tower.HiddenStates(pixel_values, DeepestFeatureLayer(config));
   std::vector<torch::Tensor> picked;
   for (int64_t layer : config.vision_feature_layers) {
     torch::Tensor h = states[layer < 0 ? layer + n + 1 : layer];
@@ -70,6 +82,16 @@ void LlavaImpl::AddProjectorLora(const AdapterOptions& options) {
   AddLinearLora(projector_->linear_1, options, gen);
   AddLinearLora(projector_->linear_2, options, gen);
 }
+
+void LlavaImpl::AddVisionLora(const AdapterOptions& options) {
+  at::Generator gen = at::detail::createCPUGenerator(options.seed + 3);
+  for (int64_t i = 0; i < VisionLayersUsed(); ++i) {
+    AddLinearLora(vision_tower_->layer(i).q_proj(), options, gen);
+    AddLinearLora(vision_tower_->layer(i).v_proj(), options, gen);
+  }
+}
+
+int64_t LlavaImpl::VisionLayersUsed() const { return DeepestFeatureLayer(config_); }
 
 absl::StatusOr<torch::Tensor> LlavaImpl::MergeEmbeddings(const torch::Tensor& input_ids,
                                                          const torch::Tensor& features) {
@@ -247,18 +269,36 @@ class LlavaModel : public MultimodalModel {
     }
     if (absl::Status s = AddDecoderLora(llava_->language_model(), options); !s.ok()) return s;
     if (options.lora_projector) llava_->AddProjectorLora(options);
+    if (options.lora_vision) llava_->AddVisionLora(options);
+    train_vision_ = options.lora_vision;
     return absl::OkStatus();
   }
 
   // The module tree is the checkpoint's (llava.h), so names need no mapping.
   NamedTensors TrainableParameters() override {
+    const std::string tower = "model.vision_tower.vision_model.";
+    const std::string layers = tower + "encoder.layers.";
+    const bool vision = train_vision_;
+    const int64_t used = llava_->VisionLayersUsed();
     return SelectHfTrainable(
         *llava_, "model.language_model.",
-        // The projector's biases, and its LoRA factors where it has them (lora_projector).
-        [](const std::string& name) {
-          return absl::StartsWith(name, "model.multi_modal_projector.") &&
-                 (absl::EndsWith(name, ".bias") || absl::EndsWith(name, ".lora_a") ||
-                  absl::EndsWith(name, ".lora_b"));
+        // The projector's biases, and its LoRA factors where it has them (lora_projector);
+        // with lora_vision, the LoRA factors and LayerNorms of the tower's layers that run and
+        // its pre-layernorm (CLIP), not post_layernorm (LLaVA reads an earlier state).
+        [=](const std::string& name) {
+          const bool lora = absl::EndsWith(name, ".lora_a") || absl::EndsWith(name, ".lora_b");
+          if (absl::StartsWith(name, "model.multi_modal_projector.")) {
+            return absl::EndsWith(name, ".bias") || lora;
+          }
+          if (!vision || !absl::StartsWith(name, tower)) return false;
+          if (absl::StartsWith(name, tower + "pre_layrnorm.")) return true;
+          if (!absl::StartsWith(name, layers)) return false;
+          const std::string rest = name.substr(layers.size());
+          int64_t index = -1;
+          if (!absl::SimpleAtoi(rest.substr(0, rest.find('.')), &index) || index >= used) {
+            return false;
+          }
+          return lora || absl::StrContains(rest, ".layer_norm");
         },
         [](const std::string& name) { return name; });
   }
@@ -328,7 +368,24 @@ class LlavaModel : public MultimodalModel {
     const LlavaConfig& c = llava_->config();
     const int64_t n = c.NumImageTokens();
     const int64_t d = c.vision.hidden_size * static_cast<int64_t>(c.vision_feature_layers.size());
-    const torch::Tensor& v = in.visual_tokens;
+    torch::Tensor v = in.visual_tokens;
+    if (in.pixel_values.defined()) {
+      // The tower on the frames, differentiable in its trainable part (lora_vision).
+      const torch::Tensor& px = in.pixel_values;
+      const int64_t size = c.vision.image_size;
+      if (px.dim() != 4 || px.size(1) != c.vision.num_channels || px.size(2) != size ||
+          px.size(3) != size) {
+        return absl::InvalidArgumentError(absl::StrCat("pixel_values must be [B, ",
+                                                       c.vision.num_channels, ", ", size, ", ",
+                                                       size, "], got ", c10::str(px.sizes())));
+      }
+      try {
+        v = llava_->SelectedFeatures(px.to(device_));
+      } catch (const c10::Error& e) {
+        return absl::InternalError(
+            absl::StrCat("llava vision tower: ", e.what_without_backtrace()));
+      }
+    }
     if (!v.defined() || v.dim() != 3 || v.size(1) != n || v.size(2) != d) {
       return absl::InvalidArgumentError(
           absl::StrCat("visual_tokens must be [B, ", n, ", ", d, "], got ",
@@ -362,6 +419,7 @@ class LlavaModel : public MultimodalModel {
   }
 
   Llava llava_;
+  bool train_vision_ = false;  // AdapterOptions::lora_vision: the tower's norms are trainable
   std::string image_token_;
   std::vector<int64_t> eos_;
   torch::Device device_;

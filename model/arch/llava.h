@@ -54,6 +54,11 @@ class LlavaImpl : public torch::nn::Module {
   // LoRA on the projector's linear_1 and linear_2 (AdapterOptions::lora_projector), A drawn
   // from options.seed + 2.
   void AddProjectorLora(const AdapterOptions& options);
+  // LoRA on the tower's attention (q_proj and v_proj) in the layers whose output LLaVA reads
+  // (AdapterOptions::lora_vision), A drawn from options.seed + 3.
+  void AddVisionLora(const AdapterOptions& options);
+  // How many of the tower's encoder layers run: those up to the deepest feature layer.
+  int64_t VisionLayersUsed() const;
 
   const LlavaConfig& config() const { return config_; }
   DecoderLmImpl& language_model() { return *language_model_; }

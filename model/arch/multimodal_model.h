@@ -168,6 +168,12 @@ struct AdapterOptions {
   // vision side encodes to what the LM reads. Drawn from seed + 2, so the other LoRA is the
   // same with it or without.
   bool lora_projector = false;
+  // The vision side of the tower itself: LoRA on its attention (BLIP-2's and InstructBLIP's
+  // fused qkv, CLIP's and SigLIP's q_proj and v_proj) and the weight and bias of its
+  // LayerNorms, in the layers whose output the model reads (LLaVA stops at its feature
+  // layer). A student with it trains from frames (TokenInputs::pixel_values); drawn from
+  // seed + 3, so the other LoRA is the same with it or without.
+  bool lora_vision = false;
   // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
   // start equal. LibTorch's process-wide generator is saved and restored around the draw.
   uint64_t seed = 0;
@@ -176,7 +182,11 @@ struct AdapterOptions {
 // One training forward on uplinked visual tokens: what the cloud's AKD job feeds a teacher or
 // a student mirror. Rows are left-padded: the image positions and prompt, then the answer.
 struct TokenInputs {
-  torch::Tensor visual_tokens;   // [B, N, D] float: VisualTokenPasses::tokens of each image
+  torch::Tensor visual_tokens;  // [B, N, D] float: VisualTokenPasses::tokens of each image
+  // [B, C, H, W] float, as the image processor gives them: where defined, the model runs its
+  // own vision tower on them (differentiable in a vision-side trainable set) and ignores
+  // visual_tokens.
+  torch::Tensor pixel_values;
   torch::Tensor visual_present;  // [B, N] bool (true = kept by UTS); undefined = all kept
   // [B, T] int64: the LM ids as Generate takes them (the image placeholder expanded,
   // ExpandImageTokens) followed by the answer.

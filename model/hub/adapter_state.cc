@@ -42,6 +42,7 @@ absl::Status SaveHfAdapterState(const AdapterState& state, const std::string& di
                       {"lora_mlp", state.adapters.lora_mlp},
                       {"lora_qformer", state.adapters.lora_qformer},
                       {"lora_projector", state.adapters.lora_projector},
+                      {"lora_vision", state.adapters.lora_vision},
                       {"seed", state.adapters.seed},
                       {"tensors", state.trainable.size()}};
   if (!state.info.is_null()) j["info"] = state.info;
@@ -81,6 +82,7 @@ absl::StatusOr<AdapterState> LoadHfAdapterState(const std::string& dir) {
     state.adapters.lora_mlp = j->at("lora_mlp").get<bool>();
     state.adapters.lora_qformer = j->value("lora_qformer", false);      // absent before it existed
     state.adapters.lora_projector = j->value("lora_projector", false);  // likewise
+    state.adapters.lora_vision = j->value("lora_vision", false);        // likewise
     state.adapters.seed = j->at("seed").get<uint64_t>();
     if (j->contains("info")) state.info = (*j)["info"];
   } catch (const nlohmann::json::exception& e) {
@@ -131,10 +133,10 @@ absl::Status ApplyHfAdapterState(const AdapterState& state, MultimodalModel& mod
 namespace {
 
 // PEFT's target_modules as a regex over module names: the LM's adapted kinds, the Q-Former's
-// where it has LoRA, and the projector into the LM where it has (its module paths, which
-// name no LM or Q-Former kind).
+// where it has LoRA, and the modules targeted by their paths (PathTarget: the projector into
+// the LM, the vision tower's attention), which name no LM or Q-Former kind.
 std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std::string>& qformer,
-                            const std::set<std::string>& projector) {
+                            const std::set<std::string>& paths) {
   auto alternatives = [](const std::set<std::string>& kinds) {
     std::string alt;
     for (const std::string& t : kinds) absl::StrAppend(&alt, alt.empty() ? "" : "|", t);
@@ -144,27 +146,32 @@ std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std:
   if (!qformer.empty()) {
     regex = absl::StrCat("(", regex, ")|(.*qformer.*\\.(", alternatives(qformer), "))");
   }
-  if (!projector.empty()) {
-    std::string paths;
-    for (const std::string& m : projector) {
-      absl::StrAppend(&paths, paths.empty() ? "" : "|", absl::StrReplaceAll(m, {{".", "\\."}}));
+  if (!paths.empty()) {
+    std::string alt;
+    for (const std::string& m : paths) {
+      absl::StrAppend(&alt, alt.empty() ? "" : "|", absl::StrReplaceAll(m, {{".", "\\."}}));
     }
-    regex = absl::StrCat("(", regex, ")|(.*(", paths, "))");
+    regex = absl::StrCat("(", regex, ")|(.*(", alt, "))");
   }
   return regex;
 }
 
-// Whether a LoRA module sits on the projector into the LM (lora_projector).
-bool IsProjectorModule(const std::string& module) {
-  return absl::StrContains(module, "multi_modal_projector.") ||
-         absl::StrContains(module, "language_projection");
+// A LoRA module PEFT targets by its path: on the projector into the LM (lora_projector) or
+// in the vision tower (lora_vision), whose layers have q/v-like names the LM's kinds would
+// also match. The module's path from the part on ("multi_modal_projector.linear_1",
+// "vision_model.encoder.layers.0.self_attn.qkv"), or "" for a module targeted by its kind.
+std::string PathTarget(const std::string& module) {
+  for (const char* anchor : {"multi_modal_projector.", "language_projection", "vision_model."}) {
+    if (const size_t at = module.find(anchor); at != std::string::npos) return module.substr(at);
+  }
+  return "";
 }
 
 }  // namespace
 
 absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out_dir) {
   NamedTensors lora, rest;
-  std::set<std::string> lm_targets, qformer_targets, projector_targets;
+  std::set<std::string> lm_targets, qformer_targets, path_targets;
   std::map<std::string, int> factors;  // module -> A and B seen
   for (const auto& [name, t] : state.trainable) {
     const bool a = absl::EndsWith(name, ".lora_a"), b = absl::EndsWith(name, ".lora_b");
@@ -174,12 +181,8 @@ absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out
     }
     const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
     factors[module] += a ? 1 : 2;
-    if (IsProjectorModule(module)) {
-      // The module's path from the projector on ("multi_modal_projector.linear_1").
-      const size_t at =
-          module.find(absl::StrContains(module, "multi_modal_projector.") ? "multi_modal_projector."
-                                                                          : "language_projection");
-      projector_targets.insert(module.substr(at));
+    if (const std::string path = PathTarget(module); !path.empty()) {
+      path_targets.insert(path);
     } else {
       (absl::StrContains(module, "qformer.") ? qformer_targets : lm_targets)
           .insert(module.substr(module.rfind('.') + 1));
@@ -211,8 +214,9 @@ absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out
       // Names of the adapted linears, restricted to the language model (the Q-Former and the
       // vision tower also have q/v-like names in some architectures), and to the Q-Former's
       // query and value where it has LoRA (lora_qformer), and the projector's linears where
-      // they have (lora_projector).
-      {"target_modules", PeftTargetRegex(lm_targets, qformer_targets, projector_targets)}};
+      // they have (lora_projector), and the vision tower's attention where it has
+      // (lora_vision), by their paths.
+      {"target_modules", PeftTargetRegex(lm_targets, qformer_targets, path_targets)}};
   if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
       !s.ok()) {
     return s;
@@ -285,6 +289,7 @@ uint64_t StudentBaseFingerprint(uint64_t folder_fingerprint, const std::string& 
   // Hashed only when on, so every fingerprint without it stays what it was.
   if (adapters.lora_qformer) h = Fnv1a(h, "qformer", 7);
   if (adapters.lora_projector) h = Fnv1a(h, "projector", 9);
+  if (adapters.lora_vision) h = Fnv1a(h, "vision", 6);
   h = Fnv1a(h, &adapters.seed, sizeof(adapters.seed));
   return Fnv1a(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }

@@ -8,9 +8,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "model/hub/safetensors.h"
 #include "tests/testing/status_matchers.h"
 
@@ -321,6 +323,66 @@ TEST(AdapterStateTest, ProjectorLoraRoundTripsExportsAndIsFingerprinted) {
 
     AdapterOptions plain = o;
     plain.lora_projector = false;
+    EXPECT_NE(StudentBaseFingerprint(1, "fp32", o, 2), StudentBaseFingerprint(1, "fp32", plain, 2));
+  }
+}
+
+// A state with the vision side trainable (lora_vision) round-trips with its option, exports the
+// tower's LoRA factors under their module paths, with a target regex that PEFT matches (in
+// full) against each adapted tower linear and the LM's kinds but no other tower linear, puts
+// the tower's LayerNorms with the other non-LoRA tensors, and changes the base fingerprint.
+TEST(AdapterStateTest, VisionLoraRoundTripsExportsAndIsFingerprinted) {
+  struct Want {
+    std::string variant, adapted, not_adapted, lm_module;
+  };
+  for (const Want& w : {Want{"llava_clip_llama",
+                             "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+                             "model.vision_tower.vision_model.encoder.layers.0.self_attn.k_proj",
+                             "model.language_model.layers.0.self_attn.v_proj"},
+                        Want{"blip2_llama", "vision_model.encoder.layers.0.self_attn.qkv",
+                             "vision_model.encoder.layers.0.mlp.fc1",
+                             "language_model.model.layers.0.self_attn.q_proj"}}) {
+    SCOPED_TRACE(w.variant);
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(FixtureDir(w.variant), {});
+    ASSERT_OK(m.status());
+    AdapterOptions o;
+    o.lora_rank = 4;
+    o.seed = 3;
+    o.lora_vision = true;
+    ASSERT_OK((*m)->AddAdapters(o));
+    AdapterState s = StateOf(**m, w.variant);
+    s.adapters.lora_vision = true;
+    const std::string dir = TempDir("vision_state_" + w.variant);
+    ASSERT_OK(SaveHfAdapterState(s, dir));
+    ASSERT_OK_AND_ASSIGN(AdapterState loaded, LoadHfAdapterState(dir));
+    EXPECT_TRUE(loaded.adapters.lora_vision);
+    EXPECT_FALSE(loaded.adapters.lora_projector);
+    EXPECT_EQ(loaded.trainable.size(), s.trainable.size());
+
+    const std::string out = TempDir("vision_export_" + w.variant);
+    ASSERT_OK(ExportPeftAdapter(s, out));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
+    int adapted = 0;
+    for (const auto& [name, t] : lora.tensors) {
+      adapted += name == "base_model.model." + w.adapted + ".lora_A.weight";
+    }
+    EXPECT_EQ(adapted, 1);
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents rest, ReadSafetensors(out + "/non_lora.safetensors"));
+    int tower_norms = 0;
+    for (const auto& [name, t] : rest.tensors) {
+      tower_norms += absl::StrContains(name, "vision_model.") && absl::StrContains(name, "norm");
+    }
+    EXPECT_GT(tower_norms, 0);
+    std::ifstream in(out + "/adapter_config.json");
+    const nlohmann::json c = nlohmann::json::parse(in);
+    const std::regex targets(c["target_modules"].get<std::string>());
+    EXPECT_TRUE(std::regex_match(w.adapted, targets)) << c["target_modules"];
+    EXPECT_TRUE(std::regex_match(w.lm_module, targets)) << c["target_modules"];
+    EXPECT_FALSE(std::regex_match(w.not_adapted, targets)) << c["target_modules"];
+
+    AdapterOptions plain = o;
+    plain.lora_vision = false;
     EXPECT_NE(StudentBaseFingerprint(1, "fp32", o, 2), StudentBaseFingerprint(1, "fp32", plain, 2));
   }
 }
