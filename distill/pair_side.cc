@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "compress/hash64.h"
+#include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::distill {
@@ -50,6 +51,14 @@ PairSide PairSideOf(model::Answerer& answerer, const std::string& dir, model::Pr
     side.tokenizer_id = absl::StrFormat("%016x", compress::Hash64(bytes.data(), bytes.size()));
   }
   return side;
+}
+
+absl::StatusOr<torch::Tensor> FramePixels(const model::Answerer& answerer, absl::string_view jpeg,
+                                          const std::string& source) {
+  absl::StatusOr<model::PixelValues> px = answerer.TowerPixelsOfJpeg(jpeg, source);
+  if (!px.ok()) return px.status();
+  return torch::from_blob(px->data.data(), {px->channels, px->height, px->width}, torch::kFloat)
+      .clone();
 }
 
 }  // namespace cdcca::distill

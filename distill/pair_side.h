@@ -17,6 +17,11 @@ namespace cdcca::distill {
 // prompt as given). The answerer must outlive the side.
 PairSide PairSideOf(model::Answerer& answerer, const std::string& dir, model::PromptFormat format);
 
+// A frame (JPEG at the tower's input size, as a device uplinks it) as `answerer`'s tower
+// takes it: PairSample::pixels, [C, H, W] float. Errors of Answerer::TowerPixelsOfJpeg.
+absl::StatusOr<torch::Tensor> FramePixels(const model::Answerer& answerer, absl::string_view jpeg,
+                                          const std::string& source);
+
 }  // namespace cdcca::distill
 
 #endif  // CDCCA_DISTILL_HF_PAIR_SIDE_H_

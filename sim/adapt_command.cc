@@ -24,8 +24,8 @@
 #include "datasets/shifts.h"
 #include "device/sample_step.h"
 #include "device/uts.h"
+#include "distill/pair_side.h"
 #include "model/hub/adapter_state.h"
-#include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
@@ -528,11 +528,9 @@ int AdaptCommand(const std::vector<std::string>& args) {
       absl::StatusOr<std::string> jpeg = (*student)->TowerInputJpeg(
           image->pixels.data(), image->width, image->height, device::kFrameJpegQuality);
       if (!jpeg.ok()) return Fail(kName, jpeg.status());
-      absl::StatusOr<model::PixelValues> px = (*student)->TowerPixelsOfJpeg(*jpeg, path);
+      absl::StatusOr<torch::Tensor> px = distill::FramePixels(**student, *jpeg, path);
       if (!px.ok()) return Fail(kName, px.status());
-      s.pixels =
-          torch::from_blob(px->data.data(), {px->channels, px->height, px->width}, torch::kFloat)
-              .clone();
+      s.pixels = *std::move(px);
     }
     samples.push_back(s);
     nlohmann::json line = {{"event", "frame"},       {"image", path},

@@ -21,7 +21,6 @@
 #include "distill/pair_distiller.h"
 #include "distill/pair_side.h"
 #include "model/arch/answerer.h"
-#include "model/hub/image_processor.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace cdcca::sim {
@@ -177,6 +176,18 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
     std::vector<const ds::VqaItem*> stream_items;  // by sample id
     for (size_t si = 0; si < scenes->stream.size(); ++si) {
       const ds::Sample& scene = scenes->stream[si];
+      // The frame as the device uplinks it, which the student's tower trains on: once a scene.
+      torch::Tensor scene_pixels;
+      if (pair.adapters.lora_vision) {
+        absl::StatusOr<std::string> jpeg =
+            (*student)->TowerInputJpeg(scene.image.pixels.data(), scene.image.width,
+                                       scene.image.height, device::kFrameJpegQuality);
+        if (!jpeg.ok()) return jpeg.status();
+        absl::StatusOr<torch::Tensor> px =
+            distill::FramePixels(**student, *jpeg, absl::StrCat("stream scene ", si));
+        if (!px.ok()) return px.status();
+        scene_pixels = *std::move(px);
+      }
       for (const ds::VqaItem& q : scene.questions) {
         absl::StatusOr<std::string> prompt = student_template->Apply(q.question);
         if (!prompt.ok()) return prompt.status();
@@ -219,19 +230,7 @@ absl::StatusOr<AdaptReport> RunHubAdaptEval(const AdaptEvalOptions& o,
         }
         device_acc.Add(ds::VqaAccuracy(answer->text, q.direct_answers),
                        std::string(ds::AnswerTypeName(q.answer_type)));
-        if (pair.adapters.lora_vision) {
-          // The frame as the device uplinks it, which the student's tower trains on.
-          absl::StatusOr<std::string> jpeg =
-              (*student)->TowerInputJpeg(scene.image.pixels.data(), scene.image.width,
-                                         scene.image.height, device::kFrameJpegQuality);
-          if (!jpeg.ok()) return jpeg.status();
-          absl::StatusOr<model::PixelValues> px = (*student)->TowerPixelsOfJpeg(*jpeg, source_name);
-          if (!px.ok()) return px.status();
-          frame_pixels.push_back(torch::from_blob(px->data.data(),
-                                                  {px->channels, px->height, px->width},
-                                                  torch::kFloat)
-                                     .clone());
-        }
+        if (pair.adapters.lora_vision) frame_pixels.push_back(scene_pixels);
         obs.scene_of_sample.push_back(static_cast<int64_t>(obs.samples.size()));
         obs.num_tokens = visual.tokens;
         obs.samples.push_back(*std::move(s));

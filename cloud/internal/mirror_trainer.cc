@@ -20,7 +20,6 @@
 #include "model/arch/answerer.h"
 #include "model/arch/multimodal_model.h"
 #include "model/hub/adapter_state.h"
-#include "model/hub/image_processor.h"
 #include "model/runtime/threads.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -281,12 +280,10 @@ absl::StatusOr<distill::PairSample> MirrorTrainer::JobSample(const compress::Upl
   if (!h.ok()) return h;
   h->complete = true;
   if (adapters_.lora_vision) {
-    absl::StatusOr<model::PixelValues> px =
-        student_->TowerPixelsOfJpeg(s.frame, absl::StrCat("the frame of sample ", s.sample_id));
+    absl::StatusOr<torch::Tensor> px =
+        distill::FramePixels(*student_, s.frame, absl::StrCat("the frame of sample ", s.sample_id));
     if (!px.ok()) return px.status();
-    h->pixels =
-        torch::from_blob(px->data.data(), {px->channels, px->height, px->width}, torch::kFloat)
-            .clone();
+    h->pixels = *std::move(px);
   }
   return h;
 }
