@@ -26,7 +26,10 @@ struct JobReport {
   // Samples in [first_sequence, last_sequence] the job could not use (a batch that reads
   // back damaged or does not decode, a frame that does not decode): quarantined, consumed.
   uint64_t quarantined_samples = 0;
-  int64_t replay_samples = 0;
+  int64_t replay_samples = 0;  // earlier rounds' samples drawn from the replay buffer
+  // Earlier jobs' samples trained again from the device's durable pool
+  // (PerDeviceStrategyOptions::pool_samples).
+  int64_t pool_samples = 0;
   int steps = 0;
   bool stopped_by_budget = false;  // the job hit its time budget before max_steps
   double train_seconds = 0;

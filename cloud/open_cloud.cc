@@ -66,6 +66,7 @@ void LogJob(const Log& log, const absl::StatusOr<JobReport>& r) {
        {"samples", r->samples},
        {"quarantined_samples", r->quarantined_samples},
        {"replay_samples", r->replay_samples},
+       {"pool_samples", r->pool_samples},
        {"steps", r->steps},
        {"stopped_by_budget", r->stopped_by_budget},
        {"queue_s", r->queue_seconds},

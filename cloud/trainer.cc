@@ -78,6 +78,7 @@ absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& opti
                             {"l_repr", s->learner.l_repr},
                             {"l_kl", s->learner.l_kl},
                             {"temperature", s->learner.temperature},
+                            {"confidence_power", s->learner.confidence_power},
                             {"max_steps", s->job.max_steps},
                             {"batch_size", s->job.batch_size},
                             {"lr", s->job.lr},
@@ -340,6 +341,11 @@ struct PerDeviceStrategy::Impl {
       if (!d.holdout_built) return absl::OkStatus();
       if (!d.holdout.empty()) through = std::min(through, d.holdout.front()->sequence - 1);
     }
+    // Likewise the batches that hold the pool.
+    if (options.pool_samples > 0) {
+      if (!d.pool_built) return absl::OkStatus();
+      if (!d.pool.empty()) through = std::min(through, d.pool.front().first - 1);
+    }
     if (through == 0) return absl::OkStatus();
     if (absl::Status s = samples->Release(id, through); !s.ok()) {
       LogEvent(
@@ -405,6 +411,54 @@ struct PerDeviceStrategy::Impl {
     while (pool.size() > options.guard.pool_capacity) pool.pop_front();
     d.holdout = std::move(pool);
     d.holdout_built = true;
+    return absl::OkStatus();
+  }
+
+  // Builds d.pool once after a load: the training samples (not held out, usable) of the
+  // device's batches up to the cursor, newest first, until pool_samples are found or the
+  // log's start is reached; read back in spans that double from the cursor down. Batches
+  // that do not decode, and those the quarantine file's recent entries name whole, are passed
+  // over, as the jobs passed over them. Caller holds d.mu.
+  absl::Status BuildPool(const std::string& id, DeviceMirror& d) {
+    if (d.pool_built) return absl::OkStatus();
+    std::deque<std::pair<uint64_t, compress::UplinkSample>> pool;
+    uint64_t to = d.consumed;
+    uint64_t span = 16;
+    while (options.pool_samples > 0 && to >= 1 && pool.size() < options.pool_samples) {
+      const uint64_t from = to > span ? to - span + 1 : 1;
+      absl::StatusOr<StoredBatches> stored =
+          samples->ReadEach(id, from, static_cast<size_t>(to - from + 1));
+      if (!stored.ok()) return stored.status();
+      std::deque<std::pair<uint64_t, compress::UplinkSample>> older;
+      for (const store::v1::SampleRecord& r : stored->records) {
+        const uint64_t seq = r.batch().sequence();
+        if (seq > to) break;
+        if (std::any_of(
+                d.quarantine.recent.begin(), d.quarantine.recent.end(),
+                [seq](const QuarantineEntry& e) { return e.whole_batch && e.sequence == seq; })) {
+          continue;
+        }
+        absl::StatusOr<CheckedBatch> checked =
+            DecodeCheckedPayload(r.batch().payload(), trainer->spec());
+        if (!checked.ok()) continue;
+        for (compress::UplinkSample& s : checked->samples) {
+          if (options.guard.enabled &&
+              compress::IsHeldOutSample(id, s.sample_id, options.guard.holdout_fraction)) {
+            continue;
+          }
+          if (!trainer->CheckSample(s).ok()) continue;
+          older.emplace_back(seq, std::move(s));
+        }
+      }
+      pool.insert(pool.begin(), std::make_move_iterator(older.begin()),
+                  std::make_move_iterator(older.end()));
+      if (from == 1) break;
+      to = from - 1;
+      span *= 2;
+    }
+    while (pool.size() > options.pool_samples) pool.pop_front();
+    d.pool = std::move(pool);
+    d.pool_built = true;
     return absl::OkStatus();
   }
 
@@ -666,6 +720,15 @@ struct PerDeviceStrategy::Impl {
     return split;
   }
 
+  // The job's trained samples join the pool (the newest pool_samples stay). Caller holds d.mu.
+  void JoinPool(DeviceMirror& d, const JobSplit& split, const std::vector<bool>& rejected) {
+    if (options.pool_samples == 0) return;
+    for (size_t i = 0; i < split.train.size(); ++i) {
+      if (!rejected[i]) d.pool.emplace_back(split.train_batch[i], split.train[i]);
+    }
+    while (d.pool.size() > options.pool_samples) d.pool.pop_front();
+  }
+
   // The job's batches give nothing to train: quarantined what is listed, the cursor moved
   // past them. Caller holds d.mu.
   absl::Status ConsumeUntrained(const std::string& id, DeviceMirror& d, const JobBatches& in,
@@ -725,6 +788,7 @@ struct PerDeviceStrategy::Impl {
       return NoUsableSamples(report);
     }
     if (absl::Status s = BuildHoldout(id, d); !s.ok()) return s;
+    if (absl::Status s = BuildPool(id, d); !s.ok()) return s;
     JobSplit split = SplitJob(id, *in, report);
     if (split.train.empty()) {
       if (absl::Status s = ConsumeUntrained(id, d, *in, report); !s.ok()) return s;
@@ -753,7 +817,14 @@ struct PerDeviceStrategy::Impl {
           if (options.before_training) {
             if (absl::Status s = options.before_training(id); !s.ok()) return s;
           }
-          return trainer->Train(id, d.mirror, split.train, d.replay.get(), d.version);
+          if (d.pool.empty()) {
+            return trainer->Train(id, d.mirror, split.train, d.replay.get(), d.version);
+          }
+          // The pool's samples follow the round's (a rejected index past the round's is a
+          // pool sample, used before, and is dropped).
+          std::vector<compress::UplinkSample> with_pool = split.train;
+          for (const auto& [seq, sample] : d.pool) with_pool.push_back(sample);
+          return trainer->Train(id, d.mirror, with_pool, d.replay.get(), d.version);
         },
         d.mirror, d.version, d.encoder);
     if (!round.ok()) return round.status();
@@ -791,6 +862,8 @@ struct PerDeviceStrategy::Impl {
     }
     d.failed_attempts = 0;
     const distill::JobStats& stats = round->job.stats;
+    report.pool_samples = std::min<int64_t>(static_cast<int64_t>(d.pool.size()),
+                                            stats.current_samples - report.samples);
     report.replay_samples = stats.replay_samples;
     report.steps = stats.steps;
     report.stopped_by_budget = stats.stopped_by_budget;
@@ -820,6 +893,7 @@ struct PerDeviceStrategy::Impl {
       if (!verdict.ok()) return verdict.status();
       report.guard = *verdict;
     }
+    JoinPool(d, split, rejected);
     if (!report.guard.ship) return Withheld(id, d, in, split, std::move(pool), report);
 
     if (absl::Status s = Quarantine(id, d, in.quarantine); !s.ok()) return s;

@@ -24,7 +24,8 @@
 // payloads are published to the UpdateStore after it, and Recover() republishes them if a
 // crash came in between (or the store's copy is missing or damaged). So after a restart
 // every device resumes with its mirror, version, cursor and residual intact, and no sample
-// is trained twice or skipped. The replay buffer is not persisted (it restarts empty).
+// is trained twice or skipped. The replay buffer is not persisted (it restarts empty); the
+// pool (pool_samples) is, as the sample log's batches it holds.
 //
 // Memory (PerDeviceStrategy): a device's state (mirror, residual, replay buffer, held-out
 // pool) is loaded on demand, by its first job or call, and at most max_resident_mirrors idle
@@ -163,6 +164,12 @@ struct PerDeviceStrategyOptions {
   double bits_per_param = settings::kBitsPerParam;
   // Replay buffer capacity per device, in samples (0 = no replay). Default: the table's.
   size_t replay_capacity = settings::kReplayCapacity;
+  // The durable pool per device, in samples (0 = none): the newest pool_samples samples its
+  // jobs trained on (withheld jobs' too), trained on again, all of them, by each next job
+  // beside its new samples. The pool lives in the sample log: its batches are not released,
+  // and a load (restart, eviction, another trainer on the shared store) reads it back from
+  // the batches before the cursor, newest first. Default: the table's.
+  size_t pool_samples = settings::kPoolSamples;
   // Most devices whose mirror, encoder residual, replay buffer and held-out pool stay in
   // memory between their jobs (least recently used evicted first; devices in a job at the
   // moment do not count as evictable). An evicted device loads again from its state file

@@ -72,6 +72,7 @@ class TrainerTest : public ::testing::Test {
     // These tests are about what a job commits and publishes: every sample trains and every
     // update ships. The guard's own tests (GuardTest) turn it on.
     o.guard.enabled = false;
+    o.pool_samples = pool_samples_;
     return o;
   }
 
@@ -147,6 +148,7 @@ class TrainerTest : public ::testing::Test {
   std::unique_ptr<SampleStore> samples_;
   std::unique_ptr<UpdateStore> updates_;
   std::unique_ptr<PerDeviceStrategy> strategy_;
+  size_t pool_samples_ = 0;  // PerDeviceStrategyOptions::pool_samples
 };
 
 TEST_F(TrainerTest, JobPublishesAnUpdateThatTakesTheDeviceToTheMirror) {
@@ -208,6 +210,37 @@ TEST_F(TrainerTest, JobReleasesWhatItConsumedFromTheSampleLog) {
   Uplink("dev-a", 4, 2);
   ASSERT_OK_AND_ASSIGN(JobReport next, strategy_->RunJob("dev-a"));
   EXPECT_EQ(next.first_sequence, 4u);
+}
+
+// The durable pool: the newest trained samples stay in the sample log, every next job trains
+// on them again beside its new ones, a restart reads them back from the log, and the batches
+// that leave the pool are released.
+TEST_F(TrainerTest, PoolTrainsEarlierSamplesAgainAndSurvivesARestart) {
+  pool_samples_ = 6;
+  MakeStrategy();
+  Uplink("dev-a", 1, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(first.samples, 4);
+  EXPECT_EQ(first.pool_samples, 0);
+  Uplink("dev-a", 2, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport second, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(second.samples, 4);
+  EXPECT_EQ(second.pool_samples, 4);  // batch 1's
+  // The pool is now 2 samples of batch 1 and the 4 of batch 2: nothing is released.
+  EXPECT_EQ(samples_->Stats().released_records, 0u);
+
+  OpenStores();
+  MakeStrategy();
+  Uplink("dev-a", 3, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport third, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(third.samples, 4);
+  EXPECT_EQ(third.pool_samples, 6);  // read back from batches 1 and 2
+  // Now 2 of batch 2 and the 4 of batch 3: batch 1 leaves the log.
+  EXPECT_EQ(samples_->Stats().released_records, 1u);
+  Uplink("dev-a", 4, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport fourth, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(fourth.pool_samples, 6);
+  EXPECT_EQ(samples_->Stats().released_records, 2u);
 }
 
 TEST_F(TrainerTest, RestartKeepsMirrorCursorAndResidual) {

@@ -188,7 +188,7 @@ absl::StatusOr<std::vector<FrameResult>> DeviceAgent::Process(const std::vector<
         r.kept_tokens = static_cast<int>(d.sample.kept_indices.size());
         if (r.uplinked) {
           if (d.held_out) ++held_out;
-          if (d.stage1_kept) ++kept;
+          if (d.stage1_kept || d.random_kept) ++kept;
           if (batch_.empty()) batch_started_ = clock_->Now();
           batch_.push_back(std::move(d.sample));
         }

@@ -36,6 +36,8 @@ SampleDecision SampleStep::Run(const AnsweredFrame& frame, const FrameModel& mod
   d.held_out = compress::IsHeldOutSample(options_.device_id, sample_id, options_.holdout_fraction);
   d.threshold = gate_->threshold();
   d.stage1_kept = gate_->Keep(frame.entropy);  // records every entropy
+  d.random_kept = !d.stage1_kept && !d.held_out &&
+                  IsRandomShareSample(options_.device_id, sample_id, uts.random_share);
   if (!d.chosen()) return d;
 
   std::vector<uint16_t> kept;

@@ -105,6 +105,7 @@ struct SampleDecision {
   uint64_t ordinal = 0;       // the answer's count in this stream, from 0
   bool held_out = false;      // uplinked whole for the update guard
   bool stage1_kept = false;   // passed UTS stage 1
+  bool random_kept = false;   // passed over by stage 1, kept as UtsOptions::random_share's
   float threshold = 0;        // what stage 1 compared the entropy with
   double stage2_seconds = 0;  // wall time of the model's token scores (0: not run)
   // OK unless the sample was chosen (held out or kept) and cannot be uplinked: the model
@@ -114,7 +115,7 @@ struct SampleDecision {
   // uts.precision unless kept_indices is empty (variance_beta mode kept no token).
   compress::UplinkSample sample;
 
-  bool chosen() const { return held_out || stage1_kept; }
+  bool chosen() const { return held_out || stage1_kept || random_kept; }
   // Whether the driver should uplink `sample`: chosen, OK, and at least one token kept.
   bool uplinked() const { return chosen() && status.ok() && !sample.kept_indices.empty(); }
 };

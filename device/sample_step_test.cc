@@ -1,5 +1,6 @@
 #include "device/sample_step.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -144,6 +145,54 @@ TEST(SampleStepTest, HeldOutSamplesGoUpWholeWithEveryTokenAndNoScores) {
   none.holdout_fraction = 0;
   SampleStep without(none);
   EXPECT_FALSE(without.Run(a.Frame(), m.Bind(), held).held_out);
+}
+
+// The random share: of the answers stage 1 passes over, about `random_share` go up all the
+// same, through stage 2 like a kept one; which ones is a hash of the device and the id, the
+// same on every run and apart from the guard's choice.
+TEST(SampleStepTest, TheRandomShareUplinksSomeOfWhatStageOnePassesOver) {
+  SampleStepOptions o;
+  o.uts.keep_fraction = 0;
+  o.uts.entropy_alpha = 1e9f;  // stage 1 keeps nothing
+  o.uts.random_share = 0.25f;
+  o.device_id = "dev";
+  SampleStep step(o);
+  FakeAnswer a;
+  FakeModel m;
+  int kept = 0;
+  const int n = 2000;
+  for (uint64_t id = 1; id <= n; ++id) {
+    SampleDecision d = step.Run(a.Frame(), m.Bind(), id);
+    EXPECT_FALSE(d.stage1_kept);
+    EXPECT_EQ(d.random_kept, IsRandomShareSample("dev", id, 0.25));
+    if (!d.random_kept) {
+      EXPECT_FALSE(d.chosen());
+      continue;
+    }
+    ++kept;
+    ASSERT_OK(d.status);
+    ASSERT_TRUE(d.uplinked());
+    EXPECT_THAT(d.sample.kept_indices, ElementsAre(1, 3, 5, 7));  // stage 2's top half
+  }
+  EXPECT_EQ(m.score_calls, kept);
+  EXPECT_NEAR(kept, 0.25 * n, 4 * std::sqrt(0.25 * 0.75 * n));
+  // Another device's share is another set of ids; the guard's choice is independent of it.
+  int same = 0, both = 0;
+  for (uint64_t id = 1; id <= n; ++id) {
+    same += IsRandomShareSample("dev", id, 0.25) == IsRandomShareSample("other", id, 0.25);
+    both += IsRandomShareSample("dev", id, 0.25) && compress::IsHeldOutSample("dev", id, 0.25);
+  }
+  EXPECT_LT(same, n * 0.7);
+  EXPECT_NEAR(both, 0.0625 * n, 4 * std::sqrt(0.0625 * n));
+  // No share: nothing passed over goes up.
+  SampleStepOptions none = o;
+  none.uts.random_share = 0;
+  SampleStep without(none);
+  for (uint64_t id = 1; id <= 50; ++id) EXPECT_FALSE(without.Run(a.Frame(), m.Bind(), id).chosen());
+  // Out of range is refused.
+  o.uts.random_share = 1.0f;
+  EXPECT_THAT(CheckUtsOptions(o.uts),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("random_share")));
 }
 
 TEST(SampleStepTest, HeldOutSamplesThatAlsoPassStageOneStillKeepEveryToken) {

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "compress/hash64.h"
 
 namespace cdcca::device {
 
@@ -25,7 +27,20 @@ absl::Status CheckUtsOptions(const UtsOptions& o) {
   if (o.token_ratio < 0 || o.token_ratio > 1) {
     return absl::InvalidArgumentError("UTS token_ratio must be in [0, 1]");
   }
+  if (!(o.random_share >= 0 && o.random_share < 1)) {
+    return absl::InvalidArgumentError("UTS random_share must be in [0, 1)");
+  }
   return absl::OkStatus();
+}
+
+bool IsRandomShareSample(absl::string_view device_id, uint64_t sample_id, double share) {
+  if (!(share > 0)) return false;
+  std::string key(device_id);
+  key.push_back('\0');
+  for (int b = 0; b < 8; ++b) key.push_back(static_cast<char>((sample_id >> (8 * b)) & 0xff));
+  const uint64_t h = compress::Hash64(key.data(), key.size(), /*seed=*/0x72616e646f6dull);
+  // The top 53 bits as a uniform double in [0, 1).
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < share;
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "compress/uplink_codec.h"
 #include "model/family/token_score_kind.h"
 #include "settings/defaults.h"
@@ -39,6 +40,9 @@ struct UtsOptions {
   float entropy_alpha = 0.5f;
   float keep_fraction = static_cast<float>(settings::kUtsKeepFraction);
   int window = 256;  // entropies the running quantile looks at
+  // Share of the samples stage 1 passes over that are kept all the same (in [0, 1)), chosen
+  // by IsRandomShareSample: the unbiased part of the uplink.
+  float random_share = static_cast<float>(settings::kUtsRandomShare);
   // Stage 2.
   int mc_passes = settings::kUtsMcPasses;
   float dropout_p = static_cast<float>(settings::kUtsDropout);
@@ -58,7 +62,8 @@ struct UtsOptions {
 void KeepEverySample(UtsOptions* options);
 
 // INVALID_ARGUMENT naming the first field out of range (alpha not finite or < 0, keep_fraction
-// or token_ratio outside [0, 1], mc_passes outside 1-64, dropout_p outside [0, 1)).
+// or token_ratio outside [0, 1], mc_passes outside 1-64, dropout_p or random_share outside
+// [0, 1)).
 // The cloud's settings merged over a device's (MergeCloudSettings) are checked by it:
 // device/uts_cloud_settings.h.
 absl::Status CheckUtsOptions(const UtsOptions& options);
@@ -89,6 +94,11 @@ class EntropyGate {
 // window (the threshold is the one EntropyGate::threshold computes). Every sample for a
 // keep_fraction of 0 or 1.
 std::vector<bool> KeepTopEntropies(const std::vector<float>& entropies, float keep_fraction);
+
+// Whether sample `sample_id` of device `device_id` belongs to the random share `share` (in
+// [0, 1); <= 0: never): a hash of the two, independent of the guard's held-out choice
+// (compress::IsHeldOutSample), the same on every run.
+bool IsRandomShareSample(absl::string_view device_id, uint64_t sample_id, double share);
 
 // Every index of a `tokens`-token grid, ascending (none for tokens <= 0): the choice of a
 // sample that goes up whole.

@@ -10,6 +10,7 @@ absl::Status MergeCloudSettings(const v1::UtsSettings& cloud, UtsOptions* option
   if (cloud.dropout_p() != 0) o.dropout_p = cloud.dropout_p();
   if (cloud.variance_beta() != 0) o.variance_beta = cloud.variance_beta();
   if (cloud.token_ratio() != 0) o.token_ratio = cloud.token_ratio();
+  if (cloud.random_share() != 0) o.random_share = cloud.random_share();
   if (cloud.feature_precision() == v1::FEATURE_PRECISION_FP16) {
     o.precision = compress::FeaturePrecision::kFp16;
   } else if (cloud.feature_precision() == v1::FEATURE_PRECISION_INT8) {

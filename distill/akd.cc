@@ -55,6 +55,11 @@ absl::Status ReadLearner(const Json& j, DistillConfig& c) {
       c.ridge_lambda = v.get<double>();
     } else if (key == "cwd_tau") {
       c.cwd_tau = v.get<double>();
+    } else if (key == "confidence_power") {
+      c.confidence_power = v.get<double>();
+      if (!(c.confidence_power >= 0) || c.confidence_power > 16) {
+        return absl::InvalidArgumentError("confidence_power must be in [0, 16]");
+      }
     } else if (key != "comment") {
       return absl::InvalidArgumentError(absl::StrCat("unknown learner key '", key, "'"));
     }

@@ -53,6 +53,11 @@ struct DistillConfig {
   bool ridge_init = true;      // fit phi/psi by ridge regression at their first job
   double ridge_lambda = 1e-2;  // relative to the mean diagonal of X^T X
   double cwd_tau = 1.0;        // kChannelWise temperature
+  // The teacher's confidence in each label, used alike by every learner: a sample's CE and KL
+  // positions weigh c^confidence_power, c the geometric mean of the teacher's probabilities
+  // of its answer tokens (teacher-forced), the weights normalized over the step's rows
+  // (weighted means). 0 = every sample weighs the same.
+  double confidence_power = 0.0;
 };
 
 // "akd", "pl", "pkd", "cwd" with the defaults table's weights (configs/distill/akd.json

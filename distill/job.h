@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "settings/defaults.h"
@@ -35,6 +36,11 @@ struct JobOptions {
   // LibTorch intra-op threads (0 = automatic: model::IntraOpThreads). Process-wide: the cloud's
   // mirror trainer sets it when it is created (cdcca-cloud's --torch_threads overrides it).
   int num_threads = 0;
+  // The last N steps of a job are timed phase by phase into JobStats::phases (0 = none), the
+  // device synchronized at each phase's end: what a step's time is spent on (akd_bench
+  // --phase_steps). Synchronizing costs those steps the overlap of the host's work with the
+  // device's, so a timed job's samples/s is read with N = 0.
+  int phase_steps = 0;
   // Where a job trains is the program's choice (cdcca-cloud's --device), and the student trains
   // in eval() mode (no dropout): a settings file naming "use_cuda" or "student_dropout" is
   // refused with that explanation.
@@ -67,6 +73,11 @@ struct JobStats {
   std::vector<LossTerm> terms;     // "total" first, then the learner's terms
   std::string device;              // "cpu" or "cuda:0"
   bool stopped_by_budget = false;  // ended at JobOptions::time_budget_s before max_steps
+  // Seconds per phase summed over the phase-timed steps (JobOptions::phase_steps), in step
+  // order: "batch" (rows drawn, collated, copied to the device), "forward", "losses",
+  // "backward", "optimizer".
+  std::vector<std::pair<std::string, double>> phases;
+  int phase_timed_steps = 0;
 };
 
 }  // namespace cdcca::distill

@@ -58,6 +58,25 @@ torch::Tensor TemperatureKl(const torch::Tensor& teacher_logits,
   return temperature * temperature * MaskedMean(kl, MaskOf(kl.unsqueeze(-1), mask));
 }
 
+torch::Tensor WeightedTokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        const torch::Tensor& weights) {
+  torch::Tensor logp = torch::log_softmax(logits, -1);
+  torch::Tensor nll = -logp.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1);
+  torch::Tensor w = weights.to(nll.dtype()) * (targets >= 0).to(nll.dtype());
+  return (nll * w).sum() / w.sum().clamp_min(1e-12);
+}
+
+torch::Tensor WeightedTemperatureKl(const torch::Tensor& teacher_logits,
+                                    const torch::Tensor& student_logits,
+                                    const torch::Tensor& weights, double temperature) {
+  TORCH_CHECK(temperature > 0, "WeightedTemperatureKl: temperature must be positive");
+  torch::Tensor lt = torch::log_softmax(teacher_logits / temperature, -1);
+  torch::Tensor ls = torch::log_softmax(student_logits / temperature, -1);
+  torch::Tensor kl = (lt.exp() * (lt - ls)).sum(-1);
+  torch::Tensor w = weights.to(kl.dtype());
+  return temperature * temperature * (kl * w).sum() / w.sum().clamp_min(1e-12);
+}
+
 torch::Tensor MeanEntropy(const torch::Tensor& logits, const torch::Tensor& mask) {
   torch::Tensor logp = torch::log_softmax(logits, -1);
   torch::Tensor ent = -(logp.exp() * logp).sum(-1);

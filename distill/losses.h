@@ -39,6 +39,14 @@ torch::Tensor TemperatureKl(const torch::Tensor& teacher_logits,
                             const torch::Tensor& student_logits, const torch::Tensor& mask,
                             double temperature);
 
+// TokenCrossEntropy and TemperatureKl at K positions (logits [K, V], targets [K]) as means
+// weighted by weights [K] (>= 0, not all 0): sum(w * term) / sum(w).
+torch::Tensor WeightedTokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        const torch::Tensor& weights);
+torch::Tensor WeightedTemperatureKl(const torch::Tensor& teacher_logits,
+                                    const torch::Tensor& student_logits,
+                                    const torch::Tensor& weights, double temperature);
+
 // Mean entropy (nats) of softmax(logits) over mask positions (TENT's objective).
 torch::Tensor MeanEntropy(const torch::Tensor& logits, const torch::Tensor& mask);
 

@@ -51,6 +51,24 @@ TEST(LossesTest, TemperatureKlByHand) {
   EXPECT_NEAR(Value(TemperatureKl(teacher, teacher, mask, 2.0)), 0.0, 1e-7);
 }
 
+TEST(LossesTest, WeightedTermsAreWeightedMeansAndEqualWeightsArePlain) {
+  // Positions: p = softmax([0, 0]) -> nll ln 2; softmax([ln 3, 0]) at target 0 -> ln(4/3).
+  torch::Tensor logits = torch::tensor({{0.0f, 0.0f}, {std::log(3.0f), 0.0f}});
+  torch::Tensor targets = torch::tensor({int64_t{1}, int64_t{0}});
+  const double a = std::log(2.0), b = std::log(4.0 / 3.0);
+  EXPECT_NEAR(Value(WeightedTokenCrossEntropy(logits, targets, torch::tensor({3.0f, 1.0f}))),
+              (3 * a + b) / 4, 1e-6);
+  EXPECT_NEAR(Value(WeightedTokenCrossEntropy(logits, targets, torch::tensor({0.5f, 0.5f}))),
+              Value(TokenCrossEntropy(logits, targets)), 1e-6);
+  torch::Tensor teacher = torch::tensor({{std::log(3.0f), 0.0f}, {0.0f, 0.0f}});
+  torch::Tensor student = torch::zeros({2, 2});
+  const double kl0 = 0.75 * std::log(1.5) + 0.25 * std::log(0.5);  // position 1: 0
+  EXPECT_NEAR(Value(WeightedTemperatureKl(teacher, student, torch::tensor({1.0f, 3.0f}), 1.0)),
+              kl0 / 4, 1e-6);
+  EXPECT_NEAR(Value(WeightedTemperatureKl(teacher, student, torch::tensor({2.0f, 2.0f}), 2.0)),
+              Value(TemperatureKl(teacher, student, torch::Tensor(), 2.0)), 1e-6);
+}
+
 TEST(LossesTest, MeanEntropyByHand) {
   torch::Tensor logits = torch::tensor({{{0.0f, 0.0f}, {std::log(3.0f), 0.0f}}});
   const double h1 = -(0.75 * std::log(0.75) + 0.25 * std::log(0.25));

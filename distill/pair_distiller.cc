@@ -132,6 +132,8 @@ struct PreparedSample {
   torch::Tensor teacher_queries_present;  // [L] bool
   torch::Tensor teacher_repr;             // [P, H_t] (P = answer length, or 1 when pooled)
   torch::Tensor teacher_logits;           // [P, V] when the KL term runs
+  // Geometric mean of the teacher's probabilities of its answer's tokens (teacher-forced).
+  double teacher_confidence = 1.0;
 };
 
 int64_t FirstEos(const model::MultimodalModel& m) {
@@ -274,7 +276,16 @@ struct PairDistiller::State {
     out->teacher_queries_present = f->queries_present[0].to(device);
     torch::Tensor r = f->representation[0].narrow(0, p, a).to(device);
     out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
-    if (use_kl) out->teacher_logits = f->logits[0].narrow(0, p - 1, a).to(device);
+    const torch::Tensor answer_logits = f->logits[0].narrow(0, p - 1, a);
+    if (use_kl) out->teacher_logits = answer_logits.to(device);
+    {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor ids = torch::tensor(answer, torch::kLong).to(answer_logits.device());
+      const torch::Tensor logp = torch::log_softmax(answer_logits.to(torch::kFloat), -1)
+                                     .gather(-1, ids.unsqueeze(-1))
+                                     .squeeze(-1);
+      out->teacher_confidence = std::exp(logp.mean().item<double>());
+    }
     out->present = PresentRow(sample, device);  // what the student trains on
     if (student.reads_pixels && sample.pixels.defined()) {
       out->pixels = Row(sample.pixels.to(device, torch::kFloat));
@@ -444,7 +455,22 @@ struct PairDistiller::Job {
     // answer logits are stacked): the same means as over the whole masked [B, T, V].
     const torch::Tensor predictors = batch.targets >= 0;
     const torch::Tensor logits = f.logits.index({predictors});  // [K, V]
-    torch::Tensor ce = TokenCrossEntropy(logits, batch.targets.index({predictors}));
+    // With confidence_power: each predictor position weighs its row's teacher confidence
+    // raised to it (rows' positions are contiguous, row-major).
+    torch::Tensor weights;
+    if (s.config.confidence_power > 0) {
+      std::vector<double> row_weights;
+      for (int64_t r : rows) {
+        row_weights.push_back(std::pow(pool[r].teacher_confidence, s.config.confidence_power));
+      }
+      weights = torch::repeat_interleave(
+          torch::tensor(row_weights, torch::kDouble).to(s.device, torch::kFloat),
+          predictors.sum(1));
+    }
+    torch::Tensor ce =
+        weights.defined()
+            ? WeightedTokenCrossEntropy(logits, batch.targets.index({predictors}), weights)
+            : TokenCrossEntropy(logits, batch.targets.index({predictors}));
     torch::Tensor total = s.config.l_ce * ce;
     terms.emplace_back("ce", ce);
     if (s.UsesFeatures() && s.config.l_query > 0) {
@@ -464,8 +490,11 @@ struct PairDistiller::Job {
     if (s.use_kl) {
       std::vector<torch::Tensor> teacher_logits;
       for (int64_t r : rows) teacher_logits.push_back(pool[r].teacher_logits);
-      torch::Tensor kl =
-          TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(), s.config.temperature);
+      torch::Tensor kl = weights.defined()
+                             ? WeightedTemperatureKl(torch::cat(teacher_logits), logits, weights,
+                                                     s.config.temperature)
+                             : TemperatureKl(torch::cat(teacher_logits), logits, torch::Tensor(),
+                                             s.config.temperature);
       total = total + s.config.l_kl * kl;
       terms.emplace_back("kl", kl);
     }
@@ -589,6 +618,52 @@ void PairDistiller::StartTraining(model::NamedTensors trainable, Job* job) {
   job->cursor = job->order.size();
 }
 
+namespace {
+
+// A step's phases timed where `on` (JobOptions::phase_steps): Mark(name) synchronizes the
+// device and adds the time since the previous mark (or Start) to the phase `name`.
+class PhaseClock {
+ public:
+  PhaseClock(torch::Device device, bool on) : device_(device), on_(on) {}
+  void Start() {
+    if (!on_) return;
+    Sync();
+    last_ = Clock::now();
+  }
+  void Mark(const char* name) {
+    if (!on_) return;
+    Sync();
+    const Clock::time_point now = Clock::now();
+    phases_.emplace_back(name, std::chrono::duration<double>(now - last_).count());
+    last_ = now;
+  }
+  // Adds this step's phases to `stats` (a timed step only).
+  void AddTo(JobStats& stats) const {
+    if (!on_) return;
+    for (const auto& [name, seconds] : phases_) {
+      auto it = std::find_if(stats.phases.begin(), stats.phases.end(),
+                             [&name = name](const auto& p) { return p.first == name; });
+      if (it == stats.phases.end()) {
+        stats.phases.emplace_back(name, seconds);
+      } else {
+        it->second += seconds;
+      }
+    }
+    stats.phase_timed_steps += 1;
+  }
+
+ private:
+  void Sync() const {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  }
+  torch::Device device_;
+  bool on_;
+  Clock::time_point last_;
+  std::vector<std::pair<std::string, double>> phases_;
+};
+
+}  // namespace
+
 // The training steps of `jobs` (over one student), each step one forward pass over every
 // running job's batch. `segmented`: each job trains its own copy, which its rows read through
 // model::RowSegments; else the one job trains the student's own set.
@@ -601,6 +676,10 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
   std::vector<Job*> running = jobs;
   try {
     for (bool first = true; !running.empty(); first = false) {
+      const JobOptions& lead = running[0]->distiller->state_->options;
+      PhaseClock clock(device, lead.phase_steps > 0 && running[0]->result.stats.steps >=
+                                                           lead.max_steps - lead.phase_steps);
+      clock.Start();
       std::vector<std::vector<int64_t>> rows;
       std::vector<TextRow> text;
       std::vector<int64_t> job_of_row;
@@ -614,6 +693,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         }
       }
       TextBatch batch = CollateHfRows(text, device);
+      clock.Mark("batch");
       absl::StatusOr<model::TokenForward> f;
       if (segmented) {
         std::vector<model::NamedTensors> copies;
@@ -635,6 +715,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         f = student.ForwardTokens(batch.inputs);
       }
       if (!f.ok()) return f.status();
+      clock.Mark("forward");
       // Each job's loss depends on its own copy alone: the gradient of the sum is, for each
       // copy, that of its job's loss.
       torch::Tensor sum;
@@ -647,13 +728,17 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         sum = k == 0 ? terms[k][0].second : sum + terms[k][0].second;
         offset += n;
       }
+      clock.Mark("losses");
       for (Job* job : running) job->optimizer->zero_grad();
       sum.backward();
+      clock.Mark("backward");
+      for (Job* job : running) job->optimizer->step();
+      clock.Mark("optimizer");
       std::vector<Job*> still;
       for (size_t k = 0; k < running.size(); ++k) {
         Job& job = *running[k];
         const State& s = *job.distiller->state_;
-        job.optimizer->step();
+        clock.AddTo(job.result.stats);
         job.history.Add(terms[k]);
         JobStats& stats = job.result.stats;
         stats.steps += 1;

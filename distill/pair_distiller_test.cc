@@ -554,6 +554,78 @@ TEST(PairJobTest, ATimeBudgetEndsTheJobAfterTheStepThatUsedItUp) {
   EXPECT_FALSE(r.stats.stopped_by_budget);
 }
 
+// phase_steps: the last N steps are timed phase by phase; the job's result is the same.
+TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  const model::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> plain,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(PairJobResult untimed, plain->Run(Samples(c, 2)));
+  EXPECT_EQ(untimed.stats.phase_timed_steps, 0);
+  EXPECT_TRUE(untimed.stats.phases.empty());
+  ASSERT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+  o.phase_steps = 3;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> timed,
+                       PairDistiller::Create(teacher->side, student->side, config, o));
+  ASSERT_OK_AND_ASSIGN(PairJobResult r, timed->Run(Samples(c, 2)));
+  EXPECT_EQ(r.stats.phase_timed_steps, 3);
+  std::vector<std::string> names;
+  for (const auto& [name, seconds] : r.stats.phases) {
+    names.push_back(name);
+    EXPECT_GE(seconds, 0) << name;
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"batch", "forward", "losses", "backward", "optimizer"}));
+  ASSERT_EQ(r.trainable.size(), untimed.trainable.size());
+  for (size_t i = 0; i < r.trainable.size(); ++i) {
+    EXPECT_TRUE(torch::equal(r.trainable[i].second, untimed.trainable[i].second))
+        << r.trainable[i].first;
+  }
+}
+
+// confidence_power: a sample's CE and KL weigh the teacher's confidence in its label; at 0
+// the job is the plain one, above it the same samples train the student otherwise.
+TEST(PairJobTest, TheTeachersConfidenceWeighsItsLabels) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  JobOptions o;
+  o.max_steps = 3;
+  o.batch_size = 3;
+  o.max_answer_tokens = 3;
+  const model::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  std::vector<PairJobResult> results;
+  for (const char* spec : {"akd", "akd+confidence_power=0", "akd+confidence_power=2"}) {
+    ASSERT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+    ASSERT_OK_AND_ASSIGN(DistillConfig config, ParseLearnerSpec(spec));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                         PairDistiller::Create(teacher->side, student->side, config, o));
+    ASSERT_OK_AND_ASSIGN(PairJobResult r, job->Run(Samples(c, 3)));
+    results.push_back(std::move(r));
+  }
+  int same = 0, moved = 0;
+  for (size_t i = 0; i < results[0].trainable.size(); ++i) {
+    same += torch::equal(results[0].trainable[i].second, results[1].trainable[i].second);
+    moved += !torch::allclose(results[0].trainable[i].second, results[2].trainable[i].second, 1e-6,
+                              1e-7);
+  }
+  EXPECT_EQ(same, static_cast<int>(results[0].trainable.size()));
+  EXPECT_GT(moved, 0);
+  absl::StatusOr<DistillConfig> negative = ParseLearnerSpec("akd+confidence_power=-1");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(negative.status().message(), "confidence_power"));
+}
+
 TEST(PairJobTest, RefusesMissingCodecsAndBadOptions) {
   std::unique_ptr<Side> s = LoadSide("llava_clip_llama");
   ASSERT_OK(s->model->AddAdapters({}));
@@ -657,8 +729,13 @@ void CheckJobsTogetherEqualAlone(const std::string& variant, const model::Adapte
         // softmax takes away: its gradient is zero but for rounding, which AdamW scales up to
         // steps of the learning rate's size, so alone and together it moves by noise alone.
         if (absl::EndsWith(r.trainable[i].first, "k_proj.bias")) continue;
+        // Rows in one batch or in several reduce in other orders; through the tower's own
+        // layers (frames) the rounding that AdamW scales grows past 1e-5 on some CPUs (2.8e-5
+        // measured on an AVX-512 one). A row that read another job's values is off by ~1e-2.
         const double scale = 1.0 + want.abs().max().item<double>();
-        EXPECT_LE((have - want).abs().max().item<double>(), 1e-5 * scale) << r.trainable[i].first;
+        const double tolerance = frames ? 1e-4 : 1e-5;
+        EXPECT_LE((have - want).abs().max().item<double>(), tolerance * scale)
+            << r.trainable[i].first;
         moved += !torch::equal(want, mirrors[d][i].second);
       }
       EXPECT_GT(moved, static_cast<int>(r.trainable.size()) / 2);

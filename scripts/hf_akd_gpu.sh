@@ -88,8 +88,10 @@ fi
 # CDCCA_AKD_STEPS=N trains N steps instead of full's 200. CDCCA_AKD_JOBS=K runs cdcca's side
 # as a fleet's round: K devices' jobs over the one student, at most CDCCA_AKD_TOGETHER
 # (default 4) together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds
-# device_jobs_per_hour).
+# device_jobs_per_hour). CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each
+# side phase by phase ("phases_ms_per_step"; both sides synchronize the same way).
 side=${CDCCA_AKD_SIDE:-both}
+job+=(--phase_steps "${CDCCA_AKD_PHASE_STEPS:-10}")
 if [ "$side" != reference ]; then
   if [ -x "$decode_bench" ] && [ ! -d "$dir/student/cdcca-packed" ]; then
     "$decode_bench" --model "$dir/student" --precision int4 --device cuda --weight_pack write \

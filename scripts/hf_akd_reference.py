@@ -304,7 +304,22 @@ def run(args):
     history = {}
     temp = learner["temperature"]
     t_train = time.perf_counter()
+    phases, timed_steps = {}, 0
     for step in range(args.max_steps):
+        # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
+        timed = step >= args.max_steps - args.phase_steps
+        if timed:
+            torch.cuda.synchronize()
+            timed_steps += 1
+        last = [time.perf_counter()]
+
+        def mark(name):
+            if timed:
+                torch.cuda.synchronize()
+                now = time.perf_counter()
+                phases[name] = phases.get(name, 0.0) + now - last[0]
+                last[0] = now
+
         rows = []
         while len(rows) < min(args.batch_size, len(pool)):
             if cursor == len(order):
@@ -313,7 +328,9 @@ def run(args):
             rows.append(order[cursor])
             cursor += 1
         ids, mask, positions, targets, toks = collate(rows)
+        mark("batch")
         logits, r, q = S.forward(ids, mask, positions, toks)
+        mark("forward")
         pred = targets >= 0
         sel = logits[pred].float()
         ce = F.cross_entropy(sel, targets[pred])
@@ -333,9 +350,12 @@ def run(args):
             terms["kl"] = temp * temp * (lt.exp() * (lt - ls)).sum(-1).mean()
             total = total + learner["l_kl"] * terms["kl"]
         terms = {"total": total, **terms}
+        mark("losses")
         opt.zero_grad(set_to_none=True)
         total.backward()
+        mark("backward")
         opt.step()
+        mark("optimizer")
         for k, v in terms.items():
             history.setdefault(k, []).append(v.item())
     torch.cuda.synchronize()
@@ -353,7 +373,9 @@ def run(args):
            "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
            "train_seconds": train_seconds, "job_seconds": job_seconds,
            "train_samples_per_second": seen / train_seconds, "job_samples_per_second": seen / job_seconds,
-           "terms": summary, "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "terms": summary, "phase_timed_steps": timed_steps,
+           "phases_ms_per_step": {k: 1000 * v / max(1, timed_steps) for k, v in sorted(phases.items())},
+           "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
            "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved()}
     print(json.dumps(row), flush=True)
 
@@ -379,6 +401,8 @@ def main():
     r.add_argument("--lora_alpha", type=float, default=16.0)
     r.add_argument("--lr", type=float, default=1e-3)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--phase_steps", type=int, default=0,
+                   help="the last N steps timed phase by phase, synchronized as akd_bench --phase_steps")
     args = ap.parse_args()
     make(args) if args.mode == "make" else run(args)
 

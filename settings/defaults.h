@@ -25,6 +25,10 @@ namespace cdcca::settings {
 // Stage 1: share of answered frames kept (running entropy quantile). The headline tables and
 // the quickstart keep half.
 inline constexpr double kUtsKeepFraction = 0.5;
+// Stage 1: share of the frames stage 1 passes over that go up all the same, picked by a hash
+// of the device and the sample id: an unbiased part of the stream beside the uncertain one
+// (0 = none).
+inline constexpr double kUtsRandomShare = 0.0;
 // Stage 2: share of a kept frame's visual tokens uplinked (the paper's 50 %; Table 4 in
 // docs/RESULTS.md compares 25/50/75 % against random tokens).
 inline constexpr double kUtsTokenRatio = 0.5;
@@ -66,6 +70,9 @@ inline constexpr double kLKl = 0.5;
 inline constexpr double kTemperature = 2.0;
 inline constexpr double kReplayFraction = 0.25;  // share of each batch replayed
 inline constexpr int kReplayCapacity = 256;      // replay buffer per device, samples
+// The durable per-device pool: the newest consumed samples, kept in the sample log and
+// trained on again by every job (0 = none). Off until measured better than the replay alone.
+inline constexpr int kPoolSamples = 0;
 
 // --- When a job runs ---
 

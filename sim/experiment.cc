@@ -175,6 +175,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("uts_token_ratio", &e.uts.token_ratio));
   CDCCA_RETURN_IF_ERROR(top.Read("uts_mc_passes", &e.uts.mc_passes));
   CDCCA_RETURN_IF_ERROR(top.Read("uts_dropout", &e.uts.dropout_p));
+  CDCCA_RETURN_IF_ERROR(top.Read("uts_random_share", &e.uts.random_share));
   CDCCA_RETURN_IF_ERROR(top.Read("uplink_precision", &e.uts.precision));
   CDCCA_RETURN_IF_ERROR(top.Read("uts_score", &e.uts.score));
   CDCCA_RETURN_IF_ERROR(top.Read("max_steps", &e.job.max_steps));
@@ -190,6 +191,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("guard_confident_fraction", &e.job.guard_confident_fraction));
   CDCCA_RETURN_IF_ERROR(top.Read("guard_restore_base", &e.job.guard_restore_base));
   CDCCA_RETURN_IF_ERROR(top.Read("guard_measure", &e.job.guard_measure));
+  CDCCA_RETURN_IF_ERROR(top.Read("pool_samples", &e.job.pool_samples));
   for (const char* parsed_below : {"schedule", "cloud", "link"}) top.Known(parsed_below);
   CDCCA_RETURN_IF_ERROR(top.OnlyKnown());
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
@@ -266,6 +268,10 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
             "guard_confident_fraction", "must be in (0, 1]"));
   CDCCA_RETURN_IF_ERROR(Check(e.job.guard_min_pool >= 0, w, "guard_min_pool", "must be >= 0"));
   CDCCA_RETURN_IF_ERROR(Check(e.job.guard_pool >= 1, w, "guard_pool", "must be >= 1"));
+  CDCCA_RETURN_IF_ERROR(Check(e.uts.random_share >= 0 && e.uts.random_share < 1, w,
+                              "uts_random_share", "must be in [0, 1)"));
+  CDCCA_RETURN_IF_ERROR(Check(e.job.pool_samples >= 0 && e.job.pool_samples <= (1 << 20), w,
+                              "pool_samples", "must be 0-1048576"));
   CDCCA_RETURN_IF_ERROR(Check(e.job.guard_holdout_fraction >= 0 && e.job.guard_holdout_fraction < 1,
                               w, "guard_holdout_fraction", "must be in [0, 1)"));
   CDCCA_RETURN_IF_ERROR(Check(e.job.device == "cpu" || e.job.device == "cuda", w, "device",

@@ -75,6 +75,8 @@ struct UtsSettings {
   float token_ratio = static_cast<float>(settings::kUtsTokenRatio);      // stage 2
   int mc_passes = settings::kUtsMcPasses;
   float dropout_p = static_cast<float>(settings::kUtsDropout);
+  // Share of the frames stage 1 passes over uplinked all the same (device::UtsOptions).
+  float random_share = static_cast<float>(settings::kUtsRandomShare);
   // "jpeg" (the frame), or the kept tokens at "fp16", "int8", "int4". A file that leaves it
   // out takes its "profile"'s for the student's family (ApplyProfile).
   std::string precision = settings::ProfileDefaults(settings::kProfile, "").uplink_precision;
@@ -112,6 +114,8 @@ struct JobSettings {
   double guard_confident_fraction = settings::kGuardConfidentFraction;
   bool guard_restore_base = settings::kGuardRestoreBase;
   std::string guard_measure = settings::kGuardMeasure;
+  // The durable pool per device (cdcca-cloud's --pool_samples).
+  int pool_samples = settings::kPoolSamples;
 };
 
 // Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"

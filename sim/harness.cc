@@ -69,6 +69,7 @@ absl::StatusOr<MethodPlan> PlanFor(const std::string& full_name, const Experimen
   p.uts.token_ratio = e.uts.token_ratio;
   p.uts.mc_passes = e.uts.mc_passes;
   p.uts.dropout_p = e.uts.dropout_p;
+  p.uts.random_share = e.uts.random_share;
   // Validated when the experiment was read.
   p.uts.precision =
       compress::ParseFeaturePrecision(e.uts.precision).value_or(compress::FeaturePrecision::kFp16);
@@ -497,6 +498,7 @@ absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experim
   po.guard.pool_capacity = static_cast<size_t>(e.job.guard_pool);
   po.guard.confident_fraction = e.job.guard_confident_fraction;
   po.guard.restore_base = e.job.guard_restore_base;
+  po.pool_samples = static_cast<size_t>(e.job.pool_samples);
   absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
   if (!m.ok()) return m.status();
   po.guard.measure = *m;
@@ -1022,6 +1024,7 @@ absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e, const std::st
                       {"uts_token_ratio", decimal(plan->uts.token_ratio)},
                       {"uts_mc_passes", plan->uts.mc_passes},
                       {"uts_dropout", decimal(plan->uts.dropout_p)},
+                      {"uts_random_share", decimal(plan->uts.random_share)},
                       {"uplink_precision", e.uts.precision},
                       {"student_precision", ro.precision},
                       {"lora_rank", ro.lora_rank},
@@ -1032,6 +1035,7 @@ absl::StatusOr<std::string> RoundSettingsJson(const Experiment& e, const std::st
                       {"lora_vision", ro.lora_vision},
                       {"bits_per_param", po->bits_per_param},
                       {"replay_capacity", po->replay_capacity},
+                      {"pool_samples", po->pool_samples},
                       {"guard", po->guard.enabled},
                       {"guard_holdout_fraction", po->guard.holdout_fraction},
                       {"guard_pool", po->guard.pool_capacity},

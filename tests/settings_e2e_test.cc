@@ -128,9 +128,10 @@ void SettingsTest::ExpectSameSettings(const nlohmann::json& sim, const nlohmann:
     }
   }
   // The settings a device and its cloud must agree on are reported by both.
-  for (const char* key : {"profile", "uts_keep_fraction", "uts_token_ratio", "uts_mc_passes",
-                          "student_precision", "lora_rank", "lora_alpha", "lora_mlp",
-                          "lora_qformer", "lora_projector", "lora_vision", "max_answer_tokens"}) {
+  for (const char* key :
+       {"profile", "uts_keep_fraction", "uts_token_ratio", "uts_mc_passes", "uts_random_share",
+        "student_precision", "lora_rank", "lora_alpha", "lora_mlp", "lora_qformer",
+        "lora_projector", "lora_vision", "max_answer_tokens"}) {
     EXPECT_TRUE(cloud.contains(key) && device.contains(key)) << key;
   }
 }

@@ -168,6 +168,9 @@ ABSL_FLAG(int64_t, device_quota_mib, 1024,
           "file's samples are");
 ABSL_FLAG(int64_t, replay_capacity, cdcca::settings::kReplayCapacity,
           "replay buffer per device, samples (0 = none)");
+ABSL_FLAG(int64_t, pool_samples, cdcca::settings::kPoolSamples,
+          "durable pool per device, samples: the newest samples its jobs trained on, kept in "
+          "the sample log and trained on again by every job (0 = none)");
 ABSL_FLAG(int64_t, max_resident_mirrors, 64,
           "most devices whose mirror and replay buffer stay in memory between jobs (least "
           "recently used evicted first; an evicted device reloads from its state file, its "
@@ -226,6 +229,9 @@ ABSL_FLAG(
     "UTS setting sent to devices: fraction of visual tokens stage 2 keeps (0 = device default)");
 ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
           "UTS setting sent to devices: MC-dropout passes (0 = device default)");
+ABSL_FLAG(double, uts_random_share, cdcca::settings::kUtsRandomShare,
+          "UTS setting sent to devices: share of the frames stage 1 passes over that go up all "
+          "the same (0 = device default)");
 ABSL_FLAG(std::string, status_file, "",
           "write health and per-device training state as JSON here every --status_interval_s");
 ABSL_FLAG(double, status_interval_s, 2, "how often --status_file is rewritten");
@@ -299,6 +305,7 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
   so.bits_per_param = absl::GetFlag(FLAGS_bits_per_param);
   so.replay_capacity =
       static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_replay_capacity)));
+  so.pool_samples = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_pool_samples)));
   so.max_resident_mirrors =
       static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_max_resident_mirrors)));
   so.max_jobs_together = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_max_jobs_together)));
@@ -353,6 +360,7 @@ absl::StatusOr<ProgramOptions> OptionsFromFlags() {
   svc.uts.set_keep_fraction(static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction)));
   svc.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
   svc.uts.set_mc_passes(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_uts_mc_passes))));
+  svc.uts.set_random_share(static_cast<float>(absl::GetFlag(FLAGS_uts_random_share)));
   // The guard's flags are read on every role, so a front role tells devices the share the
   // trainer role holds out when both are started with the same --guard flags.
   svc.guard_holdout_fraction =

@@ -144,6 +144,8 @@ ABSL_FLAG(double, uts_token_ratio, cdcca::settings::kUtsTokenRatio,
           "local default: fraction of visual tokens UTS stage 2 keeps");
 ABSL_FLAG(int, uts_mc_passes, cdcca::settings::kUtsMcPasses,
           "local default: MC-dropout passes of UTS stage 2");
+ABSL_FLAG(double, uts_random_share, cdcca::settings::kUtsRandomShare,
+          "local default: share of the frames UTS stage 1 passes over that go up all the same");
 ABSL_FLAG(double, uts_dropout, cdcca::settings::kUtsDropout,
           "rate of UTS stage 2's element-wise dropout on the visual tokens in each pass");
 ABSL_FLAG(std::string, uplink_precision, "",
@@ -354,6 +356,10 @@ absl::StatusOr<cdcca::device::UtsOptions> UtsFromFlags() {
   uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   uts.token_ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
   uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
+  uts.random_share = static_cast<float>(absl::GetFlag(FLAGS_uts_random_share));
+  if (!(uts.random_share >= 0 && uts.random_share < 1)) {
+    return absl::InvalidArgumentError("--uts_random_share must be in [0, 1)");
+  }
   uts.dropout_p = static_cast<float>(absl::GetFlag(FLAGS_uts_dropout));
   absl::StatusOr<cdcca::compress::FeaturePrecision> precision = UplinkPrecisionFlag();
   if (!precision.ok()) return precision.status();

@@ -26,6 +26,8 @@ void DeviceMirror::Clear() {
   replay.reset();
   holdout.clear();
   holdout_built = false;
+  pool.clear();
+  pool_built = false;
   quarantine = QuarantineLog();
   loaded = false;
 }

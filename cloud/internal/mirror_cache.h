@@ -12,9 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -44,6 +46,11 @@ struct DeviceMirror {
   // the sample log at the first job after a load.
   HoldoutPool holdout;
   bool holdout_built = false;
+  // The durable pool (pool_samples): the newest trained samples up to `consumed`, each with
+  // its batch's sequence, oldest first; built from the sample log at the first job after a
+  // load.
+  std::deque<std::pair<uint64_t, compress::UplinkSample>> pool;
+  bool pool_built = false;
   QuarantineLog quarantine;
   // Jobs that failed in training at cursor `failed_cursor`, in a row (not persisted).
   uint64_t failed_cursor = 0;

@@ -31,7 +31,7 @@
 //       [--distill_config configs/distill/akd.json] [--teacher_precision bf16]
 //       [--student_precision int4] [--device cuda] [--lora_rank 8] [--lora_alpha 16]
 //       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32]
-//       [--jobs 1] [--max_jobs_together 4]
+//       [--jobs 1] [--max_jobs_together 4] [--phase_steps 0]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -71,6 +71,10 @@ ABSL_FLAG(int, batch_size, cdcca::settings::kBatchSize, "batch size");
 ABSL_FLAG(int, max_answer_tokens, 32,
           "the teacher's answer length bound, tokens; the documented job's 32 (rows of 648 LM "
           "positions, as the reference is timed at), where the programs' default is 6");
+ABSL_FLAG(int, phase_steps, 0,
+          "the job's last N steps timed phase by phase, the device synchronized between phases "
+          "(\"phases\" in the line: ms per step of batch, forward, losses, backward, optimizer); "
+          "those steps lose the overlap of host and device work");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
 ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
@@ -111,6 +115,7 @@ int Run() {
   job.max_steps = absl::GetFlag(FLAGS_max_steps);
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
+  job.phase_steps = absl::GetFlag(FLAGS_phase_steps);
 
   absl::StatusOr<model::SafetensorsContents> inputs =
       model::ReadSafetensors(absl::GetFlag(FLAGS_inputs));
@@ -205,6 +210,10 @@ int Run() {
   for (const LossTerm& t : result->stats.terms) {
     terms[t.name] = {{"first", t.first}, {"last", t.last}, {"mean", t.mean}};
   }
+  json phases = json::object();
+  for (const auto& [name, seconds] : result->stats.phases) {
+    phases[name] = 1000.0 * seconds / std::max(1, result->stats.phase_timed_steps);
+  }
   int64_t answer_tokens = 0;
   for (const std::string& label : result->pseudo_labels) {
     std::vector<absl::string_view> words = absl::StrSplit(label, ' ', absl::SkipEmpty());
@@ -233,6 +242,8 @@ int Run() {
       {"max_jobs_together", together},
       {"device_jobs_per_hour", devices * 3600.0 / job_seconds},
       {"terms", terms},
+      {"phase_timed_steps", result->stats.phase_timed_steps},
+      {"phases_ms_per_step", phases},
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},
   };
