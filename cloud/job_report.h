@@ -61,6 +61,10 @@ struct JobReport {
   // whether it won by the guard's rule, so that the device went back to the base as a new
   // version (new_version, state_digest are then the restored state's).
   GuardVerdict base_guard;
+  // With update_withheld and PerDeviceStrategyOptions::report_withheld_state: the trainable
+  // state the withheld update would have given the device (safetensors), for measuring what
+  // the guard's decision cost or saved (the experiments' harness).
+  std::string withheld_state;
   bool restored_base = false;
 };
 

@@ -894,7 +894,14 @@ struct PerDeviceStrategy::Impl {
       report.guard = *verdict;
     }
     JoinPool(d, split, rejected);
-    if (!report.guard.ship) return Withheld(id, d, in, split, std::move(pool), report);
+    if (!report.guard.ship) {
+      if (options.report_withheld_state) {
+        absl::StatusOr<std::string> state = model::EncodeSafetensors(next.state, {});
+        if (!state.ok()) return state.status();
+        report.withheld_state = *std::move(state);
+      }
+      return Withheld(id, d, in, split, std::move(pool), report);
+    }
 
     if (absl::Status s = Quarantine(id, d, in.quarantine); !s.ok()) return s;
     if (absl::Status s = CommitVersion(id, d, next, report.last_sequence); !s.ok()) return s;

@@ -179,6 +179,10 @@ struct PerDeviceStrategyOptions {
   // The update guard (cloud/update_guard.h): held-out samples per device, and the rule that
   // withholds an update that does not raise their agreement with the teacher beyond noise.
   UpdateGuardOptions guard;
+  // Each withheld job's report carries the state its update would have given the device
+  // (JobReport::withheld_state): the harness measures what withholding it did. Off in the
+  // programs.
+  bool report_withheld_state = false;
   // Tests: runs before each job's training; an error fails that training as a learner's
   // error would. (Crashes at a chosen step are the Env's: storage/exit_at_env.h.)
   std::function<absl::Status(const std::string& device_id)> before_training;

@@ -279,6 +279,46 @@ void Record(Score score, DeviceRound& r) {
   r.captions = std::move(score.captions);
 }
 
+// The device scored with the state a withheld update would have given it (`withheld`, empty:
+// none), then put back as it was: `r` gets that score and its paired gain over r's own.
+// `evaluate` scores the runtime as it is into its argument.
+absl::Status MeasureWithheld(const std::string& withheld, device::InferenceRuntime& runtime,
+                             const std::function<absl::Status(DeviceRound&)>& evaluate,
+                             DeviceRound& r) {
+  if (withheld.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> own = runtime.SaveTrainableState();
+  if (!own.ok()) return own.status();
+  const uint64_t version = runtime.version();
+  const uint64_t own_digest = runtime.StateDigest();
+  if (absl::Status s = runtime.LoadTrainableState(withheld, version); !s.ok()) return s;
+  r.withheld_state_digest = runtime.StateDigest();
+  DeviceRound with;
+  absl::Status scored = evaluate(with);
+  if (absl::Status s = runtime.LoadTrainableState(*own, version); !s.ok()) return s;
+  if (!scored.ok()) return scored;
+  if (runtime.StateDigest() != own_digest) {
+    return absl::InternalError(
+        "the device's state did not come back after scoring a withheld update");
+  }
+  r.withheld_measured = true;
+  r.withheld_da = with.da;
+  r.withheld_gain = with.da - r.da;
+  const size_t n = std::min(with.question_da.size(), r.question_da.size());
+  if (n > 1) {
+    double mean = 0, sq = 0;
+    for (size_t q = 0; q < n; ++q) mean += with.question_da[q] - r.question_da[q];
+    mean /= static_cast<double>(n);
+    for (size_t q = 0; q < n; ++q) {
+      const double d = with.question_da[q] - r.question_da[q] - mean;
+      sq += d * d;
+    }
+    // Points of DA, as da is.
+    r.withheld_gain_se =
+        100.0 * std::sqrt(sq / static_cast<double>(n - 1) / static_cast<double>(n));
+  }
+  return absl::OkStatus();
+}
+
 // What a device-side method (TENT, CoTTA) trains on: the answer with every token, made as
 // the device step makes an uplink sample.
 absl::StatusOr<compress::UplinkSample> AllTokensSample(const device::AnswerResult& a, uint64_t id) {
@@ -499,6 +539,7 @@ absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experim
   po.guard.confident_fraction = e.job.guard_confident_fraction;
   po.guard.restore_base = e.job.guard_restore_base;
   po.pool_samples = static_cast<size_t>(e.job.pool_samples);
+  po.report_withheld_state = true;  // what a withheld update would have done is measured
   absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
   if (!m.ok()) return m.status();
   po.guard.measure = *m;
@@ -740,14 +781,16 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     for (unsigned char ch : label) h = h * 1099511628211ull + ch;
     return Generators(e, e.DomainFor(device, round), round, test_images, ds::Split::kTest, h);
   };
-  auto evaluate = [&](int i, int round, DeviceRound& r) -> absl::Status {
-    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluating"));
+  // `step`: the evaluation is one of the run's counted steps (a withheld update's is not).
+  auto evaluate = [&](int i, int round, DeviceRound& r, bool step = true) -> absl::Status {
+    const std::string what = step ? "" : " with its withheld update";
+    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluating", what));
     auto gen = eval_gen(i, round);
     if (!gen.ok()) return gen.status();
     auto score = Evaluate(e, *devices[static_cast<size_t>(i)].runtime, *gen);
     if (!score.ok()) return score.status();
     Record(*std::move(score), r);
-    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluated"), true);
+    progress(absl::StrCat("round ", r.round, " device ", i, ": evaluated", what), step);
     return absl::OkStatus();
   };
 
@@ -778,6 +821,8 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
     std::vector<DeviceRound> rows(static_cast<size_t>(e.devices));
     std::vector<uint64_t> acked_before(static_cast<size_t>(e.devices), 0);
     std::vector<uint64_t> acked_after(static_cast<size_t>(e.devices), 0);
+    // The states withheld updates would have given the devices (empty: none withheld).
+    std::vector<std::string> withheld_states(static_cast<size_t>(e.devices));
     // 1-2. Every device streams its frames (UTS queues the kept samples) while its link
     // thread uplinks them; the device is done when all of them are acked durable. Devices
     // run at once.
@@ -944,6 +989,9 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
           r.guard_pool = it->second.guard.pool;
           r.guard_before = it->second.guard.before;
           r.guard_after = it->second.guard.after;
+          if (it->second.update_withheld) {
+            withheld_states[static_cast<size_t>(i)] = std::move(it->second.withheld_state);
+          }
         }
         const device::AgentStats st = d.agent->Stats();
         r.downlink_seconds =
@@ -964,7 +1012,13 @@ absl::StatusOr<MethodResult> RunMethod(const Experiment& e, const std::string& m
                                          const Device& d = devices[static_cast<size_t>(i)];
                                          r.version = d.runtime->version();
                                          r.state_digest = d.runtime->StateDigest();
-                                         return absl::OkStatus();
+                                         return MeasureWithheld(
+                                             withheld_states[static_cast<size_t>(i)], *d.runtime,
+                                             [&](DeviceRound& scratch) {
+                                               scratch.round = r.round;
+                                               return evaluate(i, round, scratch, /*step=*/false);
+                                             },
+                                             r);
                                        });
         !s.ok()) {
       return s;

@@ -84,10 +84,18 @@ struct DeviceRound {
   bool restored_base = false;  // withheld, and the device went back to the pretrained base
   int64_t guard_pool = 0;
   double guard_before = 0, guard_after = 0;
-  uint64_t version = 0;       // model version the device runs after the round
-  uint64_t state_digest = 0;  // of the device's trainable set after the round
-  bool in_sync = true;        // device digest == cloud mirror digest
-  double answer_ms = 0;       // mean per-frame answer latency on the device
+  // A withheld update measured all the same (cloud jobs with the guard): the device's score
+  // on the round's evaluation questions with the update it did not get, and that minus its
+  // score as it is (paired over the questions, with the difference's standard error).
+  bool withheld_measured = false;
+  double withheld_da = 0;
+  double withheld_gain = 0;
+  double withheld_gain_se = 0;
+  uint64_t withheld_state_digest = 0;  // of the state the withheld update would have given
+  uint64_t version = 0;                // model version the device runs after the round
+  uint64_t state_digest = 0;           // of the device's trainable set after the round
+  bool in_sync = true;                 // device digest == cloud mirror digest
+  double answer_ms = 0;                // mean per-frame answer latency on the device
 };
 
 struct MethodResult {

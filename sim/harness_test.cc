@@ -215,8 +215,19 @@ TEST_F(HarnessTest, GuardIsReportedPerRound) {
     EXPECT_TRUE(r.update_withheld);
     EXPECT_EQ(r.downlink_payload_bytes, 0u);
     EXPECT_EQ(r.version, 0u);
+    // The device was put back after being scored with the update it did not get: it is in
+    // sync with its mirror again at the next round.
     EXPECT_TRUE(r.in_sync);
     withheld += r.update_withheld ? 1 : 0;
+    // What the withheld update would have done is measured on the same questions.
+    EXPECT_TRUE(r.withheld_measured);
+    EXPECT_GE(r.withheld_da, 0.0);
+    EXPECT_LE(r.withheld_da, 100.0);
+    EXPECT_NEAR(r.withheld_gain, r.withheld_da - r.da, 1e-9);
+    EXPECT_GE(r.withheld_gain_se, 0.0);
+    // It was the update's state the device was scored with, not its own.
+    EXPECT_NE(r.withheld_state_digest, r.state_digest);
+    EXPECT_NE(r.withheld_state_digest, 0u);
   }
   EXPECT_EQ(withheld, e.devices * e.rounds);
   ASSERT_OK(WriteReport(run, dir_.path() + "/report"));
@@ -224,6 +235,7 @@ TEST_F(HarnessTest, GuardIsReportedPerRound) {
   const nlohmann::json results =
       nlohmann::json::parse(ReadText(dir_.path() + "/report/results.json"));
   EXPECT_EQ(results["methods"][0]["updates_withheld_per_round"], nlohmann::json({2.0, 2.0}));
+  EXPECT_EQ(results["methods"][0]["rounds"][2]["withheld_measured"], true);
 }
 
 // "teacher": the devices answer with the family's teacher/ folder, never adapted, no cloud;

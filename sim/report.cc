@@ -702,6 +702,10 @@ absl::Status WriteReport(const RunResult& run, const std::string& dir) {
            {"answer_ms", r.answer_ms},
            {"update_withheld", r.update_withheld},
            {"restored_base", r.restored_base},
+           {"withheld_measured", r.withheld_measured},
+           {"withheld_da", r.withheld_da},
+           {"withheld_gain", r.withheld_gain},
+           {"withheld_gain_se", r.withheld_gain_se},
            {"guard",
             {{"pool", r.guard_pool}, {"before", r.guard_before}, {"after", r.guard_after}}}});
       if (!r.captions.empty()) {

@@ -62,6 +62,7 @@ class ProgressBar {
  public:
   ProgressBar() : tty_(isatty(2) != 0), start_(std::chrono::steady_clock::now()) {}
   void Update(const std::string& what, double fraction) {
+    fraction = std::clamp(fraction, 0.0, 1.0);
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const int width = 30;
