@@ -276,6 +276,17 @@ TEST(ExperimentTest, TheProfilePicksWhatTheFileLeavesOutByFamily) {
                       "v.json"));
   EXPECT_TRUE(e.lora_vision);
   EXPECT_EQ(e.uts.precision, "jpeg");
+  // More of the stream: the pool and the random share, read under the programs' names and
+  // refused out of range.
+  ASSERT_OK_AND_ASSIGN(e, ParseExperiment("{" + base + R"(, "pool_samples": 1024,
+                                              "uts_random_share": 0.2})",
+                                          "m.json"));
+  EXPECT_EQ(e.job.pool_samples, 1024);
+  EXPECT_FLOAT_EQ(e.uts.random_share, 0.2f);
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "pool_samples": -1})", "m.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool_samples")));
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "uts_random_share": 1})", "m.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("uts_random_share")));
   EXPECT_THAT(ParseExperiment("{" + base + R"(, "profile": "papr"})", "b.json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("profile")));
 }
