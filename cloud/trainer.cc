@@ -381,74 +381,28 @@ struct PerDeviceStrategy::Impl {
     }
   }
 
-  // Builds d.holdout once after a load: the held-out samples of the device's batches up to
-  // the cursor, read back from the sample log in spans that double from the cursor down
-  // until the pool is full or the log's start is reached. Batches that do not decode are
-  // passed over, as the jobs passed over them. Caller holds d.mu.
-  absl::Status BuildHoldout(const std::string& id, DeviceMirror& d) {
-    if (d.holdout_built) return absl::OkStatus();
-    HoldoutPool pool;
-    uint64_t to = d.consumed;
+  // Reads the device's batches up to `to` back from the sample log into `pool` (oldest first),
+  // newest first in spans that double from `to` down, until `pool` holds `capacity` entries or
+  // the log's start is reached; the oldest beyond `capacity` are dropped. Each batch that
+  // decodes goes to take(sequence, batch, older), which appends what it keeps of it to `older`
+  // (that span's entries). Batches that do not decode are passed over, as the jobs passed over
+  // them.
+  template <typename Pool, typename Take>
+  absl::Status ReadBack(const std::string& id, uint64_t to, size_t capacity, Pool& pool,
+                        Take take) const {
     uint64_t span = 16;
-    while (options.guard.enabled && to >= 1 && pool.size() < options.guard.pool_capacity) {
+    while (to >= 1 && pool.size() < capacity) {
       const uint64_t from = to > span ? to - span + 1 : 1;
       absl::StatusOr<StoredBatches> stored =
           samples->ReadEach(id, from, static_cast<size_t>(to - from + 1));
       if (!stored.ok()) return stored.status();
-      HoldoutPool older;
+      Pool older;
       for (const store::v1::SampleRecord& r : stored->records) {
         const uint64_t seq = r.batch().sequence();
         if (seq > to) break;
         absl::StatusOr<CheckedBatch> checked =
             DecodeCheckedPayload(r.batch().payload(), trainer->spec());
-        if (checked.ok()) SplitHeldOut(id, seq, checked->samples, nullptr, &older);
-      }
-      pool.insert(pool.begin(), older.begin(), older.end());
-      if (from == 1) break;
-      to = from - 1;
-      span *= 2;
-    }
-    while (pool.size() > options.guard.pool_capacity) pool.pop_front();
-    d.holdout = std::move(pool);
-    d.holdout_built = true;
-    return absl::OkStatus();
-  }
-
-  // Builds d.pool once after a load: the training samples (not held out, usable) of the
-  // device's batches up to the cursor, newest first, until pool_samples are found or the
-  // log's start is reached; read back in spans that double from the cursor down. Batches
-  // that do not decode, and those the quarantine file's recent entries name whole, are passed
-  // over, as the jobs passed over them. Caller holds d.mu.
-  absl::Status BuildPool(const std::string& id, DeviceMirror& d) {
-    if (d.pool_built) return absl::OkStatus();
-    std::deque<std::pair<uint64_t, compress::UplinkSample>> pool;
-    uint64_t to = d.consumed;
-    uint64_t span = 16;
-    while (options.pool_samples > 0 && to >= 1 && pool.size() < options.pool_samples) {
-      const uint64_t from = to > span ? to - span + 1 : 1;
-      absl::StatusOr<StoredBatches> stored =
-          samples->ReadEach(id, from, static_cast<size_t>(to - from + 1));
-      if (!stored.ok()) return stored.status();
-      std::deque<std::pair<uint64_t, compress::UplinkSample>> older;
-      for (const store::v1::SampleRecord& r : stored->records) {
-        const uint64_t seq = r.batch().sequence();
-        if (seq > to) break;
-        if (std::any_of(
-                d.quarantine.recent.begin(), d.quarantine.recent.end(),
-                [seq](const QuarantineEntry& e) { return e.whole_batch && e.sequence == seq; })) {
-          continue;
-        }
-        absl::StatusOr<CheckedBatch> checked =
-            DecodeCheckedPayload(r.batch().payload(), trainer->spec());
-        if (!checked.ok()) continue;
-        for (compress::UplinkSample& s : checked->samples) {
-          if (options.guard.enabled &&
-              compress::IsHeldOutSample(id, s.sample_id, options.guard.holdout_fraction)) {
-            continue;
-          }
-          if (!trainer->CheckSample(s).ok()) continue;
-          older.emplace_back(seq, std::move(s));
-        }
+        if (checked.ok()) take(seq, *checked, older);
       }
       pool.insert(pool.begin(), std::make_move_iterator(older.begin()),
                   std::make_move_iterator(older.end()));
@@ -456,7 +410,52 @@ struct PerDeviceStrategy::Impl {
       to = from - 1;
       span *= 2;
     }
-    while (pool.size() > options.pool_samples) pool.pop_front();
+    while (pool.size() > capacity) pool.pop_front();
+    return absl::OkStatus();
+  }
+
+  // Builds d.holdout once after a load: the held-out samples of the device's batches up to
+  // the cursor (ReadBack). Caller holds d.mu.
+  absl::Status BuildHoldout(const std::string& id, DeviceMirror& d) {
+    if (d.holdout_built) return absl::OkStatus();
+    HoldoutPool pool;
+    absl::Status read =
+        ReadBack(id, d.consumed, options.guard.enabled ? options.guard.pool_capacity : 0, pool,
+                 [&](uint64_t seq, CheckedBatch& batch, HoldoutPool& older) {
+                   SplitHeldOut(id, seq, batch.samples, nullptr, &older);
+                 });
+    if (!read.ok()) return read;
+    d.holdout = std::move(pool);
+    d.holdout_built = true;
+    return absl::OkStatus();
+  }
+
+  // Builds d.pool once after a load: the training samples (not held out, usable) of the
+  // device's batches up to the cursor, newest first, until pool_samples are found or the
+  // log's start is reached (ReadBack); batches the quarantine file's recent entries name whole
+  // are passed over too. Caller holds d.mu.
+  absl::Status BuildPool(const std::string& id, DeviceMirror& d) {
+    if (d.pool_built) return absl::OkStatus();
+    using Pool = std::deque<std::pair<uint64_t, compress::UplinkSample>>;
+    Pool pool;
+    absl::Status read = ReadBack(
+        id, d.consumed, options.pool_samples, pool,
+        [&](uint64_t seq, CheckedBatch& batch, Pool& older) {
+          if (std::any_of(
+                  d.quarantine.recent.begin(), d.quarantine.recent.end(),
+                  [seq](const QuarantineEntry& e) { return e.whole_batch && e.sequence == seq; })) {
+            return;
+          }
+          for (compress::UplinkSample& sample : batch.samples) {
+            if (options.guard.enabled &&
+                compress::IsHeldOutSample(id, sample.sample_id, options.guard.holdout_fraction)) {
+              continue;
+            }
+            if (!trainer->CheckSample(sample).ok()) continue;
+            older.emplace_back(seq, std::move(sample));
+          }
+        });
+    if (!read.ok()) return read;
     d.pool = std::move(pool);
     d.pool_built = true;
     return absl::OkStatus();

@@ -48,13 +48,23 @@ torch::Tensor SoftCrossEntropy(const torch::Tensor& logits, const torch::Tensor&
   return MaskedMean(ce, MaskOf(ce.unsqueeze(-1), mask));
 }
 
-torch::Tensor TemperatureKl(const torch::Tensor& teacher_logits,
-                            const torch::Tensor& student_logits, const torch::Tensor& mask,
-                            double temperature) {
+namespace {
+
+// KL(teacher || student) per position at `temperature` (not yet scaled by its square).
+torch::Tensor PositionKl(const torch::Tensor& teacher_logits, const torch::Tensor& student_logits,
+                         double temperature) {
   TORCH_CHECK(temperature > 0, "TemperatureKl: temperature must be positive");
   torch::Tensor lt = torch::log_softmax(teacher_logits / temperature, -1);
   torch::Tensor ls = torch::log_softmax(student_logits / temperature, -1);
-  torch::Tensor kl = (lt.exp() * (lt - ls)).sum(-1);
+  return (lt.exp() * (lt - ls)).sum(-1);
+}
+
+}  // namespace
+
+torch::Tensor TemperatureKl(const torch::Tensor& teacher_logits,
+                            const torch::Tensor& student_logits, const torch::Tensor& mask,
+                            double temperature) {
+  torch::Tensor kl = PositionKl(teacher_logits, student_logits, temperature);
   return temperature * temperature * MaskedMean(kl, MaskOf(kl.unsqueeze(-1), mask));
 }
 
@@ -69,10 +79,7 @@ torch::Tensor WeightedTokenCrossEntropy(const torch::Tensor& logits, const torch
 torch::Tensor WeightedTemperatureKl(const torch::Tensor& teacher_logits,
                                     const torch::Tensor& student_logits,
                                     const torch::Tensor& weights, double temperature) {
-  TORCH_CHECK(temperature > 0, "WeightedTemperatureKl: temperature must be positive");
-  torch::Tensor lt = torch::log_softmax(teacher_logits / temperature, -1);
-  torch::Tensor ls = torch::log_softmax(student_logits / temperature, -1);
-  torch::Tensor kl = (lt.exp() * (lt - ls)).sum(-1);
+  torch::Tensor kl = PositionKl(teacher_logits, student_logits, temperature);
   torch::Tensor w = weights.to(kl.dtype());
   return temperature * temperature * (kl * w).sum() / w.sum().clamp_min(1e-12);
 }

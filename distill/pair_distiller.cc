@@ -278,7 +278,7 @@ struct PairDistiller::State {
     out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
     const torch::Tensor answer_logits = f->logits[0].narrow(0, p - 1, a);
     if (use_kl) out->teacher_logits = answer_logits.to(device);
-    {
+    if (config.confidence_power > 0) {  // a read back from the device per sample: only if used
       torch::NoGradGuard no_grad;
       const torch::Tensor ids = torch::tensor(answer, torch::kLong).to(answer_logits.device());
       const torch::Tensor logp = torch::log_softmax(answer_logits.to(torch::kFloat), -1)

@@ -9,26 +9,11 @@ over it and B minus A. Then per shift and over every run, the means and B minus 
 across runs.
 """
 import json
-import math
 import pathlib
 import sys
 
-
-def gain(report, arm, learner):
-    for row in report["rows"]:
-        if row["arm"] == arm and row["learner"] == learner:
-            return row["gain"]
-    return float("nan")
-
-
-def mean_se(values):
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return float("nan"), float("nan")
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, float("nan")
-    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+# One definition of a row's gain and of a mean with its SE across runs.
+from vision_side_summary import gain, mean_se
 
 
 def main():
