@@ -96,6 +96,12 @@ TEST(ProgramsHelpTest, AMisspeltFlagIsRefusedNamingTheNearestKnownOne) {
                                    " --config=" + config.string() + " --print_config");
   EXPECT_NE(cloud.exit_code, 0);
   EXPECT_THAT(cloud.output, HasSubstr("did you mean 'trigger_samples'?"));
+  // A UTS setting every device would refuse at Register is refused at the start.
+  const Outcome share = RunProgram(
+      std::string(CDCCA_CLOUD_BINARY) + " --uts_random_share=1.5 --insecure --data_dir=" +
+      (std::filesystem::path(::testing::TempDir()) / "share").string());
+  EXPECT_NE(share.exit_code, 0);
+  EXPECT_THAT(share.output, HasSubstr("--uts_random_share must be in [0, 1)"));
 #endif
 }
 
@@ -168,7 +174,7 @@ TEST(DeviceHubFolderTest, AnswersAsTransformersOfflineAndInTheLoop) {
   ASSERT_TRUE(std::getline(int4_answers, line));
   EXPECT_LT(nlohmann::json::parse(line)["uplink_bytes"].get<int64_t>(), fp16_bytes);
   for (const std::string flag : {"--uts_dropout=1.5", "--uts_mc_passes=0", "--uts_token_ratio=0",
-                                 "--uplink_precision=int2"}) {
+                                 "--uts_random_share=1", "--uplink_precision=int2"}) {
     const Outcome refused = RunProgram(base + " " + flag + " --output=/dev/null");
     EXPECT_NE(refused.exit_code, 0) << flag;
     EXPECT_THAT(refused.output, HasSubstr(flag.substr(2, flag.find('=') - 2))) << flag;

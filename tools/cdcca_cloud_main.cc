@@ -360,7 +360,12 @@ absl::StatusOr<ProgramOptions> OptionsFromFlags() {
   svc.uts.set_keep_fraction(static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction)));
   svc.uts.set_token_ratio(static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio)));
   svc.uts.set_mc_passes(static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_uts_mc_passes))));
-  svc.uts.set_random_share(static_cast<float>(absl::GetFlag(FLAGS_uts_random_share)));
+  const double random_share = absl::GetFlag(FLAGS_uts_random_share);
+  if (!(random_share >= 0 && random_share < 1)) {
+    // A device would refuse it at every Register: say so at the start instead.
+    return absl::InvalidArgumentError("--uts_random_share must be in [0, 1)");
+  }
+  svc.uts.set_random_share(static_cast<float>(random_share));
   // The guard's flags are read on every role, so a front role tells devices the share the
   // trainer role holds out when both are started with the same --guard flags.
   svc.guard_holdout_fraction =
