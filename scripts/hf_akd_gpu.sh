@@ -43,7 +43,7 @@ if [ "$mode" = tiny ] || [ "$mode" = round-tiny ]; then
     --max_answer_tokens 8 --bits_per_param 8)
 else
   shapes=(--teacher llava-1.5-13b --student llava-1.5-7b --samples 64 --prompt_tokens 40)
-  job=(--max_steps "${CDCCA_AKD_STEPS:-200}" --batch_size 16 --max_answer_tokens 32 --lora_rank 8 --lora_alpha 16)
+  job=(--max_steps "${CDCCA_AKD_STEPS:-200}" --batch_size "${CDCCA_AKD_BATCH:-16}" --max_answer_tokens 32 --lora_rank 8 --lora_alpha 16)
   round=(--frames 32 --max_steps 40 --batch_size 8 --teacher_max_answer_tokens 32
     --max_answer_tokens 16)
 fi
@@ -85,11 +85,12 @@ fi
 # pack` writes it), so that the job's load reads them packed instead of quantizing 7B floats.
 # CDCCA_AKD_SIDE=cdcca or reference runs one side only (two device calls where one call's time
 # limit is shorter than both together; the folders and inputs in DIR are reused).
-# CDCCA_AKD_STEPS=N trains N steps instead of full's 200. CDCCA_AKD_JOBS=K runs cdcca's side
-# as a fleet's round: K devices' jobs over the one student, at most CDCCA_AKD_TOGETHER
-# (default 4) together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds
-# device_jobs_per_hour). CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each
-# side phase by phase ("phases_ms_per_step"; both sides synchronize the same way).
+# CDCCA_AKD_STEPS=N trains N steps instead of full's 200, CDCCA_AKD_BATCH=B batches B instead
+# of 16 (where the GPU holds less than the H200). CDCCA_AKD_JOBS=K runs cdcca's side as a
+# fleet's round: K devices' jobs over the one student, at most CDCCA_AKD_TOGETHER (default 4)
+# together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds device_jobs_per_hour).
+# CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each side phase by phase
+# ("phases_ms_per_step"; both sides synchronize the same way).
 side=${CDCCA_AKD_SIDE:-both}
 job+=(--phase_steps "${CDCCA_AKD_PHASE_STEPS:-10}")
 if [ "$side" != reference ]; then
