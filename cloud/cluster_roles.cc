@@ -20,16 +20,12 @@ void Log(const nlohmann::json& event) {
 
 // ---- JobQueueTrigger --------------------------------------------------------------------------
 
-void JobQueueTrigger::OnSamplesStored(const std::string& device_id, uint64_t /*highest_durable*/) {
-  absl::Status status = store_->Borrow()->TriggerJob(
-      device_id, static_cast<uint64_t>(std::max(1, options_.trigger_samples)),
-      options_.trigger_interval);
-  if (!status.ok()) {
-    Log({{"event", "job_schedule_failed"},
-         {"device_id", device_id},
-         {"error", status.ToString()},
-         {"action", "the device's next batch schedules again"}});
-  }
+JobQueueTrigger::JobQueueTrigger(JobQueueTriggerOptions options, pg::PgCloudStore* store,
+                                 PerDeviceStrategy* strategy, pg::PgMirrorStates* states,
+                                 std::string owner)
+    : store_(store), strategy_(strategy), states_(states), owner_(std::move(owner)) {
+  store_->TriggerJobsOnAppend(
+      {static_cast<uint64_t>(std::max(1, options.trigger_samples)), options.trigger_interval});
 }
 
 absl::StatusOr<RollbackResult> JobQueueTrigger::OnRollback(const std::string& device_id,

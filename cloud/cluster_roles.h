@@ -1,9 +1,10 @@
 // The two roles of a cloud process on the shared store (cloud/pg/pg_cloud_store.h):
 //
-//   JobQueueTrigger  a front's CloudObserver: after each stored batch it makes the
-//                    device's job due in the shared job queue, now once the device has
-//                    trigger_samples samples past its mirror's cursor, else after
-//                    trigger_interval; and it serves Rollback under the device's job lease.
+//   JobQueueTrigger  a front's CloudObserver: each stored batch makes the device's job
+//                    due in the shared job queue (in the batch's own statement), now once
+//                    the device has trigger_samples samples past its mirror's cursor, else
+//                    after trigger_interval; and it serves Rollback under the device's job
+//                    lease.
 //                    A front holds no device state between calls.
 //   JobWorker        a trainer's loop: leases the job due longest ago (no two trainers
 //                    hold one job), renews the lease while the job runs, and runs it with
@@ -42,26 +43,18 @@ struct JobQueueTriggerOptions {
 
 class JobQueueTrigger final : public CloudObserver {
  public:
-  // `store` must outlive the trigger. With `strategy` (committing through `states`), the
-  // front also serves Rollback: it leases the device's job (waiting up to a minute for a
-  // running one), and the strategy's rollback publishes under that lease.
+  // `store` must outlive the trigger. The trigger rides in the store's appends from here on
+  // (PgCloudStore::TriggerJobsOnAppend): the statement that stores a batch makes its job
+  // due, so a batch is acked only with its job scheduled. With `strategy` (committing through
+  // `states`), the front also serves Rollback: it leases the device's job (waiting up to a
+  // minute for a running one), and the strategy's rollback publishes under that lease.
   JobQueueTrigger(JobQueueTriggerOptions options, pg::PgCloudStore* store,
                   PerDeviceStrategy* strategy = nullptr, pg::PgMirrorStates* states = nullptr,
-                  std::string owner = "front")
-      : options_(options),
-        store_(store),
-        strategy_(strategy),
-        states_(states),
-        owner_(std::move(owner)) {}
-  // Runs on the store's append thread, after the batch committed. A failure to schedule
-  // is logged; the device's next batch schedules again, and a trainer's publication keeps
-  // the job due while samples remain.
-  void OnSamplesStored(const std::string& device_id, uint64_t highest_durable) override;
+                  std::string owner = "front");
   absl::StatusOr<RollbackResult> OnRollback(const std::string& device_id, uint64_t device_version,
                                             uint64_t to_version) override;
 
  private:
-  const JobQueueTriggerOptions options_;
   pg::PgCloudStore* const store_;
   PerDeviceStrategy* const strategy_;
   pg::PgMirrorStates* const states_;

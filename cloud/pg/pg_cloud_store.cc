@@ -92,7 +92,12 @@ size_t PgCloudStore::size() const {
 void PgCloudStore::Append(const std::string& device_id, v1::UplinkBatch batch,
                           AppendCallback done) {
   appends_->Schedule([this, device_id, batch = std::move(batch), done = std::move(done)] {
-    absl::StatusOr<AppendOutcome> outcome = Borrow()->Append(device_id, batch);
+    std::optional<AppendTrigger> trigger;
+    {
+      absl::MutexLock lock(&mu_);
+      trigger = trigger_;
+    }
+    absl::StatusOr<AppendOutcome> outcome = Borrow()->Append(device_id, batch, trigger);
     if (!outcome.ok()) {
       done(outcome.status());
       return;
@@ -103,6 +108,11 @@ void PgCloudStore::Append(const std::string& device_id, v1::UplinkBatch batch,
     }
     done(AppendResult{outcome->duplicate, outcome->highest_sequence});
   });
+}
+
+void PgCloudStore::TriggerJobsOnAppend(AppendTrigger trigger) {
+  absl::MutexLock lock(&mu_);
+  trigger_ = trigger;
 }
 
 absl::StatusOr<uint64_t> PgCloudStore::Durable(const std::string& device_id) const {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ class PgCloudStore final : public DeviceStore, public SampleLog, public UpdateLo
                                          size_t max_records) const override;
   absl::Status Release(const std::string& device_id, uint64_t through_sequence) override;
   SampleStoreStats Stats() const override;
+  // Every later Append also makes the device's job due, in the append's own statement
+  // (PgStore::Append's trigger): what a front's job queue trigger sets before it serves.
+  void TriggerJobsOnAppend(AppendTrigger trigger);
 
   // UpdateLog. Updates are published by the job that made them (PgMirrorStates::Commit):
   // PutUpdate and PutSnapshot only confirm that the store holds that version
@@ -114,6 +118,7 @@ class PgCloudStore final : public DeviceStore, public SampleLog, public UpdateLo
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<PgStore>> sessions_;
   mutable std::vector<PgStore*> idle_ ABSL_GUARDED_BY(mu_);
+  std::optional<AppendTrigger> trigger_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> appended_records_{0};
   std::atomic<uint64_t> appended_bytes_{0};
   std::atomic<uint64_t> released_records_{0};

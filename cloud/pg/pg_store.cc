@@ -202,7 +202,8 @@ absl::StatusOr<uint64_t> PgStore::HighestSequence(const std::string& device_id) 
 }
 
 absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
-                                              const v1::UplinkBatch& batch) {
+                                              const v1::UplinkBatch& batch,
+                                              const std::optional<AppendTrigger>& trigger) {
   if (batch.sequence() == 0) return absl::InvalidArgumentError("sequences start at 1");
   PG_RETURN_IF_ERROR(CheckOrdered(batch.sequence(), "sequence"));
   v1::UplinkBatch stored = batch;
@@ -216,20 +217,38 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
   // highest committed sequence (so no gap can be stored; Release never deletes the newest)
   // and fits the device's quota, and the call returns after its commit. A concurrent insert
   // of the same sequence makes it wait for that transaction; if that commits, this inserts
-  // nothing.
-  PG_ASSIGN_OR_RETURN(
-      Result r,
-      conn_->Exec("INSERT INTO samples (device_id, sequence, sample_count, batch) "
-                  "SELECT $1, $2, $3, $4 WHERE $2 = 1 + coalesce((SELECT max(sequence) FROM "
-                  "samples WHERE device_id = $1), 0) AND ($5 = 0 OR octet_length($4) + "
-                  "coalesce((SELECT sum(octet_length(batch)) FROM samples WHERE device_id = "
-                  "$1), 0) <= $5) ON CONFLICT DO NOTHING RETURNING sequence",
-                  Params()
+  // nothing. With a trigger, the job row's upsert rides in the same statement: it runs only
+  // when the batch was inserted, and counts the new batch beside the committed ones past the
+  // cursor (the statement's snapshot does not see its own insert).
+  constexpr char kInsert[] =
+      "INSERT INTO samples (device_id, sequence, sample_count, batch) "
+      "SELECT $1, $2, $3, $4 WHERE $2 = 1 + coalesce((SELECT max(sequence) FROM "
+      "samples WHERE device_id = $1), 0) AND ($5 = 0 OR octet_length($4) + "
+      "coalesce((SELECT sum(octet_length(batch)) FROM samples WHERE device_id = "
+      "$1), 0) <= $5) ON CONFLICT DO NOTHING RETURNING sequence, sample_count";
+  Params params = Params()
                       .Text(device_id)
                       .Int64(Ordered(batch.sequence()))
                       .Int32(static_cast<int32_t>(batch.sample_count()))
                       .Bytes(bytes)
-                      .Int64(quota)));
+                      .Int64(quota);
+  std::string query = kInsert;
+  if (trigger.has_value()) {
+    const bool waits = trigger->max_wait != absl::InfiniteDuration();
+    query = absl::StrCat(
+        "WITH stored AS (", kInsert,
+        "), job AS (INSERT INTO jobs (device_id, due_at) SELECT $1, CASE WHEN fresh >= $6 THEN "
+        "now() ELSE now() + $7 * interval '1 microsecond' END FROM (SELECT s.sample_count + "
+        "coalesce((SELECT sum(sample_count) FROM samples WHERE device_id = $1 AND sequence > "
+        "coalesce((SELECT consumed_sequence FROM mirror_states WHERE device_id = $1), 0)), 0) "
+        "AS fresh FROM stored s) f WHERE f.fresh >= $6 OR ($8 AND f.fresh > 0) ON CONFLICT "
+        "(device_id) DO UPDATE SET due_at = least(coalesce(jobs.due_at, excluded.due_at), "
+        "excluded.due_at)) SELECT sequence FROM stored");
+    params.Int64(static_cast<int64_t>(std::min<uint64_t>(trigger->min_samples, kMaxOrdered)))
+        .Int64(waits ? Micros(trigger->max_wait) : 0)
+        .Bool(waits);
+  }
+  PG_ASSIGN_OR_RETURN(Result r, conn_->Exec(query, params));
   if (r.rows() == 1) return AppendOutcome{false, batch.sequence()};
   // Not inserted: a duplicate of a committed batch, a sequence that skips ahead, or a batch
   // past the quota. The highest sequence read here is committed, so a duplicate is durable
@@ -689,8 +708,8 @@ absl::Status PgStore::Publish(const JobLease& lease, const Publication& p) {
   // The job ends; it stays due while samples beyond what it consumed are stored, but from
   // now, behind every device that was due before: a device whose samples never stop would
   // otherwise keep its first due time and a trainer to itself while others wait. A batch
-  // committed after this statement's snapshot is followed by its front's ScheduleJob, so no
-  // batch is left without a due job.
+  // committed after this statement's snapshot carries its front's trigger (Append's upsert
+  // of this row, which waits for this commit), so no batch is left without a due job.
   PG_RETURN_IF_ERROR(
       conn_
           ->Exec("UPDATE jobs SET lease_owner = NULL, lease_expires_at = NULL, due_at = CASE "

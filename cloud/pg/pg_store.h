@@ -62,6 +62,14 @@ struct PgStoreOptions {
   uint64_t max_device_bytes = 1ull << 30;
 };
 
+// A front's job trigger, taken in the append's own statement (PgStore::Append): the device's
+// job is due now once min_samples samples lie past its mirror's cursor, else max_wait after a
+// batch when any do (InfiniteDuration: only the former).
+struct AppendTrigger {
+  uint64_t min_samples = 1;
+  absl::Duration max_wait = absl::InfiniteDuration();
+};
+
 struct AppendOutcome {
   bool duplicate = false;         // the batch was a resend of a stored one
   uint64_t highest_sequence = 0;  // the device's highest stored sequence after the call
@@ -150,7 +158,11 @@ class PgStore {
   // only once the original committed). FAILED_PRECONDITION for a sequence beyond the
   // highest + 1, INVALID_ARGUMENT for sequence 0, RESOURCE_EXHAUSTED when storing it would
   // take the device's stored batches past options.max_device_bytes (nothing is stored).
-  absl::StatusOr<AppendOutcome> Append(const std::string& device_id, const v1::UplinkBatch& batch);
+  // With `trigger`, the statement that stores the batch also makes the device's job due as
+  // TriggerJob would after it: one statement and one commit per batch, and no stored batch
+  // without its trigger.
+  absl::StatusOr<AppendOutcome> Append(const std::string& device_id, const v1::UplinkBatch& batch,
+                                       const std::optional<AppendTrigger>& trigger = std::nullopt);
   // The device's highest stored sequence; 0 if it has none.
   absl::StatusOr<uint64_t> HighestSequence(const std::string& device_id);
   // The device's first `max_batches` stored batches with sequence > after_sequence, in

@@ -269,6 +269,35 @@ Publication FirstJob(uint64_t consumed, const std::string& state = "state-1") {
   return p;
 }
 
+// A front's trigger rides in the append's statement: the batch counts itself beside the
+// committed ones past the mirror's cursor, and a batch that is not stored schedules nothing.
+TEST_F(PgStoreTest, AnAppendsTriggerMakesItsJobDueInTheSameStatement) {
+  const AppendTrigger four{4, absl::InfiniteDuration()};
+  EXPECT_THAT(store_->Append("d", Batch(1, 2), four), Appended(false, 1));
+  EXPECT_EQ(Query("SELECT count(*) FROM jobs WHERE device_id = 'd'"), "0");
+  EXPECT_THAT(store_->Append("d", Batch(2, 2), four), Appended(false, 2));
+  ASSERT_OK_AND_ASSIGN(std::optional<JobLease> lease, store_->LeaseJob("t", absl::Minutes(1)));
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->device_id, "d");
+  // The job consumed both batches: a resend and two new samples leave it not due.
+  ASSERT_OK(store_->Publish(*lease, FirstJob(/*consumed=*/2)));
+  EXPECT_THAT(store_->Append("d", Batch(2, 2), four), Appended(true, 2));
+  EXPECT_THAT(store_->Append("d", Batch(3, 2), four), Appended(false, 3));
+  EXPECT_EQ(Query("SELECT due_at IS NULL FROM jobs WHERE device_id = 'd'"), "true");
+  EXPECT_THAT(store_->Append("d", Batch(4, 2), four), Appended(false, 4));
+  EXPECT_EQ(Query("SELECT due_at <= now() FROM jobs WHERE device_id = 'd'"), "true");
+
+  // With a wait, a batch short of the count makes its job due that long after it.
+  EXPECT_THAT(store_->Append("e", Batch(1, 1), AppendTrigger{4, absl::Hours(1)}),
+              Appended(false, 1));
+  EXPECT_EQ(Query("SELECT due_at > now() + interval '59 minutes' FROM jobs WHERE device_id = 'e'"),
+            "true");
+  // A batch that skips ahead is not stored, and schedules nothing.
+  EXPECT_THAT(store_->Append("f", Batch(2, 8), four),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(Query("SELECT count(*) FROM jobs WHERE device_id = 'f'"), "0");
+}
+
 TEST_F(PgStoreTest, PublishStoresTheChainAndEndsTheJob) {
   ASSERT_OK(store_->Append("d", Batch(1)).status());
   ASSERT_OK(store_->Append("d", Batch(2)).status());
