@@ -88,7 +88,9 @@ fi
 # CDCCA_AKD_STEPS=N trains N steps instead of full's 200, CDCCA_AKD_BATCH=B batches B instead
 # of 16 (where the GPU holds less than the H200). CDCCA_AKD_JOBS=K runs cdcca's side as a
 # fleet's round: K devices' jobs over the one student, at most CDCCA_AKD_TOGETHER (default 4)
-# together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds device_jobs_per_hour).
+# together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds device_jobs_per_hour),
+# and the reference's side as a competent peft user runs them: the pair loaded once, the jobs
+# one after another, each from the pretrained adapters with its own optimizer.
 # CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each side phase by phase
 # ("phases_ms_per_step"; both sides synchronize the same way).
 side=${CDCCA_AKD_SIDE:-both}
@@ -105,5 +107,6 @@ if [ "$side" != reference ]; then
 fi
 if [ "$side" != cdcca ]; then
   measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
-    --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" || true
+    --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" \
+    --jobs "${CDCCA_AKD_JOBS:-1}" || true
 fi

@@ -26,7 +26,7 @@ Both print one JSON line with the same keys.
       [--student llava-1.5-7b] [--samples 64] [--prompt_tokens 40]
   python3 scripts/hf_akd_reference.py run --teacher DIR --student_base DIR --inputs FILE
       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32] [--lora_rank 8]
-      [--lora_alpha 16]
+      [--lora_alpha 16] [--jobs 1]
 run takes akd_bench's flags under its names (the programs' names, docs/SETTINGS.md), so one
 argument list drives both (scripts/hf_akd_gpu.sh).
 """
@@ -222,146 +222,176 @@ def run(args):
     eos = [teacher.config.text_config.eos_token_id or 2]
     n_image = tokens.shape[1]
 
-    # Preparation: the teacher's answers and targets, then the ridge fit.
-    torch.cuda.synchronize()
-    t_job = time.perf_counter()
-    pool = []
-    with torch.no_grad():
-        for i in range(tokens.shape[0]):
-            tok = tokens[i:i + 1].to(dev)
-            prompt = T.expand(prompt_ids[i].tolist(), n_image)
-            answer = greedy(T, prompt, tok, args.max_answer_tokens, eos)
-            while answer and answer[-1] in eos:
-                answer.pop()
-            answer.append(eos[0])
-            full = torch.tensor([prompt + answer], device=dev)
-            p, a = len(prompt), len(answer)
-            logits, r, q = T.forward(full, torch.ones_like(full), None, tok)
-            pool.append(dict(tokens=tok, prompt=prompt, answer=answer, q=q[0],
-                             r=r[0, p:p + a].float(), logits=logits[0, p - 1:p - 1 + a].float()))
+    def one_job(tokens, prompt_ids):
+        """One device's job from the pretrained trainable set, on its samples."""
+        # Preparation: the teacher's answers and targets, then the ridge fit.
+        torch.cuda.synchronize()
+        t_job = time.perf_counter()
+        pool = []
+        with torch.no_grad():
+            for i in range(tokens.shape[0]):
+                tok = tokens[i:i + 1].to(dev)
+                prompt = T.expand(prompt_ids[i].tolist(), n_image)
+                answer = greedy(T, prompt, tok, args.max_answer_tokens, eos)
+                while answer and answer[-1] in eos:
+                    answer.pop()
+                answer.append(eos[0])
+                full = torch.tensor([prompt + answer], device=dev)
+                p, a = len(prompt), len(answer)
+                logits, r, q = T.forward(full, torch.ones_like(full), None, tok)
+                pool.append(dict(tokens=tok, prompt=prompt, answer=answer, q=q[0],
+                                 r=r[0, p:p + a].float(), logits=logits[0, p - 1:p - 1 + a].float()))
 
-    def collate(rows):
-        width = max(len(pool[i]["prompt"]) + len(pool[i]["answer"]) for i in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        targets = torch.full((len(rows), width), -1, dtype=torch.long)
-        for b, i in enumerate(rows):
-            row = pool[i]["prompt"] + pool[i]["answer"]
-            a = len(pool[i]["answer"])
-            ids[b, width - len(row):] = torch.tensor(row)
-            mask[b, width - len(row):] = 1
-            targets[b, width - a - 1:width - 1] = torch.tensor(pool[i]["answer"])
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        toks = torch.cat([pool[i]["tokens"] for i in rows])
-        return ids.to(dev), mask.to(dev), positions.to(dev), targets.to(dev), toks
+        def collate(rows):
+            width = max(len(pool[i]["prompt"]) + len(pool[i]["answer"]) for i in rows)
+            ids = torch.zeros(len(rows), width, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.long)
+            targets = torch.full((len(rows), width), -1, dtype=torch.long)
+            for b, i in enumerate(rows):
+                row = pool[i]["prompt"] + pool[i]["answer"]
+                a = len(pool[i]["answer"])
+                ids[b, width - len(row):] = torch.tensor(row)
+                mask[b, width - len(row):] = 1
+                targets[b, width - a - 1:width - 1] = torch.tensor(pool[i]["answer"])
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+            toks = torch.cat([pool[i]["tokens"] for i in rows])
+            return ids.to(dev), mask.to(dev), positions.to(dev), targets.to(dev), toks
 
-    def student_repr(r, rows, width):
-        p = max(len(pool[i]["answer"]) for i in rows)
-        out = torch.zeros(len(rows), p, r.shape[-1], device=dev)
-        mask = torch.zeros(len(rows), p, dtype=torch.bool, device=dev)
-        for b, i in enumerate(rows):
-            a = len(pool[i]["answer"])
-            out[b, :a] = r[b, width - a:].float()
-            mask[b, :a] = True
-        return out, mask
+        def student_repr(r, rows, width):
+            p = max(len(pool[i]["answer"]) for i in rows)
+            out = torch.zeros(len(rows), p, r.shape[-1], device=dev)
+            mask = torch.zeros(len(rows), p, dtype=torch.bool, device=dev)
+            for b, i in enumerate(rows):
+                a = len(pool[i]["answer"])
+                out[b, :a] = r[b, width - a:].float()
+                mask[b, :a] = True
+            return out, mask
 
-    def stack(rows, key):
-        p = max(pool[i][key].shape[0] for i in rows)
-        return torch.stack([F.pad(pool[i][key], (0, 0, 0, p - pool[i][key].shape[0])) for i in rows])
+        def stack(rows, key):
+            p = max(pool[i][key].shape[0] for i in rows)
+            return torch.stack([F.pad(pool[i][key], (0, 0, 0, p - pool[i][key].shape[0])) for i in rows])
 
-    uses_features = learner["feature_loss"] != "none" and (learner["l_query"] > 0 or learner["l_repr"] > 0)
-    phi = psi = None
-    if uses_features:
-        hs = student.get_base_model().config.text_config.hidden_size
-        ht = teacher.config.text_config.hidden_size
-        phi = torch.nn.Linear(hs, ht).to(dev)
-        psi = torch.nn.Linear(hs, ht).to(dev)
-        if learner.get("ridge_init", True):
-            qs, qt, rs, rt = [], [], [], []
-            with torch.no_grad():
-                for begin in range(0, len(pool), args.batch_size):
-                    rows = list(range(begin, min(len(pool), begin + args.batch_size)))
-                    ids, mask, positions, _, toks = collate(rows)
-                    _, r, q = S.forward(ids, mask, positions, toks)
-                    qs.append(q.reshape(-1, q.shape[-1]))
-                    q_t = stack(rows, "q")
-                    qt.append(q_t.reshape(-1, q_t.shape[-1]))
-                    sr, m = student_repr(r, rows, ids.shape[1])
-                    rs.append(sr[m])
-                    rt.append(stack(rows, "r")[m])
-            ridge_fit(torch.cat(qs), layer_norm(torch.cat(qt)), learner["ridge_lambda"], phi)
-            ridge_fit(torch.cat(rs), layer_norm(torch.cat(rt)), learner["ridge_lambda"], psi)
-    torch.cuda.synchronize()
-    prepare_seconds = time.perf_counter() - t_job
+        uses_features = learner["feature_loss"] != "none" and (learner["l_query"] > 0 or learner["l_repr"] > 0)
+        phi = psi = None
+        if uses_features:
+            hs = student.get_base_model().config.text_config.hidden_size
+            ht = teacher.config.text_config.hidden_size
+            phi = torch.nn.Linear(hs, ht).to(dev)
+            psi = torch.nn.Linear(hs, ht).to(dev)
+            if learner.get("ridge_init", True):
+                qs, qt, rs, rt = [], [], [], []
+                with torch.no_grad():
+                    for begin in range(0, len(pool), args.batch_size):
+                        rows = list(range(begin, min(len(pool), begin + args.batch_size)))
+                        ids, mask, positions, _, toks = collate(rows)
+                        _, r, q = S.forward(ids, mask, positions, toks)
+                        qs.append(q.reshape(-1, q.shape[-1]))
+                        q_t = stack(rows, "q")
+                        qt.append(q_t.reshape(-1, q_t.shape[-1]))
+                        sr, m = student_repr(r, rows, ids.shape[1])
+                        rs.append(sr[m])
+                        rt.append(stack(rows, "r")[m])
+                ridge_fit(torch.cat(qs), layer_norm(torch.cat(qt)), learner["ridge_lambda"], phi)
+                ridge_fit(torch.cat(rs), layer_norm(torch.cat(rt)), learner["ridge_lambda"], psi)
+        torch.cuda.synchronize()
+        prepare_seconds = time.perf_counter() - t_job
 
-    params = [p for p in student.parameters() if p.requires_grad]
-    trainable = sum(p.numel() for p in params)
-    if uses_features:
-        params += list(phi.parameters()) + list(psi.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    rng = random.Random(args.seed)
-    order, cursor = list(range(len(pool))), len(pool)
-    history = {}
-    temp = learner["temperature"]
-    t_train = time.perf_counter()
-    phases, timed_steps = {}, 0
-    for step in range(args.max_steps):
-        # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
-        timed = step >= args.max_steps - args.phase_steps
-        if timed:
-            torch.cuda.synchronize()
-            timed_steps += 1
-        last = [time.perf_counter()]
-
-        def mark(name):
+        params = [p for p in student.parameters() if p.requires_grad]
+        trainable = sum(p.numel() for p in params)
+        if uses_features:
+            params += list(phi.parameters()) + list(psi.parameters())
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+        rng = random.Random(args.seed)
+        order, cursor = list(range(len(pool))), len(pool)
+        history = {}
+        temp = learner["temperature"]
+        t_train = time.perf_counter()
+        phases, timed_steps = {}, 0
+        for step in range(args.max_steps):
+            # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
+            timed = step >= args.max_steps - args.phase_steps
             if timed:
                 torch.cuda.synchronize()
-                now = time.perf_counter()
-                phases[name] = phases.get(name, 0.0) + now - last[0]
-                last[0] = now
+                timed_steps += 1
+            last = [time.perf_counter()]
 
-        rows = []
-        while len(rows) < min(args.batch_size, len(pool)):
-            if cursor == len(order):
-                rng.shuffle(order)
-                cursor = 0
-            rows.append(order[cursor])
-            cursor += 1
-        ids, mask, positions, targets, toks = collate(rows)
-        mark("batch")
-        logits, r, q = S.forward(ids, mask, positions, toks)
-        mark("forward")
-        pred = targets >= 0
-        sel = logits[pred].float()
-        ce = F.cross_entropy(sel, targets[pred])
-        terms = {"ce": ce}
-        total = learner["l_ce"] * ce
-        if uses_features and learner["l_query"] > 0:
-            terms["query"] = feature_mse(stack(rows, "q"), phi(q), torch.ones(q.shape[:2], device=dev))
-            total = total + learner["l_query"] * terms["query"]
-        if uses_features and learner["l_repr"] > 0:
-            sr, m = student_repr(r, rows, ids.shape[1])
-            terms["repr"] = feature_mse(stack(rows, "r"), psi(sr), m)
-            total = total + learner["l_repr"] * terms["repr"]
-        if learner["l_kl"] > 0:
-            tl = torch.cat([pool[i]["logits"] for i in rows])
-            lt = F.log_softmax(tl / temp, -1)
-            ls = F.log_softmax(sel / temp, -1)
-            terms["kl"] = temp * temp * (lt.exp() * (lt - ls)).sum(-1).mean()
-            total = total + learner["l_kl"] * terms["kl"]
-        terms = {"total": total, **terms}
-        mark("losses")
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        mark("backward")
-        opt.step()
-        mark("optimizer")
-        for k, v in terms.items():
-            history.setdefault(k, []).append(v.item())
+            def mark(name):
+                if timed:
+                    torch.cuda.synchronize()
+                    now = time.perf_counter()
+                    phases[name] = phases.get(name, 0.0) + now - last[0]
+                    last[0] = now
+
+            rows = []
+            while len(rows) < min(args.batch_size, len(pool)):
+                if cursor == len(order):
+                    rng.shuffle(order)
+                    cursor = 0
+                rows.append(order[cursor])
+                cursor += 1
+            ids, mask, positions, targets, toks = collate(rows)
+            mark("batch")
+            logits, r, q = S.forward(ids, mask, positions, toks)
+            mark("forward")
+            pred = targets >= 0
+            sel = logits[pred].float()
+            ce = F.cross_entropy(sel, targets[pred])
+            terms = {"ce": ce}
+            total = learner["l_ce"] * ce
+            if uses_features and learner["l_query"] > 0:
+                terms["query"] = feature_mse(stack(rows, "q"), phi(q), torch.ones(q.shape[:2], device=dev))
+                total = total + learner["l_query"] * terms["query"]
+            if uses_features and learner["l_repr"] > 0:
+                sr, m = student_repr(r, rows, ids.shape[1])
+                terms["repr"] = feature_mse(stack(rows, "r"), psi(sr), m)
+                total = total + learner["l_repr"] * terms["repr"]
+            if learner["l_kl"] > 0:
+                tl = torch.cat([pool[i]["logits"] for i in rows])
+                lt = F.log_softmax(tl / temp, -1)
+                ls = F.log_softmax(sel / temp, -1)
+                terms["kl"] = temp * temp * (lt.exp() * (lt - ls)).sum(-1).mean()
+                total = total + learner["l_kl"] * terms["kl"]
+            terms = {"total": total, **terms}
+            mark("losses")
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            mark("backward")
+            opt.step()
+            mark("optimizer")
+            for k, v in terms.items():
+                history.setdefault(k, []).append(v.item())
+        torch.cuda.synchronize()
+        train_seconds = time.perf_counter() - t_train
+        job_seconds = time.perf_counter() - t_job
+        seen = args.max_steps * min(args.batch_size, len(pool))
+        return dict(pool=pool, trainable=trainable, history=history, phases=phases,
+                    timed_steps=timed_steps, prepare_seconds=prepare_seconds,
+                    train_seconds=train_seconds, job_seconds=job_seconds, seen=seen)
+
+    # A fleet's round (--jobs K): K devices' jobs over the one loaded pair, as a competent
+    # user runs them with peft: the model loaded once, each job starting from the
+    # pretrained trainable set (its LoRA and norms copied back), with its own optimizer and
+    # its samples (the inputs rotated by K-th parts, as akd_bench --jobs), one after another.
+    initial = {n: p.detach().clone() for n, p in student.named_parameters() if p.requires_grad}
     torch.cuda.synchronize()
-    train_seconds = time.perf_counter() - t_train
-    job_seconds = time.perf_counter() - t_job
-    seen = args.max_steps * min(args.batch_size, len(pool))
+    fleet_start = time.perf_counter()
+    jobs = []
+    for d in range(args.jobs):
+        with torch.no_grad():
+            for n, p in student.named_parameters():
+                if n in initial:
+                    p.copy_(initial[n])
+        shift = d * tokens.shape[0] // args.jobs
+        jobs.append(one_job(torch.roll(tokens, -shift, 0), torch.roll(prompt_ids, -shift, 0)))
+    torch.cuda.synchronize()
+    fleet_seconds = time.perf_counter() - fleet_start
+    first = jobs[0]
+    pool, trainable, history, phases = first["pool"], first["trainable"], first["history"], first["phases"]
+    timed_steps, prepare_seconds = first["timed_steps"], first["prepare_seconds"]
+    train_seconds = first["train_seconds"]
+    # As akd_bench: the job figures cover every device's job, the others are the first's.
+    seen = sum(j["seen"] for j in jobs)
+    job_seconds = first["job_seconds"] if args.jobs == 1 else fleet_seconds
     summary = {k: {"first": v[0], "last": sum(v[-10:]) / len(v[-10:]), "mean": sum(v) / len(v)}
                for k, v in history.items()}
     row = {"implementation": "transformers+peft", "transformers": transformers.__version__,
@@ -372,9 +402,10 @@ def run(args):
            "trainable_parameters": trainable, "steps": args.max_steps, "batch": args.batch_size,
            "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
            "train_seconds": train_seconds, "job_seconds": job_seconds,
-           "train_samples_per_second": seen / train_seconds, "job_samples_per_second": seen / job_seconds,
+           "train_samples_per_second": first["seen"] / train_seconds, "job_samples_per_second": seen / job_seconds,
            "terms": summary, "phase_timed_steps": timed_steps,
            "phases_ms_per_step": {k: 1000 * v / max(1, timed_steps) for k, v in sorted(phases.items())},
+           "device_jobs": args.jobs, "device_jobs_per_hour": args.jobs * 3600.0 / job_seconds,
            "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
            "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved()}
     print(json.dumps(row), flush=True)
@@ -401,6 +432,8 @@ def main():
     r.add_argument("--lora_alpha", type=float, default=16.0)
     r.add_argument("--lr", type=float, default=1e-3)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--jobs", type=int, default=1,
+                   help="devices' jobs over the one loaded pair, one after another (a fleet's round)")
     r.add_argument("--phase_steps", type=int, default=0,
                    help="the last N steps timed phase by phase, synchronized as akd_bench --phase_steps")
     args = ap.parse_args()

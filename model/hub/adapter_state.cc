@@ -161,10 +161,22 @@ std::string PeftTargetRegex(const std::set<std::string>& lm, const std::set<std:
 // also match. The module's path from the part on ("multi_modal_projector.linear_1",
 // "vision_model.encoder.layers.0.self_attn.qkv"), or "" for a module targeted by its kind.
 std::string PathTarget(const std::string& module) {
-  for (const char* anchor : {"multi_modal_projector.", "language_projection", "vision_model."}) {
+  for (const char* anchor :
+       {"multi_modal_projector.", "language_projection", "vision_tower.", "vision_model."}) {
     if (const size_t at = module.find(anchor); at != std::string::npos) return module.substr(at);
   }
   return "";
+}
+
+// A canonical name as transformers 5 names the module: its LLaVA vision tower is the
+// vision transformer itself (`model.vision_tower.encoder...`), where the canonical names keep
+// transformers 4's `vision_model.` level (model/hub/model_folder.cc).
+std::string PeftName(const std::string& name) {
+  constexpr absl::string_view kTower = "model.vision_tower.vision_model.";
+  if (absl::StartsWith(name, kTower)) {
+    return absl::StrCat("model.vision_tower.", name.substr(kTower.size()));
+  }
+  return name;
 }
 
 }  // namespace
@@ -176,10 +188,11 @@ absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out
   for (const auto& [name, t] : state.trainable) {
     const bool a = absl::EndsWith(name, ".lora_a"), b = absl::EndsWith(name, ".lora_b");
     if (!a && !b) {
-      rest.emplace_back(name, t);
+      rest.emplace_back(PeftName(name), t);
       continue;
     }
-    const std::string module = name.substr(0, name.size() - std::string(".lora_a").size());
+    const std::string module =
+        PeftName(name.substr(0, name.size() - std::string(".lora_a").size()));
     factors[module] += a ? 1 : 2;
     if (const std::string path = PathTarget(module); !path.empty()) {
       path_targets.insert(path);
