@@ -40,6 +40,9 @@ ABSL_FLAG(bool, faults, false,
 ABSL_FLAG(double, drop_fraction, 0.3, "share of the devices the drop fault cuts");
 ABSL_FLAG(double, drop_offline_s, 20, "how long dropped devices stay away, s");
 ABSL_FLAG(double, postgres_down_s, 5, "how long PostgreSQL stays down in its fault, s");
+ABSL_FLAG(std::string, postgres_settings, "",
+          "comma-separated PostgreSQL settings (name=value) beside the test server's "
+          "shared_buffers=16MB and max_connections=64, e.g. shared_buffers=256MB");
 ABSL_FLAG(double, drain_s, 300, "longest wait for every queue to drain after the run, s");
 ABSL_FLAG(double, sample_s, 5, "time between two RSS and CPU readings, s");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -75,6 +78,10 @@ cdcca::fleet::FleetRunOptions OptionsFromFlags() {
   for (absl::string_view f :
        absl::StrSplit(absl::GetFlag(FLAGS_cloud_flags), ',', absl::SkipEmpty())) {
     o.cloud_flags.emplace_back(f);
+  }
+  for (absl::string_view f :
+       absl::StrSplit(absl::GetFlag(FLAGS_postgres_settings), ',', absl::SkipEmpty())) {
+    o.postgres_settings.emplace_back(f);
   }
   o.fleet.connections = absl::GetFlag(FLAGS_connections);
   o.fleet.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_poll_s));

@@ -91,7 +91,8 @@ struct Servers {
 
 absl::Status StartServers(const FleetRunOptions& o, const std::string& dir,
                           const std::string& checkpoint, Servers& s) {
-  absl::StatusOr<std::unique_ptr<testing::PostgresServer>> pg = testing::PostgresServer::Start();
+  absl::StatusOr<std::unique_ptr<testing::PostgresServer>> pg =
+      testing::PostgresServer::Start(absl::Seconds(60), o.postgres_settings);
   if (!pg.ok()) return pg.status();
   s.postgres = *std::move(pg);
   absl::StatusOr<std::string> conninfo = s.postgres->CreateDatabase();
@@ -525,6 +526,7 @@ absl::StatusOr<FleetRunResult> RunFleet(const FleetRunOptions& options) {
 
   r.report = {{"devices", options.devices},
               {"trainer_nice", options.trainer_nice},
+              {"postgres_settings", options.postgres_settings},
               {"fronts", options.fronts},
               {"trainers", options.trainers},
               {"duration_s", run_s},

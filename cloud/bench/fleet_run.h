@@ -53,6 +53,8 @@ struct FleetRunOptions {
   double drop_fraction = 0.3;
   absl::Duration drop_offline = absl::Seconds(20);
   absl::Duration postgres_down = absl::Seconds(5);
+  // PostgreSQL server settings ("name=value") beside the test server's defaults.
+  std::vector<std::string> postgres_settings;
   absl::Duration drain_timeout = absl::Minutes(5);
   // How often RSS and CPU time are read; the first warmup_fraction of the run is warm-up.
   absl::Duration sample_interval = absl::Seconds(5);

@@ -110,6 +110,21 @@ TEST_F(PgSchemaTest, AServerRestartEndsSessionsAndKeepsCommits) {
   EXPECT_EQ(Count(*fresh, "SELECT count(*) FROM t"), 1);
 }
 
+// A server of its own with a setting of the caller's, kept across a restart; a setting that
+// is not name=value is refused before anything starts.
+TEST(PgServerTest, AServerRunsWithTheSettingsItIsGivenAcrossARestart) {
+  EXPECT_THAT(testing::PostgresServer::Start(absl::Seconds(60), {"shared_buffers"}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<testing::PostgresServer> server,
+                       testing::PostgresServer::Start(absl::Seconds(60), {"work_mem=7MB"}));
+  for (int start = 0; start < 2; ++start) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Connection> conn, Connection::Open(server->ConnInfo()));
+    ASSERT_OK_AND_ASSIGN(Result r, conn->Exec("SHOW work_mem"));
+    EXPECT_THAT(r.Bytes(0, 0), IsOkAndHolds("7MB"));
+    if (start == 0) ASSERT_OK(server->Restart());
+  }
+}
+
 TEST_F(PgSchemaTest, MigrationIsIdempotent) {
   std::unique_ptr<Connection> conn = Connect();
   ASSERT_NE(conn, nullptr);

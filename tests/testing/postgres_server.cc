@@ -69,12 +69,20 @@ std::vector<std::string> PostgresServer::AsServerUser(std::vector<std::string> a
   return wrapped;
 }
 
-absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(
+    absl::Duration timeout, std::vector<std::string> settings) {
+  for (const std::string& setting : settings) {
+    if (setting.find('=') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a PostgreSQL setting is name=value, not '", setting, "'"));
+    }
+  }
   absl::StatusOr<std::string> bin = PostgresBinDir();
   if (!bin.ok()) return bin.status();
   if (!fs::exists(kSetpriv)) return absl::NotFoundError("setpriv (util-linux) is missing");
   auto server = std::unique_ptr<PostgresServer>(new PostgresServer());
   server->bin_dir_ = *bin;
+  server->settings_ = std::move(settings);
   if (::geteuid() == 0) {
     // PostgreSQL refuses to run as root: the directory goes to an unprivileged user.
     const passwd* pw = ::getpwnam("postgres");
@@ -115,11 +123,24 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(absl::Dura
 absl::Status PostgresServer::Launch(absl::Duration timeout) {
   // The unix socket lives in the test's directory (never /var/run/postgresql); fsync and the
   // rest keep their defaults, so a commit is as durable as in production.
-  server_ = std::make_unique<Child>(
-      AsServerUser({bin_dir_ + "/postgres", "-D", dir_.file("data"), "-p", absl::StrCat(port_),
-                    "-k", dir(), "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=64",
-                    "-c", "shared_buffers=16MB"}),
-      log_path());
+  std::vector<std::string> args = {bin_dir_ + "/postgres",
+                                   "-D",
+                                   dir_.file("data"),
+                                   "-p",
+                                   absl::StrCat(port_),
+                                   "-k",
+                                   dir(),
+                                   "-c",
+                                   "listen_addresses=127.0.0.1",
+                                   "-c",
+                                   "max_connections=64",
+                                   "-c",
+                                   "shared_buffers=16MB"};
+  for (const std::string& setting : settings_) {
+    args.push_back("-c");
+    args.push_back(setting);
+  }
+  server_ = std::make_unique<Child>(AsServerUser(std::move(args)), log_path());
   if (!server_->running()) return absl::InternalError("cannot start postgres");
   const std::string conninfo = ConnInfo() + " connect_timeout=2";
   bool exited = false;

@@ -40,8 +40,10 @@ class PostgresServer {
   // Runs initdb and starts the server; returns once it accepts connections. NOT_FOUND when
   // the PostgreSQL binaries are missing; DEADLINE_EXCEEDED (with the server log's tail) when
   // it is not ready within `timeout`; INTERNAL when initdb or the server fails.
+  // `settings` ("name=value") are passed to the server as -c options after the defaults
+  // (shared_buffers=16MB, max_connections=64), on every start, restarts too.
   static absl::StatusOr<std::unique_ptr<PostgresServer>> Start(
-      absl::Duration timeout = absl::Seconds(60));
+      absl::Duration timeout = absl::Seconds(60), std::vector<std::string> settings = {});
 
   ~PostgresServer();
   PostgresServer(const PostgresServer&) = delete;
@@ -78,6 +80,7 @@ class PostgresServer {
   gid_t gid_ = 0;
   int port_ = 0;
   int databases_ = 0;
+  std::vector<std::string> settings_;
   std::unique_ptr<Child> server_;
 };
 
