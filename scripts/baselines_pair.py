@@ -9,7 +9,8 @@ Each RUN is a cdcca-sim --out folder (seeds.json, seed-N/results.json). Per pair
 row: each method minus source-only (seeds.json's per-seed paired differences, mean over
 seeds, SE across seeds), CD-CCA minus each baseline (the per-seed differences of the two
 minus source-only, which share the questions, then mean and SE across seeds), and each
-method's adapted rounds below source-only beyond noise (z < -2).
+method's adapted rounds below source-only beyond noise (z < -2); with several pairs, a last
+row over every (run, seed), its SE across them.
 """
 import glob
 import json
@@ -51,18 +52,26 @@ def main(args):
           " | " + " | ".join(f"CD-CCA minus {b.upper()}" for b in baselines) +
           " | rounds below beyond noise (CD-CCA, " + ", ".join(b.upper() for b in baselines) + ") |")
     print("|---" * (2 + 2 * len(baselines)) + "|---|")
+    every = {"cd-cca": [], **{b: [] for b in baselines}}
     for cdcca_run, base_run in zip(args[::2], args[1::2]):
         if source_only_das(cdcca_run) != source_only_das(base_run):
             raise SystemExit(f"{cdcca_run} and {base_run}: source-only answered differently")
         ours, ours_below = per_seed(cdcca_run, "cd-cca")
+        every["cd-cca"] += ours
         cells, diffs, belows = [mean_se(ours)], [], [str(ours_below)]
         for b in baselines:
             theirs, below = per_seed(base_run, b)
+            every[b] += theirs
             cells.append(mean_se(theirs))
             diffs.append(mean_se([o - t for o, t in zip(ours, theirs)]))
             belows.append(str(below))
         name = os.path.basename(os.path.normpath(cdcca_run))
         print(f"| {name} | " + " | ".join(cells + diffs) + " | " + ", ".join(belows) + " |")
+    if len(args) > 2:
+        ours = every["cd-cca"]
+        cells = [mean_se(ours)] + [mean_se(every[b]) for b in baselines]
+        diffs = [mean_se([o - t for o, t in zip(ours, every[b])]) for b in baselines]
+        print(f"| all {len(ours)} runs | " + " | ".join(cells + diffs) + " | |")
 
 
 if __name__ == "__main__":
