@@ -41,6 +41,32 @@ int64_t Ordered(uint64_t value) { return static_cast<int64_t>(value); }
 int64_t BitCast(uint64_t value) { return static_cast<int64_t>(value); }
 int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
+// Samples in the device's ($1) stored batches past its mirror's cursor.
+constexpr char kSamplesPastCursor[] =
+    "coalesce((SELECT sum(sample_count) FROM samples WHERE device_id = $1 AND sequence > "
+    "coalesce((SELECT consumed_sequence FROM mirror_states WHERE device_id = $1), 0)), 0)";
+
+// A front's job trigger as one statement: the device's ($1) job row due now once `fresh`
+// (a query of one row whose column fresh counts its new samples) reaches $first, else $first+1
+// microseconds from now when $first+2 and any are new, or earlier if it already was due.
+// Its parameters come from AddTriggerParams.
+std::string JobTriggerSql(absl::string_view fresh, int first) {
+  const std::string min = absl::StrCat("$", first), wait = absl::StrCat("$", first + 1),
+                    waits = absl::StrCat("$", first + 2);
+  return absl::StrCat("INSERT INTO jobs (device_id, due_at) SELECT $1, CASE WHEN fresh >= ", min,
+                      " THEN now() ELSE now() + ", wait, " * interval '1 microsecond' END FROM (",
+                      fresh, ") f WHERE f.fresh >= ", min, " OR (", waits,
+                      " AND f.fresh > 0) ON CONFLICT (device_id) DO UPDATE SET due_at = "
+                      "least(coalesce(jobs.due_at, excluded.due_at), excluded.due_at)");
+}
+
+void AddTriggerParams(Params& params, uint64_t min_samples, absl::Duration max_wait) {
+  const bool waits = max_wait != absl::InfiniteDuration();
+  params.Int64(static_cast<int64_t>(std::min<uint64_t>(min_samples, kMaxOrdered)))
+      .Int64(waits ? Micros(max_wait) : 0)
+      .Bool(waits);
+}
+
 std::string LeaseName(const JobLease& lease) {
   return absl::StrFormat("the lease of device %s's job by %s with fencing token %d",
                          lease.device_id, lease.owner, lease.fencing_token);
@@ -234,19 +260,12 @@ absl::StatusOr<AppendOutcome> PgStore::Append(const std::string& device_id,
                       .Int64(quota);
   std::string query = kInsert;
   if (trigger.has_value()) {
-    const bool waits = trigger->max_wait != absl::InfiniteDuration();
-    query = absl::StrCat(
-        "WITH stored AS (", kInsert,
-        "), job AS (INSERT INTO jobs (device_id, due_at) SELECT $1, CASE WHEN fresh >= $6 THEN "
-        "now() ELSE now() + $7 * interval '1 microsecond' END FROM (SELECT s.sample_count + "
-        "coalesce((SELECT sum(sample_count) FROM samples WHERE device_id = $1 AND sequence > "
-        "coalesce((SELECT consumed_sequence FROM mirror_states WHERE device_id = $1), 0)), 0) "
-        "AS fresh FROM stored s) f WHERE f.fresh >= $6 OR ($8 AND f.fresh > 0) ON CONFLICT "
-        "(device_id) DO UPDATE SET due_at = least(coalesce(jobs.due_at, excluded.due_at), "
-        "excluded.due_at)) SELECT sequence FROM stored");
-    params.Int64(static_cast<int64_t>(std::min<uint64_t>(trigger->min_samples, kMaxOrdered)))
-        .Int64(waits ? Micros(trigger->max_wait) : 0)
-        .Bool(waits);
+    query = absl::StrCat("WITH stored AS (", kInsert, "), job AS (",
+                         JobTriggerSql(absl::StrCat("SELECT s.sample_count + ", kSamplesPastCursor,
+                                                    " AS fresh FROM stored s"),
+                                       6),
+                         ") SELECT sequence FROM stored");
+    AddTriggerParams(params, trigger->min_samples, trigger->max_wait);
   }
   PG_ASSIGN_OR_RETURN(Result r, conn_->Exec(query, params));
   if (r.rows() == 1) return AppendOutcome{false, batch.sequence()};
@@ -489,22 +508,12 @@ absl::Status PgStore::ScheduleJob(const std::string& device_id, absl::Time due_a
 
 absl::Status PgStore::TriggerJob(const std::string& device_id, uint64_t min_samples,
                                  absl::Duration max_wait) {
-  const bool waits = max_wait != absl::InfiniteDuration();
+  Params params = Params().Text(device_id);
+  AddTriggerParams(params, min_samples, max_wait);
   absl::MutexLock lock(&mu_);
   PG_RETURN_IF_ERROR(ReconnectIfLost());
   return conn_
-      ->Exec(
-          "INSERT INTO jobs (device_id, due_at) SELECT $1, CASE WHEN fresh >= $2 THEN now() "
-          "ELSE now() + $3 * interval '1 microsecond' END FROM (SELECT coalesce(sum("
-          "sample_count), 0) AS fresh FROM samples WHERE device_id = $1 AND sequence > "
-          "coalesce((SELECT consumed_sequence FROM mirror_states WHERE device_id = $1), 0)) f "
-          "WHERE f.fresh >= $2 OR ($4 AND f.fresh > 0) ON CONFLICT (device_id) DO UPDATE SET "
-          "due_at = least(coalesce(jobs.due_at, excluded.due_at), excluded.due_at)",
-          Params()
-              .Text(device_id)
-              .Int64(static_cast<int64_t>(std::min<uint64_t>(min_samples, kMaxOrdered)))
-              .Int64(waits ? Micros(max_wait) : 0)
-              .Bool(waits))
+      ->Exec(JobTriggerSql(absl::StrCat("SELECT ", kSamplesPastCursor, " AS fresh"), 2), params)
       .status();
 }
 

@@ -123,22 +123,14 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start(
 absl::Status PostgresServer::Launch(absl::Duration timeout) {
   // The unix socket lives in the test's directory (never /var/run/postgresql); fsync and the
   // rest keep their defaults, so a commit is as durable as in production.
-  std::vector<std::string> args = {bin_dir_ + "/postgres",
-                                   "-D",
-                                   dir_.file("data"),
-                                   "-p",
-                                   absl::StrCat(port_),
-                                   "-k",
-                                   dir(),
-                                   "-c",
-                                   "listen_addresses=127.0.0.1",
-                                   "-c",
-                                   "max_connections=64",
-                                   "-c",
-                                   "shared_buffers=16MB"};
-  for (const std::string& setting : settings_) {
+  std::vector<std::string> args = {
+      bin_dir_ + "/postgres", "-D", dir_.file("data"), "-p", absl::StrCat(port_), "-k", dir()};
+  std::vector<std::string> settings = {"listen_addresses=127.0.0.1", "max_connections=64",
+                                       "shared_buffers=16MB"};
+  settings.insert(settings.end(), settings_.begin(), settings_.end());
+  for (std::string& setting : settings) {
     args.push_back("-c");
-    args.push_back(setting);
+    args.push_back(std::move(setting));
   }
   server_ = std::make_unique<Child>(AsServerUser(std::move(args)), log_path());
   if (!server_->running()) return absl::InternalError("cannot start postgres");
