@@ -16,6 +16,7 @@
 #include "cloud/sample_store.h"
 #include "cloud/token_authenticator.h"
 #include "cloud/update_store.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 #include "proto/wire.h"
 #include "storage/env.h"
@@ -389,7 +390,10 @@ absl::StatusOr<CloudObserver*> StartJobs(const CloudOptions& o, bool serves, boo
         std::make_unique<JobWorker>(wo, p.shared.get(), p.shared_states.get(), p.strategy.get());
     p.worker->SetJobCallback(on_job);
     if (o.log) {
-      o.log({{"event", "trainer_started"}, {"owner", wo.owner}, {"threads", wo.threads}});
+      o.log({{"event", "trainer_started"},
+             {"owner", wo.owner},
+             {"threads", wo.threads},
+             {"blas_threads", model::BlasThreads()}});
     }
   }
   return trigger;
@@ -505,6 +509,7 @@ absl::StatusOr<std::unique_ptr<Cloud>> OpenCloud(const CloudOptions& options) {
              {"tokens", p.auth->size()},
              {"data_dir", o.data_dir},
              {"trainer", p.strategy != nullptr},
+             {"blas_threads", model::BlasThreads()},
              {"fingerprint", absl::StrFormat("%016x", p.service_options.expected_fingerprint)},
              {"vision_fingerprint",
               absl::StrFormat("%016x", p.service_options.expected_vision_fingerprint)},

@@ -38,6 +38,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/arch/multimodal_model.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
@@ -89,6 +90,7 @@ class ProgramsTest : public ::testing::Test {
                                      "--max_steps=3",
                                      "--batch_size=4",
                                      "--torch_threads=1",
+                                     "--blas_threads=1",
                                      "--bits_per_param=4",
                                      "--uts_keep_fraction=0.6",
                                      "--uts_mc_passes=2",
@@ -114,6 +116,7 @@ class ProgramsTest : public ::testing::Test {
                                      "--checkpoint_dir=" + checkpoint_,
                                      "--student_precision=int8",
                                      "--torch_threads=1",
+                                     "--blas_threads=1",
                                      "--state_dir=" + DeviceDir(id) + "/state",
                                      "--input=" + images_,
                                      "--loop",
@@ -129,6 +132,16 @@ class ProgramsTest : public ::testing::Test {
     std::ofstream(dir_.path() + "/prompts")
         << "what is in the picture?\nhow many items are there?\n";
     return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", exit_at);
+  }
+
+  // The first JSON line of the log at `path` whose "event" is `event`; null if none.
+  static nlohmann::json FirstEvent(const std::string& path, const std::string& event) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.value("event", "") == event) return j;
+    }
+    return nullptr;
   }
 
   nlohmann::json DeviceStatus(const std::string& id) {
@@ -224,6 +237,11 @@ TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
   }
   nlohmann::json cs = ReadJson(dir_.path() + "/cloud-status.json");
   EXPECT_GE(cs.value("jobs_done", 0ull), 2u) << cs.dump();
+  // Both programs run their BLAS on the one thread --blas_threads gave them, and say so (-1
+  // where the BLAS is not OpenBLAS and cannot say).
+  const int blas = model::BlasThreads() < 0 ? -1 : 1;
+  EXPECT_EQ(FirstEvent(dir_.path() + "/cloud.log", "serving").value("blas_threads", 0), blas);
+  EXPECT_EQ(FirstEvent(DeviceDir("dev-a") + "/device.log", "start").value("blas_threads", 0), blas);
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }

@@ -33,6 +33,7 @@
 #include "cloud/open_cloud.h"
 #include "cloud/trainer.h"
 #include "cloud/update_guard.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
 #include "storage/env.h"
@@ -219,6 +220,10 @@ ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
           "threads matrix products)");
+ABSL_FLAG(int, blas_threads, 0,
+          "threads of the BLAS that multiplies matrices (OpenBLAS), process-wide (0 = its own "
+          "default: one per core); 1 where the program shares its cores with a serving path, "
+          "whose idle BLAS workers otherwise spin on them");
 ABSL_FLAG(std::string, device, "cpu",
           "where jobs train: cpu, cuda, or cuda:N (the N-th GPU only: one trainer per GPU); "
           "falls back to cpu without CUDA");
@@ -454,6 +459,11 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<ProgramOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
+  if (const int blas = absl::GetFlag(FLAGS_blas_threads); blas != 0) {
+    if (absl::StatusOr<int> set = cdcca::model::SetBlasThreads(blas); !set.ok()) {
+      return Fail(set.status());
+    }
+  }
   if (options->visible_gpu >= 0) {
     // One GPU for this process: the others are hidden before anything touches CUDA.
     ::setenv("CUDA_VISIBLE_DEVICES", std::to_string(options->visible_gpu).c_str(), 1);

@@ -48,6 +48,7 @@
 #include "device/inference_runtime.h"
 #include "device/internal/student.h"
 #include "device/sample_step.h"
+#include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 #include "opencv2/imgcodecs.hpp"
 #include "opencv2/imgproc.hpp"
@@ -114,6 +115,10 @@ ABSL_FLAG(std::string, profile, cdcca::settings::kProfile,
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads (0 = automatic: 1, the BLAS threads matrix products over "
           "every core)");
+ABSL_FLAG(int, blas_threads, 0,
+          "threads of the BLAS that multiplies matrices (OpenBLAS), process-wide (0 = its own "
+          "default: one per core); 1 where the program shares its cores with a serving path, "
+          "whose idle BLAS workers otherwise spin on them");
 ABSL_FLAG(std::string, state_dir, "",
           "directory of the last good trainable state and the uplink queue");
 ABSL_FLAG(std::string, input, "",
@@ -431,8 +436,9 @@ int RunOffline(const std::vector<std::string>& prompts) {
   }
   std::fprintf(stderr,
                "{\"event\":\"start\",\"mode\":\"model_folder\",\"model_type\":%s,"
-               "\"uplink\":false}\n",
-               JsonString(cdcca::cli::FolderModelType(runtime_options->checkpoint_dir)).c_str());
+               "\"uplink\":false,\"blas_threads\":%d}\n",
+               JsonString(cdcca::cli::FolderModelType(runtime_options->checkpoint_dir)).c_str(),
+               cdcca::model::BlasThreads());
   const int64_t max_frames = absl::GetFlag(FLAGS_frames);
   int64_t frame_index = 0;
   cdcca::device::Frame frame;
@@ -734,11 +740,13 @@ int RunWithCloud(const std::vector<std::string>& prompts) {
     std::fprintf(
         stderr,
         "{\"event\":\"start\",\"device_id\":%s,\"cloud\":%s,\"version\":%llu,"
-        "\"digest\":\"%016llx\",\"waiting_batches\":%zu,\"token_score\":%s}\n",
+        "\"digest\":\"%016llx\",\"waiting_batches\":%zu,\"token_score\":%s,"
+        "\"blas_threads\":%d}\n",
         JsonString(absl::GetFlag(FLAGS_device_id)).c_str(),
         JsonString(absl::GetFlag(FLAGS_cloud)).c_str(), static_cast<unsigned long long>(s.version),
         static_cast<unsigned long long>(s.state_digest), s.queue.batches,
-        JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao->uts.score)))).c_str());
+        JsonString(std::string(TokenScoreName((*runtime)->EffectiveScore(ao->uts.score)))).c_str(),
+        cdcca::model::BlasThreads());
   }
   if (absl::GetFlag(FLAGS_rollback)) {
     const int64_t to = absl::GetFlag(FLAGS_rollback_to_version);
@@ -804,6 +812,11 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
+  }
+  if (const int blas = absl::GetFlag(FLAGS_blas_threads); blas != 0) {
+    if (absl::StatusOr<int> set = cdcca::model::SetBlasThreads(blas); !set.ok()) {
+      return Fail(set.status());
+    }
   }
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));

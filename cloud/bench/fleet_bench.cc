@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, cloud_binary, "build/cloud/cdcca-cloud", "the cdcca-cloud program");
 // A job per device a minute at most (the program's default waits 10 min, longer than most
 // runs), so that the trainers work during the run.
-ABSL_FLAG(std::string, cloud_flags, "--torch_threads=1,--store_sessions=8,--trigger_interval_s=60",
+ABSL_FLAG(std::string, cloud_flags,
+          "--torch_threads=1,--blas_threads=1,--store_sessions=8,--trigger_interval_s=60",
           "comma-separated flags for every cdcca-cloud process");
 ABSL_FLAG(int, trainer_nice, 10,
           "niceness of the trainers, so that the serving path comes first on a shared host");

@@ -8,6 +8,8 @@
 #ifndef CDCCA_MODEL_RUNTIME_THREADS_H_
 #define CDCCA_MODEL_RUNTIME_THREADS_H_
 
+#include "absl/status/statusor.h"
+
 namespace cdcca::model {
 
 // `requested` if positive, else the automatic count (1). Thread-safe.
@@ -16,6 +18,17 @@ int IntraOpThreads(int requested);
 // Sets LibTorch's (process-wide) intra-op thread count to IntraOpThreads(requested) and
 // returns it. Also flushes denormals on the calling thread (FlushDenormals).
 int SetIntraOpThreads(int requested);
+
+// Caps the threads of the BLAS LibTorch multiplies with (OpenBLAS on Debian) at `n` >= 1 and
+// returns the count the BLAS reports afterwards; process-wide. By default OpenBLAS runs one
+// thread per core, and between two products its idle workers spin on sched_yield: a trainer
+// beside a serving path on two cores spent most of a core so, in the kernel, at any niceness
+// (docs/BENCHMARKS.md, "A fleet against the scaled cloud"). FailedPrecondition where the BLAS
+// has no such control (another BLAS than OpenBLAS).
+absl::StatusOr<int> SetBlasThreads(int n);
+
+// The BLAS's thread count, or -1 where it does not say.
+int BlasThreads();
 
 // Makes the calling thread's CPU arithmetic flush denormal floats to zero (FTZ/DAZ) where the
 // processor supports it; returns whether it does. Training the project's towers produces
