@@ -290,10 +290,10 @@ start_trainer() {
   mkdir -p "$dir/$name"
   rm -f "$run/$name.status.json"
   mapfile -t flags < <(cloud_flags "$name")
-  # One core per CPU trainer: its LibTorch thread and one BLAS thread (docs/BENCHMARKS.md,
-  # "Cloud on PostgreSQL").
-  OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" launch "$name" "$build/cloud/cdcca-cloud" \
-    --role=trainer "${flags[@]}"
+  # One core per CPU trainer: its LibTorch thread and one BLAS thread, whose idle workers would
+  # otherwise spin on the cores the fronts serve from (docs/BENCHMARKS.md, "Cloud on
+  # PostgreSQL" and "A fleet against the scaled cloud").
+  launch "$name" "$build/cloud/cdcca-cloud" --role=trainer --blas_threads=1 "${flags[@]}"
 }
 
 # A front answers once it wrote its port and accepts connections on it.
