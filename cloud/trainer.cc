@@ -271,6 +271,14 @@ struct PerDeviceStrategy::Impl {
           absl::StrCat("mirror state of ", id, " does not match its digest"));
     }
     if (absl::Status s = d.encoder.RestoreState(f->residual); !s.ok()) return s;
+    // The replay buffer as the last commit left it, wherever that job ran (a state written
+    // before it was kept has none). One that does not fit this trainer's capacity starts
+    // empty, as it did before it was kept: replay is weaker for a round, nothing is lost.
+    if (!f->replay.empty()) {
+      if (absl::Status s = d.replay->Restore(f->replay, id); !s.ok()) {
+        LogEvent({{"event", "replay_not_restored"}, {"device_id", id}, {"error", s.ToString()}});
+      }
+    }
     d.mirror = *std::move(mirror);
     d.version = f->version;
     d.consumed = f->consumed;
@@ -310,8 +318,10 @@ struct PerDeviceStrategy::Impl {
   }
 
   // Moves the device's cursor to `last_sequence` durably without a new version: for batches
-  // that give nothing to train on. Caller holds d.mu.
-  absl::Status SkipTo(const std::string& id, DeviceMirror& d, uint64_t last_sequence) {
+  // that give nothing to train on. `replay` (default: the device's) is the replay buffer the
+  // commit keeps. Caller holds d.mu.
+  absl::Status SkipTo(const std::string& id, DeviceMirror& d, uint64_t last_sequence,
+                      const distill::ReplayBuffer* replay = nullptr) {
     MirrorFile f;
     absl::StatusOr<MirrorFile> old = states->Read(id);
     if (old.ok()) f = *std::move(old);
@@ -324,6 +334,7 @@ struct PerDeviceStrategy::Impl {
       f.digest = d.digest;
     }
     f.consumed = last_sequence;
+    f.replay = (replay != nullptr ? replay : d.replay.get())->Serialize();
     if (absl::Status s = states->Commit(id, f, /*new_version=*/false); !s.ok()) return s;
     d.consumed = last_sequence;
     d.PublishInfo();
@@ -468,9 +479,11 @@ struct PerDeviceStrategy::Impl {
   absl::StatusOr<JobReport> Withhold(const std::string& id, DeviceMirror& d, HoldoutPool pool,
                                      const std::vector<compress::UplinkSample>& trained,
                                      JobReport& report) {
-    if (absl::Status s = SkipTo(id, d, report.last_sequence); !s.ok()) return s;
+    distill::ReplayBuffer replay = *d.replay;
+    replay.Add(trained);
+    if (absl::Status s = SkipTo(id, d, report.last_sequence, &replay); !s.ok()) return s;
     d.holdout = std::move(pool);
-    d.replay->Add(trained);
+    *d.replay = std::move(replay);
     trainer->Forget(id);
     ++d.jobs;
     ++d.withheld;
@@ -525,9 +538,9 @@ struct PerDeviceStrategy::Impl {
   }
 
   // Drops what Load brought into memory: the mirror, the encoder's residual, the replay
-  // buffer, the held-out pool and the learner's state between jobs. All but the replay
-  // buffer and the learner's state are on disk or in the sample log, and the next Load
-  // brings them back; those two restart empty, as after a restart. State() keeps answering
+  // buffer, the held-out pool and the learner's state between jobs. All but the learner's
+  // state are on disk or in the sample log, and the next Load brings them back; it restarts
+  // empty, as after a restart. State() keeps answering
   // from the published info. Caller holds d.mu.
   void Evict(const std::string& id, DeviceMirror& d) {
     d.Clear();
@@ -546,7 +559,7 @@ struct PerDeviceStrategy::Impl {
   // as the device's state in memory. From here the version survives a crash (Load
   // republishes it). Caller holds d.mu.
   absl::Status CommitVersion(const std::string& id, DeviceMirror& d, NewVersion& next,
-                             uint64_t consumed) {
+                             uint64_t consumed, const distill::ReplayBuffer* replay = nullptr) {
     MirrorFile f;
     f.version = next.version;
     f.consumed = consumed;
@@ -555,6 +568,7 @@ struct PerDeviceStrategy::Impl {
     f.residual = next.residual;
     f.update = next.update.bytes;
     f.snapshot = next.snapshot;
+    f.replay = (replay != nullptr ? replay : d.replay.get())->Serialize();
     if (absl::Status s = states->Commit(id, f, /*new_version=*/true); !s.ok()) return s;
     d.mirror = std::move(next.state);
     // The configured options (a raised budget holds for its update only), the new residual.
@@ -903,7 +917,19 @@ struct PerDeviceStrategy::Impl {
     }
 
     if (absl::Status s = Quarantine(id, d, in.quarantine); !s.ok()) return s;
-    if (absl::Status s = CommitVersion(id, d, next, report.last_sequence); !s.ok()) return s;
+    // The trained samples join the replay buffer in the commit, so that whichever trainer
+    // runs the device's next job replays them.
+    std::vector<compress::UplinkSample> usable;
+    usable.reserve(split.train.size());
+    for (size_t i = 0; i < split.train.size(); ++i) {
+      if (!rejected[i]) usable.push_back(std::move(split.train[i]));
+    }
+    distill::ReplayBuffer replay = *d.replay;
+    replay.Add(usable);
+    if (absl::Status s = CommitVersion(id, d, next, report.last_sequence, &replay); !s.ok()) {
+      return s;
+    }
+    *d.replay = std::move(replay);
     ++d.jobs;
     if (options.guard.enabled) {
       // The pool's answers with the mirror just committed are the ones scored as "after".
@@ -916,12 +942,6 @@ struct PerDeviceStrategy::Impl {
       d.holdout = std::move(pool);
     }
     d.PublishInfo();
-    std::vector<compress::UplinkSample> usable;
-    usable.reserve(split.train.size());
-    for (size_t i = 0; i < split.train.size(); ++i) {
-      if (!rejected[i]) usable.push_back(std::move(split.train[i]));
-    }
-    d.replay->Add(usable);
     (void)ReleaseConsumed(id, d);
     if (absl::Status s = PublishVersion(id, next); !s.ok()) return s;
     return report;

@@ -20,12 +20,14 @@
 // Durability (PerDeviceStrategy): one state file per device,
 // <state_dir>/<device_id>.mirror, written atomically (temp, fsync, rename, fsync dir): the
 // mirror's trainable set, its version, the consumed-sample cursor, the encoder's residual,
-// and the newest update and snapshot payloads. The file is the commit point of a job; the
+// the newest update and snapshot payloads, and the replay buffer (its samples in full, with
+// the trained samples of the job it commits). The file is the commit point of a job; the
 // payloads are published to the UpdateStore after it, and Recover() republishes them if a
 // crash came in between (or the store's copy is missing or damaged). So after a restart
 // every device resumes with its mirror, version, cursor and residual intact, and no sample
-// is trained twice or skipped. The replay buffer is not persisted (it restarts empty); the
-// pool (pool_samples) is, as the sample log's batches it holds.
+// is trained twice or skipped, and the replay buffer goes on as it was (on the shared store:
+// on whichever trainer runs the device's next job); the pool (pool_samples) is persisted as
+// the sample log's batches it holds.
 //
 // Memory (PerDeviceStrategy): a device's state (mirror, residual, replay buffer, held-out
 // pool) is loaded on demand, by its first job or call, and at most max_resident_mirrors idle
@@ -173,8 +175,8 @@ struct PerDeviceStrategyOptions {
   // Most devices whose mirror, encoder residual, replay buffer and held-out pool stay in
   // memory between their jobs (least recently used evicted first; devices in a job at the
   // moment do not count as evictable). An evicted device loads again from its state file
-  // on its next job, as after a restart: its replay buffer and the learner's state between
-  // jobs restart empty. 0 = no bound. Default: 64.
+  // on its next job, as after a restart: the learner's state between jobs restarts empty.
+  // 0 = no bound. Default: 64.
   size_t max_resident_mirrors = 64;
   // The update guard (cloud/update_guard.h): held-out samples per device, and the rule that
   // withholds an update that does not raise their agreement with the teacher beyond noise.

@@ -263,6 +263,27 @@ TEST_F(TrainerTest, RestartKeepsMirrorCursorAndResidual) {
   EXPECT_EQ(next.samples, 2);
 }
 
+// The replay buffer is in the commit: a trainer that loads the device's state (after a
+// restart, an eviction, or on the shared store another trainer) replays what this one would
+// have. dev-a's trainer restarts between its jobs, dev-b's (the same uplinks) does not.
+TEST_F(TrainerTest, ReplayGoesOnAfterARestartAsWithout) {
+  MakeStrategy();
+  for (const std::string device : {"dev-a", "dev-b"}) {
+    Uplink(device, 1, 8);
+    ASSERT_OK_AND_ASSIGN(JobReport first, strategy_->RunJob(device));
+    EXPECT_EQ(first.replay_samples, 0);  // nothing trained before
+  }
+  Uplink("dev-b", 2, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport without_restart, strategy_->RunJob("dev-b"));
+  ASSERT_GT(without_restart.replay_samples, 0);
+  OpenStores();
+  MakeStrategy();
+  Uplink("dev-a", 2, 4);
+  ASSERT_OK_AND_ASSIGN(JobReport after_restart, strategy_->RunJob("dev-a"));
+  EXPECT_EQ(after_restart.samples, 4);
+  EXPECT_EQ(after_restart.replay_samples, without_restart.replay_samples);
+}
+
 // With more devices than max_resident_mirrors, the least recently used idle ones leave
 // memory and come back from their state files: same mirror, same version, and the next
 // update still takes the device exactly to the mirror (the encoder's residual came back too).

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "compress/byte_io.h"
 #include "compress/hash64.h"
 #include "compress/zstd_frame.h"
 
@@ -18,36 +19,8 @@ constexpr uint16_t kUplinkVersion = 1;
 constexpr size_t kHeaderBytes = 20;
 constexpr size_t kChecksumBytes = 8;
 
-template <typename T>
-void Put(std::string& out, T v) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
-  out.append(buf, sizeof(T));
-}
-
-// Bounds-checked little-endian reader over a byte view.
-class Reader {
- public:
-  explicit Reader(absl::string_view data) : data_(data) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (data_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool Skip(uint64_t n, absl::string_view* out) {
-    if (data_.size() - pos_ < n) return false;
-    *out = data_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == data_.size(); }
-
- private:
-  absl::string_view data_;
-  size_t pos_ = 0;
-};
+// compress/byte_io.h: Put, and the bounds-checked reader over a byte view.
+using Reader = ByteReader;
 
 absl::Status CheckSample(const UplinkSample& s, size_t i, FeaturePrecision precision,
                          const UplinkLimits& limits) {

@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "compress/uplink_codec.h"
 
 namespace cdcca::distill {
@@ -28,6 +30,16 @@ class ReplayBuffer {
   // `count` samples drawn uniformly without replacement (all of them, shuffled, if count >=
   // size()). The pointers stay valid until the next Add(). Advances the generator.
   std::vector<const compress::UplinkSample*> Draw(size_t count);
+
+  // The buffer's whole state as bytes: its samples in full (features as fp16 where every
+  // value of the sample is one, else as fp32, so nothing is rounded), how many were offered,
+  // and the generator's state. What a trainer that takes over the device's jobs restores, so
+  // that replay goes on there as it would have here.
+  std::string Serialize() const;
+  // Replaces the state with what Serialize wrote. DATA_LOSS naming `what` for bytes that do
+  // not parse, or that hold more samples than this buffer's capacity; the state is unchanged
+  // then.
+  absl::Status Restore(absl::string_view bytes, absl::string_view what);
 
   size_t size() const { return items_.size(); }
   size_t capacity() const { return capacity_; }

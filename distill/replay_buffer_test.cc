@@ -68,5 +68,76 @@ TEST(ReplayBufferTest, ZeroCapacityStaysEmpty) {
   EXPECT_TRUE(buffer.Draw(3).empty());
 }
 
+// Samples with every field set: features exact in fp16 for even ids, not for odd ones, and
+// a frame on every third.
+std::vector<compress::UplinkSample> FullSamples(uint64_t first, int n) {
+  std::vector<compress::UplinkSample> out(n);
+  for (int i = 0; i < n; ++i) {
+    compress::UplinkSample& s = out[i];
+    s.sample_id = first + i;
+    s.model_version = i % 3;
+    s.entropy = 0.25f * i;
+    s.grid_tokens = 16;
+    s.feature_dim = 3;
+    s.kept_indices = {1, static_cast<uint16_t>(4 + i % 5)};
+    s.prompt_tokens = {7, 8, static_cast<uint32_t>(i)};
+    s.answer_tokens = {static_cast<uint32_t>(100 + i)};
+    for (int k = 0; k < 6; ++k) {
+      s.features.push_back(s.sample_id % 2 == 0 ? 0.5f * k - 1.0f : 0.1f * k + 1e-7f * i);
+    }
+    if (i % 3 == 0) s.frame = std::string("\xff\xd8jpeg", 6) + std::to_string(i);
+  }
+  return out;
+}
+
+void ExpectSameSample(const compress::UplinkSample& a, const compress::UplinkSample& b) {
+  EXPECT_EQ(a.sample_id, b.sample_id);
+  EXPECT_EQ(a.model_version, b.model_version);
+  EXPECT_EQ(a.entropy, b.entropy);
+  EXPECT_EQ(a.grid_tokens, b.grid_tokens);
+  EXPECT_EQ(a.feature_dim, b.feature_dim);
+  EXPECT_EQ(a.kept_indices, b.kept_indices);
+  EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
+  EXPECT_EQ(a.answer_tokens, b.answer_tokens);
+  EXPECT_EQ(a.features, b.features);  // bit for bit: nothing rounded on the way
+  EXPECT_EQ(a.frame, b.frame);
+}
+
+TEST(ReplayBufferTest, ARestoredBufferHoldsAndDrawsWhatTheOriginalWould) {
+  ReplayBuffer original(12, 5);
+  original.Add(FullSamples(0, 9));
+  original.Add(FullSamples(100, 20));  // past the capacity: the generator has moved
+  ReplayBuffer restored(12, 999);      // another seed: everything comes from the bytes
+  ASSERT_TRUE(restored.Restore(original.Serialize(), "dev-a").ok());
+  EXPECT_EQ(restored.size(), original.size());
+  EXPECT_EQ(restored.seen(), original.seen());
+  // The same draws and the same reservoir choices from here on.
+  for (int round = 0; round < 3; ++round) {
+    const auto a = original.Draw(5), b = restored.Draw(5);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ExpectSameSample(*a[i], *b[i]);
+    original.Add(FullSamples(1000 * (round + 1), 7));
+    restored.Add(FullSamples(1000 * (round + 1), 7));
+  }
+  EXPECT_EQ(restored.Serialize(), original.Serialize());
+}
+
+TEST(ReplayBufferTest, RestoreRefusesDamagedBytesAndKeepsItsState) {
+  ReplayBuffer original(8, 5);
+  original.Add(FullSamples(0, 6));
+  const std::string bytes = original.Serialize();
+  ReplayBuffer buffer(8, 1);
+  buffer.Add(FullSamples(500, 2));
+  const std::string before = buffer.Serialize();
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{30}, bytes.size() / 2, bytes.size() - 1}) {
+    absl::Status s = buffer.Restore(bytes.substr(0, cut), "dev-a");
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << cut;
+  }
+  EXPECT_EQ(buffer.Restore(bytes + "x", "dev-a").code(), absl::StatusCode::kDataLoss);
+  ReplayBuffer smaller(3, 1);  // more samples than it holds
+  EXPECT_EQ(smaller.Restore(bytes, "dev-a").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(buffer.Serialize(), before);
+}
+
 }  // namespace
 }  // namespace cdcca::distill

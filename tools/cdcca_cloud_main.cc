@@ -174,8 +174,8 @@ ABSL_FLAG(int64_t, pool_samples, cdcca::settings::kPoolSamples,
           "the sample log and trained on again by every job (0 = none)");
 ABSL_FLAG(int64_t, max_resident_mirrors, 64,
           "most devices whose mirror and replay buffer stay in memory between jobs (least "
-          "recently used evicted first; an evicted device reloads from its state file, its "
-          "replay buffer empty); 0 = no bound");
+          "recently used evicted first; an evicted device reloads both from its state file); "
+          "0 = no bound");
 ABSL_FLAG(int64_t, byte_budget, 0,
           "per-device byte budget of one update (0 = the device's Register capability, else "
           "--bits_per_param alone)");

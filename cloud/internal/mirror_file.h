@@ -26,6 +26,7 @@ struct MirrorFile {
   std::string residual;  // DeltaEncoder::SerializeState
   std::string update;    // payload that produced `version` (empty at version 0)
   std::string snapshot;  // snapshot payload of `version` (empty at version 0)
+  std::string replay;    // distill::ReplayBuffer::Serialize (empty: none kept, or format 2)
 };
 
 std::string EncodeMirrorFile(const MirrorFile& f);

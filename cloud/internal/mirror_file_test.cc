@@ -5,8 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "compress/byte_io.h"
 #include "compress/hash64.h"
 #include "gtest/gtest.h"
+#include "storage/sealed_file.h"
 
 namespace cdcca::cloud::internal {
 namespace {
@@ -20,6 +22,7 @@ MirrorFile Sample() {
   f.residual = "residual";
   f.update = "update payload";
   f.snapshot = "";
+  f.replay = "replay buffer bytes";
   return f;
 }
 
@@ -31,12 +34,10 @@ void ExpectSame(const MirrorFile& a, const MirrorFile& b) {
   EXPECT_EQ(a.residual, b.residual);
   EXPECT_EQ(a.update, b.update);
   EXPECT_EQ(a.snapshot, b.snapshot);
+  EXPECT_EQ(a.replay, b.replay);
 }
 
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
+using compress::Put;
 
 TEST(MirrorFileTest, ReadsBackWhatItWrites) {
   absl::StatusOr<MirrorFile> back = DecodeMirrorFile(EncodeMirrorFile(Sample()), "d.mirror");
@@ -55,8 +56,29 @@ TEST(MirrorFileTest, RefusesEveryDamagedByteAndATruncation) {
       absl::IsDataLoss(DecodeMirrorFile(good.substr(0, good.size() - 1), "d.mirror").status()));
 }
 
+TEST(MirrorFileTest, ReadsTheFilesOfFormatTwoWithoutAReplayBuffer) {
+  MirrorFile f = Sample();
+  f.replay.clear();
+  std::string body;
+  Put(body, f.version);
+  Put(body, f.consumed);
+  Put(body, f.digest);
+  for (const std::string* blob : {&f.mirror, &f.residual, &f.update, &f.snapshot}) {
+    Put<uint64_t>(body, blob->size());
+    body += *blob;
+  }
+  const std::string two = storage::Seal(storage::SealKind("CDMS"), 2, body);
+  absl::StatusOr<MirrorFile> back = DecodeMirrorFile(two, "d.mirror");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(*back, f);
+  // Format 3 holds the replay blob: the same body read as format 3 is short of it.
+  EXPECT_TRUE(absl::IsDataLoss(
+      DecodeMirrorFile(storage::Seal(storage::SealKind("CDMS"), 3, body), "d.mirror").status()));
+}
+
 TEST(MirrorFileTest, ReadsTheFilesOfFormatOne) {
-  const MirrorFile f = Sample();
+  MirrorFile f = Sample();
+  f.replay.clear();
   std::string legacy;
   Put<uint32_t>(legacy, 0x534d4443);  // "CDMS"
   Put<uint32_t>(legacy, 1);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "compress/byte_io.h"
 #include "compress/hash64.h"
 #include "storage/sealed_file.h"
 
@@ -12,10 +13,7 @@ namespace {
 constexpr uint32_t kKind = storage::SealKind("DVTS");
 constexpr uint32_t kFormat = 1;
 
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
+using compress::Put;
 
 // The fields: u64 version | u64 digest | safetensors (the rest).
 absl::StatusOr<TrainableStateFile> GetFields(absl::string_view in) {
