@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -432,6 +433,44 @@ TEST_F(ClusterTest, ATrainerKilledMidJobLeavesTheJobToTheOther) {
     EXPECT_EQ(update.new_version, v + 1);
   }
   for (Child* c : {front.get(), other.get()}) {
+    c->Signal(SIGTERM);
+    EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
+  }
+}
+
+// The replay buffer travels with the device's state in the store: the first job that
+// another trainer runs for the device replays what the first trainer's jobs trained.
+TEST_F(ClusterTest, TheNextTrainerReplaysWhatTheLastOneTrained) {
+  int port = 0;
+  std::unique_ptr<Child> front = StartCloud("front", "front-0", &port);
+  ASSERT_GT(port, 0) << ReadText(Log("front-0"));
+  std::unique_ptr<Child> first = StartCloud("trainer", "trainer-0");
+  std::unique_ptr<Child> device = StartDevice("dev-a", port);
+  ASSERT_TRUE(WaitInSync("dev-a", 1, absl::Minutes(2))) << ReadText(Log("trainer-0"));
+  first->Signal(SIGTERM);
+  ASSERT_EQ(first->Wait(absl::Seconds(60)), 0) << ReadText(Log("trainer-0"));
+  std::unique_ptr<Child> second = StartCloud("trainer", "trainer-1");
+  // The second trainer's first job of dev-a.
+  nlohmann::json job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::istringstream log(ReadText(Log("trainer-1")));
+        for (std::string line; std::getline(log, line);) {
+          nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+          if (!j.is_discarded() && j.is_object() && j.value("event", "") == "job" &&
+              j.value("device_id", "") == "dev-a") {
+            job = j;
+            return true;
+          }
+        }
+        return false;
+      },
+      absl::Minutes(2)))
+      << ReadText(Log("trainer-1"));
+  EXPECT_GE(job.value("base_version", 0ull), 1u) << job.dump();
+  EXPECT_GT(job.value("replay_samples", 0), 0) << job.dump();
+  StopAndCheck("dev-a", *device);
+  for (Child* c : {front.get(), second.get()}) {
     c->Signal(SIGTERM);
     EXPECT_EQ(c->Wait(absl::Seconds(60)), 0);
   }
