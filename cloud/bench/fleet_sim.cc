@@ -24,7 +24,6 @@ namespace {
 constexpr double kBucketBase = 0.01;  // ms: the first bucket's upper edge
 constexpr double kBucketGrowth = 1.02;
 constexpr int kBuckets = 1000;  // up to ~0.01 ms * 1.02^1000, about 3 hours
-constexpr absl::Duration kSlowCall = absl::Milliseconds(500);  // a stall second in the report
 
 enum Rpc { kRegister, kReport, kUplink, kFetchUpdate, kFetchSnapshot, kRpcs };
 constexpr const char* kRpcNames[kRpcs] = {"register", "report_applied", "uplink", "fetch_update",
@@ -152,8 +151,8 @@ struct Fleet::Shared {
   std::map<std::string, uint64_t> refusals ABSL_GUARDED_BY(stats_mu);
   std::vector<absl::Time> failures ABSL_GUARDED_BY(stats_mu);
   std::vector<uint32_t> successes_per_100ms ABSL_GUARDED_BY(stats_mu);
-  // Per second of the run (by when the call started): calls that took over kSlowCall, and the
-  // longest call; what lines stalls up with the cloud's own logs.
+  // Per second of the run (by when the call started): calls that took over FleetOptions::slow_call,
+  // and the longest call; what lines stalls up with the cloud's own logs.
   std::vector<std::pair<uint32_t, double>> slow_per_s ABSL_GUARDED_BY(stats_mu);
   CallCounts counts ABSL_GUARDED_BY(stats_mu);
   uint64_t batches_made ABSL_GUARDED_BY(stats_mu) = 0;
@@ -720,7 +719,7 @@ void Fleet::Record(const Call& call, absl::Time now, bool failed, bool cut) {
     return;
   }
   sh.latency[call.rpc].Add(now - call.started);
-  if (now - call.started > kSlowCall) {
+  if (now - call.started > options_.slow_call) {
     const size_t second =
         static_cast<size_t>(std::max<int64_t>(0, absl::ToInt64Seconds(call.started - sh.start)));
     if (second >= sh.slow_per_s.size()) sh.slow_per_s.resize(second + 1, {0, 0.0});
@@ -834,7 +833,7 @@ nlohmann::json Fleet::Report() const {
           {"offline_episodes", sh.offline_episodes},
           {"connections", sh.channels.size()},
           {"start_unix_s", absl::ToDoubleSeconds(sh.start - absl::UnixEpoch())},
-          {"slow_call_ms", absl::ToDoubleMilliseconds(kSlowCall)},
+          {"slow_call_ms", absl::ToDoubleMilliseconds(options_.slow_call)},
           {"slow_seconds", slow}};
 }
 

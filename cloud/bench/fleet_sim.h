@@ -77,6 +77,8 @@ struct FleetOptions {
   // Deadline of a unary call and of one stream. Defaults: 10 s and 60 s.
   absl::Duration call_timeout = absl::Seconds(10);
   absl::Duration stream_timeout = absl::Seconds(60);
+  // A call that takes longer counts in the report's slow seconds. Default: 500 ms.
+  absl::Duration slow_call = absl::Milliseconds(500);
   // Backoff before the n-th retry: min(max, initial * 2^(n-1)) * uniform(0.5, 1). Defaults:
   // 0.5 s and 10 s.
   absl::Duration initial_backoff = absl::Milliseconds(500);
