@@ -540,8 +540,8 @@ struct PerDeviceStrategy::Impl {
   // Drops what Load brought into memory: the mirror, the encoder's residual, the replay
   // buffer, the held-out pool and the learner's state between jobs. All but the learner's
   // state are on disk or in the sample log, and the next Load brings them back; it restarts
-  // empty, as after a restart. State() keeps answering
-  // from the published info. Caller holds d.mu.
+  // empty, as after a restart. State() keeps answering from the published info. Caller
+  // holds d.mu.
   void Evict(const std::string& id, DeviceMirror& d) {
     d.Clear();
     trainer->Forget(id);
