@@ -59,11 +59,20 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_due ON jobs (due_at) WHERE due_at IS NOT NULL;
 )sql";
 
+// A device's mirror state (the trainable set, the encoder's residual, the replay buffer: mostly
+// floats) is stored out of line without compression: compressing it (pglz, PostgreSQL's
+// default) on every publication cost the tiny family's trainer a fifth of its jobs in the
+// 50-device fault run (docs/ARCHITECTURE.md, "Programs": the replay buffer in the state).
+constexpr char kSchemaV2[] = R"sql(
+ALTER TABLE mirror_states ALTER COLUMN state SET STORAGE EXTERNAL;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* const kMigrations = new std::vector<Migration>{
       {1, kSchemaV1},
+      {2, kSchemaV2},
   };
   return *kMigrations;
 }

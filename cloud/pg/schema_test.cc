@@ -137,6 +137,11 @@ TEST_F(PgSchemaTest, MigrationIsIdempotent) {
   for (const char* table : {"devices", "samples", "mirror_states", "updates", "jobs"}) {
     EXPECT_EQ(Count(*conn, std::string("SELECT count(*) FROM ") + table), 0) << table;
   }
+  // Version 2: mirror states out of line and uncompressed.
+  EXPECT_EQ(Count(*conn,
+                  "SELECT count(*) FROM pg_attribute WHERE attrelid = 'mirror_states'::regclass "
+                  "AND attname = 'state' AND attstorage = 'e'"),
+            1);
 }
 
 // Each process that starts runs Migrate; a slow first migration widens the window in which
