@@ -454,12 +454,9 @@ TEST_F(ClusterTest, TheNextTrainerReplaysWhatTheLastOneTrained) {
   nlohmann::json job;
   ASSERT_TRUE(WaitUntil(
       [&] {
-        std::istringstream log(ReadText(Log("trainer-1")));
-        for (std::string line; std::getline(log, line);) {
-          nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-          if (!j.is_discarded() && j.is_object() && j.value("event", "") == "job" &&
-              j.value("device_id", "") == "dev-a") {
-            job = j;
+        for (nlohmann::json& j : testing::LogEvents(Log("trainer-1"), "job")) {
+          if (j.value("device_id", "") == "dev-a") {
+            job = std::move(j);
             return true;
           }
         }

@@ -177,13 +177,7 @@ class PairProgramsTest : public ::testing::Test {
 
   // The cloud's job lines.
   std::vector<nlohmann::json> Jobs() {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(dir_.path() + "/cloud.log");
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("event", "") == "job") out.push_back(j);
-    }
-    return out;
+    return testing::LogEvents(dir_.path() + "/cloud.log", "job");
   }
 
   // Those of jobs that produced an update. Not simply the first job: a job

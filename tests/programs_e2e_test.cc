@@ -52,6 +52,7 @@ namespace cdcca {
 namespace {
 
 using ::cdcca::testing::Child;
+using ::cdcca::testing::LogEvents;
 using ::cdcca::testing::ReadJson;
 using ::cdcca::testing::ReadText;
 using ::cdcca::testing::TempDir;
@@ -132,16 +133,6 @@ class ProgramsTest : public ::testing::Test {
     std::ofstream(dir_.path() + "/prompts")
         << "what is in the picture?\nhow many items are there?\n";
     return std::make_unique<Child>(args, DeviceDir(id) + "/device.log", exit_at);
-  }
-
-  // The first JSON line of the log at `path` whose "event" is `event`; null if none.
-  static nlohmann::json FirstEvent(const std::string& path, const std::string& event) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.value("event", "") == event) return j;
-    }
-    return nullptr;
   }
 
   nlohmann::json DeviceStatus(const std::string& id) {
@@ -240,8 +231,12 @@ TEST_F(ProgramsTest, TwoDevicesUplinkApplyAndMatchTheCloud) {
   // Both programs run their BLAS on the one thread --blas_threads gave them, and say so (-1
   // where the BLAS is not OpenBLAS and cannot say).
   const int blas = model::BlasThreads() < 0 ? -1 : 1;
-  EXPECT_EQ(FirstEvent(dir_.path() + "/cloud.log", "serving").value("blas_threads", 0), blas);
-  EXPECT_EQ(FirstEvent(DeviceDir("dev-a") + "/device.log", "start").value("blas_threads", 0), blas);
+  const std::vector<nlohmann::json> serving = LogEvents(dir_.path() + "/cloud.log", "serving");
+  const std::vector<nlohmann::json> start = LogEvents(DeviceDir("dev-a") + "/device.log", "start");
+  ASSERT_FALSE(serving.empty());
+  ASSERT_FALSE(start.empty());
+  EXPECT_EQ(serving[0].value("blas_threads", 0), blas);
+  EXPECT_EQ(start[0].value("blas_threads", 0), blas);
   cloud->Signal(SIGTERM);
   EXPECT_EQ(cloud->Wait(absl::Seconds(60)), 0);
 }

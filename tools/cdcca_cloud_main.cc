@@ -459,10 +459,9 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<ProgramOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
-  if (const int blas = absl::GetFlag(FLAGS_blas_threads); blas != 0) {
-    if (absl::StatusOr<int> set = cdcca::model::SetBlasThreads(blas); !set.ok()) {
-      return Fail(set.status());
-    }
+  if (absl::Status s = cdcca::model::ApplyBlasThreadsFlag(absl::GetFlag(FLAGS_blas_threads));
+      !s.ok()) {
+    return Fail(s);
   }
   if (options->visible_gpu >= 0) {
     // One GPU for this process: the others are hidden before anything touches CUDA.

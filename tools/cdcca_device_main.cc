@@ -813,10 +813,9 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return Fail(absl::InvalidArgumentError("--checkpoint_dir is required"));
   }
-  if (const int blas = absl::GetFlag(FLAGS_blas_threads); blas != 0) {
-    if (absl::StatusOr<int> set = cdcca::model::SetBlasThreads(blas); !set.ok()) {
-      return Fail(set.status());
-    }
+  if (absl::Status s = cdcca::model::ApplyBlasThreadsFlag(absl::GetFlag(FLAGS_blas_threads));
+      !s.ok()) {
+    return Fail(s);
   }
   if (absl::GetFlag(FLAGS_input).empty()) {
     return Fail(absl::InvalidArgumentError("--input is required (see --help)"));

@@ -47,6 +47,10 @@ absl::StatusOr<int> SetBlasThreads(int n) {
   return BlasThreads();
 }
 
+absl::Status ApplyBlasThreadsFlag(int requested) {
+  return requested == 0 ? absl::OkStatus() : SetBlasThreads(requested).status();
+}
+
 int BlasThreads() {
   auto get = OpenBlasSymbol<int (*)()>("openblas_get_num_threads");
   return get == nullptr ? -1 : get();

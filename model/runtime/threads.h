@@ -27,6 +27,10 @@ int SetIntraOpThreads(int requested);
 // has no such control (another BLAS than OpenBLAS).
 absl::StatusOr<int> SetBlasThreads(int n);
 
+// The programs' --blas_threads: 0 leaves the BLAS at its own count, anything else goes to
+// SetBlasThreads (whose errors it returns).
+absl::Status ApplyBlasThreadsFlag(int requested);
+
 // The BLAS's thread count, or -1 where it does not say.
 int BlasThreads();
 

@@ -103,6 +103,19 @@ inline std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
+// The JSON lines of a program's log at `path` whose "event" is `event`, in order.
+inline std::vector<nlohmann::json> LogEvents(const std::string& path, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.is_object() && j.value("event", "") == event) {
+      out.push_back(std::move(j));
+    }
+  }
+  return out;
+}
+
 // The port a program wrote to its --port_file `path`; 0 after `timeout`, or as soon as
 // `child` (when given) has exited.
 inline int WaitForPortFile(const std::string& path, absl::Duration timeout,
