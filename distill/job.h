@@ -29,6 +29,9 @@ struct JobOptions {
   double replay_fraction = settings::kReplayFraction;
   // Greedy pseudo-label / self-label length bound.
   int max_answer_tokens = settings::kMaxAnswerTokens;
+  // Samples the teacher labels in one batch while a job prepares (0 = batch_size): one greedy
+  // pass and one teacher-forced pass per chunk of them.
+  int prepare_batch = 0;
   // Wall-clock bound of the training loop in seconds (0 = none): a job stops after the first
   // step that ends past it, with at least one step (JobStats::stopped_by_budget). cdcca-cloud's
   // --time_budget_s overrides it.
@@ -78,6 +81,9 @@ struct JobStats {
   // "backward", "optimizer".
   std::vector<std::pair<std::string, double>> phases;
   int phase_timed_steps = 0;
+  // On CUDA, per phase the most GPU memory live tensors held at its end over the timed steps
+  // (after "forward": the weights plus what autograd keeps for the backward pass).
+  std::vector<std::pair<std::string, int64_t>> phase_allocated_bytes;
 };
 
 }  // namespace cdcca::distill

@@ -15,10 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distill/adamw.h"
 #include "distill/greedy_answers.h"
 #include "distill/losses.h"
 #include "model/arch/layers.h"
 #include "model/arch/row_segments.h"
+#include "model/runtime/gpu_memory.h"
 
 namespace cdcca::distill {
 
@@ -143,6 +145,17 @@ int64_t FirstEos(const model::MultimodalModel& m) {
 
 torch::Tensor Row(const torch::Tensor& t) { return t.unsqueeze(0); }
 
+// `batch` with its logits asked for at the answers' predictors alone (TokenInputs::
+// logits_tail): the last A + 1 positions of its left-padded rows, A its longest answer. The
+// losses read no other position, and the LM head's product and the logits' memory shrink
+// from every position to those.
+TextBatch AtAnswers(TextBatch batch) {
+  int64_t longest = 0;
+  for (int64_t a : batch.answer_lengths) longest = std::max(longest, a);
+  batch.inputs.logits_tail = longest + 1;
+  return batch;
+}
+
 torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
   return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
 }
@@ -219,76 +232,133 @@ struct PairDistiller::State {
     return TokenInputsOf(s.tokens, s.present, ids, qformer, d, prompt_length);
   }
 
-  // Teacher work for one sample: pseudo-label, Q_t, R_t, answer logits. The teacher reads
-  // every token of a complete sample, the student its present ones.
-  absl::Status Prepare(const PairSample& sample, PreparedSample* out, std::string* label) {
+  // Teacher work for a chunk of samples, in one batch: pseudo-labels (one greedy pass over
+  // the samples without a given label), then Q_t, R_t and the answer logits teacher-forced
+  // on them (one forward pass). Each sample's results are what a chunk of one gives, up to
+  // the rounding of the batch's products: the rows are left-padded and masked. The teacher
+  // reads every token of a complete sample, the student its present ones. Errors name the
+  // samples by their index in the job (`first` is the chunk's first).
+  absl::Status PrepareChunk(const std::vector<const PairSample*>& samples,
+                            const std::vector<PreparedSample*>& out, size_t first,
+                            std::vector<std::string>* labels) {
     torch::NoGradGuard no_grad;
-    PairSample teacher_view = sample;
-    if (sample.complete) teacher_view.present = torch::Tensor();
-    out->tokens = Row(sample.tokens.to(device, torch::kFloat));
-    out->present = PresentRow(teacher_view, device);
-    absl::StatusOr<std::vector<int64_t>> t_prompt = SidePromptIds(teacher, sample.prompt);
-    if (!t_prompt.ok()) return t_prompt.status();
-    absl::StatusOr<std::vector<int64_t>> t_qformer = SideQformerIds(teacher, sample.prompt);
-    if (!t_qformer.ok()) return t_qformer.status();
-    std::vector<int64_t> answer;
-    if (!sample.label.empty()) {
-      // A given label (the ground-truth arm): the teacher is forced on it.
-      absl::StatusOr<std::vector<int64_t>> ids = teacher.encode(sample.label, /*special=*/false);
-      if (!ids.ok()) return ids.status();
-      answer = *std::move(ids);
-      *label = sample.label;
-    } else {
-      absl::StatusOr<std::string> text =
-          GreedyAnswer(teacher, teacher_view, options.max_answer_tokens, &answer);
-      if (!text.ok()) return text.status();
-      *label = *std::move(text);
+    const size_t n = samples.size();
+    const torch::Device t_device = teacher.model->device();
+    std::vector<std::vector<int64_t>> t_prompt(n), t_qformer(n), answer(n);
+    std::vector<torch::Tensor> t_tokens(n), t_present(n);
+    labels->assign(n, std::string());
+    auto at = [first](size_t i, const absl::Status& st) {
+      return absl::Status(st.code(), absl::StrCat("sample ", first + i, ": ", st.message()));
+    };
+    // A pass over several samples: its error names them all.
+    auto over = [first](const std::vector<size_t>& which, const absl::Status& st) {
+      const std::string who = which.size() == 1 ? absl::StrCat("sample ", first + which[0])
+                                                : absl::StrCat("samples ", first + which.front(),
+                                                               "-", first + which.back());
+      return absl::Status(st.code(), absl::StrCat(who, ": ", st.message()));
+    };
+    std::vector<size_t> unlabelled;
+    for (size_t i = 0; i < n; ++i) {
+      const PairSample& sample = *samples[i];
+      PairSample teacher_view = sample;
+      if (sample.complete) teacher_view.present = torch::Tensor();
+      t_tokens[i] = Row(sample.tokens.to(t_device, torch::kFloat));
+      t_present[i] = PresentRow(teacher_view, t_device);
+      absl::StatusOr<SidePrompt> prompt = SidePromptOf(teacher, sample.prompt);
+      if (!prompt.ok()) return at(i, prompt.status());
+      t_prompt[i] = std::move(prompt->lm);
+      t_qformer[i] = std::move(prompt->qformer);
+      if (!sample.label.empty()) {
+        // A given label (the ground-truth arm): the teacher is forced on it.
+        absl::StatusOr<std::vector<int64_t>> ids = teacher.encode(sample.label, /*special=*/false);
+        if (!ids.ok()) return at(i, ids.status());
+        answer[i] = *std::move(ids);
+        (*labels)[i] = sample.label;
+      } else {
+        unlabelled.push_back(i);
+      }
+    }
+    auto rows_of = [&](const std::vector<size_t>& which,
+                       const std::vector<std::vector<int64_t>>& answers) {
+      std::vector<TextRow> rows;
+      for (size_t i : which) {
+        rows.push_back(
+            {t_tokens[i], t_present[i], torch::Tensor(), &t_prompt[i], &answers[i], &t_qformer[i]});
+      }
+      return rows;
+    };
+    if (!unlabelled.empty()) {
+      const std::vector<std::vector<int64_t>> none(n);
+      TextBatch prompts = CollateHfRows(rows_of(unlabelled, none), t_device);
+      prompts.inputs.prompt_lengths = torch::Tensor();  // ids are the prompts alone
+      model::GreedyOptions g;
+      g.max_new_tokens = options.max_answer_tokens;
+      g.eos_token_ids = teacher.model->eos_token_ids();
+      absl::StatusOr<model::GreedyResult> gen =
+          teacher.model->GenerateFromTokens(prompts.inputs, g);
+      if (!gen.ok()) return over(unlabelled, gen.status());
+      const int64_t image = teacher.model->image_token_id();
+      for (size_t r = 0; r < unlabelled.size(); ++r) {
+        std::vector<int64_t> ids = model::AnswerIds(gen->tokens[r], g.eos_token_ids);
+        // The image placeholder cannot be part of an answer that is read back (it would stand
+        // for an image position): the answer ends before it, as at an EOS.
+        ids.erase(std::find(ids.begin(), ids.end(), image), ids.end());
+        (*labels)[unlabelled[r]] = std::string(absl::StripAsciiWhitespace(teacher.decode(ids)));
+        answer[unlabelled[r]] = std::move(ids);
+      }
     }
     const int64_t t_eos_id = FirstEos(*teacher.model);
-    if (t_eos_id >= 0) answer.push_back(t_eos_id);
-
-    // The student's answer: the same ids with an identical tokenizer, else the label's text.
-    if (same_tokenizer) {
-      out->student_answer = answer;
-    } else {
-      absl::StatusOr<std::vector<int64_t>> ids = student.encode(*label, /*special=*/false);
-      if (!ids.ok()) return ids.status();
-      out->student_answer = *ids;
-      const int64_t s_eos = FirstEos(*student.model);
-      if (s_eos >= 0) out->student_answer.push_back(s_eos);
+    for (size_t i = 0; i < n; ++i) {
+      const PairSample& sample = *samples[i];
+      PreparedSample* o = out[i];
+      if (t_eos_id >= 0) answer[i].push_back(t_eos_id);
+      // The student's answer: the same ids with an identical tokenizer, else the label's text.
+      if (same_tokenizer) {
+        o->student_answer = answer[i];
+      } else {
+        absl::StatusOr<std::vector<int64_t>> ids = student.encode((*labels)[i], /*special=*/false);
+        if (!ids.ok()) return at(i, ids.status());
+        o->student_answer = *ids;
+        const int64_t s_eos = FirstEos(*student.model);
+        if (s_eos >= 0) o->student_answer.push_back(s_eos);
+      }
+      absl::StatusOr<SidePrompt> s_prompt = SidePromptOf(student, sample.prompt);
+      if (!s_prompt.ok()) return at(i, s_prompt.status());
+      o->student_prompt = std::move(s_prompt->lm);
+      o->student_qformer = std::move(s_prompt->qformer);
+      o->tokens = Row(sample.tokens.to(device, torch::kFloat));
+      o->present = PresentRow(sample, device);  // what the student trains on
+      if (student.reads_pixels && sample.pixels.defined()) {
+        o->pixels = Row(sample.pixels.to(device, torch::kFloat));
+      }
     }
-    absl::StatusOr<std::vector<int64_t>> s_prompt = SidePromptIds(student, sample.prompt);
-    if (!s_prompt.ok()) return s_prompt.status();
-    out->student_prompt = *s_prompt;
-    absl::StatusOr<std::vector<int64_t>> s_qformer = SideQformerIds(student, sample.prompt);
-    if (!s_qformer.ok()) return s_qformer.status();
-    out->student_qformer = *s_qformer;
 
-    // Teacher-forced on its answer.
-    std::vector<int64_t> full = *t_prompt;
-    full.insert(full.end(), answer.begin(), answer.end());
-    absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(Inputs(
-        *out, full, *t_qformer, teacher.model->device(), static_cast<int64_t>(t_prompt->size())));
-    if (!f.ok()) return f.status();
-    const int64_t p = static_cast<int64_t>(t_prompt->size());
-    const int64_t a = static_cast<int64_t>(answer.size());
-    out->teacher_queries = f->queries[0].to(device);
-    out->teacher_queries_present = f->queries_present[0].to(device);
-    torch::Tensor r = f->representation[0].narrow(0, p, a).to(device);
-    out->teacher_repr = same_tokenizer ? r : r.mean(0, /*keepdim=*/true);
-    const torch::Tensor answer_logits = f->logits[0].narrow(0, p - 1, a);
-    if (use_kl) out->teacher_logits = answer_logits.to(device);
-    if (config.confidence_power > 0) {  // a read back from the device per sample: only if used
-      torch::NoGradGuard no_grad;
-      const torch::Tensor ids = torch::tensor(answer, torch::kLong).to(answer_logits.device());
-      const torch::Tensor logp = torch::log_softmax(answer_logits.to(torch::kFloat), -1)
-                                     .gather(-1, ids.unsqueeze(-1))
-                                     .squeeze(-1);
-      out->teacher_confidence = std::exp(logp.mean().item<double>());
-    }
-    out->present = PresentRow(sample, device);  // what the student trains on
-    if (student.reads_pixels && sample.pixels.defined()) {
-      out->pixels = Row(sample.pixels.to(device, torch::kFloat));
+    // Teacher-forced on the answers, one row per sample.
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    TextBatch forced = AtAnswers(CollateHfRows(rows_of(all, answer), t_device));
+    absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(forced.inputs);
+    if (!f.ok()) return over(all, f.status());
+    const int64_t width = forced.inputs.input_ids.size(1);
+    const int64_t tail = f->logits.size(1);  // the logits' last `tail` positions of `width`
+    for (size_t i = 0; i < n; ++i) {
+      PreparedSample* o = out[i];
+      const int64_t r = static_cast<int64_t>(i);
+      const int64_t a = static_cast<int64_t>(answer[i].size());
+      o->teacher_queries = f->queries[r].to(device);
+      o->teacher_queries_present = f->queries_present[r].to(device);
+      torch::Tensor rep = f->representation[r].narrow(0, width - a, a).to(device);
+      o->teacher_repr = same_tokenizer ? rep : rep.mean(0, /*keepdim=*/true);
+      // logits[t] predict id t + 1: the answer's ids are predicted from the position before.
+      const torch::Tensor answer_logits = f->logits[r].narrow(0, tail - a - 1, a);
+      if (use_kl) o->teacher_logits = answer_logits.to(device);
+      if (config.confidence_power > 0) {  // a read back from the device per sample: only if used
+        const torch::Tensor ids = torch::tensor(answer[i], torch::kLong).to(answer_logits.device());
+        const torch::Tensor logp = torch::log_softmax(answer_logits.to(torch::kFloat), -1)
+                                       .gather(-1, ids.unsqueeze(-1))
+                                       .squeeze(-1);
+        o->teacher_confidence = std::exp(logp.mean().item<double>());
+      }
     }
     return absl::OkStatus();
   }
@@ -301,7 +371,7 @@ struct PairDistiller::State {
       text.push_back({x.tokens, x.present, x.pixels, &x.student_prompt, &x.student_answer,
                       &x.student_qformer});
     }
-    return CollateHfRows(text, device);
+    return AtAnswers(CollateHfRows(text, device));
   }
 
   // The student's R as the teacher's is kept: per answer position [B, P, H] with mask [B, P],
@@ -423,7 +493,7 @@ struct PairDistiller::Job {
   // What the optimizer trains: the student's own trainable set (a job alone) or this job's
   // copy of it (jobs together).
   model::NamedTensors trainable;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<MultiTensorAdamW> optimizer;
   std::mt19937_64 rng;
   std::vector<int64_t> order;
   size_t cursor = 0;
@@ -452,8 +522,11 @@ struct PairDistiller::Job {
     State& s = *distiller->state_;
     std::vector<std::pair<std::string, torch::Tensor>> terms;
     // CE and KL read the answer's predictor positions alone (row-major, as the teacher's
-    // answer logits are stacked): the same means as over the whole masked [B, T, V].
-    const torch::Tensor predictors = batch.targets >= 0;
+    // answer logits are stacked): the same means as over the whole masked [B, T, V]. The
+    // logits cover the rows' last positions (AtAnswers), where every predictor is.
+    const int64_t tail = f.logits.size(1);
+    const torch::Tensor targets = batch.targets.narrow(1, batch.targets.size(1) - tail, tail);
+    const torch::Tensor predictors = targets >= 0;
     const torch::Tensor logits = f.logits.index({predictors});  // [K, V]
     // With confidence_power: each predictor position weighs its row's teacher confidence
     // raised to it (rows' positions are contiguous, row-major).
@@ -467,10 +540,9 @@ struct PairDistiller::Job {
           torch::tensor(row_weights, torch::kDouble).to(s.device, torch::kFloat),
           predictors.sum(1));
     }
-    torch::Tensor ce =
-        weights.defined()
-            ? WeightedTokenCrossEntropy(logits, batch.targets.index({predictors}), weights)
-            : TokenCrossEntropy(logits, batch.targets.index({predictors}));
+    torch::Tensor ce = weights.defined()
+                           ? WeightedTokenCrossEntropy(logits, targets.index({predictors}), weights)
+                           : TokenCrossEntropy(logits, targets.index({predictors}));
     torch::Tensor total = s.config.l_ce * ce;
     terms.emplace_back("ce", ce);
     if (s.UsesFeatures() && s.config.l_query > 0) {
@@ -569,11 +641,22 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
         return absl::InvalidArgumentError(
             absl::StrCat("sample ", i, ": tokens must be [N, D] and present [N]"));
       }
-      std::string label;
-      if (absl::Status st = s.Prepare(x, &pool[i], &label); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("sample ", i, ": ", st.message()));
+    }
+    // The teacher labels the samples a chunk at a time: one greedy pass and one teacher-forced
+    // pass per chunk instead of per sample.
+    const size_t chunk = static_cast<size_t>(
+        std::max(1, s.options.prepare_batch > 0 ? s.options.prepare_batch : s.options.batch_size));
+    for (size_t begin = 0; begin < samples.size(); begin += chunk) {
+      const size_t end = std::min(samples.size(), begin + chunk);
+      std::vector<const PairSample*> part;
+      std::vector<PreparedSample*> out;
+      for (size_t i = begin; i < end; ++i) {
+        part.push_back(&samples[i]);
+        out.push_back(&pool[i]);
       }
-      result.pseudo_labels.push_back(std::move(label));
+      std::vector<std::string> labels;
+      if (absl::Status st = s.PrepareChunk(part, out, begin, &labels); !st.ok()) return st;
+      for (std::string& label : labels) result.pseudo_labels.push_back(std::move(label));
     }
     if (s.UsesFeatures() && !s.phi) {
       // Widths from one student pass (no grad) and the teacher's kept features.
@@ -610,8 +693,10 @@ void PairDistiller::StartTraining(model::NamedTensors trainable, Job* job) {
     for (auto& p : s.psi->parameters()) params.push_back(p);
   }
   job->trainable = std::move(trainable);
-  job->optimizer = std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(s.options.lr).weight_decay(s.options.weight_decay));
+  AdamWOptions adamw;
+  adamw.lr = s.options.lr;
+  adamw.weight_decay = s.options.weight_decay;
+  job->optimizer = std::make_unique<MultiTensorAdamW>(std::move(params), adamw);
   job->rng.seed(s.options.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(s.jobs));
   job->order.resize(job->pool.size());
   for (size_t i = 0; i < job->order.size(); ++i) job->order[i] = static_cast<int64_t>(i);
@@ -635,29 +720,43 @@ class PhaseClock {
     Sync();
     const Clock::time_point now = Clock::now();
     phases_.emplace_back(name, std::chrono::duration<double>(now - last_).count());
+    if (device_.is_cuda()) {
+      allocated_.emplace_back(name, model::PeakGpuMemory(device_).allocated_now_bytes);
+    }
     last_ = now;
   }
-  // Adds this step's phases to `stats` (a timed step only).
+  // Adds this step's phases to `stats` (a timed step only): seconds summed, memory the most.
   void AddTo(JobStats& stats) const {
     if (!on_) return;
     for (const auto& [name, seconds] : phases_) {
-      auto it = std::find_if(stats.phases.begin(), stats.phases.end(),
-                             [&name = name](const auto& p) { return p.first == name; });
-      if (it == stats.phases.end()) {
-        stats.phases.emplace_back(name, seconds);
-      } else {
-        it->second += seconds;
-      }
+      Merge(stats.phases, name, seconds, [](double a, double b) { return a + b; });
     }
     stats.phase_timed_steps += 1;
+    for (const auto& [name, bytes] : allocated_) {
+      Merge(stats.phase_allocated_bytes, name, bytes,
+            [](int64_t a, int64_t b) { return std::max(a, b); });
+    }
   }
 
  private:
+  // `name`'s entry of `into` combined with `value` (appended where it has none yet).
+  template <typename T, typename Combine>
+  static void Merge(std::vector<std::pair<std::string, T>>& into, const std::string& name, T value,
+                    Combine combine) {
+    auto it =
+        std::find_if(into.begin(), into.end(), [&](const auto& p) { return p.first == name; });
+    if (it == into.end()) {
+      into.emplace_back(name, value);
+    } else {
+      it->second = combine(it->second, value);
+    }
+  }
   void Sync() const {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   }
   torch::Device device_;
   bool on_;
+  std::vector<std::pair<std::string, int64_t>> allocated_;
   Clock::time_point last_;
   std::vector<std::pair<std::string, double>> phases_;
 };
@@ -692,7 +791,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
           job_of_row.push_back(static_cast<int64_t>(k));
         }
       }
-      TextBatch batch = CollateHfRows(text, device);
+      TextBatch batch = AtAnswers(CollateHfRows(text, device));
       clock.Mark("batch");
       absl::StatusOr<model::TokenForward> f;
       if (segmented) {

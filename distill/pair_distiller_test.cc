@@ -222,6 +222,46 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenForwardTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
                                            "instructblip_llama"));
 
+// TokenInputs::logits_tail: the last N positions' logits of a left-padded batch, as the
+// whole forward pass gives them, and everything else unchanged.
+class LogitsTailTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LogitsTailTest, IsTheLastPositionsOfTheWholeLogits) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> short_prompt, SidePromptIds(s->side, c.prompt));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> long_prompt,
+                       SidePromptIds(s->side, c.prompt + " Say more about it."));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(s->side, c.prompt));
+  ASSERT_GT(long_prompt.size(), short_prompt.size());
+  const std::vector<int64_t> a1 = {5, 6, 7}, a2 = {9};
+  const torch::Tensor tokens = c.tokens.unsqueeze(0);
+  const torch::Tensor present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
+  TextBatch batch = CollateHfRows({{tokens, present, {}, &short_prompt, &a1, &qformer},
+                                   {tokens, present, {}, &long_prompt, &a2, &qformer}},
+                                  torch::kCPU);
+  torch::NoGradGuard no_grad;
+  ASSERT_OK_AND_ASSIGN(model::TokenForward whole, s->model->ForwardTokens(batch.inputs));
+  const int64_t t = batch.inputs.input_ids.size(1);
+  ASSERT_EQ(whole.logits.size(1), t);
+  for (int64_t n : {int64_t{4}, int64_t{1}, t + 3}) {
+    SCOPED_TRACE(n);
+    batch.inputs.logits_tail = n;
+    ASSERT_OK_AND_ASSIGN(model::TokenForward part, s->model->ForwardTokens(batch.inputs));
+    const int64_t kept = std::min(n, t);
+    ASSERT_EQ(part.logits.sizes(), (std::vector<int64_t>{2, kept, whole.logits.size(2)}));
+    EXPECT_TRUE(torch::allclose(part.logits, whole.logits.narrow(1, t - kept, kept), 1e-5, 1e-5));
+    EXPECT_TRUE(torch::equal(part.representation, whole.representation));
+    EXPECT_TRUE(torch::equal(part.queries, whole.queries));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LogitsTailTest,
+                         ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
+                                           "blip2_opt", "instructblip_llama", "blip2_flan_t5",
+                                           "instructblip_flan_t5"));
+
 // A job of `steps` on the first case with a few token masks.
 struct JobRun {
   absl::StatusOr<PairJobResult> result;
@@ -432,6 +472,52 @@ TEST_P(PairJobTest, AnAnswersProbabilityIsWhatGreedyDecodingChoseItWith) {
   ASSERT_OK_AND_ASSIGN(double q, AnswerIdsProbability(teacher->side, s, shorter));
   EXPECT_GE(q, p);
   EXPECT_DOUBLE_EQ(*AnswerIdsProbability(teacher->side, s, {}), 1.0);
+}
+
+// The teacher labels a job's samples a chunk at a time (JobOptions::prepare_batch): each
+// sample's label and targets are what it gets alone. The samples differ in prompt length (so
+// the chunk's rows are padded), in what UTS kept, in being complete, and one carries its own
+// label; six samples in chunks of four leave a partial chunk. One step over all six reads
+// every sample's targets: its loss terms must agree.
+TEST_P(PairJobTest, TheTeacherLabelsAChunkAsEachSampleAlone) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *student->model);
+  std::vector<PairSample> samples = Samples(c, 6);
+  samples[1].prompt = c.prompt + " Answer in one word, please.";
+  samples[2].complete = true;
+  samples[3].prompt = c.prompt + " Why?";
+  samples[4].label = "a";
+  samples[5].present = torch::Tensor();
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  config.l_kl = 0.5;
+  config.confidence_power = 1.0;
+  const compress::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  auto run = [&](int prepare_batch) {
+    JobOptions o;
+    o.max_steps = 1;
+    o.batch_size = 6;
+    o.max_answer_tokens = 4;
+    o.prepare_batch = prepare_batch;
+    EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+    absl::StatusOr<std::unique_ptr<PairDistiller>> job =
+        PairDistiller::Create(teacher->side, student->side, config, o);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return (*job)->Run(samples);
+  };
+  ASSERT_OK_AND_ASSIGN(PairJobResult alone, run(1));
+  ASSERT_OK_AND_ASSIGN(PairJobResult chunked, run(4));
+  ASSERT_EQ(alone.pseudo_labels.size(), 6u);
+  EXPECT_EQ(chunked.pseudo_labels, alone.pseudo_labels);
+  EXPECT_EQ(alone.pseudo_labels[4], "a");
+  ASSERT_EQ(chunked.stats.terms.size(), alone.stats.terms.size());
+  ASSERT_GE(alone.stats.terms.size(), 3u);
+  for (size_t i = 0; i < alone.stats.terms.size(); ++i) {
+    const LossTerm& want = alone.stats.terms[i];
+    EXPECT_EQ(chunked.stats.terms[i].name, want.name);
+    EXPECT_NEAR(chunked.stats.terms[i].first, want.first, 1e-4 * (1 + std::abs(want.first)))
+        << want.name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PairJobTest,

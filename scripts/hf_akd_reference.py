@@ -8,8 +8,9 @@ reference that cdcca's akd_bench (distill/bench/akd_bench.cc) is timed against.
         tokens of random frames ("tokens" [S, N, D], what devices uplink) and each sample's
         prompt ids ("prompt_ids" [S, P]: BOS, the image token, random text).
   run:  the job, the same losses as distill/pair_distiller.cc on the same inputs:
-          - per sample, once: the teacher's greedy answer (at most --max_answer_tokens, then
-            EOS), and teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
+          - per sample, once, --prepare_batch samples a batch (left-padded, as cdcca batches
+            them): the teacher's greedy answer (at most --max_answer_tokens, then EOS), and
+            teacher-forced on it Q_t (projected image tokens), R_t (hidden state after
             num_layers / 2 layers at the answer positions) and the answer's logits;
           - phi, psi: fp32 linear maps student width -> teacher width, ridge-fitted (lambda
             relative to the mean diagonal of X^T X) on the student's features over the pool;
@@ -26,7 +27,7 @@ Both print one JSON line with the same keys.
       [--student llava-1.5-7b] [--samples 64] [--prompt_tokens 40]
   python3 scripts/hf_akd_reference.py run --teacher DIR --student_base DIR --inputs FILE
       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32] [--lora_rank 8]
-      [--lora_alpha 16] [--jobs 1]
+      [--lora_alpha 16] [--jobs 1] [--prepare_batch 0]
 run takes akd_bench's flags under its names (the programs' names, docs/SETTINGS.md), so one
 argument list drives both (scripts/hf_akd_gpu.sh).
 """
@@ -177,20 +178,42 @@ class Side:
         return out.logits, r, projected.float()
 
 
-def greedy(side, ids, tokens, max_new, eos):
-    """The teacher's answer: greedy, KV-cached, stops after EOS."""
+def left_pad(rows, dev):
+    """Rows of ids left-padded: ids, mask and positions [B, T] (padding at position 1, as
+    transformers' generate numbers a left-padded batch)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r):] = torch.tensor(r)
+        mask[b, width - len(r):] = 1
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return ids.to(dev), mask.to(dev), positions.to(dev)
+
+
+def greedy(side, prompts, tokens, max_new, eos):
+    """The teacher's answers to a batch of prompts (left-padded): greedy, KV-cached, each row
+    ending after its EOS; the batch stops when every row has."""
     dev = tokens.device
-    embeds, _ = side.embed(torch.tensor([ids], device=dev), tokens)
-    out = side.model(inputs_embeds=embeds, use_cache=True)
-    answer = []
+    ids, mask, positions = left_pad(prompts, dev)
+    embeds, _ = side.embed(ids, tokens)
+    out = side.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True)
+    answers = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    last = positions[:, -1:]
     for _ in range(max_new):
-        nxt = int(out.logits[0, -1].argmax())
-        answer.append(nxt)
-        if nxt in eos:
+        nxt = out.logits[:, -1].argmax(-1)
+        for b, t in enumerate(nxt.tolist()):
+            if not done[b]:
+                answers[b].append(t)
+                done[b] = t in eos
+        if all(done):
             break
-        out = side.model(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=out.past_key_values,
-                         use_cache=True)
-    return answer
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        last = last + 1
+        out = side.model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=last,
+                         past_key_values=out.past_key_values, use_cache=True)
+    return answers
 
 
 def run(args):
@@ -228,19 +251,24 @@ def run(args):
         torch.cuda.synchronize()
         t_job = time.perf_counter()
         pool = []
+        chunk = args.prepare_batch or args.batch_size
         with torch.no_grad():
-            for i in range(tokens.shape[0]):
-                tok = tokens[i:i + 1].to(dev)
-                prompt = T.expand(prompt_ids[i].tolist(), n_image)
-                answer = greedy(T, prompt, tok, args.max_answer_tokens, eos)
-                while answer and answer[-1] in eos:
-                    answer.pop()
-                answer.append(eos[0])
-                full = torch.tensor([prompt + answer], device=dev)
-                p, a = len(prompt), len(answer)
-                logits, r, q = T.forward(full, torch.ones_like(full), None, tok)
-                pool.append(dict(tokens=tok, prompt=prompt, answer=answer, q=q[0],
-                                 r=r[0, p:p + a].float(), logits=logits[0, p - 1:p - 1 + a].float()))
+            for begin in range(0, tokens.shape[0], chunk):
+                rows = range(begin, min(tokens.shape[0], begin + chunk))
+                tok = tokens[begin:begin + len(rows)].to(dev)
+                prompts = [T.expand(prompt_ids[i].tolist(), n_image) for i in rows]
+                answers = greedy(T, prompts, tok, args.max_answer_tokens, eos)
+                for answer in answers:
+                    while answer and answer[-1] in eos:
+                        answer.pop()
+                    answer.append(eos[0])
+                full, mask, positions = left_pad([p + a for p, a in zip(prompts, answers)], dev)
+                logits, r, q = T.forward(full, mask, positions, tok)
+                width = full.shape[1]
+                for b, (prompt, answer) in enumerate(zip(prompts, answers)):
+                    a = len(answer)
+                    pool.append(dict(tokens=tok[b:b + 1], prompt=prompt, answer=answer, q=q[b],
+                                     r=r[b, width - a:].float(), logits=logits[b, width - a - 1:width - 1].float()))
 
         def collate(rows):
             width = max(len(pool[i]["prompt"]) + len(pool[i]["answer"]) for i in rows)
@@ -306,7 +334,7 @@ def run(args):
         history = {}
         temp = learner["temperature"]
         t_train = time.perf_counter()
-        phases, timed_steps = {}, 0
+        phases, timed_steps, phase_bytes = {}, 0, {}
         for step in range(args.max_steps):
             # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
             timed = step >= args.max_steps - args.phase_steps
@@ -320,6 +348,7 @@ def run(args):
                     torch.cuda.synchronize()
                     now = time.perf_counter()
                     phases[name] = phases.get(name, 0.0) + now - last[0]
+                    phase_bytes[name] = max(phase_bytes.get(name, 0), torch.cuda.memory_allocated())
                     last[0] = now
 
             rows = []
@@ -364,7 +393,7 @@ def run(args):
         train_seconds = time.perf_counter() - t_train
         job_seconds = time.perf_counter() - t_job
         seen = args.max_steps * min(args.batch_size, len(pool))
-        return dict(pool=pool, trainable=trainable, history=history, phases=phases,
+        return dict(pool=pool, trainable=trainable, history=history, phases=phases, phase_bytes=phase_bytes,
                     timed_steps=timed_steps, prepare_seconds=prepare_seconds,
                     train_seconds=train_seconds, job_seconds=job_seconds, seen=seen)
 
@@ -374,6 +403,7 @@ def run(args):
     # its samples (the inputs rotated by K-th parts, as akd_bench --jobs), one after another.
     initial = {n: p.detach().clone() for n, p in student.named_parameters() if p.requires_grad}
     torch.cuda.synchronize()
+    resident_bytes = torch.cuda.memory_allocated()
     fleet_start = time.perf_counter()
     jobs = []
     for d in range(args.jobs):
@@ -400,14 +430,17 @@ def run(args):
            "visual_tokens": n_image, "prompt_tokens": prompt_ids.shape[1],
            "mean_answer_tokens": sum(len(x["answer"]) - 1 for x in pool) / len(pool),
            "trainable_parameters": trainable, "steps": args.max_steps, "batch": args.batch_size,
+           "prepare_batch": args.prepare_batch or args.batch_size,
            "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
            "train_seconds": train_seconds, "job_seconds": job_seconds,
            "train_samples_per_second": first["seen"] / train_seconds, "job_samples_per_second": seen / job_seconds,
            "terms": summary, "phase_timed_steps": timed_steps,
            "phases_ms_per_step": {k: 1000 * v / max(1, timed_steps) for k, v in sorted(phases.items())},
+           "phase_allocated_bytes": first["phase_bytes"],
            "device_jobs": args.jobs, "device_jobs_per_hour": args.jobs * 3600.0 / job_seconds,
            "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
-           "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved()}
+           "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved(),
+           "gpu_allocated_before_jobs_bytes": resident_bytes}
     print(json.dumps(row), flush=True)
 
 
@@ -432,6 +465,8 @@ def main():
     r.add_argument("--lora_alpha", type=float, default=16.0)
     r.add_argument("--lr", type=float, default=1e-3)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--prepare_batch", type=int, default=0,
+                   help="samples the teacher labels in one batch (0 = --batch_size; 1 = one at a time)")
     r.add_argument("--jobs", type=int, default=1,
                    help="devices' jobs over the one loaded pair, one after another (a fleet's round)")
     r.add_argument("--phase_steps", type=int, default=0,

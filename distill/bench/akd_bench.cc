@@ -31,7 +31,7 @@
 //       [--distill_config configs/distill/akd.json] [--teacher_precision bf16]
 //       [--student_precision int4] [--device cuda] [--lora_rank 8] [--lora_alpha 16]
 //       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32]
-//       [--jobs 1] [--max_jobs_together 4] [--phase_steps 0]
+//       [--jobs 1] [--max_jobs_together 4] [--phase_steps 0] [--prepare_batch 0]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -75,6 +75,9 @@ ABSL_FLAG(int, phase_steps, 0,
           "the job's last N steps timed phase by phase, the device synchronized between phases "
           "(\"phases\" in the line: ms per step of batch, forward, losses, backward, optimizer); "
           "those steps lose the overlap of host and device work");
+ABSL_FLAG(int, prepare_batch, 0,
+          "samples the teacher labels in one batch while a job prepares (0 = --batch_size; 1 = "
+          "one sample at a time, as before the preparation was batched)");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
 ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
@@ -116,6 +119,7 @@ int Run() {
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   job.phase_steps = absl::GetFlag(FLAGS_phase_steps);
+  job.prepare_batch = absl::GetFlag(FLAGS_prepare_batch);
 
   absl::StatusOr<model::SafetensorsContents> inputs =
       model::ReadSafetensors(absl::GetFlag(FLAGS_inputs));
@@ -149,6 +153,7 @@ int Run() {
     std::cerr << "teacher: " << teacher.status() << "\n";
     return 1;
   }
+  const int64_t teacher_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
   auto student =
       Load(absl::GetFlag(FLAGS_student_base), absl::GetFlag(FLAGS_student_precision), device);
   if (!student.ok()) {
@@ -163,6 +168,7 @@ int Run() {
     return 1;
   }
   const double load_seconds = Since(load_start);
+  const int64_t pair_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
   int64_t trainable = 0;
   for (const auto& [name, t] : (*student)->TrainableParameters()) trainable += t.numel();
 
@@ -184,6 +190,9 @@ int Run() {
     std::rotate(mine.begin(), mine.begin() + (d * mine.size() / devices) % mine.size(), mine.end());
     device_samples.push_back(std::move(mine));
   }
+  // What the pair holds before any job (the student's weights as its trainer holds them):
+  // the peak's rest is the jobs' working memory.
+  const int64_t resident_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
   const Clock::time_point job_start = Clock::now();
   std::vector<absl::StatusOr<PairJobResult>> results;
   for (size_t first = 0; first < distillers.size(); first += together) {
@@ -214,6 +223,8 @@ int Run() {
   for (const auto& [name, seconds] : result->stats.phases) {
     phases[name] = 1000.0 * seconds / std::max(1, result->stats.phase_timed_steps);
   }
+  json phase_bytes = json::object();
+  for (const auto& [name, bytes] : result->stats.phase_allocated_bytes) phase_bytes[name] = bytes;
   int64_t answer_tokens = 0;
   for (const std::string& label : result->pseudo_labels) {
     std::vector<absl::string_view> words = absl::StrSplit(label, ' ', absl::SkipEmpty());
@@ -231,6 +242,7 @@ int Run() {
       {"trainable_parameters", trainable},
       {"steps", result->stats.steps},
       {"batch", job.batch_size},
+      {"prepare_batch", job.prepare_batch > 0 ? job.prepare_batch : job.batch_size},
       {"kl_used", result->kl_used},
       {"load_seconds", load_seconds},
       {"prepare_seconds", result->stats.prepare_seconds},
@@ -244,8 +256,12 @@ int Run() {
       {"terms", terms},
       {"phase_timed_steps", result->stats.phase_timed_steps},
       {"phases_ms_per_step", phases},
+      {"phase_allocated_bytes", phase_bytes},
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},
+      {"gpu_allocated_before_jobs_bytes", resident_bytes},
+      {"gpu_allocated_after_teacher_load_bytes", teacher_bytes},
+      {"gpu_allocated_after_student_load_bytes", pair_bytes},
   };
   std::cout << row.dump() << std::endl;
   return 0;

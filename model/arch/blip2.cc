@@ -584,10 +584,13 @@ class Blip2MultimodalModel : public MultimodalModel {
     try {
       DecoderForwardOptions o;
       o.capture_layer = RepresentationLayer();
-      DecoderOutput out = model_->language_model->Forward(m->embeds, m->mask, nullptr, o);
       const int64_t t = in.input_ids.size(1), offset = m->embeds.size(1) - t;
+      // The tail lies within the text positions (after the query tokens).
+      const int64_t tail = in.logits_tail > 0 ? std::min(in.logits_tail, t) : t;
+      o.logits_tail = tail;
+      DecoderOutput out = model_->language_model->Forward(m->embeds, m->mask, nullptr, o);
       TokenForward f;
-      f.logits = out.logits.narrow(1, offset, t).to(torch::kFloat);
+      f.logits = out.logits.to(torch::kFloat);
       f.representation = out.captured.narrow(1, offset, t).to(torch::kFloat);
       f.queries = m->queries;
       f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},
@@ -692,7 +695,8 @@ class Blip2MultimodalModel : public MultimodalModel {
           lm.DecodeLogits(decoder_ids.to(device), encoded, encoder_mask, nullptr,
                           decoder_mask.to(device), RepresentationLayer(), &captured);
       TokenForward f;
-      f.logits = logits.narrow(1, offset, t);
+      const int64_t tail = in.logits_tail > 0 ? std::min(in.logits_tail, t) : t;
+      f.logits = logits.narrow(1, offset + t - tail, tail);
       f.representation = captured.narrow(1, offset, t).to(torch::kFloat);
       f.queries = m->queries;
       f.queries_present = torch::ones({f.queries.size(0), f.queries.size(1)},

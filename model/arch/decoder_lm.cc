@@ -500,7 +500,10 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
   if (norm) h = norm(h);
   if (final_layer_norm) h = final_layer_norm(h);
   out.hidden = h;
-  torch::Tensor last = options.last_logits_only ? h.narrow(1, t - 1, 1) : h;
+  const int64_t tail = options.last_logits_only  ? 1
+                       : options.logits_tail > 0 ? std::min(options.logits_tail, t)
+                                                 : t;
+  torch::Tensor last = tail < t ? h.narrow(1, t - tail, tail) : h;
   if (project_out) last = project_out(last);
   torch::Tensor logits = lm_head     ? lm_head(last)
                          : tied_head ? tied_head(last)

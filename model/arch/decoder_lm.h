@@ -66,6 +66,9 @@ struct DecoderKvCache {
 struct DecoderForwardOptions {
   // Only the last position's logits ([B, 1, V]): what generation needs. Default: all.
   bool last_logits_only = false;
+  // > 0: only the last N positions' logits ([B, min(N, T), V]), the LM head run on those
+  // alone: what a training step whose loss reads a left-padded answer needs. 0 = all.
+  int64_t logits_tail = 0;
   // [B, T] int64 positions; undefined = from the attention mask (cumsum - 1, as
   // transformers' generate) or past + arange(T) without a mask.
   torch::Tensor position_ids;
@@ -81,7 +84,7 @@ struct DecoderForwardOptions {
 };
 
 struct DecoderOutput {
-  torch::Tensor logits;    // [B, T or 1, V], fp32
+  torch::Tensor logits;    // [B, T (or 1, or logits_tail), V], fp32
   torch::Tensor hidden;    // [B, T, H] after the final norm
   torch::Tensor captured;  // [B, T, H] see DecoderForwardOptions::capture_layer
 };

@@ -134,9 +134,12 @@ void LinearImpl::MoveHeld(Move move) {
   weight.set_data(torch::zeros({1}, weight.options()));
   move();
   weight.set_data(weight.expand(shape));
-  q_.values = q_.values.to(weight.device());
-  q_.scales = q_.scales.to(weight.device());
-  if (held_.defined()) held_ = held_.to(weight.device(), weight.scalar_type());
+  if (held_.defined()) {
+    held_ = held_.to(weight.device(), weight.scalar_type());  // the packed bytes stay on the host
+  } else {
+    q_.values = q_.values.to(weight.device());
+    q_.scales = q_.scales.to(weight.device());
+  }
 }
 
 void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
@@ -160,7 +163,7 @@ absl::Status LinearImpl::AdoptQuantized(const QuantizedWeight& q) {
   }
   q_ = q;
   held_ = torch::Tensor();
-  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype).to(q.values.device()));
+  weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, q.values.device()));
   return absl::OkStatus();
 }
 
@@ -177,6 +180,7 @@ bool LinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
 }
 
 torch::Tensor LinearImpl::EffectiveWeight() const {
+  if (held_.defined()) return held_;
   if (!quantized() || !q_.values.defined()) return weight;
   return DequantizeWeight(q_, options_.precision.weights, options_.in_features,
                           options_.precision.int4_group)
@@ -254,7 +258,12 @@ int64_t LinearImpl::WeightBytes() const {
 
 void LinearImpl::HoldDequantized() {
   torch::NoGradGuard no_grad;
-  if (quantized() && q_.values.defined() && !held_.defined()) held_ = EffectiveWeight();
+  if (!quantized() || !q_.values.defined() || held_.defined()) return;
+  held_ = EffectiveWeight();
+  // No product reads the packed bytes any more: they move to the host, where a weight pack or
+  // a digest still finds them, and the accelerator holds the float weight alone.
+  q_.values = q_.values.cpu();
+  q_.scales = q_.scales.cpu();
 }
 
 int64_t HoldDequantizedWeights(torch::nn::Module& root) {
@@ -350,7 +359,7 @@ void EmbeddingImpl::Quantize(Precision precision, int64_t group) {
   q_.scales = q.scales.to(device);
   precision_ = precision;
   group_ = group;
-  weight.set_data(Placeholder(weight.sizes(), dtype_).to(device));
+  weight.set_data(Placeholder(weight.sizes(), dtype_, device));
 }
 
 absl::Status EmbeddingImpl::AdoptQuantized(const QuantizedWeight& q, Precision precision,
@@ -364,7 +373,7 @@ absl::Status EmbeddingImpl::AdoptQuantized(const QuantizedWeight& q, Precision p
   q_ = q;
   precision_ = precision;
   group_ = group;
-  weight.set_data(Placeholder(weight.sizes(), dtype_).to(q.values.device()));
+  weight.set_data(Placeholder(weight.sizes(), dtype_, q.values.device()));
   return absl::OkStatus();
 }
 

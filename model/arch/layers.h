@@ -80,11 +80,12 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   bool UsesPackedKernel(const torch::Tensor& x) const;
 
   bool quantized() const { return options_.precision.weights != Precision::kFp32; }
-  // Keeps the weight dequantized (in the compute dtype) beside the packed bytes, so that no
-  // product dequantizes it per call any more: for a trainer, whose steps otherwise dequantize
-  // every frozen weight in the forward and again in the backward pass. The values multiplied
-  // are the per-call path's (EffectiveWeight); the layer holds the float weight's memory
-  // more. A no-op for an unquantized layer or one not loaded yet.
+  // Keeps the weight dequantized (in the compute dtype), so that no product dequantizes it per
+  // call any more: for a trainer, whose steps otherwise dequantize every frozen weight in the
+  // forward and again in the backward pass. The values multiplied are the per-call path's
+  // (EffectiveWeight). The packed bytes move to the host memory (quantized_weight() still
+  // reads them there; a later to() moves the float copy alone), so an accelerator holds the
+  // float weight instead of both. A no-op for an unquantized layer or one not loaded yet.
   void HoldDequantized();
   bool holds_dequantized() const { return held_.defined(); }
   // HoldDequantized's copy (undefined until it ran).

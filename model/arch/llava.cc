@@ -314,6 +314,7 @@ class LlavaModel : public MultimodalModel {
     try {
       DecoderForwardOptions o;
       o.capture_layer = RepresentationLayer();
+      o.logits_tail = in.logits_tail;
       DecoderOutput out = llava_->language_model().Forward(m->embeds, m->mask, nullptr, o);
       TokenForward f;
       f.logits = out.logits.to(torch::kFloat);

@@ -194,6 +194,10 @@ struct TokenInputs {
   torch::Tensor attention_mask;  // [B, T] 1 = token, 0 = padding; undefined = all tokens
   // InstructBLIP only: the instruction in the Q-Former's tokenizer [B, Tq] (and its mask).
   torch::Tensor qformer_input_ids, qformer_attention_mask;
+  // > 0: TokenForward::logits holds only the last N positions of each row ([B, N, V], N <= T),
+  // the LM head run on those alone: rows are left-padded, so a batch whose longest answer has
+  // A tokens finds every answer predictor among the last A + 1. 0 = every position.
+  int64_t logits_tail = 0;
   // [B] int64: per row the length of its prompt (the expanded prompt ids that begin the row's
   // tokens; the rest is the answer). Encoder-decoder LMs (T5) need it for ForwardTokens (the
   // encoder reads the prompt, the decoder the answer); decoder LMs ignore it.
@@ -201,7 +205,9 @@ struct TokenInputs {
 };
 
 struct TokenForward {
-  torch::Tensor logits;  // [B, T, V] fp32: logits[:, t] predicts input_ids[:, t + 1]
+  // [B, T, V] fp32: logits[:, t] predicts input_ids[:, t + 1] (the last TokenInputs::logits_tail
+  // positions alone where that is set: [B, N, V])
+  torch::Tensor logits;
   // Q, the alignment hook of the visual side: BLIP-2's Q-Former outputs [B, Q, H_qformer];
   // LLaVA's projected image tokens [B, N, H_lm]. fp32.
   torch::Tensor queries;

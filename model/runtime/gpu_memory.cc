@@ -14,6 +14,7 @@ GpuMemoryPeak PeakGpuMemory(c10::Device device) {
         c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
     peak.allocated_bytes = stats.allocated_bytes[0].peak;
     peak.reserved_bytes = stats.reserved_bytes[0].peak;
+    peak.allocated_now_bytes = stats.allocated_bytes[0].current;
   }
 #else
   (void)device;
