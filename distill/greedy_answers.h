@@ -28,6 +28,14 @@ absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample&
                                          int max_new_tokens, std::vector<int64_t>* ids = nullptr,
                                          double* entropy = nullptr);
 
+// GreedyAnswer for several samples in one batch (the rows left-padded and masked; where the
+// side reads frames, one batch for the samples with a frame and one for those without): each
+// answer, its ids and entropy what GreedyAnswer gives the sample alone, up to the rounding of
+// the batch's products. `ids` and `entropies` (optional) receive one entry per sample.
+absl::StatusOr<std::vector<std::string>> GreedyAnswers(
+    const PairSide& side, const std::vector<const PairSample*>& samples, int max_new_tokens,
+    std::vector<std::vector<int64_t>>* ids = nullptr, std::vector<double>* entropies = nullptr);
+
 // `side`'s probability of answering `sample` with `answer`: the answer's ids in the side's
 // codec (no specials), the side's first EOS appended, teacher-forced after the prompt as
 // GreedyAnswer reads it (same template, same present tokens); the product of the ids'
@@ -37,10 +45,18 @@ absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample&
 // Errors of the codec or the model.
 absl::StatusOr<double> AnswerProbability(const PairSide& side, const PairSample& sample,
                                          const std::string& answer);
+// AnswerProbability for several samples and their answers in one teacher-forced batch (one
+// answer per sample; InvalidArgument otherwise).
+absl::StatusOr<std::vector<double>> AnswerProbabilities(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<std::string>& answers);
 // The same for answer ids as they are (nothing appended): the product of their probabilities
 // teacher-forced after the prompt; 1 for no ids.
 absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSample& sample,
                                             const std::vector<int64_t>& ids);
+absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<std::vector<int64_t>>& ids);
 
 }  // namespace cdcca::distill
 

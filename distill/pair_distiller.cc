@@ -156,30 +156,6 @@ TextBatch AtAnswers(TextBatch batch) {
   return batch;
 }
 
-torch::Tensor Ids(const std::vector<int64_t>& ids, torch::Device d) {
-  return torch::tensor(ids, torch::kLong).to(d).unsqueeze(0);
-}
-
-// One row of token inputs: tokens [1, N, D], present [1, N], ids on `d`, whose first
-// `prompt_length` are the prompt (-1: ids are the prompt alone, for generation).
-model::TokenInputs TokenInputsOf(const torch::Tensor& tokens, const torch::Tensor& present,
-                                 const std::vector<int64_t>& ids,
-                                 const std::vector<int64_t>& qformer, torch::Device d,
-                                 int64_t prompt_length = -1) {
-  model::TokenInputs in;
-  in.visual_tokens = tokens;
-  in.visual_present = present;
-  in.input_ids = Ids(ids, d);
-  if (prompt_length >= 0) {
-    in.prompt_lengths = torch::tensor({prompt_length}, torch::kLong).to(d);
-  }
-  if (!qformer.empty()) {
-    in.qformer_input_ids = Ids(qformer, d);
-    in.qformer_attention_mask = torch::ones_like(in.qformer_input_ids);
-  }
-  return in;
-}
-
 // A sample's present mask as a [1, N] bool row on `device` (all present when undefined).
 torch::Tensor PresentRow(const PairSample& sample, torch::Device device) {
   return sample.present.defined()
@@ -188,16 +164,8 @@ torch::Tensor PresentRow(const PairSample& sample, torch::Device device) {
                            torch::TensorOptions().dtype(torch::kBool).device(device));
 }
 
-// The frame in place of the tokens where `side` reads pixels and `sample` has them.
-void SidePixels(const PairSide& side, const PairSample& sample, torch::Device d,
-                model::TokenInputs* in) {
-  if (side.reads_pixels && sample.pixels.defined()) {
-    in->pixel_values = Row(sample.pixels.to(d, torch::kFloat));
-  }
-}
-
 // A sample's LM prompt ids in `side` (its template and tokenizer) and InstructBLIP's Q-Former
-// ids (empty for the other models): what GreedyAnswer and AnswerIdsProbability feed the model.
+// ids (empty for the other models): what a side's batches read (CollateSide).
 struct SidePrompt {
   std::vector<int64_t> lm, qformer;
 };
@@ -207,6 +175,63 @@ absl::StatusOr<SidePrompt> SidePromptOf(const PairSide& side, const std::string&
   absl::StatusOr<std::vector<int64_t>> qformer = SideQformerIds(side, prompt);
   if (!qformer.ok()) return qformer.status();
   return SidePrompt{*std::move(lm), *std::move(qformer)};
+}
+
+// `samples` as one left-padded batch of `side` (CollateHfRows): each row the sample's prompt
+// in the side's template and tokenizer, its present tokens, its frame where the side reads
+// pixels, then answers[i] (`answers` null: the prompts alone, as generation takes them).
+// Errors name a sample "sample <first + i>".
+struct SideBatch {
+  std::vector<SidePrompt> prompts;
+  TextBatch batch;
+};
+absl::StatusOr<SideBatch> CollateSide(const PairSide& side,
+                                      const std::vector<const PairSample*>& samples,
+                                      const std::vector<std::vector<int64_t>>* answers,
+                                      size_t first = 0) {
+  const torch::Device device = side.model->device();
+  SideBatch out;
+  out.prompts.reserve(samples.size());  // the rows point into it
+  const bool pixels = side.reads_pixels && samples[0]->pixels.defined();
+  const std::vector<int64_t> none;
+  std::vector<TextRow> rows;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const PairSample& s = *samples[i];
+    absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, s.prompt);
+    if (!prompt.ok()) {
+      return absl::Status(prompt.status().code(),
+                          absl::StrCat("sample ", first + i, ": ", prompt.status().message()));
+    }
+    if (side.reads_pixels && s.pixels.defined() != pixels) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample ", first + i,
+                       ": a side that reads frames reads every sample's frame "
+                       "or none"));
+    }
+    out.prompts.push_back(*std::move(prompt));
+    rows.push_back({Row(s.tokens.to(device, torch::kFloat)), PresentRow(s, device),
+                    pixels ? Row(s.pixels.to(device, torch::kFloat)) : torch::Tensor(),
+                    &out.prompts.back().lm, answers != nullptr ? &(*answers)[i] : &none,
+                    &out.prompts.back().qformer});
+  }
+  out.batch = CollateHfRows(rows, device);
+  if (answers == nullptr) out.batch.inputs.prompt_lengths = torch::Tensor();
+  return out;
+}
+
+// Where `side` reads frames, `samples`' indices with a frame and those without (a batch feeds
+// frames to every row or to none); else all of them, one group.
+std::vector<std::vector<size_t>> FrameGroups(const PairSide& side,
+                                             const std::vector<const PairSample*>& samples) {
+  std::vector<size_t> with, without;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    (side.reads_pixels && samples[i]->pixels.defined() ? with : without).push_back(i);
+  }
+  std::vector<std::vector<size_t>> groups;
+  for (std::vector<size_t>* g : {&with, &without}) {
+    if (!g->empty()) groups.push_back(std::move(*g));
+  }
+  return groups;
 }
 
 }  // namespace
@@ -226,12 +251,6 @@ struct PairDistiller::State {
     return config.feature_loss != FeatureLoss::kNone && (config.l_query > 0 || config.l_repr > 0);
   }
 
-  static model::TokenInputs Inputs(const PreparedSample& s, const std::vector<int64_t>& ids,
-                                   const std::vector<int64_t>& qformer, torch::Device d,
-                                   int64_t prompt_length) {
-    return TokenInputsOf(s.tokens, s.present, ids, qformer, d, prompt_length);
-  }
-
   // Teacher work for a chunk of samples, in one batch: pseudo-labels (one greedy pass over
   // the samples without a given label), then Q_t, R_t and the answer logits teacher-forced
   // on them (one forward pass). Each sample's results are what a chunk of one gives, up to
@@ -243,9 +262,7 @@ struct PairDistiller::State {
                             std::vector<std::string>* labels) {
     torch::NoGradGuard no_grad;
     const size_t n = samples.size();
-    const torch::Device t_device = teacher.model->device();
-    std::vector<std::vector<int64_t>> t_prompt(n), t_qformer(n), answer(n);
-    std::vector<torch::Tensor> t_tokens(n), t_present(n);
+    std::vector<std::vector<int64_t>> answer(n);
     labels->assign(n, std::string());
     auto at = [first](size_t i, const absl::Status& st) {
       return absl::Status(st.code(), absl::StrCat("sample ", first + i, ": ", st.message()));
@@ -257,17 +274,15 @@ struct PairDistiller::State {
                                                                "-", first + which.back());
       return absl::Status(st.code(), absl::StrCat(who, ": ", st.message()));
     };
+    // What the teacher reads: every token of a complete sample.
+    std::vector<PairSample> views(n);
+    std::vector<const PairSample*> view_of(n), unlabelled_views;
     std::vector<size_t> unlabelled;
     for (size_t i = 0; i < n; ++i) {
       const PairSample& sample = *samples[i];
-      PairSample teacher_view = sample;
-      if (sample.complete) teacher_view.present = torch::Tensor();
-      t_tokens[i] = Row(sample.tokens.to(t_device, torch::kFloat));
-      t_present[i] = PresentRow(teacher_view, t_device);
-      absl::StatusOr<SidePrompt> prompt = SidePromptOf(teacher, sample.prompt);
-      if (!prompt.ok()) return at(i, prompt.status());
-      t_prompt[i] = std::move(prompt->lm);
-      t_qformer[i] = std::move(prompt->qformer);
+      views[i] = sample;
+      if (sample.complete) views[i].present = torch::Tensor();
+      view_of[i] = &views[i];
       if (!sample.label.empty()) {
         // A given label (the ground-truth arm): the teacher is forced on it.
         absl::StatusOr<std::vector<int64_t>> ids = teacher.encode(sample.label, /*special=*/false);
@@ -276,35 +291,17 @@ struct PairDistiller::State {
         (*labels)[i] = sample.label;
       } else {
         unlabelled.push_back(i);
+        unlabelled_views.push_back(&views[i]);
       }
     }
-    auto rows_of = [&](const std::vector<size_t>& which,
-                       const std::vector<std::vector<int64_t>>& answers) {
-      std::vector<TextRow> rows;
-      for (size_t i : which) {
-        rows.push_back(
-            {t_tokens[i], t_present[i], torch::Tensor(), &t_prompt[i], &answers[i], &t_qformer[i]});
-      }
-      return rows;
-    };
     if (!unlabelled.empty()) {
-      const std::vector<std::vector<int64_t>> none(n);
-      TextBatch prompts = CollateHfRows(rows_of(unlabelled, none), t_device);
-      prompts.inputs.prompt_lengths = torch::Tensor();  // ids are the prompts alone
-      model::GreedyOptions g;
-      g.max_new_tokens = options.max_answer_tokens;
-      g.eos_token_ids = teacher.model->eos_token_ids();
-      absl::StatusOr<model::GreedyResult> gen =
-          teacher.model->GenerateFromTokens(prompts.inputs, g);
-      if (!gen.ok()) return over(unlabelled, gen.status());
-      const int64_t image = teacher.model->image_token_id();
+      std::vector<std::vector<int64_t>> ids;
+      absl::StatusOr<std::vector<std::string>> texts =
+          GreedyAnswers(teacher, unlabelled_views, options.max_answer_tokens, &ids);
+      if (!texts.ok()) return over(unlabelled, texts.status());
       for (size_t r = 0; r < unlabelled.size(); ++r) {
-        std::vector<int64_t> ids = model::AnswerIds(gen->tokens[r], g.eos_token_ids);
-        // The image placeholder cannot be part of an answer that is read back (it would stand
-        // for an image position): the answer ends before it, as at an EOS.
-        ids.erase(std::find(ids.begin(), ids.end(), image), ids.end());
-        (*labels)[unlabelled[r]] = std::string(absl::StripAsciiWhitespace(teacher.decode(ids)));
-        answer[unlabelled[r]] = std::move(ids);
+        (*labels)[unlabelled[r]] = std::move((*texts)[r]);
+        answer[unlabelled[r]] = std::move(ids[r]);
       }
     }
     const int64_t t_eos_id = FirstEos(*teacher.model);
@@ -336,7 +333,9 @@ struct PairDistiller::State {
     // Teacher-forced on the answers, one row per sample.
     std::vector<size_t> all(n);
     for (size_t i = 0; i < n; ++i) all[i] = i;
-    TextBatch forced = AtAnswers(CollateHfRows(rows_of(all, answer), t_device));
+    absl::StatusOr<SideBatch> side_batch = CollateSide(teacher, view_of, &answer, first);
+    if (!side_batch.ok()) return side_batch.status();
+    TextBatch forced = AtAnswers(std::move(side_batch->batch));
     absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(forced.inputs);
     if (!f.ok()) return over(all, f.status());
     const int64_t width = forced.inputs.input_ids.size(1);
@@ -1005,68 +1004,156 @@ std::vector<absl::StatusOr<PairJobResult>> PairDistiller::RunTogether(
   return out;
 }
 
-absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,
-                                         int max_new_tokens, std::vector<int64_t>* ids,
-                                         double* entropy) {
+absl::StatusOr<std::vector<std::string>> GreedyAnswers(
+    const PairSide& side, const std::vector<const PairSample*>& samples, int max_new_tokens,
+    std::vector<std::vector<int64_t>>* ids, std::vector<double>* entropies) {
   torch::NoGradGuard no_grad;
-  const torch::Device device = side.model->device();
-  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
-  if (!prompt.ok()) return prompt.status();
+  std::vector<std::string> texts;
+  if (ids != nullptr) ids->clear();
+  if (entropies != nullptr) entropies->clear();
+  if (samples.empty()) return texts;
+  if (std::vector<std::vector<size_t>> groups = FrameGroups(side, samples); groups.size() > 1) {
+    texts.resize(samples.size());
+    if (ids != nullptr) ids->resize(samples.size());
+    if (entropies != nullptr) entropies->resize(samples.size());
+    for (const std::vector<size_t>& group : groups) {
+      std::vector<const PairSample*> part;
+      for (size_t i : group) part.push_back(samples[i]);
+      std::vector<std::vector<int64_t>> part_ids;
+      std::vector<double> part_entropies;
+      absl::StatusOr<std::vector<std::string>> part_texts =
+          GreedyAnswers(side, part, max_new_tokens, &part_ids, &part_entropies);
+      if (!part_texts.ok()) return part_texts.status();
+      for (size_t r = 0; r < group.size(); ++r) {
+        texts[group[r]] = std::move((*part_texts)[r]);
+        if (ids != nullptr) (*ids)[group[r]] = std::move(part_ids[r]);
+        if (entropies != nullptr) (*entropies)[group[r]] = part_entropies[r];
+      }
+    }
+    return texts;
+  }
+  absl::StatusOr<SideBatch> batch = CollateSide(side, samples, /*answers=*/nullptr);
+  if (!batch.ok()) return batch.status();
   model::GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
   g.eos_token_ids = side.model->eos_token_ids();
-  g.keep_step_logits = entropy != nullptr;
-  model::TokenInputs in =
-      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device),
-                    prompt->lm, prompt->qformer, device);
-  SidePixels(side, sample, device, &in);
-  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(in, g);
+  g.keep_step_logits = entropies != nullptr;
+  absl::StatusOr<model::GreedyResult> gen = side.model->GenerateFromTokens(batch->batch.inputs, g);
   if (!gen.ok()) return gen.status();
-  if (entropy != nullptr) *entropy = model::MeanStepEntropy(*gen, 0);
-  std::vector<int64_t> answer = model::AnswerIds(gen->tokens[0], g.eos_token_ids);
-  // The image placeholder cannot be part of an answer that is read back (it would stand for
-  // an image position): the answer ends before it, as at an EOS.
   const int64_t image = side.model->image_token_id();
-  answer.erase(std::find(answer.begin(), answer.end(), image), answer.end());
-  std::string text(absl::StripAsciiWhitespace(side.decode(answer)));
-  if (ids != nullptr) *ids = std::move(answer);
-  return text;
+  for (size_t r = 0; r < samples.size(); ++r) {
+    if (entropies != nullptr) entropies->push_back(model::MeanStepEntropy(*gen, r));
+    std::vector<int64_t> answer = model::AnswerIds(gen->tokens[r], g.eos_token_ids);
+    // The image placeholder cannot be part of an answer that is read back (it would stand for
+    // an image position): the answer ends before it, as at an EOS.
+    answer.erase(std::find(answer.begin(), answer.end(), image), answer.end());
+    texts.emplace_back(absl::StripAsciiWhitespace(side.decode(answer)));
+    if (ids != nullptr) ids->push_back(std::move(answer));
+  }
+  return texts;
+}
+
+absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,
+                                         int max_new_tokens, std::vector<int64_t>* ids,
+                                         double* entropy) {
+  std::vector<std::vector<int64_t>> all_ids;
+  std::vector<double> entropies;
+  absl::StatusOr<std::vector<std::string>> texts = GreedyAnswers(
+      side, {&sample}, max_new_tokens, &all_ids, entropy != nullptr ? &entropies : nullptr);
+  if (!texts.ok()) return texts.status();
+  if (ids != nullptr) *ids = std::move(all_ids[0]);
+  if (entropy != nullptr) *entropy = entropies[0];
+  return std::move((*texts)[0]);
+}
+
+absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<std::vector<int64_t>>& ids) {
+  if (ids.size() != samples.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " answers for ", samples.size(), " samples"));
+  }
+  // An empty answer has probability 1: only the others take a row.
+  std::vector<double> out(samples.size(), 1.0);
+  std::vector<size_t> which;
+  std::vector<const PairSample*> part;
+  std::vector<std::vector<int64_t>> part_ids;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (ids[i].empty()) continue;
+    which.push_back(i);
+    part.push_back(samples[i]);
+    part_ids.push_back(ids[i]);
+  }
+  if (part.empty()) return out;
+  if (std::vector<std::vector<size_t>> groups = FrameGroups(side, part); groups.size() > 1) {
+    for (const std::vector<size_t>& group : groups) {
+      std::vector<const PairSample*> group_samples;
+      std::vector<std::vector<int64_t>> group_ids;
+      for (size_t r : group) {
+        group_samples.push_back(part[r]);
+        group_ids.push_back(part_ids[r]);
+      }
+      absl::StatusOr<std::vector<double>> p =
+          AnswerIdsProbabilities(side, group_samples, group_ids);
+      if (!p.ok()) return p.status();
+      for (size_t k = 0; k < group.size(); ++k) out[which[group[k]]] = (*p)[k];
+    }
+    return out;
+  }
+  torch::NoGradGuard no_grad;
+  absl::StatusOr<SideBatch> batch = CollateSide(side, part, &part_ids);
+  if (!batch.ok()) return batch.status();
+  const TextBatch forced = AtAnswers(std::move(batch->batch));
+  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(forced.inputs);
+  if (!f.ok()) return f.status();
+  const int64_t tail = f->logits.size(1);
+  for (size_t r = 0; r < part.size(); ++r) {
+    const int64_t a = static_cast<int64_t>(part_ids[r].size());
+    // logits[t] predicts id t + 1: a row's answer ids are predicted from the position before
+    // its first, which the tail's last a + 1 positions hold.
+    const torch::Tensor logp = torch::log_softmax(f->logits[static_cast<int64_t>(r)]
+                                                      .narrow(0, tail - a - 1, a)
+                                                      .to(torch::kCPU, torch::kDouble),
+                                                  -1);
+    const torch::Tensor chosen =
+        logp.gather(1, torch::tensor(part_ids[r], torch::kLong).unsqueeze(1));
+    out[which[r]] = std::exp(chosen.sum().item<double>());
+  }
+  return out;
 }
 
 absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSample& sample,
                                             const std::vector<int64_t>& ids) {
-  if (ids.empty()) return 1.0;
-  torch::NoGradGuard no_grad;
-  const torch::Device device = side.model->device();
-  absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, sample.prompt);
-  if (!prompt.ok()) return prompt.status();
-  std::vector<int64_t> full = prompt->lm;
-  full.insert(full.end(), ids.begin(), ids.end());
-  model::TokenInputs in =
-      TokenInputsOf(Row(sample.tokens.to(device, torch::kFloat)), PresentRow(sample, device), full,
-                    prompt->qformer, device, static_cast<int64_t>(prompt->lm.size()));
-  SidePixels(side, sample, device, &in);
-  absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(in);
-  if (!f.ok()) return f.status();
-  const int64_t p = static_cast<int64_t>(prompt->lm.size());
-  const int64_t a = static_cast<int64_t>(ids.size());
-  // logits[t] predicts id t + 1: the answer's ids are predicted from p - 1 on.
-  torch::Tensor logp =
-      torch::log_softmax(f->logits[0].narrow(0, p - 1, a).to(torch::kCPU, torch::kDouble), -1);
-  torch::Tensor chosen = logp.gather(1, torch::tensor(ids, torch::kLong).unsqueeze(1));
-  return std::exp(chosen.sum().item<double>());
+  absl::StatusOr<std::vector<double>> p = AnswerIdsProbabilities(side, {&sample}, {ids});
+  if (!p.ok()) return p.status();
+  return (*p)[0];
+}
+
+absl::StatusOr<std::vector<double>> AnswerProbabilities(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<std::string>& answers) {
+  if (answers.size() != samples.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(answers.size(), " answers for ", samples.size(), " samples"));
+  }
+  const int64_t eos = FirstEos(*side.model);
+  std::vector<std::vector<int64_t>> ids(answers.size());
+  for (size_t i = 0; i < answers.size(); ++i) {
+    if (!answers[i].empty()) {
+      absl::StatusOr<std::vector<int64_t>> encoded = side.encode(answers[i], /*special=*/false);
+      if (!encoded.ok()) return encoded.status();
+      ids[i] = *std::move(encoded);
+    }
+    if (eos >= 0) ids[i].push_back(eos);
+  }
+  return AnswerIdsProbabilities(side, samples, ids);
 }
 
 absl::StatusOr<double> AnswerProbability(const PairSide& side, const PairSample& sample,
                                          const std::string& answer) {
-  std::vector<int64_t> ids;
-  if (!answer.empty()) {
-    absl::StatusOr<std::vector<int64_t>> encoded = side.encode(answer, /*special=*/false);
-    if (!encoded.ok()) return encoded.status();
-    ids = *std::move(encoded);
-  }
-  if (const int64_t eos = FirstEos(*side.model); eos >= 0) ids.push_back(eos);
-  return AnswerIdsProbability(side, sample, ids);
+  absl::StatusOr<std::vector<double>> p = AnswerProbabilities(side, {&sample}, {answer});
+  if (!p.ok()) return p.status();
+  return (*p)[0];
 }
 
 PairSide IdsAsTextSide(model::MultimodalModel* model) {

@@ -520,6 +520,62 @@ TEST_P(PairJobTest, TheTeacherLabelsAChunkAsEachSampleAlone) {
   }
 }
 
+// The guard's and the labels' batched calls: each sample's answer, ids and entropy from
+// GreedyAnswers, and each answer's probability from AnswerProbabilities, are what the
+// one-sample calls give it (prompts of different lengths, so the rows are padded; an empty
+// answer among them).
+TEST_P(PairJobTest, BatchedAnswersAndProbabilitiesAreEachSamplesAlone) {
+  std::unique_ptr<Side> teacher, student;
+  ASSERT_NO_FATAL_FAILURE(LoadPair(GetParam(), &teacher, &student));
+  Case c = FirstCase(GetParam(), *teacher->model);
+  std::vector<PairSample> samples = Samples(c, 4);
+  samples[1].prompt = c.prompt + " Answer in one word, please.";
+  samples[3].present = torch::Tensor();
+  std::vector<const PairSample*> pointers;
+  for (const PairSample& s : samples) pointers.push_back(&s);
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<double> entropies;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> texts,
+                       GreedyAnswers(teacher->side, pointers, 4, &ids, &entropies));
+  ASSERT_EQ(texts.size(), 4u);
+  ASSERT_EQ(ids.size(), 4u);
+  ASSERT_EQ(entropies.size(), 4u);
+  std::vector<std::string> answers = texts;
+  answers[2] = "";
+  ASSERT_OK_AND_ASSIGN(std::vector<double> p,
+                       AnswerProbabilities(teacher->side, pointers, answers));
+  ASSERT_EQ(p.size(), 4u);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    SCOPED_TRACE(i);
+    std::vector<int64_t> one_ids;
+    double one_entropy = 0;
+    ASSERT_OK_AND_ASSIGN(std::string one,
+                         GreedyAnswer(teacher->side, samples[i], 4, &one_ids, &one_entropy));
+    EXPECT_EQ(texts[i], one);
+    EXPECT_EQ(ids[i], one_ids);
+    EXPECT_NEAR(entropies[i], one_entropy, 1e-4 * (1 + one_entropy));
+    ASSERT_OK_AND_ASSIGN(double q, AnswerProbability(teacher->side, samples[i], answers[i]));
+    EXPECT_GT(q, 0.0);
+    EXPECT_NEAR(p[i], q, 1e-4 * q);
+  }
+  EXPECT_FALSE(AnswerProbabilities(teacher->side, pointers, {"a"}).ok());
+
+  // A side that reads frames, some samples with one and some without: two batches, each
+  // sample still answered and scored as alone.
+  GiveFrames(c, &samples, student.get());
+  samples[0].pixels = torch::Tensor();
+  samples[2].pixels = torch::Tensor();
+  ASSERT_OK_AND_ASSIGN(texts, GreedyAnswers(student->side, pointers, 4));
+  ASSERT_OK_AND_ASSIGN(p, AnswerProbabilities(student->side, pointers, texts));
+  for (size_t i = 0; i < samples.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_OK_AND_ASSIGN(std::string one, GreedyAnswer(student->side, samples[i], 4));
+    EXPECT_EQ(texts[i], one);
+    ASSERT_OK_AND_ASSIGN(double q, AnswerProbability(student->side, samples[i], texts[i]));
+    EXPECT_NEAR(p[i], q, 1e-4 * q);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, PairJobTest,
                          ::testing::Values("llava_clip_llama", "blip2_llama", "instructblip_llama",
                                            "blip2_flan_t5", "instructblip_flan_t5"));

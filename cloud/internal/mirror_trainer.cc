@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <unordered_map>
 
@@ -330,13 +331,16 @@ absl::StatusOr<std::vector<double>> MirrorTrainer::TeacherProbabilities(
   out.reserve(samples.size());
   try {
     teacher_side_.model->module().eval();
-    for (size_t i = 0; i < samples.size(); ++i) {
-      absl::StatusOr<distill::PairSample> h = JobSample(*samples[i]);
-      if (!h.ok()) return h.status();
-      absl::StatusOr<double> p = distill::AnswerProbability(teacher_side_, *h, answers[i]);
+    absl::Status st = InBatches(samples, [&](const std::vector<const distill::PairSample*>& part,
+                                             size_t begin) {
+      absl::StatusOr<std::vector<double>> p = distill::AnswerProbabilities(
+          teacher_side_, part,
+          std::vector<std::string>(answers.begin() + begin, answers.begin() + begin + part.size()));
       if (!p.ok()) return p.status();
-      out.push_back(*p);
-    }
+      out.insert(out.end(), p->begin(), p->end());
+      return absl::OkStatus();
+    });
+    if (!st.ok()) return st;
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("the teacher's probabilities: ", e.what_without_backtrace()));
@@ -355,20 +359,48 @@ absl::StatusOr<std::vector<std::string>> MirrorTrainer::Answers(
   if (entropies != nullptr) entropies->clear();
   try {
     side.model->module().eval();
-    for (const compress::UplinkSample* s : samples) {
-      absl::StatusOr<distill::PairSample> h = JobSample(*s);
-      if (!h.ok()) return h.status();
-      double entropy = 0;
-      absl::StatusOr<std::string> text = distill::GreedyAnswer(
-          side, *h, settings_.job.max_answer_tokens, nullptr, entropies ? &entropy : nullptr);
-      if (!text.ok()) return text.status();
-      out.push_back(absl::AsciiStrToLower(*text));
-      if (entropies != nullptr) entropies->push_back(entropy);
-    }
+    absl::Status st =
+        InBatches(samples, [&](const std::vector<const distill::PairSample*>& part, size_t) {
+          std::vector<double> part_entropies;
+          absl::StatusOr<std::vector<std::string>> texts =
+              distill::GreedyAnswers(side, part, settings_.job.max_answer_tokens, nullptr,
+                                     entropies != nullptr ? &part_entropies : nullptr);
+          if (!texts.ok()) return texts.status();
+          for (const std::string& text : *texts) out.push_back(absl::AsciiStrToLower(text));
+          if (entropies != nullptr) {
+            entropies->insert(entropies->end(), part_entropies.begin(), part_entropies.end());
+          }
+          return absl::OkStatus();
+        });
+    if (!st.ok()) return st;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("greedy answers: ", e.what_without_backtrace()));
   }
   return out;
+}
+
+// `run` over the samples as the job reads them (JobSample), a training batch's worth at a time,
+// with the index of each batch's first sample in `samples`: the guard's greedy and
+// teacher-forced passes take a batch each.
+absl::Status MirrorTrainer::InBatches(
+    const std::vector<const compress::UplinkSample*>& samples,
+    const std::function<absl::Status(const std::vector<const distill::PairSample*>&, size_t)>&
+        run) {
+  const size_t chunk = static_cast<size_t>(std::max(1, settings_.job.batch_size));
+  for (size_t begin = 0; begin < samples.size(); begin += chunk) {
+    const size_t end = std::min(samples.size(), begin + chunk);
+    std::vector<distill::PairSample> held;
+    held.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      absl::StatusOr<distill::PairSample> h = JobSample(*samples[i]);
+      if (!h.ok()) return h.status();
+      held.push_back(*std::move(h));
+    }
+    std::vector<const distill::PairSample*> part;
+    for (const distill::PairSample& h : held) part.push_back(&h);
+    if (absl::Status st = run(part, begin); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 // A jpeg sample's tokens: the student's tower (the pair's, the devices') on the decoded

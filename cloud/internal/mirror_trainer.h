@@ -17,6 +17,7 @@
 #define CDCCA_CLOUD_INTERNAL_MIRROR_TRAINER_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -100,7 +101,9 @@ class MirrorTrainer {
       const std::vector<const compress::UplinkSample*>& samples);
   // The teacher's probability of answering each sample with answers[i] (an answer as the two
   // calls above return it), read as TeacherAnswers reads the sample
-  // (distill::AnswerProbability): what the guard's kTeacherProbability measure scores.
+  // (distill::AnswerProbability): what the guard's kTeacherProbability measure scores. These
+  // calls run a training batch's worth of samples per pass (distill::GreedyAnswers,
+  // distill::AnswerProbabilities).
   absl::StatusOr<std::vector<double>> TeacherProbabilities(
       const std::vector<const compress::UplinkSample*>& samples,
       const std::vector<std::string>& answers);
@@ -123,6 +126,10 @@ class MirrorTrainer {
   absl::StatusOr<std::vector<std::string>> Answers(
       const distill::PairSide& side, const std::vector<const compress::UplinkSample*>& samples,
       std::vector<double>* entropies = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InBatches(
+      const std::vector<const compress::UplinkSample*>& samples,
+      const std::function<absl::Status(const std::vector<const distill::PairSample*>&, size_t)>&
+          run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<float>> TokensOfFrame(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
