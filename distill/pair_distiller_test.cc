@@ -257,6 +257,59 @@ TEST_P(LogitsTailTest, IsTheLastPositionsOfTheWholeLogits) {
   }
 }
 
+// The answer's cross-entropy from the tail's logits has the whole pass's gradients in the
+// trainable set: the training step that asks for the tail alone moves the student as before.
+TEST_P(LogitsTailTest, GivesTheWholePassGradients) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  ASSERT_OK(s->model->AddAdapters({}));
+  Case c = FirstCase(GetParam(), *s->model);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    for (auto& [name, t] : s->model->TrainableParameters()) {
+      if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.3);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> short_prompt, SidePromptIds(s->side, c.prompt));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> long_prompt,
+                       SidePromptIds(s->side, c.prompt + " Say more about it."));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(s->side, c.prompt));
+  const std::vector<int64_t> a1 = {5, 6, 7}, a2 = {9};
+  const torch::Tensor tokens = c.tokens.unsqueeze(0);
+  const torch::Tensor present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
+  TextBatch batch = CollateHfRows({{tokens, present, {}, &short_prompt, &a1, &qformer},
+                                   {tokens, present, {}, &long_prompt, &a2, &qformer}},
+                                  torch::kCPU);
+  model::NamedTensors trainable = s->model->TrainableParameters();
+  for (auto& [name, t] : trainable) t.set_requires_grad(true);
+  auto gradients = [&](int64_t tail) {
+    for (auto& [name, t] : trainable) t.mutable_grad() = torch::Tensor();
+    batch.inputs.logits_tail = tail;
+    absl::StatusOr<model::TokenForward> f = s->model->ForwardTokens(batch.inputs);
+    EXPECT_TRUE(f.ok()) << f.status();
+    const int64_t n = f->logits.size(1);
+    const torch::Tensor targets = batch.targets.narrow(1, batch.targets.size(1) - n, n);
+    const torch::Tensor predictors = targets >= 0;
+    torch::nn::functional::cross_entropy(f->logits.index({predictors}), targets.index({predictors}))
+        .backward();
+    std::vector<torch::Tensor> out;
+    for (auto& [name, t] : trainable) {
+      out.push_back(t.grad().defined() ? t.grad().clone() : torch::zeros_like(t));
+    }
+    return out;
+  };
+  const std::vector<torch::Tensor> whole = gradients(0), tail = gradients(4);
+  int nonzero = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    SCOPED_TRACE(trainable[i].first);
+    const double scale = 1e-5 * (1.0 + whole[i].abs().max().item<double>());
+    EXPECT_LE((tail[i] - whole[i]).abs().max().item<double>(), scale);
+    nonzero += whole[i].abs().sum().item<double>() > 0;
+  }
+  EXPECT_GT(nonzero, static_cast<int>(whole.size()) / 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, LogitsTailTest,
                          ::testing::Values("llava_clip_llama", "llava_siglip_qwen2", "blip2_llama",
                                            "blip2_opt", "instructblip_llama", "blip2_flan_t5",
