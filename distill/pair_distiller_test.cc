@@ -226,21 +226,28 @@ INSTANTIATE_TEST_SUITE_P(Families, TokenForwardTest,
 // whole forward pass gives them, and everything else unchanged.
 class LogitsTailTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(LogitsTailTest, IsTheLastPositionsOfTheWholeLogits) {
-  std::unique_ptr<Side> s = LoadSide(GetParam());
-  ASSERT_NE(s, nullptr);
-  Case c = FirstCase(GetParam(), *s->model);
-  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> short_prompt, SidePromptIds(s->side, c.prompt));
+// Two left-padded rows of the first case for `s`: its prompt with an answer of three ids,
+// and a longer prompt with an answer of one.
+void TwoRowBatch(Side& s, const Case& c, TextBatch* out) {
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> short_prompt, SidePromptIds(s.side, c.prompt));
   ASSERT_OK_AND_ASSIGN(std::vector<int64_t> long_prompt,
-                       SidePromptIds(s->side, c.prompt + " Say more about it."));
-  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(s->side, c.prompt));
+                       SidePromptIds(s.side, c.prompt + " Say more about it."));
+  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(s.side, c.prompt));
   ASSERT_GT(long_prompt.size(), short_prompt.size());
   const std::vector<int64_t> a1 = {5, 6, 7}, a2 = {9};
   const torch::Tensor tokens = c.tokens.unsqueeze(0);
   const torch::Tensor present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
-  TextBatch batch = CollateHfRows({{tokens, present, {}, &short_prompt, &a1, &qformer},
-                                   {tokens, present, {}, &long_prompt, &a2, &qformer}},
-                                  torch::kCPU);
+  *out = CollateHfRows({{tokens, present, {}, &short_prompt, &a1, &qformer},
+                        {tokens, present, {}, &long_prompt, &a2, &qformer}},
+                       torch::kCPU);
+}
+
+TEST_P(LogitsTailTest, IsTheLastPositionsOfTheWholeLogits) {
+  std::unique_ptr<Side> s = LoadSide(GetParam());
+  ASSERT_NE(s, nullptr);
+  Case c = FirstCase(GetParam(), *s->model);
+  TextBatch batch;
+  ASSERT_NO_FATAL_FAILURE(TwoRowBatch(*s, c, &batch));
   torch::NoGradGuard no_grad;
   ASSERT_OK_AND_ASSIGN(model::TokenForward whole, s->model->ForwardTokens(batch.inputs));
   const int64_t t = batch.inputs.input_ids.size(1);
@@ -271,16 +278,8 @@ TEST_P(LogitsTailTest, GivesTheWholePassGradients) {
       if (name.find("lora_b") != std::string::npos) t.normal_(0.0, 0.3);
     }
   }
-  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> short_prompt, SidePromptIds(s->side, c.prompt));
-  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> long_prompt,
-                       SidePromptIds(s->side, c.prompt + " Say more about it."));
-  ASSERT_OK_AND_ASSIGN(std::vector<int64_t> qformer, SideQformerIds(s->side, c.prompt));
-  const std::vector<int64_t> a1 = {5, 6, 7}, a2 = {9};
-  const torch::Tensor tokens = c.tokens.unsqueeze(0);
-  const torch::Tensor present = torch::ones({1, c.tokens.size(0)}, torch::kBool);
-  TextBatch batch = CollateHfRows({{tokens, present, {}, &short_prompt, &a1, &qformer},
-                                   {tokens, present, {}, &long_prompt, &a2, &qformer}},
-                                  torch::kCPU);
+  TextBatch batch;
+  ASSERT_NO_FATAL_FAILURE(TwoRowBatch(*s, c, &batch));
   model::NamedTensors trainable = s->model->TrainableParameters();
   for (auto& [name, t] : trainable) t.set_requires_grad(true);
   auto gradients = [&](int64_t tail) {

@@ -32,7 +32,8 @@ struct WeightPrecision {
 };
 
 // A zero-stride tensor of `shape` (one element of storage), standing for a parameter until
-// the checkpoint fills it.
+// the checkpoint fills it. Make it on the device it stands on: .to() of it copies the whole
+// shape there (LinearImpl::to shrinks it to its element before moving).
 torch::Tensor Placeholder(c10::IntArrayRef shape, torch::ScalarType dtype,
                           torch::Device device = torch::kCPU);
 

@@ -10,8 +10,8 @@
 namespace cdcca::model {
 
 struct GpuMemoryPeak {
-  int64_t allocated_bytes = 0;  // the most held by live tensors at once
-  int64_t reserved_bytes = 0;   // the most the allocator held from the driver at once
+  int64_t allocated_bytes = 0;      // the most held by live tensors at once
+  int64_t reserved_bytes = 0;       // the most the allocator held from the driver at once
   int64_t allocated_now_bytes = 0;  // held by live tensors at the call
 };
 
