@@ -84,6 +84,10 @@ struct JobStats {
   // On CUDA, per phase the most GPU memory live tensors held at its end over the timed steps
   // (after "forward": the weights plus what autograd keeps for the backward pass).
   std::vector<std::pair<std::string, int64_t>> phase_allocated_bytes;
+  // The preparation's seconds per phase where phases are timed: "greedy" (the teacher's
+  // pseudo-labels), "forced" (its teacher-forced pass and what is kept of it), "fit" (the
+  // feature projections' widths and ridge fit).
+  std::vector<std::pair<std::string, double>> prepare_phases;
 };
 
 }  // namespace cdcca::distill

@@ -234,6 +234,66 @@ std::vector<std::vector<size_t>> FrameGroups(const PairSide& side,
   return groups;
 }
 
+// A step's (or the preparation's) phases timed where `on` (JobOptions::phase_steps): Mark(name)
+// synchronizes the device and adds the time since the previous mark (or Start) to the phase `name`.
+class PhaseClock {
+ public:
+  PhaseClock(torch::Device device, bool on) : device_(device), on_(on) {}
+  void Start() {
+    if (!on_) return;
+    Sync();
+    last_ = Clock::now();
+  }
+  void Mark(const char* name) {
+    if (!on_) return;
+    Sync();
+    const Clock::time_point now = Clock::now();
+    phases_.emplace_back(name, std::chrono::duration<double>(now - last_).count());
+    if (device_.is_cuda()) {
+      allocated_.emplace_back(name, model::PeakGpuMemory(device_).allocated_now_bytes);
+    }
+    last_ = now;
+  }
+  // Adds the phases' seconds to `into`'s, phase by phase.
+  void AddSeconds(std::vector<std::pair<std::string, double>>& into) const {
+    for (const auto& [name, seconds] : phases_) {
+      Merge(into, name, seconds, [](double a, double b) { return a + b; });
+    }
+  }
+  // Adds this step's phases to `stats` (a timed step only): seconds summed, memory the most.
+  void AddTo(JobStats& stats) const {
+    if (!on_) return;
+    AddSeconds(stats.phases);
+    stats.phase_timed_steps += 1;
+    for (const auto& [name, bytes] : allocated_) {
+      Merge(stats.phase_allocated_bytes, name, bytes,
+            [](int64_t a, int64_t b) { return std::max(a, b); });
+    }
+  }
+
+ private:
+  // `name`'s entry of `into` combined with `value` (appended where it has none yet).
+  template <typename T, typename Combine>
+  static void Merge(std::vector<std::pair<std::string, T>>& into, const std::string& name, T value,
+                    Combine combine) {
+    auto it =
+        std::find_if(into.begin(), into.end(), [&](const auto& p) { return p.first == name; });
+    if (it == into.end()) {
+      into.emplace_back(name, value);
+    } else {
+      it->second = combine(it->second, value);
+    }
+  }
+  void Sync() const {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  }
+  torch::Device device_;
+  bool on_;
+  std::vector<std::pair<std::string, int64_t>> allocated_;
+  Clock::time_point last_;
+  std::vector<std::pair<std::string, double>> phases_;
+};
+
 }  // namespace
 
 struct PairDistiller::State {
@@ -257,9 +317,10 @@ struct PairDistiller::State {
   // the rounding of the batch's products: the rows are left-padded and masked. The teacher
   // reads every token of a complete sample, the student its present ones. Errors name the
   // samples by their index in the job (`first` is the chunk's first).
+  // `clock` marks "greedy" after the greedy pass and "forced" after the forced one.
   absl::Status PrepareChunk(const std::vector<const PairSample*>& samples,
                             const std::vector<PreparedSample*>& out, size_t first,
-                            std::vector<std::string>* labels) {
+                            std::vector<std::string>* labels, PhaseClock& clock) {
     torch::NoGradGuard no_grad;
     const size_t n = samples.size();
     std::vector<std::vector<int64_t>> answer(n);
@@ -304,6 +365,7 @@ struct PairDistiller::State {
         answer[unlabelled[r]] = std::move(ids[r]);
       }
     }
+    clock.Mark("greedy");
     const int64_t t_eos_id = FirstEos(*teacher.model);
     for (size_t i = 0; i < n; ++i) {
       const PairSample& sample = *samples[i];
@@ -359,6 +421,7 @@ struct PairDistiller::State {
         o->teacher_confidence = std::exp(logp.mean().item<double>());
       }
     }
+    clock.Mark("forced");
     return absl::OkStatus();
   }
 
@@ -645,6 +708,8 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
     // pass per chunk instead of per sample.
     const size_t chunk = static_cast<size_t>(
         std::max(1, s.options.prepare_batch > 0 ? s.options.prepare_batch : s.options.batch_size));
+    PhaseClock clock(s.device, s.options.phase_steps > 0);
+    clock.Start();
     for (size_t begin = 0; begin < samples.size(); begin += chunk) {
       const size_t end = std::min(samples.size(), begin + chunk);
       std::vector<const PairSample*> part;
@@ -654,7 +719,7 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
         out.push_back(&pool[i]);
       }
       std::vector<std::string> labels;
-      if (absl::Status st = s.PrepareChunk(part, out, begin, &labels); !st.ok()) return st;
+      if (absl::Status st = s.PrepareChunk(part, out, begin, &labels, clock); !st.ok()) return st;
       for (std::string& label : labels) result.pseudo_labels.push_back(std::move(label));
     }
     if (s.UsesFeatures() && !s.phi) {
@@ -669,6 +734,8 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
       s.psi->to(s.device);
       if (s.config.ridge_init) s.FitProjections(pool);
     }
+    clock.Mark("fit");
+    clock.AddSeconds(result.stats.prepare_phases);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("preparing the job: ", e.what_without_backtrace()));
   }
@@ -701,66 +768,6 @@ void PairDistiller::StartTraining(model::NamedTensors trainable, Job* job) {
   for (size_t i = 0; i < job->order.size(); ++i) job->order[i] = static_cast<int64_t>(i);
   job->cursor = job->order.size();
 }
-
-namespace {
-
-// A step's phases timed where `on` (JobOptions::phase_steps): Mark(name) synchronizes the
-// device and adds the time since the previous mark (or Start) to the phase `name`.
-class PhaseClock {
- public:
-  PhaseClock(torch::Device device, bool on) : device_(device), on_(on) {}
-  void Start() {
-    if (!on_) return;
-    Sync();
-    last_ = Clock::now();
-  }
-  void Mark(const char* name) {
-    if (!on_) return;
-    Sync();
-    const Clock::time_point now = Clock::now();
-    phases_.emplace_back(name, std::chrono::duration<double>(now - last_).count());
-    if (device_.is_cuda()) {
-      allocated_.emplace_back(name, model::PeakGpuMemory(device_).allocated_now_bytes);
-    }
-    last_ = now;
-  }
-  // Adds this step's phases to `stats` (a timed step only): seconds summed, memory the most.
-  void AddTo(JobStats& stats) const {
-    if (!on_) return;
-    for (const auto& [name, seconds] : phases_) {
-      Merge(stats.phases, name, seconds, [](double a, double b) { return a + b; });
-    }
-    stats.phase_timed_steps += 1;
-    for (const auto& [name, bytes] : allocated_) {
-      Merge(stats.phase_allocated_bytes, name, bytes,
-            [](int64_t a, int64_t b) { return std::max(a, b); });
-    }
-  }
-
- private:
-  // `name`'s entry of `into` combined with `value` (appended where it has none yet).
-  template <typename T, typename Combine>
-  static void Merge(std::vector<std::pair<std::string, T>>& into, const std::string& name, T value,
-                    Combine combine) {
-    auto it =
-        std::find_if(into.begin(), into.end(), [&](const auto& p) { return p.first == name; });
-    if (it == into.end()) {
-      into.emplace_back(name, value);
-    } else {
-      it->second = combine(it->second, value);
-    }
-  }
-  void Sync() const {
-    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-  }
-  torch::Device device_;
-  bool on_;
-  std::vector<std::pair<std::string, int64_t>> allocated_;
-  Clock::time_point last_;
-  std::vector<std::pair<std::string, double>> phases_;
-};
-
-}  // namespace
 
 // The training steps of `jobs` (over one student), each step one forward pass over every
 // running job's batch. `segmented`: each job trains its own copy, which its rows read through

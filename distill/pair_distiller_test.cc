@@ -765,6 +765,7 @@ TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
   ASSERT_OK_AND_ASSIGN(PairJobResult untimed, plain->Run(Samples(c, 2)));
   EXPECT_EQ(untimed.stats.phase_timed_steps, 0);
   EXPECT_TRUE(untimed.stats.phases.empty());
+  EXPECT_TRUE(untimed.stats.prepare_phases.empty());
   ASSERT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
   o.phase_steps = 3;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> timed,
@@ -778,6 +779,16 @@ TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
   }
   EXPECT_EQ(names,
             (std::vector<std::string>{"batch", "forward", "losses", "backward", "optimizer"}));
+  // The preparation's phases, in order, within its time.
+  names.clear();
+  double prepared = 0;
+  for (const auto& [name, seconds] : r.stats.prepare_phases) {
+    names.push_back(name);
+    EXPECT_GE(seconds, 0) << name;
+    prepared += seconds;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"greedy", "forced", "fit"}));
+  EXPECT_LE(prepared, r.stats.prepare_seconds);
   ASSERT_EQ(r.trainable.size(), untimed.trainable.size());
   for (size_t i = 0; i < r.trainable.size(); ++i) {
     EXPECT_TRUE(torch::equal(r.trainable[i].second, untimed.trainable[i].second))

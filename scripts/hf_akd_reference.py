@@ -252,12 +252,25 @@ def run(args):
         t_job = time.perf_counter()
         pool = []
         chunk = args.prepare_batch or args.batch_size
+        # The preparation's phases, synchronized as akd_bench times them (--phase_steps > 0).
+        prepare_phases = {}
+        prep_mark = [t_job]
+
+        def phase(name):
+            if args.phase_steps <= 0:
+                return
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            prepare_phases[name] = prepare_phases.get(name, 0.0) + now - prep_mark[0]
+            prep_mark[0] = now
+
         with torch.no_grad():
             for begin in range(0, tokens.shape[0], chunk):
                 rows = range(begin, min(tokens.shape[0], begin + chunk))
                 tok = tokens[begin:begin + len(rows)].to(dev)
                 prompts = [T.expand(prompt_ids[i].tolist(), n_image) for i in rows]
                 answers = greedy(T, prompts, tok, args.max_answer_tokens, eos)
+                phase("greedy")
                 for answer in answers:
                     while answer and answer[-1] in eos:
                         answer.pop()
@@ -269,6 +282,7 @@ def run(args):
                     a = len(answer)
                     pool.append(dict(tokens=tok[b:b + 1], prompt=prompt, answer=answer, q=q[b],
                                      r=r[b, width - a:].float(), logits=logits[b, width - a - 1:width - 1].float()))
+                phase("forced")
 
         def collate(rows):
             width = max(len(pool[i]["prompt"]) + len(pool[i]["answer"]) for i in rows)
@@ -321,6 +335,7 @@ def run(args):
                         rt.append(stack(rows, "r")[m])
                 ridge_fit(torch.cat(qs), layer_norm(torch.cat(qt)), learner["ridge_lambda"], phi)
                 ridge_fit(torch.cat(rs), layer_norm(torch.cat(rt)), learner["ridge_lambda"], psi)
+        phase("fit")
         torch.cuda.synchronize()
         prepare_seconds = time.perf_counter() - t_job
 
@@ -395,7 +410,7 @@ def run(args):
         seen = args.max_steps * min(args.batch_size, len(pool))
         return dict(pool=pool, trainable=trainable, history=history, phases=phases, phase_bytes=phase_bytes,
                     timed_steps=timed_steps, prepare_seconds=prepare_seconds,
-                    train_seconds=train_seconds, job_seconds=job_seconds, seen=seen)
+                    prepare_phases=prepare_phases, train_seconds=train_seconds, job_seconds=job_seconds, seen=seen)
 
     # A fleet's round (--jobs K): K devices' jobs over the one loaded pair, as a competent
     # user runs them with peft: the model loaded once, each job starting from the
@@ -437,6 +452,7 @@ def run(args):
            "terms": summary, "phase_timed_steps": timed_steps,
            "phases_ms_per_step": {k: 1000 * v / max(1, timed_steps) for k, v in sorted(phases.items())},
            "phase_allocated_bytes": first["phase_bytes"],
+           "prepare_phases_seconds": first["prepare_phases"],
            "device_jobs": args.jobs, "device_jobs_per_hour": args.jobs * 3600.0 / job_seconds,
            "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
            "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved(),

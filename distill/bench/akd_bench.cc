@@ -223,6 +223,8 @@ int Run() {
   for (const auto& [name, seconds] : result->stats.phases) {
     phases[name] = 1000.0 * seconds / std::max(1, result->stats.phase_timed_steps);
   }
+  json prepare_phases = json::object();
+  for (const auto& [name, seconds] : result->stats.prepare_phases) prepare_phases[name] = seconds;
   json phase_bytes = json::object();
   for (const auto& [name, bytes] : result->stats.phase_allocated_bytes) phase_bytes[name] = bytes;
   int64_t answer_tokens = 0;
@@ -257,6 +259,7 @@ int Run() {
       {"phase_timed_steps", result->stats.phase_timed_steps},
       {"phases_ms_per_step", phases},
       {"phase_allocated_bytes", phase_bytes},
+      {"prepare_phases_seconds", prepare_phases},
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},
       {"gpu_allocated_before_jobs_bytes", resident_bytes},

@@ -132,6 +132,61 @@ TEST_P(LlavaParityTest, StaticCacheDecodeGivesTheReferenceTokens) {
   }
 }
 
+// A batch through the static cache: rows of different prompt lengths left-padded to one, each
+// stopping at its own eos id while the others go on, give the reference loop's tokens row for row.
+TEST_P(LlavaParityTest, StaticCacheDecodeGivesTheReferenceTokensInABatch) {
+  const std::string dir = FixtureDir(GetParam());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MultimodalModel> model, LoadModel(dir, {}));
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<torch::Tensor> pixels;
+  for (const Case& c : ReadCases(dir)) {
+    for (int64_t padding : {0, 3}) {
+      std::vector<int64_t> ids(padding, -1);
+      ids.insert(ids.end(), c.input_ids.begin(), c.input_ids.end());
+      rows.push_back(std::move(ids));
+      pixels.push_back(c.pixels);
+    }
+  }
+  size_t width = 0;
+  for (const auto& r : rows) width = std::max(width, r.size());
+  const int64_t b = static_cast<int64_t>(rows.size());
+  MultimodalInputs in;
+  in.pixel_values = torch::cat(pixels);
+  in.input_ids = torch::zeros({b, static_cast<int64_t>(width)}, torch::kLong);
+  in.attention_mask = torch::zeros_like(in.input_ids);
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& r = rows[static_cast<size_t>(i)];
+    const int64_t offset = static_cast<int64_t>(width - r.size());
+    for (size_t j = 0; j < r.size(); ++j) {
+      if (r[j] < 0) continue;  // this row's own padding
+      in.input_ids[i][offset + static_cast<int64_t>(j)] = r[j];
+      in.attention_mask[i][offset + static_cast<int64_t>(j)] = 1;
+    }
+  }
+  GreedyOptions o;
+  o.max_new_tokens = 12;
+  o.decode_path = GreedyOptions::DecodePath::kReference;
+  ASSERT_OK_AND_ASSIGN(GreedyResult free_run, model->Generate(in, o));
+  ASSERT_EQ(free_run.tokens.size(), static_cast<size_t>(b));
+  // An "eos" that row 0 emits at its third step: it stops there, rows without it run on.
+  o.eos_token_ids = {free_run.tokens[0][2]};
+  ASSERT_OK_AND_ASSIGN(GreedyResult ref, model->Generate(in, o));
+  o.decode_path = GreedyOptions::DecodePath::kStatic;
+  ASSERT_OK_AND_ASSIGN(GreedyResult fast, model->Generate(in, o));
+  EXPECT_EQ(fast.tokens, ref.tokens) << GetParam();
+  EXPECT_TRUE(torch::equal(fast.first_logits, ref.first_logits)) << GetParam();
+  EXPECT_LE(ref.tokens[0].size(), 3u);
+  // Each row is what it gives alone (its padding removed).
+  for (int64_t i = 0; i < b; ++i) {
+    MultimodalInputs one;
+    one.pixel_values = in.pixel_values.narrow(0, i, 1);
+    const torch::Tensor keep = in.attention_mask[i].to(torch::kBool);
+    one.input_ids = in.input_ids[i].index({keep}).unsqueeze(0);
+    ASSERT_OK_AND_ASSIGN(GreedyResult alone, model->Generate(one, o));
+    EXPECT_EQ(fast.tokens[static_cast<size_t>(i)], alone.tokens[0]) << GetParam() << " row " << i;
+  }
+}
+
 // int8 and int4 weights (quantization error included) stay within a stated share of the
 // largest fp32 first-step logit. These fixtures are the worst case for 4 bits: widths of
 // 32-64 with uniform random weights, where one group's scale is set by few values and the

@@ -1,6 +1,7 @@
 #include "model/runtime/generation.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "model/runtime/static_decode.h"
 
@@ -91,8 +92,11 @@ GreedyResult GreedyGenerateFromEmbeds(DecoderLmImpl& lm, const torch::Tensor& in
                                       const GreedyOptions& options) {
   torch::NoGradGuard no_grad;
   using Path = GreedyOptions::DecodePath;
-  const bool want_static = options.decode_path == Path::kStatic ||
-                           (options.decode_path == Path::kAuto && inputs_embeds.is_cuda());
+  // CDCCA_NO_STATIC_DECODE set: kAuto takes the reference loop (for measuring the difference).
+  static const bool no_static = std::getenv("CDCCA_NO_STATIC_DECODE") != nullptr;
+  const bool want_static =
+      options.decode_path == Path::kStatic ||
+      (options.decode_path == Path::kAuto && inputs_embeds.is_cuda() && !no_static);
   if (want_static && StaticDecodeApplies(lm, inputs_embeds, options)) {
     return StaticGreedyGenerate(lm, inputs_embeds, attention_mask, options);
   }

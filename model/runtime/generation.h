@@ -22,7 +22,8 @@ struct GreedyOptions {
   bool keep_step_logits = false;       // fill GreedyResult::step_logits
   // GreedyGenerateFromEmbeds' loop: kAuto takes the static-cache loop (static_decode.h) on
   // CUDA where it applies and the reference loop elsewhere; kStatic takes it wherever it
-  // applies (CPU too: tests compare the two); kReference never.
+  // applies (CPU too: tests compare the two); kReference never. The environment variable
+  // CDCCA_NO_STATIC_DECODE makes kAuto take the reference loop (for measuring the difference).
   enum class DecodePath { kAuto, kReference, kStatic };
   DecodePath decode_path = DecodePath::kAuto;
 };

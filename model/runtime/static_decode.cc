@@ -22,49 +22,55 @@ namespace {
 // (and its captured graph).
 constexpr int64_t kCapacityBlock = 64;
 
-// Buffers the fixed-shape step reads and writes, sized for `capacity` positions.
+// Buffers the fixed-shape step reads and writes, sized for `batch` rows of `capacity`
+// positions. The rows are left-padded to one prompt length, so every row writes the same
+// cache slot at a step; each keeps its own padding and positions.
 struct StaticState {
+  int64_t batch = 1;
   int64_t capacity = 0;
   torch::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
-  std::vector<torch::Tensor> keys, values;  // per layer [1, kv_heads, capacity, head_dim]
-  torch::Tensor cos, sin;                   // [1, capacity, head_dim]
+  std::vector<torch::Tensor> keys, values;  // per layer [B, kv_heads, capacity, head_dim]
+  torch::Tensor cos, sin;                   // [capacity, head_dim]
   torch::Tensor key_pos;                    // [capacity] int64: 0 .. capacity - 1
-  torch::Tensor pad;                        // [capacity] bool: prompt padding, never attended
-  torch::Tensor mask;                       // [1, 1, 1, capacity] additive
-  torch::Tensor token;                      // [1, 1] int64: the token the next step reads
-  torch::Tensor pos;                        // [1] int64: its cache slot
-  torch::Tensor rope_pos;                   // [1] int64: its position (slot - padding)
-  torch::Tensor step;                       // [1] int64: where its successor goes in `tokens`
-  torch::Tensor tokens;                     // [capacity] int64: generated ids
+  torch::Tensor pad;                        // [B, capacity] bool: prompt padding, never attended
+  torch::Tensor mask;                       // [B, 1, 1, capacity] additive
+  torch::Tensor token;                      // [B, 1] int64: the tokens the next step reads
+  torch::Tensor pos;                        // [1] int64: their cache slot
+  torch::Tensor rope_pos;                   // [B] int64: their positions (slot - padding)
+  torch::Tensor step;                       // [1] int64: where their successors go in `tokens`
+  torch::Tensor tokens;                     // [B, capacity] int64: generated ids
 #if CDCCA_HAVE_CUDA_GRAPHS
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
 };
 
-std::shared_ptr<StaticState> MakeState(const DecoderLmImpl& lm, int64_t capacity,
+std::shared_ptr<StaticState> MakeState(const DecoderLmImpl& lm, int64_t batch, int64_t capacity,
                                        torch::ScalarType dtype, torch::Device device) {
   const DecoderConfig& c = lm.config();
   auto s = std::make_shared<StaticState>();
+  s->batch = batch;
   s->capacity = capacity;
   s->dtype = dtype;
   s->device = device;
   const auto opts = torch::TensorOptions().dtype(dtype).device(device);
   const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    s->keys.push_back(torch::zeros({1, c.num_key_value_heads, capacity, c.head_dim}, opts));
-    s->values.push_back(torch::zeros({1, c.num_key_value_heads, capacity, c.head_dim}, opts));
+    s->keys.push_back(torch::zeros({batch, c.num_key_value_heads, capacity, c.head_dim}, opts));
+    s->values.push_back(torch::zeros({batch, c.num_key_value_heads, capacity, c.head_dim}, opts));
   }
   s->key_pos = torch::arange(capacity, longs);
   RopeCosSin(RopeInvFreq(c.rope, c.head_dim, capacity), s->key_pos.view({1, capacity}), dtype,
              &s->cos, &s->sin, c.rope.attention_factor);
-  s->pad = torch::zeros({capacity}, longs.dtype(torch::kBool));
-  s->mask = torch::zeros({1, 1, 1, capacity}, opts);
-  s->token = torch::zeros({1, 1}, longs);
+  s->cos = s->cos[0];
+  s->sin = s->sin[0];
+  s->pad = torch::zeros({batch, capacity}, longs.dtype(torch::kBool));
+  s->mask = torch::zeros({batch, 1, 1, capacity}, opts);
+  s->token = torch::zeros({batch, 1}, longs);
   s->pos = torch::zeros({1}, longs);
-  s->rope_pos = torch::zeros({1}, longs);
+  s->rope_pos = torch::zeros({batch}, longs);
   s->step = torch::zeros({1}, longs);
-  s->tokens = torch::zeros({capacity}, longs);
+  s->tokens = torch::zeros({batch, capacity}, longs);
   return s;
 }
 
@@ -104,12 +110,13 @@ torch::Tensor AddLinear(const torch::Tensor& residual, LinearImpl& linear, const
 void RunStep(DecoderLmImpl& lm, StaticState& s) {
   const DecoderConfig& c = lm.config();
   const double eps = c.rms_norm_eps;
-  torch::Tensor x = lm.EmbedTokens(s.token);              // [1, 1, H]
-  torch::Tensor cos = s.cos.index_select(1, s.rope_pos);  // [1, 1, head_dim]
-  torch::Tensor sin = s.sin.index_select(1, s.rope_pos);
+  const int64_t b = s.batch;
+  torch::Tensor x = lm.EmbedTokens(s.token);                               // [B, 1, H]
+  torch::Tensor cos = s.cos.index_select(0, s.rope_pos).view({b, 1, -1});  // [B, 1, head_dim]
+  torch::Tensor sin = s.sin.index_select(0, s.rope_pos).view({b, 1, -1});
   s.mask.zero_();
-  s.mask.view({s.capacity})
-      .masked_fill_(s.key_pos.gt(s.pos).logical_or_(s.pad), LowestValue(s.dtype));
+  s.mask.view({b, s.capacity})
+      .masked_fill_(s.key_pos.gt(s.pos).unsqueeze(0).logical_or(s.pad), LowestValue(s.dtype));
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (size_t i = 0; i < lm.layers->size(); ++i) {
     auto* layer = lm.layers->ptr(i)->as<DecoderLayerImpl>();
@@ -119,22 +126,30 @@ void RunStep(DecoderLmImpl& lm, StaticState& s) {
         torch::linear(RmsNorm(*layer->input_layernorm, eps, x), attn.qkv_weight, attn.qkv_bias);
     // RoPE on the query and key heads together (the same rotation per head).
     torch::Tensor qk = ApplyRope(
-        qkv.narrow(-1, 0, (heads + kv) * d).view({1, 1, heads + kv, d}).transpose(1, 2), cos, sin);
-    torch::Tensor q = qk.narrow(1, 0, heads);   // [1, heads, 1, d]
-    torch::Tensor k = qk.narrow(1, heads, kv);  // [1, kv, 1, d]
-    torch::Tensor v = qkv.narrow(-1, (heads + kv) * d, kv * d).view({1, 1, kv, d}).transpose(1, 2);
+        qkv.narrow(-1, 0, (heads + kv) * d).view({b, 1, heads + kv, d}).transpose(1, 2), cos, sin);
+    torch::Tensor q = qk.narrow(1, 0, heads);   // [B, heads, 1, d]
+    torch::Tensor k = qk.narrow(1, heads, kv);  // [B, kv, 1, d]
+    torch::Tensor v = qkv.narrow(-1, (heads + kv) * d, kv * d).view({b, 1, kv, d}).transpose(1, 2);
     s.keys[i].index_copy_(2, s.pos, k);
     s.values[i].index_copy_(2, s.pos, v);
-    // Query head h reads kv head h / (heads / kv): group the query heads per kv head.
+    // Query head h reads kv head h / (heads / kv): group the query heads per row and kv head.
     const int64_t group = heads / kv;
-    torch::Tensor grouped = q.reshape({kv, group, d});
+    torch::Tensor grouped = q.reshape({b * kv, group, d});
+    torch::Tensor keys = s.keys[i].view({b * kv, s.capacity, d});
+    torch::Tensor mask = s.mask.view({b, 1, 1, s.capacity});
     torch::Tensor scores =
-        ExactOps() ? torch::matmul(grouped, s.keys[i][0].transpose(1, 2)) * scaling +
-                         s.mask.view({1, 1, s.capacity})
-                   : torch::baddbmm(s.mask.view({1, 1, s.capacity}).expand({kv, group, s.capacity}),
-                                    grouped, s.keys[i][0].transpose(1, 2), 1.0, scaling);
+        ExactOps()
+            ? (torch::matmul(grouped, keys.transpose(1, 2)).view({b, kv, group, s.capacity}) *
+                   scaling +
+               mask)
+                  .view({b * kv, group, s.capacity})
+            : torch::baddbmm(b == 1 ? mask.view({1, 1, s.capacity}).expand({kv, group, s.capacity})
+                                    : mask.expand({b, kv, group, s.capacity})
+                                          .reshape({b * kv, group, s.capacity}),
+                             grouped, keys.transpose(1, 2), 1.0, scaling);
     torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(s.dtype);
-    torch::Tensor out = torch::bmm(probs, s.values[i][0]).reshape({1, 1, heads * d});
+    torch::Tensor out =
+        torch::bmm(probs, s.values[i].view({b * kv, s.capacity, d})).reshape({b, 1, heads * d});
     torch::Tensor h = AddLinear(x, *attn.o_proj, out);
     DecoderMlpImpl& mlp = *layer->mlp;
     torch::Tensor gu = torch::linear(RmsNorm(*layer->post_attention_layernorm, eps, h),
@@ -145,9 +160,9 @@ void RunStep(DecoderLmImpl& lm, StaticState& s) {
   }
   x = RmsNorm(*lm.norm, eps, x);
   torch::Tensor logits = lm.lm_head ? lm.lm_head(x) : torch::linear(x, lm.embed_tokens->weight);
-  torch::Tensor next = logits.to(torch::kFloat).argmax(-1);  // [1, 1]
+  torch::Tensor next = logits.to(torch::kFloat).argmax(-1);  // [B, 1]
   s.token.copy_(next);
-  s.tokens.index_copy_(0, s.step, next.view({1}));
+  s.tokens.index_copy_(1, s.step, next);
   s.pos.add_(1);
   s.rope_pos.add_(1);
   s.step.add_(1);
@@ -170,7 +185,7 @@ bool CudaGraphsCompiledIn() {
 
 bool StaticDecodeApplies(const DecoderLmImpl& lm, const torch::Tensor& inputs_embeds,
                          const GreedyOptions& options) {
-  if (inputs_embeds.dim() != 3 || inputs_embeds.size(0) != 1 || options.keep_step_logits) {
+  if (inputs_embeds.dim() != 3 || inputs_embeds.size(0) < 1 || options.keep_step_logits) {
     return false;
   }
   // The static step is the Llama family's block (rotary positions, RMSNorm, gated MLP).
@@ -202,6 +217,7 @@ GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs
   GreedyResult r;
   const int64_t n = options.max_new_tokens;
   if (n <= 0) return r;
+  const int64_t b = inputs_embeds.size(0);
   const int64_t prompt = inputs_embeds.size(1);
   const torch::Device device = inputs_embeds.device();
   const torch::ScalarType dtype = inputs_embeds.scalar_type();
@@ -213,24 +229,35 @@ GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs
   torch::Tensor mask =
       attention_mask.defined()
           ? attention_mask.to(device, torch::kLong)
-          : torch::ones({1, prompt}, torch::TensorOptions().dtype(torch::kLong).device(device));
+          : torch::ones({b, prompt}, torch::TensorOptions().dtype(torch::kLong).device(device));
   torch::Tensor logits = lm.Forward(inputs_embeds, mask, &cache, fo).logits.select(1, 0);
   r.first_logits = logits.to(torch::kCPU, torch::kFloat);
-  torch::Tensor first = logits.argmax(-1);  // [1]
-  r.tokens.assign(1, {});
-  const int64_t first_id = first.item<int64_t>();
-  r.tokens[0].push_back(first_id);
-  if (n == 1 || IsEos(options, first_id)) return r;
+  torch::Tensor first = logits.argmax(-1);  // [B]
+  r.tokens.assign(b, {});
+  std::vector<bool> done(b, false);
+  bool all_done = true;
+  {
+    const torch::Tensor ids = first.to(torch::kCPU);
+    for (int64_t i = 0; i < b; ++i) {
+      r.tokens[i].push_back(ids[i].item<int64_t>());
+      done[i] = IsEos(options, r.tokens[i].back());
+      all_done = all_done && done[i];
+    }
+  }
+  if (n == 1 || all_done) return r;
 
-  // Steps write positions prompt .. prompt + n - 2.
+  // Steps write positions prompt .. prompt + n - 2. A batch of one keeps its buffers (and
+  // graph) on the model for the next call; a larger batch's are freed when the call ends
+  // (a 13B teacher's at batch 8 take 4.6 GB, which a training step needs back).
   const int64_t needed = prompt + n - 1;
-  auto state = std::static_pointer_cast<StaticState>(lm.static_decode_state);
+  std::shared_ptr<StaticState> state;
+  if (b == 1) state = std::static_pointer_cast<StaticState>(lm.static_decode_state);
   if (!state || state->capacity < needed || state->dtype != dtype || state->device != device) {
-    lm.static_decode_state.reset();  // free the old buffers (and graph) first
+    if (b == 1) lm.static_decode_state.reset();  // free the old buffers (and graph) first
     state.reset();
     const int64_t capacity = (needed + kCapacityBlock - 1) / kCapacityBlock * kCapacityBlock;
-    state = MakeState(lm, capacity, dtype, device);
-    lm.static_decode_state = state;
+    state = MakeState(lm, b, capacity, dtype, device);
+    if (b == 1) lm.static_decode_state = state;
   }
   StaticState& s = *state;
   for (size_t i = 0; i < s.keys.size(); ++i) {
@@ -241,10 +268,10 @@ GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs
   // Padded prompt slots stay masked; positions continue from the kept tokens' count, as the
   // reference loop's cumulative-sum positions do.
   s.pad.zero_();
-  s.pad.narrow(0, 0, prompt).copy_(mask[0].eq(0));
+  s.pad.narrow(1, 0, prompt).copy_(mask.eq(0));
   const torch::Tensor kept = mask.sum(1);
   auto reset = [&] {
-    s.token.copy_(first.view({1, 1}));
+    s.token.copy_(first.view({b, 1}));
     s.pos.fill_(prompt);
     s.rope_pos.copy_(kept);
     s.step.fill_(1);
@@ -278,11 +305,10 @@ GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs
   (void)use_graph;
 
   // Steps run back to back; the host reads the tokens every few steps only when it must
-  // look for an eos id (steps past an eos are wasted, never returned).
+  // look for an eos id (steps past a row's eos are wasted, never returned).
   const int64_t check_every = options.eos_token_ids.empty() ? n : 8;
   int64_t produced = 1;
-  bool done = false;
-  while (!done && produced < n) {
+  while (!all_done && produced < n) {
     const int64_t burst = std::min(check_every, n - produced);
     for (int64_t j = 0; j < burst; ++j) {
 #if CDCCA_HAVE_CUDA_GRAPHS
@@ -293,13 +319,17 @@ GreedyResult StaticGreedyGenerate(DecoderLmImpl& lm, const torch::Tensor& inputs
 #endif
       RunStep(lm, s);
     }
-    torch::Tensor got = s.tokens.narrow(0, produced, burst).to(torch::kCPU);
+    const torch::Tensor got = s.tokens.narrow(1, produced, burst).to(torch::kCPU).contiguous();
     const int64_t* ids = got.data_ptr<int64_t>();
-    for (int64_t j = 0; j < burst && !done; ++j) {
-      r.tokens[0].push_back(ids[j]);
-      ++produced;
-      done = IsEos(options, ids[j]);
+    all_done = true;
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < burst && !done[i]; ++j) {
+        r.tokens[i].push_back(ids[i * burst + j]);
+        done[i] = IsEos(options, ids[i * burst + j]);
+      }
+      all_done = all_done && done[i];
     }
+    produced += burst;
   }
   (void)graph;
   return r;
