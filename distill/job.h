@@ -29,8 +29,10 @@ struct JobOptions {
   double replay_fraction = settings::kReplayFraction;
   // Greedy pseudo-label / self-label length bound.
   int max_answer_tokens = settings::kMaxAnswerTokens;
-  // Samples the teacher labels in one batch while a job prepares (0 = batch_size): one greedy
-  // pass and one teacher-forced pass per chunk of them.
+  // Samples the teacher labels in one batch while a job prepares (0 = twice batch_size): one
+  // greedy pass and one teacher-forced pass per chunk of them. Twice the training batch
+  // measured faster than once at the LLaVA-1.5-13B / 7B shapes (docs/BENCHMARKS.md) and holds
+  // less than a training step: the chunk's passes keep no activations for a backward pass.
   int prepare_batch = 0;
   // Wall-clock bound of the training loop in seconds (0 = none): a job stops after the first
   // step that ends past it, with at least one step (JobStats::stopped_by_budget). cdcca-cloud's

@@ -93,7 +93,7 @@ fi
 # one after another, each from the pretrained adapters with its own optimizer.
 # CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each side phase by phase
 # ("phases_ms_per_step"; both sides synchronize the same way). CDCCA_AKD_PREPARE_BATCH=P
-# (default 0: the batch size) is how many samples both teachers label in one batch while a
+# (default 0: twice the batch size) is how many samples both teachers label in one batch while a
 # job prepares (1: one at a time, as both did before).
 side=${CDCCA_AKD_SIDE:-both}
 job+=(--phase_steps "${CDCCA_AKD_PHASE_STEPS:-10}" --prepare_batch "${CDCCA_AKD_PREPARE_BATCH:-0}")

@@ -251,7 +251,7 @@ def run(args):
         torch.cuda.synchronize()
         t_job = time.perf_counter()
         pool = []
-        chunk = args.prepare_batch or args.batch_size
+        chunk = args.prepare_batch or 2 * args.batch_size
         # The preparation's phases, synchronized as akd_bench times them (--phase_steps > 0).
         prepare_phases = {}
         prep_mark = [t_job]
@@ -445,7 +445,7 @@ def run(args):
            "visual_tokens": n_image, "prompt_tokens": prompt_ids.shape[1],
            "mean_answer_tokens": sum(len(x["answer"]) - 1 for x in pool) / len(pool),
            "trainable_parameters": trainable, "steps": args.max_steps, "batch": args.batch_size,
-           "prepare_batch": args.prepare_batch or args.batch_size,
+           "prepare_batch": args.prepare_batch or 2 * args.batch_size,
            "kl_used": learner["l_kl"] > 0, "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
            "train_seconds": train_seconds, "job_seconds": job_seconds,
            "train_samples_per_second": first["seen"] / train_seconds, "job_samples_per_second": seen / job_seconds,
@@ -482,7 +482,7 @@ def main():
     r.add_argument("--lr", type=float, default=1e-3)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--prepare_batch", type=int, default=0,
-                   help="samples the teacher labels in one batch (0 = --batch_size; 1 = one at a time)")
+                   help="samples the teacher labels in one batch (0 = twice --batch_size, as cdcca; 1 = one at a time)")
     r.add_argument("--jobs", type=int, default=1,
                    help="devices' jobs over the one loaded pair, one after another (a fleet's round)")
     r.add_argument("--phase_steps", type=int, default=0,

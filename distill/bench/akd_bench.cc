@@ -76,8 +76,8 @@ ABSL_FLAG(int, phase_steps, 0,
           "(\"phases\" in the line: ms per step of batch, forward, losses, backward, optimizer); "
           "those steps lose the overlap of host and device work");
 ABSL_FLAG(int, prepare_batch, 0,
-          "samples the teacher labels in one batch while a job prepares (0 = --batch_size; 1 = "
-          "one sample at a time, as before the preparation was batched)");
+          "samples the teacher labels in one batch while a job prepares (0 = twice --batch_size, "
+          "the job's default; 1 = one sample at a time)");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
 ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
@@ -88,7 +88,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-double Since(Clock::time_point start) {
+// Seconds since `start`, once the device's queued work is done.
+double Since(Clock::time_point start, torch::Device device = torch::kCPU) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -154,6 +156,7 @@ int Run() {
     return 1;
   }
   const int64_t teacher_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
+  const double teacher_load_seconds = Since(load_start, device);
   auto student =
       Load(absl::GetFlag(FLAGS_student_base), absl::GetFlag(FLAGS_student_precision), device);
   if (!student.ok()) {
@@ -167,7 +170,7 @@ int Run() {
     std::cerr << "adapters: " << s << "\n";
     return 1;
   }
-  const double load_seconds = Since(load_start);
+  const double load_seconds = Since(load_start, device);
   const int64_t pair_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
   int64_t trainable = 0;
   for (const auto& [name, t] : (*student)->TrainableParameters()) trainable += t.numel();
@@ -244,9 +247,10 @@ int Run() {
       {"trainable_parameters", trainable},
       {"steps", result->stats.steps},
       {"batch", job.batch_size},
-      {"prepare_batch", job.prepare_batch > 0 ? job.prepare_batch : job.batch_size},
+      {"prepare_batch", job.prepare_batch > 0 ? job.prepare_batch : 2 * job.batch_size},
       {"kl_used", result->kl_used},
       {"load_seconds", load_seconds},
+      {"teacher_load_seconds", teacher_load_seconds},
       {"prepare_seconds", result->stats.prepare_seconds},
       {"train_seconds", result->stats.train_seconds},
       {"job_seconds", job_seconds},

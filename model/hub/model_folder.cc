@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -225,6 +226,36 @@ absl::StatusOr<std::vector<int64_t>> ModelFolder::ShapeOf(const std::string& nam
   return it->second.shape;
 }
 
+namespace {
+
+// A tensor's bytes read into `raw` (uint8 on a CUDA device) through page-locked host chunks:
+// each chunk's copy to the device runs while the next chunk is read from the file. A chunk
+// dropped while its copy is in flight is not reused before the copy ends (LibTorch's caching
+// host allocator records the copy's stream), so this needs no synchronization of its own.
+// The pageable path (read into host memory, then .to(device)) faults in and writes every byte
+// once more and copies through the driver's staging buffer.
+bool ReadPinned(std::ifstream& in, torch::Tensor& raw) {
+  constexpr int64_t kChunk = int64_t{64} << 20;
+  const int64_t bytes = raw.numel();
+  for (int64_t off = 0; off < bytes; off += kChunk) {
+    const int64_t n = std::min(kChunk, bytes - off);
+    torch::Tensor host = torch::empty({n}, torch::dtype(torch::kUInt8).pinned_memory(true));
+    if (!in.read(static_cast<char*>(host.data_ptr()), static_cast<std::streamsize>(n))) {
+      return false;
+    }
+    raw.narrow(0, off, n).copy_(host, /*non_blocking=*/true);
+  }
+  return true;
+}
+
+// CDCCA_PAGEABLE_LOAD set: CUDA loads take the pageable path (for measuring the difference).
+bool PinnedLoads() {
+  static const bool pinned = std::getenv("CDCCA_PAGEABLE_LOAD") == nullptr;
+  return pinned;
+}
+
+}  // namespace
+
 absl::StatusOr<torch::Tensor> ModelFolder::Load(const std::string& name, torch::ScalarType dtype,
                                                 torch::Device device) const {
   auto it = tensors_.find(name);
@@ -234,12 +265,23 @@ absl::StatusOr<torch::Tensor> ModelFolder::Load(const std::string& name, torch::
   const TensorEntry& e = it->second;
   std::ifstream in(e.file, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", e.file));
+  auto short_read = [&] {
+    return absl::DataLossError(absl::StrCat(e.file, ": tensor ", e.disk_name, ": short read"));
+  };
   try {
-    torch::Tensor t = torch::empty(e.shape, torch::dtype(e.dtype));
     in.seekg(static_cast<std::streamoff>(e.offset));
-    if (e.bytes > 0 &&
-        !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.bytes))) {
-      return absl::DataLossError(absl::StrCat(e.file, ": tensor ", e.disk_name, ": short read"));
+    torch::Tensor t;
+    if (device.is_cuda() && e.bytes > 0 && PinnedLoads()) {
+      torch::Tensor raw =
+          torch::empty({static_cast<int64_t>(e.bytes)}, torch::dtype(torch::kUInt8).device(device));
+      if (!ReadPinned(in, raw)) return short_read();
+      t = raw.view(e.dtype).view(e.shape);
+    } else {
+      t = torch::empty(e.shape, torch::dtype(e.dtype));
+      if (e.bytes > 0 &&
+          !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.bytes))) {
+        return short_read();
+      }
     }
     if (torch::isFloatingType(e.dtype)) return t.to(device, dtype);
     return t.to(device);
