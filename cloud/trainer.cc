@@ -83,7 +83,8 @@ absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& opti
                             {"batch_size", s->job.batch_size},
                             {"lr", s->job.lr},
                             {"replay_fraction", s->job.replay_fraction},
-                            {"max_answer_tokens", s->job.max_answer_tokens}};
+                            {"max_answer_tokens", s->job.max_answer_tokens},
+                            {"prepare_batch", s->job.prepare_batch}};
   return j.dump();
 }
 

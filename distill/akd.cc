@@ -95,6 +95,12 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
           "(no dropout); remove it");
     } else if (key == "max_answer_tokens") {
       o.max_answer_tokens = v.get<int>();
+    } else if (key == "prepare_batch") {
+      o.prepare_batch = v.get<int>();
+      if (o.prepare_batch < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job key 'prepare_batch' must be >= 0 (0: twice batch_size), got ", o.prepare_batch));
+      }
     } else if (key != "comment") {
       return absl::InvalidArgumentError(absl::StrCat("unknown job key '", key, "'"));
     }

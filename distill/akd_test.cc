@@ -52,6 +52,7 @@ TEST(DistillSettingsTest, TheCommittedFileIsTheDefaultsTable) {
   EXPECT_EQ(file.job.replay_fraction, defaults.replay_fraction);
   EXPECT_EQ(file.job.max_answer_tokens, defaults.max_answer_tokens);
   EXPECT_EQ(file.job.seed, defaults.seed);
+  EXPECT_EQ(file.job.prepare_batch, defaults.prepare_batch);
   // Every baseline keeps the same CE and logit KL; only its feature term differs.
   for (const char* name : {"pl", "pkd", "cwd"}) {
     ASSERT_OK_AND_ASSIGN(DistillConfig baseline, PresetDistillConfig(name));
@@ -76,6 +77,10 @@ TEST(DistillSettingsTest, TheCommittedFileLoadsAndKeysNoJobHonoursAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
   EXPECT_THAT(ParseDistillSettings(R"({"job": {"student_dropout": false}})").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eval mode")));
+  ASSERT_OK_AND_ASSIGN(DistillSettings p, ParseDistillSettings(R"({"job": {"prepare_batch": 4}})"));
+  EXPECT_EQ(p.job.prepare_batch, 4);
+  EXPECT_THAT(ParseDistillSettings(R"({"job": {"prepare_batch": -1}})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prepare_batch")));
   EXPECT_THAT(ParseDistillSettings(R"({"job": {"max_stepz": 3}})").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_stepz")));
 }
