@@ -94,7 +94,9 @@ class ModelFolder {
   absl::StatusOr<std::vector<int64_t>> ShapeOf(const std::string& name) const;
 
   // Reads one tensor, converted to `dtype` (a floating dtype; integer tensors keep theirs) and
-  // moved to `device`. Errors name the file and the tensor.
+  // moved to `device`. To a CUDA device the bytes go through page-locked host chunks, each
+  // copied while the next is read (CDCCA_PAGEABLE_LOAD=1: through pageable host memory, for
+  // measuring). Errors name the file and the tensor.
   absl::StatusOr<torch::Tensor> Load(const std::string& name, torch::ScalarType dtype,
                                      torch::Device device = torch::kCPU) const;
 
