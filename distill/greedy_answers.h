@@ -31,7 +31,9 @@ absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample&
 // GreedyAnswer for several samples in one batch (the rows left-padded and masked; where the
 // side reads frames, one batch for the samples with a frame and one for those without): each
 // answer, its ids and entropy what GreedyAnswer gives the sample alone, up to the rounding of
-// the batch's products. `ids` and `entropies` (optional) receive one entry per sample.
+// the batch's products. `ids` and `entropies` (optional) receive one entry per sample. An
+// error that concerns one sample names it "sample <i>", i its index in `samples` (so do the
+// other batched calls below).
 absl::StatusOr<std::vector<std::string>> GreedyAnswers(
     const PairSide& side, const std::vector<const PairSample*>& samples, int max_new_tokens,
     std::vector<std::vector<int64_t>>* ids = nullptr, std::vector<double>* entropies = nullptr);

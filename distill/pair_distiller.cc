@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -180,7 +181,7 @@ absl::StatusOr<SidePrompt> SidePromptOf(const PairSide& side, const std::string&
 // `samples` as one left-padded batch of `side` (CollateHfRows): each row the sample's prompt
 // in the side's template and tokenizer, its present tokens, its frame where the side reads
 // pixels, then answers[i] (`answers` null: the prompts alone, as generation takes them).
-// Errors name a sample "sample <first + i>".
+// Errors name a sample "sample <names[i]>" (`names` null: "sample <i>").
 struct SideBatch {
   std::vector<SidePrompt> prompts;
   TextBatch batch;
@@ -188,8 +189,9 @@ struct SideBatch {
 absl::StatusOr<SideBatch> CollateSide(const PairSide& side,
                                       const std::vector<const PairSample*>& samples,
                                       const std::vector<std::vector<int64_t>>* answers,
-                                      size_t first = 0) {
+                                      const std::vector<size_t>* names = nullptr) {
   const torch::Device device = side.model->device();
+  auto name = [names](size_t i) { return names != nullptr ? (*names)[i] : i; };
   SideBatch out;
   out.prompts.reserve(samples.size());  // the rows point into it
   const bool pixels = side.reads_pixels && samples[0]->pixels.defined();
@@ -200,11 +202,11 @@ absl::StatusOr<SideBatch> CollateSide(const PairSide& side,
     absl::StatusOr<SidePrompt> prompt = SidePromptOf(side, s.prompt);
     if (!prompt.ok()) {
       return absl::Status(prompt.status().code(),
-                          absl::StrCat("sample ", first + i, ": ", prompt.status().message()));
+                          absl::StrCat("sample ", name(i), ": ", prompt.status().message()));
     }
     if (side.reads_pixels && s.pixels.defined() != pixels) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sample ", first + i,
+          absl::StrCat("sample ", name(i),
                        ": a side that reads frames reads every sample's frame "
                        "or none"));
     }
@@ -294,6 +296,12 @@ class PhaseClock {
   std::vector<std::pair<std::string, double>> phases_;
 };
 
+// GreedyAnswers with sample i named "sample <names[i]>" in its errors (defined below).
+absl::StatusOr<std::vector<std::string>> GreedyAnswersNamed(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<size_t>& names, int max_new_tokens, std::vector<std::vector<int64_t>>* ids,
+    std::vector<double>* entropies);
+
 }  // namespace
 
 struct PairDistiller::State {
@@ -328,8 +336,9 @@ struct PairDistiller::State {
     auto at = [first](size_t i, const absl::Status& st) {
       return absl::Status(st.code(), absl::StrCat("sample ", first + i, ": ", st.message()));
     };
-    // A pass over several samples: its error names them all.
+    // A pass over several samples: its error names them all, unless it names its sample.
     auto over = [first](const std::vector<size_t>& which, const absl::Status& st) {
+      if (absl::StartsWith(st.message(), "sample ")) return st;
       const std::string who = which.size() == 1 ? absl::StrCat("sample ", first + which[0])
                                                 : absl::StrCat("samples ", first + which.front(),
                                                                "-", first + which.back());
@@ -357,8 +366,10 @@ struct PairDistiller::State {
     }
     if (!unlabelled.empty()) {
       std::vector<std::vector<int64_t>> ids;
-      absl::StatusOr<std::vector<std::string>> texts =
-          GreedyAnswers(teacher, unlabelled_views, options.max_answer_tokens, &ids);
+      std::vector<size_t> names;
+      for (size_t i : unlabelled) names.push_back(first + i);
+      absl::StatusOr<std::vector<std::string>> texts = GreedyAnswersNamed(
+          teacher, unlabelled_views, names, options.max_answer_tokens, &ids, nullptr);
       if (!texts.ok()) return over(unlabelled, texts.status());
       for (size_t r = 0; r < unlabelled.size(); ++r) {
         (*labels)[unlabelled[r]] = std::move((*texts)[r]);
@@ -393,9 +404,12 @@ struct PairDistiller::State {
     }
 
     // Teacher-forced on the answers, one row per sample.
-    std::vector<size_t> all(n);
-    for (size_t i = 0; i < n; ++i) all[i] = i;
-    absl::StatusOr<SideBatch> side_batch = CollateSide(teacher, view_of, &answer, first);
+    std::vector<size_t> all(n), names(n);
+    for (size_t i = 0; i < n; ++i) {
+      all[i] = i;
+      names[i] = first + i;
+    }
+    absl::StatusOr<SideBatch> side_batch = CollateSide(teacher, view_of, &answer, &names);
     if (!side_batch.ok()) return side_batch.status();
     TextBatch forced = AtAnswers(std::move(side_batch->batch));
     absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(forced.inputs);
@@ -1011,9 +1025,12 @@ std::vector<absl::StatusOr<PairJobResult>> PairDistiller::RunTogether(
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> GreedyAnswers(
-    const PairSide& side, const std::vector<const PairSample*>& samples, int max_new_tokens,
-    std::vector<std::vector<int64_t>>* ids, std::vector<double>* entropies) {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> GreedyAnswersNamed(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<size_t>& names, int max_new_tokens, std::vector<std::vector<int64_t>>* ids,
+    std::vector<double>* entropies) {
   torch::NoGradGuard no_grad;
   std::vector<std::string> texts;
   if (ids != nullptr) ids->clear();
@@ -1025,11 +1042,15 @@ absl::StatusOr<std::vector<std::string>> GreedyAnswers(
     if (entropies != nullptr) entropies->resize(samples.size());
     for (const std::vector<size_t>& group : groups) {
       std::vector<const PairSample*> part;
-      for (size_t i : group) part.push_back(samples[i]);
+      std::vector<size_t> part_names;
+      for (size_t i : group) {
+        part.push_back(samples[i]);
+        part_names.push_back(names[i]);
+      }
       std::vector<std::vector<int64_t>> part_ids;
       std::vector<double> part_entropies;
       absl::StatusOr<std::vector<std::string>> part_texts =
-          GreedyAnswers(side, part, max_new_tokens, &part_ids, &part_entropies);
+          GreedyAnswersNamed(side, part, part_names, max_new_tokens, &part_ids, &part_entropies);
       if (!part_texts.ok()) return part_texts.status();
       for (size_t r = 0; r < group.size(); ++r) {
         texts[group[r]] = std::move((*part_texts)[r]);
@@ -1039,7 +1060,7 @@ absl::StatusOr<std::vector<std::string>> GreedyAnswers(
     }
     return texts;
   }
-  absl::StatusOr<SideBatch> batch = CollateSide(side, samples, /*answers=*/nullptr);
+  absl::StatusOr<SideBatch> batch = CollateSide(side, samples, /*answers=*/nullptr, &names);
   if (!batch.ok()) return batch.status();
   model::GreedyOptions g;
   g.max_new_tokens = max_new_tokens;
@@ -1060,6 +1081,22 @@ absl::StatusOr<std::vector<std::string>> GreedyAnswers(
   return texts;
 }
 
+// Names 0 .. n - 1: a sample is named by its index in the caller's list.
+std::vector<size_t> Positions(size_t n) {
+  std::vector<size_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = i;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> GreedyAnswers(
+    const PairSide& side, const std::vector<const PairSample*>& samples, int max_new_tokens,
+    std::vector<std::vector<int64_t>>* ids, std::vector<double>* entropies) {
+  return GreedyAnswersNamed(side, samples, Positions(samples.size()), max_new_tokens, ids,
+                            entropies);
+}
+
 absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample& sample,
                                          int max_new_tokens, std::vector<int64_t>* ids,
                                          double* entropy) {
@@ -1073,21 +1110,25 @@ absl::StatusOr<std::string> GreedyAnswer(const PairSide& side, const PairSample&
   return std::move((*texts)[0]);
 }
 
-absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
+namespace {
+
+// AnswerIdsProbabilities with sample i named "sample <names[i]>" in its errors.
+absl::StatusOr<std::vector<double>> AnswerIdsProbabilitiesNamed(
     const PairSide& side, const std::vector<const PairSample*>& samples,
-    const std::vector<std::vector<int64_t>>& ids) {
+    const std::vector<std::vector<int64_t>>& ids, const std::vector<size_t>& names) {
   if (ids.size() != samples.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(ids.size(), " answers for ", samples.size(), " samples"));
   }
   // An empty answer has probability 1: only the others take a row.
   std::vector<double> out(samples.size(), 1.0);
-  std::vector<size_t> which;
+  std::vector<size_t> which, part_names;
   std::vector<const PairSample*> part;
   std::vector<std::vector<int64_t>> part_ids;
   for (size_t i = 0; i < samples.size(); ++i) {
     if (ids[i].empty()) continue;
     which.push_back(i);
+    part_names.push_back(names[i]);
     part.push_back(samples[i]);
     part_ids.push_back(ids[i]);
   }
@@ -1096,19 +1137,21 @@ absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
     for (const std::vector<size_t>& group : groups) {
       std::vector<const PairSample*> group_samples;
       std::vector<std::vector<int64_t>> group_ids;
+      std::vector<size_t> group_names;
       for (size_t r : group) {
         group_samples.push_back(part[r]);
         group_ids.push_back(part_ids[r]);
+        group_names.push_back(part_names[r]);
       }
       absl::StatusOr<std::vector<double>> p =
-          AnswerIdsProbabilities(side, group_samples, group_ids);
+          AnswerIdsProbabilitiesNamed(side, group_samples, group_ids, group_names);
       if (!p.ok()) return p.status();
       for (size_t k = 0; k < group.size(); ++k) out[which[group[k]]] = (*p)[k];
     }
     return out;
   }
   torch::NoGradGuard no_grad;
-  absl::StatusOr<SideBatch> batch = CollateSide(side, part, &part_ids);
+  absl::StatusOr<SideBatch> batch = CollateSide(side, part, &part_ids, &part_names);
   if (!batch.ok()) return batch.status();
   const TextBatch forced = AtAnswers(std::move(batch->batch));
   absl::StatusOr<model::TokenForward> f = side.model->ForwardTokens(forced.inputs);
@@ -1127,6 +1170,14 @@ absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
     out[which[r]] = std::exp(chosen.sum().item<double>());
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> AnswerIdsProbabilities(
+    const PairSide& side, const std::vector<const PairSample*>& samples,
+    const std::vector<std::vector<int64_t>>& ids) {
+  return AnswerIdsProbabilitiesNamed(side, samples, ids, Positions(samples.size()));
 }
 
 absl::StatusOr<double> AnswerIdsProbability(const PairSide& side, const PairSample& sample,

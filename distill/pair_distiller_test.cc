@@ -854,6 +854,40 @@ TEST(PairJobTest, RefusesMissingCodecsAndBadOptions) {
   EXPECT_NE(st.message().find("sample 0"), std::string::npos) << st;
 }
 
+// A sample the teacher cannot read fails the job naming it by its index in the job, once,
+// wherever the chunks and the given labels put it in the batch that failed: chunks of 3,
+// sample 5 the second unlabelled sample of the second chunk (sample 4 carries a label, so the
+// greedy pass reads 3 and 5); then, given a label, in the teacher-forced pass.
+TEST(PairJobTest, AnErrorNamesTheSampleByItsIndexInTheJob) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  PairSide picky = teacher->side;
+  const auto encode = picky.encode;
+  picky.encode = [encode](const std::string& text,
+                          bool special) -> absl::StatusOr<std::vector<int64_t>> {
+    if (absl::StrContains(text, "unreadable")) return absl::InvalidArgumentError("unreadable");
+    return encode(text, special);
+  };
+  JobOptions o;
+  o.max_steps = 1;
+  o.batch_size = 1;
+  o.prepare_batch = 3;
+  o.max_answer_tokens = 2;
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("pl"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PairDistiller> job,
+                       PairDistiller::Create(picky, student->side, config, o));
+  std::vector<PairSample> samples = Samples(c, 6);
+  samples[4].label = "yes";
+  samples[5].prompt = c.prompt + " unreadable";
+  const absl::Status greedy = job->Run(samples).status();
+  EXPECT_EQ(std::string(greedy.message()), "sample 5: unreadable");
+  samples[5].label = "no";  // now read only by the teacher-forced pass
+  const absl::Status forced = job->Run(samples).status();
+  EXPECT_EQ(std::string(forced.message()), "sample 5: unreadable");
+}
+
 // Three devices' jobs over one student base, run together and each alone, two rounds (the
 // second with the phi and psi its first fitted): each device gets what its job alone gives.
 // The devices start from different mirrors, hold different samples (so different batch
