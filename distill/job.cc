@@ -10,6 +10,10 @@ bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point
              options.time_budget_s;
 }
 
+int PrepareBatch(const JobOptions& options) {
+  return std::max(1, options.prepare_batch > 0 ? options.prepare_batch : 2 * options.batch_size);
+}
+
 LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step) {
   LossTerm term;
   term.name = name;

@@ -64,6 +64,10 @@ struct LossTerm {
 // without a budget).
 bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point start);
 
+// Samples the teacher labels in one batch while a job prepares: options.prepare_batch, or
+// twice batch_size where it is 0; at least 1.
+int PrepareBatch(const JobOptions& options);
+
 // A term's LossTerm from its per-step values (at least one).
 LossTerm SummarizeLossTerm(const std::string& name, const std::vector<double>& per_step);
 

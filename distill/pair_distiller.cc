@@ -720,8 +720,7 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
     }
     // The teacher labels the samples a chunk at a time: one greedy pass and one teacher-forced
     // pass per chunk instead of per sample.
-    const size_t chunk = static_cast<size_t>(std::max(
-        1, s.options.prepare_batch > 0 ? s.options.prepare_batch : 2 * s.options.batch_size));
+    const size_t chunk = static_cast<size_t>(PrepareBatch(s.options));
     PhaseClock clock(s.device, s.options.phase_steps > 0);
     clock.Start();
     for (size_t begin = 0; begin < samples.size(); begin += chunk) {

@@ -247,7 +247,7 @@ int Run() {
       {"trainable_parameters", trainable},
       {"steps", result->stats.steps},
       {"batch", job.batch_size},
-      {"prepare_batch", job.prepare_batch > 0 ? job.prepare_batch : 2 * job.batch_size},
+      {"prepare_batch", PrepareBatch(job)},
       {"kl_used", result->kl_used},
       {"load_seconds", load_seconds},
       {"teacher_load_seconds", teacher_load_seconds},

@@ -143,10 +143,10 @@ void RunStep(DecoderLmImpl& lm, StaticState& s) {
                    scaling +
                mask)
                   .view({b * kv, group, s.capacity})
-            : torch::baddbmm(b == 1 ? mask.view({1, 1, s.capacity}).expand({kv, group, s.capacity})
-                                    : mask.expand({b, kv, group, s.capacity})
-                                          .reshape({b * kv, group, s.capacity}),
-                             grouped, keys.transpose(1, 2), 1.0, scaling);
+            // One row's mask reshapes to a broadcast view; several rows' are copied out.
+            : torch::baddbmm(
+                  mask.expand({b, kv, group, s.capacity}).reshape({b * kv, group, s.capacity}),
+                  grouped, keys.transpose(1, 2), 1.0, scaling);
     torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(s.dtype);
     torch::Tensor out =
         torch::bmm(probs, s.values[i].view({b * kv, s.capacity, d})).reshape({b, 1, heads * d});
