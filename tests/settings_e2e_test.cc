@@ -201,6 +201,30 @@ TEST_F(SettingsTest, PrintConfigShowsWhatTheCommandLineSetsAndHidesTheToken) {
   EXPECT_EQ(cloud["batch_size"], 16);  // from the distill settings file
 }
 
+// The teacher's preparation chunk comes from the distill settings file the user gives
+// cdcca-cloud, shows in what it would run, and a negative one stops it naming the key.
+TEST_F(SettingsTest, TheCloudTakesThePreparationChunkFromTheDistillSettings) {
+  nlohmann::json file = ReadJson(Source("configs/distill/akd.json"));
+  ASSERT_TRUE(file.is_object());
+  EXPECT_EQ(CloudConfig()["prepare_batch"], 0);  // the committed file: twice the batch
+  file["job"]["prepare_batch"] = 24;
+  const std::string config = (dir_ / "distill.json").string();
+  std::ofstream(config) << file.dump();
+  const nlohmann::json cloud = CloudConfig("models/small", {"--distill_config=" + config});
+  ASSERT_TRUE(cloud.is_object());
+  EXPECT_EQ(cloud["prepare_batch"], 24);
+  file["job"]["prepare_batch"] = -2;
+  std::ofstream(config, std::ios::trunc) << file.dump();
+  std::ofstream(dir_ / "tokens") << "cam-1 0123456789abcdef0123456789abcdef\n";
+  const std::string log = (dir_ / "negative.log").string();
+  Child child({CDCCA_CLOUD_BINARY, "--print_config", "--insecure",
+               "--data_dir=" + (dir_ / "cloud").string(), "--tokens=" + (dir_ / "tokens").string(),
+               "--checkpoint_dir=" + Source("models/small"), "--distill_config=" + config},
+              log, "", (dir_ / "negative.json").string());
+  EXPECT_NE(child.Wait(absl::Minutes(2)), 0);
+  EXPECT_THAT(ReadText(log), ::testing::HasSubstr("'prepare_batch' must be >= 0"));
+}
+
 // cdcca-device reads a --config file of its flags' names as cdcca-cloud does; the command
 // line wins over the file, and a misspelt key stops the program naming the one meant.
 TEST_F(SettingsTest, TheDeviceReadsAConfigFileOfItsFlagsNames) {
