@@ -962,6 +962,63 @@ TEST_P(GuardTest, TheTeachersProbabilityShipsWhatHelps) {
 
 INSTANTIATE_TEST_SUITE_P(EveryLearner, GuardTest, ::testing::Values("pl", "akd", "pkd", "cwd"));
 
+// The teacher_and_base measure, which does not depend on the learner: one learner's job.
+class GuardJudgesTest : public GuardTest {
+ protected:
+  // The job of TheTeachersProbabilityShipsWhatHelps (trained toward the teacher's labels) on
+  // fresh stores and the same seed, its update judged by `measure`: the same job and update
+  // whatever judges it, so two measures' verdicts compare on one update.
+  void JudgedBy(GuardMeasure measure, GuardVerdict* verdict) {
+    strategy_.reset();
+    for (const char* d : {"/samples", "/updates", "/trainer"}) {
+      std::filesystem::remove_all(dir_.path() + d);
+    }
+    OpenStores();
+    torch::manual_seed(3);
+    PerDeviceStrategyOptions o = GuardOptions(1.0, /*steps=*/80);
+    o.guard.measure = measure;
+    Start(o);
+    Uplink("dev-a", 1, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
+    Uplink("dev-a", 2, 24, 0, 1.0f, compress::FeaturePrecision::kFp16, /*distinct=*/4);
+    ASSERT_OK_AND_ASSIGN(JobReport report, strategy_->RunJob("dev-a"));
+    ASSERT_GE(report.guard.pool, 8);
+    *verdict = report.guard;
+  }
+};
+
+// A student that is its teacher: the base judges every answer as the teacher does, and the
+// mean of the two is the teacher's probability. (The tiny family's probabilities of a whole
+// answer are products of near-uniform softmaxes, far below 1: compared relatively.)
+TEST_P(GuardJudgesTest, TheBaseThatIsTheTeacherJudgesAsTheTeacher) {
+  SaveTwinFamily(0.0f);
+  GuardVerdict teacher, both;
+  JudgedBy(GuardMeasure::kTeacherProbability, &teacher);
+  JudgedBy(GuardMeasure::kTeacherAndBase, &both);
+  EXPECT_EQ(both.pool, teacher.pool);
+  ASSERT_GT(teacher.before, 0.0);
+  ASSERT_GT(teacher.after, 0.0);
+  EXPECT_NEAR(both.before / teacher.before, 1.0, 1e-4);
+  EXPECT_NEAR(both.after / teacher.after, 1.0, 1e-4);
+}
+
+// A student off its teacher, trained toward the teacher's labels: the teacher's probability
+// rises, and the base, whose own greedy answers the update moves away from, judges the move
+// worse; the mean gains less than the teacher's probability alone (on the same update).
+TEST_P(GuardJudgesTest, TheBaseJudgesAMoveOffItsOwnAnswersWorse) {
+  SaveTwinFamily(0.2f);
+  GuardVerdict teacher, both;
+  JudgedBy(GuardMeasure::kTeacherProbability, &teacher);
+  JudgedBy(GuardMeasure::kTeacherAndBase, &both);
+  ASSERT_GT(teacher.gain, 0.0);
+  EXPECT_EQ(both.pool, teacher.pool);
+  EXPECT_LT(both.gain, teacher.gain);
+  // Before the job the device is the base: the base's probability of its own greedy answers
+  // is above the teacher's probability of them.
+  EXPECT_GT(both.before, teacher.before);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneLearner, GuardJudgesTest, ::testing::Values("akd"));
+
 TEST_F(TrainerTest, SchedulerTriggersOnSampleCount) {
   MakeStrategy();
   JobSchedulerOptions so;

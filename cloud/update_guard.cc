@@ -17,16 +17,20 @@ std::string_view GuardMeasureName(GuardMeasure measure) {
       return "agreement";
     case GuardMeasure::kTeacherProbability:
       return "teacher_probability";
+    case GuardMeasure::kTeacherAndBase:
+      return "teacher_and_base";
   }
   return "agreement";
 }
 
 absl::StatusOr<GuardMeasure> ParseGuardMeasure(std::string_view name) {
-  for (GuardMeasure m : {GuardMeasure::kAgreement, GuardMeasure::kTeacherProbability}) {
+  for (GuardMeasure m : {GuardMeasure::kAgreement, GuardMeasure::kTeacherProbability,
+                         GuardMeasure::kTeacherAndBase}) {
     if (name == GuardMeasureName(m)) return m;
   }
-  return absl::InvalidArgumentError(absl::StrCat("guard measure '", std::string(name),
-                                                 "': not agreement or teacher_probability"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("guard measure '", std::string(name),
+                   "': not agreement, teacher_probability or teacher_and_base"));
 }
 
 std::vector<size_t> ConfidentSamples(const std::vector<double>& entropies, double fraction) {

@@ -32,8 +32,16 @@ enum class GuardMeasure {
   // off a sure one costs much. An answer an update leaves unchanged scores the same before
   // and after, under either measure.
   kTeacherProbability,
+  // The mean of the teacher's probability of the answer and the pretrained base student's
+  // (MirrorTrainer::BaseProbabilities, on what the device reads). Two judges instead of one:
+  // where the shift leaves the teacher no better than its student, an update that moves
+  // answers towards the teacher gains under the teacher's probability and loses as much
+  // under the base's, and does not ship; where the teacher leads, the shifted base is
+  // unsure of its own answers and the teacher's gain outweighs the base's loss. Both judges
+  // are fixed models, so a score still depends only on the sample and the answer.
+  kTeacherAndBase,
 };
-// "agreement" / "teacher_probability".
+// "agreement" / "teacher_probability" / "teacher_and_base".
 std::string_view GuardMeasureName(GuardMeasure measure);
 // InvalidArgument naming the accepted names for anything else.
 absl::StatusOr<GuardMeasure> ParseGuardMeasure(std::string_view name);

@@ -261,8 +261,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
                               "uplink_precision", "must be fp16, int8, int4 or jpeg"));
   // cloud::ParseGuardMeasure's names (this library does not link the cloud).
   CDCCA_RETURN_IF_ERROR(
-      Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability", w,
-            "guard_measure", "must be agreement or teacher_probability"));
+      Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability" ||
+                e.job.guard_measure == "teacher_and_base",
+            w, "guard_measure", "must be agreement, teacher_probability or teacher_and_base"));
   CDCCA_RETURN_IF_ERROR(
       Check(e.job.guard_confident_fraction > 0 && e.job.guard_confident_fraction <= 1, w,
             "guard_confident_fraction", "must be in (0, 1]"));

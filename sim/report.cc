@@ -540,6 +540,9 @@ std::string MarkdownReport(const RunResult& run) {
                       "devices' jobs) because they did not raise ",
                       e.job.guard_measure == "teacher_probability"
                           ? "the teacher's probability of the student's answers"
+                      : e.job.guard_measure == "teacher_and_base"
+                          ? "the mean of the teacher's and the pretrained student's probability "
+                            "of the student's answers"
                           : "the student's agreement with the teacher",
                       " on the device's held-out samples beyond noise; such a device "
                       "stays at its version, or returns to the pretrained base (\"N to base\") "

@@ -207,7 +207,9 @@ ABSL_FLAG(bool, guard_restore_base, cdcca::settings::kGuardRestoreBase,
 ABSL_FLAG(std::string, guard_measure, cdcca::settings::kGuardMeasure,
           "update guard: what a held-out answer is scored by: teacher_probability (the "
           "teacher's probability of the answer: with a calibrated teacher, the chance that it "
-          "is right) or agreement (with the teacher's answer)");
+          "is right), teacher_and_base (the mean of the teacher's and the pretrained "
+          "student's probability of it: an update must gain by both judges together) or "
+          "agreement (with the teacher's answer)");
 ABSL_FLAG(int, trigger_samples, cdcca::settings::kTriggerSamples,
           "run a device's job once it has this many new samples");
 ABSL_FLAG(double, trigger_interval_s, cdcca::settings::kTriggerIntervalS,

@@ -55,6 +55,15 @@ absl::StatusOr<std::vector<double>> GuardScorer::Scores(const std::vector<Holdou
     return absl::InternalError(
         absl::StrCat("the teacher scored ", p->size(), " answers of ", entries.size()));
   }
+  if (options_->measure == GuardMeasure::kTeacherAndBase) {
+    absl::StatusOr<std::vector<double>> base = trainer_->BaseProbabilities(samples, answers);
+    if (!base.ok()) return base.status();
+    if (base->size() != entries.size()) {
+      return absl::InternalError(
+          absl::StrCat("the base scored ", base->size(), " answers of ", entries.size()));
+    }
+    for (size_t i = 0; i < p->size(); ++i) (*p)[i] = 0.5 * ((*p)[i] + (*base)[i]);
+  }
   return p;
 }
 

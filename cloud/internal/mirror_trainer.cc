@@ -322,19 +322,41 @@ absl::StatusOr<std::vector<std::string>> MirrorTrainer::StudentAnswers(
 absl::StatusOr<std::vector<double>> MirrorTrainer::TeacherProbabilities(
     const std::vector<const compress::UplinkSample*>& samples,
     const std::vector<std::string>& answers) {
+  absl::MutexLock lock(&mu_);
+  return Probabilities(teacher_side_, samples, answers, "the teacher's probabilities");
+}
+
+absl::StatusOr<std::vector<double>> MirrorTrainer::BaseProbabilities(
+    const std::vector<const compress::UplinkSample*>& samples,
+    const std::vector<std::string>& answers) {
+  absl::MutexLock lock(&mu_);
+  try {
+    if (absl::Status s =
+            compress::CopyInto(base_trainable(), student_->model().TrainableParameters());
+        !s.ok()) {
+      return s;
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("the base: ", e.what_without_backtrace()));
+  }
+  return Probabilities(student_side_, samples, answers, "the base's probabilities");
+}
+
+absl::StatusOr<std::vector<double>> MirrorTrainer::Probabilities(
+    const distill::PairSide& side, const std::vector<const compress::UplinkSample*>& samples,
+    const std::vector<std::string>& answers, const char* what) {
   if (answers.size() != samples.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(answers.size(), " answers for ", samples.size(), " samples"));
   }
-  absl::MutexLock lock(&mu_);
   std::vector<double> out;
   out.reserve(samples.size());
   try {
-    teacher_side_.model->module().eval();
+    side.model->module().eval();
     absl::Status st = InBatches(samples, [&](const std::vector<const distill::PairSample*>& part,
                                              size_t begin) {
       absl::StatusOr<std::vector<double>> p = distill::AnswerProbabilities(
-          teacher_side_, part,
+          side, part,
           std::vector<std::string>(answers.begin() + begin, answers.begin() + begin + part.size()));
       if (!p.ok()) return p.status();
       out.insert(out.end(), p->begin(), p->end());
@@ -342,8 +364,7 @@ absl::StatusOr<std::vector<double>> MirrorTrainer::TeacherProbabilities(
     });
     if (!st.ok()) return st;
   } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("the teacher's probabilities: ", e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
   }
   return out;
 }

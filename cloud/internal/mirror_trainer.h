@@ -107,6 +107,12 @@ class MirrorTrainer {
   absl::StatusOr<std::vector<double>> TeacherProbabilities(
       const std::vector<const compress::UplinkSample*>& samples,
       const std::vector<std::string>& answers);
+  // The pretrained base student's probability of answering each sample with answers[i], read
+  // as StudentAnswers reads it (the base trainable set: what a device holds before any
+  // update): the second judge of the guard's kTeacherAndBase measure.
+  absl::StatusOr<std::vector<double>> BaseProbabilities(
+      const std::vector<const compress::UplinkSample*>& samples,
+      const std::vector<std::string>& answers);
 
  private:
   MirrorTrainer() = default;
@@ -121,6 +127,11 @@ class MirrorTrainer {
   // Helpers of the methods above, commented where they are defined.
   std::vector<absl::StatusOr<TrainedSet>> TrainGroup(const std::vector<DeviceJob>& jobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `side`'s probability of each answer (TeacherProbabilities, BaseProbabilities); `what`
+  // names the side in errors. Caller holds mu_.
+  absl::StatusOr<std::vector<double>> Probabilities(
+      const distill::PairSide& side, const std::vector<const compress::UplinkSample*>& samples,
+      const std::vector<std::string>& answers, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<distill::PairSample> JobSample(const compress::UplinkSample& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<std::string>> Answers(
