@@ -19,6 +19,7 @@
 #include "distill/adamw.h"
 #include "distill/greedy_answers.h"
 #include "distill/losses.h"
+#include "model/arch/decoder_lm.h"
 #include "model/arch/layers.h"
 #include "model/arch/row_segments.h"
 #include "model/runtime/gpu_memory.h"
@@ -709,6 +710,9 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
   try {
     s.teacher.model->module().eval();
     student.module().eval();
+    // The preparation's passes keep no gradient: on CUDA they attend through the fused kernel,
+    // as the training steps do (the reference's passes run SDPA throughout).
+    model::FusedAttentionScope fused_attention;
     for (size_t i = 0; i < samples.size(); ++i) {
       const PairSample& x = samples[i];
       if (!x.tokens.defined() || x.tokens.dim() != 2 ||

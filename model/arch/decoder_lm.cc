@@ -113,15 +113,19 @@ namespace {
 #define CDCCA_FUSED_ATTENTION 0
 #endif
 
+thread_local bool fused_scope_open = false;
+
 // A CUDA pass with autograd on (training) attends through LibTorch's fused kernel, which keeps
 // no [B, heads, T, T] probabilities for the backward pass: at 16 rows of 648 tokens a 7B LM's
-// eager attention would hold about 28 GB of fp32 probabilities until the backward. Inference
-// and CPU keep the eager product, which the transformers-parity tests pin.
+// eager attention would hold about 28 GB of fp32 probabilities until the backward. So does a
+// CUDA pass inside a FusedAttentionScope. Other inference and CPU keep the eager product,
+// which the transformers-parity tests pin.
 // CDCCA_EAGER_ATTENTION=1 forces the eager product everywhere (to compare).
 bool FusedTrainingAttention(const torch::Tensor& q, const torch::Tensor* last_query_probs) {
 #if CDCCA_FUSED_ATTENTION
   static const bool eager = std::getenv("CDCCA_EAGER_ATTENTION") != nullptr;
-  return !eager && q.is_cuda() && torch::GradMode::is_enabled() && last_query_probs == nullptr;
+  return !eager && q.is_cuda() && (torch::GradMode::is_enabled() || fused_scope_open) &&
+         last_query_probs == nullptr;
 #else
   (void)q;
   (void)last_query_probs;
@@ -129,6 +133,9 @@ bool FusedTrainingAttention(const torch::Tensor& q, const torch::Tensor* last_qu
 #endif
 }
 
+// An undefined `mask` is the causal mask over keys and queries of one length (no cache, no
+// padding: DecoderLmImpl::Forward passes none then): the kernel's is_causal, which selects the
+// flash kernel where an additive mask selects the memory-efficient one.
 torch::Tensor FusedAttention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
                              const torch::Tensor& mask, int64_t group, double scaling) {
 #if CDCCA_FUSED_ATTENTION
@@ -136,10 +143,15 @@ torch::Tensor FusedAttention(const torch::Tensor& q, torch::Tensor k, torch::Ten
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);
   }
-  return at::scaled_dot_product_attention(
-      q, k, v,
-      mask.defined() ? c10::optional<torch::Tensor>(mask.to(q.scalar_type())) : c10::nullopt,
-      /*dropout_p=*/0.0, /*is_causal=*/false, scaling);
+  if (!mask.defined()) {
+    TORCH_CHECK(q.size(2) == k.size(2),
+                "a causal pass without a mask needs as many keys as queries");
+    return at::scaled_dot_product_attention(q, k, v, c10::nullopt, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, scaling);
+  }
+  return at::scaled_dot_product_attention(q, k, v,
+                                          c10::optional<torch::Tensor>(mask.to(q.scalar_type())),
+                                          /*dropout_p=*/0.0, /*is_causal=*/false, scaling);
 #else
   (void)q;
   (void)mask;
@@ -172,6 +184,15 @@ torch::Tensor EagerAttention(const torch::Tensor& q, const torch::Tensor& k, con
 }
 
 }  // namespace
+
+FusedAttentionScope::FusedAttentionScope() : previous_(fused_scope_open) {
+  static const bool off = std::getenv("CDCCA_EAGER_PREPARE") != nullptr;
+  if (!off) fused_scope_open = true;
+}
+
+FusedAttentionScope::~FusedAttentionScope() { fused_scope_open = previous_; }
+
+bool FusedAttentionScope::Open() { return fused_scope_open; }
 
 void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
   if (length <= 0 || adapter_prompt.defined()) return;
@@ -213,6 +234,7 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
   if (FusedTrainingAttention(q, last_query_probs)) {
     heads_out = FusedAttention(q, k, v, mask, group, scaling);
   } else {
+    TORCH_CHECK(mask.defined(), "eager attention needs its mask");
     heads_out = EagerAttention(q, k, v, mask, group, scaling, last_query_probs);
   }
   if (adapter_prompt.defined()) {
@@ -473,14 +495,23 @@ DecoderOutput DecoderLmImpl::Forward(const torch::Tensor& inputs_embeds,
 
   // Additive mask [B, 1, T, past + T]: query i (absolute past + i) sees key j <= past + i
   // that the padding mask keeps; the rest gets the dtype's lowest value, as transformers.
-  torch::Tensor query_pos = torch::arange(past, total, long_opts).view({t, 1});
-  torch::Tensor key_pos = torch::arange(0, total, long_opts).view({1, total});
-  torch::Tensor allowed = (key_pos <= query_pos).unsqueeze(0) & (keep != 0).unsqueeze(1);
-  const torch::ScalarType dtype = inputs_embeds.scalar_type();
-  torch::Tensor mask =
-      torch::zeros({b, t, total}, torch::TensorOptions().dtype(dtype).device(device))
-          .masked_fill(allowed.logical_not(), LowestValue(dtype))
-          .unsqueeze(1);
+  // Where every layer attends through the fused kernel and the pass is causal over its own
+  // tokens alone (no cache before them, no padding), no mask: the kernel's causal flag.
+  torch::Tensor mask;
+  const bool fused =
+      FusedTrainingAttention(inputs_embeds, nullptr) && options.last_query_attention == nullptr;
+  static const bool always_mask = std::getenv("CDCCA_ALWAYS_MASK") != nullptr;  // to compare
+  const bool causal_only = fused && !always_mask && past == 0 &&
+                           (!attention_mask.defined() || !(keep == 0).any().item<bool>());
+  if (!causal_only) {
+    torch::Tensor query_pos = torch::arange(past, total, long_opts).view({t, 1});
+    torch::Tensor key_pos = torch::arange(0, total, long_opts).view({1, total});
+    torch::Tensor allowed = (key_pos <= query_pos).unsqueeze(0) & (keep != 0).unsqueeze(1);
+    const torch::ScalarType dtype = inputs_embeds.scalar_type();
+    mask = torch::zeros({b, t, total}, torch::TensorOptions().dtype(dtype).device(device))
+               .masked_fill(allowed.logical_not(), LowestValue(dtype))
+               .unsqueeze(1);
+  }
 
   if (cache != nullptr && cache->keys.size() != layers->size()) {
     cache->Clear();

@@ -41,6 +41,25 @@ namespace cdcca::model {
 // DecoderConfig, ParseDecoderConfig, ReadEosTokenIds and the config field helpers
 // (config.json's side, torch-free) are in folder_config.h.
 
+// While one lives, this thread's CUDA passes without autograd attend through LibTorch's fused
+// kernel, as its passes with autograd always do: a distillation job's teacher labelling and
+// its no-grad student passes, whose digits no parity test pins. Scopes nest. CPU passes, a
+// pass that asks for the last query's probabilities, and inference outside a scope keep the
+// eager product (softmax in fp32, transformers' eager attention). CDCCA_EAGER_PREPARE=1
+// makes a scope do nothing (to measure what it saves).
+class FusedAttentionScope {
+ public:
+  FusedAttentionScope();
+  ~FusedAttentionScope();
+  FusedAttentionScope(const FusedAttentionScope&) = delete;
+  FusedAttentionScope& operator=(const FusedAttentionScope&) = delete;
+  // Whether a scope is open on this thread.
+  static bool Open();
+
+ private:
+  bool previous_;
+};
+
 // Per layer, keys and values [B, kv_heads, past, head_dim] of every position seen so far.
 // Without autograd (NoGradGuard, or nothing that needs a gradient) they are views of buffers
 // with room for more positions, so a decode step writes its keys in place instead of copying

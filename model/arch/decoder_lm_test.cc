@@ -233,6 +233,30 @@ TEST(DecoderLmTest, KvCacheDecodeEqualsFullRecompute) {
   }
 }
 
+// A FusedAttentionScope opens for its thread and nests; on the CPU a pass inside one is the
+// eager pass, bit for bit (the scope changes CUDA passes only).
+TEST(DecoderLmTest, FusedAttentionScopeNestsAndLeavesCpuPassesEager) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, WeightPrecision{});
+  Randomize(*lm, 5);
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = torch::tensor({{3, 8, 1, 44, 20, 6, 13}}, torch::kLong);
+  torch::Tensor outside = lm->Forward(lm->EmbedTokens(ids), {}, nullptr).logits;
+  EXPECT_FALSE(FusedAttentionScope::Open());
+  {
+    FusedAttentionScope outer;
+    EXPECT_TRUE(FusedAttentionScope::Open());
+    {
+      FusedAttentionScope inner;
+      EXPECT_TRUE(FusedAttentionScope::Open());
+    }
+    EXPECT_TRUE(FusedAttentionScope::Open());
+    torch::Tensor inside = lm->Forward(lm->EmbedTokens(ids), {}, nullptr).logits;
+    EXPECT_TRUE(torch::equal(inside, outside));
+  }
+  EXPECT_FALSE(FusedAttentionScope::Open());
+}
+
 TEST(DecoderLmTest, LeftPaddedBatchGeneratesAsUnpaddedRows) {
   ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
   DecoderLm lm(c, WeightPrecision{});
