@@ -45,8 +45,11 @@ namespace cdcca::model {
 // kernel, as its passes with autograd always do: a distillation job's teacher labelling and
 // its no-grad student passes, whose digits no parity test pins. Scopes nest. CPU passes, a
 // pass that asks for the last query's probabilities, and inference outside a scope keep the
-// eager product (softmax in fp32, transformers' eager attention). CDCCA_EAGER_PREPARE=1
-// makes a scope do nothing (to measure what it saves).
+// eager product (softmax in fp32, transformers' eager attention). A fused pass over its own
+// tokens alone (no cache, no padding) gives the kernel its causal flag and no mask, which
+// selects the flash kernel on CUDA. CDCCA_EAGER_PREPARE=1 makes a scope do nothing (to
+// measure what it saves). The fused kernel needs LibTorch 2.1+; with an older one (Debian's
+// 1.13) every pass is eager.
 class FusedAttentionScope {
  public:
   FusedAttentionScope();
