@@ -413,7 +413,14 @@ struct PairDistiller::State {
     absl::StatusOr<SideBatch> side_batch = CollateSide(teacher, view_of, &answer, &names);
     if (!side_batch.ok()) return side_batch.status();
     TextBatch forced = AtAnswers(std::move(side_batch->batch));
-    absl::StatusOr<model::TokenForward> f = teacher.model->ForwardTokens(forced.inputs);
+    // No gradient, and nothing pins its digits: on CUDA it attends through the fused kernel,
+    // as the training steps do (0.6 s less for 64 samples at the 13B shape on an H100,
+    // docs/BENCHMARKS.md). The greedy pass above keeps the eager product, which measured
+    // faster there.
+    absl::StatusOr<model::TokenForward> f = [&] {
+      model::FusedAttentionScope fused_attention;
+      return teacher.model->ForwardTokens(forced.inputs);
+    }();
     if (!f.ok()) return over(all, f.status());
     const int64_t width = forced.inputs.input_ids.size(1);
     const int64_t tail = f->logits.size(1);  // the logits' last `tail` positions of `width`
@@ -710,9 +717,6 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
   try {
     s.teacher.model->module().eval();
     student.module().eval();
-    // The preparation's passes keep no gradient: on CUDA they attend through the fused kernel,
-    // as the training steps do (the reference's passes run SDPA throughout).
-    model::FusedAttentionScope fused_attention;
     for (size_t i = 0; i < samples.size(); ++i) {
       const PairSample& x = samples[i];
       if (!x.tokens.defined() || x.tokens.dim() != 2 ||
@@ -740,8 +744,10 @@ absl::Status PairDistiller::Prepare(const std::vector<PairSample>& samples, Job*
       for (std::string& label : labels) result.pseudo_labels.push_back(std::move(label));
     }
     if (s.UsesFeatures() && !s.phi) {
-      // Widths from one student pass (no grad) and the teacher's kept features.
+      // Widths from one student pass (no grad) and the teacher's kept features; the fit's
+      // passes keep no gradient either (fused on CUDA, as the forced pass).
       torch::NoGradGuard no_grad;
+      model::FusedAttentionScope fused_attention;
       TextBatch one = s.Collate(pool, {0});
       absl::StatusOr<model::TokenForward> f = student.ForwardTokens(one.inputs);
       if (!f.ok()) return f.status();

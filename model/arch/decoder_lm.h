@@ -42,8 +42,8 @@ namespace cdcca::model {
 // (config.json's side, torch-free) are in folder_config.h.
 
 // While one lives, this thread's CUDA passes without autograd attend through LibTorch's fused
-// kernel, as its passes with autograd always do: a distillation job's teacher labelling and
-// its no-grad student passes, whose digits no parity test pins. Scopes nest. CPU passes, a
+// kernel, as its passes with autograd always do: a distillation job's teacher-forced pass
+// and its ridge fit's student passes, whose digits no parity test pins. Scopes nest. CPU passes, a
 // pass that asks for the last query's probabilities, and inference outside a scope keep the
 // eager product (softmax in fp32, transformers' eager attention). A fused pass over its own
 // tokens alone (no cache, no padding) gives the kernel its causal flag and no mask, which
