@@ -306,17 +306,19 @@ absl::StatusOr<std::vector<std::string>> MirrorTrainer::TeacherAnswers(
 absl::StatusOr<std::vector<std::string>> MirrorTrainer::StudentAnswers(
     const compress::NamedTensors& mirror,
     const std::vector<const compress::UplinkSample*>& samples) {
-  // The shared student takes the mirror as its trainable set (a job copies its own in).
   absl::MutexLock lock(&mu_);
-  try {
-    if (absl::Status s = compress::CopyInto(mirror, student_->model().TrainableParameters());
-        !s.ok()) {
-      return s;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("the mirror: ", e.what_without_backtrace()));
-  }
+  if (absl::Status s = HoldStudentState(mirror, "the mirror"); !s.ok()) return s;
   return Answers(student_side_, samples);
+}
+
+// The shared student takes `state` as its trainable set (a job copies its own in).
+absl::Status MirrorTrainer::HoldStudentState(const compress::NamedTensors& state,
+                                             const char* what) {
+  try {
+    return compress::CopyInto(state, student_->model().TrainableParameters());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  }
 }
 
 absl::StatusOr<std::vector<double>> MirrorTrainer::TeacherProbabilities(
@@ -330,15 +332,7 @@ absl::StatusOr<std::vector<double>> MirrorTrainer::BaseProbabilities(
     const std::vector<const compress::UplinkSample*>& samples,
     const std::vector<std::string>& answers) {
   absl::MutexLock lock(&mu_);
-  try {
-    if (absl::Status s =
-            compress::CopyInto(base_trainable(), student_->model().TrainableParameters());
-        !s.ok()) {
-      return s;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("the base: ", e.what_without_backtrace()));
-  }
+  if (absl::Status s = HoldStudentState(base_trainable(), "the base"); !s.ok()) return s;
   return Probabilities(student_side_, samples, answers, "the base's probabilities");
 }
 

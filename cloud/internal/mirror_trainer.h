@@ -127,6 +127,10 @@ class MirrorTrainer {
   // Helpers of the methods above, commented where they are defined.
   std::vector<absl::StatusOr<TrainedSet>> TrainGroup(const std::vector<DeviceJob>& jobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies `state` into the shared student's trainable set; `what` names it in errors.
+  // Caller holds mu_.
+  absl::Status HoldStudentState(const compress::NamedTensors& state, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `side`'s probability of each answer (TeacherProbabilities, BaseProbabilities); `what`
   // names the side in errors. Caller holds mu_.
   absl::StatusOr<std::vector<double>> Probabilities(
