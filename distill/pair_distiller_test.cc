@@ -1310,6 +1310,59 @@ TEST(VisionLoraTest, TheTowerTrainsFromFramesUnderTheCheckpointsNamesOnEveryArch
   }
 }
 
+// lora_vision_mlp adds LoRA on the tower's MLP (fc1, fc2) to the vision side, in the same
+// layers as its attention LoRA, leaves every other draw as it was (the attention's too), and a
+// job on frames moves every tensor it adds. Without lora_vision it is refused.
+TEST(VisionLoraTest, TheTowersMlpTrainsInTheSameLayersOnEveryArchitecture) {
+  for (const std::string variant :
+       {"blip2_llama", "instructblip_llama", "llava_clip_llama", "llava_siglip_qwen2"}) {
+    SCOPED_TRACE(variant);
+    model::AdapterOptions v;
+    v.lora_vision = true;
+    ExtraLora attention = AddExtraLora(variant, v);
+    v.lora_vision_mlp = true;
+    ExtraLora e = AddExtraLora(variant, v);
+    ASSERT_NE(attention.with, nullptr);
+    ASSERT_NE(e.with, nullptr);
+    std::map<std::string, torch::Tensor> before;
+    for (auto& [n, t] : attention.with->model->TrainableParameters()) before[n] = t;
+    // The layer of a tower tensor: the number after "layers.".
+    auto layer_of = [](const std::string& n) {
+      const size_t at = n.find("layers.") + 7;
+      return n.substr(at, n.find('.', at) - at);
+    };
+    std::set<std::string> attention_layers, mlp_layers;
+    for (const std::string& n : attention.added) {
+      if (absl::EndsWith(n, ".lora_a")) attention_layers.insert(layer_of(n));
+    }
+    int mlp_factors = 0;
+    for (const std::string& n : e.added) {
+      if (before.count(n)) continue;  // the attention's side, compared below
+      ++mlp_factors;
+      EXPECT_TRUE(absl::StrContains(n, ".mlp.fc1.lora_") || absl::StrContains(n, ".mlp.fc2.lora_"))
+          << n;
+      mlp_layers.insert(layer_of(n));
+    }
+    for (auto& [n, t] : e.with->model->TrainableParameters()) {
+      if (before.count(n)) EXPECT_TRUE(torch::equal(t, before[n])) << n;  // draws unchanged
+    }
+    EXPECT_EQ(mlp_factors, 4 * static_cast<int>(attention_layers.size()));
+    EXPECT_EQ(mlp_layers, attention_layers);
+
+    ASSERT_OK_AND_ASSIGN(std::set<std::string> moved,
+                         MovedByAShortJob(variant, *e.with, /*frames=*/true));
+    for (const std::string& n : e.added) EXPECT_TRUE(moved.count(n)) << n;
+
+    std::unique_ptr<Side> alone = LoadSide(variant);
+    ASSERT_NE(alone, nullptr);
+    model::AdapterOptions mlp_alone;
+    mlp_alone.lora_vision_mlp = true;
+    EXPECT_THAT(alone->model->AddAdapters(mlp_alone),
+                ::cdcca::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           ::testing::HasSubstr("lora_vision")));
+  }
+}
+
 class SelfLearnerTest : public ::testing::TestWithParam<std::string> {};
 
 // TENT on the student's own answers: its entropy falls, the norm parameters of the trainable

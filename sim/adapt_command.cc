@@ -81,6 +81,8 @@ ABSL_FLAG(bool, lora_projector, false,
 ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
           "adapt, adapt-eval: the vision tower's attention LoRA and LayerNorms too, trained "
           "from each frame as the device would uplink it (JPEG at the tower's input size)");
+ABSL_FLAG(bool, lora_vision_mlp, false,
+          "adapt, adapt-eval: with --lora_vision, LoRA on the vision tower's MLP (fc1, fc2) too");
 ABSL_FLAG(bool, ground_truth_arms, false,
           "adapt-eval: add, for every arm, a twin whose job trains on each question's "
           "ground-truth answer instead of the teacher's (the trainable set's ceiling without "
@@ -170,6 +172,7 @@ const char* const kAdaptFlags[] = {"teacher",
                                    "lora_qformer",
                                    "lora_projector",
                                    "lora_vision",
+                                   "lora_vision_mlp",
                                    "profile",
                                    "uts_keep_fraction",
                                    "entropy_alpha",
@@ -199,6 +202,7 @@ const char* const kAdaptEvalFlags[] = {"teacher",
                                        "lora_qformer",
                                        "lora_projector",
                                        "lora_vision",
+                                       "lora_vision_mlp",
                                        "ground_truth_arms",
                                        "profile",
                                        "uts_keep_fraction",
@@ -450,6 +454,7 @@ int AdaptCommand(const std::vector<std::string>& args) {
   adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   adapters.lora_vision = absl::GetFlag(FLAGS_lora_vision);
+  adapters.lora_vision_mlp = absl::GetFlag(FLAGS_lora_vision_mlp);
   if (absl::Status s = (*student)->model().AddAdapters(adapters); !s.ok()) return Fail(kName, s);
 
   const std::string student_name = absl::GetFlag(FLAGS_student_template);
@@ -648,6 +653,7 @@ int AdaptEvalAnyPairCommand(const std::vector<std::string>& args) {
   pair.adapters.lora_qformer = absl::GetFlag(FLAGS_lora_qformer);
   pair.adapters.lora_projector = absl::GetFlag(FLAGS_lora_projector);
   pair.adapters.lora_vision = absl::GetFlag(FLAGS_lora_vision);
+  pair.adapters.lora_vision_mlp = absl::GetFlag(FLAGS_lora_vision_mlp);
   return WriteAdaptReport(kName, RunHubAdaptEval(*o, pair));
 }
 

@@ -499,6 +499,7 @@ class Blip2MultimodalModel : public MultimodalModel {
   torch::Device device() const override { return device_; }
 
   absl::Status AddAdapters(const AdapterOptions& options) override {
+    if (absl::Status s = CheckVisionMlp(options); !s.ok()) return s;
     if (model_->is_encoder_decoder()) {
       if (absl::Status s = AddT5Lora(*model_->t5_language_model, options); !s.ok()) return s;
     } else if (absl::Status s = AddDecoderLora(*model_->language_model, options); !s.ok()) {
@@ -524,6 +525,13 @@ class Blip2MultimodalModel : public MultimodalModel {
       at::Generator gen = at::detail::createCPUGenerator(options.seed + 3);
       for (const auto& layer : *model_->vision_model->encoder->layers) {
         AddLinearLora(layer->as<Blip2VisionLayerImpl>()->self_attn->qkv, options, gen);
+      }
+      if (options.lora_vision_mlp) {
+        at::Generator mlp_gen = at::detail::createCPUGenerator(options.seed + 4);
+        for (const auto& layer : *model_->vision_model->encoder->layers) {
+          AddLinearLora(layer->as<Blip2VisionLayerImpl>()->mlp->fc1, options, mlp_gen);
+          AddLinearLora(layer->as<Blip2VisionLayerImpl>()->mlp->fc2, options, mlp_gen);
+        }
       }
     }
     train_vision_ = options.lora_vision;

@@ -34,6 +34,9 @@ class ClipEncoderLayerImpl : public torch::nn::Module {
   // (AdapterOptions::lora_vision).
   Linear& q_proj() { return self_attn_->q_proj; }
   Linear& v_proj() { return self_attn_->v_proj; }
+  // The MLP's projections (AdapterOptions::lora_vision_mlp).
+  Linear& fc1() { return mlp_->fc1; }
+  Linear& fc2() { return mlp_->fc2; }
 
  private:
   struct Attention : torch::nn::Module {

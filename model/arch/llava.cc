@@ -89,6 +89,12 @@ void LlavaImpl::AddVisionLora(const AdapterOptions& options) {
     AddLinearLora(vision_tower_->layer(i).q_proj(), options, gen);
     AddLinearLora(vision_tower_->layer(i).v_proj(), options, gen);
   }
+  if (!options.lora_vision_mlp) return;
+  at::Generator mlp_gen = at::detail::createCPUGenerator(options.seed + 4);
+  for (int64_t i = 0; i < VisionLayersUsed(); ++i) {
+    AddLinearLora(vision_tower_->layer(i).fc1(), options, mlp_gen);
+    AddLinearLora(vision_tower_->layer(i).fc2(), options, mlp_gen);
+  }
 }
 
 int64_t LlavaImpl::VisionLayersUsed() const { return DeepestFeatureLayer(config_); }
@@ -267,6 +273,7 @@ class LlavaModel : public MultimodalModel {
       return absl::InvalidArgumentError(
           "lora_qformer: LLaVA has no Q-Former (it is for BLIP-2 and InstructBLIP)");
     }
+    if (absl::Status s = CheckVisionMlp(options); !s.ok()) return s;
     if (absl::Status s = AddDecoderLora(llava_->language_model(), options); !s.ok()) return s;
     if (options.lora_projector) llava_->AddProjectorLora(options);
     if (options.lora_vision) llava_->AddVisionLora(options);

@@ -55,7 +55,8 @@ class LlavaImpl : public torch::nn::Module {
   // from options.seed + 2.
   void AddProjectorLora(const AdapterOptions& options);
   // LoRA on the tower's attention (q_proj and v_proj) in the layers whose output LLaVA reads
-  // (AdapterOptions::lora_vision), A drawn from options.seed + 3.
+  // (AdapterOptions::lora_vision), A drawn from options.seed + 3; with lora_vision_mlp on
+  // their MLP's fc1 and fc2 too, A drawn from options.seed + 4.
   void AddVisionLora(const AdapterOptions& options);
   // How many of the tower's encoder layers run: those up to the deepest feature layer.
   int64_t VisionLayersUsed() const;

@@ -309,6 +309,15 @@ void AddLinearLora(Linear& linear, const AdapterOptions& options, at::Generator&
   linear->lora_a.copy_(a);
 }
 
+absl::Status CheckVisionMlp(const AdapterOptions& options) {
+  if (options.lora_vision_mlp && !options.lora_vision) {
+    return absl::InvalidArgumentError(
+        "lora_vision_mlp adds LoRA to the MLP of the vision tower's trainable layers: it needs "
+        "lora_vision");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AddDecoderLora(DecoderLmImpl& lm, const AdapterOptions& options) {
   if (options.lora_rank <= 0) {
     return absl::InvalidArgumentError(

@@ -174,6 +174,10 @@ struct AdapterOptions {
   // layer). A student with it trains from frames (TokenInputs::pixel_values); drawn from
   // seed + 3, so the other LoRA is the same with it or without.
   bool lora_vision = false;
+  // With lora_vision: LoRA on the tower's MLP too (fc1 and fc2 of the same layers), drawn from
+  // seed + 4, so the other LoRA is the same with it or without. InvalidArgument without
+  // lora_vision.
+  bool lora_vision_mlp = false;
   // LoRA A's draw (B starts at zero): a device and its cloud mirror must use the same seed to
   // start equal. LibTorch's process-wide generator is saved and restored around the draw.
   uint64_t seed = 0;
@@ -293,6 +297,9 @@ absl::StatusOr<GreedyResult> GreedyFromTokenEmbeds(DecoderLmImpl& lm, const torc
                                                    const torch::Tensor& mask,
                                                    const GreedyOptions& options,
                                                    const std::string& what);
+
+// InvalidArgument for lora_vision_mlp without lora_vision (the families' AddAdapters).
+absl::Status CheckVisionMlp(const AdapterOptions& options);
 
 // LoRA on the q/v (and with lora_mlp the MLP) projections of every layer of `lm`, drawn from
 // options.seed with LibTorch's generator restored afterwards. InvalidArgument for rank <= 0.

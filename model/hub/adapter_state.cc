@@ -43,6 +43,7 @@ absl::Status SaveHfAdapterState(const AdapterState& state, const std::string& di
                       {"lora_qformer", state.adapters.lora_qformer},
                       {"lora_projector", state.adapters.lora_projector},
                       {"lora_vision", state.adapters.lora_vision},
+                      {"lora_vision_mlp", state.adapters.lora_vision_mlp},
                       {"seed", state.adapters.seed},
                       {"tensors", state.trainable.size()}};
   if (!state.info.is_null()) j["info"] = state.info;
@@ -83,6 +84,7 @@ absl::StatusOr<AdapterState> LoadHfAdapterState(const std::string& dir) {
     state.adapters.lora_qformer = j->value("lora_qformer", false);      // absent before it existed
     state.adapters.lora_projector = j->value("lora_projector", false);  // likewise
     state.adapters.lora_vision = j->value("lora_vision", false);        // likewise
+    state.adapters.lora_vision_mlp = j->value("lora_vision_mlp", false);  // likewise
     state.adapters.seed = j->at("seed").get<uint64_t>();
     if (j->contains("info")) state.info = (*j)["info"];
   } catch (const nlohmann::json::exception& e) {
@@ -227,8 +229,8 @@ absl::Status ExportPeftAdapter(const AdapterState& state, const std::string& out
       // Names of the adapted linears, restricted to the language model (the Q-Former and the
       // vision tower also have q/v-like names in some architectures), and to the Q-Former's
       // query and value where it has LoRA (lora_qformer), and the projector's linears where
-      // they have (lora_projector), and the vision tower's attention where it has
-      // (lora_vision), by their paths.
+      // they have (lora_projector), and the vision tower's attention (lora_vision) and MLP
+      // (lora_vision_mlp) where they have, by their paths.
       {"target_modules", PeftTargetRegex(lm_targets, qformer_targets, path_targets)}};
   if (absl::Status s = WriteFileAtomically(out_dir + "/adapter_config.json", config.dump(2) + "\n");
       !s.ok()) {
@@ -303,6 +305,7 @@ uint64_t StudentBaseFingerprint(uint64_t folder_fingerprint, const std::string& 
   if (adapters.lora_qformer) h = Fnv1a(h, "qformer", 7);
   if (adapters.lora_projector) h = Fnv1a(h, "projector", 9);
   if (adapters.lora_vision) h = Fnv1a(h, "vision", 6);
+  if (adapters.lora_vision_mlp) h = Fnv1a(h, "vision_mlp", 10);
   h = Fnv1a(h, &adapters.seed, sizeof(adapters.seed));
   return Fnv1a(h, &initial_trainable_digest, sizeof(initial_trainable_digest));
 }

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -388,6 +390,58 @@ TEST(AdapterStateTest, VisionLoraRoundTripsExportsAndIsFingerprinted) {
     AdapterOptions plain = o;
     plain.lora_vision = false;
     EXPECT_NE(StudentBaseFingerprint(1, "fp32", o, 2), StudentBaseFingerprint(1, "fp32", plain, 2));
+  }
+}
+
+// With the tower's MLP too (lora_vision_mlp) the state round-trips with both options, the
+// export's target regex matches the tower's fc1 and fc2 (which the attention-only export above
+// must not) and the attention's linears, and the base fingerprint differs from the attention's
+// alone.
+TEST(AdapterStateTest, VisionMlpLoraRoundTripsExportsAndIsFingerprinted) {
+  for (const auto& [variant, fc1, fc2] :
+       {std::tuple<std::string, std::string, std::string>{
+            "llava_clip_llama", "model.vision_tower.encoder.layers.0.mlp.fc1",
+            "model.vision_tower.encoder.layers.0.mlp.fc2"},
+        {"blip2_llama", "vision_model.encoder.layers.0.mlp.fc1",
+         "vision_model.encoder.layers.0.mlp.fc2"}}) {
+    SCOPED_TRACE(variant);
+    absl::StatusOr<std::unique_ptr<MultimodalModel>> m = LoadModel(FixtureDir(variant), {});
+    ASSERT_OK(m.status());
+    AdapterOptions o;
+    o.lora_rank = 4;
+    o.seed = 3;
+    o.lora_vision = true;
+    o.lora_vision_mlp = true;
+    ASSERT_OK((*m)->AddAdapters(o));
+    AdapterState s = StateOf(**m, variant);
+    s.adapters = o;
+    const std::string dir = TempDir("vision_mlp_state_" + variant);
+    ASSERT_OK(SaveHfAdapterState(s, dir));
+    ASSERT_OK_AND_ASSIGN(AdapterState loaded, LoadHfAdapterState(dir));
+    EXPECT_TRUE(loaded.adapters.lora_vision);
+    EXPECT_TRUE(loaded.adapters.lora_vision_mlp);
+    EXPECT_EQ(loaded.trainable.size(), s.trainable.size());
+
+    const std::string out = TempDir("vision_mlp_export_" + variant);
+    ASSERT_OK(ExportPeftAdapter(s, out));
+    ASSERT_OK_AND_ASSIGN(SafetensorsContents lora,
+                         ReadSafetensors(out + "/adapter_model.safetensors"));
+    int factors = 0;
+    for (const auto& [name, t] : lora.tensors) {
+      factors += name == "base_model.model." + fc1 + ".lora_A.weight" ||
+                 name == "base_model.model." + fc2 + ".lora_B.weight";
+    }
+    EXPECT_EQ(factors, 2);
+    std::ifstream in(out + "/adapter_config.json");
+    const nlohmann::json c = nlohmann::json::parse(in);
+    const std::regex targets(c["target_modules"].get<std::string>());
+    EXPECT_TRUE(std::regex_match(fc1, targets)) << c["target_modules"];
+    EXPECT_TRUE(std::regex_match(fc2, targets)) << c["target_modules"];
+
+    AdapterOptions attention = o;
+    attention.lora_vision_mlp = false;
+    EXPECT_NE(StudentBaseFingerprint(1, "fp32", o, 2),
+              StudentBaseFingerprint(1, "fp32", attention, 2));
   }
 }
 
