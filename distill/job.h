@@ -94,6 +94,9 @@ struct JobStats {
   // pseudo-labels), "forced" (its teacher-forced pass and what is kept of it), "fit" (the
   // feature projections' widths and ridge fit).
   std::vector<std::pair<std::string, double>> prepare_phases;
+  // Wall seconds of each training step, up to its loss terms read back (which waits for the
+  // device): where the first steps differ from the steady ones.
+  std::vector<double> step_seconds;
 };
 
 }  // namespace cdcca::distill

@@ -801,6 +801,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
   const model::NamedTensors shared =
       segmented ? student.TrainableParameters() : model::NamedTensors();
   const Clock::time_point train_start = Clock::now();
+  Clock::time_point step_start = train_start;
   std::vector<Job*> running = jobs;
   try {
     for (bool first = true; !running.empty(); first = false) {
@@ -869,6 +870,8 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         clock.AddTo(job.result.stats);
         job.history.Add(terms[k]);
         JobStats& stats = job.result.stats;
+        const Clock::time_point now = Clock::now();
+        stats.step_seconds.push_back(std::chrono::duration<double>(now - step_start).count());
         stats.steps += 1;
         stats.samples_seen += static_cast<int64_t>(rows[k].size());
         if (PastBudget(s.options, train_start) && stats.steps < s.options.max_steps) {
@@ -883,6 +886,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
         }
       }
       running = std::move(still);
+      step_start = Clock::now();
     }
   } catch (const c10::Error& e) {
     for (Job* job : jobs) {

@@ -789,6 +789,16 @@ TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
   }
   EXPECT_EQ(names, (std::vector<std::string>{"greedy", "forced", "fit"}));
   EXPECT_LE(prepared, r.stats.prepare_seconds);
+  // One wall time per training step, timed or not, together within the training's.
+  for (const PairJobResult* job : {&untimed, &r}) {
+    ASSERT_EQ(job->stats.step_seconds.size(), static_cast<size_t>(job->stats.steps));
+    double stepped = 0;
+    for (double seconds : job->stats.step_seconds) {
+      EXPECT_GT(seconds, 0);
+      stepped += seconds;
+    }
+    EXPECT_LE(stepped, job->stats.train_seconds);
+  }
   ASSERT_EQ(r.trainable.size(), untimed.trainable.size());
   for (size_t i = 0; i < r.trainable.size(); ++i) {
     EXPECT_TRUE(torch::equal(r.trainable[i].second, untimed.trainable[i].second))

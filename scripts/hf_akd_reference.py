@@ -350,6 +350,7 @@ def run(args):
         temp = learner["temperature"]
         t_train = time.perf_counter()
         phases, timed_steps, phase_bytes = {}, 0, {}
+        step_seconds, step_start = [], t_train
         for step in range(args.max_steps):
             # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
             timed = step >= args.max_steps - args.phase_steps
@@ -404,13 +405,18 @@ def run(args):
             mark("optimizer")
             for k, v in terms.items():
                 history.setdefault(k, []).append(v.item())
+            # Each step's wall seconds up to its terms read back (which waits for the GPU).
+            now = time.perf_counter()
+            step_seconds.append(now - step_start)
+            step_start = now
         torch.cuda.synchronize()
         train_seconds = time.perf_counter() - t_train
         job_seconds = time.perf_counter() - t_job
         seen = args.max_steps * min(args.batch_size, len(pool))
         return dict(pool=pool, trainable=trainable, history=history, phases=phases, phase_bytes=phase_bytes,
                     timed_steps=timed_steps, prepare_seconds=prepare_seconds,
-                    prepare_phases=prepare_phases, train_seconds=train_seconds, job_seconds=job_seconds, seen=seen)
+                    prepare_phases=prepare_phases, train_seconds=train_seconds, job_seconds=job_seconds, seen=seen,
+                    step_seconds=step_seconds)
 
     # A fleet's round (--jobs K): K devices' jobs over the one loaded pair, as a competent
     # user runs them with peft: the model loaded once, each job starting from the
@@ -452,7 +458,7 @@ def run(args):
            "terms": summary, "phase_timed_steps": timed_steps,
            "phases_ms_per_step": {k: 1000 * v / max(1, timed_steps) for k, v in sorted(phases.items())},
            "phase_allocated_bytes": first["phase_bytes"],
-           "prepare_phases_seconds": first["prepare_phases"],
+           "prepare_phases_seconds": first["prepare_phases"], "step_seconds": first["step_seconds"],
            "device_jobs": args.jobs, "device_jobs_per_hour": args.jobs * 3600.0 / job_seconds,
            "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated(),
            "peak_gpu_reserved_bytes": torch.cuda.max_memory_reserved(),

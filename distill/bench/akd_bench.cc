@@ -264,6 +264,7 @@ int Run() {
       {"phases_ms_per_step", phases},
       {"phase_allocated_bytes", phase_bytes},
       {"prepare_phases_seconds", prepare_phases},
+      {"step_seconds", result->stats.step_seconds},
       {"peak_gpu_allocated_bytes", peak.allocated_bytes},
       {"peak_gpu_reserved_bytes", peak.reserved_bytes},
       {"gpu_allocated_before_jobs_bytes", resident_bytes},
