@@ -53,6 +53,9 @@ inline constexpr bool kLoraQformer = false;
 // The student's vision tower trained in the cloud from the uplinked frames (LoRA on its
 // attention, its LayerNorms): needs the frames uplinked.
 inline constexpr bool kLoraVision = false;
+// With kLoraVision, LoRA on the tower's MLP too: `cdcca adapt` and `adapt-eval` only (measured
+// not to pay on either family, so the programs do not take it).
+inline constexpr bool kLoraVisionMlp = false;
 // kLoraProjector: no single default; see ProfileDefaults below.
 
 // --- The cloud's job (AKD, configs/distill/akd.json holds the same values) ---

@@ -81,7 +81,7 @@ ABSL_FLAG(bool, lora_projector, false,
 ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
           "adapt, adapt-eval: the vision tower's attention LoRA and LayerNorms too, trained "
           "from each frame as the device would uplink it (JPEG at the tower's input size)");
-ABSL_FLAG(bool, lora_vision_mlp, false,
+ABSL_FLAG(bool, lora_vision_mlp, cdcca::settings::kLoraVisionMlp,
           "adapt, adapt-eval: with --lora_vision, LoRA on the vision tower's MLP (fc1, fc2) too");
 ABSL_FLAG(bool, ground_truth_arms, false,
           "adapt-eval: add, for every arm, a twin whose job trains on each question's "
