@@ -64,6 +64,7 @@ absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOpti
   if (options.lr > 0) settings.job.lr = options.lr;
   if (options.max_answer_tokens > 0) settings.job.max_answer_tokens = options.max_answer_tokens;
   if (options.torch_threads > 0) settings.job.num_threads = options.torch_threads;
+  if (options.fp8_base) settings.job.fp8_base = true;
   return settings;
 }
 
@@ -84,7 +85,8 @@ absl::StatusOr<std::string> JobSettingsJson(const PerDeviceStrategyOptions& opti
                             {"lr", s->job.lr},
                             {"replay_fraction", s->job.replay_fraction},
                             {"max_answer_tokens", s->job.max_answer_tokens},
-                            {"prepare_batch", s->job.prepare_batch}};
+                            {"prepare_batch", s->job.prepare_batch},
+                            {"fp8_base", s->job.fp8_base}};
   return j.dump();
 }
 

@@ -95,6 +95,8 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
           "(no dropout); remove it");
     } else if (key == "max_answer_tokens") {
       o.max_answer_tokens = v.get<int>();
+    } else if (key == "fp8_base") {
+      o.fp8_base = v.get<bool>();
     } else if (key == "prepare_batch") {
       o.prepare_batch = v.get<int>();
       if (o.prepare_batch < 0) {

@@ -562,7 +562,14 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   // forward and again in the backward pass: held dequantized once (the same values, the
   // float weights' memory more), the products multiply directly. The CPU keeps the packed
   // kernels and the memory.
-  if (state->device.is_cuda()) model::HoldDequantizedWeights(state->student.model->module());
+  // With FP8 products the FP8 copies take the float copy's place (the same bytes as bf16).
+  if (state->device.is_cuda()) {
+    if (options.fp8_base) {
+      model::HoldFp8Weights(state->student.model->module());
+    } else {
+      model::HoldDequantizedWeights(state->student.model->module());
+    }
+  }
   state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&
                           state->teacher.tokenizer_id == state->student.tokenizer_id;
   state->use_kl = config.l_kl > 0 && state->same_tokenizer;
@@ -800,6 +807,8 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
   const torch::Device device = jobs[0]->distiller->state_->device;
   const model::NamedTensors shared =
       segmented ? student.TrainableParameters() : model::NamedTensors();
+  // Holding FP8 costs a pass over the base's weights: before the clock, as the load's holding is.
+  const model::Fp8BaseScope fp8(student.module(), jobs[0]->distiller->state_->options.fp8_base);
   const Clock::time_point train_start = Clock::now();
   Clock::time_point step_start = train_start;
   std::vector<Job*> running = jobs;

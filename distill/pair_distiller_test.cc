@@ -26,6 +26,7 @@
 #include "compress/named_tensors.h"
 #include "distill/greedy_answers.h"
 #include "distill/self_learner.h"
+#include "model/arch/layers.h"
 #include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
@@ -804,6 +805,59 @@ TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
     EXPECT_TRUE(torch::equal(r.trainable[i].second, untimed.trainable[i].second))
         << r.trainable[i].first;
   }
+}
+
+// fp8_base: the job's steps multiply the student's quantized base in FP8 (emulated on the
+// CPU). The job trains from the same first losses to a set near the plain job's but not equal
+// to it, and leaves the base as it was: no layer holds FP8 after it.
+TEST(PairJobTest, AnFp8BaseJobRoundsItsStepsAndLeavesTheBaseAsItWas) {
+  std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
+  std::unique_ptr<Side> student = LoadSide("llava_clip_llama", "int8");
+  ASSERT_OK(student->model->AddAdapters({}));
+  Case c = FirstCase("llava_clip_llama", *teacher->model);
+  ASSERT_OK_AND_ASSIGN(DistillConfig config, PresetDistillConfig("akd"));
+  JobOptions o;
+  o.max_steps = 4;
+  o.batch_size = 2;
+  o.max_answer_tokens = 3;
+  const model::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
+  auto run = [&](bool fp8) -> PairJobResult {
+    EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
+    o.fp8_base = fp8;
+    absl::StatusOr<std::unique_ptr<PairDistiller>> d =
+        PairDistiller::Create(teacher->side, student->side, config, o);
+    EXPECT_OK(d.status());
+    absl::StatusOr<PairJobResult> r = (*d)->Run(Samples(c, 2));
+    EXPECT_OK(r.status());
+    return r.ok() ? *std::move(r) : PairJobResult();
+  };
+  auto fp8_layers = [&] {
+    int64_t n = 0;
+    for (const auto& m : student->model->module().modules()) {
+      const auto* l = dynamic_cast<const model::LinearImpl*>(m.get());
+      if (l != nullptr && l->holds_fp8()) ++n;
+    }
+    return n;
+  };
+  const PairJobResult plain = run(false);
+  const PairJobResult rounded = run(true);
+  EXPECT_EQ(fp8_layers(), 0);
+  ASSERT_FALSE(plain.stats.terms.empty());
+  ASSERT_EQ(plain.stats.terms.size(), rounded.stats.terms.size());
+  const double first = plain.stats.terms[0].first, first_fp8 = rounded.stats.terms[0].first;
+  EXPECT_NEAR(first_fp8, first, 0.05 * std::abs(first));
+  ASSERT_EQ(plain.trainable.size(), rounded.trainable.size());
+  double moved = 0, differs = 0, size = 0;
+  for (size_t i = 0; i < plain.trainable.size(); ++i) {
+    const torch::Tensor& a = plain.trainable[i].second;
+    const torch::Tensor& b = rounded.trainable[i].second;
+    moved += (b - start[i].second.to(b.scalar_type())).norm().item<double>();
+    differs += (b - a).norm().item<double>();
+    size += (a - start[i].second.to(a.scalar_type())).norm().item<double>();
+  }
+  EXPECT_GT(moved, 0);       // it trained
+  EXPECT_GT(differs, 0);     // through the rounded base
+  EXPECT_LT(differs, size);  // to near where the plain job went
 }
 
 // confidence_power: a sample's CE and KL weigh the teacher's confidence in its label; at 0

@@ -3,8 +3,9 @@
 # transformers + peft loop of the same losses (scripts/hf_akd_reference.py), same GPU, same
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:
-#   scripts/hf_akd_gpu.sh build        builds akd_bench, round_bench, decode_bench and
-#                                      fused_attention_check (core-only, PyTorch's LibTorch)
+#   scripts/hf_akd_gpu.sh build        builds akd_bench, round_bench, decode_bench,
+#                                      fused_attention_check and fp8_product_check (core-only,
+#                                      PyTorch's LibTorch)
 #   scripts/hf_akd_gpu.sh tiny  DIR    the whole comparison on a tiny random pair (seconds)
 #   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
@@ -26,7 +27,7 @@ round_bench=build-gpu/sim/round_bench
 
 if [ "$mode" = build ]; then
   start=$(date +%s)
-  export CDCCA_GPU_TARGETS="akd_bench round_bench decode_bench fused_attention_check"
+  export CDCCA_GPU_TARGETS="akd_bench round_bench decode_bench fused_attention_check fp8_product_check"
   (source scripts/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"
@@ -91,11 +92,14 @@ fi
 # together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds device_jobs_per_hour),
 # and the reference's side as a competent peft user runs them: the pair loaded once, the jobs
 # one after another, each from the pretrained adapters with its own optimizer.
+# CDCCA_AKD_FP8=1 runs cdcca's side with its frozen base's products in FP8 (akd_bench --fp8_base).
 # CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each side phase by phase
 # ("phases_ms_per_step"; both sides synchronize the same way). CDCCA_AKD_PREPARE_BATCH=P
 # (default 0: twice the batch size) is how many samples both teachers label in one batch while a
 # job prepares (1: one at a time, as both did before).
 side=${CDCCA_AKD_SIDE:-both}
+cdcca_only=()
+[ "${CDCCA_AKD_FP8:-0}" = 1 ] && cdcca_only+=(--fp8_base)
 job+=(--phase_steps "${CDCCA_AKD_PHASE_STEPS:-10}" --prepare_batch "${CDCCA_AKD_PREPARE_BATCH:-0}")
 if [ "$side" != reference ]; then
   if [ -x "$decode_bench" ] && [ ! -d "$dir/student/cdcca-packed" ]; then
@@ -104,7 +108,8 @@ if [ "$side" != reference ]; then
   fi
   measure "$dir/cdcca.json" "$bench" --teacher "$dir/teacher" --student_base "$dir/student" \
     --inputs "$dir/inputs.safetensors" --teacher_precision bf16 --student_precision int4 \
-    "${job[@]}" --jobs "${CDCCA_AKD_JOBS:-1}" --max_jobs_together "${CDCCA_AKD_TOGETHER:-4}" ||
+    "${job[@]}" "${cdcca_only[@]}" --jobs "${CDCCA_AKD_JOBS:-1}" \
+    --max_jobs_together "${CDCCA_AKD_TOGETHER:-4}" ||
     true
 fi
 if [ "$side" != cdcca ]; then

@@ -83,6 +83,9 @@ ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
           "from each frame as the device would uplink it (JPEG at the tower's input size)");
 ABSL_FLAG(bool, lora_vision_mlp, cdcca::settings::kLoraVisionMlp,
           "adapt, adapt-eval: with --lora_vision, LoRA on the vision tower's MLP (fc1, fc2) too");
+ABSL_FLAG(bool, fp8_base, cdcca::settings::kFp8Base,
+          "adapt, adapt-eval: the student's frozen base multiplies in FP8 in the jobs' training "
+          "steps (emulated on a CPU: what the GPU's FP8 products do to a job)");
 ABSL_FLAG(bool, ground_truth_arms, false,
           "adapt-eval: add, for every arm, a twin whose job trains on each question's "
           "ground-truth answer instead of the teacher's (the trainable set's ceiling without "
@@ -173,6 +176,7 @@ const char* const kAdaptFlags[] = {"teacher",
                                    "lora_projector",
                                    "lora_vision",
                                    "lora_vision_mlp",
+                                   "fp8_base",
                                    "profile",
                                    "uts_keep_fraction",
                                    "entropy_alpha",
@@ -203,6 +207,7 @@ const char* const kAdaptEvalFlags[] = {"teacher",
                                        "lora_projector",
                                        "lora_vision",
                                        "lora_vision_mlp",
+                                       "fp8_base",
                                        "ground_truth_arms",
                                        "profile",
                                        "uts_keep_fraction",
@@ -303,6 +308,7 @@ absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
   if (absl::GetFlag(FLAGS_max_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_max_steps);
   if (absl::GetFlag(FLAGS_lr) > 0) o.job.lr = absl::GetFlag(FLAGS_lr);
   if (absl::GetFlag(FLAGS_batch_size) > 0) o.job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (absl::GetFlag(FLAGS_fp8_base)) o.job.fp8_base = true;
   o.max_answer_tokens = o.job.max_answer_tokens;
 
   const float ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
@@ -435,6 +441,7 @@ int AdaptCommand(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_lr) > 0) settings.job.lr = absl::GetFlag(FLAGS_lr);
   settings.job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   settings.job.seed = absl::GetFlag(FLAGS_job_seed);
+  if (absl::GetFlag(FLAGS_fp8_base)) settings.job.fp8_base = true;
 
   const std::string device = absl::GetFlag(FLAGS_device);
   std::string teacher_precision = absl::GetFlag(FLAGS_teacher_precision);

@@ -192,6 +192,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("guard_restore_base", &e.job.guard_restore_base));
   CDCCA_RETURN_IF_ERROR(top.Read("guard_measure", &e.job.guard_measure));
   CDCCA_RETURN_IF_ERROR(top.Read("pool_samples", &e.job.pool_samples));
+  CDCCA_RETURN_IF_ERROR(top.Read("fp8_base", &e.job.fp8_base));
   for (const char* parsed_below : {"schedule", "cloud", "link"}) top.Known(parsed_below);
   CDCCA_RETURN_IF_ERROR(top.OnlyKnown());
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",

@@ -539,6 +539,7 @@ absl::StatusOr<cloud::PerDeviceStrategyOptions> StrategyOptionsFor(const Experim
   po.guard.confident_fraction = e.job.guard_confident_fraction;
   po.guard.restore_base = e.job.guard_restore_base;
   po.pool_samples = static_cast<size_t>(e.job.pool_samples);
+  po.fp8_base = e.job.fp8_base;
   po.report_withheld_state = true;  // what a withheld update would have done is measured
   absl::StatusOr<cloud::GuardMeasure> m = cloud::ParseGuardMeasure(e.job.guard_measure);
   if (!m.ok()) return m.status();

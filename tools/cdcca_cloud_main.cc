@@ -219,6 +219,11 @@ ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most jobs of different devices that train together over the one student base when they "
           "run at once (--trainer_threads): each device's rows read its own adapters and it gets "
           "what its job alone gives; a step holds every job's batch (1 = one job at a time)");
+ABSL_FLAG(
+    bool, fp8_base, cdcca::settings::kFp8Base,
+    "the student's frozen base multiplies in FP8 in a job's training steps (e4m3 scaled per "
+    "row: native on GPUs of compute capability 8.9+, emulated elsewhere; on a GPU the trainer "
+    "holds the base in FP8 in place of bf16); the distill config's job key \"fp8_base\"");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
           "threads matrix products)");
@@ -289,6 +294,7 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
   so.lr = absl::GetFlag(FLAGS_lr);
   so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
+  so.fp8_base = absl::GetFlag(FLAGS_fp8_base);
   so.train_device = absl::GetFlag(FLAGS_device);
   if (absl::StartsWith(so.train_device, "cuda:")) {
     if (!absl::SimpleAtoi(so.train_device.substr(5), &visible_gpu) || visible_gpu < 0) {

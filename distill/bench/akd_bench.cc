@@ -51,6 +51,7 @@
 #include "distill/pair_distiller.h"
 #include "model/arch/multimodal_model.h"
 #include "model/hub/safetensors.h"
+#include "model/runtime/fp8_product.h"
 #include "model/runtime/gpu_memory.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
@@ -78,6 +79,9 @@ ABSL_FLAG(int, phase_steps, 0,
 ABSL_FLAG(int, prepare_batch, 0,
           "samples the teacher labels in one batch while a job prepares (0 = twice --batch_size, "
           "the job's default; 1 = one sample at a time)");
+ABSL_FLAG(bool, fp8_base, cdcca::settings::kFp8Base,
+          "the student's frozen base multiplies in FP8 in the training steps (e4m3 scaled per "
+          "row; native on GPUs of compute capability 8.9+; JobOptions::fp8_base)");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
 ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
@@ -122,6 +126,7 @@ int Run() {
   job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   job.phase_steps = absl::GetFlag(FLAGS_phase_steps);
   job.prepare_batch = absl::GetFlag(FLAGS_prepare_batch);
+  job.fp8_base = absl::GetFlag(FLAGS_fp8_base);
 
   absl::StatusOr<model::SafetensorsContents> inputs =
       model::ReadSafetensors(absl::GetFlag(FLAGS_inputs));
@@ -248,6 +253,8 @@ int Run() {
       {"steps", result->stats.steps},
       {"batch", job.batch_size},
       {"prepare_batch", PrepareBatch(job)},
+      {"fp8_base", job.fp8_base},
+      {"fp8_native", job.fp8_base && model::NativeFp8Available(device)},
       {"kl_used", result->kl_used},
       {"load_seconds", load_seconds},
       {"teacher_load_seconds", teacher_load_seconds},

@@ -455,6 +455,39 @@ TEST(DecoderLmTest, FusedPackedProjectionsEqualTheSeparateLayers) {
   EXPECT_TRUE(torch::allclose(q->Forward(x, {}, nullptr).logits, full, 1e-5, 1e-5));
 }
 
+// Loads `m` (int4 in groups of 32, as `p` says) from `folder` and gives q and v LoRA with
+// nonzero B, the same draws on every call: two models loaded alike compute alike.
+void LoadInt4WithLora(DecoderLm& m, const ModelFolder& folder) {
+  ASSERT_OK(m->Load(folder, "model.", "lm_head.", torch::kCPU));
+  torch::manual_seed(5);
+  for (size_t i = 0; i < m->layers->size(); ++i) {
+    DecoderAttentionImpl& attn = *m->layers->ptr(i)->as<DecoderLayerImpl>()->self_attn;
+    for (LinearImpl* proj : {attn.q_proj.get(), attn.v_proj.get()}) {
+      proj->AddLora(4, 8.0);
+      torch::NoGradGuard no_grad;
+      proj->lora_b.normal_(0.0, 0.1);
+    }
+  }
+}
+
+WeightPrecision Int4Groups32() {
+  WeightPrecision p;
+  p.weights = Precision::kInt4;
+  p.int4_group = 32;
+  return p;
+}
+
+// The LoRA gradients of two models' losses, by name: {the first's, the second's}.
+std::vector<std::pair<torch::Tensor, torch::Tensor>> LoraGradients(DecoderLm& a, DecoderLm& b) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
+  const auto b_parameters = b->named_parameters();
+  for (const auto& item : a->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    out.emplace_back(item.value().grad(), b_parameters[item.key()].grad());
+  }
+  return out;
+}
+
 // A trainer's model holding its quantized weights dequantized (HoldDequantizedWeights)
 // computes what the per-call path computes: the same logits and LoRA gradients.
 TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCallPath) {
@@ -464,24 +497,9 @@ TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCal
   testing::TempDir dir;
   ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
   ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
-  WeightPrecision p;
-  p.weights = Precision::kInt4;
-  p.int4_group = 32;
-  auto load_with_lora = [&](DecoderLm& m) {
-    ASSERT_OK(m->Load(folder, "model.", "lm_head.", torch::kCPU));
-    torch::manual_seed(5);
-    for (size_t i = 0; i < m->layers->size(); ++i) {
-      DecoderAttentionImpl& attn = *m->layers->ptr(i)->as<DecoderLayerImpl>()->self_attn;
-      for (LinearImpl* proj : {attn.q_proj.get(), attn.v_proj.get()}) {
-        proj->AddLora(4, 8.0);
-        torch::NoGradGuard no_grad;
-        proj->lora_b.normal_(0.0, 0.1);
-      }
-    }
-  };
-  DecoderLm per_call(c, p), held(c, p);
-  load_with_lora(per_call);
-  load_with_lora(held);
+  DecoderLm per_call(c, Int4Groups32()), held(c, Int4Groups32());
+  LoadInt4WithLora(per_call, folder);
+  LoadInt4WithLora(held, folder);
   const int64_t packed_bytes = ResidentBytes(*held);
   EXPECT_GT(HoldDequantizedWeights(*held), 0);
   EXPECT_GT(ResidentBytes(*held), packed_bytes);  // the float copies are there
@@ -491,19 +509,71 @@ TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCal
   EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-6));
   a.square().mean().backward();
   b.square().mean().backward();
-  int64_t compared = 0;
-  const auto held_parameters = held->named_parameters();
-  for (const auto& item : per_call->named_parameters()) {
-    const std::string& name = item.key();
-    const torch::Tensor& pa = item.value();
-    if (!pa.requires_grad()) continue;
-    const torch::Tensor& pb = held_parameters[name];
-    ASSERT_TRUE(pa.grad().defined() && pb.grad().defined()) << name;
-    EXPECT_GT(pa.grad().abs().sum().item<double>(), 0.0) << name;
-    EXPECT_TRUE(torch::allclose(pa.grad(), pb.grad(), 1e-5, 1e-6)) << name;
-    ++compared;
+  const auto grads = LoraGradients(per_call, held);
+  for (const auto& [ga, gb] : grads) {
+    ASSERT_TRUE(ga.defined() && gb.defined());
+    EXPECT_GT(ga.abs().sum().item<double>(), 0.0);
+    EXPECT_TRUE(torch::allclose(ga, gb, 1e-5, 1e-6));
   }
-  EXPECT_EQ(compared, static_cast<int64_t>(4 * per_call->layers->size()));
+  EXPECT_EQ(grads.size(), 4 * per_call->layers->size());
+}
+
+// Inside an Fp8BaseScope every quantized layer multiplies in FP8 (rounded, so the logits move
+// a little and the LoRA gradients point where the plain ones do); after it each layer holds its
+// weight as before, packed or dequantized, and computes exactly what it computed before.
+TEST(DecoderLmTest, AnFp8ScopeRoundsTheBaseAndLeavesItAsItWas) {
+  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
+  DecoderLm lm(c, WeightPrecision{});
+  Randomize(*lm, 12);
+  testing::TempDir dir;
+  ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
+  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
+  DecoderLm plain(c, Int4Groups32()), rounded(c, Int4Groups32()), held(c, Int4Groups32());
+  for (DecoderLm* m : {&plain, &rounded, &held}) LoadInt4WithLora(*m, folder);
+  HoldDequantizedWeights(*held);
+  torch::manual_seed(13);
+  const torch::Tensor x = torch::randn({2, 5, 32});
+  torch::Tensor before, held_before;
+  {
+    torch::NoGradGuard no_grad;
+    before = rounded->Forward(x, {}, nullptr).logits;
+    held_before = held->Forward(x, {}, nullptr).logits;
+  }
+  auto count = [](DecoderLm& m, bool fp8) {
+    int64_t n = 0;
+    for (const auto& module : m->modules()) {
+      const auto* l = dynamic_cast<const LinearImpl*>(module.get());
+      if (l != nullptr && (fp8 ? l->holds_fp8() : l->holds_dequantized())) ++n;
+    }
+    return n;
+  };
+  const int64_t quantized = count(held, /*fp8=*/false);
+  ASSERT_GT(quantized, 0);
+  {
+    Fp8BaseScope off(*rounded, /*on=*/false);
+    EXPECT_EQ(off.changed(), 0);
+    Fp8BaseScope scope(*rounded, /*on=*/true), held_scope(*held, /*on=*/true);
+    EXPECT_EQ(scope.changed(), quantized);
+    EXPECT_EQ(count(rounded, /*fp8=*/true), quantized);
+    EXPECT_EQ(count(held, /*fp8=*/false), 0);  // the float copies gave way
+    torch::Tensor a = plain->Forward(x, {}, nullptr).logits;
+    torch::Tensor b = rounded->Forward(x, {}, nullptr).logits;
+    const double rel = ((b - a).norm() / a.norm()).item<double>();
+    EXPECT_GT(rel, 1e-3);
+    EXPECT_LT(rel, 0.1);
+    EXPECT_TRUE(torch::allclose(held->Forward(x, {}, nullptr).logits, b, 1e-5, 1e-6));
+    a.square().mean().backward();
+    b.square().mean().backward();
+    for (const auto& [ga, gb] : LoraGradients(plain, rounded)) {
+      ASSERT_TRUE(gb.defined());
+      EXPECT_GT(torch::cosine_similarity(ga.flatten(), gb.flatten(), 0).item<double>(), 0.98);
+    }
+  }
+  EXPECT_EQ(count(rounded, /*fp8=*/true), 0);
+  EXPECT_EQ(count(held, /*fp8=*/false), quantized);  // held dequantized again
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(rounded->Forward(x, {}, nullptr).logits, before));
+  EXPECT_TRUE(torch::equal(held->Forward(x, {}, nullptr).logits, held_before));
 }
 
 // Without autograd a decode step writes its keys into the cache's buffer in place (no copy

@@ -108,6 +108,7 @@ absl::Status LinearImpl::Adopt(const std::string& local_name, torch::Tensor tens
   q_.values = q.values.to(device);
   q_.scales = q.scales.to(device);
   held_ = torch::Tensor();
+  fp8_ = Fp8Weight();
   // The float weight is dropped: the placeholder stays registered for its shape only.
   weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, device));
   return absl::OkStatus();
@@ -136,6 +137,13 @@ void LinearImpl::MoveHeld(Move move) {
   weight.set_data(weight.expand(shape));
   if (held_.defined()) {
     held_ = held_.to(weight.device(), weight.scalar_type());  // the packed bytes stay on the host
+  } else if (holds_fp8()) {
+    for (Fp8Rows* r : {&fp8_.w, &fp8_.wt}) {
+      r->values = r->values.to(weight.device());
+      r->scales = r->scales.to(weight.device());
+    }
+    // Off the GPU the FP8 values multiply through the emulated product.
+    fp8_.native = fp8_.native && weight.device().is_cuda();
   } else {
     q_.values = q_.values.to(weight.device());
     q_.scales = q_.scales.to(weight.device());
@@ -163,6 +171,7 @@ absl::Status LinearImpl::AdoptQuantized(const QuantizedWeight& q) {
   }
   q_ = q;
   held_ = torch::Tensor();
+  fp8_ = Fp8Weight();
   weight.set_data(Placeholder(weight.sizes(), options_.precision.dtype, q.values.device()));
   return absl::OkStatus();
 }
@@ -175,12 +184,14 @@ bool LinearImpl::UsesPackedKernel(const torch::Tensor& x) const {
   // The kernels have no backward: a training pass whose input needs a gradient (LoRA below
   // this layer) multiplies with the dequantized weight, which autograd differentiates.
   const bool needs_grad = torch::GradMode::is_enabled() && x.requires_grad();
-  return quantized() && q_.values.defined() && !held_.defined() && q_.values.device().is_cpu() &&
-         x.device().is_cpu() && x.scalar_type() == torch::kFloat && kernel_group && !needs_grad;
+  return quantized() && q_.values.defined() && !held_.defined() && !holds_fp8() &&
+         q_.values.device().is_cpu() && x.device().is_cpu() && x.scalar_type() == torch::kFloat &&
+         kernel_group && !needs_grad;
 }
 
 torch::Tensor LinearImpl::EffectiveWeight() const {
   if (held_.defined()) return held_;
+  if (holds_fp8()) return Fp8WeightValues(fp8_, options_.precision.dtype);
   if (!quantized() || !q_.values.defined()) return weight;
   return DequantizeWeight(q_, options_.precision.weights, options_.in_features,
                           options_.precision.int4_group)
@@ -237,6 +248,10 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {
   if (held_.defined()) return torch::linear(x, held_, bias_term);
+  if (holds_fp8()) {
+    torch::Tensor y = Fp8Linear(x, fp8_);
+    return bias_term.defined() ? y + bias_term : y;
+  }
   if (UsesPackedKernel(x)) {
     return QuantizedLinear(x, q_, options_.precision.weights, options_.in_features,
                            options_.precision.int4_group, bias_term);
@@ -251,14 +266,15 @@ torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tenso
 }
 
 int64_t LinearImpl::WeightBytes() const {
-  const int64_t held = held_.defined() ? held_.numel() * held_.element_size() : 0;
+  const int64_t held =
+      (held_.defined() ? held_.numel() * held_.element_size() : 0) + Fp8WeightBytes(fp8_);
   if (quantized() && q_.values.defined()) return QuantizedBytes(q_) + held;
   return weight.numel() * weight.element_size();
 }
 
 void LinearImpl::HoldDequantized() {
   torch::NoGradGuard no_grad;
-  if (!quantized() || !q_.values.defined() || held_.defined()) return;
+  if (!quantized() || !q_.values.defined() || held_.defined() || holds_fp8()) return;
   held_ = EffectiveWeight();
   // No product reads the packed bytes any more: they move to the host, where a weight pack or
   // a digest still finds them, and the accelerator holds the float weight alone.
@@ -266,11 +282,72 @@ void LinearImpl::HoldDequantized() {
   q_.scales = q_.scales.cpu();
 }
 
-int64_t HoldDequantizedWeights(torch::nn::Module& root) {
-  int64_t n = 0;
+void LinearImpl::HoldFp8() {
+  torch::NoGradGuard no_grad;
+  if (!quantized() || !q_.values.defined() || held_.defined() || holds_fp8()) return;
+  // Rounded from the fp32 dequantized weight (the values the device multiplies), not from a
+  // bf16 copy of it: one rounding, not two.
+  fp8_ = MakeFp8Weight(DequantizeWeight(q_, options_.precision.weights, options_.in_features,
+                                        options_.precision.int4_group)
+                           .to(torch::kFloat));
+  q_.values = q_.values.cpu();
+  q_.scales = q_.scales.cpu();
+}
+
+void LinearImpl::ReleaseHeld() {
+  if (!held_.defined() && !holds_fp8()) return;
+  torch::NoGradGuard no_grad;
+  held_ = torch::Tensor();
+  fp8_ = Fp8Weight();
+  q_.values = q_.values.to(weight.device());
+  q_.scales = q_.scales.to(weight.device());
+}
+
+namespace {
+
+// The quantized Linear layers under `root` (itself included).
+std::vector<LinearImpl*> QuantizedLayers(torch::nn::Module& root) {
+  std::vector<LinearImpl*> out;
   for (const std::shared_ptr<torch::nn::Module>& m : root.modules(/*include_self=*/true)) {
     auto* linear = dynamic_cast<LinearImpl*>(m.get());
-    if (linear == nullptr || !linear->quantized()) continue;
+    if (linear != nullptr && linear->quantized()) out.push_back(linear);
+  }
+  return out;
+}
+
+}  // namespace
+
+Fp8BaseScope::Fp8BaseScope(torch::nn::Module& root, bool on) {
+  if (!on) return;
+  for (LinearImpl* linear : QuantizedLayers(root)) {
+    if (linear->holds_fp8() || !linear->quantized_weight().values.defined()) continue;
+    const bool was_held = linear->holds_dequantized();
+    // One layer at a time: its float copy goes before its FP8 copies come.
+    linear->ReleaseHeld();
+    linear->HoldFp8();
+    changed_.emplace_back(linear, was_held);
+  }
+}
+
+Fp8BaseScope::~Fp8BaseScope() {
+  for (auto& [linear, was_held] : changed_) {
+    linear->ReleaseHeld();
+    if (was_held) linear->HoldDequantized();
+  }
+}
+
+int64_t HoldFp8Weights(torch::nn::Module& root) {
+  int64_t n = 0;
+  for (LinearImpl* linear : QuantizedLayers(root)) {
+    linear->HoldFp8();
+    n += linear->holds_fp8() ? 1 : 0;
+  }
+  return n;
+}
+
+int64_t HoldDequantizedWeights(torch::nn::Module& root) {
+  int64_t n = 0;
+  for (LinearImpl* linear : QuantizedLayers(root)) {
     linear->HoldDequantized();
     n += linear->holds_dequantized() ? 1 : 0;
   }

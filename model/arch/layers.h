@@ -17,6 +17,7 @@
 
 #include "model/family/config.h"
 #include "model/hub/model_folder.h"
+#include "model/runtime/fp8_product.h"
 #include "model/runtime/quantize.h"
 
 namespace cdcca::model {
@@ -91,6 +92,17 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   bool holds_dequantized() const { return held_.defined(); }
   // HoldDequantized's copy (undefined until it ran).
   const torch::Tensor& dequantized_weight() const { return held_; }
+  // Keeps the weight as HoldDequantized does, but in FP8 for FP8 products
+  // (model/runtime/fp8_product.h): every product with the base rounds its input and the weight
+  // to e4m3 per row, natively where the GPU runs them, emulated elsewhere. The FP8 copies
+  // replace the float one (the same bytes as bf16); the packed bytes move to the host. A
+  // no-op for an unquantized layer or one not loaded yet, or one already held either way.
+  void HoldFp8();
+  bool holds_fp8() const { return fp8_.w.values.defined(); }
+  const Fp8Weight& fp8_weight() const { return fp8_; }
+  // Undoes HoldDequantized or HoldFp8: the held copies go, the packed bytes come back to
+  // the layer's device and the products read them per call again.
+  void ReleaseHeld();
   // The effective weight [out, in] in the compute dtype.
   torch::Tensor EffectiveWeight() const;
   // Bytes held for the weight (quantized values + scales, or the float weight).
@@ -114,6 +126,7 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   double lora_scale_ = 0.0;
   QuantizedWeight q_;   // set once a quantized layer adopted its weight
   torch::Tensor held_;  // HoldDequantized's copy (undefined until then)
+  Fp8Weight fp8_;       // HoldFp8's copies (undefined until then)
 
   // x W^T + `bias_term` (undefined: none), without the LoRA term: the packed kernel, the
   // dequantizing product or torch's.
@@ -128,6 +141,26 @@ TORCH_MODULE(Linear);
 
 // LinearImpl::HoldDequantized on every quantized layer under `root`; returns how many.
 int64_t HoldDequantizedWeights(torch::nn::Module& root);
+// LinearImpl::HoldFp8 on every quantized layer under `root`; returns how many hold FP8.
+int64_t HoldFp8Weights(torch::nn::Module& root);
+
+// While alive (and `on`), every quantized layer under `root` multiplies in FP8
+// (LinearImpl::HoldFp8): a trainer's steps with distill::JobOptions::fp8_base. On destruction
+// the layers it changed hold their weights as before (packed, or dequantized), so what runs
+// outside it (an evaluation, the device's own passes) computes with the base as before. Layers
+// that already hold FP8 are left as they are. Not thread-safe against other users of the model.
+class Fp8BaseScope {
+ public:
+  Fp8BaseScope(torch::nn::Module& root, bool on);
+  ~Fp8BaseScope();
+  Fp8BaseScope(const Fp8BaseScope&) = delete;
+  Fp8BaseScope& operator=(const Fp8BaseScope&) = delete;
+  // Layers it changed.
+  int64_t changed() const { return static_cast<int64_t>(changed_.size()); }
+
+ private:
+  std::vector<std::pair<LinearImpl*, bool>> changed_;  // layer, whether it held dequantized
+};
 
 // Quantized Linear layers that read the same input (q/k/v, gate/up), computed by one
 // packed product on CPU: one pass and one parallel region instead of one per layer. Fuse

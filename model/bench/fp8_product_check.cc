@@ -1,0 +1,178 @@
+// fp8_product_check: on a CUDA GPU that runs FP8 products (compute capability 8.9+), the
+// native FP8 product of model/runtime/fp8_product.h against its emulation (the CPU's path: the
+// same rounding, fp32 products), and its speed against the bf16 product it replaces in a
+// trainer's step, at the LLaVA-1.5-7B student's shapes.
+//
+//   - agreement: the forward product and the gradient of its input, native against emulated,
+//     fp32 and bf16 inputs, a batch whose rows are not a multiple of 16 (the padded path) and
+//     one at the 7B shape; within 1e-5 (fp32) and 1e-2 (bf16: the output's rounding) relative
+//     L2. The FP8 product's difference from the plain product is printed beside it (the
+//     rounding's size, not a bound).
+//   - speed: milliseconds of the forward product and of the input's gradient (the frozen
+//     base's two products in a step), bf16 (torch::linear) against FP8 (Fp8Linear, its
+//     rounding of the input included), rows = 8 x 648 (batch 8 of the AKD benchmark).
+// Prints one line per figure and a JSON summary; exit 0 when every agreement holds, 1
+// otherwise, 77 where there is no CUDA device or it cannot run the native product.
+//
+//   fp8_product_check [--rows 5184] [--repeats 20]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "model/runtime/fp8_product.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(int64_t, rows, 8 * 648, "rows of the timed products (batch x positions)");
+ABSL_FLAG(int, repeats, 20, "timed repeats of each product");
+
+namespace cdcca::model {
+namespace {
+
+double RelL2(const torch::Tensor& a, const torch::Tensor& b) {
+  const torch::Tensor bd = b.to(torch::kDouble);
+  return ((a.to(torch::kDouble) - bd).norm() / bd.norm().clamp_min(1e-30)).item<double>();
+}
+
+Fp8Weight Emulated(const torch::Tensor& w) {
+  Fp8Weight e;
+  e.w = QuantizeRowsE4m3(w, /*native=*/false);
+  e.wt = QuantizeRowsE4m3(w.t(), /*native=*/false);
+  e.native = false;
+  return e;
+}
+
+// Milliseconds per call of `fn`, after three warm-up calls.
+template <typename Fn>
+double Millis(Fn fn, int repeats) {
+  for (int i = 0; i < 3; ++i) fn();
+  torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < repeats; ++i) fn();
+  torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+             .count() /
+         repeats;
+}
+
+int Run() {
+  if (!torch::cuda::is_available()) {
+    std::printf("fp8_product_check: no CUDA device\n");
+    return 77;
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!NativeFp8Available(cuda)) {
+    std::printf("fp8_product_check: this GPU or LibTorch runs no native FP8 product\n");
+    return 77;
+  }
+  torch::manual_seed(0);
+  nlohmann::json summary = {{"agreement", nlohmann::json::array()},
+                            {"speed", nlohmann::json::array()}};
+  bool ok = true;
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (const Shape& s : std::vector<Shape>{{1000, 512, 768}, {5184, 4096, 4096}}) {
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      const auto options = torch::TensorOptions().device(cuda).dtype(dtype);
+      const torch::Tensor w = (torch::randn({s.out, s.in}, options) / std::sqrt(s.in));
+      const Fp8Weight native = MakeFp8Weight(w.to(torch::kFloat));
+      if (!native.native) {
+        std::printf("fp8_product_check: [%lld, %lld] did not take the native product\n",
+                    static_cast<long long>(s.out), static_cast<long long>(s.in));
+        return 1;
+      }
+      const Fp8Weight emulated = Emulated(w.to(torch::kFloat));
+      const torch::Tensor x = torch::randn({s.rows, s.in}, options);
+      const torch::Tensor g = torch::randn({s.rows, s.out}, options);
+      torch::Tensor xn = x.clone().requires_grad_(true), xe = x.clone().requires_grad_(true);
+      const torch::Tensor yn = Fp8Linear(xn, native), ye = Fp8Linear(xe, emulated);
+      yn.backward(g);
+      ye.backward(g);
+      const torch::Tensor plain = torch::matmul(x.to(torch::kFloat), w.to(torch::kFloat).t());
+      const torch::Tensor plain_dx = torch::matmul(g.to(torch::kFloat), w.to(torch::kFloat));
+      const double bound = dtype == torch::kFloat ? 1e-5 : 1e-2;
+      const double fwd = RelL2(yn, ye), bwd = RelL2(xn.grad(), xe.grad());
+      const bool within = fwd <= bound && bwd <= bound;
+      ok = ok && within;
+      const std::string name = torch::toString(dtype);
+      std::printf(
+          "%s [%lld x %lld] -> %lld: native vs emulated forward %.2e, input gradient %.2e "
+          "(bound %.0e) %s; FP8 vs plain %.2e / %.2e\n",
+          name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.in),
+          static_cast<long long>(s.out), fwd, bwd, bound, within ? "ok" : "FAIL", RelL2(yn, plain),
+          RelL2(xn.grad(), plain_dx));
+      summary["agreement"].push_back({{"dtype", name},
+                                      {"rows", s.rows},
+                                      {"in", s.in},
+                                      {"out", s.out},
+                                      {"native_vs_emulated_forward", fwd},
+                                      {"native_vs_emulated_input_gradient", bwd},
+                                      {"bound", bound},
+                                      {"fp8_vs_plain_forward", RelL2(yn, plain)},
+                                      {"fp8_vs_plain_input_gradient", RelL2(xn.grad(), plain_dx)},
+                                      {"ok", within}});
+    }
+  }
+
+  const int64_t rows = absl::GetFlag(FLAGS_rows);
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  double bf16_total = 0, fp8_total = 0;
+  // The 7B student's products per layer: q, k, v, o (4096 -> 4096), gate and up (4096 ->
+  // 11008), down (11008 -> 4096).
+  struct Product {
+    const char* name;
+    int64_t in, out, per_layer;
+  };
+  for (const Product& p : std::vector<Product>{{"attention 4096->4096", 4096, 4096, 4},
+                                               {"gate/up 4096->11008", 4096, 11008, 2},
+                                               {"down 11008->4096", 11008, 4096, 1}}) {
+    const auto options = torch::TensorOptions().device(cuda).dtype(torch::kBFloat16);
+    const torch::Tensor w = torch::randn({p.out, p.in}, options) / std::sqrt(p.in);
+    const Fp8Weight f = MakeFp8Weight(w.to(torch::kFloat));
+    const torch::Tensor x = torch::randn({rows, p.in}, options);
+    const torch::Tensor g = torch::randn({rows, p.out}, options);
+    const double bf16_fwd = Millis([&] { return torch::linear(x, w); }, repeats);
+    const double bf16_bwd = Millis([&] { return torch::matmul(g, w); }, repeats);
+    // The FP8 backward as autograd runs it: the gradient's rounding and its product.
+    torch::NoGradGuard no_grad;
+    const double fp8_fwd = Millis([&] { return Fp8Linear(x, f); }, repeats);
+    const Fp8Weight transposed{f.wt, f.w, f.native};
+    const double fp8_bwd = Millis([&] { return Fp8Linear(g, transposed); }, repeats);
+    bf16_total += p.per_layer * (bf16_fwd + bf16_bwd);
+    fp8_total += p.per_layer * (fp8_fwd + fp8_bwd);
+    std::printf(
+        "%s, %lld rows: forward bf16 %.3f ms, FP8 %.3f ms (%.2fx); input gradient bf16 "
+        "%.3f ms, FP8 %.3f ms (%.2fx)\n",
+        p.name, static_cast<long long>(rows), bf16_fwd, fp8_fwd, bf16_fwd / fp8_fwd, bf16_bwd,
+        fp8_bwd, bf16_bwd / fp8_bwd);
+    summary["speed"].push_back({{"product", p.name},
+                                {"rows", rows},
+                                {"bf16_forward_ms", bf16_fwd},
+                                {"fp8_forward_ms", fp8_fwd},
+                                {"bf16_input_gradient_ms", bf16_bwd},
+                                {"fp8_input_gradient_ms", fp8_bwd}});
+  }
+  std::printf(
+      "one layer's base products, forward and input gradient: bf16 %.2f ms, FP8 %.2f ms "
+      "(%.2fx)\n",
+      bf16_total, fp8_total, bf16_total / fp8_total);
+  summary["layer_bf16_ms"] = bf16_total;
+  summary["layer_fp8_ms"] = fp8_total;
+  summary["device"] = torch::cuda::device_count() > 0 ? "cuda" : "";
+  summary["ok"] = ok;
+  std::printf("%s\n", summary.dump().c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace cdcca::model
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cdcca::model::Run();
+}
