@@ -74,8 +74,9 @@ inline constexpr double kTemperature = 2.0;
 inline constexpr double kReplayFraction = 0.25;  // share of each batch replayed
 inline constexpr int kReplayCapacity = 256;      // replay buffer per device, samples
 // The frozen base's products in a job's training steps in FP8 (e4m3, scaled per row; native
-// on GPUs of compute capability 8.9 and later, emulated elsewhere): off until measured to
-// leave the job's result where bf16 leaves it (docs/BENCHMARKS.md, "FP8 products").
+// on GPUs of compute capability 8.9 and later, emulated elsewhere): off, measured slower than
+// bf16 on an H100 (the inputs' rounding costs more than the FP8 GEMM saves; docs/BENCHMARKS.md,
+// "FP8 products for the frozen base").
 inline constexpr bool kFp8Base = false;
 // The durable per-device pool: the newest consumed samples, kept in the sample log and
 // trained on again by every job (0 = none). Off until measured better than the replay alone.
