@@ -19,8 +19,7 @@ constexpr double kMinScale = 1e-12;  // an all-zero row keeps a finite scale
 
 // [rows] fp32 scales: each row's largest magnitude over kE4m3Max.
 torch::Tensor RowScales(const torch::Tensor& m) {
-  return std::get<0>(m.abs().max(/*dim=*/1)).to(torch::kFloat).clamp_min(kMinScale * kE4m3Max) /
-         kE4m3Max;
+  return m.abs().amax(/*dim=*/1).to(torch::kFloat).clamp_min(kMinScale * kE4m3Max) / kE4m3Max;
 }
 
 // The FP8 product a Q(b)^T for a [M, C] float, b's rows [R, C]: [M, R] in `dtype`.
