@@ -4,8 +4,8 @@
 # inputs, one after the other in this run. On the GPU machine (device tool), with .gpu-deps/
 # from scripts/gpu_deps.sh carried:
 #   scripts/hf_akd_gpu.sh build        builds akd_bench, round_bench, decode_bench,
-#                                      fused_attention_check and fp8_product_check (core-only,
-#                                      PyTorch's LibTorch)
+#                                      fused_attention_check, fp8_product_check and
+#                                      elementwise_check (core-only, PyTorch's LibTorch)
 #   scripts/hf_akd_gpu.sh tiny  DIR    the whole comparison on a tiny random pair (seconds)
 #   scripts/hf_akd_gpu.sh full  DIR    LLaVA-1.5-13B-shaped bf16 teacher, 7B-shaped student
 #                                      (cdcca: int4 mirror; reference: bf16), LoRA q/v r8,
@@ -27,7 +27,7 @@ round_bench=build-gpu/sim/round_bench
 
 if [ "$mode" = build ]; then
   start=$(date +%s)
-  export CDCCA_GPU_TARGETS="akd_bench round_bench decode_bench fused_attention_check fp8_product_check"
+  export CDCCA_GPU_TARGETS="akd_bench round_bench decode_bench fused_attention_check fp8_product_check elementwise_check"
   (source scripts/gpu_build.sh) >build-gpu-akd.log 2>&1 || true
   grep -E "error|Error" build-gpu-akd.log | head -20 || true
   echo "build: $(($(date +%s) - start)) s"

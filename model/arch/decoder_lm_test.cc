@@ -488,6 +488,50 @@ std::vector<std::pair<torch::Tensor, torch::Tensor>> LoraGradients(DecoderLm& a,
   return out;
 }
 
+// A LoRA layer's side path (one addmm accumulating into the base product) is the formula
+// x W^T + b + (alpha / r) (x A^T) B^T, forward and every gradient: on a quantized layer (the
+// side path always) and on a float one with few rows (the fold takes many rows), rows of
+// three dimensions.
+TEST(DecoderLmTest, ALoraSidePathEqualsItsFormulaForwardAndBackward) {
+  for (Precision precision : {Precision::kInt8, Precision::kFp32}) {
+    LinearOptions o;
+    o.in_features = 48;
+    o.out_features = 40;
+    o.bias = true;
+    o.precision.weights = precision;
+    Linear l(o);
+    torch::manual_seed(21);
+    const torch::Tensor w = torch::randn({40, 48}) / 8, b = torch::randn({40});
+    ASSERT_OK(l->Adopt("weight", w));
+    ASSERT_OK(l->Adopt("bias", b));
+    l->AddLora(4, 8.0);
+    {
+      torch::NoGradGuard no_grad;
+      l->lora_b.normal_(0.0, 0.1);
+    }
+    const torch::Tensor x = torch::randn({2, 3, 48}).requires_grad_(true);
+    const torch::Tensor y = l->forward(x);
+    const torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+    const torch::Tensor a2 = l->lora_a.detach().clone().requires_grad_(true);
+    const torch::Tensor b2 = l->lora_b.detach().clone().requires_grad_(true);
+    const torch::Tensor want = torch::linear(x2, l->EffectiveWeight().detach(), b) +
+                               torch::linear(torch::linear(x2, a2), b2) * (8.0 / 4);
+    ASSERT_EQ(y.sizes(), want.sizes());
+    EXPECT_TRUE(torch::allclose(y, want, 1e-5, 1e-6)) << (y - want).abs().max().item<float>();
+    const torch::Tensor g = torch::randn_like(want);
+    (y * g).sum().backward();
+    (want * g).sum().backward();
+    for (const auto& [got, expected] :
+         {std::pair{x.grad(), x2.grad()}, std::pair{l->lora_a.grad(), a2.grad()},
+          std::pair{l->lora_b.grad(), b2.grad()}}) {
+      ASSERT_TRUE(got.defined());
+      EXPECT_GT(expected.abs().sum().item<double>(), 0.0);
+      EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-6))
+          << (got - expected).abs().max().item<float>();
+    }
+  }
+}
+
 // A trainer's model holding its quantized weights dequantized (HoldDequantizedWeights)
 // computes what the per-call path computes: the same logits and LoRA gradients.
 TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCallPath) {

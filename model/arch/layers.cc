@@ -216,6 +216,26 @@ torch::Tensor LinearImpl::MergedWeight() const {
   return weight + torch::matmul(lora_b, lora_a) * lora_scale_;
 }
 
+namespace {
+
+// y + scale (x A^T) B^T, the LoRA side path added to the base product y: the second product
+// accumulates into y with its scale (one addmm), where the formula writes the product, scales
+// it and adds it (two more passes over y's rows each way).
+torch::Tensor AddLoraPath(const torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a,
+                          const torch::Tensor& b, double scale) {
+  const torch::Tensor xa = torch::linear(x, a);
+  if (y.dim() < 1 || y.numel() == 0 || y.scalar_type() != b.scalar_type() ||
+      xa.scalar_type() != b.scalar_type()) {
+    return y + torch::linear(xa, b) * scale;
+  }
+  const int64_t out = y.size(-1), rank = a.size(0);
+  return torch::addmm(y.reshape({-1, out}), xa.reshape({-1, rank}), b.t(), /*beta=*/1.0,
+                      /*alpha=*/scale)
+      .view(y.sizes());
+}
+
+}  // namespace
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (const RowSegments* segments = ActiveRowSegments(); segments != nullptr) {
     const torch::Tensor bias_rows = segments->Rows(bias);
@@ -227,7 +247,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
       torch::Tensor y = BaseForward(x, bias_rows.defined() ? torch::Tensor() : bias);
       if (bias_rows.defined()) y = AddPerRow(y, bias_rows);
       if (a_rows.defined()) return y + PerRowLora(x, a_rows, b_rows) * lora_scale_;
-      if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
+      if (has_lora()) y = AddLoraPath(y, x, lora_a, lora_b, lora_scale_);
       return y;
     }
   }
@@ -242,7 +262,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     if (rows * (in + out) >= in * out) return torch::linear(x, MergedWeight(), bias);
   }
   torch::Tensor y = BaseForward(x, bias);
-  if (has_lora()) y = y + torch::linear(torch::linear(x, lora_a), lora_b) * lora_scale_;
+  if (has_lora()) y = AddLoraPath(y, x, lora_a, lora_b, lora_scale_);
   return y;
 }
 

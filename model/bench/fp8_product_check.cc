@@ -19,13 +19,13 @@
 //   fp8_product_check [--rows 5184] [--repeats 20]
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "model/bench/cuda_millis.h"
 #include "model/runtime/fp8_product.h"
 #include "nlohmann/json.hpp"
 
@@ -46,19 +46,6 @@ Fp8Weight Emulated(const torch::Tensor& w) {
   e.wt = QuantizeRowsE4m3(w.t(), /*native=*/false);
   e.native = false;
   return e;
-}
-
-// Milliseconds per call of `fn`, after three warm-up calls.
-template <typename Fn>
-double Millis(Fn fn, int repeats) {
-  for (int i = 0; i < 3; ++i) fn();
-  torch::cuda::synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeats; ++i) fn();
-  torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         repeats;
 }
 
 int Run() {
@@ -138,13 +125,13 @@ int Run() {
     const Fp8Weight f = MakeFp8Weight(w.to(torch::kFloat));
     const torch::Tensor x = torch::randn({rows, p.in}, options);
     const torch::Tensor g = torch::randn({rows, p.out}, options);
-    const double bf16_fwd = Millis([&] { return torch::linear(x, w); }, repeats);
-    const double bf16_bwd = Millis([&] { return torch::matmul(g, w); }, repeats);
+    const double bf16_fwd = CudaMillis([&] { return torch::linear(x, w); }, repeats);
+    const double bf16_bwd = CudaMillis([&] { return torch::matmul(g, w); }, repeats);
     // The FP8 backward as autograd runs it: the gradient's rounding and its product.
     torch::NoGradGuard no_grad;
-    const double fp8_fwd = Millis([&] { return Fp8Linear(x, f); }, repeats);
+    const double fp8_fwd = CudaMillis([&] { return Fp8Linear(x, f); }, repeats);
     const Fp8Weight transposed{f.wt, f.w, f.native};
-    const double fp8_bwd = Millis([&] { return Fp8Linear(g, transposed); }, repeats);
+    const double fp8_bwd = CudaMillis([&] { return Fp8Linear(g, transposed); }, repeats);
     bf16_total += p.per_layer * (bf16_fwd + bf16_bwd);
     fp8_total += p.per_layer * (fp8_fwd + fp8_bwd);
     std::printf(

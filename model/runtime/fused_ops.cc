@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <mutex>
+#include <string>
 
 #include "model/runtime/simd.h"
 
@@ -26,6 +29,25 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Whether autograd records an operation on `inputs` (training).
+bool Recorded(std::initializer_list<const torch::Tensor*> inputs) {
+  if (!torch::GradMode::is_enabled()) return false;
+  for (const torch::Tensor* t : inputs) {
+    if (t->requires_grad()) return true;
+  }
+  return false;
+}
+
+// CDCCA_PLAIN_GPU_OPS=1 keeps the plain formulas in training off the CPU too (read once):
+// what the benchmarks compare the fewer-pass forms against.
+bool PlainGpuOps() {
+  static const bool plain = [] {
+    const char* v = std::getenv("CDCCA_PLAIN_GPU_OPS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return plain;
+}
 
 bool FloatCpu(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat;
@@ -440,6 +462,15 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
       weight.size(0) == x.size(-1)) {
     return RmsNormFunction::apply(x, weight, eps);
   }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // Training on a GPU: LibTorch's own RMSNorm, one kernel each way where the build has it,
+  // in place of about five passes forward and ten backward (the weight multiplies before the
+  // cast back, so the output can differ from the formula below by one rounding).
+  if (x.is_cuda() && Recorded({&x, &weight}) && !PlainGpuOps() && weight.dim() == 1 &&
+      weight.size(0) == x.size(-1) && weight.scalar_type() == x.scalar_type()) {
+    return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  }
+#endif
   torch::Tensor h = x.to(torch::kFloat);
   torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps);
@@ -448,9 +479,7 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
   // Without autograd LibTorch's two passes are as fast, and inference keeps its exact silu.
-  const bool recorded =
-      torch::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad());
-  if (recorded && FloatCpu(gate) && FloatCpu(up) && gate.sizes() == up.sizes()) {
+  if (Recorded({&gate, &up}) && FloatCpu(gate) && FloatCpu(up) && gate.sizes() == up.sizes()) {
     return SiluMulFunction::apply(gate, up);
   }
   return torch::silu(gate) * up;
@@ -464,6 +493,14 @@ torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
                      cos.size(2) == x.size(3) && cos.is_contiguous() && sin.is_contiguous();
   if (fused) return RotaryFunction::apply(x, cos, sin);
   const int64_t half = x.size(-1) / 2;
+  if (Recorded({&x}) && !PlainGpuOps() && x.size(-1) % 2 == 0) {
+    // Training elsewhere (a GPU): rotate_half(x) * sin is x rolled by half a row times sin
+    // with its first half negated, so x * cos + that is one product and one addcmul over x
+    // (three passes each way) instead of a negation, a concatenation, two products and a sum.
+    torch::Tensor signed_sin =
+        torch::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1);
+    return torch::addcmul(x * cos.unsqueeze(1), x.roll(half, -1), signed_sin.unsqueeze(1));
+  }
   torch::Tensor rotated =
       torch::cat({-x.narrow(-1, half, x.size(-1) - half), x.narrow(-1, 0, half)}, -1);
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);

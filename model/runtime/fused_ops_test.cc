@@ -99,6 +99,23 @@ TEST(FusedOpsTest, RotaryEmbeddingEqualsPlainFormula) {
   EXPECT_TRUE(RotaryEmbedding(x, cos, sin).is_contiguous());
 }
 
+// Off the float CPU kernel (double here, a GPU in training) a recorded rotary embedding takes
+// the rolled form: the same values and gradients as the formula, to double rounding.
+TEST(FusedOpsTest, RotaryEmbeddingsRolledFormEqualsPlainFormula) {
+  torch::manual_seed(6);
+  const int64_t b = 2, h = 3, t = 5, d = 16;
+  torch::Tensor angle = torch::rand({b, t, d / 2}, torch::kDouble) * 6;
+  torch::Tensor cos = torch::cat({angle, angle}, -1).cos(),
+                sin = torch::cat({angle, angle}, -1).sin();
+  torch::Tensor x = torch::randn({b, t, h, d}, torch::kDouble).transpose(1, 2).requires_grad_(true);
+  ExpectSameAsPlain(
+      {x, cos, sin}, [](const auto& v) { return RotaryEmbedding(v[0], v[1], v[2]); },
+      [](const auto& v) { return PlainRotary(v[0], v[1], v[2]); }, 1e-12);
+  // Without autograd it is the plain formula itself.
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(RotaryEmbedding(x, cos, sin), PlainRotary(x, cos, sin)));
+}
+
 TEST(FusedOpsTest, DropoutKeepsOneMinusPScaledAndBackpropagatesItsMask) {
   const double p = 0.1;
   torch::Tensor x =
