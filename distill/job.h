@@ -47,10 +47,11 @@ struct JobOptions {
   // device's, so a timed job's samples/s is read with N = 0.
   int phase_steps = 0;
   // The student's frozen base multiplies in FP8 in the training steps (model::Fp8BaseScope:
-  // native on a GPU of compute capability 8.9+, emulated elsewhere, as a CPU run's measure of
-  // the rounding). On CUDA the trainer then holds the base in FP8 for good (its passes outside
-  // the steps too: the fit's, a guard's), in place of the bf16 copy; elsewhere the steps alone
-  // (cdcca-cloud's --fp8_base, akd_bench's, adapt's; job key "fp8_base").
+  // native on a GPU of compute capability 8.9+, emulated on the CPU, as a CPU run's measure of
+  // the rounding; PairDistiller::Create refuses it on a GPU without native FP8). On CUDA the
+  // trainer then holds the base in FP8 for good (its passes outside the steps too: the fit's, a
+  // guard's), in place of the bf16 copy; elsewhere the steps alone (cdcca-cloud's --fp8_base,
+  // akd_bench's, adapt's; job key "fp8_base").
   bool fp8_base = settings::kFp8Base;
   // Where a job trains is the program's choice (cdcca-cloud's --device), and the student trains
   // in eval() mode (no dropout): a settings file naming "use_cuda" or "student_dropout" is

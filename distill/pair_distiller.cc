@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -22,6 +23,8 @@
 #include "model/arch/decoder_lm.h"
 #include "model/arch/layers.h"
 #include "model/arch/row_segments.h"
+#include "model/runtime/fp8_product.h"
+#include "model/runtime/fused_ops.h"
 #include "model/runtime/gpu_memory.h"
 
 namespace cdcca::distill {
@@ -552,6 +555,14 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   if (student.model->TrainableParameters().empty()) {
     return absl::InvalidArgumentError("the student has no trainable set");
   }
+  if (const torch::Device device = student.model->device();
+      options.fp8_base && device.is_cuda() && !model::NativeFp8Available(device)) {
+    // Emulated on a GPU the products would run slower than bf16's with twice its weight
+    // memory: nothing a user asking for FP8 on a GPU wants. The CPU emulates on purpose.
+    return absl::InvalidArgumentError(
+        "fp8_base: this GPU has no native FP8 products (compute capability 8.9+ and LibTorch "
+        ">= 2.5 are needed); run without fp8_base");
+  }
   auto state = std::make_unique<State>();
   state->teacher = std::move(teacher);
   state->student = std::move(student);
@@ -569,6 +580,15 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
     } else {
       model::HoldDequantizedWeights(state->student.model->module());
     }
+    // The norms' training kernels load now, not in the first job's first step.
+    std::vector<std::pair<int64_t, torch::ScalarType>> norms;
+    for (const auto& item : state->student.model->module().named_parameters()) {
+      const torch::Tensor& w = item.value();
+      if (w.dim() != 1 || !absl::EndsWith(item.key(), "norm.weight")) continue;
+      const std::pair<int64_t, torch::ScalarType> norm{w.size(0), w.scalar_type()};
+      if (std::find(norms.begin(), norms.end(), norm) == norms.end()) norms.push_back(norm);
+    }
+    model::WarmTrainingForms(state->device, norms);
   }
   state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&
                           state->teacher.tokenizer_id == state->student.tokenizer_id;

@@ -222,8 +222,9 @@ ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
 ABSL_FLAG(
     bool, fp8_base, cdcca::settings::kFp8Base,
     "the student's frozen base multiplies in FP8 in a job's training steps (e4m3 scaled per "
-    "row: native on GPUs of compute capability 8.9+, emulated elsewhere; on a GPU the trainer "
-    "holds the base in FP8 in place of bf16); the distill config's job key \"fp8_base\"");
+    "row: native on GPUs of compute capability 8.9+, emulated on the CPU; a GPU without them "
+    "refuses the job; on a GPU the trainer holds the base in FP8 in place of bf16); the distill "
+    "config's job key \"fp8_base\"");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
           "threads matrix products)");

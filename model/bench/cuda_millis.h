@@ -8,11 +8,11 @@
 
 namespace cdcca::model {
 
-// Milliseconds per call of `fn` over `repeats` calls, after three warm-up calls, the device
+// Milliseconds per call of `fn` over `repeats` calls, after `warmups` calls, the device
 // synchronized before the clock starts and before it stops.
 template <typename Fn>
-double CudaMillis(Fn fn, int repeats) {
-  for (int i = 0; i < 3; ++i) fn();
+double CudaMillis(Fn fn, int repeats, int warmups = 3) {
+  for (int i = 0; i < warmups; ++i) fn();
   torch::cuda::synchronize();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < repeats; ++i) fn();

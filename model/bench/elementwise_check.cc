@@ -6,7 +6,8 @@
 //   - agreement: output and input gradients (and RMSNorm's weight gradient), fp32 and bf16,
 //     within 1e-5 (fp32) and 1e-2 (bf16: a rounding moves between the weight's product and
 //     the cast back) relative L2;
-//   - speed: milliseconds of forward and backward, each form.
+//   - speed: milliseconds of forward and backward, each form, and of each form's first call
+//     (its kernels' loading included).
 // Prints one line per figure and a JSON summary; exit 0 when every agreement holds, 1
 // otherwise, 77 without a CUDA device.
 //
@@ -106,9 +107,16 @@ int Main() {
           torch::cat({angle, angle}, -1).sin().to(dtype)},
          torch::randn({batch, heads, positions, head_dim}, o)});
     for (const Case& c : cases) {
+      // The first call of each form, its kernels' loading included.
+      const double ours_first = CudaMillis([&] { Run(c.ours, c.inputs, c.grad); }, 1, 0),
+                   plain_first = CudaMillis([&] { Run(c.plain, c.inputs, c.grad); }, 1, 0);
       const std::vector<torch::Tensor> a = Run(c.ours, c.inputs, c.grad),
                                        b = Run(c.plain, c.inputs, c.grad);
       nlohmann::json entry;
+      entry["ours_first_call_ms"] = ours_first;
+      entry["plain_first_call_ms"] = plain_first;
+      std::printf("%s %s: first call %.1f ms against the plain formula's %.1f ms\n", c.name.c_str(),
+                  dname.c_str(), ours_first, plain_first);
       for (size_t i = 0; i < a.size(); ++i) {
         const double e = RelL2(a[i], b[i]);
         ok = ok && e <= bound;

@@ -506,6 +506,23 @@ torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
+void WarmTrainingForms(const torch::Device& device,
+                       const std::vector<std::pair<int64_t, torch::ScalarType>>& norms) {
+  if (device.is_cpu() || norms.empty()) return;
+  torch::AutoGradMode grad(true);
+  for (const auto& [dim, dtype] : norms) {
+    const auto options = torch::TensorOptions().device(device).dtype(dtype);
+    torch::Tensor x = torch::randn({16, dim}, options).requires_grad_(true);
+    torch::Tensor w = torch::ones({dim}, options).requires_grad_(true);
+    RmsNorm(x, w, 1e-6).sum().backward();
+  }
+  const auto options = torch::TensorOptions().device(device).dtype(norms.front().second);
+  torch::Tensor q = torch::randn({1, 2, 16, 64}, options).requires_grad_(true);
+  torch::Tensor angle = torch::rand({1, 16, 64}, options);
+  RotaryEmbedding(q, angle.cos(), angle.sin()).sum().backward();
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 torch::Tensor TrainingDropout(const torch::Tensor& x, double p) {
   if (p <= 0.0) return x;
   if (p >= 1.0) return x * 0.0;
