@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "DIR; default models/small)");
 ABSL_FLAG(std::string, table, "", "model-eval: also write the markdown table here");
 ABSL_FLAG(int, scenes, 200, "model-eval: scenes per domain (5 questions each)");
+ABSL_FLAG(bool, estimates, false,
+          "model-eval: each accuracy is followed, in parentheses, by the one estimated without "
+          "answers from the model's probability of its first answer token (average thresholded "
+          "confidence, the threshold set on the source test)");
 ABSL_FLAG(int, torch_threads, 0,
           "torch intra-op threads (0 = automatic: one, OpenBLAS threads the products)");
 ABSL_FLAG(bool, cpu, false, "stay on the CPU even when CUDA is available");
@@ -50,7 +54,8 @@ const char* const kPretrainFlags[] = {"config", "out",         "fashion_mnist_di
                                       "cpu",    "scale_steps", "stop_after",        nullptr};
 
 const char* const kModelEvalFlags[] = {
-    "checkpoint_dir", "fashion_mnist_dir", "scenes", "torch_threads", "cpu", "table", nullptr};
+    "checkpoint_dir", "fashion_mnist_dir", "scenes", "torch_threads", "cpu",
+    "table",          "estimates",         nullptr};
 
 int PretrainCommand(const std::vector<std::string>& args) {
   if (!args.empty() || absl::GetFlag(FLAGS_out).empty()) {
@@ -76,7 +81,8 @@ int PretrainCommand(const std::vector<std::string>& args) {
 int ModelEvalCommand(const std::vector<std::string>& args) {
   if (!args.empty() || absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     std::fprintf(stderr,
-                 "usage: cdcca model-eval --checkpoint_dir DIR [--scenes N] [--table FILE]\n");
+                 "usage: cdcca model-eval --checkpoint_dir DIR [--scenes N] [--table FILE] "
+                 "[--estimates]\n");
     return 2;
   }
   AccuracyOptions o;
@@ -85,6 +91,7 @@ int ModelEvalCommand(const std::vector<std::string>& args) {
   o.scenes = absl::GetFlag(FLAGS_scenes);
   o.threads = absl::GetFlag(FLAGS_torch_threads);
   o.force_cpu = absl::GetFlag(FLAGS_cpu);
+  o.estimates = absl::GetFlag(FLAGS_estimates);
   // A family trained with captions gets the captioning table (and the VQA one only if it
   // also learned VQA).
   absl::StatusOr<FamilyConfig> family = LoadFamilyConfig(o.checkpoint_dir + "/config.json");

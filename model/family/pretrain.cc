@@ -521,6 +521,8 @@ struct EvalResult {
   double accuracy = 0;  // percent, DA (official VQA metric against the 10 direct answers)
   int questions = 0;
   std::string by_type;  // "what 91.0  color 88.2 ..." (percent per question type)
+  // Per question, the model's probability of the first token of its answer.
+  std::vector<double> first_token_confidence;
 };
 
 struct CaptionEval {
@@ -533,9 +535,10 @@ struct CaptionEval {
 // Greedy answers of `model` (the one interface every program uses) to rows of a QaBatch:
 // the LM ids as LoadModel's processor lays them out (left padding, the image tokens, the
 // prompt) over each row's scene's visual tokens (tokens [S, N, D], CPU), at most max_tokens.
-absl::StatusOr<std::vector<std::vector<int>>> AnswerRows(MultimodalModel& model,
-                                                         const torch::Tensor& tokens,
-                                                         const QaBatch& qa, int max_tokens) {
+// `confidence`, where given, receives per row the probability of the first answer token.
+absl::StatusOr<std::vector<std::vector<int>>> AnswerRows(
+    MultimodalModel& model, const torch::Tensor& tokens, const QaBatch& qa, int max_tokens,
+    std::vector<double>* confidence = nullptr) {
   const int64_t rows = qa.prompt.size(0), tp = qa.prompt.size(1);
   // The image tokens in front of the prompt: BLIP-2 adds its query tokens to any prompt, LLaVA
   // expands the one placeholder it is given (llava_family.h's layout).
@@ -569,6 +572,12 @@ absl::StatusOr<std::vector<std::vector<int>>> AnswerRows(MultimodalModel& model,
   options.eos_token_ids = model.eos_token_ids();
   absl::StatusOr<GreedyResult> g = model.GenerateFromTokens(in, options);
   if (!g.ok()) return g.status();
+  if (confidence != nullptr) {
+    const torch::Tensor top =
+        std::get<0>(torch::softmax(g->first_logits.to(torch::kDouble), -1).max(-1)).contiguous();
+    const double* p = top.data_ptr<double>();
+    confidence->insert(confidence->end(), p, p + top.numel());
+  }
   std::vector<std::vector<int>> out;
   for (const std::vector<int64_t>& row : g->tokens) {
     const std::vector<int64_t> answer = AnswerIds(row, options.eos_token_ids);
@@ -585,6 +594,7 @@ absl::StatusOr<EvalResult> ScoreAnswers(MultimodalModel& model, const torch::Ten
   torch::NoGradGuard no_grad;
   model.module().eval();
   ds::VqaAccumulator acc;
+  std::vector<double> confidence;
   std::map<std::string, std::pair<double, int>> by_type;  // question type -> (sum, count)
   const int64_t chunk = 64;                               // scenes per generation batch
   for (int64_t s0 = 0; s0 < static_cast<int64_t>(samples.size()); s0 += chunk) {
@@ -592,7 +602,7 @@ absl::StatusOr<EvalResult> ScoreAnswers(MultimodalModel& model, const torch::Ten
     std::vector<ds::Sample> part(samples.begin() + s0, samples.begin() + s0 + n);
     QaBatch qa = BuildQa(part, tok);
     absl::StatusOr<std::vector<std::vector<int>>> answers =
-        AnswerRows(model, tokens.narrow(0, s0, n), qa, max_answer_tokens);
+        AnswerRows(model, tokens.narrow(0, s0, n), qa, max_answer_tokens, &confidence);
     if (!answers.ok()) return answers.status();
     for (size_t i = 0; i < answers->size(); ++i) {
       const std::string pred = tok.Decode((*answers)[i]);
@@ -603,7 +613,7 @@ absl::StatusOr<EvalResult> ScoreAnswers(MultimodalModel& model, const torch::Ten
       t.second += 1;
     }
   }
-  EvalResult r{acc.Overall(), acc.count(), ""};
+  EvalResult r{acc.Overall(), acc.count(), "", std::move(confidence)};
   for (const auto& [type, t] : by_type) {
     absl::StrAppend(&r.by_type, type, " ", absl::StrFormat("%.1f", 100.0 * t.first / t.second),
                     "  ");
@@ -1303,6 +1313,23 @@ absl::StatusOr<std::string> CaptionTable(const AccuracyOptions& opt) {
   }
 }
 
+double AtcThreshold(std::vector<double> confidences, double accuracy) {
+  if (confidences.empty()) return 0.0;
+  std::sort(confidences.begin(), confidences.end());
+  const size_t n = confidences.size();
+  const size_t below = static_cast<size_t>(
+      std::llround(std::clamp(1.0 - accuracy, 0.0, 1.0) * static_cast<double>(n)));
+  if (below >= n) return std::nextafter(confidences.back(), 2.0);  // none at or above it
+  return confidences[below];
+}
+
+double AtcEstimate(const std::vector<double>& confidences, double threshold) {
+  if (confidences.empty()) return 0.0;
+  size_t at_or_above = 0;
+  for (double c : confidences) at_or_above += c >= threshold ? 1 : 0;
+  return static_cast<double>(at_or_above) / static_cast<double>(confidences.size());
+}
+
 absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
   ds::Tokenizer tok = ds::Tokenizer::SceneLanguage();
   try {
@@ -1330,6 +1357,7 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
     std::string table = TableHeader(*loaded, "domain");
     std::vector<double> sev5_sum(models.size(), 0.0);
     std::vector<double> source(models.size(), 0.0);
+    std::vector<double> threshold(models.size(), 0.0);  // opt.estimates: from the source row
     int sev5_rows = 0;
     for (const Row& row : rows) {
       absl::StatusOr<ds::SampleGenerator> gen = MakeGenerator(test, row.spec, opt.seed);
@@ -1343,7 +1371,16 @@ absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& opt) {
             ScoreAnswers(*models[i].second, *tokens, samples, tok, 4);
         if (!scored.ok()) return scored.status();
         const EvalResult& r = *scored;
-        absl::StrAppend(&table, absl::StrFormat(" %.1f |", r.accuracy));
+        if (opt.estimates) {
+          if (&row == &rows.front()) {
+            threshold[i] = AtcThreshold(r.first_token_confidence, r.accuracy / 100);
+          }
+          absl::StrAppend(
+              &table, absl::StrFormat(" %.1f (%.1f) |", r.accuracy,
+                                      100 * AtcEstimate(r.first_token_confidence, threshold[i])));
+        } else {
+          absl::StrAppend(&table, absl::StrFormat(" %.1f |", r.accuracy));
+        }
         if (row.severity == 5) sev5_sum[i] += r.accuracy;
         if (&row == &rows.front()) {
           source[i] = r.accuracy;

@@ -92,8 +92,19 @@ struct AccuracyOptions {
   int threads = 0;
   bool force_cpu = false;
   uint64_t seed = 7;
+  // Each cell also gives, in parentheses, the accuracy estimated without answers from the
+  // model's confidence (AtcEstimate at the AtcThreshold of its source-test row).
+  bool estimates = false;
 };
 absl::StatusOr<std::string> AccuracyTable(const AccuracyOptions& options);
+
+// Average thresholded confidence (Garg et al., 2022): the confidence threshold at which the
+// share of `confidences` (in [0, 1], one per question) at or above it equals `accuracy` (in
+// [0, 1]) on labelled data: the value below which round((1 - accuracy) n) of them lie.
+double AtcThreshold(std::vector<double> confidences, double accuracy);
+// The accuracy ATC estimates on unlabelled data: the share of `confidences` at or above
+// `threshold`. 0 for none.
+double AtcEstimate(const std::vector<double>& confidences, double threshold);
 
 // Captioning scores of a family checkpoint trained with captions: BLEU-4 and CIDEr-D per
 // caption category (datasets::CategoryShiftDomain: in-domain, near-domain, out-domain) and

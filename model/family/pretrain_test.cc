@@ -40,6 +40,26 @@ size_t PaddedPositions(const std::vector<std::pair<size_t, size_t>>& lengths,
   return total;
 }
 
+// ATC on the source data gives back the source accuracy, and on a shifted set the share of
+// questions at least as sure as the source's threshold.
+TEST(AtcTest, TheThresholdGivesBackTheSourceAccuracyAndEstimatesTheShiftedShare) {
+  std::vector<double> source;
+  for (int i = 0; i < 100; ++i) source.push_back((28 + i) / 128.0);  // exact in binary
+  const double t = AtcThreshold(source, 0.8);
+  EXPECT_DOUBLE_EQ(t, source[20]);  // 20 of 100 below it
+  EXPECT_DOUBLE_EQ(AtcEstimate(source, t), 0.8);
+  // Every question of a shifted set ten steps less sure: ten fewer clear it, in whatever
+  // order the confidences come.
+  std::vector<double> shifted;
+  for (int i = 99; i >= 0; --i) shifted.push_back(source[i] - 10 / 128.0);
+  EXPECT_DOUBLE_EQ(AtcEstimate(shifted, t), 0.7);
+  // The ends: a perfect model's threshold is its least sure answer, a hopeless one's is
+  // above every answer.
+  EXPECT_DOUBLE_EQ(AtcThreshold(source, 1.0), source.front());
+  EXPECT_DOUBLE_EQ(AtcEstimate(source, AtcThreshold(source, 0.0)), 0.0);
+  EXPECT_DOUBLE_EQ(AtcEstimate({}, 0.5), 0.0);
+}
+
 TEST(PaddingGroupsTest, EqualLengthsStayOneGroup) {
   EXPECT_THAT(PaddingGroups({{5, 2}, {5, 2}, {5, 2}}, 3), ElementsAre(0));
   EXPECT_TRUE(PaddingGroups({}, 3).empty());
