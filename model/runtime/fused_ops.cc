@@ -512,13 +512,16 @@ void WarmTrainingForms(const torch::Device& device,
   torch::AutoGradMode grad(true);
   for (const auto& [dim, dtype] : norms) {
     const auto options = torch::TensorOptions().device(device).dtype(dtype);
-    torch::Tensor x = torch::randn({16, dim}, options).requires_grad_(true);
+    // Fixed values (no draw from the device's generator, which a job's own draws read after).
+    torch::Tensor x =
+        torch::linspace(-1, 1, 16 * dim, options).view({16, dim}).requires_grad_(true);
     torch::Tensor w = torch::ones({dim}, options).requires_grad_(true);
     RmsNorm(x, w, 1e-6).sum().backward();
   }
   const auto options = torch::TensorOptions().device(device).dtype(norms.front().second);
-  torch::Tensor q = torch::randn({1, 2, 16, 64}, options).requires_grad_(true);
-  torch::Tensor angle = torch::rand({1, 16, 64}, options);
+  torch::Tensor q = torch::linspace(-1, 1, 2 * 16 * 64, options).view({1, 2, 16, 64});
+  q.requires_grad_(true);
+  torch::Tensor angle = torch::linspace(0, 3, 16 * 64, options).view({1, 16, 64});
   RotaryEmbedding(q, angle.cos(), angle.sin()).sum().backward();
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
