@@ -582,9 +582,10 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
     }
     // The norms' training kernels load now, not in the first job's first step.
     std::vector<std::pair<int64_t, torch::ScalarType>> norms;
-    for (const auto& item : state->student.model->module().named_parameters()) {
-      const torch::Tensor& w = item.value();
-      if (w.dim() != 1 || !absl::EndsWith(item.key(), "norm.weight")) continue;
+    for (const auto& m : state->student.model->module().modules(/*include_self=*/true)) {
+      const auto* norm_layer = dynamic_cast<const model::RmsNormLayerImpl*>(m.get());
+      if (norm_layer == nullptr || !norm_layer->weight.defined()) continue;
+      const torch::Tensor& w = norm_layer->weight;
       const std::pair<int64_t, torch::ScalarType> norm{w.size(0), w.scalar_type()};
       if (std::find(norms.begin(), norms.end(), norm) == norms.end()) norms.push_back(norm);
     }

@@ -39,8 +39,8 @@ torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
 // Runs the training forms above once, forward and backward, on small inputs on `device`:
 // RMSNorm at each of `norms` (width and dtype), the rotary embedding at one head size in the
 // first norm's dtype. Their kernels' first call on a GPU cost about a second in a job's first
-// step; a trainer calls this when it loads, so that a job's steps do not pay it. Nothing on
-// the CPU.
+// step; a trainer calls this when it loads, so that a job's steps do not pay it. What a
+// process warmed before on the device is not run again (thread-safe). Nothing on the CPU.
 void WarmTrainingForms(const torch::Device& device,
                        const std::vector<std::pair<int64_t, torch::ScalarType>>& norms);
 
