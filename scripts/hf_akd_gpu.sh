@@ -97,9 +97,23 @@ fi
 # ("phases_ms_per_step"; both sides synchronize the same way). CDCCA_AKD_PREPARE_BATCH=P
 # (default 0: twice the batch size) is how many samples both teachers label in one batch while a
 # job prepares (1: one at a time, as both did before).
+# CDCCA_AKD_TRACE=1 traces both sides' jobs (akd_bench --trace, hf_akd_reference.py --trace) into
+# DIR/{cdcca,reference}.trace.json and splits the last 5 steps' kernel time by kind
+# (scripts/trace_split.py: DIR/{cdcca,reference}_split.json). Tracing slows the job: its other
+# figures are not the job's.
 side=${CDCCA_AKD_SIDE:-both}
 cdcca_only=()
+reference_only=()
 [ "${CDCCA_AKD_FP8:-0}" = 1 ] && cdcca_only+=(--fp8_base)
+if [ "${CDCCA_AKD_TRACE:-0}" = 1 ]; then
+  cdcca_only+=(--trace "$dir/cdcca.trace.json")
+  reference_only+=(--trace "$dir/reference.trace.json")
+fi
+# Splits DIR/$1.trace.json where one was written.
+split_trace() {
+  [ -f "$dir/$1.trace.json" ] || return 0
+  python3 scripts/trace_split.py "$dir/$1.trace.json" --json "$dir/$1_split.json" || true
+}
 job+=(--phase_steps "${CDCCA_AKD_PHASE_STEPS:-10}" --prepare_batch "${CDCCA_AKD_PREPARE_BATCH:-0}")
 if [ "$side" != reference ]; then
   if [ -x "$decode_bench" ] && [ ! -d "$dir/student/cdcca-packed" ]; then
@@ -111,9 +125,11 @@ if [ "$side" != reference ]; then
     "${job[@]}" "${cdcca_only[@]}" --jobs "${CDCCA_AKD_JOBS:-1}" \
     --max_jobs_together "${CDCCA_AKD_TOGETHER:-4}" ||
     true
+  split_trace cdcca
 fi
 if [ "$side" != cdcca ]; then
   measure "$dir/reference.json" python3 scripts/hf_akd_reference.py run --teacher "$dir/teacher" \
     --student_base "$dir/student" --inputs "$dir/inputs.safetensors" "${job[@]}" \
-    --jobs "${CDCCA_AKD_JOBS:-1}" || true
+    --jobs "${CDCCA_AKD_JOBS:-1}" "${reference_only[@]}" || true
+  split_trace reference
 fi

@@ -352,6 +352,9 @@ def run(args):
         phases, timed_steps, phase_bytes = {}, 0, {}
         step_seconds, step_start = [], t_train
         for step in range(args.max_steps):
+            # Names the step in a --trace, as akd_bench's trainer does.
+            step_scope = torch.profiler.record_function("cdcca::train_step")
+            step_scope.__enter__()
             # The last --phase_steps steps timed phase by phase, synchronized as akd_bench does.
             timed = step >= args.max_steps - args.phase_steps
             if timed:
@@ -406,6 +409,7 @@ def run(args):
             for k, v in terms.items():
                 history.setdefault(k, []).append(v.item())
             # Each step's wall seconds up to its terms read back (which waits for the GPU).
+            step_scope.__exit__(None, None, None)
             now = time.perf_counter()
             step_seconds.append(now - step_start)
             step_start = now
@@ -425,6 +429,11 @@ def run(args):
     initial = {n: p.detach().clone() for n, p in student.named_parameters() if p.requires_grad}
     torch.cuda.synchronize()
     resident_bytes = torch.cuda.memory_allocated()
+    profiler = None
+    if args.trace:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        profiler = torch.profiler.profile(activities=acts)
+        profiler.__enter__()
     fleet_start = time.perf_counter()
     jobs = []
     for d in range(args.jobs):
@@ -435,6 +444,9 @@ def run(args):
         shift = d * tokens.shape[0] // args.jobs
         jobs.append(one_job(torch.roll(tokens, -shift, 0), torch.roll(prompt_ids, -shift, 0)))
     torch.cuda.synchronize()
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(args.trace)
     fleet_seconds = time.perf_counter() - fleet_start
     first = jobs[0]
     pool, trainable, history, phases = first["pool"], first["trainable"], first["history"], first["phases"]
@@ -491,6 +503,9 @@ def main():
                    help="samples the teacher labels in one batch (0 = twice --batch_size, as cdcca; 1 = one at a time)")
     r.add_argument("--jobs", type=int, default=1,
                    help="devices' jobs over the one loaded pair, one after another (a fleet's round)")
+    r.add_argument("--trace", default="",
+                   help="a Chrome trace of the jobs written here (torch.profiler: host operators and CUDA "
+                        "kernels, each training step named cdcca::train_step), as akd_bench --trace")
     r.add_argument("--phase_steps", type=int, default=0,
                    help="the last N steps timed phase by phase, synchronized as akd_bench --phase_steps")
     args = ap.parse_args()

@@ -32,12 +32,15 @@
 //       [--student_precision int4] [--device cuda] [--lora_rank 8] [--lora_alpha 16]
 //       [--max_steps 200] [--batch_size 16] [--max_answer_tokens 32]
 //       [--jobs 1] [--max_jobs_together 4] [--phase_steps 0] [--prepare_batch 0]
+//       [--trace FILE]
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +85,10 @@ ABSL_FLAG(int, prepare_batch, 0,
 ABSL_FLAG(bool, fp8_base, cdcca::settings::kFp8Base,
           "the student's frozen base multiplies in FP8 in the training steps (e4m3 scaled per "
           "row; native on GPUs of compute capability 8.9+; JobOptions::fp8_base)");
+ABSL_FLAG(std::string, trace, "",
+          "a Chrome trace of the jobs written here (LibTorch's profiler: host operators and CUDA "
+          "kernels; each training step named cdcca::train_step); scripts/trace_split.py splits "
+          "its steps' kernel time by kind. Tracing slows the run: time a run without it");
 ABSL_FLAG(int, jobs, 1, "devices' jobs to run over the one student (a fleet's round)");
 ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "most devices' jobs that train together (cdcca-cloud's --max_jobs_together)");
@@ -201,6 +208,15 @@ int Run() {
   // What the pair holds before any job (the student's weights as its trainer holds them):
   // the peak's rest is the jobs' working memory.
   const int64_t resident_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  const torch::profiler::impl::ProfilerConfig trace_config(
+      torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<torch::profiler::impl::ActivityType> traced = {
+      torch::profiler::impl::ActivityType::CPU, torch::profiler::impl::ActivityType::CUDA};
+  if (!trace.empty()) {
+    torch::autograd::profiler::prepareProfiler(trace_config, traced);
+    torch::autograd::profiler::enableProfiler(trace_config, traced);
+  }
   const Clock::time_point job_start = Clock::now();
   std::vector<absl::StatusOr<PairJobResult>> results;
   for (size_t first = 0; first < distillers.size(); first += together) {
@@ -213,6 +229,10 @@ int Run() {
     }
   }
   const double job_seconds = Since(job_start);
+  if (!trace.empty()) {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    torch::autograd::profiler::disableProfiler()->save(trace);
+  }
   for (size_t d = 0; d < results.size(); ++d) {
     if (!results[d].ok()) {
       std::cerr << "job of device " << d << ": " << results[d].status() << "\n";

@@ -1,7 +1,8 @@
 // elementwise_check: on a CUDA GPU, the training forms of model/runtime/fused_ops.h (RMSNorm
-// through at::rms_norm, the rotary embedding's rolled form) against the plain formulas that
-// transformers computes, at the LLaVA-1.5-7B student's shapes (8 x 648 rows of 4096; 32 heads
-// of 128).
+// through at::rms_norm; the rotary embedding and the SwiGLU gate through cdcca's CUDA kernels
+// where the build has them, model/runtime/cuda_kernels.h, else the rotary embedding's rolled
+// form and LibTorch's silu) against the plain formulas that transformers computes, at the
+// LLaVA-1.5-7B student's shapes (8 x 648 rows of 4096, an MLP of 11008; 32 heads of 128).
 //
 //   - agreement: output and input gradients (and RMSNorm's weight gradient), fp32 and bf16,
 //     within 1e-5 (fp32) and 1e-2 (bf16: a rounding moves between the weight's product and
@@ -106,6 +107,12 @@ int Main() {
           torch::cat({angle, angle}, -1).cos().to(dtype),
           torch::cat({angle, angle}, -1).sin().to(dtype)},
          torch::randn({batch, heads, positions, head_dim}, o)});
+    cases.push_back({"silu_mul",
+                     [](const auto& v) { return SiluMul(v[0], v[1]); },
+                     [](const auto& v) { return torch::silu(v[0]) * v[1]; },
+                     {torch::randn({rows, 11008}, o).requires_grad_(true),
+                      torch::randn({rows, 11008}, o).requires_grad_(true)},
+                     torch::randn({rows, 11008}, o)});
     for (const Case& c : cases) {
       // The first call of each form, its kernels' loading included.
       const double ours_first = CudaMillis([&] { Run(c.ours, c.inputs, c.grad); }, 1, 0),

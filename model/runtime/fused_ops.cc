@@ -17,6 +17,13 @@
 
 #include "model/runtime/simd.h"
 
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "model/runtime/cuda_kernels.h"
+#endif
+
 // Each kernel below is one loop over rows or elements, written for the compiler to vectorize
 // (this file is built with -O3); on x86-64 it is compiled twice and the AVX2 copy runs where
 // the processor has it.
@@ -54,6 +61,40 @@ bool PlainGpuOps() {
 bool FloatCpu(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat;
 }
+
+// Whether cdcca's CUDA kernels (cuda_kernels.h) take `t` in training: built in, a CUDA
+// tensor of float, half or bf16, and CDCCA_PLAIN_GPU_OPS unset.
+bool CudaKernelsTake(const torch::Tensor& t) {
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+  const torch::ScalarType d = t.defined() ? t.scalar_type() : torch::kFloat;
+  return t.defined() && t.is_cuda() && !PlainGpuOps() &&
+         (d == torch::kFloat || d == torch::kHalf || d == torch::kBFloat16);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+cuda_kernels::Dtype KernelDtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kHalf:
+      return cuda_kernels::Dtype::kHalf;
+    case torch::kBFloat16:
+      return cuda_kernels::Dtype::kBFloat16;
+    default:
+      return cuda_kernels::Dtype::kFloat;
+  }
+}
+
+void* StreamOf(const torch::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+void CheckKernel(int code, const char* what) {
+  TORCH_CHECK(code == 0, what, "'s CUDA kernel failed: ", cuda_kernels::ErrorString(code));
+}
+#endif
 
 // Rows per parallel_for task: about 32K elements, as LibTorch's own grain.
 int64_t RowGrain(int64_t row_size) {
@@ -256,13 +297,22 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
                                const torch::Tensor& up_in) {
     const torch::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
     torch::Tensor out = torch::empty_like(gate);
+    ctx->save_for_backward({gate, up});
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+    if (gate.is_cuda()) {
+      const c10::cuda::CUDAGuard guard(gate.device());
+      CheckKernel(cuda_kernels::SiluMul(KernelDtype(gate), gate.data_ptr(), up.data_ptr(),
+                                        out.data_ptr(), gate.numel(), StreamOf(gate)),
+                  "SiluMul");
+      return out;
+    }
+#endif
     const float* gp = gate.data_ptr<float>();
     const float* up_p = up.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const auto kernel = CDCCA_PICK_KERNEL(SiluMulForwardScalar, SiluMulForwardAvx2);
     at::parallel_for(0, gate.numel(), 32768,
                      [&](int64_t b, int64_t e) { kernel(gp, up_p, op, b, e); });
-    ctx->save_for_backward({gate, up});
     return out;
   }
 
@@ -272,6 +322,16 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     const torch::Tensor& up = saved[1];
     const torch::Tensor go = grads[0].contiguous();
     torch::Tensor g_gate = torch::empty_like(gate), g_up = torch::empty_like(up);
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+    if (gate.is_cuda()) {
+      const c10::cuda::CUDAGuard guard(gate.device());
+      CheckKernel(cuda_kernels::SiluMulBackward(KernelDtype(gate), go.data_ptr(), gate.data_ptr(),
+                                                up.data_ptr(), g_gate.data_ptr(), g_up.data_ptr(),
+                                                gate.numel(), StreamOf(gate)),
+                  "SiluMul's backward");
+      return {g_gate, g_up};
+    }
+#endif
     const float* gop = go.data_ptr<float>();
     const float* gp = gate.data_ptr<float>();
     const float* up_p = up.data_ptr<float>();
@@ -304,6 +364,18 @@ CDCCA_VECTOR_CLONES void RotaryRow(const float* x, const float* c, const float* 
 // other strides any) with cos/sin [B or 1, T, D] contiguous; out [B, H, T, D] contiguous.
 void RotaryRows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                 torch::Tensor& out, bool transpose) {
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+  if (x.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t strides[3] = {x.stride(0), x.stride(1), x.stride(2)};
+    CheckKernel(
+        cuda_kernels::Rotary(KernelDtype(x), x.data_ptr(), strides, cos.data_ptr(), sin.data_ptr(),
+                             cos.size(0) == 1 ? 0 : x.size(2) * x.size(3), out.data_ptr(),
+                             x.size(0), x.size(1), x.size(2), x.size(3), transpose, StreamOf(x)),
+        "the rotary embedding");
+    return;
+  }
+#endif
   const int64_t nb = x.size(0), nh = x.size(1), nt = x.size(2), d = x.size(3);
   const int64_t sb = x.stride(0), sh = x.stride(1), st = x.stride(2);
   const int64_t cb = cos.size(0) == 1 ? 0 : nt * d;
@@ -481,7 +553,12 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
   // Without autograd LibTorch's two passes are as fast, and inference keeps its exact silu.
-  if (Recorded({&gate, &up}) && FloatCpu(gate) && FloatCpu(up) && gate.sizes() == up.sizes()) {
+  // Training on a GPU with cdcca's kernels: one pass each way, and the backward pass keeps
+  // gate and up instead of also silu(gate).
+  const bool cuda = CudaKernelsTake(gate) && CudaKernelsTake(up) &&
+                    gate.scalar_type() == up.scalar_type() && gate.device() == up.device();
+  if (Recorded({&gate, &up}) && ((FloatCpu(gate) && FloatCpu(up)) || cuda) &&
+      gate.sizes() == up.sizes()) {
     return SiluMulFunction::apply(gate, up);
   }
   return torch::silu(gate) * up;
@@ -489,11 +566,16 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
 
 torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin) {
-  const bool fused = FloatCpu(x) && FloatCpu(cos) && FloatCpu(sin) && x.dim() == 4 &&
-                     x.size(-1) % 2 == 0 && cos.dim() == 3 && cos.sizes() == sin.sizes() &&
-                     (cos.size(0) == x.size(0) || cos.size(0) == 1) && cos.size(1) == x.size(2) &&
-                     cos.size(2) == x.size(3) && cos.is_contiguous() && sin.is_contiguous();
-  if (fused) return RotaryFunction::apply(x, cos, sin);
+  const bool shapes = x.dim() == 4 && x.size(-1) % 2 == 0 && cos.dim() == 3 &&
+                      cos.sizes() == sin.sizes() &&
+                      (cos.size(0) == x.size(0) || cos.size(0) == 1) && cos.size(1) == x.size(2) &&
+                      cos.size(2) == x.size(3) && cos.is_contiguous() && sin.is_contiguous();
+  const bool cpu = FloatCpu(x) && FloatCpu(cos) && FloatCpu(sin);
+  // Training on a GPU with cdcca's kernels: one pass each way (inference keeps the formula).
+  const bool cuda = Recorded({&x}) && CudaKernelsTake(x) && cos.scalar_type() == x.scalar_type() &&
+                    sin.scalar_type() == x.scalar_type() && cos.device() == x.device() &&
+                    sin.device() == x.device();
+  if (shapes && (cpu || cuda)) return RotaryFunction::apply(x, cos, sin);
   const int64_t half = x.size(-1) / 2;
   if (Recorded({&x}) && !PlainGpuOps() && x.size(-1) % 2 == 0) {
     // Training elsewhere (a GPU): rotate_half(x) * sin is x rolled by half a row times sin
@@ -543,6 +625,8 @@ void WarmTrainingForms(const torch::Device& device,
     q.requires_grad_(true);
     torch::Tensor angle = torch::linspace(0, 3, 16 * 64, options).view({1, 16, 64});
     RotaryEmbedding(q, angle.cos(), angle.sin()).sum().backward();
+    torch::Tensor gate = torch::linspace(-2, 2, 64, options).requires_grad_(true);
+    SiluMul(gate, gate.detach().flip(0)).sum().backward();
   }
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }

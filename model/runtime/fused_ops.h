@@ -7,9 +7,11 @@
 // passes backward, each with its own allocation. The functions here compute the same values
 // in one pass each way. Each takes its kernel for float32 CPU tensors and falls back to the
 // plain LibTorch formula elsewhere (other devices and dtypes), so callers need not choose.
-// In training off that kernel (a GPU), RMSNorm takes LibTorch's own at::rms_norm and the
-// rotary embedding a three-pass form of the same formula; inference there keeps the plain
-// formulas, which transformers computes (CDCCA_PLAIN_GPU_OPS=1 keeps them in training too).
+// In training off that kernel (a GPU), RMSNorm takes LibTorch's own at::rms_norm, and the
+// rotary embedding and the SwiGLU gate cdcca's CUDA kernels where the build has them
+// (cuda_kernels.h; else the rotary embedding a three-pass form of the same formula); inference
+// there keeps the plain formulas, which transformers computes (CDCCA_PLAIN_GPU_OPS=1 keeps them
+// in training too).
 // Results equal the plain formulas up to float rounding (fused_ops_test.cc).
 #ifndef CDCCA_MODEL_RUNTIME_FUSED_OPS_H_
 #define CDCCA_MODEL_RUNTIME_FUSED_OPS_H_

@@ -1,0 +1,44 @@
+// cdcca's own CUDA kernels for a training step's element-wise work (runtime/cuda_kernels.cu),
+// built where nvcc and a CUDA LibTorch are both present (CDCCA_HAVE_CUDA_KERNELS; CMake option
+// CDCCA_CUDA_KERNELS). LibTorch runs the rotary embedding as a roll, broadcast products and a
+// sum, and the SwiGLU gate as silu and a product, each a pass over the tensor with its own
+// launch; the kernels here do each in one pass, forward and backward, reading the operands once
+// and rounding once. fused_ops.cc dispatches to them for CUDA tensors in training; everything
+// else keeps LibTorch's forms, and the CPU its own kernels.
+//
+// Raw pointers and plain types only, so that this header and its callers need neither nvcc nor
+// CUDA's headers. Every function returns 0 on success, else the CUDA error code of the launch.
+#ifndef CDCCA_MODEL_RUNTIME_CUDA_KERNELS_H_
+#define CDCCA_MODEL_RUNTIME_CUDA_KERNELS_H_
+
+#include <cstdint>
+
+namespace cdcca::model::cuda_kernels {
+
+// Element types the kernels take; every operand of one call has the same.
+enum class Dtype { kFloat, kHalf, kBFloat16 };
+
+// The rotary embedding of x [B, H, T, D] (the last dimension contiguous, other strides
+// x_strides[0..2]) with cos, sin [B or 1, T, D] contiguous (cos_batch_stride 0 for one batch
+// row); out [B, H, T, D] contiguous. Forward (transpose false): out = x * cos +
+// rotate_half(x) * sin; transpose true gives the gradient form out = x * cos +
+// rotate_half^T(x * sin), where rotate_half(y) = cat(-y2, y1) and rotate_half^T(y) =
+// cat(y2, -y1) of y's halves. Computes in float32, rounds once. D even.
+int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* cos, const void* sin,
+           int64_t cos_batch_stride, void* out, int64_t batch, int64_t heads, int64_t positions,
+           int64_t dim, bool transpose, void* stream);
+
+// out = silu(gate) * up over n contiguous elements, in float32, rounded once.
+int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
+
+// The gradients of SiluMul for the output's gradient go: gate_grad = go * up * s * (1 + gate *
+// (1 - s)), up_grad = go * gate * s, s = sigmoid(gate); n contiguous elements each.
+int SiluMulBackward(Dtype dtype, const void* go, const void* gate, const void* up, void* gate_grad,
+                    void* up_grad, int64_t n, void* stream);
+
+// CUDA's description of an error code the functions above returned.
+const char* ErrorString(int code);
+
+}  // namespace cdcca::model::cuda_kernels
+
+#endif  // CDCCA_MODEL_RUNTIME_CUDA_KERNELS_H_
