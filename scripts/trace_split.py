@@ -143,6 +143,9 @@ def main():
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     r = split(events, args.last, args.first)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**r, "kernels": r["kernels"][: max(args.top, 60)]}, f, indent=1)
     print(f"{r['steps']} steps: host {r['step_ms_host']:.1f} ms a step, GPU from first to last "
           f"kernel {r['step_ms_gpu_span']:.1f} ms, kernels {r['kernel_ms']:.1f} ms")
     for title, table in (("kind", r["kinds_ms"]), ("launched by", r["threads_ms"]),
@@ -154,10 +157,6 @@ def main():
     print("  kernels:")
     for k in r["kernels"][: args.top]:
         print(f"    {k['ms']:8.2f} ms {k['calls']:6.1f} calls  {short(k['name'])}")
-    if args.json:
-        r["kernels"] = r["kernels"][: max(args.top, 60)]
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=1)
 
 
 if __name__ == "__main__":
