@@ -214,8 +214,14 @@ int Run() {
   const std::set<torch::profiler::impl::ActivityType> traced = {
       torch::profiler::impl::ActivityType::CPU, torch::profiler::impl::ActivityType::CUDA};
   if (!trace.empty()) {
-    torch::autograd::profiler::prepareProfiler(trace_config, traced);
-    torch::autograd::profiler::enableProfiler(trace_config, traced);
+    try {
+      torch::autograd::profiler::prepareProfiler(trace_config, traced);
+      torch::autograd::profiler::enableProfiler(trace_config, traced);
+    } catch (const c10::Error& e) {
+      std::cerr << "--trace: LibTorch's profiler cannot trace here: " << e.what_without_backtrace()
+                << "\n";
+      return 1;
+    }
   }
   const Clock::time_point job_start = Clock::now();
   std::vector<absl::StatusOr<PairJobResult>> results;
@@ -231,7 +237,13 @@ int Run() {
   const double job_seconds = Since(job_start);
   if (!trace.empty()) {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
-    torch::autograd::profiler::disableProfiler()->save(trace);
+    try {
+      torch::autograd::profiler::disableProfiler()->save(trace);
+    } catch (const c10::Error& e) {
+      std::cerr << "--trace: the trace could not be written to " << trace << ": "
+                << e.what_without_backtrace() << "\n";
+      return 1;
+    }
   }
   for (size_t d = 0; d < results.size(); ++d) {
     if (!results[d].ok()) {
