@@ -25,7 +25,6 @@
 #include "model/arch/layers.h"
 #include "model/arch/row_segments.h"
 #include "model/runtime/fp8_product.h"
-#include "model/runtime/fused_ops.h"
 #include "model/runtime/gpu_memory.h"
 
 namespace cdcca::distill {
@@ -581,16 +580,6 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
     } else {
       model::HoldDequantizedWeights(state->student.model->module());
     }
-    // The norms' training kernels load now, not in the first job's first step.
-    std::vector<std::pair<int64_t, torch::ScalarType>> norms;
-    for (const auto& m : state->student.model->module().modules(/*include_self=*/true)) {
-      const auto* norm_layer = dynamic_cast<const model::RmsNormLayerImpl*>(m.get());
-      if (norm_layer == nullptr || !norm_layer->weight.defined()) continue;
-      const torch::Tensor& w = norm_layer->weight;
-      const std::pair<int64_t, torch::ScalarType> norm{w.size(0), w.scalar_type()};
-      if (std::find(norms.begin(), norms.end(), norm) == norms.end()) norms.push_back(norm);
-    }
-    model::WarmTrainingForms(state->device, norms);
   }
   state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&
                           state->teacher.tokenizer_id == state->student.tokenizer_id;

@@ -209,11 +209,11 @@ int Run() {
   // the peak's rest is the jobs' working memory.
   const int64_t resident_bytes = model::PeakGpuMemory(device).allocated_now_bytes;
   const std::string trace = absl::GetFlag(FLAGS_trace);
-  const torch::profiler::impl::ProfilerConfig trace_config(
-      torch::profiler::impl::ProfilerState::KINETO);
-  const std::set<torch::profiler::impl::ActivityType> traced = {
-      torch::profiler::impl::ActivityType::CPU, torch::profiler::impl::ActivityType::CUDA};
   if (!trace.empty()) {
+    const torch::profiler::impl::ProfilerConfig trace_config(
+        torch::profiler::impl::ProfilerState::KINETO);
+    const std::set<torch::profiler::impl::ActivityType> traced = {
+        torch::profiler::impl::ActivityType::CPU, torch::profiler::impl::ActivityType::CUDA};
     try {
       torch::autograd::profiler::prepareProfiler(trace_config, traced);
       torch::autograd::profiler::enableProfiler(trace_config, traced);

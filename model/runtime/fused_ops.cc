@@ -11,9 +11,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <mutex>
-#include <set>
 #include <string>
-#include <tuple>
 
 #include "model/runtime/simd.h"
 
@@ -588,47 +586,6 @@ torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
   torch::Tensor rotated =
       torch::cat({-x.narrow(-1, half, x.size(-1) - half), x.narrow(-1, 0, half)}, -1);
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
-}
-
-void WarmTrainingForms(const torch::Device& device,
-                       const std::vector<std::pair<int64_t, torch::ScalarType>>& norms) {
-  if (device.is_cpu() || norms.empty()) return;
-  // A kernel loads once per process and device: forms warmed before (another trainer's
-  // distiller over the same student) are not run again. Key: device, width (0: the rotary
-  // embedding), dtype.
-  static std::mutex mu;
-  static std::set<std::tuple<int, int64_t, int>> warmed;
-  std::vector<std::pair<int64_t, torch::ScalarType>> todo;
-  bool rotary = false;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& norm : norms) {
-      if (warmed.insert({device.index(), norm.first, static_cast<int>(norm.second)}).second) {
-        todo.push_back(norm);
-      }
-    }
-    rotary = warmed.insert({device.index(), 0, static_cast<int>(norms.front().second)}).second;
-  }
-  if (todo.empty() && !rotary) return;
-  torch::AutoGradMode grad(true);
-  for (const auto& [dim, dtype] : todo) {
-    const auto options = torch::TensorOptions().device(device).dtype(dtype);
-    // Fixed values (no draw from the device's generator, which a job's own draws read after).
-    torch::Tensor x =
-        torch::linspace(-1, 1, 16 * dim, options).view({16, dim}).requires_grad_(true);
-    torch::Tensor w = torch::ones({dim}, options).requires_grad_(true);
-    RmsNorm(x, w, 1e-6).sum().backward();
-  }
-  if (rotary) {
-    const auto options = torch::TensorOptions().device(device).dtype(norms.front().second);
-    torch::Tensor q = torch::linspace(-1, 1, 2 * 16 * 64, options).view({1, 2, 16, 64});
-    q.requires_grad_(true);
-    torch::Tensor angle = torch::linspace(0, 3, 16 * 64, options).view({1, 16, 64});
-    RotaryEmbedding(q, angle.cos(), angle.sin()).sum().backward();
-    torch::Tensor gate = torch::linspace(-2, 2, 64, options).requires_grad_(true);
-    SiluMul(gate, gate.detach().flip(0)).sum().backward();
-  }
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
 torch::Tensor TrainingDropout(const torch::Tensor& x, double p) {

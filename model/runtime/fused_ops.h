@@ -18,10 +18,6 @@
 
 #include <torch/types.h>
 
-#include <cstdint>
-#include <utility>
-#include <vector>
-
 namespace cdcca::model {
 
 // RMSNorm as Llama/Qwen2 compute it: x / sqrt(mean(x^2, -1) + eps) in float32, cast back to
@@ -37,14 +33,6 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up);
 // halves. Differentiable in x (cos and sin are constants). The fused result is contiguous.
 torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin);
-
-// Runs the training forms above once, forward and backward, on small inputs on `device`:
-// RMSNorm at each of `norms` (width and dtype), the rotary embedding at one head size in the
-// first norm's dtype. Their kernels' first call on a GPU cost about a second in a job's first
-// step; a trainer calls this when it loads, so that a job's steps do not pay it. What a
-// process warmed before on the device is not run again (thread-safe). Nothing on the CPU.
-void WarmTrainingForms(const torch::Device& device,
-                       const std::vector<std::pair<int64_t, torch::ScalarType>>& norms);
 
 // Inverted dropout in training: each element kept with probability 1 - p and scaled by
 // 1 / (1 - p), else zero. The CPU kernel draws its mask from one 64-bit seed taken from
