@@ -40,6 +40,10 @@ def made_up_trace():
                    "dur": 1500, "tid": 7})
         launch(100 + i, t + 10, 1, GEMM, t + 20, 300 + 100 * i)
         launch(200 + i, t + 900, 2, SILU, t + 1200, 200)  # runs after the step's host end
+        # The host operator that launched the silu (the GPU idles from the GEMM's end until it).
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "SiluBackward0", "ts": t + 850, "dur": 100,
+                   "tid": 2})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "the step", "ts": t, "dur": 1000, "tid": 1})
         launch(300 + i, t + 1500, 1, ROTARY, t + 1600, 50)  # between steps: not counted
     return {"traceEvents": ev}
 
@@ -58,6 +62,16 @@ class TraceSplitTest(unittest.TestCase):
         self.assertAlmostEqual(r["threads_ms"]["other threads (the backward pass)"], 0.2)
         self.assertAlmostEqual(r["elementwise_ops_ms"]["silu"], 0.2)
         self.assertEqual([k["name"] for k in r["kernels"]], [GEMM, SILU])
+
+    def test_the_gpu_idle_inside_a_step_is_filed_under_the_launching_operator(self):
+        r = trace_split.split(made_up_trace()["traceEvents"], last=2)
+        # Steps 2 and 3: the GEMM ends at 420 and 520 us, the silu starts at 1200: idle 780, 680.
+        self.assertAlmostEqual(r["idle_ms"], 0.73)
+        self.assertEqual(list(r["idle_by_host_op_ms"]), ["SiluBackward0"])
+        self.assertAlmostEqual(r["idle_by_host_op_ms"]["SiluBackward0"]["gaps"], 1.0)
+        # Stretches shorter than the threshold are not counted.
+        self.assertAlmostEqual(trace_split.split(made_up_trace()["traceEvents"], last=2,
+                                                 min_gap_us=700)["idle_ms"], 0.39)
 
     def test_first_takes_the_first_steps(self):
         r = trace_split.split(made_up_trace()["traceEvents"], last=5, first=1)

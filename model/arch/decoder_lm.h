@@ -168,6 +168,17 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
                         double dropout_p = 0.0, torch::Tensor* last_query_probs = nullptr);
+  // A pre-norm (RMSNorm) layer on a residual stream held as x + delta, the addition left to
+  // the layer's first norm (RmsNormLayerImpl::AddForward), so that each addition runs in the
+  // pass of the norm that reads its result: `input` is the layer's input x + delta (delta
+  // undefined: x), and its output is h + f, f (the MLP's output) not yet added. Not for OPT.
+  struct Residual {
+    torch::Tensor input, h, f;
+  };
+  Residual ForwardResidual(const torch::Tensor& x, const torch::Tensor& delta,
+                           const torch::Tensor& cos, const torch::Tensor& sin,
+                           const torch::Tensor& mask, DecoderKvCache* cache, size_t layer,
+                           double dropout_p = 0.0, torch::Tensor* last_query_probs = nullptr);
   RmsNormLayer input_layernorm{nullptr}, post_attention_layernorm{nullptr};  // null for OPT
   DecoderAttention self_attn{nullptr};
   // The MLP. For OPT it is not a registered module: its fc1 and fc2 are registered in this
@@ -235,6 +246,18 @@ class DecoderLmImpl : public torch::nn::Module {
   WeightPrecision precision_;
 };
 TORCH_MODULE(DecoderLm);
+
+// For a trainer that holds its quantized base dequantized (HoldDequantizedWeights): puts each
+// decoder layer's q/k/v copies in one tensor, and its gate/up copies in another, each layer's
+// copy becoming a view of it (the same values and memory), so that a pass multiplies the
+// layer's input once by [q; k; v] and once by [gate; up]: one product of three (two) times the
+// width, whose backward pass sums nothing, instead of three (two) narrower ones whose input
+// gradients are added up. Each layer's LoRA path is added to its slice as before; without
+// LoRA on gate and up the SwiGLU gate reads the two halves in place (SiluMulHalves). Layers
+// not holding dequantized copies are left alone, and a layer whose copy changed since
+// (ReleaseHeld, HoldFp8) makes forward take the separate products again. Passes with row
+// segments (jobs together) take the separate products. Returns how many groups it fused.
+int64_t FuseHeldProjections(torch::nn::Module& root);
 
 // The most negative finite value of a float dtype: what masked attention scores get, as in
 // transformers.

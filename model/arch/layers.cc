@@ -266,6 +266,21 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
+absl::Status LinearImpl::ShareHeld(const torch::Tensor& view) {
+  if (!held_.defined()) return absl::InvalidArgumentError("ShareHeld: the layer holds no copy");
+  if (!view.defined() || view.sizes() != held_.sizes() ||
+      view.scalar_type() != held_.scalar_type() || view.device() != held_.device()) {
+    return absl::InvalidArgumentError(
+        "ShareHeld: the view differs from the held copy in shape, dtype or device");
+  }
+  held_ = view;
+  return absl::OkStatus();
+}
+
+torch::Tensor LinearImpl::WithLora(const torch::Tensor& y, const torch::Tensor& x) const {
+  return has_lora() ? AddLoraPath(y, x, lora_a, lora_b, lora_scale_) : y;
+}
+
 torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {
   if (held_.defined()) return torch::linear(x, held_, bias_term);
   if (holds_fp8()) {
@@ -516,6 +531,17 @@ torch::Tensor RmsNormLayerImpl::forward(const torch::Tensor& x) {
     }
   }
   return RmsNorm(x, weight, eps_);
+}
+
+std::pair<torch::Tensor, torch::Tensor> RmsNormLayerImpl::AddForward(const torch::Tensor& x,
+                                                                     const torch::Tensor& delta) {
+  if (!delta.defined()) return {x, forward(x)};
+  if (const RowSegments* segments = ActiveRowSegments();
+      segments != nullptr && segments->Rows(weight).defined()) {
+    torch::Tensor h = x + delta;
+    return {h, forward(h)};
+  }
+  return AddRmsNorm(x, delta, weight, eps_);
 }
 
 LayerNormLayerImpl::LayerNormLayerImpl(int64_t dim, double eps, torch::ScalarType dtype)

@@ -113,6 +113,31 @@ int Main() {
                      {torch::randn({rows, 11008}, o).requires_grad_(true),
                       torch::randn({rows, 11008}, o).requires_grad_(true)},
                      torch::randn({rows, 11008}, o)});
+    // The halves of one [rows, 2 x 11008] gate/up product (FuseHeldProjections), read in place.
+    cases.push_back({"silu_mul_halves",
+                     [](const auto& v) { return SiluMulHalves(v[0]); },
+                     [](const auto& v) {
+                       return torch::silu(v[0].narrow(-1, 0, 11008)) *
+                              v[0].narrow(-1, 11008, 11008);
+                     },
+                     {torch::randn({rows, 2 * 11008}, o).requires_grad_(true)},
+                     torch::randn({rows, 11008}, o)});
+    // A decoder layer's residual addition and the RMSNorm of its result, both outputs (h, y)
+    // stacked so that the gradient reaches each: one pass each way against the addition and
+    // the RMSNorm formula.
+    cases.push_back({"add_rms_norm",
+                     [](const auto& v) {
+                       auto [h, y] = AddRmsNorm(v[0], v[1], v[2], 1e-5);
+                       return torch::stack({h, y});
+                     },
+                     [](const auto& v) {
+                       const torch::Tensor h = v[0] + v[1];
+                       return torch::stack({h, PlainRmsNorm({h, v[2]})});
+                     },
+                     {torch::randn({rows, dim}, o).requires_grad_(true),
+                      torch::randn({rows, dim}, o).requires_grad_(true),
+                      (torch::rand({dim}, o) + 0.5).requires_grad_(true)},
+                     torch::randn({2, rows, dim}, o)});
     for (const Case& c : cases) {
       // The first call of each form, its kernels' loading included.
       const double ours_first = CudaMillis([&] { Run(c.ours, c.inputs, c.grad); }, 1, 0),

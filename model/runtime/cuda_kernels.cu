@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "model/runtime/cuda_kernels.h"
 
@@ -96,14 +97,18 @@ __global__ void RotaryKernel(const T* __restrict__ x, int64_t sb, int64_t sh, in
   }
 }
 
+// Over rows x cols elements: gate and up at row r, column c are g[r * ld + c] and
+// u[r * ld + c] (ld = cols: contiguous; ld = 2 cols: the halves of one [rows, 2 cols] tensor),
+// out[r * cols + c]. A pack of V never spans two rows (cols % V == 0 or one row).
 template <typename T, int V>
 __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ out,
-                              int64_t n) {
+                              int64_t n, int64_t cols, int64_t ld) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * V;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < n;
        i += step) {
     if (i + V <= n) {
-      const Pack<T, V> a = Load<T, V>(g + i), b = Load<T, V>(u + i);
+      const int64_t r = i / cols, at = r * ld + (i - r * cols);
+      const Pack<T, V> a = Load<T, V>(g + at), b = Load<T, V>(u + at);
       Pack<T, V> y;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -113,8 +118,9 @@ __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, 
       Store<T, V>(out + i, y);
     } else {
       for (int64_t k = i; k < n; ++k) {
-        const float gk = ToFloat(g[k]);
-        out[k] = FromFloat<T>(gk * Sigmoid(gk) * ToFloat(u[k]));
+        const int64_t r = k / cols, at = r * ld + (k - r * cols);
+        const float gk = ToFloat(g[at]);
+        out[k] = FromFloat<T>(gk * Sigmoid(gk) * ToFloat(u[at]));
       }
     }
   }
@@ -127,25 +133,28 @@ __device__ __forceinline__ void SiluMulGrads(float go, float g, float u, T* gg, 
   *gu = FromFloat<T>(go * g * s);
 }
 
+// go[r * cols + c]; gate, up and their gradients at r * ld + c (as SiluMulKernel).
 template <typename T, int V>
 __global__ void SiluMulBackwardKernel(const T* __restrict__ go, const T* __restrict__ g,
                                       const T* __restrict__ u, T* __restrict__ gg,
-                                      T* __restrict__ gu, int64_t n) {
+                                      T* __restrict__ gu, int64_t n, int64_t cols, int64_t ld) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * V;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < n;
        i += step) {
     if (i + V <= n) {
-      const Pack<T, V> o = Load<T, V>(go + i), a = Load<T, V>(g + i), b = Load<T, V>(u + i);
+      const int64_t r = i / cols, at = r * ld + (i - r * cols);
+      const Pack<T, V> o = Load<T, V>(go + i), a = Load<T, V>(g + at), b = Load<T, V>(u + at);
       Pack<T, V> da, db;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         SiluMulGrads(ToFloat(o.v[k]), ToFloat(a.v[k]), ToFloat(b.v[k]), &da.v[k], &db.v[k]);
       }
-      Store<T, V>(gg + i, da);
-      Store<T, V>(gu + i, db);
+      Store<T, V>(gg + at, da);
+      Store<T, V>(gu + at, db);
     } else {
       for (int64_t k = i; k < n; ++k) {
-        SiluMulGrads(ToFloat(go[k]), ToFloat(g[k]), ToFloat(u[k]), gg + k, gu + k);
+        const int64_t r = k / cols, at = r * ld + (k - r * cols);
+        SiluMulGrads(ToFloat(go[k]), ToFloat(g[at]), ToFloat(u[at]), gg + at, gu + at);
       }
     }
   }
@@ -183,35 +192,204 @@ int RotaryAs(const void* x, const int64_t s[3], const void* cos, const void* sin
   return static_cast<int>(cudaGetLastError());
 }
 
+// Packs of 16 bytes where every pointer is aligned to them and no pack spans two rows.
 template <typename T>
-int SiluMulAs(const void* gate, const void* up, void* out, int64_t n, cudaStream_t stream) {
+bool PacksFit(std::initializer_list<const void*> pointers, int64_t rows, int64_t cols, int64_t ld) {
+  constexpr int kV = 16 / sizeof(T);
+  for (const void* p : pointers) {
+    if (!Aligned(p)) return false;
+  }
+  return rows == 1 || (cols % kV == 0 && ld % kV == 0);
+}
+
+template <typename T>
+int SiluMulAs(const void* gate, const void* up, void* out, int64_t rows, int64_t cols, int64_t ld,
+              cudaStream_t stream) {
   constexpr int kV = 16 / sizeof(T);
   const auto* g = static_cast<const T*>(gate);
   const auto* u = static_cast<const T*>(up);
   auto* o = static_cast<T*>(out);
-  if (Aligned(gate) && Aligned(up) && Aligned(out)) {
-    SiluMulKernel<T, kV><<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(g, u, o, n);
+  const int64_t n = rows * cols;
+  if (PacksFit<T>({gate, up, out}, rows, cols, ld)) {
+    SiluMulKernel<T, kV><<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(g, u, o, n, cols, ld);
   } else {
-    SiluMulKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(g, u, o, n);
+    SiluMulKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(g, u, o, n, cols, ld);
   }
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename T>
 int SiluMulBackwardAs(const void* go, const void* gate, const void* up, void* gate_grad,
-                      void* up_grad, int64_t n, cudaStream_t stream) {
+                      void* up_grad, int64_t rows, int64_t cols, int64_t ld, cudaStream_t stream) {
   constexpr int kV = 16 / sizeof(T);
   const auto* o = static_cast<const T*>(go);
   const auto* g = static_cast<const T*>(gate);
   const auto* u = static_cast<const T*>(up);
   auto* gg = static_cast<T*>(gate_grad);
   auto* gu = static_cast<T*>(up_grad);
-  if (Aligned(go) && Aligned(gate) && Aligned(up) && Aligned(gate_grad) && Aligned(up_grad)) {
+  const int64_t n = rows * cols;
+  if (PacksFit<T>({go, gate, up, gate_grad, up_grad}, rows, cols, ld)) {
     SiluMulBackwardKernel<T, kV>
-        <<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(o, g, u, gg, gu, n);
+        <<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(o, g, u, gg, gu, n, cols, ld);
   } else {
-    SiluMulBackwardKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(o, g, u, gg, gu, n);
+    SiluMulBackwardKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(o, g, u, gg, gu, n, cols, ld);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+// ---- The residual addition and RMSNorm ----
+
+// The sum of v over the block (every thread gets it). `shared` holds 32 floats; the block's
+// threads are a multiple of 32.
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();  // shared is free again (an earlier call's readers are done)
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float total = lane < warps ? shared[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  return total;
+}
+
+// One block per row (rows strided over the grid): h = x + a rounded to T, rstd = 1 / sqrt(mean
+// of h^2 + eps) over the rounded h, y = h * rstd * w in float rounded once.
+template <typename T, int V>
+__global__ void AddRmsNormKernel(const T* __restrict__ x, const T* __restrict__ a,
+                                 const T* __restrict__ w, T* __restrict__ h, T* __restrict__ y,
+                                 float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
+  __shared__ float shared[32];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * dim;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x * V; c < dim; c += static_cast<int64_t>(blockDim.x) * V) {
+      const Pack<T, V> xv = Load<T, V>(x + base + c), av = Load<T, V>(a + base + c);
+      Pack<T, V> hv;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        hv.v[k] = FromFloat<T>(ToFloat(xv.v[k]) + ToFloat(av.v[k]));
+        const float f = ToFloat(hv.v[k]);
+        ss += f * f;
+      }
+      Store<T, V>(h + base + c, hv);
+    }
+    const float r = rsqrtf(BlockSum(ss, shared) / static_cast<float>(dim) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t c = threadIdx.x * V; c < dim; c += static_cast<int64_t>(blockDim.x) * V) {
+      const Pack<T, V> hv = Load<T, V>(h + base + c), wv = Load<T, V>(w + c);
+      Pack<T, V> yv;
+#pragma unroll
+      for (int k = 0; k < V; ++k) yv.v[k] = FromFloat<T>(ToFloat(hv.v[k]) * r * ToFloat(wv.v[k]));
+      Store<T, V>(y + base + c, yv);
+    }
+  }
+}
+
+constexpr int kNormPacks = 4;  // packs of a row one thread holds at most (its dw sums)
+
+// The gradients: with n = h * rstd, dh = rstd * (dy * w - n * mean(dy * w * n)) + dres (dres,
+// the gradient reaching h along the residual stream, may be null), and each block's sum of
+// dy * n over its rows into dw_partial[block, :].
+template <typename T, int V>
+__global__ void AddRmsNormBackwardKernel(const T* __restrict__ dy, const T* __restrict__ h,
+                                         const T* __restrict__ w, const float* __restrict__ rstd,
+                                         const T* __restrict__ dres, T* __restrict__ dh,
+                                         float* __restrict__ dw_partial, int64_t rows,
+                                         int64_t dim) {
+  __shared__ float shared[32];
+  float dw[kNormPacks][V];
+#pragma unroll
+  for (int p = 0; p < kNormPacks; ++p) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) dw[p][k] = 0.0f;
+  }
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * dim;
+    const float r = rstd[row];
+    float dot = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kNormPacks; ++p) {
+      const int64_t c = threadIdx.x * V + p * stride;
+      if (c >= dim) break;
+      const Pack<T, V> gv = Load<T, V>(dy + base + c), hv = Load<T, V>(h + base + c),
+                       wv = Load<T, V>(w + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        dot += ToFloat(gv.v[k]) * ToFloat(wv.v[k]) * ToFloat(hv.v[k]) * r;
+      }
+    }
+    const float mean = BlockSum(dot, shared) / static_cast<float>(dim);
+#pragma unroll
+    for (int p = 0; p < kNormPacks; ++p) {
+      const int64_t c = threadIdx.x * V + p * stride;
+      if (c >= dim) break;
+      const Pack<T, V> gv = Load<T, V>(dy + base + c), hv = Load<T, V>(h + base + c),
+                       wv = Load<T, V>(w + c);
+      Pack<T, V> rv;
+      if (dres != nullptr) rv = Load<T, V>(dres + base + c);
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float g = ToFloat(gv.v[k]), n = ToFloat(hv.v[k]) * r;
+        float d = r * (g * ToFloat(wv.v[k]) - n * mean);
+        if (dres != nullptr) d += ToFloat(rv.v[k]);
+        out.v[k] = FromFloat<T>(d);
+        dw[p][k] += g * n;
+      }
+      Store<T, V>(dh + base + c, out);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < kNormPacks; ++p) {
+    const int64_t c = threadIdx.x * V + p * stride;
+    if (c >= dim) break;
+#pragma unroll
+    for (int k = 0; k < V; ++k) dw_partial[blockIdx.x * dim + c + k] = dw[p][k];
+  }
+}
+
+// Threads per block for rows of dim: a multiple of 32, at most 1024, each thread at most
+// kNormPacks packs; 0 where dim does not fit.
+template <typename T>
+int NormThreads(int64_t dim) {
+  constexpr int kV = 16 / sizeof(T);
+  if (dim <= 0 || dim % kV != 0) return 0;
+  const int64_t packs = dim / kV;
+  int64_t threads = (packs + kNormPacks - 1) / kNormPacks;
+  threads = std::max<int64_t>(threads, std::min<int64_t>(packs, 256));  // at least a few warps
+  threads = (threads + 31) / 32 * 32;
+  return threads <= 1024 ? static_cast<int>(threads) : 0;
+}
+
+template <typename T>
+int AddRmsNormAs(const void* x, const void* a, const void* w, void* h, void* y, float* rstd,
+                 int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  constexpr int kV = 16 / sizeof(T);
+  const int threads = NormThreads<T>(dim);
+  if (threads == 0 || !Aligned(x) || !Aligned(a) || !Aligned(w) || !Aligned(h) || !Aligned(y)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const int64_t blocks = std::min<int64_t>(rows, 65535);
+  AddRmsNormKernel<T, kV><<<blocks, threads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(a), static_cast<const T*>(w),
+      static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T>
+int AddRmsNormBackwardAs(const void* dy, const void* h, const void* w, const float* rstd,
+                         const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
+                         int64_t rows, int64_t dim, cudaStream_t stream) {
+  constexpr int kV = 16 / sizeof(T);
+  const int threads = NormThreads<T>(dim);
+  if (threads == 0 || partial_rows < 1 || !Aligned(dy) || !Aligned(h) || !Aligned(w) ||
+      !Aligned(dh) || (dres != nullptr && !Aligned(dres))) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  AddRmsNormBackwardKernel<T, kV><<<partial_rows, threads, 0, stream>>>(
+      static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const T*>(w), rstd,
+      static_cast<const T*>(dres), static_cast<T*>(dh), dw_partial, rows, dim);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -224,8 +402,8 @@ int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* c
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return RotaryAs<float>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads,
-                             positions, dim, transpose, s);
+      return RotaryAs<float>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads, positions,
+                             dim, transpose, s);
     case Dtype::kHalf:
       return RotaryAs<__half>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads,
                               positions, dim, transpose, s);
@@ -236,31 +414,84 @@ int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* c
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream) {
-  if (n == 0) return 0;
+int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
+            int64_t ld, void* stream) {
+  if (rows * cols == 0) return 0;
+  if (cols < 1 || ld < cols) return static_cast<int>(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return SiluMulAs<float>(gate, up, out, n, s);
+      return SiluMulAs<float>(gate, up, out, rows, cols, ld, s);
     case Dtype::kHalf:
-      return SiluMulAs<__half>(gate, up, out, n, s);
+      return SiluMulAs<__half>(gate, up, out, rows, cols, ld, s);
     case Dtype::kBFloat16:
-      return SiluMulAs<__nv_bfloat16>(gate, up, out, n, s);
+      return SiluMulAs<__nv_bfloat16>(gate, up, out, rows, cols, ld, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int SiluMulBackward(Dtype dtype, const void* go, const void* gate, const void* up, void* gate_grad,
-                    void* up_grad, int64_t n, void* stream) {
-  if (n == 0) return 0;
+                    void* up_grad, int64_t rows, int64_t cols, int64_t ld, void* stream) {
+  if (rows * cols == 0) return 0;
+  if (cols < 1 || ld < cols) return static_cast<int>(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return SiluMulBackwardAs<float>(go, gate, up, gate_grad, up_grad, n, s);
+      return SiluMulBackwardAs<float>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
     case Dtype::kHalf:
-      return SiluMulBackwardAs<__half>(go, gate, up, gate_grad, up_grad, n, s);
+      return SiluMulBackwardAs<__half>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
     case Dtype::kBFloat16:
-      return SiluMulBackwardAs<__nv_bfloat16>(go, gate, up, gate_grad, up_grad, n, s);
+      return SiluMulBackwardAs<__nv_bfloat16>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+bool AddRmsNormFits(Dtype dtype, int64_t dim) {
+  switch (dtype) {
+    case Dtype::kFloat:
+      return NormThreads<float>(dim) > 0;
+    case Dtype::kHalf:
+      return NormThreads<__half>(dim) > 0;
+    case Dtype::kBFloat16:
+      return NormThreads<__nv_bfloat16>(dim) > 0;
+  }
+  return false;
+}
+
+int64_t AddRmsNormPartialRows(int64_t rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(rows, 528));
+}
+
+int AddRmsNorm(Dtype dtype, const void* x, const void* a, const void* w, void* h, void* y,
+               float* rstd, int64_t rows, int64_t dim, float eps, void* stream) {
+  if (rows == 0) return 0;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case Dtype::kFloat:
+      return AddRmsNormAs<float>(x, a, w, h, y, rstd, rows, dim, eps, s);
+    case Dtype::kHalf:
+      return AddRmsNormAs<__half>(x, a, w, h, y, rstd, rows, dim, eps, s);
+    case Dtype::kBFloat16:
+      return AddRmsNormAs<__nv_bfloat16>(x, a, w, h, y, rstd, rows, dim, eps, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int AddRmsNormBackward(Dtype dtype, const void* dy, const void* h, const void* w, const float* rstd,
+                       const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
+                       int64_t rows, int64_t dim, void* stream) {
+  if (rows == 0) return 0;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case Dtype::kFloat:
+      return AddRmsNormBackwardAs<float>(dy, h, w, rstd, dres, dh, dw_partial, partial_rows, rows,
+                                         dim, s);
+    case Dtype::kHalf:
+      return AddRmsNormBackwardAs<__half>(dy, h, w, rstd, dres, dh, dw_partial, partial_rows, rows,
+                                          dim, s);
+    case Dtype::kBFloat16:
+      return AddRmsNormBackwardAs<__nv_bfloat16>(dy, h, w, rstd, dres, dh, dw_partial, partial_rows,
+                                                 rows, dim, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

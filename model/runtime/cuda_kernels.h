@@ -28,13 +28,38 @@ int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* c
            int64_t cos_batch_stride, void* out, int64_t batch, int64_t heads, int64_t positions,
            int64_t dim, bool transpose, void* stream);
 
-// out = silu(gate) * up over n contiguous elements, in float32, rounded once.
-int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
+// out = silu(gate) * up over rows x cols elements, in float32, rounded once. gate and up hold
+// row r's values at r * ld + c (ld = cols: contiguous; ld = 2 cols with up = gate + cols: the
+// two halves of one [rows, 2 cols] product, as a fused gate/up projection gives them); out is
+// contiguous [rows, cols]. ld >= cols.
+int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
+            int64_t ld, void* stream);
 
-// The gradients of SiluMul for the output's gradient go: gate_grad = go * up * s * (1 + gate *
-// (1 - s)), up_grad = go * gate * s, s = sigmoid(gate); n contiguous elements each.
+// The gradients of SiluMul for the output's gradient go (contiguous [rows, cols]): gate_grad =
+// go * up * s * (1 + gate * (1 - s)), up_grad = go * gate * s, s = sigmoid(gate); gate_grad
+// and up_grad laid out as gate and up (so that with ld = 2 cols they fill one [rows, 2 cols]
+// gradient).
 int SiluMulBackward(Dtype dtype, const void* go, const void* gate, const void* up, void* gate_grad,
-                    void* up_grad, int64_t n, void* stream);
+                    void* up_grad, int64_t rows, int64_t cols, int64_t ld, void* stream);
+
+// A pre-norm decoder's residual addition and the RMSNorm that reads its result, in one pass:
+// for rows of dim (x, a, h, y contiguous [rows, dim]; w [dim]), h = x + a rounded to the
+// storage type, rstd[row] = 1 / sqrt(mean(h^2) + eps) in float32, y = h * rstd * w rounded
+// once. AddRmsNormFits says whether a dim is taken (a multiple of 16 bytes' values, at most
+// 4 x 1024 such packs); pointers must be 16-byte aligned (else cudaErrorInvalidValue).
+bool AddRmsNormFits(Dtype dtype, int64_t dim);
+int AddRmsNorm(Dtype dtype, const void* x, const void* a, const void* w, void* h, void* y,
+               float* rstd, int64_t rows, int64_t dim, float eps, void* stream);
+
+// Its gradients for dy (the gradient of y) and dres (of h along the residual stream; null for
+// none): dh = rstd * (dy * w - n * mean(dy * w * n)) + dres with n = h * rstd, which is the
+// gradient of x and of a alike; and the weight's gradient as partial sums of dy * n,
+// dw_partial [partial_rows, dim] float32 (its column sums are the gradient), partial_rows =
+// AddRmsNormPartialRows(rows).
+int64_t AddRmsNormPartialRows(int64_t rows);
+int AddRmsNormBackward(Dtype dtype, const void* dy, const void* h, const void* w, const float* rstd,
+                       const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
+                       int64_t rows, int64_t dim, void* stream);
 
 // CUDA's description of an error code the functions above returned.
 const char* ErrorString(int code);

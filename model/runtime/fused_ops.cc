@@ -299,9 +299,10 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
     if (gate.is_cuda()) {
       const c10::cuda::CUDAGuard guard(gate.device());
-      CheckKernel(cuda_kernels::SiluMul(KernelDtype(gate), gate.data_ptr(), up.data_ptr(),
-                                        out.data_ptr(), gate.numel(), StreamOf(gate)),
-                  "SiluMul");
+      CheckKernel(
+          cuda_kernels::SiluMul(KernelDtype(gate), gate.data_ptr(), up.data_ptr(), out.data_ptr(),
+                                1, gate.numel(), gate.numel(), StreamOf(gate)),
+          "SiluMul");
       return out;
     }
 #endif
@@ -325,7 +326,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
       const c10::cuda::CUDAGuard guard(gate.device());
       CheckKernel(cuda_kernels::SiluMulBackward(KernelDtype(gate), go.data_ptr(), gate.data_ptr(),
                                                 up.data_ptr(), g_gate.data_ptr(), g_up.data_ptr(),
-                                                gate.numel(), StreamOf(gate)),
+                                                1, gate.numel(), gate.numel(), StreamOf(gate)),
                   "SiluMul's backward");
       return {g_gate, g_up};
     }
@@ -341,6 +342,93 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     return {g_gate, g_up};
   }
 };
+
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+// silu(gate) * up of the halves of gu [..., 2 I] (a fused gate/up product, contiguous): the
+// kernels read both halves in place, and the backward pass writes their gradients into one
+// [..., 2 I] tensor, so neither pass splits, copies or concatenates.
+class SiluMulHalvesFunction : public torch::autograd::Function<SiluMulHalvesFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu_in) {
+    const torch::Tensor gu = gu_in.contiguous();
+    const int64_t inter = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * inter);
+    std::vector<int64_t> shape = gu.sizes().vec();
+    shape.back() = inter;
+    torch::Tensor out = torch::empty(shape, gu.options());
+    ctx->save_for_backward({gu});
+    const c10::cuda::CUDAGuard guard(gu.device());
+    const char* base = static_cast<const char*>(gu.data_ptr());
+    CheckKernel(cuda_kernels::SiluMul(KernelDtype(gu), base, base + inter * gu.element_size(),
+                                      out.data_ptr(), rows, inter, 2 * inter, StreamOf(gu)),
+                "SiluMul of halves");
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor gu = ctx->get_saved_variables()[0];
+    const torch::Tensor go = grads[0].contiguous();
+    const int64_t inter = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * inter);
+    torch::Tensor g = torch::empty_like(gu);
+    const c10::cuda::CUDAGuard guard(gu.device());
+    const char* base = static_cast<const char*>(gu.data_ptr());
+    char* out = static_cast<char*>(g.data_ptr());
+    const int64_t half = inter * gu.element_size();
+    CheckKernel(
+        cuda_kernels::SiluMulBackward(KernelDtype(gu), go.data_ptr(), base, base + half, out,
+                                      out + half, rows, inter, 2 * inter, StreamOf(gu)),
+        "SiluMul of halves' backward");
+    return {g};
+  }
+};
+#endif
+
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+// h = x + a and y = RMSNorm(h) * w in one pass each way (cuda_kernels.h's AddRmsNorm): {h, y}.
+// Keeps h and each row's rstd for the backward pass, which gives x and a the same gradient.
+class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& a,
+                               const torch::Tensor& w, double eps) {
+    const int64_t dim = x.size(-1), rows = x.numel() / std::max<int64_t>(1, dim);
+    torch::Tensor h = torch::empty_like(x, at::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+    torch::Tensor rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+    const c10::cuda::CUDAGuard guard(x.device());
+    CheckKernel(cuda_kernels::AddRmsNorm(KernelDtype(x), x.data_ptr(), a.data_ptr(), w.data_ptr(),
+                                         h.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows,
+                                         dim, static_cast<float>(eps), StreamOf(x)),
+                "AddRmsNorm");
+    ctx->save_for_backward({h, w, rstd});
+    return {h, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& h = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    const int64_t dim = h.size(-1), rows = h.numel() / std::max<int64_t>(1, dim);
+    const torch::Tensor dy = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(h);
+    const torch::Tensor dres = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
+    torch::Tensor dh = torch::empty_like(h);
+    const int64_t partial_rows = cuda_kernels::AddRmsNormPartialRows(rows);
+    torch::Tensor partial = torch::empty({partial_rows, dim}, h.options().dtype(torch::kFloat));
+    const c10::cuda::CUDAGuard guard(h.device());
+    CheckKernel(cuda_kernels::AddRmsNormBackward(
+                    KernelDtype(h), dy.data_ptr(), h.data_ptr(), w.data_ptr(),
+                    rstd.data_ptr<float>(), dres.defined() ? dres.data_ptr() : nullptr,
+                    dh.data_ptr(), partial.data_ptr<float>(), partial_rows, rows, dim, StreamOf(h)),
+                "AddRmsNorm's backward");
+    torch::Tensor dw;
+    if (ctx->needs_input_grad(2)) dw = partial.sum(0).to(w.scalar_type());
+    return {dh, dh, dw, torch::Tensor()};
+  }
+};
+
+bool Aligned16(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+#endif
 
 // ---- Rotary embedding ---------------------------------------------------------------------
 
@@ -549,6 +637,24 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
   return weight * h.to(x.scalar_type());
 }
 
+std::pair<torch::Tensor, torch::Tensor> AddRmsNorm(const torch::Tensor& x, const torch::Tensor& a,
+                                                   const torch::Tensor& weight, double eps) {
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+  if (Recorded({&x, &a, &weight}) && CudaKernelsTake(x) && a.scalar_type() == x.scalar_type() &&
+      weight.scalar_type() == x.scalar_type() && a.device() == x.device() &&
+      weight.device() == x.device() && x.sizes() == a.sizes() && x.is_contiguous() &&
+      a.is_contiguous() && weight.is_contiguous() && weight.dim() == 1 && x.dim() >= 1 &&
+      weight.size(0) == x.size(-1) && cuda_kernels::AddRmsNormFits(KernelDtype(x), x.size(-1)) &&
+      Aligned16(x) && Aligned16(a) && Aligned16(weight)) {
+    const variable_list hy = AddRmsNormFunction::apply(x, a, weight, eps);
+    return {hy[0], hy[1]};
+  }
+#endif
+  torch::Tensor h = x + a;
+  torch::Tensor y = RmsNorm(h, weight, eps);
+  return {h, y};
+}
+
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
   // Without autograd LibTorch's two passes are as fast, and inference keeps its exact silu.
   // Training on a GPU with cdcca's kernels: one pass each way, and the backward pass keeps
@@ -560,6 +666,16 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
     return SiluMulFunction::apply(gate, up);
   }
   return torch::silu(gate) * up;
+}
+
+torch::Tensor SiluMulHalves(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0,
+              "SiluMulHalves: the last dimension holds gate and up, so it must be even");
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+  if (Recorded({&gu}) && CudaKernelsTake(gu)) return SiluMulHalvesFunction::apply(gu);
+#endif
+  const std::vector<torch::Tensor> halves = gu.split(gu.size(-1) / 2, -1);
+  return SiluMul(halves[0], halves[1]);
 }
 
 torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,

@@ -18,15 +18,29 @@
 
 #include <torch/types.h>
 
+#include <utility>
+
 namespace cdcca::model {
 
 // RMSNorm as Llama/Qwen2 compute it: x / sqrt(mean(x^2, -1) + eps) in float32, cast back to
 // x's dtype, times weight [D]. Differentiable in x and weight.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// The residual addition of a pre-norm decoder and the RMSNorm of its result: {h, y} with
+// h = x + a and y = RmsNorm(h, weight, eps). In training on a GPU cdcca's kernel computes both
+// in one pass each way (the backward pass adds the gradient h receives along the residual
+// stream in the same pass); elsewhere the addition and RmsNorm, the same values.
+std::pair<torch::Tensor, torch::Tensor> AddRmsNorm(const torch::Tensor& x, const torch::Tensor& a,
+                                                   const torch::Tensor& weight, double eps);
+
 // silu(gate) * up (the SwiGLU gate), same shapes. Differentiable in both. The fused kernel
 // runs where autograd records the product (training); inference keeps LibTorch's silu.
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up);
+
+// SiluMul of the two halves of gu [..., 2 I] (gate first, then up: what one product with the
+// [gate; up] weights gives), [..., I]. In training on a GPU cdcca's kernels read the halves
+// in place and write the gradient of gu in one piece; elsewhere SiluMul of the halves.
+torch::Tensor SiluMulHalves(const torch::Tensor& gu);
 
 // The rotary embedding as transformers applies it: x * cos + rotate_half(x) * sin, for x
 // [B, H, T, D] (any strides) and cos, sin [B, T, D]; rotate_half(x) = cat(-x2, x1) of x's
