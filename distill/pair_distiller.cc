@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <random>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -581,12 +579,6 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
       model::HoldFp8Weights(state->student.model->module());
     } else {
       model::HoldDequantizedWeights(state->student.model->module());
-      // One product for each layer's q/k/v and one for its gate/up (docs/BENCHMARKS.md);
-      // CDCCA_SEPARATE_PROJECTIONS=1 keeps the separate products, to compare.
-      const char* separate = std::getenv("CDCCA_SEPARATE_PROJECTIONS");
-      if (separate == nullptr || std::string(separate) != "1") {
-        model::FuseHeldProjections(state->student.model->module());
-      }
     }
   }
   state->same_tokenizer = !state->teacher.tokenizer_id.empty() &&

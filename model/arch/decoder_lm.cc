@@ -8,7 +8,6 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "model/arch/row_segments.h"
 #include "model/runtime/batched_matmul.h"
 #include "model/runtime/fused_ops.h"
 
@@ -193,73 +192,6 @@ FusedAttentionScope::FusedAttentionScope() : previous_(fused_scope_open) {
 
 FusedAttentionScope::~FusedAttentionScope() { fused_scope_open = previous_; }
 
-// The parts' held dequantized copies as one [sum of rows, in] tensor where they lie one after
-// another in one storage (FuseHeldProjections made them so and nothing replaced them since);
-// undefined otherwise. A view: the parts' copies keep the storage alive, nothing else does.
-torch::Tensor AdjacentHeld(const std::vector<const LinearImpl*>& parts) {
-  const torch::Tensor& first = parts.front()->dequantized_weight();
-  if (!first.defined() || first.dim() != 2 || !first.is_contiguous()) return {};
-  const int64_t in = first.size(1);
-  const char* next = static_cast<const char*>(first.data_ptr());
-  int64_t rows = 0;
-  for (const LinearImpl* p : parts) {
-    const torch::Tensor& h = p->dequantized_weight();
-    if (!h.defined() || h.dim() != 2 || !h.is_contiguous() || h.size(1) != in ||
-        h.scalar_type() != first.scalar_type() || !h.is_alias_of(first) ||
-        static_cast<const char*>(h.data_ptr()) != next) {
-      return {};
-    }
-    next += h.numel() * h.element_size();
-    rows += h.size(0);
-  }
-  return first.as_strided({rows, in}, {in, 1}, first.storage_offset());
-}
-
-// x times the parts' adjacent held copies in one product, plus their biases: the parts' base
-// outputs side by side. Undefined where it does not apply (copies not adjacent, row segments
-// active, another device or dtype, biases on some parts only): the caller runs the parts.
-torch::Tensor HeldProduct(const std::vector<const LinearImpl*>& parts, const torch::Tensor& x) {
-  if (ActiveRowSegments() != nullptr) return {};
-  const torch::Tensor w = AdjacentHeld(parts);
-  if (!w.defined() || x.device() != w.device() || x.scalar_type() != w.scalar_type()) return {};
-  std::vector<torch::Tensor> biases;
-  for (const LinearImpl* p : parts) {
-    if (p->bias.defined()) biases.push_back(p->bias);
-  }
-  if (!biases.empty() && biases.size() != parts.size()) return {};
-  return torch::linear(x, w, biases.empty() ? torch::Tensor() : torch::cat(biases));
-}
-
-// FuseHeldProjections for one group: false where a part holds no dequantized copy, the
-// copies differ in width, dtype or device, or they are adjacent already.
-bool FuseHeld(const std::vector<LinearImpl*>& parts) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> held;
-  for (LinearImpl* p : parts) {
-    if (!p->holds_dequantized()) return false;
-    const torch::Tensor& h = p->dequantized_weight();
-    if (!held.empty() &&
-        (h.size(1) != held[0].size(1) || h.scalar_type() != held[0].scalar_type() ||
-         h.device() != held[0].device())) {
-      return false;
-    }
-    held.push_back(h);
-  }
-  if (AdjacentHeld(std::vector<const LinearImpl*>(parts.begin(), parts.end())).defined()) {
-    return false;
-  }
-  const torch::Tensor fused = torch::cat(held, 0);
-  held.clear();
-  int64_t offset = 0;
-  for (LinearImpl* p : parts) {
-    const int64_t rows = p->dequantized_weight().size(0);
-    const absl::Status shared = p->ShareHeld(fused.narrow(0, offset, rows));
-    TORCH_CHECK(shared.ok(), shared.ToString());
-    offset += rows;
-  }
-  return true;
-}
-
 bool FusedAttentionScope::Open() { return fused_scope_open; }
 
 void DecoderAttentionImpl::AddAdapterPrompt(int64_t length) {
@@ -282,14 +214,6 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
     q = qkv.narrow(-1, 0, nq).view({b, t, heads_, head_dim_}).transpose(1, 2);
     k = qkv.narrow(-1, nq, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     v = qkv.narrow(-1, nq + nkv, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-  } else if (const torch::Tensor qkv = HeldProduct({q_proj.get(), k_proj.get(), v_proj.get()}, x);
-             qkv.defined()) {
-    // Split (not narrowed) so that the backward pass joins the three gradients in one pass.
-    const int64_t nq = heads_ * head_dim_, nkv = kv_heads_ * head_dim_;
-    const std::vector<torch::Tensor> parts = qkv.split_with_sizes({nq, nkv, nkv}, -1);
-    q = q_proj->WithLora(parts[0], x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-    k = k_proj->WithLora(parts[1], x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    v = v_proj->WithLora(parts[2], x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   } else {
     q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
     k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
@@ -354,17 +278,7 @@ torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
     const int64_t inter = gu.size(-1) / 2;
     return down_proj(Activation(act_, gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter));
   }
-  const bool silu = act_ == "silu" || act_ == "swish";
-  if (const torch::Tensor gu = HeldProduct({gate_proj.get(), up_proj.get()}, x); gu.defined()) {
-    if (silu && !gate_proj->has_lora() && !up_proj->has_lora()) {
-      return down_proj(SiluMulHalves(gu));
-    }
-    const std::vector<torch::Tensor> halves = gu.split(gu.size(-1) / 2, -1);
-    const torch::Tensor gate = gate_proj->WithLora(halves[0], x);
-    const torch::Tensor up = up_proj->WithLora(halves[1], x);
-    return down_proj(silu ? SiluMul(gate, up) : Activation(act_, gate) * up);
-  }
-  if (silu) return down_proj(SiluMul(gate_proj(x), up_proj(x)));
+  if (act_ == "silu" || act_ == "swish") return down_proj(SiluMul(gate_proj(x), up_proj(x)));
   return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
 }
 
@@ -553,19 +467,6 @@ void DecoderLmImpl::FuseProjections() {
       FuseLinears({mlp.gate_proj, mlp.up_proj}, &mlp.gate_up_weight, &mlp.gate_up_bias);
     }
   }
-}
-
-int64_t FuseHeldProjections(torch::nn::Module& root) {
-  int64_t fused = 0;
-  for (const std::shared_ptr<torch::nn::Module>& m : root.modules(/*include_self=*/true)) {
-    if (auto* attn = dynamic_cast<DecoderAttentionImpl*>(m.get()); attn != nullptr) {
-      fused += FuseHeld({attn->q_proj.get(), attn->k_proj.get(), attn->v_proj.get()}) ? 1 : 0;
-    } else if (auto* mlp = dynamic_cast<DecoderMlpImpl*>(m.get());
-               mlp != nullptr && mlp->gate_proj) {
-      fused += FuseHeld({mlp->gate_proj.get(), mlp->up_proj.get()}) ? 1 : 0;
-    }
-  }
-  return fused;
 }
 
 torch::Tensor DecoderLmImpl::EmbedTokens(const torch::Tensor& ids) { return embed_tokens(ids); }

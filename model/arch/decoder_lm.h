@@ -247,18 +247,6 @@ class DecoderLmImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLm);
 
-// For a trainer that holds its quantized base dequantized (HoldDequantizedWeights): puts each
-// decoder layer's q/k/v copies in one tensor, and its gate/up copies in another, each layer's
-// copy becoming a view of it (the same values and memory), so that a pass multiplies the
-// layer's input once by [q; k; v] and once by [gate; up]: one product of three (two) times the
-// width, whose backward pass sums nothing, instead of three (two) narrower ones whose input
-// gradients are added up. Each layer's LoRA path is added to its slice as before; without
-// LoRA on gate and up the SwiGLU gate reads the two halves in place (SiluMulHalves). Layers
-// not holding dequantized copies are left alone, and a layer whose copy changed since
-// (ReleaseHeld, HoldFp8) makes forward take the separate products again. Passes with row
-// segments (jobs together) take the separate products. Returns how many groups it fused.
-int64_t FuseHeldProjections(torch::nn::Module& root);
-
 // The most negative finite value of a float dtype: what masked attention scores get, as in
 // transformers.
 double LowestValue(torch::ScalarType dtype);

@@ -7,9 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <set>
-#include <string>
-#include <vector>
 
 #include "model/arch/rope.h"
 #include "model/hub/safetensors.h"
@@ -563,90 +560,6 @@ TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCal
     EXPECT_TRUE(torch::allclose(ga, gb, 1e-5, 1e-6));
   }
   EXPECT_EQ(grads.size(), 4 * per_call->layers->size());
-}
-
-// How many nodes of `t`'s autograd graph are named `name` (e.g. "SplitWithSizesBackward0").
-int64_t CountGraphNodes(const torch::Tensor& t, const std::string& name) {
-  std::vector<torch::autograd::Node*> stack{t.grad_fn().get()};
-  std::set<torch::autograd::Node*> seen;
-  int64_t n = 0;
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name() == name) ++n;
-    for (const torch::autograd::Edge& e : node->next_edges()) stack.push_back(e.function.get());
-  }
-  return n;
-}
-
-// A trainer's held copies fused per layer (FuseHeldProjections): q/k/v and gate/up each one
-// product over views of one tensor (the same memory). The logits, the input's gradient and
-// every LoRA gradient are the separate products' (LoRA on q and v; then on gate too, where the
-// SwiGLU gate takes the split halves with their LoRA paths). The graph shows the one product
-// per group (its output split); a layer whose copy was replaced since takes the separate
-// products again.
-TEST(DecoderLmTest, FusedHeldProjectionsGiveTheSeparateProductsForwardAndBackward) {
-  ASSERT_OK_AND_ASSIGN(DecoderConfig c, ParseDecoderConfig(TinyConfig(4, 2), "c"));
-  DecoderLm lm(c, WeightPrecision{});
-  Randomize(*lm, 17);
-  testing::TempDir dir;
-  ASSERT_OK(WriteFolder(*lm, TinyConfig(4, 2), dir));
-  ASSERT_OK_AND_ASSIGN(ModelFolder folder, ModelFolder::Open(dir.path()));
-  DecoderLm separate(c, Int4Groups32()), fused(c, Int4Groups32());
-  LoadInt4WithLora(separate, folder);
-  LoadInt4WithLora(fused, folder);
-  EXPECT_EQ(FuseHeldProjections(*fused), 0);  // nothing held dequantized yet
-  HoldDequantizedWeights(*separate);
-  HoldDequantizedWeights(*fused);
-  const int64_t layers = static_cast<int64_t>(fused->layers->size());
-  EXPECT_EQ(FuseHeldProjections(*fused), 2 * layers);  // q/k/v and gate/up of each layer
-  EXPECT_EQ(FuseHeldProjections(*fused), 0);           // already fused
-  DecoderAttentionImpl& attn0 = *fused->layers->ptr(0)->as<DecoderLayerImpl>()->self_attn;
-  const torch::Tensor& q0 = attn0.q_proj->dequantized_weight();
-  const torch::Tensor& k0 = attn0.k_proj->dequantized_weight();
-  EXPECT_TRUE(k0.is_alias_of(q0));
-  EXPECT_EQ(static_cast<const char*>(k0.data_ptr()),
-            static_cast<const char*>(q0.data_ptr()) + q0.numel() * q0.element_size());
-
-  auto compare = [&](int64_t fused_qkv) {
-    for (DecoderLm* m : {&separate, &fused}) (*m)->zero_grad();
-    torch::manual_seed(19);
-    const torch::Tensor x = torch::randn({2, 5, 32});
-    const torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
-    const torch::Tensor a = separate->Forward(xa, {}, nullptr).logits;
-    const torch::Tensor b = fused->Forward(xb, {}, nullptr).logits;
-    EXPECT_EQ(CountGraphNodes(a, "SplitWithSizesBackward0"), 0);
-    EXPECT_EQ(CountGraphNodes(b, "SplitWithSizesBackward0"), fused_qkv);
-    EXPECT_EQ(CountGraphNodes(b, "SplitBackward0"), layers);  // gate/up's halves
-    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5)) << (a - b).abs().max().item<float>();
-    a.square().mean().backward();
-    b.square().mean().backward();
-    EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-5, 1e-6));
-    const auto grads = LoraGradients(separate, fused);
-    ASSERT_FALSE(grads.empty());
-    for (const auto& [ga, gb] : grads) {
-      ASSERT_TRUE(ga.defined() && gb.defined());
-      EXPECT_GT(ga.abs().sum().item<double>(), 0.0);
-      EXPECT_TRUE(torch::allclose(ga, gb, 1e-5, 1e-6)) << (ga - gb).abs().max().item<float>();
-    }
-  };
-  compare(layers);
-  // LoRA on gate too: the halves are split and each takes its LoRA path.
-  for (DecoderLm* m : {&separate, &fused}) {
-    torch::manual_seed(23);
-    for (size_t i = 0; i < (*m)->layers->size(); ++i) {
-      LinearImpl& gate = *(*m)->layers->ptr(i)->as<DecoderLayerImpl>()->mlp->gate_proj;
-      gate.AddLora(4, 8.0);
-      torch::NoGradGuard no_grad;
-      gate.lora_b.normal_(0.0, 0.1);
-    }
-  }
-  compare(layers);
-  // Layer 0's k copy replaced: its q/k/v take the separate products, the rest stay fused.
-  attn0.k_proj->ReleaseHeld();
-  attn0.k_proj->HoldDequantized();
-  compare(layers - 1);
 }
 
 // Inside an Fp8BaseScope every quantized layer multiplies in FP8 (rounded, so the logits move

@@ -266,21 +266,6 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-absl::Status LinearImpl::ShareHeld(const torch::Tensor& view) {
-  if (!held_.defined()) return absl::InvalidArgumentError("ShareHeld: the layer holds no copy");
-  if (!view.defined() || view.sizes() != held_.sizes() ||
-      view.scalar_type() != held_.scalar_type() || view.device() != held_.device()) {
-    return absl::InvalidArgumentError(
-        "ShareHeld: the view differs from the held copy in shape, dtype or device");
-  }
-  held_ = view;
-  return absl::OkStatus();
-}
-
-torch::Tensor LinearImpl::WithLora(const torch::Tensor& y, const torch::Tensor& x) const {
-  return has_lora() ? AddLoraPath(y, x, lora_a, lora_b, lora_scale_) : y;
-}
-
 torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {
   if (held_.defined()) return torch::linear(x, held_, bias_term);
   if (holds_fp8()) {

@@ -93,14 +93,6 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   bool holds_dequantized() const { return held_.defined(); }
   // HoldDequantized's copy (undefined until it ran).
   const torch::Tensor& dequantized_weight() const { return held_; }
-  // Makes `view` (the same values as the held copy: a slice of a concatenation of several
-  // layers' held copies, FuseHeldProjections in decoder_lm.h) the held copy, so that the
-  // values are held once. InvalidArgument, changing nothing, where the layer holds no
-  // dequantized copy or `view` differs from it in shape, dtype or device.
-  absl::Status ShareHeld(const torch::Tensor& view);
-  // y + the LoRA path of x (y itself without LoRA): what forward adds to the base product,
-  // for a caller that computed y itself (one product over several layers' held weights).
-  torch::Tensor WithLora(const torch::Tensor& y, const torch::Tensor& x) const;
   // Keeps the weight as HoldDequantized does, but in FP8 for FP8 products
   // (model/runtime/fp8_product.h): every product with the base rounds its input and the weight
   // to e4m3 per row, natively where the GPU runs them, emulated elsewhere. The FP8 copies

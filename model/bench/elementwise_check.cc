@@ -113,15 +113,6 @@ int Main() {
                      {torch::randn({rows, 11008}, o).requires_grad_(true),
                       torch::randn({rows, 11008}, o).requires_grad_(true)},
                      torch::randn({rows, 11008}, o)});
-    // The halves of one [rows, 2 x 11008] gate/up product (FuseHeldProjections), read in place.
-    cases.push_back({"silu_mul_halves",
-                     [](const auto& v) { return SiluMulHalves(v[0]); },
-                     [](const auto& v) {
-                       return torch::silu(v[0].narrow(-1, 0, 11008)) *
-                              v[0].narrow(-1, 11008, 11008);
-                     },
-                     {torch::randn({rows, 2 * 11008}, o).requires_grad_(true)},
-                     torch::randn({rows, 11008}, o)});
     // A decoder layer's residual addition and the RMSNorm of its result, both outputs (h, y)
     // stacked so that the gradient reaches each: one pass each way against the addition and
     // the RMSNorm formula.

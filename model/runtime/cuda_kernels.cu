@@ -1,14 +1,14 @@
-// cdcca's CUDA kernels (cuda_kernels.h): the rotary embedding and the SwiGLU gate, forward and
-// backward, one pass each. Each thread takes a pack of 16 bytes (8 bf16 or half values, 4
-// floats) where every pointer and stride allows it, one element otherwise; the arithmetic is
-// float32 whatever the storage, with one rounding to the storage type at the end.
+// cdcca's CUDA kernels (cuda_kernels.h): the rotary embedding, the SwiGLU gate, and a pre-norm
+// decoder's residual addition with the RMSNorm that reads its result, forward and backward,
+// one pass each. Each thread takes a pack of 16 bytes (8 bf16 or half values, 4 floats) where
+// every pointer and stride allows it, one element otherwise (the norm: always packs); the
+// arithmetic is float32 whatever the storage, with one rounding to the storage type at the end.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 
 #include "model/runtime/cuda_kernels.h"
 
@@ -97,18 +97,14 @@ __global__ void RotaryKernel(const T* __restrict__ x, int64_t sb, int64_t sh, in
   }
 }
 
-// Over rows x cols elements: gate and up at row r, column c are g[r * ld + c] and
-// u[r * ld + c] (ld = cols: contiguous; ld = 2 cols: the halves of one [rows, 2 cols] tensor),
-// out[r * cols + c]. A pack of V never spans two rows (cols % V == 0 or one row).
 template <typename T, int V>
 __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ out,
-                              int64_t n, int64_t cols, int64_t ld) {
+                              int64_t n) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * V;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < n;
        i += step) {
     if (i + V <= n) {
-      const int64_t r = i / cols, at = r * ld + (i - r * cols);
-      const Pack<T, V> a = Load<T, V>(g + at), b = Load<T, V>(u + at);
+      const Pack<T, V> a = Load<T, V>(g + i), b = Load<T, V>(u + i);
       Pack<T, V> y;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -118,9 +114,8 @@ __global__ void SiluMulKernel(const T* __restrict__ g, const T* __restrict__ u, 
       Store<T, V>(out + i, y);
     } else {
       for (int64_t k = i; k < n; ++k) {
-        const int64_t r = k / cols, at = r * ld + (k - r * cols);
-        const float gk = ToFloat(g[at]);
-        out[k] = FromFloat<T>(gk * Sigmoid(gk) * ToFloat(u[at]));
+        const float gk = ToFloat(g[k]);
+        out[k] = FromFloat<T>(gk * Sigmoid(gk) * ToFloat(u[k]));
       }
     }
   }
@@ -133,28 +128,25 @@ __device__ __forceinline__ void SiluMulGrads(float go, float g, float u, T* gg, 
   *gu = FromFloat<T>(go * g * s);
 }
 
-// go[r * cols + c]; gate, up and their gradients at r * ld + c (as SiluMulKernel).
 template <typename T, int V>
 __global__ void SiluMulBackwardKernel(const T* __restrict__ go, const T* __restrict__ g,
                                       const T* __restrict__ u, T* __restrict__ gg,
-                                      T* __restrict__ gu, int64_t n, int64_t cols, int64_t ld) {
+                                      T* __restrict__ gu, int64_t n) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * V;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; i < n;
        i += step) {
     if (i + V <= n) {
-      const int64_t r = i / cols, at = r * ld + (i - r * cols);
-      const Pack<T, V> o = Load<T, V>(go + i), a = Load<T, V>(g + at), b = Load<T, V>(u + at);
+      const Pack<T, V> o = Load<T, V>(go + i), a = Load<T, V>(g + i), b = Load<T, V>(u + i);
       Pack<T, V> da, db;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         SiluMulGrads(ToFloat(o.v[k]), ToFloat(a.v[k]), ToFloat(b.v[k]), &da.v[k], &db.v[k]);
       }
-      Store<T, V>(gg + at, da);
-      Store<T, V>(gu + at, db);
+      Store<T, V>(gg + i, da);
+      Store<T, V>(gu + i, db);
     } else {
       for (int64_t k = i; k < n; ++k) {
-        const int64_t r = k / cols, at = r * ld + (k - r * cols);
-        SiluMulGrads(ToFloat(go[k]), ToFloat(g[at]), ToFloat(u[at]), gg + at, gu + at);
+        SiluMulGrads(ToFloat(go[k]), ToFloat(g[k]), ToFloat(u[k]), gg + k, gu + k);
       }
     }
   }
@@ -192,47 +184,34 @@ int RotaryAs(const void* x, const int64_t s[3], const void* cos, const void* sin
   return static_cast<int>(cudaGetLastError());
 }
 
-// Packs of 16 bytes where every pointer is aligned to them and no pack spans two rows.
 template <typename T>
-bool PacksFit(std::initializer_list<const void*> pointers, int64_t rows, int64_t cols, int64_t ld) {
-  constexpr int kV = 16 / sizeof(T);
-  for (const void* p : pointers) {
-    if (!Aligned(p)) return false;
-  }
-  return rows == 1 || (cols % kV == 0 && ld % kV == 0);
-}
-
-template <typename T>
-int SiluMulAs(const void* gate, const void* up, void* out, int64_t rows, int64_t cols, int64_t ld,
-              cudaStream_t stream) {
+int SiluMulAs(const void* gate, const void* up, void* out, int64_t n, cudaStream_t stream) {
   constexpr int kV = 16 / sizeof(T);
   const auto* g = static_cast<const T*>(gate);
   const auto* u = static_cast<const T*>(up);
   auto* o = static_cast<T*>(out);
-  const int64_t n = rows * cols;
-  if (PacksFit<T>({gate, up, out}, rows, cols, ld)) {
-    SiluMulKernel<T, kV><<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(g, u, o, n, cols, ld);
+  if (Aligned(gate) && Aligned(up) && Aligned(out)) {
+    SiluMulKernel<T, kV><<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(g, u, o, n);
   } else {
-    SiluMulKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(g, u, o, n, cols, ld);
+    SiluMulKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(g, u, o, n);
   }
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename T>
 int SiluMulBackwardAs(const void* go, const void* gate, const void* up, void* gate_grad,
-                      void* up_grad, int64_t rows, int64_t cols, int64_t ld, cudaStream_t stream) {
+                      void* up_grad, int64_t n, cudaStream_t stream) {
   constexpr int kV = 16 / sizeof(T);
   const auto* o = static_cast<const T*>(go);
   const auto* g = static_cast<const T*>(gate);
   const auto* u = static_cast<const T*>(up);
   auto* gg = static_cast<T*>(gate_grad);
   auto* gu = static_cast<T*>(up_grad);
-  const int64_t n = rows * cols;
-  if (PacksFit<T>({go, gate, up, gate_grad, up_grad}, rows, cols, ld)) {
+  if (Aligned(go) && Aligned(gate) && Aligned(up) && Aligned(gate_grad) && Aligned(up_grad)) {
     SiluMulBackwardKernel<T, kV>
-        <<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(o, g, u, gg, gu, n, cols, ld);
+        <<<Blocks((n + kV - 1) / kV), kThreads, 0, stream>>>(o, g, u, gg, gu, n);
   } else {
-    SiluMulBackwardKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(o, g, u, gg, gu, n, cols, ld);
+    SiluMulBackwardKernel<T, 1><<<Blocks(n), kThreads, 0, stream>>>(o, g, u, gg, gu, n);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -414,34 +393,31 @@ int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* c
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
-            int64_t ld, void* stream) {
-  if (rows * cols == 0) return 0;
-  if (cols < 1 || ld < cols) return static_cast<int>(cudaErrorInvalidValue);
+int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream) {
+  if (n == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return SiluMulAs<float>(gate, up, out, rows, cols, ld, s);
+      return SiluMulAs<float>(gate, up, out, n, s);
     case Dtype::kHalf:
-      return SiluMulAs<__half>(gate, up, out, rows, cols, ld, s);
+      return SiluMulAs<__half>(gate, up, out, n, s);
     case Dtype::kBFloat16:
-      return SiluMulAs<__nv_bfloat16>(gate, up, out, rows, cols, ld, s);
+      return SiluMulAs<__nv_bfloat16>(gate, up, out, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int SiluMulBackward(Dtype dtype, const void* go, const void* gate, const void* up, void* gate_grad,
-                    void* up_grad, int64_t rows, int64_t cols, int64_t ld, void* stream) {
-  if (rows * cols == 0) return 0;
-  if (cols < 1 || ld < cols) return static_cast<int>(cudaErrorInvalidValue);
+                    void* up_grad, int64_t n, void* stream) {
+  if (n == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return SiluMulBackwardAs<float>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
+      return SiluMulBackwardAs<float>(go, gate, up, gate_grad, up_grad, n, s);
     case Dtype::kHalf:
-      return SiluMulBackwardAs<__half>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
+      return SiluMulBackwardAs<__half>(go, gate, up, gate_grad, up_grad, n, s);
     case Dtype::kBFloat16:
-      return SiluMulBackwardAs<__nv_bfloat16>(go, gate, up, gate_grad, up_grad, rows, cols, ld, s);
+      return SiluMulBackwardAs<__nv_bfloat16>(go, gate, up, gate_grad, up_grad, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

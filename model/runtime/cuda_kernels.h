@@ -1,10 +1,12 @@
 // cdcca's own CUDA kernels for a training step's element-wise work (runtime/cuda_kernels.cu),
 // built where nvcc and a CUDA LibTorch are both present (CDCCA_HAVE_CUDA_KERNELS; CMake option
 // CDCCA_CUDA_KERNELS). LibTorch runs the rotary embedding as a roll, broadcast products and a
-// sum, and the SwiGLU gate as silu and a product, each a pass over the tensor with its own
-// launch; the kernels here do each in one pass, forward and backward, reading the operands once
-// and rounding once. fused_ops.cc dispatches to them for CUDA tensors in training; everything
-// else keeps LibTorch's forms, and the CPU its own kernels.
+// sum, the SwiGLU gate as silu and a product, and a pre-norm decoder's residual addition and
+// RMSNorm as an addition and a norm kernel forward, two norm kernels and the sum of the
+// residual gradient backward, each a pass over the tensor with its own launch; the kernels here
+// do each in one pass, forward and backward, reading the operands once and rounding once.
+// fused_ops.cc dispatches to them for CUDA tensors in training; everything else keeps LibTorch's
+// forms, and the CPU its own kernels.
 //
 // Raw pointers and plain types only, so that this header and its callers need neither nvcc nor
 // CUDA's headers. Every function returns 0 on success, else the CUDA error code of the launch.
@@ -28,19 +30,13 @@ int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* c
            int64_t cos_batch_stride, void* out, int64_t batch, int64_t heads, int64_t positions,
            int64_t dim, bool transpose, void* stream);
 
-// out = silu(gate) * up over rows x cols elements, in float32, rounded once. gate and up hold
-// row r's values at r * ld + c (ld = cols: contiguous; ld = 2 cols with up = gate + cols: the
-// two halves of one [rows, 2 cols] product, as a fused gate/up projection gives them); out is
-// contiguous [rows, cols]. ld >= cols.
-int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
-            int64_t ld, void* stream);
+// out = silu(gate) * up over n contiguous elements, in float32, rounded once.
+int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
 
-// The gradients of SiluMul for the output's gradient go (contiguous [rows, cols]): gate_grad =
-// go * up * s * (1 + gate * (1 - s)), up_grad = go * gate * s, s = sigmoid(gate); gate_grad
-// and up_grad laid out as gate and up (so that with ld = 2 cols they fill one [rows, 2 cols]
-// gradient).
+// The gradients of SiluMul for the output's gradient go: gate_grad = go * up * s * (1 + gate *
+// (1 - s)), up_grad = go * gate * s, s = sigmoid(gate); n contiguous elements each.
 int SiluMulBackward(Dtype dtype, const void* go, const void* gate, const void* up, void* gate_grad,
-                    void* up_grad, int64_t rows, int64_t cols, int64_t ld, void* stream);
+                    void* up_grad, int64_t n, void* stream);
 
 // A pre-norm decoder's residual addition and the RMSNorm that reads its result, in one pass:
 // for rows of dim (x, a, h, y contiguous [rows, dim]; w [dim]), h = x + a rounded to the

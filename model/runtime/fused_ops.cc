@@ -299,10 +299,9 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
     if (gate.is_cuda()) {
       const c10::cuda::CUDAGuard guard(gate.device());
-      CheckKernel(
-          cuda_kernels::SiluMul(KernelDtype(gate), gate.data_ptr(), up.data_ptr(), out.data_ptr(),
-                                1, gate.numel(), gate.numel(), StreamOf(gate)),
-          "SiluMul");
+      CheckKernel(cuda_kernels::SiluMul(KernelDtype(gate), gate.data_ptr(), up.data_ptr(),
+                                        out.data_ptr(), gate.numel(), StreamOf(gate)),
+                  "SiluMul");
       return out;
     }
 #endif
@@ -326,7 +325,7 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
       const c10::cuda::CUDAGuard guard(gate.device());
       CheckKernel(cuda_kernels::SiluMulBackward(KernelDtype(gate), go.data_ptr(), gate.data_ptr(),
                                                 up.data_ptr(), g_gate.data_ptr(), g_up.data_ptr(),
-                                                1, gate.numel(), gate.numel(), StreamOf(gate)),
+                                                gate.numel(), StreamOf(gate)),
                   "SiluMul's backward");
       return {g_gate, g_up};
     }
@@ -342,45 +341,6 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
     return {g_gate, g_up};
   }
 };
-
-#if defined(CDCCA_HAVE_CUDA_KERNELS)
-// silu(gate) * up of the halves of gu [..., 2 I] (a fused gate/up product, contiguous): the
-// kernels read both halves in place, and the backward pass writes their gradients into one
-// [..., 2 I] tensor, so neither pass splits, copies or concatenates.
-class SiluMulHalvesFunction : public torch::autograd::Function<SiluMulHalvesFunction> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gu_in) {
-    const torch::Tensor gu = gu_in.contiguous();
-    const int64_t inter = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * inter);
-    std::vector<int64_t> shape = gu.sizes().vec();
-    shape.back() = inter;
-    torch::Tensor out = torch::empty(shape, gu.options());
-    ctx->save_for_backward({gu});
-    const c10::cuda::CUDAGuard guard(gu.device());
-    const char* base = static_cast<const char*>(gu.data_ptr());
-    CheckKernel(cuda_kernels::SiluMul(KernelDtype(gu), base, base + inter * gu.element_size(),
-                                      out.data_ptr(), rows, inter, 2 * inter, StreamOf(gu)),
-                "SiluMul of halves");
-    return out;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const torch::Tensor gu = ctx->get_saved_variables()[0];
-    const torch::Tensor go = grads[0].contiguous();
-    const int64_t inter = gu.size(-1) / 2, rows = gu.numel() / std::max<int64_t>(1, 2 * inter);
-    torch::Tensor g = torch::empty_like(gu);
-    const c10::cuda::CUDAGuard guard(gu.device());
-    const char* base = static_cast<const char*>(gu.data_ptr());
-    char* out = static_cast<char*>(g.data_ptr());
-    const int64_t half = inter * gu.element_size();
-    CheckKernel(
-        cuda_kernels::SiluMulBackward(KernelDtype(gu), go.data_ptr(), base, base + half, out,
-                                      out + half, rows, inter, 2 * inter, StreamOf(gu)),
-        "SiluMul of halves' backward");
-    return {g};
-  }
-};
-#endif
 
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
 // h = x + a and y = RMSNorm(h) * w in one pass each way (cuda_kernels.h's AddRmsNorm): {h, y}.
@@ -666,16 +626,6 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up) {
     return SiluMulFunction::apply(gate, up);
   }
   return torch::silu(gate) * up;
-}
-
-torch::Tensor SiluMulHalves(const torch::Tensor& gu) {
-  TORCH_CHECK(gu.dim() >= 1 && gu.size(-1) % 2 == 0,
-              "SiluMulHalves: the last dimension holds gate and up, so it must be even");
-#if defined(CDCCA_HAVE_CUDA_KERNELS)
-  if (Recorded({&gu}) && CudaKernelsTake(gu)) return SiluMulHalvesFunction::apply(gu);
-#endif
-  const std::vector<torch::Tensor> halves = gu.split(gu.size(-1) / 2, -1);
-  return SiluMul(halves[0], halves[1]);
 }
 
 torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,

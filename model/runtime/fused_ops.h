@@ -8,8 +8,9 @@
 // in one pass each way. Each takes its kernel for float32 CPU tensors and falls back to the
 // plain LibTorch formula elsewhere (other devices and dtypes), so callers need not choose.
 // In training off that kernel (a GPU), RMSNorm takes LibTorch's own at::rms_norm, and the
-// rotary embedding and the SwiGLU gate cdcca's CUDA kernels where the build has them
-// (cuda_kernels.h; else the rotary embedding a three-pass form of the same formula); inference
+// rotary embedding, the SwiGLU gate and the residual addition with its norm (AddRmsNorm)
+// cdcca's CUDA kernels where the build has them (cuda_kernels.h; else the rotary embedding a
+// three-pass form of the same formula); inference
 // there keeps the plain formulas, which transformers computes (CDCCA_PLAIN_GPU_OPS=1 keeps them
 // in training too).
 // Results equal the plain formulas up to float rounding (fused_ops_test.cc).
@@ -36,11 +37,6 @@ std::pair<torch::Tensor, torch::Tensor> AddRmsNorm(const torch::Tensor& x, const
 // silu(gate) * up (the SwiGLU gate), same shapes. Differentiable in both. The fused kernel
 // runs where autograd records the product (training); inference keeps LibTorch's silu.
 torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up);
-
-// SiluMul of the two halves of gu [..., 2 I] (gate first, then up: what one product with the
-// [gate; up] weights gives), [..., I]. In training on a GPU cdcca's kernels read the halves
-// in place and write the gradient of gu in one piece; elsewhere SiluMul of the halves.
-torch::Tensor SiluMulHalves(const torch::Tensor& gu);
 
 // The rotary embedding as transformers applies it: x * cos + rotate_half(x) * sin, for x
 // [B, H, T, D] (any strides) and cos, sin [B, T, D]; rotate_half(x) = cat(-x2, x1) of x's

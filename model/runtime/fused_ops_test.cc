@@ -56,6 +56,25 @@ TEST(FusedOpsTest, RmsNormEqualsPlainFormula) {
       [](const auto& v) { return PlainRmsNorm(v[0], v[1], 1e-5); });
 }
 
+// The residual addition and the norm of its result: both outputs (stacked, so the gradient
+// reaches each) and the gradients of x, a and the weight are those of x + a and RMSNorm.
+TEST(FusedOpsTest, AddRmsNormEqualsTheAdditionAndThePlainFormula) {
+  torch::manual_seed(4);
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{3, 5, 48}, {64, 40}}) {
+    ExpectSameAsPlain(
+        {torch::randn(shape).requires_grad_(true), torch::randn(shape).requires_grad_(true),
+         (torch::rand({shape.back()}) + 0.5).requires_grad_(true)},
+        [](const auto& v) {
+          auto [h, y] = AddRmsNorm(v[0], v[1], v[2], 1e-5);
+          return torch::stack({h, y});
+        },
+        [](const auto& v) {
+          const torch::Tensor h = v[0] + v[1];
+          return torch::stack({h, PlainRmsNorm(h, v[2], 1e-5)});
+        });
+  }
+}
+
 TEST(FusedOpsTest, SiluMulEqualsPlainFormula) {
   torch::manual_seed(2);
   for (const auto& shape : std::vector<std::vector<int64_t>>{{4, 7, 43}, {100, 432}}) {
