@@ -98,28 +98,22 @@ def split(events, last, first=0, min_gap_us=10.0):
     steps = steps[:first] if first > 0 else steps[-last:]
     starts = [s["ts"] for s in steps]
     step_tid = collections.Counter(s.get("tid") for s in steps).most_common(1)[0][0]
-    # Host calls that launch GPU work, by correlation id: (step index, launching thread).
+    # One pass over the CUDA runtime's host calls inside the steps: those that launch GPU work,
+    # by correlation id (step index, launching thread, launch time), and the host time in the
+    # runtime by call (allocations, synchronizations, launches).
     launch = {}
-    for e in events:
-        cat = str(e.get("cat", "")).lower()
-        if e.get("ph") != "X" or cat not in ("cuda_runtime", "runtime", "cuda_driver"):
-            continue
-        corr = (e.get("args") or {}).get("correlation")
-        if corr is None:
-            continue
-        i = bisect.bisect_right(starts, e["ts"]) - 1
-        if i < 0 or e["ts"] > steps[i]["ts"] + steps[i]["dur"]:
-            continue
-        launch[corr] = (i, e.get("tid"), e["ts"])
-    # Host time in CUDA's runtime by call (allocations, synchronizations, launches).
     runtime = collections.defaultdict(float)
     for e in events:
         cat = str(e.get("cat", "")).lower()
         if e.get("ph") != "X" or cat not in ("cuda_runtime", "runtime", "cuda_driver"):
             continue
         i = bisect.bisect_right(starts, e["ts"]) - 1
-        if i >= 0 and e["ts"] <= steps[i]["ts"] + steps[i]["dur"]:
-            runtime[e["name"]] += e["dur"] / 1000.0
+        if i < 0 or e["ts"] > steps[i]["ts"] + steps[i]["dur"]:
+            continue
+        runtime[e["name"]] += e["dur"] / 1000.0
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is not None:
+            launch[corr] = (i, e.get("tid"), e["ts"])
     by_kind = collections.defaultdict(float)
     by_thread = collections.defaultdict(float)
     by_name = collections.defaultdict(lambda: [0.0, 0])

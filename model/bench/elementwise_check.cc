@@ -1,7 +1,8 @@
 // elementwise_check: on a CUDA GPU, the training forms of model/runtime/fused_ops.h (RMSNorm
-// through at::rms_norm; the rotary embedding and the SwiGLU gate through cdcca's CUDA kernels
-// where the build has them, model/runtime/cuda_kernels.h, else the rotary embedding's rolled
-// form and LibTorch's silu) against the plain formulas that transformers computes, at the
+// through at::rms_norm; the rotary embedding, the SwiGLU gate and the residual addition with
+// its RMSNorm through cdcca's CUDA kernels where the build has them, model/runtime/cuda_kernels.h,
+// else the rotary embedding's rolled form, LibTorch's silu and the addition then RMSNorm)
+// against the plain formulas that transformers computes, at the
 // LLaVA-1.5-7B student's shapes (8 x 648 rows of 4096, an MLP of 11008; 32 heads of 128).
 //
 //   - agreement: output and input gradients (and RMSNorm's weight gradient), fp32 and bf16,
