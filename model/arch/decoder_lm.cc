@@ -215,9 +215,10 @@ torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch:
     k = qkv.narrow(-1, nq, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
     v = qkv.narrow(-1, nq + nkv, nkv).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   } else {
-    q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-    k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-    v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    const std::vector<torch::Tensor> qkv = SharedInputForward({q_proj, k_proj, v_proj}, x);
+    q = qkv[0].view({b, t, heads_, head_dim_}).transpose(1, 2);
+    k = qkv[1].view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    v = qkv[2].view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   }
   if (cos.defined()) {  // rotary positions (OPT adds learned ones to the embeddings instead)
     q = ApplyRope(q, cos, sin);
@@ -278,8 +279,9 @@ torch::Tensor DecoderMlpImpl::forward(const torch::Tensor& x) {
     const int64_t inter = gu.size(-1) / 2;
     return down_proj(Activation(act_, gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter));
   }
-  if (act_ == "silu" || act_ == "swish") return down_proj(SiluMul(gate_proj(x), up_proj(x)));
-  return down_proj(Activation(act_, gate_proj(x)) * up_proj(x));
+  const std::vector<torch::Tensor> gate_up = SharedInputForward({gate_proj, up_proj}, x);
+  if (act_ == "silu" || act_ == "swish") return down_proj(SiluMul(gate_up[0], gate_up[1]));
+  return down_proj(Activation(act_, gate_up[0]) * gate_up[1]);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, const WeightPrecision& p)

@@ -562,6 +562,76 @@ TEST(DecoderLmTest, HeldDequantizedWeightsGiveTheProductsAndGradientsOfThePerCal
   EXPECT_EQ(grads.size(), 4 * per_call->layers->size());
 }
 
+// Layers that read one input, as a trainer holds them (dequantized, LoRA on the first and
+// last): SharedInputForward computes each layer's own output in one node, and its gradients
+// (x's summed in the products, each LoRA factor's) are the layers' own, with every output used
+// and with one left out of the loss.
+TEST(DecoderLmTest, SharedInputProjectionsGiveEachLayersOutputAndTheSummedGradients) {
+  torch::manual_seed(21);
+  std::vector<Linear> layers;
+  for (int64_t out : {32, 16, 16}) {
+    Linear layer(LinearOptions{32, out, false, Int4Groups32()});
+    ASSERT_OK(layer->Adopt("weight", torch::randn({out, 32}) * 0.2));
+    layers.push_back(layer);
+  }
+  for (size_t i : {0, 2}) {
+    layers[i]->AddLora(4, 8.0);
+    torch::NoGradGuard no_grad;
+    layers[i]->lora_b.normal_(0.0, 0.1);
+  }
+  for (Linear& layer : layers) layer->HoldDequantized();
+  const torch::Tensor x0 = torch::randn({2, 5, 32});
+  std::vector<torch::Tensor> weights;  // the loss's weights per output
+  for (const Linear& layer : layers) {
+    weights.push_back(torch::randn({2, 5, layer->options().out_features}));
+  }
+  for (const bool skip_middle : {false, true}) {
+    SCOPED_TRACE(skip_middle ? "the middle output left out" : "every output used");
+    // The gradients of x and of each LoRA factor: {x, A0, B0, A2, B2}.
+    auto run = [&](bool shared) {
+      for (Linear& layer : layers) {
+        for (torch::Tensor& p : {std::ref(layer->lora_a), std::ref(layer->lora_b)}) {
+          if (p.defined()) p.mutable_grad() = torch::Tensor();
+        }
+      }
+      const torch::Tensor x = x0.clone().requires_grad_(true);
+      std::vector<torch::Tensor> outputs;
+      if (shared) {
+        outputs = SharedInputForward(layers, x);
+        EXPECT_THAT(outputs[0].grad_fn()->name(), ::testing::HasSubstr("SharedInputFunction"));
+      } else {
+        for (Linear& layer : layers) outputs.push_back(layer->forward(x));
+      }
+      torch::Tensor loss = torch::zeros({});
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (skip_middle && i == 1) continue;
+        loss = loss + (outputs[i] * weights[i]).sum();
+      }
+      loss.backward();
+      std::vector<torch::Tensor> out = outputs;
+      out.push_back(x.grad());
+      for (size_t i : {0, 2}) {
+        out.push_back(layers[i]->lora_a.grad().clone());
+        out.push_back(layers[i]->lora_b.grad().clone());
+      }
+      return out;
+    };
+    const std::vector<torch::Tensor> plain = run(false), shared = run(true);
+    ASSERT_EQ(plain.size(), shared.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      SCOPED_TRACE(i < 3 ? "output " + std::to_string(i) : "gradient " + std::to_string(i - 3));
+      ASSERT_TRUE(shared[i].defined());
+      EXPECT_GT(plain[i].abs().sum().item<double>(), 0.0);
+      if (i < 3) {
+        EXPECT_TRUE(torch::equal(plain[i], shared[i]));  // the same operations forward
+      } else {
+        EXPECT_TRUE(torch::allclose(plain[i], shared[i], 1e-5, 1e-6))
+            << (plain[i] - shared[i]).abs().max().item<double>();
+      }
+    }
+  }
+}
+
 // Inside an Fp8BaseScope every quantized layer multiplies in FP8 (rounded, so the logits move
 // a little and the LoRA gradients point where the plain ones do); after it each layer holds its
 // weight as before, packed or dequantized, and computes exactly what it computed before.

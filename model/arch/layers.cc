@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -220,10 +221,12 @@ namespace {
 
 // y + scale (x A^T) B^T, the LoRA side path added to the base product y: the second product
 // accumulates into y with its scale (one addmm), where the formula writes the product, scales
-// it and adds it (two more passes over y's rows each way).
+// it and adds it (two more passes over y's rows each way). `xa_out`, when given, receives
+// x A^T.
 torch::Tensor AddLoraPath(const torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a,
-                          const torch::Tensor& b, double scale) {
+                          const torch::Tensor& b, double scale, torch::Tensor* xa_out = nullptr) {
   const torch::Tensor xa = torch::linear(x, a);
+  if (xa_out != nullptr) *xa_out = xa;
   if (y.dim() < 1 || y.numel() == 0 || y.scalar_type() != b.scalar_type() ||
       xa.scalar_type() != b.scalar_type()) {
     return y + torch::linear(xa, b) * scale;
@@ -233,6 +236,92 @@ torch::Tensor AddLoraPath(const torch::Tensor& y, const torch::Tensor& x, const 
                       /*alpha=*/scale)
       .view(y.sizes());
 }
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// SharedInputForward's node. Autograd takes defined tensors only, so the inputs are x, each
+// layer's held weight, the LoRA factors of the layers that have them (A, B side by side) and
+// the biases there are; lora_slot and bias_slot say for each layer which pair or bias is its
+// own (-1: none).
+class SharedInputFunction : public torch::autograd::Function<SharedInputFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x,
+                               torch::TensorList weights, torch::TensorList lora,
+                               torch::TensorList biases, std::vector<int64_t> lora_slot,
+                               std::vector<int64_t> bias_slot, std::vector<double> scales) {
+    const size_t n = weights.size();
+    // x itself only where a LoRA factor's gradient needs it (the frozen products' backward
+    // passes read their weights alone): the MLP's gate and up keep nothing of it.
+    variable_list outputs, saved = {lora.empty() ? torch::Tensor() : x};
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t l = lora_slot[i], bi = bias_slot[i];
+      torch::Tensor y = torch::linear(x, weights[i], bi < 0 ? torch::Tensor() : biases[bi]);
+      torch::Tensor xa;
+      if (l >= 0) y = AddLoraPath(y, x, lora[2 * l], lora[2 * l + 1], scales[i], &xa);
+      outputs.push_back(y);
+      saved.push_back(xa);  // undefined without LoRA
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["layers"] = c10::List<at::Tensor>(weights);
+    ctx->saved_data["lora"] = c10::List<at::Tensor>(lora);
+    ctx->saved_data["lora_slot"] = lora_slot;
+    ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
+    ctx->saved_data["scales"] = c10::List<double>(scales);
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    return outputs;
+  }
+
+  // With g_i the gradient of output i: dB_i = s_i g_i^T (x A_i^T), dA_i = (s_i g_i B_i)^T x and
+  // dx = sum_i g_i W_i + sum_i (s_i g_i B_i) A_i, the first product written, every later one
+  // accumulated into it (addmm with beta 1: the sum rides in the products' epilogue, one
+  // rounding), the LoRA paths' as one product of their side-by-side factors.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const c10::List<at::Tensor> weights = ctx->saved_data["layers"].toTensorList();
+    const c10::List<at::Tensor> lora = ctx->saved_data["lora"].toTensorList();
+    const std::vector<int64_t> lora_slot = ctx->saved_data["lora_slot"].toIntVector();
+    const int64_t biases = ctx->saved_data["biases"].toInt();
+    const c10::List<double> scales = ctx->saved_data["scales"].toDoubleList();
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const size_t n = grads.size();
+    const torch::Tensor x2 = saved[0].defined() ? saved[0].reshape({-1, x_sizes.back()}) : saved[0];
+    const bool want_x = ctx->needs_input_grad(0);
+    // Gradient slots: x, the weights, the LoRA factors, the biases (every tensor of a list its
+    // own), then the three lists of numbers.
+    const size_t lora_base = 1 + n;
+    variable_list result(1 + n + lora.size() + static_cast<size_t>(biases) + 3);
+    torch::Tensor dx;
+    std::vector<torch::Tensor> side_grads, side_factors;
+    for (size_t i = 0; i < n; ++i) {
+      if (!grads[i].defined()) continue;
+      const torch::Tensor g = grads[i].reshape({-1, grads[i].size(-1)});
+      if (want_x) dx = dx.defined() ? dx.addmm_(g, weights[i]) : torch::mm(g, weights[i]);
+      const int64_t l = lora_slot[i];
+      if (l < 0) continue;
+      const torch::Tensor a = lora[2 * l], b = lora[2 * l + 1];
+      const double s = scales[i];
+      const torch::Tensor xa2 = saved[1 + i].reshape({-1, a.size(0)});
+      if (ctx->needs_input_grad(lora_base + 2 * l + 1)) {
+        result[lora_base + 2 * l + 1] = torch::mm(g.t(), xa2) * s;
+      }
+      const torch::Tensor dxa = torch::mm(g, b) * s;
+      if (ctx->needs_input_grad(lora_base + 2 * l))
+        result[lora_base + 2 * l] = torch::mm(dxa.t(), x2);
+      side_grads.push_back(dxa);
+      side_factors.push_back(a);
+    }
+    if (want_x && dx.defined() && !side_grads.empty()) {
+      if (side_grads.size() == 1) {
+        dx.addmm_(side_grads[0], side_factors[0]);
+      } else {
+        dx.addmm_(torch::cat(side_grads, 1), torch::cat(side_factors, 0));
+      }
+    }
+    if (dx.defined()) result[0] = dx.view(x_sizes);
+    return result;
+  }
+};
 
 }  // namespace
 
@@ -264,6 +353,47 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y = BaseForward(x, bias);
   if (has_lora()) y = AddLoraPath(y, x, lora_a, lora_b, lora_scale_);
   return y;
+}
+
+std::vector<torch::Tensor> SharedInputForward(const std::vector<Linear>& layers,
+                                              const torch::Tensor& x) {
+  // CDCCA_SEPARATE_INPUT_GRADIENTS=1 keeps each layer's own node (read once): to compare.
+  static const bool separate = [] {
+    const char* v = std::getenv("CDCCA_SEPARATE_INPUT_GRADIENTS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  bool fused = !separate && !layers.empty() && torch::GradMode::is_enabled() && x.requires_grad() &&
+               x.dim() >= 2 && ActiveRowSegments() == nullptr;
+  for (const Linear& layer : layers) {
+    if (!fused) break;
+    const torch::Tensor& w = layer->dequantized_weight();
+    fused = layer->holds_dequantized() && w.scalar_type() == x.scalar_type() &&
+            w.device() == x.device() && w.size(1) == x.size(-1) &&
+            (!layer->bias.defined() || !layer->bias.requires_grad()) &&
+            (!layer->has_lora() || (layer->lora_a.scalar_type() == x.scalar_type() &&
+                                    layer->lora_b.scalar_type() == x.scalar_type()));
+  }
+  std::vector<torch::Tensor> outputs;
+  if (!fused) {
+    for (Linear layer : layers) outputs.push_back(layer->forward(x));
+    return outputs;
+  }
+  std::vector<torch::Tensor> weights, lora, biases;
+  std::vector<int64_t> lora_slot, bias_slot;
+  std::vector<double> scales;
+  for (const Linear& layer : layers) {
+    weights.push_back(layer->dequantized_weight());
+    lora_slot.push_back(layer->has_lora() ? static_cast<int64_t>(lora.size() / 2) : -1);
+    if (layer->has_lora()) {
+      lora.push_back(layer->lora_a);
+      lora.push_back(layer->lora_b);
+    }
+    bias_slot.push_back(layer->bias.defined() ? static_cast<int64_t>(biases.size()) : -1);
+    if (layer->bias.defined()) biases.push_back(layer->bias);
+    scales.push_back(layer->lora_scale());
+  }
+  return SharedInputFunction::apply(x, torch::TensorList(weights), torch::TensorList(lora),
+                                    torch::TensorList(biases), lora_slot, bias_slot, scales);
 }
 
 torch::Tensor LinearImpl::BaseForward(const torch::Tensor& x, const torch::Tensor& bias_term) {

@@ -59,6 +59,8 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   // architecture (ModelFolder::LoadInto would look for them). rank <= 0 does nothing.
   void AddLora(int64_t rank, double alpha);
   bool has_lora() const { return lora_a.defined(); }
+  // alpha / rank (0 without LoRA).
+  double lora_scale() const { return lora_scale_; }
   // The float weight with the LoRA product folded in (what a checkpoint without LoRA must
   // hold to compute the same function). Unquantized layers only.
   torch::Tensor MergedWeight() const;
@@ -139,6 +141,18 @@ class LinearImpl : public torch::nn::Module, public TensorSink {
   void MoveHeld(Move move);
 };
 TORCH_MODULE(Linear);
+
+// The outputs of layers that read one input (q/k/v, gate/up), each what its forward gives.
+// In a trainer's steps (autograd recording, x needing its gradient, every layer holding its
+// weight dequantized in x's dtype, no bias to train, LoRA factors in x's dtype, no row segments
+// active) one autograd node computes them, and its backward pass sums x's gradient in the
+// products: each product after the first accumulates into the same buffer (addmm with beta 1),
+// the LoRA paths' as one product of their side-by-side factors, where autograd adds each
+// layer's gradient of x in a pass of its own (four a layer's q/k/v with LoRA on two of them).
+// The forward values are the layers' own; the gradients equal theirs up to rounding. Elsewhere
+// each layer's forward.
+std::vector<torch::Tensor> SharedInputForward(const std::vector<Linear>& layers,
+                                              const torch::Tensor& x);
 
 // LinearImpl::HoldDequantized on every quantized layer under `root`; returns how many.
 int64_t HoldDequantizedWeights(torch::nn::Module& root);

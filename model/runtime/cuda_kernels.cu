@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "model/runtime/cuda_kernels.h"
 
@@ -59,8 +60,9 @@ __device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + expf(-
 template <typename T, int V>
 __global__ void RotaryKernel(const T* __restrict__ x, int64_t sb, int64_t sh, int64_t st,
                              const T* __restrict__ cos, const T* __restrict__ sin, int64_t cb,
-                             T* __restrict__ out, int64_t heads, int64_t positions, int64_t half,
-                             int64_t count, bool transpose) {
+                             T* __restrict__ out, int64_t ob, int64_t oh, int64_t ot,
+                             int64_t heads, int64_t positions, int64_t half, int64_t count,
+                             bool transpose) {
   const int64_t per_row = half / V;
   const int64_t d = 2 * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -91,7 +93,7 @@ __global__ void RotaryKernel(const T* __restrict__ x, int64_t sb, int64_t sh, in
       y1.v[k] = FromFloat<T>(lo);
       y2.v[k] = FromFloat<T>(hi);
     }
-    T* o = out + r * d;
+    T* o = out + b * ob + h * oh + t * ot;
     Store<T, V>(o + j, y1);
     Store<T, V>(o + j + half, y2);
   }
@@ -160,14 +162,14 @@ int64_t Blocks(int64_t work) {
 
 template <typename T>
 int RotaryAs(const void* x, const int64_t s[3], const void* cos, const void* sin, int64_t cb,
-             void* out, int64_t batch, int64_t heads, int64_t positions, int64_t dim,
-             bool transpose, cudaStream_t stream) {
+             void* out, const int64_t o[3], int64_t batch, int64_t heads, int64_t positions,
+             int64_t dim, bool transpose, cudaStream_t stream) {
   constexpr int kV = 16 / sizeof(T);
   const int64_t half = dim / 2;
   const int64_t rows = batch * heads * positions;
   const bool packed = Aligned(x) && Aligned(cos) && Aligned(sin) && Aligned(out) &&
                       half % kV == 0 && s[0] % kV == 0 && s[1] % kV == 0 && s[2] % kV == 0 &&
-                      cb % kV == 0;
+                      o[0] % kV == 0 && o[1] % kV == 0 && o[2] % kV == 0 && cb % kV == 0;
   const auto* xp = static_cast<const T*>(x);
   const auto* cp = static_cast<const T*>(cos);
   const auto* sp = static_cast<const T*>(sin);
@@ -175,11 +177,13 @@ int RotaryAs(const void* x, const int64_t s[3], const void* cos, const void* sin
   if (packed) {
     const int64_t count = rows * (half / kV);
     RotaryKernel<T, kV><<<Blocks(count), kThreads, 0, stream>>>(
-        xp, s[0], s[1], s[2], cp, sp, cb, op, heads, positions, half, count, transpose);
+        xp, s[0], s[1], s[2], cp, sp, cb, op, o[0], o[1], o[2], heads, positions, half, count,
+        transpose);
   } else {
     const int64_t count = rows * half;
     RotaryKernel<T, 1><<<Blocks(count), kThreads, 0, stream>>>(
-        xp, s[0], s[1], s[2], cp, sp, cb, op, heads, positions, half, count, transpose);
+        xp, s[0], s[1], s[2], cp, sp, cb, op, o[0], o[1], o[2], heads, positions, half, count,
+        transpose);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -264,55 +268,63 @@ __global__ void AddRmsNormKernel(const T* __restrict__ x, const T* __restrict__ 
   }
 }
 
-constexpr int kNormPacks = 4;  // packs of a row one thread holds at most (its dw sums)
+constexpr int kNormPacks = 4;  // packs of a row one thread holds at most
 
 // The gradients: with n = h * rstd, dh = rstd * (dy * w - n * mean(dy * w * n)) + dres (dres,
 // the gradient reaching h along the residual stream, may be null), and each block's sum of
-// dy * n over its rows into dw_partial[block, :].
-template <typename T, int V>
+// dy * n over its rows into dw_partial[block, :]. Each thread holds P packs of a row: w's for
+// all rows, and a row's dy, h and dres from one load (all three requested before the row's sum
+// waits for them) to the gradient's store.
+template <typename T, int V, int P>
 __global__ void AddRmsNormBackwardKernel(const T* __restrict__ dy, const T* __restrict__ h,
                                          const T* __restrict__ w, const float* __restrict__ rstd,
                                          const T* __restrict__ dres, T* __restrict__ dh,
                                          float* __restrict__ dw_partial, int64_t rows,
                                          int64_t dim) {
   __shared__ float shared[32];
-  float dw[kNormPacks][V];
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
+  float dw[P][V];
+  Pack<T, V> wv[P];
 #pragma unroll
-  for (int p = 0; p < kNormPacks; ++p) {
+  for (int p = 0; p < P; ++p) {
+    const int64_t c = threadIdx.x * V + p * stride;
+    if (c < dim) wv[p] = Load<T, V>(w + c);
 #pragma unroll
     for (int k = 0; k < V; ++k) dw[p][k] = 0.0f;
   }
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * dim;
     const float r = rstd[row];
+    Pack<T, V> gv[P], hv[P], rv[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int64_t c = threadIdx.x * V + p * stride;
+      if (c >= dim) continue;
+      gv[p] = Load<T, V>(dy + base + c);
+      hv[p] = Load<T, V>(h + base + c);
+      if (dres != nullptr) rv[p] = Load<T, V>(dres + base + c);
+    }
     float dot = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kNormPacks; ++p) {
+    for (int p = 0; p < P; ++p) {
       const int64_t c = threadIdx.x * V + p * stride;
-      if (c >= dim) break;
-      const Pack<T, V> gv = Load<T, V>(dy + base + c), hv = Load<T, V>(h + base + c),
-                       wv = Load<T, V>(w + c);
+      if (c >= dim) continue;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        dot += ToFloat(gv.v[k]) * ToFloat(wv.v[k]) * ToFloat(hv.v[k]) * r;
+        dot += ToFloat(gv[p].v[k]) * ToFloat(wv[p].v[k]) * ToFloat(hv[p].v[k]) * r;
       }
     }
     const float mean = BlockSum(dot, shared) / static_cast<float>(dim);
 #pragma unroll
-    for (int p = 0; p < kNormPacks; ++p) {
+    for (int p = 0; p < P; ++p) {
       const int64_t c = threadIdx.x * V + p * stride;
-      if (c >= dim) break;
-      const Pack<T, V> gv = Load<T, V>(dy + base + c), hv = Load<T, V>(h + base + c),
-                       wv = Load<T, V>(w + c);
-      Pack<T, V> rv;
-      if (dres != nullptr) rv = Load<T, V>(dres + base + c);
+      if (c >= dim) continue;
       Pack<T, V> out;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float g = ToFloat(gv.v[k]), n = ToFloat(hv.v[k]) * r;
-        float d = r * (g * ToFloat(wv.v[k]) - n * mean);
-        if (dres != nullptr) d += ToFloat(rv.v[k]);
+        const float g = ToFloat(gv[p].v[k]), n = ToFloat(hv[p].v[k]) * r;
+        float d = r * (g * ToFloat(wv[p].v[k]) - n * mean);
+        if (dres != nullptr) d += ToFloat(rv[p].v[k]);
         out.v[k] = FromFloat<T>(d);
         dw[p][k] += g * n;
       }
@@ -320,9 +332,9 @@ __global__ void AddRmsNormBackwardKernel(const T* __restrict__ dy, const T* __re
     }
   }
 #pragma unroll
-  for (int p = 0; p < kNormPacks; ++p) {
+  for (int p = 0; p < P; ++p) {
     const int64_t c = threadIdx.x * V + p * stride;
-    if (c >= dim) break;
+    if (c >= dim) continue;
 #pragma unroll
     for (int k = 0; k < V; ++k) dw_partial[blockIdx.x * dim + c + k] = dw[p][k];
   }
@@ -356,39 +368,91 @@ int AddRmsNormAs(const void* x, const void* a, const void* w, void* h, void* y, 
   return static_cast<int>(cudaGetLastError());
 }
 
+// The backward kernel's shape for rows of dim, {threads, P}: a thread per pack where a row has
+// at most 1024 (P = 1, the fewest registers a thread, so the most threads resident), else P
+// packs a thread. {0, 0} where dim does not fit.
+template <typename T>
+std::pair<int, int> NormBackwardShape(int64_t dim) {
+  constexpr int kV = 16 / sizeof(T);
+  if (dim <= 0 || dim % kV != 0) return {0, 0};
+  const int64_t packs = dim / kV;
+  const int64_t p = (packs + 1023) / 1024;
+  if (p > kNormPacks) return {0, 0};
+  const int64_t threads = ((packs + p - 1) / p + 31) / 32 * 32;
+  return {static_cast<int>(threads), p <= 1 ? 1 : p <= 2 ? 2 : kNormPacks};
+}
+
+template <typename T, int P>
+auto NormBackwardKernelOf() {
+  return AddRmsNormBackwardKernel<T, 16 / sizeof(T), P>;
+}
+
+// Calls f with the backward kernel of P packs a thread.
+template <typename T, typename F>
+void WithNormBackwardKernel(int packs, F f) {
+  if (packs == 1) {
+    f(NormBackwardKernelOf<T, 1>());
+  } else if (packs == 2) {
+    f(NormBackwardKernelOf<T, 2>());
+  } else {
+    f(NormBackwardKernelOf<T, kNormPacks>());
+  }
+}
+
+// As many blocks as the GPU runs at once (each then walks its share of the rows in one wave).
+template <typename T>
+int64_t NormBackwardBlocks(int64_t rows, int64_t dim) {
+  const std::pair<int, int> shape = NormBackwardShape<T>(dim);
+  const int threads = shape.first, packs = shape.second;
+  int device = 0, sms = 1, per_sm = 1;
+  if (threads == 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    sms = 1;
+  }
+  WithNormBackwardKernel<T>(packs, [&](auto kernel) {
+    if (threads == 0 ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+      per_sm = 1;
+    }
+  });
+  return std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(sms) * per_sm));
+}
+
 template <typename T>
 int AddRmsNormBackwardAs(const void* dy, const void* h, const void* w, const float* rstd,
                          const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
                          int64_t rows, int64_t dim, cudaStream_t stream) {
-  constexpr int kV = 16 / sizeof(T);
-  const int threads = NormThreads<T>(dim);
+  const std::pair<int, int> shape = NormBackwardShape<T>(dim);
+  const int threads = shape.first, packs = shape.second;
   if (threads == 0 || partial_rows < 1 || !Aligned(dy) || !Aligned(h) || !Aligned(w) ||
       !Aligned(dh) || (dres != nullptr && !Aligned(dres))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  AddRmsNormBackwardKernel<T, kV><<<partial_rows, threads, 0, stream>>>(
-      static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const T*>(w), rstd,
-      static_cast<const T*>(dres), static_cast<T*>(dh), dw_partial, rows, dim);
+  WithNormBackwardKernel<T>(packs, [&](auto kernel) {
+    kernel<<<partial_rows, threads, 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(h), static_cast<const T*>(w), rstd,
+        static_cast<const T*>(dres), static_cast<T*>(dh), dw_partial, rows, dim);
+  });
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
 int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* cos, const void* sin,
-           int64_t cos_batch_stride, void* out, int64_t batch, int64_t heads, int64_t positions,
-           int64_t dim, bool transpose, void* stream) {
+           int64_t cos_batch_stride, void* out, const int64_t out_strides[3], int64_t batch,
+           int64_t heads, int64_t positions, int64_t dim, bool transpose, void* stream) {
   if (batch * heads * positions * dim == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case Dtype::kFloat:
-      return RotaryAs<float>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads, positions,
-                             dim, transpose, s);
+      return RotaryAs<float>(x, x_strides, cos, sin, cos_batch_stride, out, out_strides, batch,
+                             heads, positions, dim, transpose, s);
     case Dtype::kHalf:
-      return RotaryAs<__half>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads,
-                              positions, dim, transpose, s);
+      return RotaryAs<__half>(x, x_strides, cos, sin, cos_batch_stride, out, out_strides, batch,
+                              heads, positions, dim, transpose, s);
     case Dtype::kBFloat16:
-      return RotaryAs<__nv_bfloat16>(x, x_strides, cos, sin, cos_batch_stride, out, batch, heads,
-                                     positions, dim, transpose, s);
+      return RotaryAs<__nv_bfloat16>(x, x_strides, cos, sin, cos_batch_stride, out, out_strides,
+                                     batch, heads, positions, dim, transpose, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -434,8 +498,16 @@ bool AddRmsNormFits(Dtype dtype, int64_t dim) {
   return false;
 }
 
-int64_t AddRmsNormPartialRows(int64_t rows) {
-  return std::max<int64_t>(1, std::min<int64_t>(rows, 528));
+int64_t AddRmsNormPartialRows(Dtype dtype, int64_t rows, int64_t dim) {
+  switch (dtype) {
+    case Dtype::kFloat:
+      return NormBackwardBlocks<float>(rows, dim);
+    case Dtype::kHalf:
+      return NormBackwardBlocks<__half>(rows, dim);
+    case Dtype::kBFloat16:
+      return NormBackwardBlocks<__nv_bfloat16>(rows, dim);
+  }
+  return 1;
 }
 
 int AddRmsNorm(Dtype dtype, const void* x, const void* a, const void* w, void* h, void* y,

@@ -22,13 +22,15 @@ enum class Dtype { kFloat, kHalf, kBFloat16 };
 
 // The rotary embedding of x [B, H, T, D] (the last dimension contiguous, other strides
 // x_strides[0..2]) with cos, sin [B or 1, T, D] contiguous (cos_batch_stride 0 for one batch
-// row); out [B, H, T, D] contiguous. Forward (transpose false): out = x * cos +
+// row); out [B, H, T, D] with the last dimension contiguous, other strides out_strides[0..2]
+// (a [B, T, H, D] buffer seen as [B, H, T, D] keeps the heads side by side, as the
+// projections read and write them). Forward (transpose false): out = x * cos +
 // rotate_half(x) * sin; transpose true gives the gradient form out = x * cos +
 // rotate_half^T(x * sin), where rotate_half(y) = cat(-y2, y1) and rotate_half^T(y) =
 // cat(y2, -y1) of y's halves. Computes in float32, rounds once. D even.
 int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* cos, const void* sin,
-           int64_t cos_batch_stride, void* out, int64_t batch, int64_t heads, int64_t positions,
-           int64_t dim, bool transpose, void* stream);
+           int64_t cos_batch_stride, void* out, const int64_t out_strides[3], int64_t batch,
+           int64_t heads, int64_t positions, int64_t dim, bool transpose, void* stream);
 
 // out = silu(gate) * up over n contiguous elements, in float32, rounded once.
 int SiluMul(Dtype dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
@@ -51,8 +53,9 @@ int AddRmsNorm(Dtype dtype, const void* x, const void* a, const void* w, void* h
 // none): dh = rstd * (dy * w - n * mean(dy * w * n)) + dres with n = h * rstd, which is the
 // gradient of x and of a alike; and the weight's gradient as partial sums of dy * n,
 // dw_partial [partial_rows, dim] float32 (its column sums are the gradient), partial_rows =
-// AddRmsNormPartialRows(rows).
-int64_t AddRmsNormPartialRows(int64_t rows);
+// AddRmsNormPartialRows(dtype, rows, dim) on the current device (as many blocks as it runs at
+// once, at most rows).
+int64_t AddRmsNormPartialRows(Dtype dtype, int64_t rows, int64_t dim);
 int AddRmsNormBackward(Dtype dtype, const void* dy, const void* h, const void* w, const float* rstd,
                        const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
                        int64_t rows, int64_t dim, void* stream);

@@ -371,9 +371,9 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     const torch::Tensor dy = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(h);
     const torch::Tensor dres = grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
     torch::Tensor dh = torch::empty_like(h);
-    const int64_t partial_rows = cuda_kernels::AddRmsNormPartialRows(rows);
-    torch::Tensor partial = torch::empty({partial_rows, dim}, h.options().dtype(torch::kFloat));
     const c10::cuda::CUDAGuard guard(h.device());
+    const int64_t partial_rows = cuda_kernels::AddRmsNormPartialRows(KernelDtype(h), rows, dim);
+    torch::Tensor partial = torch::empty({partial_rows, dim}, h.options().dtype(torch::kFloat));
     CheckKernel(cuda_kernels::AddRmsNormBackward(
                     KernelDtype(h), dy.data_ptr(), h.data_ptr(), w.data_ptr(),
                     rstd.data_ptr<float>(), dres.defined() ? dres.data_ptr() : nullptr,
@@ -407,18 +407,20 @@ CDCCA_VECTOR_CLONES void RotaryRow(const float* x, const float* c, const float* 
 }
 
 // Applies RotaryRow to every (b, h, t) row of x [B, H, T, D] (last dimension contiguous,
-// other strides any) with cos/sin [B or 1, T, D] contiguous; out [B, H, T, D] contiguous.
+// other strides any) with cos/sin [B or 1, T, D] contiguous; out [B, H, T, D] as RotaryOutput
+// makes it.
 void RotaryRows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                 torch::Tensor& out, bool transpose) {
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
   if (x.is_cuda()) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t strides[3] = {x.stride(0), x.stride(1), x.stride(2)};
-    CheckKernel(
-        cuda_kernels::Rotary(KernelDtype(x), x.data_ptr(), strides, cos.data_ptr(), sin.data_ptr(),
-                             cos.size(0) == 1 ? 0 : x.size(2) * x.size(3), out.data_ptr(),
-                             x.size(0), x.size(1), x.size(2), x.size(3), transpose, StreamOf(x)),
-        "the rotary embedding");
+    const int64_t out_strides[3] = {out.stride(0), out.stride(1), out.stride(2)};
+    CheckKernel(cuda_kernels::Rotary(KernelDtype(x), x.data_ptr(), strides, cos.data_ptr(),
+                                     sin.data_ptr(), cos.size(0) == 1 ? 0 : x.size(2) * x.size(3),
+                                     out.data_ptr(), out_strides, x.size(0), x.size(1), x.size(2),
+                                     x.size(3), transpose, StreamOf(x)),
+                "the rotary embedding");
     return;
   }
 #endif
@@ -438,12 +440,23 @@ void RotaryRows(const torch::Tensor& x, const torch::Tensor& cos, const torch::T
   });
 }
 
+// The rotary embedding's result for x [B, H, T, D]: contiguous on the CPU; on a GPU a
+// [B, T, H, D] buffer seen as [B, H, T, D], the layout the projections give and take. The fused
+// attention then writes its output in that layout too (it follows the query's), so neither the
+// output's way to o_proj nor the gradients' way back to the projections copies a tensor (a
+// contiguous query made LibTorch copy the output and its gradient, and the query's and key's
+// gradients, into the other layout).
+torch::Tensor RotaryOutput(const torch::Tensor& x) {
+  if (!x.is_cuda()) return torch::empty(x.sizes(), x.options());
+  return torch::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
+}
+
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
     const torch::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
-    torch::Tensor out = torch::empty(x.sizes(), x.options());
+    torch::Tensor out = RotaryOutput(x);
     RotaryRows(x, cos, sin, out, /*transpose=*/false);
     ctx->save_for_backward({cos, sin});
     return out;
@@ -452,7 +465,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor g = grads[0].stride(3) == 1 ? grads[0] : grads[0].contiguous();
-    torch::Tensor gx = torch::empty(g.sizes(), g.options());
+    torch::Tensor gx = RotaryOutput(g);
     RotaryRows(g, saved[0], saved[1], gx, /*transpose=*/true);
     return {gx, torch::Tensor(), torch::Tensor()};
   }

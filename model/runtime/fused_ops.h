@@ -40,7 +40,8 @@ torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& up);
 
 // The rotary embedding as transformers applies it: x * cos + rotate_half(x) * sin, for x
 // [B, H, T, D] (any strides) and cos, sin [B, T, D]; rotate_half(x) = cat(-x2, x1) of x's
-// halves. Differentiable in x (cos and sin are constants). The fused result is contiguous.
+// halves. Differentiable in x (cos and sin are constants). The fused result is contiguous on
+// the CPU; on a GPU its memory is [B, T, H, D] (the projections' layout).
 torch::Tensor RotaryEmbedding(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin);
 
