@@ -262,9 +262,11 @@ class SharedInputFunction : public torch::autograd::Function<SharedInputFunction
       outputs.push_back(y);
       saved.push_back(xa);  // undefined without LoRA
     }
+    // Saved as variables (autograd checks that nothing changed them in place before the
+    // backward pass), as the layers' own nodes save them: no copies.
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    saved.insert(saved.end(), lora.begin(), lora.end());
     ctx->save_for_backward(saved);
-    ctx->saved_data["layers"] = c10::List<at::Tensor>(weights);
-    ctx->saved_data["lora"] = c10::List<at::Tensor>(lora);
     ctx->saved_data["lora_slot"] = lora_slot;
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
     ctx->saved_data["scales"] = c10::List<double>(scales);
@@ -278,28 +280,31 @@ class SharedInputFunction : public torch::autograd::Function<SharedInputFunction
   // rounding), the LoRA paths' as one product of their side-by-side factors.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const c10::List<at::Tensor> weights = ctx->saved_data["layers"].toTensorList();
-    const c10::List<at::Tensor> lora = ctx->saved_data["lora"].toTensorList();
+    const size_t n = grads.size();
+    // saved: x (or undefined), each layer's x A^T (or undefined), the weights, the LoRA factors.
+    const auto weight = [&](size_t i) -> const torch::Tensor& { return saved[1 + n + i]; };
+    const auto factor = [&](int64_t k) -> const torch::Tensor& { return saved[1 + 2 * n + k]; };
+    const size_t factors = saved.size() - (1 + 2 * n);
     const std::vector<int64_t> lora_slot = ctx->saved_data["lora_slot"].toIntVector();
     const int64_t biases = ctx->saved_data["biases"].toInt();
     const c10::List<double> scales = ctx->saved_data["scales"].toDoubleList();
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
-    const size_t n = grads.size();
     const torch::Tensor x2 = saved[0].defined() ? saved[0].reshape({-1, x_sizes.back()}) : saved[0];
     const bool want_x = ctx->needs_input_grad(0);
     // Gradient slots: x, the weights, the LoRA factors, the biases (every tensor of a list its
     // own), then the three lists of numbers.
     const size_t lora_base = 1 + n;
-    variable_list result(1 + n + lora.size() + static_cast<size_t>(biases) + 3);
+    variable_list result(1 + n + factors + static_cast<size_t>(biases) + 3);
     torch::Tensor dx;
     std::vector<torch::Tensor> side_grads, side_factors;
     for (size_t i = 0; i < n; ++i) {
       if (!grads[i].defined()) continue;
       const torch::Tensor g = grads[i].reshape({-1, grads[i].size(-1)});
-      if (want_x) dx = dx.defined() ? dx.addmm_(g, weights[i]) : torch::mm(g, weights[i]);
+      if (want_x) dx = dx.defined() ? dx.addmm_(g, weight(i)) : torch::mm(g, weight(i));
       const int64_t l = lora_slot[i];
       if (l < 0) continue;
-      const torch::Tensor a = lora[2 * l], b = lora[2 * l + 1];
+      const torch::Tensor& a = factor(2 * l);
+      const torch::Tensor& b = factor(2 * l + 1);
       const double s = scales[i];
       const torch::Tensor xa2 = saved[1 + i].reshape({-1, a.size(0)});
       if (ctx->needs_input_grad(lora_base + 2 * l + 1)) {

@@ -148,7 +148,7 @@ TORCH_MODULE(Linear);
 // active) one autograd node computes them, and its backward pass sums x's gradient in the
 // products: each product after the first accumulates into the same buffer (addmm with beta 1),
 // the LoRA paths' as one product of their side-by-side factors, where autograd adds each
-// layer's gradient of x in a pass of its own (four a layer's q/k/v with LoRA on two of them).
+// layer's gradient of x in a pass of its own (four for q, k and v with LoRA on two of them).
 // The forward values are the layers' own; the gradients equal theirs up to rounding. Elsewhere
 // each layer's forward.
 std::vector<torch::Tensor> SharedInputForward(const std::vector<Linear>& layers,
