@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <utility>
 
 #include "model/runtime/cuda_kernels.h"
@@ -400,22 +401,31 @@ void WithNormBackwardKernel(int packs, F f) {
 }
 
 // As many blocks as the GPU runs at once (each then walks its share of the rows in one wave).
+// The device's multiprocessors and the kernel's occupancy are asked once per device and shape
+// (a backward pass calls this for every norm), kept per thread.
 template <typename T>
 int64_t NormBackwardBlocks(int64_t rows, int64_t dim) {
-  const std::pair<int, int> shape = NormBackwardShape<T>(dim);
-  const int threads = shape.first, packs = shape.second;
-  int device = 0, sms = 1, per_sm = 1;
-  if (threads == 0 || cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    sms = 1;
-  }
-  WithNormBackwardKernel<T>(packs, [&](auto kernel) {
-    if (threads == 0 ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
-      per_sm = 1;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  static thread_local std::map<std::pair<int, int64_t>, int64_t> resident;
+  auto [it, fresh] = resident.try_emplace({device, dim}, 1);
+  if (fresh) {
+    const std::pair<int, int> shape = NormBackwardShape<T>(dim);
+    const int threads = shape.first, packs = shape.second;
+    int sms = 1, per_sm = 1;
+    if (threads == 0 || device < 0 ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      sms = 1;
     }
-  });
-  return std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(sms) * per_sm));
+    WithNormBackwardKernel<T>(packs, [&](auto kernel) {
+      if (threads == 0 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                          0) != cudaSuccess) {
+        per_sm = 1;
+      }
+    });
+    it->second = std::max<int64_t>(1, static_cast<int64_t>(sms) * per_sm);
+  }
+  return std::max<int64_t>(1, std::min<int64_t>(rows, it->second));
 }
 
 template <typename T>
