@@ -146,9 +146,9 @@ struct PerDeviceStrategyOptions {
   size_t max_jobs_together = settings::kMaxJobsTogether;
   // Torch intra-op threads per job. 0 = automatic (1; model/runtime/threads.h).
   int torch_threads = 0;
-  // The job's frozen base multiplies in FP8 in its steps (distill::JobOptions::fp8_base; false
-  // leaves the distill config's value).
-  bool fp8_base = settings::kFp8Base;
+  // How the job's frozen base multiplies in its steps (distill::JobOptions::fp8_base: native,
+  // on or off; empty leaves the distill config's value).
+  std::string fp8_base;
   // Train on "cpu" or "cuda" (falls back to CPU without CUDA). Default: "cpu".
   std::string train_device = "cpu";
   // Most uplink batches one job reads (the rest wait for the next job). Default: 64.

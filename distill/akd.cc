@@ -96,7 +96,16 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
     } else if (key == "max_answer_tokens") {
       o.max_answer_tokens = v.get<int>();
     } else if (key == "fp8_base") {
-      o.fp8_base = v.get<bool>();
+      if (v.is_boolean()) {
+        o.fp8_base = v.get<bool>() ? "on" : "off";
+      } else {
+        o.fp8_base = v.get<std::string>();
+        if (!IsFp8BaseMode(o.fp8_base)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "job key 'fp8_base' must be \"native\", \"on\" or \"off\" (or true / false), got \"",
+              o.fp8_base, "\""));
+        }
+      }
     } else if (key == "prepare_batch") {
       o.prepare_batch = v.get<int>();
       if (o.prepare_batch < 0) {

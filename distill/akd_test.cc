@@ -77,6 +77,15 @@ TEST(DistillSettingsTest, TheCommittedFileLoadsAndKeysNoJobHonoursAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
   EXPECT_THAT(ParseDistillSettings(R"({"job": {"student_dropout": false}})").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eval mode")));
+  // fp8_base: one of its three modes, or true / false for on / off.
+  for (const auto& [text, mode] : std::vector<std::pair<std::string, std::string>>{
+           {R"("native")", "native"}, {R"("off")", "off"}, {"true", "on"}, {"false", "off"}}) {
+    ASSERT_OK_AND_ASSIGN(DistillSettings f,
+                         ParseDistillSettings(R"({"job": {"fp8_base": )" + text + "}}"));
+    EXPECT_EQ(f.job.fp8_base, mode) << text;
+  }
+  EXPECT_THAT(ParseDistillSettings(R"({"job": {"fp8_base": "fp8"}})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp8_base")));
   ASSERT_OK_AND_ASSIGN(DistillSettings p, ParseDistillSettings(R"({"job": {"prepare_batch": 4}})"));
   EXPECT_EQ(p.job.prepare_batch, 4);
   EXPECT_THAT(ParseDistillSettings(R"({"job": {"prepare_batch": -1}})").status(),

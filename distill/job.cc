@@ -4,6 +4,10 @@
 
 namespace cdcca::distill {
 
+bool IsFp8BaseMode(const std::string& mode) {
+  return mode == "native" || mode == "on" || mode == "off";
+}
+
 bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point start) {
   return options.time_budget_s > 0 &&
          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=

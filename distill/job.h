@@ -46,13 +46,16 @@ struct JobOptions {
   // --phase_steps). Synchronizing costs those steps the overlap of the host's work with the
   // device's, so a timed job's samples/s is read with N = 0.
   int phase_steps = 0;
-  // The student's frozen base multiplies in FP8 in the training steps (model::Fp8BaseScope:
-  // native on a GPU of compute capability 8.9+, emulated on the CPU, as a CPU run's measure of
-  // the rounding; PairDistiller::Create refuses it on a GPU without native FP8). On CUDA the
-  // trainer then holds the base in FP8 for good (its passes outside the steps too: the fit's, a
-  // guard's), in place of the bf16 copy; elsewhere the steps alone (cdcca-cloud's --fp8_base,
-  // akd_bench's, adapt's; job key "fp8_base").
-  bool fp8_base = settings::kFp8Base;
+  // How the student's frozen base multiplies in the training steps (model::Fp8BaseScope,
+  // model/runtime/fp8_product.h): "native" multiplies in FP8 where the GPU runs FP8 products
+  // natively (compute capability 8.9+, LibTorch 2.5+) and plainly elsewhere; "on" multiplies in
+  // FP8 everywhere, emulated off such a GPU (a CPU run's measure of what the rounding does to a
+  // job; PairDistiller::Create refuses it on a GPU without native FP8); "off" never. Where FP8
+  // runs on CUDA the trainer holds the base in FP8 for good (its passes outside the steps too:
+  // the fit's, a guard's), in place of the bf16 copy; elsewhere the steps alone (cdcca-cloud's
+  // --fp8_base, akd_bench's, adapt's; job key "fp8_base": one of the three, or true for "on"
+  // and false for "off").
+  std::string fp8_base = settings::kFp8Base;
   // Where a job trains is the program's choice (cdcca-cloud's --device), and the student trains
   // in eval() mode (no dropout): a settings file naming "use_cuda" or "student_dropout" is
   // refused with that explanation.
@@ -66,6 +69,9 @@ struct LossTerm {
   double last = 0;
   double mean = 0;
 };
+
+// Whether `mode` is a setting of JobOptions::fp8_base: "native", "on" or "off".
+bool IsFp8BaseMode(const std::string& mode);
 
 // Whether a training loop that started at `start` has used up options.time_budget_s (false
 // without a budget).

@@ -314,6 +314,7 @@ struct PairDistiller::State {
   JobOptions options;
   bool same_tokenizer = false;
   bool use_kl = false;
+  bool fp8_base = false;  // UsesFp8Base(options, device)
   torch::Device device = torch::kCPU;
   torch::nn::Linear phi{nullptr}, psi{nullptr};
   bool fitted = false;
@@ -555,13 +556,17 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   if (student.model->TrainableParameters().empty()) {
     return absl::InvalidArgumentError("the student has no trainable set");
   }
+  if (!IsFp8BaseMode(options.fp8_base)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8_base must be native, on or off, got \"", options.fp8_base, "\""));
+  }
   if (const torch::Device device = student.model->device();
-      options.fp8_base && device.is_cuda() && !model::NativeFp8Available(device)) {
+      options.fp8_base == "on" && device.is_cuda() && !model::NativeFp8Available(device)) {
     // Emulated on a GPU the products would run slower than bf16's with twice its weight
     // memory: nothing a user asking for FP8 on a GPU wants. The CPU emulates on purpose.
     return absl::InvalidArgumentError(
-        "fp8_base: this GPU has no native FP8 products (compute capability 8.9+ and LibTorch "
-        ">= 2.5 are needed); run without fp8_base");
+        "fp8_base on: this GPU has no native FP8 products (compute capability 8.9+ and LibTorch "
+        ">= 2.5 are needed); run with fp8_base native or off");
   }
   auto state = std::make_unique<State>();
   state->teacher = std::move(teacher);
@@ -574,8 +579,9 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   // float weights' memory more), the products multiply directly. The CPU keeps the packed
   // kernels and the memory.
   // With FP8 products the FP8 copies take the float copy's place (the same bytes as bf16).
+  state->fp8_base = UsesFp8Base(options, state->device);
   if (state->device.is_cuda()) {
-    if (options.fp8_base) {
+    if (state->fp8_base) {
       model::HoldFp8Weights(state->student.model->module());
     } else {
       model::HoldDequantizedWeights(state->student.model->module());
@@ -819,7 +825,7 @@ absl::Status PairDistiller::Train(const std::vector<Job*>& jobs, bool segmented)
   const model::NamedTensors shared =
       segmented ? student.TrainableParameters() : model::NamedTensors();
   // Holding FP8 costs a pass over the base's weights: before the clock, as the load's holding is.
-  const model::Fp8BaseScope fp8(student.module(), jobs[0]->distiller->state_->options.fp8_base);
+  const model::Fp8BaseScope fp8(student.module(), jobs[0]->distiller->state_->fp8_base);
   const Clock::time_point train_start = Clock::now();
   Clock::time_point step_start = train_start;
   std::vector<Job*> running = jobs;
@@ -1247,6 +1253,11 @@ absl::StatusOr<double> AnswerProbability(const PairSide& side, const PairSample&
   absl::StatusOr<std::vector<double>> p = AnswerProbabilities(side, {&sample}, {answer});
   if (!p.ok()) return p.status();
   return (*p)[0];
+}
+
+bool UsesFp8Base(const JobOptions& options, const torch::Device& device) {
+  return options.fp8_base == "on" ||
+         (options.fp8_base == "native" && device.is_cuda() && model::NativeFp8Available(device));
 }
 
 PairSide IdsAsTextSide(model::MultimodalModel* model) {

@@ -68,6 +68,10 @@ struct PairSide {
 // build), so the KL term applies as for identical tokenizer files. `model` is not owned.
 PairSide IdsAsTextSide(model::MultimodalModel* model);
 
+// Whether a job on `device` with `options` multiplies its frozen base in FP8
+// (JobOptions::fp8_base: "on", or "native" on a GPU that runs FP8 products natively).
+bool UsesFp8Base(const JobOptions& options, const torch::Device& device);
+
 // The LM ids `side` reads `prompt` as: its template, its tokenizer (with specials), the image
 // placeholder expanded. Errors of the template or the codec.
 absl::StatusOr<std::vector<int64_t>> SidePromptIds(const PairSide& side, const std::string& prompt);

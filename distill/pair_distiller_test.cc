@@ -807,9 +807,11 @@ TEST(PairJobTest, TheLastStepsAreTimedPhaseByPhase) {
   }
 }
 
-// fp8_base: the job's steps multiply the student's quantized base in FP8 (emulated on the
+// fp8_base on: the job's steps multiply the student's quantized base in FP8 (emulated on the
 // CPU). The job trains from the same first losses to a set near the plain job's but not equal
-// to it, and leaves the base as it was: no layer holds FP8 after it.
+// to it, and leaves the base as it was: no layer holds FP8 after it. native, the default, is
+// the plain job on the CPU (no native FP8 there), bit for bit; a mode of no other name is
+// refused.
 TEST(PairJobTest, AnFp8BaseJobRoundsItsStepsAndLeavesTheBaseAsItWas) {
   std::unique_ptr<Side> teacher = LoadSide("llava_clip_llama");
   std::unique_ptr<Side> student = LoadSide("llava_clip_llama", "int8");
@@ -821,9 +823,9 @@ TEST(PairJobTest, AnFp8BaseJobRoundsItsStepsAndLeavesTheBaseAsItWas) {
   o.batch_size = 2;
   o.max_answer_tokens = 3;
   const model::NamedTensors start = compress::Fp32Clones(student->model->TrainableParameters());
-  auto run = [&](bool fp8) -> PairJobResult {
+  auto run = [&](const std::string& mode) -> PairJobResult {
     EXPECT_OK(compress::CopyInto(start, student->model->TrainableParameters()));
-    o.fp8_base = fp8;
+    o.fp8_base = mode;
     absl::StatusOr<std::unique_ptr<PairDistiller>> d =
         PairDistiller::Create(teacher->side, student->side, config, o);
     EXPECT_OK(d.status());
@@ -839,9 +841,21 @@ TEST(PairJobTest, AnFp8BaseJobRoundsItsStepsAndLeavesTheBaseAsItWas) {
     }
     return n;
   };
-  const PairJobResult plain = run(false);
-  const PairJobResult rounded = run(true);
+  EXPECT_EQ(JobOptions().fp8_base, "native");
+  const PairJobResult plain = run("off");
+  const PairJobResult rounded = run("on");
+  const PairJobResult native = run("native");
   EXPECT_EQ(fp8_layers(), 0);
+  ASSERT_EQ(native.trainable.size(), plain.trainable.size());
+  for (size_t i = 0; i < plain.trainable.size(); ++i) {
+    EXPECT_TRUE(torch::equal(native.trainable[i].second, plain.trainable[i].second))
+        << plain.trainable[i].first;
+  }
+  o.fp8_base = "fp8";
+  const absl::Status refused =
+      PairDistiller::Create(teacher->side, student->side, config, o).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "native, on or off")) << refused;
   ASSERT_FALSE(plain.stats.terms.empty());
   ASSERT_EQ(plain.stats.terms.size(), rounded.stats.terms.size());
   const double first = plain.stats.terms[0].first, first_fp8 = rounded.stats.terms[0].first;

@@ -92,7 +92,8 @@ fi
 # together (akd_bench --jobs, --max_jobs_together; cdcca.json then holds device_jobs_per_hour),
 # and the reference's side as a competent peft user runs them: the pair loaded once, the jobs
 # one after another, each from the pretrained adapters with its own optimizer.
-# CDCCA_AKD_FP8=1 runs cdcca's side with its frozen base's products in FP8 (akd_bench --fp8_base).
+# CDCCA_AKD_FP8=off runs cdcca's side with its frozen base's products in bf16 (akd_bench
+# --fp8_base=off; native, the default, multiplies in FP8 on a GPU that runs it, an H100 or H200).
 # CDCCA_AKD_PHASE_STEPS=N (default 10) times the last N steps of each side phase by phase
 # ("phases_ms_per_step"; both sides synchronize the same way). CDCCA_AKD_PREPARE_BATCH=P
 # (default 0: twice the batch size) is how many samples both teachers label in one batch while a
@@ -104,7 +105,7 @@ fi
 side=${CDCCA_AKD_SIDE:-both}
 cdcca_only=()
 reference_only=()
-[ "${CDCCA_AKD_FP8:-0}" = 1 ] && cdcca_only+=(--fp8_base)
+[ -n "${CDCCA_AKD_FP8:-}" ] && cdcca_only+=(--fp8_base="$CDCCA_AKD_FP8")
 if [ "${CDCCA_AKD_TRACE:-0}" = 1 ]; then
   cdcca_only+=(--trace "$dir/cdcca.trace.json")
   reference_only+=(--trace "$dir/reference.trace.json")

@@ -83,9 +83,11 @@ ABSL_FLAG(bool, lora_vision, cdcca::settings::kLoraVision,
           "from each frame as the device would uplink it (JPEG at the tower's input size)");
 ABSL_FLAG(bool, lora_vision_mlp, cdcca::settings::kLoraVisionMlp,
           "adapt, adapt-eval: with --lora_vision, LoRA on the vision tower's MLP (fc1, fc2) too");
-ABSL_FLAG(bool, fp8_base, cdcca::settings::kFp8Base,
-          "adapt, adapt-eval: the student's frozen base multiplies in FP8 in the jobs' training "
-          "steps (emulated on a CPU: what the GPU's FP8 products do to a job)");
+ABSL_FLAG(std::string, fp8_base, "",
+          "adapt, adapt-eval: how the student's frozen base multiplies in the jobs' training "
+          "steps: native (FP8 where the GPU runs it natively), on (FP8 everywhere, emulated on "
+          "a CPU: what the GPU's FP8 products do to a job) or off (empty: the distill config's "
+          "job key \"fp8_base\", default native)");
 ABSL_FLAG(bool, ground_truth_arms, false,
           "adapt-eval: add, for every arm, a twin whose job trains on each question's "
           "ground-truth answer instead of the teacher's (the trainable set's ceiling without "
@@ -308,7 +310,7 @@ absl::StatusOr<AdaptEvalOptions> AdaptEvalOptionsFromFlags() {
   if (absl::GetFlag(FLAGS_max_steps) > 0) o.job.max_steps = absl::GetFlag(FLAGS_max_steps);
   if (absl::GetFlag(FLAGS_lr) > 0) o.job.lr = absl::GetFlag(FLAGS_lr);
   if (absl::GetFlag(FLAGS_batch_size) > 0) o.job.batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (absl::GetFlag(FLAGS_fp8_base)) o.job.fp8_base = true;
+  if (!absl::GetFlag(FLAGS_fp8_base).empty()) o.job.fp8_base = absl::GetFlag(FLAGS_fp8_base);
   o.max_answer_tokens = o.job.max_answer_tokens;
 
   const float ratio = static_cast<float>(absl::GetFlag(FLAGS_uts_token_ratio));
@@ -441,7 +443,9 @@ int AdaptCommand(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_lr) > 0) settings.job.lr = absl::GetFlag(FLAGS_lr);
   settings.job.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   settings.job.seed = absl::GetFlag(FLAGS_job_seed);
-  if (absl::GetFlag(FLAGS_fp8_base)) settings.job.fp8_base = true;
+  if (!absl::GetFlag(FLAGS_fp8_base).empty()) {
+    settings.job.fp8_base = absl::GetFlag(FLAGS_fp8_base);
+  }
 
   const std::string device = absl::GetFlag(FLAGS_device);
   std::string teacher_precision = absl::GetFlag(FLAGS_teacher_precision);

@@ -192,7 +192,9 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
   CDCCA_RETURN_IF_ERROR(top.Read("guard_restore_base", &e.job.guard_restore_base));
   CDCCA_RETURN_IF_ERROR(top.Read("guard_measure", &e.job.guard_measure));
   CDCCA_RETURN_IF_ERROR(top.Read("pool_samples", &e.job.pool_samples));
-  CDCCA_RETURN_IF_ERROR(top.Read("fp8_base", &e.job.fp8_base));
+  json fp8_base = e.job.fp8_base;  // "native", "on", "off", or true / false for on / off
+  CDCCA_RETURN_IF_ERROR(top.Read("fp8_base", &fp8_base));
+  if (fp8_base.is_boolean()) fp8_base = fp8_base.get<bool>() ? "on" : "off";
   for (const char* parsed_below : {"schedule", "cloud", "link"}) top.Known(parsed_below);
   CDCCA_RETURN_IF_ERROR(top.OnlyKnown());
   CDCCA_RETURN_IF_ERROR(Check(e.task == "vqa" || e.task == "caption", w, "task",
@@ -260,6 +262,10 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
       Check(e.uts.dropout_p >= 0 && e.uts.dropout_p < 1, w, "uts_dropout", "must be in [0, 1)"));
   CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), w,
                               "uplink_precision", "must be fp16, int8, int4 or jpeg"));
+  // distill::IsFp8BaseMode's names (this library does not link the distiller).
+  CDCCA_RETURN_IF_ERROR(Check(fp8_base == "native" || fp8_base == "on" || fp8_base == "off", w,
+                              "fp8_base", "must be native, on or off (or true / false)"));
+  e.job.fp8_base = fp8_base.get<std::string>();
   // cloud::ParseGuardMeasure's names (this library does not link the cloud).
   CDCCA_RETURN_IF_ERROR(
       Check(e.job.guard_measure == "agreement" || e.job.guard_measure == "teacher_probability" ||

@@ -116,8 +116,9 @@ struct JobSettings {
   std::string guard_measure = settings::kGuardMeasure;
   // The durable pool per device (cdcca-cloud's --pool_samples).
   int pool_samples = settings::kPoolSamples;
-  // The job's frozen base multiplies in FP8 in its steps (cdcca-cloud's --fp8_base).
-  bool fp8_base = settings::kFp8Base;
+  // How the job's frozen base multiplies in its steps (cdcca-cloud's --fp8_base: native, on,
+  // off).
+  std::string fp8_base = settings::kFp8Base;
 };
 
 // Where the cloud's state lives for the run (cdcca-cloud --store and --role): "files"

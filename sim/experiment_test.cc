@@ -136,6 +136,23 @@ TEST(ExperimentTest, ReadsTheGuardsMeasure) {
                        AllOf(HasSubstr("c.json"), HasSubstr("guard_measure"))));
 }
 
+// How the jobs' frozen base multiplies: native by default, one of the three modes or true /
+// false for on / off, and nothing else.
+TEST(ExperimentTest, ReadsTheBasesProducts) {
+  const std::string base = R"("name": "x", "schedule": [{}], "methods": ["pl"])";
+  ASSERT_OK_AND_ASSIGN(Experiment by_default, ParseExperiment("{" + base + "}", "a.json"));
+  EXPECT_EQ(by_default.job.fp8_base, "native");
+  for (const auto& [text, mode] : std::vector<std::pair<std::string, std::string>>{
+           {R"("on")", "on"}, {R"("off")", "off"}, {"true", "on"}, {"false", "off"}}) {
+    ASSERT_OK_AND_ASSIGN(Experiment e,
+                         ParseExperiment("{" + base + R"(, "fp8_base": )" + text + "}", "b.json"));
+    EXPECT_EQ(e.job.fp8_base, mode) << text;
+  }
+  EXPECT_THAT(ParseExperiment("{" + base + R"(, "fp8_base": "fp8"})", "c.json").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("c.json"), HasSubstr("fp8_base"))));
+}
+
 // A Hugging Face pair: both folders, the adapters and the jobs' device are read; one folder
 // alone, a device-side method, a family's token score or an unknown device are refused.
 TEST(ExperimentTest, ReadsAHubPairAndRefusesWhatItCannotRun) {

@@ -33,6 +33,7 @@
 #include "cloud/open_cloud.h"
 #include "cloud/trainer.h"
 #include "cloud/update_guard.h"
+#include "distill/job.h"
 #include "model/runtime/threads.h"
 #include "nlohmann/json.hpp"
 #include "settings/defaults.h"
@@ -220,11 +221,12 @@ ABSL_FLAG(int, max_jobs_together, cdcca::settings::kMaxJobsTogether,
           "run at once (--trainer_threads): each device's rows read its own adapters and it gets "
           "what its job alone gives; a step holds every job's batch (1 = one job at a time)");
 ABSL_FLAG(
-    bool, fp8_base, cdcca::settings::kFp8Base,
-    "the student's frozen base multiplies in FP8 in a job's training steps (e4m3 scaled per "
-    "row: native on GPUs of compute capability 8.9+, emulated on the CPU; a GPU without them "
-    "refuses the job; on a GPU the trainer holds the base in FP8 in place of bf16); the distill "
-    "config's job key \"fp8_base\"");
+    std::string, fp8_base, "",
+    "how the student's frozen base multiplies in a job's training steps: native (FP8, e4m3 "
+    "scaled per row, where the GPU runs FP8 products natively, compute capability 8.9+; the "
+    "plain products elsewhere), on (FP8 everywhere: emulated on the CPU; a GPU without native "
+    "FP8 refuses the job) or off; where FP8 runs on a GPU the trainer holds the base in FP8 in "
+    "place of bf16 (empty: the distill config's job key \"fp8_base\", default native)");
 ABSL_FLAG(int, torch_threads, 0,
           "LibTorch intra-op threads of the trainer, process-wide (0 = automatic: 1, the BLAS "
           "threads matrix products)");
@@ -296,6 +298,10 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
   so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   so.fp8_base = absl::GetFlag(FLAGS_fp8_base);
+  if (!so.fp8_base.empty() && !cdcca::distill::IsFp8BaseMode(so.fp8_base)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fp8_base must be native, on or off, got \"", so.fp8_base, "\""));
+  }
   so.train_device = absl::GetFlag(FLAGS_device);
   if (absl::StartsWith(so.train_device, "cuda:")) {
     if (!absl::SimpleAtoi(so.train_device.substr(5), &visible_gpu) || visible_gpu < 0) {

@@ -82,9 +82,10 @@ ABSL_FLAG(int, phase_steps, 0,
 ABSL_FLAG(int, prepare_batch, 0,
           "samples the teacher labels in one batch while a job prepares (0 = twice --batch_size, "
           "the job's default; 1 = one sample at a time)");
-ABSL_FLAG(bool, fp8_base, cdcca::settings::kFp8Base,
-          "the student's frozen base multiplies in FP8 in the training steps (e4m3 scaled per "
-          "row; native on GPUs of compute capability 8.9+; JobOptions::fp8_base)");
+ABSL_FLAG(std::string, fp8_base, cdcca::settings::kFp8Base,
+          "how the student's frozen base multiplies in the training steps: native (FP8, e4m3 "
+          "scaled per row, where the GPU runs FP8 products natively, compute capability 8.9+), "
+          "on (FP8 everywhere) or off (JobOptions::fp8_base)");
 ABSL_FLAG(std::string, trace, "",
           "a Chrome trace of the jobs written here (LibTorch's profiler: host operators and CUDA "
           "kernels; each training step named cdcca::train_step); scripts/trace_split.py splits "
@@ -286,7 +287,8 @@ int Run() {
       {"batch", job.batch_size},
       {"prepare_batch", PrepareBatch(job)},
       {"fp8_base", job.fp8_base},
-      {"fp8_native", job.fp8_base && model::NativeFp8Available(device)},
+      {"fp8", UsesFp8Base(job, device)},
+      {"fp8_native", UsesFp8Base(job, device) && model::NativeFp8Available(device)},
       {"kl_used", result->kl_used},
       {"load_seconds", load_seconds},
       {"teacher_load_seconds", teacher_load_seconds},

@@ -10,9 +10,14 @@
 //     H100 at both shapes, the tensor cores' FP8 accumulation (which keeps fewer bits than an
 //     fp32 sum) against the emulation's fp32 sums. The FP8 product's difference from the plain
 //     product is printed beside it (the rounding's size, not a bound).
+//   - rounding: the native path's rounding (cdcca's kernel where it is built) against the same
+//     formula through LibTorch on the CPU, every value and scale equal; and where the
+//     emulation's rounding differs (printed, not a bound).
 //   - speed: milliseconds of the forward product and of the input's gradient (the frozen
 //     base's two products in a step), bf16 (torch::linear) against FP8 (Fp8Linear, its
-//     rounding of the input included), rows = 8 x 648 (batch 8 of the AKD benchmark).
+//     rounding of the input included), rows = 8 x 648 (batch 8 of the AKD benchmark); and the
+//     forward's parts: the input's rounding (the kernel, and LibTorch's passes of the same
+//     formula) and the GEMM alone.
 // Prints one line per figure and a JSON summary; exit 0 when every agreement holds, 1
 // otherwise, 77 where there is no CUDA device or it cannot run the native product.
 //
@@ -48,6 +53,44 @@ Fp8Weight Emulated(const torch::Tensor& w) {
   return e;
 }
 
+// The FP8 forward product's parts, milliseconds: the input's rounding (cdcca's kernel, and
+// LibTorch's passes of the same formula), and the GEMM alone on rounded operands, with the
+// tensor cores' fast accumulation off (what Fp8Linear runs) and on. Zeros where this LibTorch
+// has no FP8 product (the program stops before timing there).
+struct ForwardParts {
+  double rounding = 0, rounding_passes = 0, gemm = 0, gemm_fast = 0;
+};
+
+ForwardParts TimeForwardParts(const torch::Tensor& x, const Fp8Weight& f, int repeats) {
+  ForwardParts parts;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  parts.rounding = CudaMillis([&] { return QuantizeRowsE4m3(x, true).values; }, repeats);
+  parts.rounding_passes = CudaMillis(
+      [&] {
+        const torch::Tensor scales =
+            x.abs().amax(1).to(torch::kFloat).clamp_min(1e-12 * kE4m3Max) / kE4m3Max;
+        return (x.to(torch::kFloat) / scales.unsqueeze(1)).to(torch::kFloat8_e4m3fn);
+      },
+      repeats);
+  const Fp8Rows xq = QuantizeRowsE4m3(x, true);
+  const torch::Tensor sa = xq.scales.unsqueeze(1).contiguous();
+  const torch::Tensor sb = f.w.scales.unsqueeze(0).contiguous();
+  for (bool fast : {false, true}) {
+    (fast ? parts.gemm_fast : parts.gemm) = CudaMillis(
+        [&] {
+          return at::_scaled_mm(xq.values, f.w.values.t(), sa, sb, std::nullopt, std::nullopt,
+                                torch::kBFloat16, /*use_fast_accum=*/fast);
+        },
+        repeats);
+  }
+#else
+  (void)x;
+  (void)f;
+  (void)repeats;
+#endif
+  return parts;
+}
+
 int Run() {
   if (!torch::cuda::is_available()) {
     std::printf("fp8_product_check: no CUDA device\n");
@@ -60,6 +103,7 @@ int Run() {
   }
   torch::manual_seed(0);
   nlohmann::json summary = {{"agreement", nlohmann::json::array()},
+                            {"rounding", nlohmann::json::array()},
                             {"speed", nlohmann::json::array()}};
   bool ok = true;
   struct Shape {
@@ -108,6 +152,42 @@ int Run() {
     }
   }
 
+  // The rounding alone: the native path's on the GPU (cdcca's kernel) against the same formula
+  // through LibTorch on the CPU (its float8_e4m3fn cast), value for value and scale for scale,
+  // bf16 and fp32 rows of the 7B shapes, one row count not a multiple of 16; and how many values
+  // the emulation's rounding (RoundToE4m3, the CPU's products) puts elsewhere.
+  for (const Shape& s : std::vector<Shape>{{1000, 4096, 0}, {5184, 11008, 0}}) {
+    for (torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      const auto options = torch::TensorOptions().device(cuda).dtype(dtype);
+      const torch::Tensor m =
+          torch::randn({s.rows, s.in}, options) * torch::rand({s.rows, 1}, options) * 100;
+      const Fp8Rows native = QuantizeRowsE4m3(m, /*native=*/true);
+      const Fp8Rows cpu = QuantizeRowsE4m3(m.cpu(), /*native=*/true);
+      const Fp8Rows emulated = QuantizeRowsE4m3(m.cpu(), /*native=*/false);
+      const torch::Tensor nv = native.values.to(torch::kFloat).cpu();
+      const int64_t values_differ = nv.ne(cpu.values.to(torch::kFloat)).sum().item<int64_t>();
+      const int64_t scales_differ = native.scales.cpu().ne(cpu.scales).sum().item<int64_t>();
+      const int64_t emulation_differs =
+          nv.ne(emulated.values.to(torch::kFloat)).sum().item<int64_t>();
+      const bool same = values_differ == 0 && scales_differ == 0;
+      ok = ok && same;
+      const std::string name = torch::toString(dtype);
+      std::printf(
+          "rounding %s [%lld x %lld]: values differing %lld, scales differing %lld %s; the "
+          "emulation's rounding differs at %lld\n",
+          name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.in),
+          static_cast<long long>(values_differ), static_cast<long long>(scales_differ),
+          same ? "ok" : "FAIL", static_cast<long long>(emulation_differs));
+      summary["rounding"].push_back({{"dtype", name},
+                                     {"rows", s.rows},
+                                     {"cols", s.in},
+                                     {"values_differing", values_differ},
+                                     {"scales_differing", scales_differ},
+                                     {"emulation_differing", emulation_differs},
+                                     {"ok", same}});
+    }
+  }
+
   const int64_t rows = absl::GetFlag(FLAGS_rows);
   const int repeats = absl::GetFlag(FLAGS_repeats);
   double bf16_total = 0, fp8_total = 0;
@@ -134,17 +214,24 @@ int Run() {
     const double fp8_bwd = CudaMillis([&] { return Fp8Linear(g, transposed); }, repeats);
     bf16_total += p.per_layer * (bf16_fwd + bf16_bwd);
     fp8_total += p.per_layer * (fp8_fwd + fp8_bwd);
+    const ForwardParts parts = TimeForwardParts(x, f, repeats);
     std::printf(
         "%s, %lld rows: forward bf16 %.3f ms, FP8 %.3f ms (%.2fx); input gradient bf16 "
-        "%.3f ms, FP8 %.3f ms (%.2fx)\n",
+        "%.3f ms, FP8 %.3f ms (%.2fx); the forward's parts: rounding %.3f ms (LibTorch's "
+        "passes %.3f), GEMM %.3f ms (fast accumulation %.3f)\n",
         p.name, static_cast<long long>(rows), bf16_fwd, fp8_fwd, bf16_fwd / fp8_fwd, bf16_bwd,
-        fp8_bwd, bf16_bwd / fp8_bwd);
+        fp8_bwd, bf16_bwd / fp8_bwd, parts.rounding, parts.rounding_passes, parts.gemm,
+        parts.gemm_fast);
     summary["speed"].push_back({{"product", p.name},
                                 {"rows", rows},
                                 {"bf16_forward_ms", bf16_fwd},
                                 {"fp8_forward_ms", fp8_fwd},
                                 {"bf16_input_gradient_ms", bf16_bwd},
-                                {"fp8_input_gradient_ms", fp8_bwd}});
+                                {"fp8_input_gradient_ms", fp8_bwd},
+                                {"rounding_kernel_ms", parts.rounding},
+                                {"rounding_libtorch_passes_ms", parts.rounding_passes},
+                                {"fp8_gemm_ms", parts.gemm},
+                                {"fp8_gemm_fast_accumulation_ms", parts.gemm_fast}});
   }
   std::printf(
       "one layer's base products, forward and input gradient: bf16 %.2f ms, FP8 %.2f ms "

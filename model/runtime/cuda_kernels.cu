@@ -5,6 +5,7 @@
 // arithmetic is float32 whatever the storage, with one rounding to the storage type at the end.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -223,17 +224,32 @@ int SiluMulBackwardAs(const void* go, const void* gate, const void* up, void* ga
 
 // ---- The residual addition and RMSNorm ----
 
-// The sum of v over the block (every thread gets it). `shared` holds 32 floats; the block's
-// threads are a multiple of 32.
-__device__ __forceinline__ float BlockSum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// v reduced over the block by `op` (sum or max; every thread gets the result). `shared` holds 32
+// floats; the block's threads are a multiple of 32.
+template <typename Op>
+__device__ __forceinline__ float BlockReduce(float v, float* shared, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   __syncthreads();  // shared is free again (an earlier call's readers are done)
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  float total = lane < warps ? shared[lane] : 0.0f;
-  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  float total = lane < warps ? shared[lane] : op.identity;
+  for (int o = 16; o > 0; o >>= 1) total = op(total, __shfl_xor_sync(0xffffffffu, total, o));
   return total;
+}
+
+struct SumOp {
+  float identity = 0.0f;
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+struct MaxOp {
+  float identity = 0.0f;  // the magnitudes reduced are >= 0
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  return BlockReduce(v, shared, SumOp());
 }
 
 // One block per row (rows strided over the grid): h = x + a rounded to T, rstd = 1 / sqrt(mean
@@ -446,6 +462,65 @@ int AddRmsNormBackwardAs(const void* dy, const void* h, const void* w, const flo
   return static_cast<int>(cudaGetLastError());
 }
 
+// ---- Rows rounded to e4m3 for FP8 products ----
+
+// The smallest scale a row takes (an all-zero row keeps a finite one): 1e-12 of e4m3's range.
+constexpr float kE4m3Max = 448.0f;
+constexpr float kMinAbsMax = static_cast<float>(1e-12 * 448.0);
+
+// One block per row of x (row stride `stride`): the row's largest magnitude m, its scale
+// max(m, kMinAbsMax) / 448, each value divided by the scale and rounded to e4m3 (nearest,
+// ties to even, saturated). Rows from `rows` to `padded_rows` are written as zeros with the
+// smallest scale. V values a thread per load (1 where the row is not in aligned packs).
+template <typename T, int V>
+__global__ void QuantizeRowsKernel(const T* __restrict__ x, int64_t stride, int64_t rows,
+                                   int64_t cols, __nv_fp8_storage_t* __restrict__ q,
+                                   float* __restrict__ scales) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  __nv_fp8_storage_t* qr = q + row * cols;
+  if (row >= rows) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) qr[j] = 0;
+    if (threadIdx.x == 0) scales[row] = kMinAbsMax / kE4m3Max;
+    return;
+  }
+  const T* xr = x + row * stride;
+  float m = 0.0f;
+  for (int64_t j = threadIdx.x * V; j < cols; j += blockDim.x * V) {
+    const Pack<T, V> p = Load<T, V>(xr + j);
+#pragma unroll
+    for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(ToFloat(p.v[k])));
+  }
+  const float scale = fmaxf(BlockReduce(m, shared, MaxOp()), kMinAbsMax) / kE4m3Max;
+  if (threadIdx.x == 0) scales[row] = scale;
+  for (int64_t j = threadIdx.x * V; j < cols; j += blockDim.x * V) {
+    const Pack<T, V> p = Load<T, V>(xr + j);  // the row again, from the cache
+    Pack<__nv_fp8_storage_t, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out.v[k] = __nv_cvt_float_to_fp8(ToFloat(p.v[k]) / scale, __NV_SATFINITE, __NV_E4M3);
+    }
+    Store<__nv_fp8_storage_t, V>(qr + j, out);
+  }
+}
+
+template <typename T>
+int QuantizeRowsE4m3As(const void* x, int64_t stride, int64_t rows, int64_t padded_rows,
+                       int64_t cols, void* q, float* scales, cudaStream_t stream) {
+  constexpr int kV = 16 / sizeof(T);
+  const auto* xp = static_cast<const T*>(x);
+  auto* qp = static_cast<__nv_fp8_storage_t*>(q);
+  // A row's largest dimension (11,008 at the 7B shape) is a few loads a thread.
+  if (Aligned(x) && Aligned(q) && cols % kV == 0 && stride % kV == 0) {
+    QuantizeRowsKernel<T, kV><<<padded_rows, kThreads, 0, stream>>>(xp, stride, rows, cols, qp,
+                                                                      scales);
+  } else {
+    QuantizeRowsKernel<T, 1><<<padded_rows, kThreads, 0, stream>>>(xp, stride, rows, cols, qp,
+                                                                     scales);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace
 
 int Rotary(Dtype dtype, const void* x, const int64_t x_strides[3], const void* cos, const void* sin,
@@ -550,6 +625,25 @@ int AddRmsNormBackward(Dtype dtype, const void* dy, const void* h, const void* w
     case Dtype::kBFloat16:
       return AddRmsNormBackwardAs<__nv_bfloat16>(dy, h, w, rstd, dres, dh, dw_partial, partial_rows,
                                                  rows, dim, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int QuantizeRowsE4m3(Dtype dtype, const void* x, int64_t row_stride, int64_t rows,
+                     int64_t padded_rows, int64_t cols, void* q, float* scales, void* stream) {
+  if (padded_rows == 0) return 0;
+  if (padded_rows < rows || padded_rows > 0x7fffffff) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case Dtype::kFloat:
+      return QuantizeRowsE4m3As<float>(x, row_stride, rows, padded_rows, cols, q, scales, s);
+    case Dtype::kHalf:
+      return QuantizeRowsE4m3As<__half>(x, row_stride, rows, padded_rows, cols, q, scales, s);
+    case Dtype::kBFloat16:
+      return QuantizeRowsE4m3As<__nv_bfloat16>(x, row_stride, rows, padded_rows, cols, q, scales,
+                                               s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

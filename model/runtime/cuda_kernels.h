@@ -1,12 +1,13 @@
-// cdcca's own CUDA kernels for a training step's element-wise work (runtime/cuda_kernels.cu),
-// built where nvcc and a CUDA LibTorch are both present (CDCCA_HAVE_CUDA_KERNELS; CMake option
-// CDCCA_CUDA_KERNELS). LibTorch runs the rotary embedding as a roll, broadcast products and a
-// sum, the SwiGLU gate as silu and a product, and a pre-norm decoder's residual addition and
-// RMSNorm as an addition and a norm kernel forward, two norm kernels and the sum of the
-// residual gradient backward, each a pass over the tensor with its own launch; the kernels here
-// do each in one pass, forward and backward, reading the operands once and rounding once.
-// fused_ops.cc dispatches to them for CUDA tensors in training; everything else keeps LibTorch's
-// forms, and the CPU its own kernels.
+// cdcca's own CUDA kernels for a training step's element-wise work and for the rounding of FP8
+// products' operands (runtime/cuda_kernels.cu), built where nvcc and a CUDA LibTorch are both
+// present (CDCCA_HAVE_CUDA_KERNELS; CMake option CDCCA_CUDA_KERNELS). LibTorch runs the rotary
+// embedding as a roll, broadcast products and a sum, the SwiGLU gate as silu and a product, a
+// pre-norm decoder's residual addition and RMSNorm as an addition and a norm kernel forward,
+// two norm kernels and the sum of the residual gradient backward, and an FP8 operand's rounding
+// as passes for its magnitude, its largest, the division and the cast, each a pass over the
+// tensor with its own launch; the kernels here do each in one pass, reading the operands once
+// and rounding once. fused_ops.cc and fp8_product.cc dispatch to them for CUDA tensors;
+// everything else keeps LibTorch's forms, and the CPU its own kernels.
 //
 // Raw pointers and plain types only, so that this header and its callers need neither nvcc nor
 // CUDA's headers. Every function returns 0 on success, else the CUDA error code of the launch.
@@ -59,6 +60,15 @@ int64_t AddRmsNormPartialRows(Dtype dtype, int64_t rows, int64_t dim);
 int AddRmsNormBackward(Dtype dtype, const void* dy, const void* h, const void* w, const float* rstd,
                        const void* dres, void* dh, float* dw_partial, int64_t partial_rows,
                        int64_t rows, int64_t dim, void* stream);
+
+// Rows of x [rows, cols] (row stride row_stride values, each row contiguous) rounded for FP8
+// products (model/runtime/fp8_product.h): each row's scale max(its largest magnitude, 448e-12)
+// / 448 into scales[row] (float32), each value divided by it (float32 division) and rounded to
+// e4m3 (nearest, ties to even, saturated at 448) into q [padded_rows, cols] (one byte each,
+// float8_e4m3fn's bits); rows from `rows` to `padded_rows` are zeros with the smallest scale
+// (the FP8 GEMM takes rows in multiples of 16). One read of x and one write of q.
+int QuantizeRowsE4m3(Dtype dtype, const void* x, int64_t row_stride, int64_t rows,
+                     int64_t padded_rows, int64_t cols, void* q, float* scales, void* stream);
 
 // CUDA's description of an error code the functions above returned.
 const char* ErrorString(int code);

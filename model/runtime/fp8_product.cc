@@ -4,6 +4,13 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
+
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+
+#include "model/runtime/cuda_dispatch.h"
+#endif
 
 namespace cdcca::model {
 namespace {
@@ -22,32 +29,58 @@ torch::Tensor RowScales(const torch::Tensor& m) {
   return m.abs().amax(/*dim=*/1).to(torch::kFloat).clamp_min(kMinScale * kE4m3Max) / kE4m3Max;
 }
 
+#if CDCCA_HAS_SCALED_MM
+// `a` [M, C] rounded per row for the native product, its rows padded to a multiple of 16 (the
+// kernel's; zero rows with the smallest scale, their products zero, cut off after): the values
+// [padded, C] float8_e4m3fn and the scales [padded, 1]. One pass of cdcca's kernel where it is
+// built (cuda_kernels.h), LibTorch's passes otherwise; the same rounding either way.
+std::pair<torch::Tensor, torch::Tensor> NativeRows(const torch::Tensor& a) {
+  const int64_t rows = a.size(0), cols = a.size(1);
+  const int64_t padded = (rows + 15) / 16 * 16;
+#if defined(CDCCA_HAVE_CUDA_KERNELS)
+  const torch::ScalarType d = a.scalar_type();
+  if (a.is_cuda() && a.stride(1) == 1 &&
+      (d == torch::kFloat || d == torch::kHalf || d == torch::kBFloat16)) {
+    const c10::cuda::CUDAGuard guard(a.device());
+    torch::Tensor q = torch::empty({padded, cols}, a.options().dtype(torch::kFloat8_e4m3fn));
+    torch::Tensor s = torch::empty({padded, 1}, a.options().dtype(torch::kFloat));
+    cuda_kernels::CheckKernel(
+        cuda_kernels::QuantizeRowsE4m3(cuda_kernels::KernelDtype(a), a.data_ptr(), a.stride(0),
+                                       rows, padded, cols, q.data_ptr(), s.data_ptr<float>(),
+                                       cuda_kernels::StreamOf(a)),
+        "the FP8 rounding");
+    return {q, s};
+  }
+#endif
+  const torch::Tensor scales = RowScales(a);
+  // Row-major whatever a's strides (the GEMM reads row-major rows; a transposed weight's
+  // element-wise result would keep the transposed strides).
+  torch::Tensor q =
+      (a.to(torch::kFloat) / scales.unsqueeze(1)).to(torch::kFloat8_e4m3fn).contiguous();
+  torch::Tensor s = scales;
+  if (padded != rows) {
+    q = torch::cat({q, torch::zeros({padded - rows, cols}, q.options())});
+    s = torch::cat({s, torch::full({padded - rows}, kMinScale, s.options())});
+  }
+  return {q, s.unsqueeze(1).contiguous()};
+}
+#endif
+
 // The FP8 product a Q(b)^T for a [M, C] float, b's rows [R, C]: [M, R] in `dtype`.
 torch::Tensor RowScaledProduct(const torch::Tensor& a, const Fp8Rows& b, bool native,
                                torch::ScalarType dtype) {
-  const torch::Tensor a_scales = RowScales(a);
-  const torch::Tensor scaled = a.to(torch::kFloat) / a_scales.unsqueeze(1);
 #if CDCCA_HAS_SCALED_MM
   if (native) {
-    // The kernel takes rows in multiples of 16: zero rows pad the batch (their scale is the
-    // minimum, their products zero) and are cut off after.
-    const int64_t rows = a.size(0);
-    const int64_t padded = (rows + 15) / 16 * 16;
-    torch::Tensor q = scaled.to(torch::kFloat8_e4m3fn);
-    torch::Tensor s = a_scales;
-    if (padded != rows) {
-      q = torch::cat({q, torch::zeros({padded - rows, q.size(1)}, q.options())});
-      s = torch::cat({s, torch::full({padded - rows}, kMinScale, s.options())});
-    }
-    torch::Tensor y = at::_scaled_mm(q, b.values.t(), s.unsqueeze(1).contiguous(),
-                                     b.scales.unsqueeze(0).contiguous(), std::nullopt, std::nullopt,
-                                     dtype, /*use_fast_accum=*/false);
-    return padded != rows ? y.narrow(0, 0, rows) : y;
+    const auto [q, s] = NativeRows(a);
+    torch::Tensor y = at::_scaled_mm(q, b.values.t(), s, b.scales.unsqueeze(0).contiguous(),
+                                     std::nullopt, std::nullopt, dtype, /*use_fast_accum=*/false);
+    return q.size(0) != a.size(0) ? y.narrow(0, 0, a.size(0)) : y;
   }
 #else
   TORCH_CHECK(!native, "this LibTorch has no scaled FP8 product");
 #endif
-  const torch::Tensor q = RoundToE4m3(scaled);
+  const torch::Tensor a_scales = RowScales(a);
+  const torch::Tensor q = RoundToE4m3(a.to(torch::kFloat) / a_scales.unsqueeze(1));
   return (torch::matmul(q, b.values.to(torch::kFloat).t()) * a_scales.unsqueeze(1) *
           b.scales.unsqueeze(0))
       .to(dtype);
@@ -102,16 +135,19 @@ Fp8Rows QuantizeRowsE4m3(const torch::Tensor& m, bool native) {
   TORCH_CHECK(m.dim() == 2, "QuantizeRowsE4m3 takes a matrix");
   torch::NoGradGuard no_grad;
   Fp8Rows out;
-  out.scales = RowScales(m);
-  const torch::Tensor scaled = m.to(torch::kFloat) / out.scales.unsqueeze(1);
 #if CDCCA_HAS_SCALED_MM
   if (native) {
-    out.values = scaled.to(torch::kFloat8_e4m3fn).contiguous();
+    auto [q, s] = NativeRows(m);
+    const int64_t rows = m.size(0);
+    out.values = q.size(0) != rows ? q.narrow(0, 0, rows).contiguous() : q;
+    out.scales = s.view({-1}).narrow(0, 0, rows).contiguous();
     return out;
   }
 #else
   TORCH_CHECK(!native, "this LibTorch has no float8 type");
 #endif
+  out.scales = RowScales(m);
+  const torch::Tensor scaled = m.to(torch::kFloat) / out.scales.unsqueeze(1);
   out.values = RoundToE4m3(scaled).to(torch::kBFloat16).contiguous();
   return out;
 }

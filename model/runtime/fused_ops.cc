@@ -17,9 +17,8 @@
 
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
-#include "model/runtime/cuda_kernels.h"
+#include "model/runtime/cuda_dispatch.h"
 #endif
 
 // Each kernel below is one loop over rows or elements, written for the compiler to vectorize
@@ -74,24 +73,9 @@ bool CudaKernelsTake(const torch::Tensor& t) {
 }
 
 #if defined(CDCCA_HAVE_CUDA_KERNELS)
-cuda_kernels::Dtype KernelDtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kHalf:
-      return cuda_kernels::Dtype::kHalf;
-    case torch::kBFloat16:
-      return cuda_kernels::Dtype::kBFloat16;
-    default:
-      return cuda_kernels::Dtype::kFloat;
-  }
-}
-
-void* StreamOf(const torch::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
-
-void CheckKernel(int code, const char* what) {
-  TORCH_CHECK(code == 0, what, "'s CUDA kernel failed: ", cuda_kernels::ErrorString(code));
-}
+using cuda_kernels::CheckKernel;
+using cuda_kernels::KernelDtype;
+using cuda_kernels::StreamOf;
 #endif
 
 // Rows per parallel_for task: about 32K elements, as LibTorch's own grain.
