@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, teacher, "", "teacher's Hugging Face folder");
 ABSL_FLAG(std::string, student_base, "", "student's Hugging Face folder (the device's base)");
 ABSL_FLAG(std::string, inputs, "", "safetensors with prompt_ids [S, P]");
 ABSL_FLAG(std::string, distill_config, "configs/distill/akd.json", "distillation settings");
+ABSL_FLAG(std::string, fp8_base, "",
+          "how the job's frozen base multiplies: native (FP8 where the GPU runs it natively), on "
+          "or off (empty: the distill settings' job key, default native)");
 ABSL_FLAG(std::string, teacher_precision, "bf16", "teacher's precision");
 ABSL_FLAG(std::string, student_precision, "int4",
           "the device's precision (mirrored); the documented round's int4, where the programs' "
@@ -105,6 +108,8 @@ int Run() {
   o.settings.job.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.settings.job.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.settings.job.max_answer_tokens = absl::GetFlag(FLAGS_teacher_max_answer_tokens);
+  if (!absl::GetFlag(FLAGS_fp8_base).empty())
+    o.settings.job.fp8_base = absl::GetFlag(FLAGS_fp8_base);
   o.uts.keep_fraction = static_cast<float>(absl::GetFlag(FLAGS_uts_keep_fraction));
   o.uts.window = absl::GetFlag(FLAGS_window);
   o.uts.mc_passes = absl::GetFlag(FLAGS_uts_mc_passes);
@@ -163,6 +168,7 @@ int Run() {
       {"uplink_decode_seconds", r->uplink_decode_seconds},
       {"job_steps", r->job.steps},
       {"job_batch", o.settings.job.batch_size},
+      {"fp8_base", o.settings.job.fp8_base},
       {"job_prepare_seconds", r->job.prepare_seconds},
       {"job_train_seconds", r->job.train_seconds},
       {"job_train_samples_per_second", r->job.samples_per_second},
