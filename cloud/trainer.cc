@@ -65,9 +65,8 @@ absl::StatusOr<distill::DistillSettings> JobSettings(const PerDeviceStrategyOpti
   if (options.max_answer_tokens > 0) settings.job.max_answer_tokens = options.max_answer_tokens;
   if (options.torch_threads > 0) settings.job.num_threads = options.torch_threads;
   if (!options.fp8_base.empty()) {
-    if (!distill::IsFp8BaseMode(options.fp8_base)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--fp8_base must be native, on or off, got \"", options.fp8_base, "\""));
+    if (absl::Status s = distill::CheckFp8BaseMode(options.fp8_base, "--fp8_base"); !s.ok()) {
+      return s;
     }
     settings.job.fp8_base = options.fp8_base;
   }

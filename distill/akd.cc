@@ -100,10 +100,10 @@ absl::Status ReadJob(const Json& j, JobOptions& o) {
         o.fp8_base = v.get<bool>() ? "on" : "off";
       } else {
         o.fp8_base = v.get<std::string>();
-        if (!IsFp8BaseMode(o.fp8_base)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "job key 'fp8_base' must be \"native\", \"on\" or \"off\" (or true / false), got \"",
-              o.fp8_base, "\""));
+        if (absl::Status s =
+                CheckFp8BaseMode(o.fp8_base, "job key 'fp8_base' (a name or true / false)");
+            !s.ok()) {
+          return s;
         }
       }
     } else if (key == "prepare_batch") {

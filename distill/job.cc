@@ -2,10 +2,14 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace cdcca::distill {
 
-bool IsFp8BaseMode(const std::string& mode) {
-  return mode == "native" || mode == "on" || mode == "off";
+absl::Status CheckFp8BaseMode(const std::string& mode, const std::string& what) {
+  if (mode == "native" || mode == "on" || mode == "off") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " must be native, on or off, got \"", mode, "\""));
 }
 
 bool PastBudget(const JobOptions& options, std::chrono::steady_clock::time_point start) {

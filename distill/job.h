@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "settings/defaults.h"
 
 namespace cdcca::distill {
@@ -70,8 +71,9 @@ struct LossTerm {
   double mean = 0;
 };
 
-// Whether `mode` is a setting of JobOptions::fp8_base: "native", "on" or "off".
-bool IsFp8BaseMode(const std::string& mode);
+// OK when `mode` is a setting of JobOptions::fp8_base ("native", "on" or "off"), else
+// INVALID_ARGUMENT naming `what` (the flag or key that gave it) and the three names.
+absl::Status CheckFp8BaseMode(const std::string& mode, const std::string& what);
 
 // Whether a training loop that started at `start` has used up options.time_budget_s (false
 // without a budget).

@@ -556,10 +556,7 @@ absl::StatusOr<std::unique_ptr<PairDistiller>> PairDistiller::Create(PairSide te
   if (student.model->TrainableParameters().empty()) {
     return absl::InvalidArgumentError("the student has no trainable set");
   }
-  if (!IsFp8BaseMode(options.fp8_base)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fp8_base must be native, on or off, got \"", options.fp8_base, "\""));
-  }
+  if (absl::Status s = CheckFp8BaseMode(options.fp8_base, "fp8_base"); !s.ok()) return s;
   if (const torch::Device device = student.model->device();
       options.fp8_base == "on" && device.is_cuda() && !model::NativeFp8Available(device)) {
     // Emulated on a GPU the products would run slower than bf16's with twice its weight

@@ -262,7 +262,7 @@ absl::StatusOr<Experiment> ParseExperiment(const std::string& json_text,
       Check(e.uts.dropout_p >= 0 && e.uts.dropout_p < 1, w, "uts_dropout", "must be in [0, 1)"));
   CDCCA_RETURN_IF_ERROR(Check(compress::ParseFeaturePrecision(e.uts.precision).ok(), w,
                               "uplink_precision", "must be fp16, int8, int4 or jpeg"));
-  // distill::IsFp8BaseMode's names (this library does not link the distiller).
+  // distill::CheckFp8BaseMode's names (this library does not link the distiller).
   CDCCA_RETURN_IF_ERROR(Check(fp8_base == "native" || fp8_base == "on" || fp8_base == "off", w,
                               "fp8_base", "must be native, on or off (or true / false)"));
   e.job.fp8_base = fp8_base.get<std::string>();

@@ -102,6 +102,12 @@ TEST(ProgramsHelpTest, AMisspeltFlagIsRefusedNamingTheNearestKnownOne) {
       (std::filesystem::path(::testing::TempDir()) / "share").string());
   EXPECT_NE(share.exit_code, 0);
   EXPECT_THAT(share.output, HasSubstr("--uts_random_share must be in [0, 1)"));
+  // A name of no mode of the base's products is refused at the start, not at the first job.
+  const Outcome fp8 =
+      RunProgram(std::string(CDCCA_CLOUD_BINARY) + " --fp8_base=fp8 --insecure --data_dir=" +
+                 (std::filesystem::path(::testing::TempDir()) / "fp8").string());
+  EXPECT_NE(fp8.exit_code, 0);
+  EXPECT_THAT(fp8.output, HasSubstr("--fp8_base must be native, on or off"));
 #endif
 }
 

@@ -298,9 +298,10 @@ absl::Status SetStrategyOptionsFromFlags(cdcca::cloud::PerDeviceStrategyOptions&
   so.max_answer_tokens = absl::GetFlag(FLAGS_max_answer_tokens);
   so.torch_threads = absl::GetFlag(FLAGS_torch_threads);
   so.fp8_base = absl::GetFlag(FLAGS_fp8_base);
-  if (!so.fp8_base.empty() && !cdcca::distill::IsFp8BaseMode(so.fp8_base)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--fp8_base must be native, on or off, got \"", so.fp8_base, "\""));
+  if (!so.fp8_base.empty()) {
+    if (absl::Status s = cdcca::distill::CheckFp8BaseMode(so.fp8_base, "--fp8_base"); !s.ok()) {
+      return s;
+    }
   }
   so.train_device = absl::GetFlag(FLAGS_device);
   if (absl::StartsWith(so.train_device, "cuda:")) {

@@ -464,7 +464,8 @@ int AddRmsNormBackwardAs(const void* dy, const void* h, const void* w, const flo
 
 // ---- Rows rounded to e4m3 for FP8 products ----
 
-// The smallest scale a row takes (an all-zero row keeps a finite one): 1e-12 of e4m3's range.
+// e4m3's largest finite magnitude (fp8_product.h's kE4m3Max), and the smallest largest
+// magnitude a row's scale is taken from (an all-zero row keeps a finite scale): 1e-12 of it.
 constexpr float kE4m3Max = 448.0f;
 constexpr float kMinAbsMax = static_cast<float>(1e-12 * 448.0);
 

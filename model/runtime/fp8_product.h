@@ -9,10 +9,10 @@
 // Native on a CUDA GPU that runs LibTorch's scaled FP8 product (compute capability 8.9 or
 // later, LibTorch 2.5 or later; at::_scaled_mm with a scale per row of each operand), where it
 // runs the tensor cores' FP8 GEMM, each input rounded in one pass of cdcca's kernel
-// (cuda_kernels.h QuantizeRowsE4m3, where it is built); emulated elsewhere: the same rounding of the same operands
-// (values on the e4m3 grid, held in bf16, which holds them exactly) multiplied in fp32, so a
-// CPU run measures what the rounding does to a job. The two agree up to the order of the fp32
-// sums (model/bench/fp8_product_check.cc measures it on the GPU machine).
+// (cuda_kernels.h QuantizeRowsE4m3, where it is built); emulated elsewhere: the same rounding of
+// the same operands (values on the e4m3 grid, held in bf16, which holds them exactly) multiplied in
+// fp32, so a CPU run measures what the rounding does to a job. The two agree up to the order of the
+// fp32 sums (model/bench/fp8_product_check.cc measures it on the GPU machine).
 #ifndef CDCCA_MODEL_RUNTIME_FP8_PRODUCT_H_
 #define CDCCA_MODEL_RUNTIME_FP8_PRODUCT_H_
 
